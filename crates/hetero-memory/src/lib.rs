@@ -1,0 +1,1 @@
+//! hetero memory layers (filled in by the memory work).

@@ -1,0 +1,1 @@
+//! Per-thread event recorder (filled in by the profiler work).
