@@ -1,1 +1,40 @@
-//! hetero
+//! hetero: a runtime for heterogeneous computing.
+//!
+//! A [`Device`] owns memory and engines (compute units, copy engines, hardware
+//! queues). Work goes onto [`Stream`]s — in-order sequences mapped onto hardware
+//! queues — as copies, fills, kernel launches and host callbacks; [`Event`]s are
+//! points on a stream's timeline that other streams and the host wait on.
+//!
+//! Invariants every part keeps (see docs/ARCHITECTURE.md):
+//! - work on one stream takes effect in submission order;
+//! - an event orders everything recorded before it before everything that waits on
+//!   it, on any stream;
+//! - safe code cannot reach freed memory nor memory pending work uses;
+//! - bad input is a typed [`Error`], never a panic; a fault stays in its stream and
+//!   the work that waits on it.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod backend;
+mod buffer;
+pub mod clock;
+mod config;
+mod device;
+mod error;
+mod event;
+mod kernel;
+pub(crate) mod loom;
+mod op;
+mod park;
+mod ring;
+mod stream;
+mod timeline;
+
+pub use backend::DeviceProperties;
+pub use buffer::{Arg, DeviceBuffer, MemoryKind, PinnedBuffer};
+pub use config::{CompletionMode, DeviceConfig};
+pub use device::Device;
+pub use error::{Error, Result};
+pub use event::Event;
+pub use kernel::{Block, Grid, Kernel, MAX_KERNEL_ARGS};
+pub use op::CopyKind;
+pub use stream::{Stream, PRIORITY_HIGHEST, PRIORITY_LOWEST};

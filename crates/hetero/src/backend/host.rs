@@ -1,0 +1,660 @@
+//! The host backend: the CPU as a device.
+//!
+//! Engines are logical. A small set of worker threads (one per compute unit) runs
+//! every kind of operation; a copy occupies one of its direction's copy engines (a
+//! slot in a bitmask) while a worker performs it, a kernel block occupies the
+//! worker that runs it. On a 2-core machine this keeps the thread count at the core
+//! count: idle engines cost no thread, and nothing spins against the work.
+//!
+//! Invariants (who owns what):
+//! - A stream belongs to one hardware queue for its life. At most one operation per
+//!   hardware queue is in flight; the worker that wins `HwQueue::busy` (CAS) is the
+//!   only consumer of the rings of that queue's streams until it clears the flag.
+//!   Hence each stream runs in submission order, one op at a time.
+//! - A stream whose oldest op is not ready (an unmet event wait, a busy copy engine,
+//!   a buffer another stream holds) is skipped: the flag is released at once and
+//!   other streams, on the same queue or not, are dispatched. No head-of-line stall.
+//! - The thread that completes an op releases its locks and engine, drops the op
+//!   (its buffer clones), then advances the timeline, then clears `busy`, then wakes
+//!   an idle worker if one sleeps (see `park` for why no wake-up is lost).
+//! - Among ready streams the lowest effective priority wins; effective priority
+//!   improves by one level per `AGING_TICKS` dispatches a stream waits, so low
+//!   priority work always progresses.
+
+use super::{Backend, DeviceProperties, StreamQueue};
+use crate::buffer::{MemoryKind, Storage};
+use crate::config::{CompletionMode, DeviceConfig};
+use crate::kernel::Block;
+use crate::op::{self, Body, Op};
+use crate::park::{spin_for, Parker};
+use crate::ring::Ring;
+use crate::timeline::Timeline;
+use crate::{Error, Result};
+use crossbeam_utils::CachePadded;
+use std::cell::UnsafeCell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::JoinHandle;
+
+/// Dispatches a waiting stream sits through before its priority improves a level.
+const AGING_TICKS: u64 = 16;
+
+struct HwQueue {
+    busy: CachePadded<AtomicBool>,
+    streams: AtomicUsize,
+}
+
+struct Shared {
+    device: u64,
+    config: DeviceConfig,
+    queues: Box<[HwQueue]>,
+    streams: Mutex<Vec<Arc<HostStream>>>,
+    generation: AtomicU64,
+    /// Free copy engines per direction, one bit each.
+    copy_free: [CachePadded<AtomicU32>; 3],
+    idle: Arc<Parker>,
+    shutdown: AtomicBool,
+    tick: CachePadded<AtomicU64>,
+    jobs: Mutex<Vec<Arc<KernelJob>>>,
+    job_count: AtomicU32,
+    next_stream: AtomicU64,
+}
+
+pub(crate) struct HostStream {
+    id: u64,
+    timeline: Arc<Timeline>,
+    ring: Ring<Op>,
+    priority: AtomicU8,
+    queue: usize,
+    closed: AtomicBool,
+    last_served: AtomicU64,
+    idle: Arc<Parker>,
+    shared: Weak<Shared>,
+    host_wait: CompletionMode,
+}
+
+/// A kernel with more than one block, published so idle workers can help.
+struct KernelJob {
+    /// Taken by the thread that finishes the last block.
+    op: UnsafeCell<Option<Op>>,
+    stream: Arc<HostStream>,
+    value: u64,
+    blocks: u32,
+    next: AtomicU32,
+    done: AtomicU32,
+    panic: Mutex<Option<String>>,
+    start_ns: u64,
+}
+
+// SAFETY: `op` is read (shared) by block runners while `done < blocks`, and taken
+// only by the thread whose `done.fetch_add` (AcqRel) finished the last block, after
+// which no runner reads it: runners that claim an index `>= blocks` never touch it.
+unsafe impl Sync for KernelJob {}
+// SAFETY: every field is Send (Op is Send).
+unsafe impl Send for KernelJob {}
+
+#[derive(Clone, Copy)]
+enum Engine {
+    None,
+    Copy(usize, u32),
+    Compute,
+}
+
+enum Readiness {
+    NotReady,
+    /// The stream failed earlier: drop the op without running it.
+    Skip,
+    Ready(Engine),
+}
+
+pub(crate) struct HostBackend {
+    shared: Arc<Shared>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+    props: DeviceProperties,
+}
+
+impl HostBackend {
+    pub(crate) fn new(device: u64, config: DeviceConfig) -> Result<Self> {
+        config.validate()?;
+        let mask = |n: usize| CachePadded::new(AtomicU32::new(((1u64 << n) - 1) as u32));
+        let shared = Arc::new(Shared {
+            device,
+            queues: (0..config.hardware_queues)
+                .map(|_| HwQueue {
+                    busy: CachePadded::new(AtomicBool::new(false)),
+                    streams: AtomicUsize::new(0),
+                })
+                .collect(),
+            streams: Mutex::new(Vec::new()),
+            generation: AtomicU64::new(0),
+            copy_free: [
+                mask(config.copy_engines[0]),
+                mask(config.copy_engines[1]),
+                mask(config.copy_engines[2]),
+            ],
+            idle: Arc::new(Parker::new()),
+            shutdown: AtomicBool::new(false),
+            tick: CachePadded::new(AtomicU64::new(0)),
+            jobs: Mutex::new(Vec::new()),
+            job_count: AtomicU32::new(0),
+            next_stream: AtomicU64::new(1),
+            config: config.clone(),
+        });
+        let props = DeviceProperties {
+            name: format!("host ({} compute units)", config.compute_units),
+            backend: "host",
+            compute_units: config.compute_units,
+            copy_engines: config.copy_engines,
+            hardware_queues: config.hardware_queues,
+        };
+        let mut workers = Vec::with_capacity(config.compute_units);
+        for index in 0..config.compute_units {
+            let sh = shared.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("hetero-cu{index}"))
+                .spawn(move || Worker::new(index as u32).run(&sh))
+                .map_err(|e| Error::Setup(format!("could not start worker thread: {e}")))?;
+            workers.push(handle);
+        }
+        Ok(HostBackend {
+            shared,
+            workers: Mutex::new(workers),
+            props,
+        })
+    }
+}
+
+impl Backend for HostBackend {
+    fn properties(&self) -> &DeviceProperties {
+        &self.props
+    }
+
+    fn create_stream(&self, priority: u8) -> Result<Arc<dyn StreamQueue>> {
+        let sh = &self.shared;
+        let id = sh.next_stream.fetch_add(1, Ordering::Relaxed);
+        // Least-loaded hardware queue, lowest index first.
+        let queue = sh
+            .queues
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, q)| q.streams.load(Ordering::Relaxed))
+            .map(|(i, _)| i)
+            .unwrap_or(0);
+        sh.queues[queue].streams.fetch_add(1, Ordering::Relaxed);
+        let stream = Arc::new(HostStream {
+            id,
+            timeline: Arc::new(Timeline::new(sh.device, id)),
+            ring: Ring::with_capacity(sh.config.ring_capacity),
+            priority: AtomicU8::new(priority),
+            queue,
+            closed: AtomicBool::new(false),
+            last_served: AtomicU64::new(sh.tick.load(Ordering::Relaxed)),
+            idle: sh.idle.clone(),
+            shared: Arc::downgrade(sh),
+            host_wait: sh.config.host_wait,
+        });
+        let mut list = sh.streams.lock().unwrap_or_else(|p| p.into_inner());
+        list.push(stream.clone());
+        sh.generation.fetch_add(1, Ordering::Release);
+        Ok(stream)
+    }
+
+    fn allocate(&self, kind: MemoryKind, bytes: usize) -> Result<Storage> {
+        Storage::heap(self.shared.device, kind, bytes)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        let streams = self
+            .shared
+            .streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut first = None;
+        for s in streams {
+            let target = s.submitted();
+            if let Err(e) = s.timeline.wait(target, self.shared.config.host_wait) {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    fn shutdown(&self) {
+        let _ = self.synchronize();
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        self.shared.idle.wake(u32::MAX);
+        let workers = std::mem::take(&mut *self.workers.lock().unwrap_or_else(|p| p.into_inner()));
+        for w in workers {
+            let _ = w.join();
+        }
+    }
+
+    fn host_wait(&self) -> CompletionMode {
+        self.shared.config.host_wait
+    }
+}
+
+impl StreamQueue for HostStream {
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn timeline(&self) -> &Arc<Timeline> {
+        &self.timeline
+    }
+
+    #[inline]
+    fn submit(&self, op: Op) -> Result<u64> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(Error::StreamDestroyed { stream: self.id });
+        }
+        let mut op = op;
+        loop {
+            match self.ring.try_push(op) {
+                Ok(pos) => {
+                    self.idle.wake(1);
+                    return Ok(pos + 1);
+                }
+                Err(back) => {
+                    op = back;
+                    self.idle.wake(1);
+                    // Full: wait for the oldest op to complete (backpressure).
+                    let oldest = self.ring.head() + 1;
+                    let _ = self.timeline.wait(oldest, self.host_wait);
+                }
+            }
+        }
+    }
+
+    fn submitted(&self) -> u64 {
+        self.ring.tail()
+    }
+
+    fn priority(&self) -> u8 {
+        self.priority.load(Ordering::Relaxed)
+    }
+
+    fn set_priority(&self, priority: u8) {
+        self.priority.store(priority, Ordering::Relaxed);
+    }
+
+    fn hardware_queue(&self) -> usize {
+        self.queue
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Relaxed)
+    }
+
+    fn release(&self) {
+        let _ = self.timeline.wait(self.submitted(), self.host_wait);
+        if let Some(sh) = self.shared.upgrade() {
+            let mut list = sh.streams.lock().unwrap_or_else(|p| p.into_inner());
+            list.retain(|s| s.id != self.id);
+            sh.generation.fetch_add(1, Ordering::Release);
+            sh.queues[self.queue]
+                .streams
+                .fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl HostStream {
+    fn effective_priority(&self, tick: u64) -> u8 {
+        let base = self.priority.load(Ordering::Relaxed);
+        let waited = tick.saturating_sub(self.last_served.load(Ordering::Relaxed)) / AGING_TICKS;
+        base.saturating_sub(waited.min(7) as u8)
+    }
+}
+
+impl Shared {
+    fn acquire_copy_engine(&self, kind: usize) -> Option<u32> {
+        let word = &self.copy_free[kind];
+        let mut m = word.load(Ordering::Relaxed);
+        loop {
+            if m == 0 {
+                return None;
+            }
+            let bit = m.trailing_zeros();
+            match word.compare_exchange_weak(
+                m,
+                m & !(1 << bit),
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some(bit),
+                Err(now) => m = now,
+            }
+        }
+    }
+
+    fn release_engine(&self, engine: Engine) {
+        if let Engine::Copy(kind, bit) = engine {
+            self.copy_free[kind].fetch_or(1 << bit, Ordering::Release);
+        }
+    }
+
+    /// Decides whether the stream's oldest op can start, taking its engine and buffer
+    /// locks if so.
+    fn readiness(&self, stream: &HostStream, op: &Op) -> Readiness {
+        if stream.timeline.fault_at().is_some() {
+            return Readiness::Skip;
+        }
+        match &op.body {
+            Body::Wait { timeline, value } => {
+                if timeline.is_reached(*value) {
+                    Readiness::Ready(Engine::None)
+                } else {
+                    Readiness::NotReady
+                }
+            }
+            Body::Copy { kind, .. } => self.ready_with_engine(op, *kind as usize),
+            Body::Fill { .. } => self.ready_with_engine(op, crate::CopyKind::D2D as usize),
+            Body::Kernel { .. } => {
+                if op.try_acquire_access() {
+                    Readiness::Ready(Engine::Compute)
+                } else {
+                    Readiness::NotReady
+                }
+            }
+            Body::Host(_) | Body::Marker { .. } => Readiness::Ready(Engine::None),
+        }
+    }
+
+    fn ready_with_engine(&self, op: &Op, kind: usize) -> Readiness {
+        let Some(bit) = self.acquire_copy_engine(kind) else {
+            return Readiness::NotReady;
+        };
+        if op.try_acquire_access() {
+            Readiness::Ready(Engine::Copy(kind, bit))
+        } else {
+            self.release_engine(Engine::Copy(kind, bit));
+            Readiness::NotReady
+        }
+    }
+
+    /// Completes the op at `value` of `stream`; see the module invariants for order.
+    fn finish(
+        &self,
+        stream: &HostStream,
+        op: Op,
+        value: u64,
+        engine: Engine,
+        result: Result<(), String>,
+    ) {
+        // Buffer locks are held exactly when an engine was taken (copies, fills, kernels).
+        if !matches!(engine, Engine::None) {
+            op.release_access();
+        }
+        self.release_engine(engine);
+        drop(op);
+        match result {
+            Ok(()) => stream.timeline.complete(value),
+            Err(m) => stream.timeline.fail(value, Arc::from(m)),
+        }
+        let t = self.tick.fetch_add(1, Ordering::Relaxed);
+        stream.last_served.store(t + 1, Ordering::Relaxed);
+        self.queues[stream.queue]
+            .busy
+            .store(false, Ordering::Release);
+        self.idle.wake(1);
+    }
+}
+
+struct Worker {
+    index: u32,
+    streams: Vec<Arc<HostStream>>,
+    generation: u64,
+    candidates: Vec<(u8, u64, usize)>,
+}
+
+impl Worker {
+    fn new(index: u32) -> Self {
+        Worker {
+            index,
+            streams: Vec::new(),
+            generation: u64::MAX,
+            candidates: Vec::new(),
+        }
+    }
+
+    fn run(mut self, sh: &Shared) {
+        let _ = self.index;
+        loop {
+            if self.run_one(sh) {
+                continue;
+            }
+            if sh.shutdown.load(Ordering::SeqCst) && self.all_drained(sh) {
+                return;
+            }
+            let mut ready = || self.run_one(sh) || sh.shutdown.load(Ordering::SeqCst);
+            match sh.config.engine_idle {
+                CompletionMode::Spin => std::hint::spin_loop(),
+                CompletionMode::Yield => std::thread::yield_now(),
+                CompletionMode::Block => sh.idle.park_until(ready, None),
+                CompletionMode::Auto { spin } => {
+                    if !spin_for(spin, &mut ready) {
+                        sh.idle.park_until(ready, None);
+                    }
+                }
+            }
+        }
+    }
+
+    fn all_drained(&mut self, sh: &Shared) -> bool {
+        self.refresh(sh);
+        self.streams.iter().all(|s| s.ring.is_empty()) && sh.job_count.load(Ordering::SeqCst) == 0
+    }
+
+    fn refresh(&mut self, sh: &Shared) {
+        let g = sh.generation.load(Ordering::Acquire);
+        if g != self.generation {
+            let list = sh.streams.lock().unwrap_or_else(|p| p.into_inner());
+            self.streams.clear();
+            self.streams.extend(list.iter().cloned());
+            self.generation = g;
+        }
+    }
+
+    /// Dispatches one op (or helps a running kernel). Returns whether it did work.
+    fn run_one(&mut self, sh: &Shared) -> bool {
+        if sh.job_count.load(Ordering::Acquire) > 0 && self.help_kernel(sh) {
+            return true;
+        }
+        self.refresh(sh);
+        let tick = sh.tick.load(Ordering::Relaxed);
+        self.candidates.clear();
+        for (i, s) in self.streams.iter().enumerate() {
+            if s.ring.is_empty() || sh.queues[s.queue].busy.load(Ordering::Relaxed) {
+                continue;
+            }
+            let served = s.last_served.load(Ordering::Relaxed);
+            self.candidates
+                .push((s.effective_priority(tick), served, i));
+        }
+        if self.candidates.is_empty() {
+            return false;
+        }
+        self.candidates.sort_unstable();
+        for k in 0..self.candidates.len() {
+            let stream = self.streams[self.candidates[k].2].clone();
+            let queue = &sh.queues[stream.queue];
+            if queue
+                .busy
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            if self.try_start(sh, &stream) {
+                return true;
+            }
+            queue.busy.store(false, Ordering::Release);
+        }
+        false
+    }
+
+    /// With the stream's queue claimed: starts its oldest op if it is ready.
+    fn try_start(&mut self, sh: &Shared, stream: &Arc<HostStream>) -> bool {
+        // SAFETY: the caller holds the stream's hardware-queue claim, which makes this
+        // thread the ring's only consumer.
+        let decision = unsafe { stream.ring.peek_with(|op, _| sh.readiness(stream, op)) };
+        let engine = match decision {
+            None | Some(Readiness::NotReady) => return false,
+            Some(Readiness::Skip) => None,
+            Some(Readiness::Ready(e)) => Some(e),
+        };
+        // SAFETY: as above; `peek_with` saw the value, so `pop` returns it.
+        let (mut op, pos) = unsafe { stream.ring.pop() }.expect("peeked op is still there");
+        let value = pos + 1;
+        let Some(engine) = engine else {
+            sh.finish(stream, op, value, Engine::None, Err(String::new()));
+            return true;
+        };
+        let start_ns = if crate::clock::profiling() {
+            crate::clock::now_ns()
+        } else {
+            0
+        };
+        let _ = start_ns;
+        let result = match &mut op.body {
+            Body::Copy { .. } | Body::Fill { .. } => {
+                op::run_transfer(&op.body);
+                Ok(())
+            }
+            Body::Wait { timeline, value: v } => match timeline.error_for(*v) {
+                Some(e) => Err(format!(
+                    "waited on an event of stream {}, which failed: {e}",
+                    timeline.stream
+                )),
+                None => Ok(()),
+            },
+            Body::Marker { stamp } => {
+                stamp.store(crate::clock::now_ns(), Ordering::Release);
+                Ok(())
+            }
+            Body::Host(f) => match f.take() {
+                Some(f) => catch_unwind(AssertUnwindSafe(f))
+                    .map_err(|p| format!("host callback panicked: {}", op::panic_message(&*p))),
+                None => Ok(()),
+            },
+            Body::Kernel { blocks, .. } if *blocks > 1 => {
+                let blocks = *blocks;
+                self.start_job(sh, stream, op, value, blocks, start_ns);
+                return true;
+            }
+            Body::Kernel { name, f, args, .. } => {
+                let mut block = Block::new(0, 1, args);
+                catch_unwind(AssertUnwindSafe(|| f(&mut block))).map_err(|p| {
+                    format!(
+                        "kernel '{name}' panicked in block 0: {}",
+                        op::panic_message(&*p)
+                    )
+                })
+            }
+        };
+        sh.finish(stream, op, value, engine, result);
+        true
+    }
+
+    fn start_job(
+        &mut self,
+        sh: &Shared,
+        stream: &Arc<HostStream>,
+        op: Op,
+        value: u64,
+        blocks: u32,
+        start_ns: u64,
+    ) {
+        let job = Arc::new(KernelJob {
+            op: UnsafeCell::new(Some(op)),
+            stream: stream.clone(),
+            value,
+            blocks,
+            next: AtomicU32::new(0),
+            done: AtomicU32::new(0),
+            panic: Mutex::new(None),
+            start_ns,
+        });
+        sh.jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(job.clone());
+        sh.job_count.fetch_add(1, Ordering::Release);
+        let helpers = (sh.config.compute_units as u32 - 1).min(blocks - 1);
+        if helpers > 0 {
+            sh.idle.wake(helpers);
+        }
+        run_blocks(sh, &job);
+    }
+
+    fn help_kernel(&mut self, sh: &Shared) -> bool {
+        let job = {
+            let jobs = sh.jobs.lock().unwrap_or_else(|p| p.into_inner());
+            jobs.iter()
+                .find(|j| j.next.load(Ordering::Relaxed) < j.blocks)
+                .cloned()
+        };
+        match job {
+            Some(job) => {
+                run_blocks(sh, &job);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Claims and runs blocks of `job` until none are left; the thread that finishes the
+/// last block completes the op.
+fn run_blocks(sh: &Shared, job: &Arc<KernelJob>) {
+    loop {
+        let b = job.next.fetch_add(1, Ordering::Relaxed);
+        if b >= job.blocks {
+            return;
+        }
+        // SAFETY: `done < blocks` while this block runs (it is not counted yet), so
+        // the op is still in place and only read (see `KernelJob`'s Sync note).
+        let op = unsafe { (*job.op.get()).as_ref() }.expect("op present while blocks run");
+        if let Body::Kernel { name, f, args, .. } = &op.body {
+            let mut block = Block::new(b, job.blocks, args);
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(&mut block))) {
+                let msg = format!(
+                    "kernel '{name}' panicked in block {b}: {}",
+                    op::panic_message(&*p)
+                );
+                job.panic
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert(msg);
+            }
+        }
+        if job.done.fetch_add(1, Ordering::AcqRel) + 1 == job.blocks {
+            complete_job(sh, job);
+            return;
+        }
+    }
+}
+
+fn complete_job(sh: &Shared, job: &Arc<KernelJob>) {
+    {
+        let mut jobs = sh.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        jobs.retain(|j| !Arc::ptr_eq(j, job));
+    }
+    sh.job_count.fetch_sub(1, Ordering::Release);
+    // SAFETY: every block has finished (`done == blocks`, AcqRel chain), so no
+    // runner reads the op any more; this thread is the only one that got here.
+    let op = unsafe { (*job.op.get()).take() }.expect("job op taken once");
+    let result = match job.panic.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        Some(m) => Err(m),
+        None => Ok(()),
+    };
+    let _ = job.start_ns;
+    sh.finish(&job.stream, op, job.value, Engine::Compute, result);
+}

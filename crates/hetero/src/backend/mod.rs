@@ -1,0 +1,56 @@
+//! The boundary between the public API (Device, Stream, Event, buffers) and the
+//! backends that execute work. A backend receives validated `Op`s on stream queues
+//! and completes them in order on the stream's timeline; everything above this
+//! trait is backend-independent, so an emulated accelerator or a CUDA backend slots
+//! in without changing the public API.
+
+pub(crate) mod host;
+
+use crate::buffer::{MemoryKind, Storage};
+use crate::op::Op;
+use crate::timeline::Timeline;
+use crate::Result;
+use std::sync::Arc;
+
+/// What a device is made of.
+#[derive(Debug, Clone)]
+pub struct DeviceProperties {
+    /// Human-readable device name.
+    pub name: String,
+    /// The backend ("host", later "cuda").
+    pub backend: &'static str,
+    /// Compute units (host: worker threads).
+    pub compute_units: usize,
+    /// Copy engines per direction: H2D, D2H, D2D.
+    pub copy_engines: [usize; 3],
+    /// Hardware queues streams are mapped onto.
+    pub hardware_queues: usize,
+}
+
+pub(crate) trait Backend: Send + Sync {
+    fn properties(&self) -> &DeviceProperties;
+    fn create_stream(&self, priority: u8) -> Result<Arc<dyn StreamQueue>>;
+    fn allocate(&self, kind: MemoryKind, bytes: usize) -> Result<Storage>;
+    /// Waits until every operation submitted so far on any stream has completed.
+    fn synchronize(&self) -> Result<()>;
+    /// Stops the engines after all submitted work completed.
+    fn shutdown(&self);
+    fn host_wait(&self) -> crate::CompletionMode;
+}
+
+pub(crate) trait StreamQueue: Send + Sync {
+    fn id(&self) -> u64;
+    fn timeline(&self) -> &Arc<Timeline>;
+    /// Enqueues `op`; returns its value on the stream's timeline.
+    fn submit(&self, op: Op) -> Result<u64>;
+    /// The value of the last operation submitted.
+    fn submitted(&self) -> u64;
+    fn priority(&self) -> u8;
+    fn set_priority(&self, priority: u8);
+    fn hardware_queue(&self) -> usize;
+    /// Refuses further submissions; pending work still completes.
+    fn close(&self);
+    fn is_closed(&self) -> bool;
+    /// Forgets the stream once its work has completed (the last handle dropped).
+    fn release(&self);
+}

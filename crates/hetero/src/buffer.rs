@@ -1,0 +1,328 @@
+//! Typed buffers and the storage behind them.
+//!
+//! A buffer handle owns an `Arc<Storage>`; every pending operation that touches the
+//! buffer holds another clone, so memory outlives the work that uses it.
+//!
+//! Invariants (who may touch the bytes):
+//! - Operations touch a storage only while holding its `access` lock, taken at
+//!   dispatch without blocking: many readers or one writer. Work from different
+//!   streams that is not ordered by events therefore never races; it is serialised in
+//!   some order instead of being undefined behaviour.
+//! - Host code reads a pinned buffer only while no enqueued operation writes it
+//!   (`pending_writes == 0`; enqueuing a writer needs `&mut`), and writes it only
+//!   while no operation holds it at all (`Arc::get_mut`).
+
+use crate::loom::{AtomicU32, Ordering};
+use crate::{Error, Result};
+use bytemuck::Pod;
+use std::alloc::Layout;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// Where a buffer's memory lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryKind {
+    /// Device memory: reached only through operations on streams.
+    Device,
+    /// Pinned (page-locked) host memory: the host reads and writes it directly.
+    Pinned,
+}
+
+/// The allocation behind a storage, returned when the storage drops.
+pub(crate) enum Backing {
+    /// Zero-sized: no memory.
+    Empty,
+    /// From the global allocator.
+    Heap(Layout),
+    /// From the device pool or the pinned pool (returned by the value's Drop).
+    #[allow(dead_code)]
+    Pooled(Box<dyn Send + Sync>),
+}
+
+pub(crate) struct Storage {
+    ptr: NonNull<u8>,
+    bytes: usize,
+    pub(crate) device: u64,
+    pub(crate) kind: MemoryKind,
+    access: AtomicU32,
+    pending_writes: AtomicU32,
+    backing: Backing,
+}
+
+// SAFETY: the bytes are plain memory owned by this storage; concurrent access to them
+// is governed by the `access` lock and the host-access rules in the module doc.
+unsafe impl Send for Storage {}
+// SAFETY: as above.
+unsafe impl Sync for Storage {}
+
+const WRITER: u32 = 1 << 31;
+
+impl Storage {
+    pub(crate) const ALIGN: usize = 256;
+
+    /// Zeroed memory from the global allocator.
+    pub(crate) fn heap(device: u64, kind: MemoryKind, bytes: usize) -> Result<Storage> {
+        if bytes == 0 {
+            return Ok(Storage::from_parts(
+                device,
+                kind,
+                NonNull::dangling(),
+                0,
+                Backing::Empty,
+            ));
+        }
+        let layout = Layout::from_size_align(bytes, Self::ALIGN).map_err(|_| {
+            Error::InvalidArgument(format!("a buffer of {bytes} bytes is too large"))
+        })?;
+        // SAFETY: `layout` has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "the host could not allocate {bytes} bytes; free buffers or allocate less"
+            ))
+        })?;
+        Ok(Storage::from_parts(
+            device,
+            kind,
+            ptr,
+            bytes,
+            Backing::Heap(layout),
+        ))
+    }
+
+    pub(crate) fn from_parts(
+        device: u64,
+        kind: MemoryKind,
+        ptr: NonNull<u8>,
+        bytes: usize,
+        backing: Backing,
+    ) -> Storage {
+        Storage {
+            ptr,
+            bytes,
+            device,
+            kind,
+            access: AtomicU32::new(0),
+            pending_writes: AtomicU32::new(0),
+            backing,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    #[inline]
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Takes the access lock without blocking: shared for readers, exclusive for a
+    /// writer. Returns whether it was taken.
+    #[inline]
+    pub(crate) fn try_acquire(&self, write: bool) -> bool {
+        if write {
+            self.access
+                .compare_exchange(0, WRITER, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        } else {
+            let mut cur = self.access.load(Ordering::Relaxed);
+            loop {
+                if cur & WRITER != 0 {
+                    return false;
+                }
+                match self.access.compare_exchange_weak(
+                    cur,
+                    cur + 1,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => return true,
+                    Err(now) => cur = now,
+                }
+            }
+        }
+    }
+
+    #[inline]
+    pub(crate) fn release(&self, write: bool) {
+        if write {
+            self.access.store(0, Ordering::Release);
+        } else {
+            self.access.fetch_sub(1, Ordering::Release);
+        }
+    }
+
+    /// Blocks (spinning, then yielding) until the access lock is taken.
+    pub(crate) fn acquire_blocking(&self, write: bool) {
+        let backoff = crossbeam_utils::Backoff::new();
+        while !self.try_acquire(write) {
+            backoff.snooze();
+        }
+    }
+
+    pub(crate) fn add_pending_write(&self) {
+        self.pending_writes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn finish_pending_write(&self) {
+        self.pending_writes.fetch_sub(1, Ordering::Release);
+    }
+
+    fn has_pending_writes(&self) -> bool {
+        self.pending_writes.load(Ordering::Acquire) != 0
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        match std::mem::replace(&mut self.backing, Backing::Empty) {
+            Backing::Empty => {}
+            // SAFETY: allocated in `heap` with exactly this layout; no reference to
+            // the bytes outlives the storage (handles and ops hold the Arc).
+            Backing::Heap(layout) => unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) },
+            Backing::Pooled(alloc) => drop(alloc),
+        }
+    }
+}
+
+impl std::fmt::Debug for Storage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Storage")
+            .field("bytes", &self.bytes)
+            .field("device", &self.device)
+            .field("kind", &self.kind)
+            .finish()
+    }
+}
+
+/// A typed buffer in device memory, reached only through stream operations.
+///
+/// Dropping the handle while work still uses the buffer is fine: the work keeps the
+/// memory alive until it completes.
+pub struct DeviceBuffer<T: Pod> {
+    pub(crate) storage: Arc<Storage>,
+    len: usize,
+    _t: PhantomData<T>,
+}
+
+/// A typed buffer of pinned host memory: the source and destination of async copies.
+pub struct PinnedBuffer<T: Pod> {
+    pub(crate) storage: Arc<Storage>,
+    len: usize,
+    _t: PhantomData<T>,
+}
+
+macro_rules! buffer_common {
+    ($ty:ident) => {
+        impl<T: Pod> $ty<T> {
+            pub(crate) fn from_storage(storage: Arc<Storage>, len: usize) -> Self {
+                debug_assert!(storage.bytes() >= len * std::mem::size_of::<T>());
+                $ty {
+                    storage,
+                    len,
+                    _t: PhantomData,
+                }
+            }
+
+            /// Number of elements.
+            pub fn len(&self) -> usize {
+                self.len
+            }
+
+            /// Whether the buffer holds no elements.
+            pub fn is_empty(&self) -> bool {
+                self.len == 0
+            }
+
+            /// Size in bytes.
+            pub fn size_bytes(&self) -> usize {
+                self.len * std::mem::size_of::<T>()
+            }
+
+            /// The id of the device that owns the buffer.
+            pub fn device_id(&self) -> u64 {
+                self.storage.device
+            }
+        }
+
+        impl<T: Pod> std::fmt::Debug for $ty<T> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($ty))
+                    .field("len", &self.len)
+                    .field("elem", &std::any::type_name::<T>())
+                    .field("device", &self.storage.device)
+                    .finish()
+            }
+        }
+    };
+}
+
+buffer_common!(DeviceBuffer);
+buffer_common!(PinnedBuffer);
+
+impl<T: Pod> PinnedBuffer<T> {
+    /// The contents, for reading on the host. Fails while an enqueued operation still
+    /// writes into the buffer (synchronize its stream first).
+    pub fn as_slice(&self) -> Result<&[T]> {
+        if self.storage.has_pending_writes() {
+            return Err(Error::BufferBusy {
+                op: "PinnedBuffer::as_slice",
+                detail: "a copy or fill into it has not completed",
+            });
+        }
+        // SAFETY: the storage holds at least `len` initialised (zeroed at allocation)
+        // `T`s, aligned to 256 B; no writer is pending and none can be enqueued while
+        // `&self` is borrowed (writers need `&mut`).
+        Ok(unsafe { std::slice::from_raw_parts(self.storage.ptr() as *const T, self.len) })
+    }
+
+    /// The contents, for writing on the host. Fails while any enqueued operation still
+    /// uses the buffer.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        let len = self.len;
+        match Arc::get_mut(&mut self.storage) {
+            // SAFETY: `get_mut` proved no operation holds the storage, and `&mut self`
+            // keeps new ones from being enqueued while the slice lives.
+            Some(s) => Ok(unsafe { std::slice::from_raw_parts_mut(s.ptr() as *mut T, len) }),
+            None => Err(Error::BufferBusy {
+                op: "PinnedBuffer::as_mut_slice",
+                detail: "an operation that reads or writes it has not completed",
+            }),
+        }
+    }
+}
+
+/// A buffer passed to a kernel launch, with how the kernel uses it.
+#[derive(Clone, Copy)]
+pub struct Arg<'a> {
+    pub(crate) storage: &'a Arc<Storage>,
+    pub(crate) elem: std::any::TypeId,
+    pub(crate) elem_name: &'static str,
+    pub(crate) len: usize,
+    pub(crate) write: bool,
+}
+
+impl<'a> Arg<'a> {
+    /// The kernel reads the whole buffer; every block sees all of it.
+    pub fn read<T: Pod>(buf: &'a DeviceBuffer<T>) -> Self {
+        Arg {
+            storage: &buf.storage,
+            elem: std::any::TypeId::of::<T>(),
+            elem_name: std::any::type_name::<T>(),
+            len: buf.len(),
+            write: false,
+        }
+    }
+
+    /// The kernel writes the buffer, split across blocks: with `n` blocks, block `b`
+    /// gets elements `b*ceil(len/n) ..` up to the next block's start.
+    pub fn write<T: Pod>(buf: &'a DeviceBuffer<T>) -> Self {
+        Arg {
+            write: true,
+            ..Arg::read(buf)
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! Devices: something that owns memory and engines. `Device` is backend-independent;
+//! the host backend is the default and always available.
+
+use crate::backend::{host::HostBackend, Backend, DeviceProperties};
+use crate::buffer::{DeviceBuffer, MemoryKind, PinnedBuffer};
+use crate::stream::{Stream, PRIORITY_LOWEST};
+use crate::{CompletionMode, DeviceConfig, Error, Result};
+use bytemuck::Pod;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+static NEXT_DEVICE: AtomicU64 = AtomicU64::new(1);
+
+/// A device: compute units, copy engines, hardware queues and memory. Cloning gives
+/// another handle to the same device.
+///
+/// Dropping the last handle (streams and buffers hold one too) waits for all
+/// pending work, then stops the engines.
+///
+/// ```
+/// use hetero::Device;
+/// let dev = Device::host().unwrap();
+/// let s = dev.create_stream().unwrap();
+/// let mut h = dev.pinned_from_slice(&[1u32, 2, 3]).unwrap();
+/// let d = dev.alloc::<u32>(3).unwrap();
+/// s.copy_h2d(&h, &d).unwrap();
+/// s.fill_range(&d, 1, 1, 7).unwrap();
+/// s.copy_d2h(&d, &mut h).unwrap();
+/// s.synchronize().unwrap();
+/// assert_eq!(h.as_slice().unwrap(), &[1, 7, 3]);
+/// ```
+#[derive(Clone)]
+pub struct Device {
+    inner: Arc<DeviceInner>,
+}
+
+struct DeviceInner {
+    id: u64,
+    backend: Box<dyn Backend>,
+}
+
+impl Drop for DeviceInner {
+    fn drop(&mut self) {
+        self.backend.shutdown();
+    }
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("id", &self.inner.id)
+            .field("name", &self.properties().name)
+            .finish()
+    }
+}
+
+impl Device {
+    /// The host device with the default configuration.
+    pub fn host() -> Result<Device> {
+        Device::new(DeviceConfig::default())
+    }
+
+    /// A host device configured by `config`.
+    pub fn new(config: DeviceConfig) -> Result<Device> {
+        let id = NEXT_DEVICE.fetch_add(1, Ordering::Relaxed);
+        let backend = HostBackend::new(id, config)?;
+        Ok(Device {
+            inner: Arc::new(DeviceInner {
+                id,
+                backend: Box::new(backend),
+            }),
+        })
+    }
+
+    /// The device's id (unique in the process).
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// What the device is made of.
+    pub fn properties(&self) -> &DeviceProperties {
+        self.inner.backend.properties()
+    }
+
+    pub(crate) fn host_wait(&self) -> CompletionMode {
+        self.inner.backend.host_wait()
+    }
+
+    /// A new stream of the lowest priority.
+    pub fn create_stream(&self) -> Result<Stream> {
+        self.create_stream_with_priority(PRIORITY_LOWEST)
+    }
+
+    /// A new stream with `priority` (0 highest … 7 lowest).
+    pub fn create_stream_with_priority(&self, priority: u8) -> Result<Stream> {
+        if priority > PRIORITY_LOWEST {
+            return Err(Error::InvalidArgument(format!(
+                "priority {priority} is out of range; use 0 (highest) ..= 7 (lowest)"
+            )));
+        }
+        let q = self.inner.backend.create_stream(priority)?;
+        Ok(Stream::new(q, self.clone()))
+    }
+
+    fn bytes_for<T: Pod>(len: usize) -> Result<usize> {
+        len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{len} elements of {} overflow the address space",
+                std::any::type_name::<T>()
+            ))
+        })
+    }
+
+    /// A zeroed device buffer of `len` elements.
+    pub fn alloc<T: Pod>(&self, len: usize) -> Result<DeviceBuffer<T>> {
+        let bytes = Self::bytes_for::<T>(len)?;
+        let s = self.inner.backend.allocate(MemoryKind::Device, bytes)?;
+        Ok(DeviceBuffer::from_storage(Arc::new(s), len))
+    }
+
+    /// A zeroed pinned host buffer of `len` elements.
+    pub fn alloc_pinned<T: Pod>(&self, len: usize) -> Result<PinnedBuffer<T>> {
+        let bytes = Self::bytes_for::<T>(len)?;
+        let s = self.inner.backend.allocate(MemoryKind::Pinned, bytes)?;
+        Ok(PinnedBuffer::from_storage(Arc::new(s), len))
+    }
+
+    /// A pinned host buffer holding a copy of `data`.
+    pub fn pinned_from_slice<T: Pod>(&self, data: &[T]) -> Result<PinnedBuffer<T>> {
+        let mut b = self.alloc_pinned::<T>(data.len())?;
+        b.as_mut_slice()?.copy_from_slice(data);
+        Ok(b)
+    }
+
+    /// Blocks until all work submitted so far on every stream completed. Returns the
+    /// first fault among the streams, if any failed.
+    pub fn synchronize(&self) -> Result<()> {
+        self.inner.backend.synchronize()
+    }
+}

@@ -1,0 +1,99 @@
+//! The one error type of the public API. Every message says what was asked, what was
+//! there, and what to do about it.
+
+use std::sync::Arc;
+
+/// Errors returned by hetero's public API.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A size or length did not match what the operation needs.
+    #[error("size mismatch in {op}: {detail}")]
+    SizeMismatch { op: &'static str, detail: String },
+
+    /// A range reaches past the end of a buffer.
+    #[error("{op}: range {offset}..{end} (elements) is out of bounds for a buffer of {len} elements; pass a range inside the buffer")]
+    OutOfBounds {
+        op: &'static str,
+        offset: usize,
+        end: usize,
+        len: usize,
+    },
+
+    /// A buffer belongs to another device than the stream it was used on.
+    #[error("{op}: buffer belongs to device {buffer_device} but the stream is on device {stream_device}; copy it to this device first")]
+    WrongDevice {
+        op: &'static str,
+        buffer_device: u64,
+        stream_device: u64,
+    },
+
+    /// The stream was destroyed; no more work can be submitted to it.
+    #[error("stream {stream} was destroyed; create a new stream with Device::create_stream")]
+    StreamDestroyed { stream: u64 },
+
+    /// An event was used before it was recorded on a stream.
+    #[error("{op}: the event was never recorded; call Stream::record(&mut event) first")]
+    EventNotRecorded { op: &'static str },
+
+    /// An event of another device was used.
+    #[error(
+        "{op}: the event belongs to device {event_device}, the stream to device {stream_device}"
+    )]
+    EventWrongDevice {
+        op: &'static str,
+        event_device: u64,
+        stream_device: u64,
+    },
+
+    /// Elapsed time was asked of events that carry no timestamp.
+    #[error("elapsed_ms: {detail}")]
+    EventTiming { detail: String },
+
+    /// A kernel launch named an empty grid.
+    #[error(
+        "launch of kernel '{kernel}': the grid is empty (0 blocks); launch at least one block"
+    )]
+    EmptyGrid { kernel: &'static str },
+
+    /// A kernel launch passed too many buffer arguments.
+    #[error("launch of kernel '{kernel}': {count} buffer arguments, at most {max} are supported")]
+    TooManyArgs {
+        kernel: &'static str,
+        count: usize,
+        max: usize,
+    },
+
+    /// The same buffer was passed so that one operation would read and write it at once.
+    #[error(
+        "{op}: the same buffer is both read and written by one operation; use a separate buffer"
+    )]
+    Aliasing { op: &'static str },
+
+    /// A value is outside the allowed range (priority, count, …).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// Work on a stream failed: a kernel or host callback panicked, or it waited on
+    /// work that failed. Later work on that stream does not run.
+    #[error("stream {stream} failed at operation {value}: {message}")]
+    StreamFault {
+        stream: u64,
+        value: u64,
+        message: Arc<str>,
+    },
+
+    /// Host access to a pinned buffer that pending work still uses.
+    #[error("{op}: the buffer is still used by pending work ({detail}); synchronize the stream that uses it first")]
+    BufferBusy {
+        op: &'static str,
+        detail: &'static str,
+    },
+
+    /// A backend could not start (threads, OS resources).
+    #[error("device setup failed: {0}")]
+    Setup(String),
+}
+
+/// Result type of the public API.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,104 @@
+//! Events: a point (timeline, value) recorded on a stream. Waiting on an event
+//! orders everything recorded before it before everything submitted after the wait,
+//! on any stream. There is no event pool and no reset: recording again simply
+//! points the event at a later value.
+
+use crate::config::CompletionMode;
+use crate::timeline::Timeline;
+use crate::{Error, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+#[derive(Clone)]
+pub(crate) struct EventPoint {
+    pub(crate) timeline: Arc<Timeline>,
+    pub(crate) value: u64,
+    pub(crate) stamp: Arc<AtomicU64>,
+    pub(crate) mode: CompletionMode,
+}
+
+/// A point on a stream's timeline. Create with [`Event::new`] and record with
+/// [`Stream::record`](crate::Stream::record), or take one from
+/// [`Stream::record_event`](crate::Stream::record_event).
+#[derive(Clone, Default)]
+pub struct Event {
+    pub(crate) point: Option<EventPoint>,
+}
+
+impl std::fmt::Debug for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.point {
+            None => f.write_str("Event(unrecorded)"),
+            Some(p) => write!(f, "Event(stream {}, value {})", p.timeline.stream, p.value),
+        }
+    }
+}
+
+impl Event {
+    /// An event not yet recorded on any stream.
+    pub fn new() -> Self {
+        Event { point: None }
+    }
+
+    /// Whether the event was recorded.
+    pub fn is_recorded(&self) -> bool {
+        self.point.is_some()
+    }
+
+    pub(crate) fn point(&self, op: &'static str) -> Result<&EventPoint> {
+        self.point.as_ref().ok_or(Error::EventNotRecorded { op })
+    }
+
+    /// The stream and timeline value this event marks.
+    pub fn position(&self) -> Result<(u64, u64)> {
+        let p = self.point("Event::position")?;
+        Ok((p.timeline.stream, p.value))
+    }
+
+    /// `Ok(true)` once the work before the event completed, `Ok(false)` while it is
+    /// pending, an error if it failed.
+    pub fn query(&self) -> Result<bool> {
+        let p = self.point("Event::query")?;
+        match p.timeline.status(p.value) {
+            None => Ok(false),
+            Some(r) => r.map(|()| true),
+        }
+    }
+
+    /// Blocks until the work before the event completed, waiting as the device's
+    /// host-wait mode says.
+    pub fn synchronize(&self) -> Result<()> {
+        let p = self.point("Event::synchronize")?;
+        p.timeline.wait(p.value, p.mode)
+    }
+
+    /// Blocks until complete, waiting as `mode` says.
+    pub fn synchronize_with(&self, mode: CompletionMode) -> Result<()> {
+        let p = self.point("Event::synchronize_with")?;
+        p.timeline.wait(p.value, mode)
+    }
+
+    /// Milliseconds from `self` to `end`, both completed.
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f64> {
+        let a = self.point("Event::elapsed_ms")?;
+        let b = end.point("Event::elapsed_ms")?;
+        for (p, which) in [(a, "start"), (b, "end")] {
+            match p.timeline.status(p.value) {
+                None => {
+                    return Err(Error::EventTiming {
+                        detail: format!(
+                            "the {which} event has not completed yet; synchronize it first"
+                        ),
+                    })
+                }
+                Some(Err(e)) => return Err(e),
+                Some(Ok(())) => {}
+            }
+        }
+        let (t0, t1) = (
+            a.stamp.load(Ordering::Acquire),
+            b.stamp.load(Ordering::Acquire),
+        );
+        Ok((t1 as f64 - t0 as f64) / 1e6)
+    }
+}

@@ -1,0 +1,204 @@
+//! Host kernels: a Rust closure run once per block of a grid, given its block index
+//! and typed views of the buffers the launch declared.
+//!
+//! Soundness: a launch's buffers are locked for the whole kernel (readers shared,
+//! writers exclusive), a buffer cannot be both read and written by one launch, and
+//! each block gets a disjoint part of every written buffer, taken at most once. So
+//! the `&[T]` and `&mut [T]` views handed out never alias a concurrent writer.
+
+use crate::buffer::Storage;
+use bytemuck::Pod;
+use std::any::TypeId;
+use std::sync::Arc;
+
+pub(crate) type KernelFn = dyn Fn(&mut Block<'_>) + Send + Sync;
+
+/// A kernel: a named closure run once per block.
+///
+/// ```
+/// use hetero::{Arg, Device, Grid, Kernel};
+/// let dev = Device::host().unwrap();
+/// let s = dev.create_stream().unwrap();
+/// let out = dev.alloc::<u32>(8).unwrap();
+/// let k = Kernel::new("iota", |b| {
+///     let base = b.write_offset(0);
+///     for (i, v) in b.write::<u32>(0).iter_mut().enumerate() {
+///         *v = (base + i) as u32;
+///     }
+/// });
+/// s.launch(&k, Grid::new(2), &[Arg::write(&out)]).unwrap();
+/// assert_eq!(s.read_to_vec(&out).unwrap(), (0..8).collect::<Vec<u32>>());
+/// ```
+#[derive(Clone)]
+pub struct Kernel {
+    pub(crate) name: &'static str,
+    pub(crate) f: Arc<KernelFn>,
+}
+
+impl Kernel {
+    /// Wraps `f` as a kernel named `name` (the name shows in errors and profiles).
+    pub fn new(name: &'static str, f: impl Fn(&mut Block<'_>) + Send + Sync + 'static) -> Self {
+        Kernel {
+            name,
+            f: Arc::new(f),
+        }
+    }
+
+    /// The kernel's name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernel").field("name", &self.name).finish()
+    }
+}
+
+/// The launch shape: a number of blocks, split across compute units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grid {
+    pub(crate) blocks: u32,
+}
+
+impl Grid {
+    /// A grid of `blocks` blocks (0 is rejected at launch).
+    pub const fn new(blocks: u32) -> Self {
+        Grid { blocks }
+    }
+
+    /// The number of blocks.
+    pub const fn blocks(&self) -> u32 {
+        self.blocks
+    }
+}
+
+impl From<u32> for Grid {
+    fn from(blocks: u32) -> Self {
+        Grid::new(blocks)
+    }
+}
+
+/// At most this many buffers per launch (kept inline: no allocation per launch).
+pub const MAX_KERNEL_ARGS: usize = 8;
+
+#[derive(Clone)]
+pub(crate) struct KArg {
+    pub(crate) storage: Arc<Storage>,
+    pub(crate) elem: TypeId,
+    pub(crate) elem_name: &'static str,
+    pub(crate) len: usize,
+    pub(crate) write: bool,
+}
+
+pub(crate) type ArgList = [Option<KArg>; MAX_KERNEL_ARGS];
+
+/// What one block of a kernel sees: its index and the launch's buffers.
+///
+/// Arguments are numbered separately for reads and writes, in launch order:
+/// `read::<T>(0)` is the first `Arg::read`, `write::<T>(0)` the first `Arg::write`.
+pub struct Block<'a> {
+    index: u32,
+    blocks: u32,
+    args: &'a ArgList,
+    taken: u8,
+}
+
+impl<'a> Block<'a> {
+    pub(crate) fn new(index: u32, blocks: u32, args: &'a ArgList) -> Self {
+        Block {
+            index,
+            blocks,
+            args,
+            taken: 0,
+        }
+    }
+
+    /// This block's index in `0..grid`.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// The number of blocks in the grid.
+    pub fn grid(&self) -> u32 {
+        self.blocks
+    }
+
+    fn nth(&self, n: usize, write: bool) -> Option<(usize, &'a KArg)> {
+        self.args
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| a.as_ref().map(|a| (i, a)))
+            .filter(|(_, a)| a.write == write)
+            .nth(n)
+    }
+
+    fn check<T: Pod>(a: &KArg, what: &str, n: usize) -> Result<(), String> {
+        if a.elem != TypeId::of::<T>() {
+            return Err(format!(
+                "kernel asked for {what}::<{}>({n}) but the buffer holds {}",
+                std::any::type_name::<T>(),
+                a.elem_name
+            ));
+        }
+        Ok(())
+    }
+
+    /// The whole of read argument `n`, or a message saying what is wrong.
+    pub fn try_read<T: Pod>(&self, n: usize) -> Result<&'a [T], String> {
+        let (_, a) = self
+            .nth(n, false)
+            .ok_or_else(|| format!("kernel asked for read argument {n}, which was not passed"))?;
+        Self::check::<T>(a, "read", n)?;
+        // SAFETY: the storage holds `len` initialised `T`s (type checked above, 256 B
+        // aligned); the launch holds a read lock on it, so nobody writes it now.
+        Ok(unsafe { std::slice::from_raw_parts(a.storage.ptr() as *const T, a.len) })
+    }
+
+    /// The whole of read argument `n`. Panics (failing the stream, not the process)
+    /// if it does not exist or holds another type.
+    pub fn read<T: Pod>(&self, n: usize) -> &'a [T] {
+        self.try_read(n).unwrap_or_else(|m| panic!("{m}"))
+    }
+
+    /// The element range of write argument `n` given to this block.
+    fn part(&self, len: usize) -> (usize, usize) {
+        let per = len.div_ceil(self.blocks as usize);
+        let start = (per * self.index as usize).min(len);
+        (start, (start + per).min(len))
+    }
+
+    /// The index of the first element of write argument `n` this block owns.
+    pub fn write_offset(&self, n: usize) -> usize {
+        self.nth(n, true)
+            .map(|(_, a)| self.part(a.len).0)
+            .unwrap_or(0)
+    }
+
+    /// This block's part of write argument `n`, or a message saying what is wrong.
+    pub fn try_write<T: Pod>(&mut self, n: usize) -> Result<&'a mut [T], String> {
+        let (slot, a) = self
+            .nth(n, true)
+            .ok_or_else(|| format!("kernel asked for write argument {n}, which was not passed"))?;
+        Self::check::<T>(a, "write", n)?;
+        let bit = 1u8 << slot;
+        if self.taken & bit != 0 {
+            return Err(format!("kernel took write argument {n} twice in one block"));
+        }
+        self.taken |= bit;
+        let (start, end) = self.part(a.len);
+        // SAFETY: the launch holds the write lock on this storage; blocks get disjoint
+        // `start..end` ranges and each block takes its range once (`taken`), so this is
+        // the only reference to these elements while the kernel runs.
+        Ok(unsafe {
+            std::slice::from_raw_parts_mut((a.storage.ptr() as *mut T).add(start), end - start)
+        })
+    }
+
+    /// This block's part of write argument `n`. Panics (failing the stream) if it does
+    /// not exist, holds another type, or was already taken.
+    pub fn write<T: Pod>(&mut self, n: usize) -> &'a mut [T] {
+        self.try_write(n).unwrap_or_else(|m| panic!("{m}"))
+    }
+}

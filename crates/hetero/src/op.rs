@@ -1,0 +1,219 @@
+//! Operations: what a stream holds, in the form every backend receives. An `Op` owns
+//! clones of the storages it touches, which keeps them alive until it completes.
+
+use crate::buffer::Storage;
+use crate::kernel::{ArgList, KernelFn};
+use crate::timeline::Timeline;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+/// Direction of a copy; each has its own copy engines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyKind {
+    /// Host (pinned) to device.
+    H2D = 0,
+    /// Device to host (pinned).
+    D2H = 1,
+    /// Device to device (and fills).
+    D2D = 2,
+}
+
+#[allow(dead_code)] // submit_ns, name() and bytes() feed the profiler
+pub(crate) struct Op {
+    pub(crate) body: Body,
+    pub(crate) submit_ns: u64,
+}
+
+// Kernel arguments are kept inline on purpose: a launch must not allocate.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Body {
+    Copy {
+        kind: CopyKind,
+        src: Arc<Storage>,
+        src_off: usize,
+        dst: Arc<Storage>,
+        dst_off: usize,
+        bytes: usize,
+        /// Set when the destination is pinned: host reads wait for it.
+        _pending: Option<PendingWrite>,
+    },
+    Fill {
+        dst: Arc<Storage>,
+        off: usize,
+        bytes: usize,
+        pattern: [u8; 16],
+        pattern_len: u8,
+        _pending: Option<PendingWrite>,
+    },
+    Kernel {
+        name: &'static str,
+        f: Arc<KernelFn>,
+        blocks: u32,
+        args: ArgList,
+    },
+    /// Taken (`Option::take`) when it runs.
+    Host(Option<Box<dyn FnOnce() + Send>>),
+    Wait {
+        timeline: Arc<Timeline>,
+        value: u64,
+    },
+    Marker {
+        stamp: Arc<AtomicU64>,
+    },
+}
+
+#[allow(dead_code)]
+impl Op {
+    pub(crate) fn new(body: Body) -> Self {
+        Op {
+            body,
+            submit_ns: if crate::clock::profiling() {
+                crate::clock::now_ns()
+            } else {
+                0
+            },
+        }
+    }
+
+    /// The storages this op touches, with whether it writes them.
+    pub(crate) fn for_each_access(&self, mut f: impl FnMut(&Storage, bool) -> bool) -> bool {
+        match &self.body {
+            Body::Copy { src, dst, .. } => f(src, false) && f(dst, true),
+            Body::Fill { dst, .. } => f(dst, true),
+            Body::Kernel { args, .. } => args.iter().flatten().all(|a| f(&a.storage, a.write)),
+            Body::Host(_) | Body::Wait { .. } | Body::Marker { .. } => true,
+        }
+    }
+
+    /// Takes every access lock the op needs, or none.
+    pub(crate) fn try_acquire_access(&self) -> bool {
+        let mut taken = 0usize;
+        let ok = self.for_each_access(|s, w| {
+            if s.try_acquire(w) {
+                taken += 1;
+                true
+            } else {
+                false
+            }
+        });
+        if !ok {
+            let mut n = 0usize;
+            self.for_each_access(|s, w| {
+                if n < taken {
+                    s.release(w);
+                    n += 1;
+                    true
+                } else {
+                    false
+                }
+            });
+        }
+        ok
+    }
+
+    pub(crate) fn release_access(&self) {
+        self.for_each_access(|s, w| {
+            s.release(w);
+            true
+        });
+    }
+
+    pub(crate) fn name(&self) -> &'static str {
+        match &self.body {
+            Body::Copy { kind, .. } => match kind {
+                CopyKind::H2D => "copy_h2d",
+                CopyKind::D2H => "copy_d2h",
+                CopyKind::D2D => "copy_d2d",
+            },
+            Body::Fill { .. } => "fill",
+            Body::Kernel { name, .. } => name,
+            Body::Host(_) => "host_fn",
+            Body::Wait { .. } => "wait_event",
+            Body::Marker { .. } => "record_event",
+        }
+    }
+
+    pub(crate) fn bytes(&self) -> u64 {
+        match &self.body {
+            Body::Copy { bytes, .. } | Body::Fill { bytes, .. } => *bytes as u64,
+            _ => 0,
+        }
+    }
+}
+
+/// A pending write into pinned memory, counted from enqueue until the op is dropped
+/// (run or skipped), so host reads of the buffer can tell it is in flight.
+pub(crate) struct PendingWrite(Arc<Storage>);
+
+impl PendingWrite {
+    pub(crate) fn new(storage: &Arc<Storage>) -> Self {
+        storage.add_pending_write();
+        PendingWrite(storage.clone())
+    }
+}
+
+impl Drop for PendingWrite {
+    fn drop(&mut self) {
+        self.0.finish_pending_write();
+    }
+}
+
+/// Runs a copy or fill. The caller holds the access locks.
+pub(crate) fn run_transfer(body: &Body) {
+    match body {
+        Body::Copy {
+            src,
+            src_off,
+            dst,
+            dst_off,
+            bytes,
+            ..
+        } => {
+            if *bytes == 0 {
+                return;
+            }
+            // SAFETY: ranges were bounds-checked at enqueue; src and dst are different
+            // storages (aliasing rejected at enqueue); the access locks (read on src,
+            // write on dst) exclude every other writer and reader of dst.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    src.ptr().add(*src_off),
+                    dst.ptr().add(*dst_off),
+                    *bytes,
+                )
+            }
+        }
+        Body::Fill {
+            dst,
+            off,
+            bytes,
+            pattern,
+            pattern_len,
+            ..
+        } => {
+            let plen = *pattern_len as usize;
+            // SAFETY: range bounds-checked at enqueue; the write lock on dst makes this
+            // the only access to it.
+            let out = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add(*off), *bytes) };
+            if plen == 1 {
+                out.fill(pattern[0]);
+            } else {
+                for chunk in out.chunks_exact_mut(plen) {
+                    chunk.copy_from_slice(&pattern[..plen]);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The message of a caught panic payload.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "panic with a non-string payload".to_string()
+    }
+}

@@ -1,0 +1,147 @@
+//! Waiting strategies shared by host waits and idle engines: poll a condition, spin
+//! or yield for a budget, then park on a futex word. The waker side is cheap when
+//! nobody sleeps: one load of a waiter count.
+//!
+//! Invariant (no lost wake-up): a sleeper increments `sleepers` (SeqCst) and reads
+//! the futex word *before* its last check of the condition; a waker makes the
+//! condition true, then (SeqCst) reads `sleepers` and, if non-zero, bumps the word
+//! and wakes. Either the sleeper's last check sees the condition, or the waker sees
+//! the sleeper and the word changes under it, so `futex_wait` returns at once.
+
+use crate::config::CompletionMode;
+use crate::loom::{AtomicU32, Ordering};
+use crossbeam_utils::CachePadded;
+use std::time::{Duration, Instant};
+
+/// A futex word with a count of the threads parked (or about to park) on it.
+#[derive(Debug, Default)]
+pub(crate) struct Parker {
+    word: CachePadded<AtomicU32>,
+    sleepers: CachePadded<AtomicU32>,
+}
+
+impl Parker {
+    pub(crate) fn new() -> Self {
+        Parker {
+            word: CachePadded::new(AtomicU32::new(0)),
+            sleepers: CachePadded::new(AtomicU32::new(0)),
+        }
+    }
+
+    /// Wakes up to `n` sleepers; call after making their condition true.
+    #[inline]
+    pub(crate) fn wake(&self, n: u32) {
+        crate::loom::fence(Ordering::SeqCst);
+        if self.sleepers.load(Ordering::Relaxed) != 0 {
+            self.wake_slow(n);
+        }
+    }
+
+    #[cold]
+    fn wake_slow(&self, n: u32) {
+        self.word.fetch_add(1, Ordering::SeqCst);
+        futex_wake(&self.word, n);
+    }
+
+    /// Whether a thread is parked or about to park.
+    #[allow(dead_code)]
+    pub(crate) fn has_sleepers(&self) -> bool {
+        self.sleepers.load(Ordering::SeqCst) != 0
+    }
+
+    /// Parks until `ready()` holds, after one final check. `timeout` bounds one park
+    /// (a safety net only: correctness does not depend on it).
+    pub(crate) fn park_until(&self, mut ready: impl FnMut() -> bool, timeout: Option<Duration>) {
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        loop {
+            let seen = self.word.load(Ordering::SeqCst);
+            if ready() {
+                break;
+            }
+            futex_wait(&self.word, seen, timeout);
+            if timeout.is_some() {
+                break;
+            }
+        }
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Waits until `ready()` holds using `mode`.
+    pub(crate) fn wait(&self, mode: CompletionMode, mut ready: impl FnMut() -> bool) {
+        if ready() {
+            return;
+        }
+        match mode {
+            CompletionMode::Spin => {
+                while !ready() {
+                    crate::loom::spin_hint();
+                }
+            }
+            CompletionMode::Yield => {
+                while !ready() {
+                    std::thread::yield_now();
+                }
+            }
+            CompletionMode::Block => self.park_until(ready, None),
+            CompletionMode::Auto { spin } => {
+                if spin_for(spin, &mut ready) {
+                    return;
+                }
+                self.park_until(ready, None);
+            }
+        }
+    }
+}
+
+/// Polls `ready` for up to `budget`: busy spins first, then yields the core between
+/// polls (on a 2-core machine a pure spinner starves the thread it waits for).
+/// Returns whether `ready` became true.
+pub(crate) fn spin_for(budget: Duration, ready: &mut impl FnMut() -> bool) -> bool {
+    for _ in 0..64 {
+        if ready() {
+            return true;
+        }
+        crate::loom::spin_hint();
+    }
+    let start = Instant::now();
+    loop {
+        for _ in 0..16 {
+            if ready() {
+                return true;
+            }
+            crate::loom::spin_hint();
+        }
+        if start.elapsed() >= budget {
+            return ready();
+        }
+        std::thread::yield_now();
+    }
+}
+
+#[cfg(not(loom))]
+fn futex_wait(word: &AtomicU32, seen: u32, timeout: Option<Duration>) {
+    use rustix::thread::futex;
+    let ts = timeout.map(|d| rustix::fs::Timespec {
+        tv_sec: d.as_secs() as i64,
+        tv_nsec: d.subsec_nanos() as i64,
+    });
+    // EAGAIN (word changed), EINTR and ETIMEDOUT all mean: look again.
+    let _ = futex::wait(word, futex::Flags::PRIVATE, seen, ts.as_ref());
+}
+
+#[cfg(not(loom))]
+fn futex_wake(word: &AtomicU32, n: u32) {
+    use rustix::thread::futex;
+    // The kernel reads the count as a signed int: u32::MAX would wake only one.
+    let _ = futex::wake(word, futex::Flags::PRIVATE, n.min(i32::MAX as u32));
+}
+
+#[cfg(loom)]
+fn futex_wait(word: &AtomicU32, seen: u32, _timeout: Option<Duration>) {
+    while word.load(Ordering::SeqCst) == seen {
+        loom::thread::yield_now();
+    }
+}
+
+#[cfg(loom)]
+fn futex_wake(_word: &AtomicU32, _n: u32) {}

@@ -1,0 +1,245 @@
+//! The submission queue of a stream: a bounded multi-producer, single-consumer ring
+//! of operations, stored inline (no allocation per submission).
+//!
+//! Each slot carries a sequence number (Vyukov's bounded queue). For position `p`:
+//! `seq == p` means the slot is free for the producer of position `p`; `seq == p + 1`
+//! means it holds the value of position `p`; after the consumer takes it, `seq`
+//! becomes `p + capacity`, freeing it for position `p + capacity`.
+//!
+//! Invariants:
+//! - Producers claim positions with a CAS on `tail`; positions are handed out in one
+//!   total order, which is the stream's submission order (value = position + 1).
+//! - Exactly one thread at a time consumes (`peek`/`pop`): the caller guarantees it
+//!   (the scheduler holds the stream's hardware-queue claim). That is why the
+//!   consumer methods are `unsafe`.
+//! - A value is written before its slot's `seq` is published (Release) and read only
+//!   after the consumer observes it (Acquire).
+
+use crate::loom::{AtomicU64, Ordering, UnsafeCell};
+use crossbeam_utils::CachePadded;
+use std::mem::MaybeUninit;
+
+struct Slot<T> {
+    seq: AtomicU64,
+    value: UnsafeCell<MaybeUninit<T>>,
+}
+
+pub(crate) struct Ring<T> {
+    head: CachePadded<AtomicU64>,
+    tail: CachePadded<AtomicU64>,
+    slots: Box<[Slot<T>]>,
+    mask: u64,
+}
+
+// SAFETY: values move between threads (T: Send); slot access is serialised by the
+// sequence protocol above and the single-consumer contract.
+unsafe impl<T: Send> Send for Ring<T> {}
+// SAFETY: as above; shared references only reach a value through that protocol.
+unsafe impl<T: Send> Sync for Ring<T> {}
+
+impl<T> Ring<T> {
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
+        let cap = capacity.max(2).next_power_of_two();
+        let slots = (0..cap)
+            .map(|i| Slot {
+                seq: AtomicU64::new(i as u64),
+                value: UnsafeCell::new(MaybeUninit::uninit()),
+            })
+            .collect::<Vec<_>>()
+            .into_boxed_slice();
+        Ring {
+            head: CachePadded::new(AtomicU64::new(0)),
+            tail: CachePadded::new(AtomicU64::new(0)),
+            slots,
+            mask: cap as u64 - 1,
+        }
+    }
+
+    /// Appends `value`, returning its position, or gives it back when the ring is full.
+    #[inline]
+    pub(crate) fn try_push(&self, value: T) -> Result<u64, T> {
+        let mut pos = self.tail.load(Ordering::Relaxed);
+        loop {
+            let slot = &self.slots[(pos & self.mask) as usize];
+            let seq = slot.seq.load(Ordering::Acquire);
+            if seq == pos {
+                match self.tail.compare_exchange_weak(
+                    pos,
+                    pos + 1,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => {
+                        // SAFETY: winning the CAS for `pos` while `seq == pos` makes this
+                        // producer the only writer of the slot until it publishes it.
+                        slot.value.with_mut(|p| unsafe { (*p).write(value) });
+                        slot.seq.store(pos + 1, Ordering::Release);
+                        return Ok(pos);
+                    }
+                    Err(now) => pos = now,
+                }
+            } else if seq < pos {
+                // The consumer has not freed this slot yet: full.
+                return Err(value);
+            } else {
+                pos = self.tail.load(Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Positions handed out so far (the next position to be claimed).
+    #[inline]
+    pub(crate) fn tail(&self) -> u64 {
+        self.tail.load(Ordering::Acquire)
+    }
+
+    /// Positions consumed so far.
+    #[inline]
+    pub(crate) fn head(&self) -> u64 {
+        self.head.load(Ordering::Acquire)
+    }
+
+    /// Whether no position has been claimed beyond those consumed. A hint for
+    /// non-consumers; exact for the consumer.
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.head() >= self.tail()
+    }
+
+    /// Runs `f` on the oldest value without removing it; `None` when the oldest
+    /// position is not published yet.
+    ///
+    /// # Safety
+    /// The caller must be the only consumer for the duration of the call.
+    #[inline]
+    pub(crate) unsafe fn peek_with<R>(&self, f: impl FnOnce(&T, u64) -> R) -> Option<R> {
+        let pos = self.head.load(Ordering::Relaxed);
+        let slot = &self.slots[(pos & self.mask) as usize];
+        if slot.seq.load(Ordering::Acquire) != pos + 1 {
+            return None;
+        }
+        // SAFETY: `seq == pos + 1` (Acquire) means the producer finished writing the
+        // value, and only the consumer (the caller, exclusively) reads or takes it.
+        Some(
+            slot.value
+                .with_mut(|p| f(unsafe { (*p).assume_init_ref() }, pos)),
+        )
+    }
+
+    /// Removes the oldest value.
+    ///
+    /// # Safety
+    /// The caller must be the only consumer for the duration of the call.
+    #[inline]
+    pub(crate) unsafe fn pop(&self) -> Option<(T, u64)> {
+        let pos = self.head.load(Ordering::Relaxed);
+        let slot = &self.slots[(pos & self.mask) as usize];
+        if slot.seq.load(Ordering::Acquire) != pos + 1 {
+            return None;
+        }
+        // SAFETY: as in `peek_with`; the value is moved out exactly once, then the
+        // slot is released to the producer of `pos + capacity`.
+        let value = slot.value.with_mut(|p| unsafe { (*p).assume_init_read() });
+        slot.seq.store(pos + self.mask + 1, Ordering::Release);
+        self.head.store(pos + 1, Ordering::Release);
+        Some((value, pos))
+    }
+}
+
+impl<T> Drop for Ring<T> {
+    fn drop(&mut self) {
+        // SAFETY: `&mut self`: no other producer or consumer exists any more.
+        while unsafe { self.pop() }.is_some() {}
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fifo_and_full() {
+        let r = Ring::with_capacity(4);
+        for i in 0..4 {
+            assert_eq!(r.try_push(i), Ok(i as u64));
+        }
+        assert_eq!(r.try_push(9), Err(9));
+        // SAFETY: single-threaded test: the only consumer.
+        unsafe {
+            assert_eq!(r.peek_with(|v, p| (*v, p)), Some((0, 0)));
+            assert_eq!(r.pop(), Some((0, 0)));
+        }
+        assert_eq!(r.try_push(4), Ok(4));
+        let mut got = vec![];
+        // SAFETY: as above.
+        while let Some((v, _)) = unsafe { r.pop() } {
+            got.push(v);
+        }
+        assert_eq!(got, vec![1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn drops_leftovers() {
+        let item = std::sync::Arc::new(());
+        let r = Ring::with_capacity(8);
+        for _ in 0..5 {
+            assert!(r.try_push(item.clone()).is_ok());
+        }
+        drop(r);
+        assert_eq!(std::sync::Arc::strong_count(&item), 1);
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use crate::loom::Arc;
+
+    /// Two producers and one consumer: every value arrives exactly once, each
+    /// producer's values in its own order, positions dense.
+    #[test]
+    fn two_producers_one_consumer() {
+        loom::model(|| {
+            let ring = Arc::new(Ring::with_capacity(2));
+            let producers: Vec<_> = (0..2u32)
+                .map(|id| {
+                    let ring = ring.clone();
+                    loom::thread::spawn(move || {
+                        for k in 0..2u32 {
+                            let mut v = id * 10 + k;
+                            loop {
+                                match ring.try_push(v) {
+                                    Ok(_) => break,
+                                    Err(back) => {
+                                        v = back;
+                                        loom::thread::yield_now();
+                                    }
+                                }
+                            }
+                        }
+                    })
+                })
+                .collect();
+            let mut got = Vec::new();
+            let mut positions = Vec::new();
+            while got.len() < 4 {
+                // SAFETY: this thread is the only consumer.
+                match unsafe { ring.pop() } {
+                    Some((v, p)) => {
+                        got.push(v);
+                        positions.push(p);
+                    }
+                    None => loom::thread::yield_now(),
+                }
+            }
+            for p in producers {
+                p.join().expect("producer");
+            }
+            assert_eq!(positions, vec![0, 1, 2, 3]);
+            for id in 0..2u32 {
+                let mine: Vec<_> = got.iter().filter(|v| **v / 10 == id).collect();
+                assert_eq!(mine, vec![&(id * 10), &(id * 10 + 1)]);
+            }
+        });
+    }
+}

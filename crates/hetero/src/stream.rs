@@ -1,0 +1,511 @@
+//! Streams: the user's in-order sequences of operations. Every method validates its
+//! input (typed errors, never panics) and hands a self-contained `Op` to the backend.
+
+use crate::backend::StreamQueue;
+use crate::buffer::{Arg, DeviceBuffer, PinnedBuffer, Storage};
+use crate::event::{Event, EventPoint};
+use crate::kernel::{ArgList, Grid, KArg, Kernel, MAX_KERNEL_ARGS};
+use crate::op::{Body, CopyKind, Op, PendingWrite};
+use crate::{Device, Error, MemoryKind, Result};
+use bytemuck::Pod;
+use std::any::TypeId;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+/// Highest (most urgent) stream priority.
+pub const PRIORITY_HIGHEST: u8 = 0;
+/// Lowest stream priority.
+pub const PRIORITY_LOWEST: u8 = 7;
+
+/// An in-order sequence of operations on a device. Cloning gives another handle to
+/// the same stream.
+///
+/// Dropping the last handle waits for the stream's pending work to complete (work is
+/// never discarded); [`Stream::destroy`] refuses further submissions at once.
+#[derive(Clone)]
+pub struct Stream {
+    inner: Arc<StreamHandle>,
+}
+
+struct StreamHandle {
+    queue: Arc<dyn StreamQueue>,
+    device: Device,
+}
+
+impl Drop for StreamHandle {
+    fn drop(&mut self) {
+        self.queue.release();
+    }
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream")
+            .field("id", &self.id())
+            .field("priority", &self.priority())
+            .field("hardware_queue", &self.hardware_queue())
+            .finish()
+    }
+}
+
+fn check_range(op: &'static str, len: usize, offset: usize, count: usize) -> Result<()> {
+    match offset.checked_add(count) {
+        Some(end) if end <= len => Ok(()),
+        _ => Err(Error::OutOfBounds {
+            op,
+            offset,
+            end: offset.saturating_add(count),
+            len,
+        }),
+    }
+}
+
+impl Stream {
+    pub(crate) fn new(queue: Arc<dyn StreamQueue>, device: Device) -> Self {
+        Stream {
+            inner: Arc::new(StreamHandle { queue, device }),
+        }
+    }
+
+    fn q(&self) -> &dyn StreamQueue {
+        &*self.inner.queue
+    }
+
+    /// The stream's id (unique on its device).
+    pub fn id(&self) -> u64 {
+        self.q().id()
+    }
+
+    /// The device the stream belongs to.
+    pub fn device(&self) -> &Device {
+        &self.inner.device
+    }
+
+    /// The hardware queue the stream is mapped onto.
+    pub fn hardware_queue(&self) -> usize {
+        self.q().hardware_queue()
+    }
+
+    /// The stream's priority (0 highest … 7 lowest).
+    pub fn priority(&self) -> u8 {
+        self.q().priority()
+    }
+
+    /// Changes the priority; takes effect at the next operation boundary.
+    pub fn set_priority(&self, priority: u8) -> Result<()> {
+        if priority > PRIORITY_LOWEST {
+            return Err(Error::InvalidArgument(format!(
+                "priority {priority} is out of range; use 0 (highest) ..= 7 (lowest)"
+            )));
+        }
+        self.q().set_priority(priority);
+        Ok(())
+    }
+
+    fn check_storage(&self, op: &'static str, s: &Storage) -> Result<()> {
+        let dev = self.inner.device.id();
+        if s.device != dev {
+            return Err(Error::WrongDevice {
+                op,
+                buffer_device: s.device,
+                stream_device: dev,
+            });
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn submit(&self, body: Body) -> Result<u64> {
+        self.q().submit(Op::new(body))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn copy_op<T: Pod>(
+        &self,
+        op: &'static str,
+        kind: CopyKind,
+        src: &Arc<Storage>,
+        src_len: usize,
+        src_offset: usize,
+        dst: &Arc<Storage>,
+        dst_len: usize,
+        dst_offset: usize,
+        count: usize,
+    ) -> Result<()> {
+        self.check_storage(op, src)?;
+        self.check_storage(op, dst)?;
+        check_range(op, src_len, src_offset, count)?;
+        check_range(op, dst_len, dst_offset, count)?;
+        if Arc::ptr_eq(src, dst) {
+            return Err(Error::Aliasing { op });
+        }
+        let size = std::mem::size_of::<T>();
+        let host_dst = (dst.kind == MemoryKind::Pinned).then(|| PendingWrite::new(dst));
+        self.submit(Body::Copy {
+            kind,
+            src: src.clone(),
+            src_off: src_offset * size,
+            dst: dst.clone(),
+            dst_off: dst_offset * size,
+            bytes: count * size,
+            _pending: host_dst,
+        })?;
+        Ok(())
+    }
+
+    fn same_len(op: &'static str, a: usize, b: usize) -> Result<()> {
+        if a != b {
+            return Err(Error::SizeMismatch {
+                op,
+                detail: format!(
+                    "source has {a} elements, destination {b}; use the _range variant to copy part of a buffer"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Copies all of pinned `src` into device buffer `dst` (same length).
+    pub fn copy_h2d<T: Pod>(&self, src: &PinnedBuffer<T>, dst: &DeviceBuffer<T>) -> Result<()> {
+        Self::same_len("copy_h2d", src.len(), dst.len())?;
+        self.copy_h2d_range(src, 0, dst, 0, src.len())
+    }
+
+    /// Copies `count` elements from `src[src_offset..]` to `dst[dst_offset..]`.
+    pub fn copy_h2d_range<T: Pod>(
+        &self,
+        src: &PinnedBuffer<T>,
+        src_offset: usize,
+        dst: &DeviceBuffer<T>,
+        dst_offset: usize,
+        count: usize,
+    ) -> Result<()> {
+        let op = "copy_h2d";
+        self.copy_op::<T>(
+            op,
+            CopyKind::H2D,
+            &src.storage,
+            src.len(),
+            src_offset,
+            &dst.storage,
+            dst.len(),
+            dst_offset,
+            count,
+        )
+    }
+
+    /// Copies all of device buffer `src` into pinned `dst` (same length).
+    pub fn copy_d2h<T: Pod>(&self, src: &DeviceBuffer<T>, dst: &mut PinnedBuffer<T>) -> Result<()> {
+        Self::same_len("copy_d2h", src.len(), dst.len())?;
+        let n = src.len();
+        self.copy_d2h_range(src, 0, dst, 0, n)
+    }
+
+    /// Copies `count` elements from `src[src_offset..]` to `dst[dst_offset..]`.
+    pub fn copy_d2h_range<T: Pod>(
+        &self,
+        src: &DeviceBuffer<T>,
+        src_offset: usize,
+        dst: &mut PinnedBuffer<T>,
+        dst_offset: usize,
+        count: usize,
+    ) -> Result<()> {
+        self.copy_op::<T>(
+            "copy_d2h",
+            CopyKind::D2H,
+            &src.storage,
+            src.len(),
+            src_offset,
+            &dst.storage,
+            dst.len(),
+            dst_offset,
+            count,
+        )
+    }
+
+    /// Copies all of device buffer `src` into device buffer `dst` (same length).
+    pub fn copy_d2d<T: Pod>(&self, src: &DeviceBuffer<T>, dst: &DeviceBuffer<T>) -> Result<()> {
+        Self::same_len("copy_d2d", src.len(), dst.len())?;
+        self.copy_d2d_range(src, 0, dst, 0, src.len())
+    }
+
+    /// Copies `count` elements from `src[src_offset..]` to `dst[dst_offset..]`.
+    pub fn copy_d2d_range<T: Pod>(
+        &self,
+        src: &DeviceBuffer<T>,
+        src_offset: usize,
+        dst: &DeviceBuffer<T>,
+        dst_offset: usize,
+        count: usize,
+    ) -> Result<()> {
+        self.copy_op::<T>(
+            "copy_d2d",
+            CopyKind::D2D,
+            &src.storage,
+            src.len(),
+            src_offset,
+            &dst.storage,
+            dst.len(),
+            dst_offset,
+            count,
+        )
+    }
+
+    fn fill_op<T: Pod>(
+        &self,
+        storage: &Arc<Storage>,
+        len: usize,
+        offset: usize,
+        count: usize,
+        value: T,
+    ) -> Result<()> {
+        let op = "fill";
+        self.check_storage(op, storage)?;
+        check_range(op, len, offset, count)?;
+        let size = std::mem::size_of::<T>();
+        if size > 16 || size == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "fill: element type {} is {size} bytes; fill supports 1..=16-byte elements (use a kernel for larger ones)",
+                std::any::type_name::<T>()
+            )));
+        }
+        let mut pattern = [0u8; 16];
+        pattern[..size].copy_from_slice(bytemuck::bytes_of(&value));
+        let host_dst = (storage.kind == MemoryKind::Pinned).then(|| PendingWrite::new(storage));
+        self.submit(Body::Fill {
+            dst: storage.clone(),
+            off: offset * size,
+            bytes: count * size,
+            pattern,
+            pattern_len: size as u8,
+            _pending: host_dst,
+        })?;
+        Ok(())
+    }
+
+    /// Sets every element of `dst` to `value`.
+    pub fn fill<T: Pod>(&self, dst: &DeviceBuffer<T>, value: T) -> Result<()> {
+        self.fill_op(&dst.storage, dst.len(), 0, dst.len(), value)
+    }
+
+    /// Sets `count` elements of `dst` from `offset` to `value`.
+    pub fn fill_range<T: Pod>(
+        &self,
+        dst: &DeviceBuffer<T>,
+        offset: usize,
+        count: usize,
+        value: T,
+    ) -> Result<()> {
+        self.fill_op(&dst.storage, dst.len(), offset, count, value)
+    }
+
+    /// Sets every element of pinned `dst` to `value`, in stream order.
+    pub fn fill_pinned<T: Pod>(&self, dst: &mut PinnedBuffer<T>, value: T) -> Result<()> {
+        let n = dst.len();
+        self.fill_op(&dst.storage, n, 0, n, value)
+    }
+
+    /// Launches `kernel` over `grid`, giving it `args` (see [`Arg`]).
+    #[inline]
+    pub fn launch(&self, kernel: &Kernel, grid: Grid, args: &[Arg<'_>]) -> Result<()> {
+        if grid.blocks == 0 {
+            return Err(Error::EmptyGrid {
+                kernel: kernel.name,
+            });
+        }
+        if args.len() > MAX_KERNEL_ARGS {
+            return Err(Error::TooManyArgs {
+                kernel: kernel.name,
+                count: args.len(),
+                max: MAX_KERNEL_ARGS,
+            });
+        }
+        for (i, a) in args.iter().enumerate() {
+            self.check_storage("launch", a.storage)?;
+            for b in &args[..i] {
+                if Arc::ptr_eq(a.storage, b.storage) && (a.write || b.write) {
+                    return Err(Error::Aliasing { op: "launch" });
+                }
+            }
+        }
+        let list: ArgList = std::array::from_fn(|i| {
+            args.get(i).map(|a| KArg {
+                storage: a.storage.clone(),
+                elem: a.elem,
+                elem_name: a.elem_name,
+                len: a.len,
+                write: a.write,
+            })
+        });
+        self.submit(Body::Kernel {
+            name: kernel.name,
+            f: kernel.f.clone(),
+            blocks: grid.blocks,
+            args: list,
+        })?;
+        Ok(())
+    }
+
+    /// Runs `f` on the host once all earlier work on the stream completed; later
+    /// work waits for it. A panic in `f` fails the stream.
+    pub fn host_fn(&self, f: impl FnOnce() + Send + 'static) -> Result<()> {
+        self.submit(Body::Host(Some(Box::new(f))))?;
+        Ok(())
+    }
+
+    /// Points `event` at the current end of this stream.
+    pub fn record(&self, event: &mut Event) -> Result<()> {
+        let stamp = Arc::new(AtomicU64::new(0));
+        let value = self.submit(Body::Marker {
+            stamp: stamp.clone(),
+        })?;
+        event.point = Some(EventPoint {
+            timeline: self.q().timeline().clone(),
+            value,
+            stamp,
+            mode: self.inner.device.host_wait(),
+        });
+        Ok(())
+    }
+
+    /// Records a new event at the current end of this stream.
+    pub fn record_event(&self) -> Result<Event> {
+        let mut e = Event::new();
+        self.record(&mut e)?;
+        Ok(e)
+    }
+
+    /// Makes work submitted after this call wait until `event` completed. Does not
+    /// block the host, and never stalls other streams.
+    pub fn wait_event(&self, event: &Event) -> Result<()> {
+        let p = event.point("wait_event")?;
+        if p.timeline.device != self.inner.device.id() {
+            return Err(Error::EventWrongDevice {
+                op: "wait_event",
+                event_device: p.timeline.device,
+                stream_device: self.inner.device.id(),
+            });
+        }
+        if self.q().is_closed() {
+            return Err(Error::StreamDestroyed { stream: self.id() });
+        }
+        // Own stream: already ordered. Completed without fault: nothing to wait for.
+        if p.timeline.stream == self.id() || matches!(p.timeline.status(p.value), Some(Ok(()))) {
+            return Ok(());
+        }
+        self.submit(Body::Wait {
+            timeline: p.timeline.clone(),
+            value: p.value,
+        })?;
+        Ok(())
+    }
+
+    /// Blocks until all work submitted so far completed; returns the stream's fault
+    /// if it failed.
+    pub fn synchronize(&self) -> Result<()> {
+        self.q()
+            .timeline()
+            .wait(self.q().submitted(), self.inner.device.host_wait())
+    }
+
+    /// `Ok(true)` when all submitted work completed, `Ok(false)` while some is
+    /// pending, the fault if the stream failed.
+    pub fn query(&self) -> Result<bool> {
+        match self.q().timeline().status(self.q().submitted()) {
+            None => Ok(false),
+            Some(r) => r.map(|()| true),
+        }
+    }
+
+    /// The stream's fault, if it failed.
+    pub fn error(&self) -> Option<Error> {
+        self.q().timeline().fault()
+    }
+
+    /// Refuses further work on this stream (on every handle). Pending work still
+    /// completes.
+    pub fn destroy(&self) {
+        self.q().close();
+    }
+
+    fn synchronized_access(
+        &self,
+        op: &'static str,
+        storage: &Storage,
+        write: bool,
+        f: impl FnOnce(),
+    ) -> Result<()> {
+        self.check_storage(op, storage)?;
+        if self.q().is_closed() {
+            return Err(Error::StreamDestroyed { stream: self.id() });
+        }
+        self.synchronize()?;
+        storage.acquire_blocking(write);
+        f();
+        storage.release(write);
+        Ok(())
+    }
+
+    /// Synchronous copy from a borrowed host slice into `dst[offset..]`, in stream
+    /// order: waits for the stream's earlier work, then copies on this thread.
+    pub fn write_slice<T: Pod>(
+        &self,
+        dst: &DeviceBuffer<T>,
+        offset: usize,
+        data: &[T],
+    ) -> Result<()> {
+        check_range("write_slice", dst.len(), offset, data.len())?;
+        let s = &dst.storage;
+        self.synchronized_access("write_slice", s, true, || {
+            let bytes: &[u8] = bytemuck::cast_slice(data);
+            // SAFETY: range checked above; the write lock excludes every op on `s`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    bytes.as_ptr(),
+                    s.ptr().add(offset * std::mem::size_of::<T>()),
+                    bytes.len(),
+                )
+            }
+        })
+    }
+
+    /// Synchronous copy of `out.len()` elements from `src[offset..]` into a borrowed
+    /// host slice, in stream order.
+    pub fn read_slice<T: Pod>(
+        &self,
+        src: &DeviceBuffer<T>,
+        offset: usize,
+        out: &mut [T],
+    ) -> Result<()> {
+        check_range("read_slice", src.len(), offset, out.len())?;
+        let s = &src.storage;
+        self.synchronized_access("read_slice", s, false, || {
+            let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
+            // SAFETY: range checked above; the read lock excludes writers of `s`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    s.ptr().add(offset * std::mem::size_of::<T>()),
+                    bytes.as_mut_ptr(),
+                    bytes.len(),
+                )
+            }
+        })
+    }
+
+    /// Synchronous read of a whole device buffer into a new `Vec`, in stream order.
+    pub fn read_to_vec<T: Pod>(&self, src: &DeviceBuffer<T>) -> Result<Vec<T>> {
+        let mut out = vec![T::zeroed(); src.len()];
+        self.read_slice(src, 0, &mut out)?;
+        Ok(out)
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn ok<T: Send + Sync>() {}
+    ok::<Stream>();
+    ok::<Event>();
+    ok::<DeviceBuffer<f32>>();
+    ok::<PinnedBuffer<f32>>();
+    let _ = TypeId::of::<u8>();
+}

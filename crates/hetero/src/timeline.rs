@@ -1,0 +1,154 @@
+//! A stream's timeline: a monotonically increasing u64 of completed work, plus the
+//! stream's fault, plus a parker for host threads that wait on it.
+//!
+//! Invariants:
+//! - Only the engine completing the stream's operations writes `completed`, one op at
+//!   a time, in submission order: values only grow, by one per operation.
+//! - A fault at value `v` is published (`fault_at`, message) *before* `completed`
+//!   reaches `v`, so a reader that sees `completed >= v` (Acquire) also sees the fault.
+//! - Every operation at or after `fault_at` is failed: it does not run, its resources
+//!   are released, and the timeline still advances past it (nobody waits forever).
+
+use crate::config::CompletionMode;
+use crate::loom::{AtomicU64, Ordering};
+use crate::park::Parker;
+use crate::Error;
+use crossbeam_utils::CachePadded;
+use std::sync::{Arc, OnceLock};
+
+#[derive(Debug)]
+pub(crate) struct Timeline {
+    completed: CachePadded<AtomicU64>,
+    fault_at: AtomicU64,
+    fault: OnceLock<Arc<str>>,
+    parker: Parker,
+    pub(crate) stream: u64,
+    pub(crate) device: u64,
+}
+
+impl Timeline {
+    pub(crate) fn new(device: u64, stream: u64) -> Self {
+        Timeline {
+            completed: CachePadded::new(AtomicU64::new(0)),
+            fault_at: AtomicU64::new(u64::MAX),
+            fault: OnceLock::new(),
+            parker: Parker::new(),
+            stream,
+            device,
+        }
+    }
+
+    /// The highest completed value.
+    #[inline]
+    pub(crate) fn completed(&self) -> u64 {
+        self.completed.load(Ordering::Acquire)
+    }
+
+    #[inline]
+    pub(crate) fn is_reached(&self, value: u64) -> bool {
+        self.completed() >= value
+    }
+
+    /// The value of the first failed operation, if any.
+    pub(crate) fn fault_at(&self) -> Option<u64> {
+        match self.fault_at.load(Ordering::Acquire) {
+            u64::MAX => None,
+            v => Some(v),
+        }
+    }
+
+    /// Marks the operation at `value` completed. Called by the one engine that runs
+    /// this stream's current operation.
+    #[inline]
+    pub(crate) fn complete(&self, value: u64) {
+        debug_assert_eq!(self.completed.load(Ordering::Relaxed) + 1, value);
+        self.completed.store(value, Ordering::Release);
+        self.parker.wake(u32::MAX);
+    }
+
+    /// Records that the operation at `value` failed with `message` (first fault wins),
+    /// then completes it.
+    pub(crate) fn fail(&self, value: u64, message: Arc<str>) {
+        if self.fault_at.load(Ordering::Relaxed) == u64::MAX {
+            let _ = self.fault.set(message);
+            self.fault_at.store(value, Ordering::Release);
+        }
+        self.complete(value);
+    }
+
+    /// The error for work at `value`, if the stream failed at or before it.
+    pub(crate) fn error_for(&self, value: u64) -> Option<Error> {
+        let at = self.fault_at()?;
+        (at <= value).then(|| self.fault_error(at))
+    }
+
+    pub(crate) fn fault_error(&self, at: u64) -> Error {
+        Error::StreamFault {
+            stream: self.stream,
+            value: at,
+            message: self
+                .fault
+                .get()
+                .cloned()
+                .unwrap_or_else(|| Arc::from("unknown fault")),
+        }
+    }
+
+    /// The stream's first fault, if any.
+    pub(crate) fn fault(&self) -> Option<Error> {
+        self.fault_at().map(|at| self.fault_error(at))
+    }
+
+    /// `None` while `value` is pending; then `Ok` or the stream's fault.
+    pub(crate) fn status(&self, value: u64) -> Option<crate::Result<()>> {
+        if !self.is_reached(value) {
+            return None;
+        }
+        Some(match self.error_for(value) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        })
+    }
+
+    /// Blocks the calling thread until `value` is reached, waiting as `mode` says.
+    pub(crate) fn wait(&self, value: u64, mode: CompletionMode) -> crate::Result<()> {
+        self.parker.wait(mode, || self.is_reached(value));
+        match self.error_for(value) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use crate::loom::Arc;
+
+    /// A waiter parked (Block mode) on a timeline always wakes when the value is
+    /// completed, and sees a fault published with it.
+    #[test]
+    fn completion_wakes_blocked_waiter_and_publishes_fault() {
+        loom::model(|| {
+            let tl = Arc::new(Timeline::new(0, 7));
+            let t2 = tl.clone();
+            let waiter = loom::thread::spawn(move || t2.wait(2, CompletionMode::Block));
+            tl.complete(1);
+            tl.fail(2, Arc::from("boom"));
+            let r = waiter.join().expect("waiter thread");
+            assert!(matches!(r, Err(Error::StreamFault { value: 2, .. })));
+        });
+    }
+
+    #[test]
+    fn spin_waiter_sees_completion() {
+        loom::model(|| {
+            let tl = Arc::new(Timeline::new(0, 1));
+            let t2 = tl.clone();
+            let waiter = loom::thread::spawn(move || t2.wait(1, CompletionMode::Spin));
+            tl.complete(1);
+            assert!(waiter.join().expect("waiter").is_ok());
+            assert_eq!(tl.completed(), 1);
+        });
+    }
+}

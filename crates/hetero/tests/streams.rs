@@ -1,0 +1,329 @@
+//! Stream semantics through the public API: order, copies, kernels, events, faults.
+
+use hetero::{Arg, CompletionMode, Device, DeviceConfig, Error, Event, Grid, Kernel};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+fn dev() -> Device {
+    Device::new(DeviceConfig::default().compute_units(2)).expect("host device")
+}
+
+#[test]
+fn h2d_kernel_d2h_roundtrip() {
+    let d = dev();
+    let s = d.create_stream().unwrap();
+    let input: Vec<f32> = (0..1000).map(|i| i as f32).collect();
+    let h = d.pinned_from_slice(&input).unwrap();
+    let x = d.alloc::<f32>(1000).unwrap();
+    let y = d.alloc::<f32>(1000).unwrap();
+    let mut out = d.alloc_pinned::<f32>(1000).unwrap();
+    let k = Kernel::new("double", |b| {
+        let x = b.read::<f32>(0);
+        let off = b.write_offset(0);
+        for (i, v) in b.write::<f32>(0).iter_mut().enumerate() {
+            *v = 2.0 * x[off + i];
+        }
+    });
+    s.copy_h2d(&h, &x).unwrap();
+    s.launch(&k, Grid::new(7), &[Arg::read(&x), Arg::write(&y)])
+        .unwrap();
+    s.copy_d2h(&y, &mut out).unwrap();
+    s.synchronize().unwrap();
+    let got = out.as_slice().unwrap();
+    assert!(got.iter().zip(&input).all(|(g, i)| *g == 2.0 * i));
+}
+
+#[test]
+fn stream_order_under_concurrent_submitters() {
+    let d = dev();
+    let s = d.create_stream().unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    std::thread::scope(|scope| {
+        for t in 0..4u32 {
+            let s = s.clone();
+            let log = log.clone();
+            scope.spawn(move || {
+                for i in 0..200u32 {
+                    let log = log.clone();
+                    s.host_fn(move || log.lock().unwrap().push((t, i))).unwrap();
+                }
+            });
+        }
+    });
+    s.synchronize().unwrap();
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), 800);
+    for t in 0..4u32 {
+        let mine: Vec<u32> = log
+            .iter()
+            .filter(|(tt, _)| *tt == t)
+            .map(|(_, i)| *i)
+            .collect();
+        assert_eq!(
+            mine,
+            (0..200).collect::<Vec<_>>(),
+            "submitter {t} out of order"
+        );
+    }
+}
+
+#[test]
+fn cross_stream_event_orders_work() {
+    let d = dev();
+    let a = d.create_stream().unwrap();
+    let b = d.create_stream().unwrap();
+    let flag = Arc::new(AtomicUsize::new(0));
+    let f1 = flag.clone();
+    a.host_fn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        f1.store(1, Ordering::SeqCst);
+    })
+    .unwrap();
+    let e = a.record_event().unwrap();
+    b.wait_event(&e).unwrap();
+    let seen = Arc::new(AtomicUsize::new(99));
+    let (f2, s2) = (flag.clone(), seen.clone());
+    b.host_fn(move || s2.store(f2.load(Ordering::SeqCst), Ordering::SeqCst))
+        .unwrap();
+    b.synchronize().unwrap();
+    assert_eq!(seen.load(Ordering::SeqCst), 1);
+    assert!(e.query().unwrap());
+}
+
+#[test]
+fn waiting_stream_does_not_stall_shared_queue() {
+    // Two hardware queues: `a` and `b` share queue 0, `c` runs on queue 1. `a` waits
+    // on an event of `c` that only completes after `b`'s work ran, so a head-of-line
+    // stall of queue 0 behind `a`'s wait would deadlock.
+    let d = Device::new(DeviceConfig::default().compute_units(2).hardware_queues(2)).unwrap();
+    let a = d.create_stream().unwrap();
+    let c = d.create_stream().unwrap();
+    let b = d.create_stream().unwrap();
+    assert_eq!(a.hardware_queue(), b.hardware_queue());
+    assert_ne!(a.hardware_queue(), c.hardware_queue());
+    let gate = Arc::new(AtomicUsize::new(0));
+    let g = gate.clone();
+    c.host_fn(move || {
+        while g.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+    })
+    .unwrap();
+    let e = c.record_event().unwrap();
+    a.wait_event(&e).unwrap();
+    a.host_fn(|| ()).unwrap();
+    let g2 = gate.clone();
+    b.host_fn(move || g2.store(1, Ordering::SeqCst)).unwrap();
+    a.synchronize().unwrap();
+    b.synchronize().unwrap();
+}
+
+#[test]
+fn kernel_panic_stays_in_its_stream() {
+    let d = dev();
+    let bad = d.create_stream().unwrap();
+    let good = d.create_stream().unwrap();
+    let waiter = d.create_stream().unwrap();
+    let k = Kernel::new("boom", |b| {
+        if b.index() == 3 {
+            panic!("block three exploded");
+        }
+    });
+    bad.launch(&k, Grid::new(8), &[]).unwrap();
+    let ran_after = Arc::new(AtomicUsize::new(0));
+    let r = ran_after.clone();
+    bad.host_fn(move || {
+        r.fetch_add(1, Ordering::SeqCst);
+    })
+    .unwrap();
+    let e = bad.record_event().unwrap();
+    waiter.wait_event(&e).unwrap();
+    let r2 = ran_after.clone();
+    waiter
+        .host_fn(move || {
+            r2.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    let x = d.alloc::<u32>(16).unwrap();
+    good.fill(&x, 5).unwrap();
+    good.synchronize().unwrap();
+    assert_eq!(good.read_to_vec(&x).unwrap(), vec![5; 16]);
+
+    let err = bad.synchronize().unwrap_err();
+    match &err {
+        Error::StreamFault { message, .. } => {
+            assert!(message.contains("block three exploded"), "{err}")
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert!(bad.query().is_err());
+    assert!(e.synchronize().is_err());
+    assert!(waiter.synchronize().is_err());
+    assert_eq!(
+        ran_after.load(Ordering::SeqCst),
+        0,
+        "work after the fault ran"
+    );
+    // The device stays usable.
+    let fresh = d.create_stream().unwrap();
+    fresh.fill(&x, 9).unwrap();
+    assert_eq!(fresh.read_to_vec(&x).unwrap(), vec![9; 16]);
+}
+
+#[test]
+fn bad_inputs_are_typed_errors() {
+    let d = dev();
+    let other = dev();
+    let s = d.create_stream().unwrap();
+    let a = d.alloc::<u32>(8).unwrap();
+    let b = d.alloc::<u32>(4).unwrap();
+    let h = d.alloc_pinned::<u32>(8).unwrap();
+    let foreign = other.alloc::<u32>(8).unwrap();
+    assert!(matches!(
+        s.copy_d2d(&a, &b),
+        Err(Error::SizeMismatch { .. })
+    ));
+    assert!(matches!(
+        s.copy_d2d_range(&a, 6, &b, 0, 4),
+        Err(Error::OutOfBounds { .. })
+    ));
+    assert!(matches!(
+        s.copy_d2d_range(&a, usize::MAX, &b, 0, 4),
+        Err(Error::OutOfBounds { .. })
+    ));
+    assert!(matches!(
+        s.copy_h2d(&h, &foreign),
+        Err(Error::WrongDevice { .. })
+    ));
+    assert!(matches!(s.copy_d2d(&a, &a), Err(Error::Aliasing { .. })));
+    let k = Kernel::new("k", |_| {});
+    assert!(matches!(
+        s.launch(&k, Grid::new(0), &[]),
+        Err(Error::EmptyGrid { .. })
+    ));
+    assert!(matches!(
+        s.launch(&k, Grid::new(1), &[Arg::read(&a), Arg::write(&a)]),
+        Err(Error::Aliasing { .. })
+    ));
+    let many: Vec<_> = (0..9).map(|_| Arg::read(&a)).collect();
+    assert!(matches!(
+        s.launch(&k, Grid::new(1), &many),
+        Err(Error::TooManyArgs { .. })
+    ));
+    let never = Event::new();
+    assert!(matches!(
+        s.wait_event(&never),
+        Err(Error::EventNotRecorded { .. })
+    ));
+    assert!(matches!(
+        never.synchronize(),
+        Err(Error::EventNotRecorded { .. })
+    ));
+    assert!(matches!(never.query(), Err(Error::EventNotRecorded { .. })));
+    let os = other.create_stream().unwrap();
+    let oe = os.record_event().unwrap();
+    assert!(matches!(
+        s.wait_event(&oe),
+        Err(Error::EventWrongDevice { .. })
+    ));
+    assert!(matches!(s.set_priority(8), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        d.create_stream_with_priority(9),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(Device::new(DeviceConfig::default().compute_units(0)).is_err());
+    assert!(matches!(
+        s.fill(&d.alloc::<[u64; 4]>(2).unwrap(), [0; 4]),
+        Err(Error::InvalidArgument(_))
+    ));
+    s.destroy();
+    assert!(matches!(s.fill(&a, 1), Err(Error::StreamDestroyed { .. })));
+    let msg = format!("{}", s.copy_d2d(&a, &b).unwrap_err());
+    assert!(!msg.is_empty());
+}
+
+#[test]
+fn kernel_type_mismatch_fails_stream_not_process() {
+    let d = dev();
+    let s = d.create_stream().unwrap();
+    let a = d.alloc::<u32>(8).unwrap();
+    let k = Kernel::new("wrong", |b| {
+        let _ = b.read::<f64>(0);
+    });
+    s.launch(&k, Grid::new(1), &[Arg::read(&a)]).unwrap();
+    let e = s.synchronize().unwrap_err().to_string();
+    assert!(e.contains("holds u32"), "{e}");
+}
+
+#[test]
+fn pinned_host_access_guards_pending_work() {
+    let d = dev();
+    let s = d.create_stream().unwrap();
+    let x = d.alloc::<u8>(1 << 20).unwrap();
+    let mut h = d.alloc_pinned::<u8>(1 << 20).unwrap();
+    let gate = Arc::new(AtomicUsize::new(0));
+    let g = gate.clone();
+    s.host_fn(move || {
+        while g.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+    })
+    .unwrap();
+    s.copy_d2h(&x, &mut h).unwrap();
+    assert!(matches!(h.as_slice(), Err(Error::BufferBusy { .. })));
+    assert!(matches!(h.as_mut_slice(), Err(Error::BufferBusy { .. })));
+    gate.store(1, Ordering::SeqCst);
+    s.synchronize().unwrap();
+    assert!(h.as_slice().is_ok());
+    assert!(h.as_mut_slice().is_ok());
+}
+
+#[test]
+fn dropping_buffers_and_streams_with_pending_work_waits() {
+    let d = dev();
+    let done = Arc::new(AtomicUsize::new(0));
+    {
+        let s = d.create_stream().unwrap();
+        let h = d.pinned_from_slice(&vec![3u64; 4096]).unwrap();
+        let x = d.alloc::<u64>(4096).unwrap();
+        let dn = done.clone();
+        s.host_fn(move || std::thread::sleep(std::time::Duration::from_millis(20)))
+            .unwrap();
+        s.copy_h2d(&h, &x).unwrap();
+        drop(h); // the pending copy keeps the memory alive
+        let k = Kernel::new("check", move |b| {
+            assert!(b.read::<u64>(0).iter().all(|v| *v == 3));
+            dn.fetch_add(1, Ordering::SeqCst);
+        });
+        s.launch(&k, Grid::new(1), &[Arg::read(&x)]).unwrap();
+        drop(x);
+    } // stream dropped: waits
+    assert_eq!(done.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn events_time_and_device_synchronize() {
+    for mode in [
+        CompletionMode::Spin,
+        CompletionMode::Yield,
+        CompletionMode::Block,
+        CompletionMode::auto(),
+    ] {
+        let d = Device::new(DeviceConfig::default().host_wait(mode).engine_idle(mode)).unwrap();
+        let s = d.create_stream().unwrap();
+        let t = d.create_stream().unwrap();
+        let mut start = Event::new();
+        s.record(&mut start).unwrap();
+        s.host_fn(|| std::thread::sleep(std::time::Duration::from_millis(5)))
+            .unwrap();
+        let end = s.record_event().unwrap();
+        t.host_fn(|| ()).unwrap();
+        d.synchronize().unwrap();
+        let ms = start.elapsed_ms(&end).unwrap();
+        assert!(ms >= 4.0, "elapsed {ms} ms in mode {mode:?}");
+        assert!(matches!(
+            end.elapsed_ms(&Event::new()),
+            Err(Error::EventNotRecorded { .. })
+        ));
+    }
+}
