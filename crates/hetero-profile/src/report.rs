@@ -78,7 +78,7 @@ pub struct Report {
     pub streams: Vec<StreamUsage>,
     /// Latency per kind of op present, in [`OpKind::ALL`] order.
     pub latency: Vec<KindLatency>,
-    /// The longest ops, longest first.
+    /// The longest ops (waits and markers excluded), longest first.
     pub longest_ops: Vec<OpSummary>,
     /// The largest idle gaps of each engine.
     pub idle_gaps: Vec<EngineGaps>,
@@ -382,7 +382,11 @@ impl Report {
             })
             .collect();
 
-        let mut longest: Vec<&OpRecord> = ops.iter().collect();
+        // Waits and markers are stalls, not work: the idle gaps show those.
+        let mut longest: Vec<&OpRecord> = ops
+            .iter()
+            .filter(|o| !matches!(o.kind, OpKind::Wait | OpKind::Marker))
+            .collect();
         longest.sort_by_key(|o| (std::cmp::Reverse(o.duration_ns()), o.start_ns));
         let longest_ops = longest
             .into_iter()

@@ -23,7 +23,8 @@ pub fn kind_color(kind: OpKind) -> RGBColor {
         OpKind::Fill => RGBColor(127, 127, 127),
         OpKind::Kernel => RGBColor(255, 127, 14),
         OpKind::HostFn => RGBColor(148, 103, 189),
-        OpKind::Wait => RGBColor(214, 39, 40),
+        // Waits are stalls, not work: a light tint so work stands out.
+        OpKind::Wait => RGBColor(242, 182, 182),
         OpKind::Marker => RGBColor(0, 0, 0),
     }
 }
@@ -133,14 +134,6 @@ pub fn timeline_svg(trace: &Trace) -> std::io::Result<String> {
             .y_label_area_size(0)
             .build_cartesian_2d(0.0..span_ms * 1.01, 0.0..n as f64)
             .map_err(plot_err)?;
-        chart
-            .configure_mesh()
-            .disable_y_mesh()
-            .x_desc("time (ms)")
-            .x_label_formatter(&|v| format!("{v:.3}"))
-            .draw()
-            .map_err(plot_err)?;
-
         // Lane i is drawn top-down: its band is [n-1-i, n-i) on the y axis.
         let band = |i: usize| (n - 1 - i) as f64;
         chart
@@ -150,6 +143,15 @@ pub fn timeline_svg(trace: &Trace) -> std::io::Result<String> {
                     RGBColor(245, 245, 245).filled(),
                 )
             }))
+            .map_err(plot_err)?;
+
+        // The grid after the shading, so it shows on every lane.
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .x_desc("time (ms)")
+            .x_label_formatter(&|v| format!("{v:.3}"))
+            .draw()
             .map_err(plot_err)?;
 
         for (i, &lane) in lanes.iter().enumerate() {
