@@ -1,9 +1,11 @@
 //! Chrome Trace Event JSON export (opens in ui.perfetto.dev and
 //! chrome://tracing), written by hand so the recorder needs no serde.
 //!
-//! Layout: process 1 "streams" has one track per stream (tid = stream id),
-//! process 2 "engines" one track per (engine kind, index), process 3
-//! "memory" the reserved/allocated counters and pool instants. Each op is a
+//! Layout: process 1 "streams" has one track per stream (tid = stream id,
+//! except stream 0, which gets a fresh tid), process 2 "engines" one track
+//! per (engine kind, index), process 3 "memory" the reserved/allocated
+//! counters and pool instants. A tid is never reused under another pid
+//! (Perfetto treats tids as process-wide and would split such a track). Each op is a
 //! complete ("X") slice on its stream track and on its engine track. Wait ops
 //! get a flow arrow ("s" → "f") from the op that reached the awaited value.
 //!
@@ -93,6 +95,24 @@ fn anchor(op: &OpRecord) -> u64 {
     }
 }
 
+/// Hands out tids no other track uses (never 0).
+struct Tids {
+    used: HashSet<u64>,
+    next: u64,
+}
+
+impl Tids {
+    fn fresh(&mut self) -> u64 {
+        loop {
+            let tid = self.next;
+            self.next = self.next.wrapping_add(1);
+            if tid != 0 && self.used.insert(tid) {
+                return tid;
+            }
+        }
+    }
+}
+
 /// Writes events separated by commas.
 struct Events<'w, W: Write> {
     w: &'w mut W,
@@ -119,30 +139,30 @@ pub fn write_chrome_trace(trace: &Trace, w: &mut impl Write) -> io::Result<()> {
     let mut engine_track = vec![(0u64, 0u64); ops.len()];
     let mut tracks: Vec<Track> = Vec::new();
 
-    // Streams: the first lane keeps tid = stream id; overlap lanes take unused tids.
+    // Streams: the first lane keeps tid = stream id (except 0, which trace
+    // viewers reserve for the idle thread); every other track takes a fresh
+    // tid, so no tid appears under two pids (Perfetto would split its track).
     let mut by_stream: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
     for (i, op) in ops.iter().enumerate() {
         by_stream.entry(op.stream).or_default().push(i);
     }
-    let mut used: HashSet<u64> = by_stream.keys().copied().collect();
-    let mut next_free = by_stream
-        .keys()
-        .next_back()
-        .map_or(0, |s| s.wrapping_add(1));
-    let mut fresh_tid = |used: &mut HashSet<u64>| {
-        while used.contains(&next_free) {
-            next_free = next_free.wrapping_add(1);
-        }
-        used.insert(next_free);
-        next_free
+    let mut tids = Tids {
+        used: by_stream.keys().copied().collect(),
+        next: by_stream
+            .keys()
+            .next_back()
+            .map_or(1, |s| s.wrapping_add(1)),
     };
     for (&stream, members) in &by_stream {
         let (lane_of, lanes) = assign_lanes(ops, members);
-        let mut lane_tid = vec![stream];
-        for _ in 1..lanes {
-            lane_tid.push(fresh_tid(&mut used));
-        }
-        for (lane, &tid) in lane_tid.iter().enumerate() {
+        let mut lane_tid = Vec::with_capacity(lanes);
+        for lane in 0..lanes {
+            let tid = if lane == 0 && stream != 0 {
+                stream
+            } else {
+                tids.fresh()
+            };
+            lane_tid.push(tid);
             let base = trace.stream_label(stream);
             tracks.push(Track {
                 pid: PID_STREAMS,
@@ -160,7 +180,7 @@ pub fn write_chrome_trace(trace: &Trace, w: &mut impl Write) -> io::Result<()> {
         }
     }
 
-    // Engines: tids assigned in (kind, index) order, overlap lanes right after.
+    // Engines: in (kind, index) order, overlap lanes right after their engine.
     let mut by_engine: BTreeMap<(crate::EngineKind, u32), Vec<usize>> = BTreeMap::new();
     for (i, op) in ops.iter().enumerate() {
         by_engine
@@ -168,16 +188,14 @@ pub fn write_chrome_trace(trace: &Trace, w: &mut impl Write) -> io::Result<()> {
             .or_default()
             .push(i);
     }
-    let mut engine_tid = 0u64;
     for (&(kind, index), members) in &by_engine {
         let (lane_of, lanes) = assign_lanes(ops, members);
-        let first_tid = engine_tid + 1;
-        for lane in 0..lanes {
-            engine_tid += 1;
+        let lane_tid: Vec<u64> = (0..lanes).map(|_| tids.fresh()).collect();
+        for (lane, &tid) in lane_tid.iter().enumerate() {
             let base = format!("{} {}", kind.as_str(), index);
             tracks.push(Track {
                 pid: PID_ENGINES,
-                tid: engine_tid,
+                tid,
                 name: if lane == 0 {
                     base
                 } else {
@@ -187,8 +205,19 @@ pub fn write_chrome_trace(trace: &Trace, w: &mut impl Write) -> io::Result<()> {
             });
         }
         for (k, &i) in members.iter().enumerate() {
-            engine_track[i] = (PID_ENGINES, first_tid + lane_of[k] as u64);
+            engine_track[i] = (PID_ENGINES, lane_tid[lane_of[k]]);
         }
+    }
+
+    // Memory: one track for the pool's counters and instants.
+    let mem_tid = (!trace.mem.is_empty()).then(|| tids.fresh());
+    if let Some(tid) = mem_tid {
+        tracks.push(Track {
+            pid: PID_MEMORY,
+            tid,
+            name: "pool".to_string(),
+            sort: tracks.len(),
+        });
     }
 
     w.write_all(b"{\"displayTimeUnit\":\"ns\",\"otherData\":{\"device\":")?;
@@ -196,23 +225,27 @@ pub fn write_chrome_trace(trace: &Trace, w: &mut impl Write) -> io::Result<()> {
     w.write_all(b"},\"traceEvents\":[\n")?;
     let mut ev = Events { w, first: true };
 
-    // Metadata: process and thread names, and their order.
+    // Metadata: process and thread names, and their order. Process-level
+    // events borrow a tid of their own process.
     let device = if trace.device_name.is_empty() {
         String::new()
     } else {
         format!(" ({})", trace.device_name)
     };
-    let mut processes = vec![(PID_STREAMS, "streams"), (PID_ENGINES, "engines")];
-    if !trace.mem.is_empty() {
-        processes.push((PID_MEMORY, "memory"));
-    }
-    for (pid, name) in processes {
+    for (pid, name) in [
+        (PID_STREAMS, "streams"),
+        (PID_ENGINES, "engines"),
+        (PID_MEMORY, "memory"),
+    ] {
+        let Some(tid) = tracks.iter().find(|t| t.pid == pid).map(|t| t.tid) else {
+            continue;
+        };
         ev.event(&format!(
-            "\"ph\":\"M\",\"pid\":{pid},\"tid\":0,\"name\":\"process_name\",\"args\":{{\"name\":{}}}",
+            "\"ph\":\"M\",\"pid\":{pid},\"tid\":{tid},\"name\":\"process_name\",\"args\":{{\"name\":{}}}",
             json_str(&format!("{name}{device}"))
         ))?;
         ev.event(&format!(
-            "\"ph\":\"M\",\"pid\":{pid},\"tid\":0,\"name\":\"process_sort_index\",\"args\":{{\"sort_index\":{pid}}}"
+            "\"ph\":\"M\",\"pid\":{pid},\"tid\":{tid},\"name\":\"process_sort_index\",\"args\":{{\"sort_index\":{pid}}}"
         ))?;
     }
     for t in &tracks {
@@ -226,13 +259,6 @@ pub fn write_chrome_trace(trace: &Trace, w: &mut impl Write) -> io::Result<()> {
             "\"ph\":\"M\",\"pid\":{},\"tid\":{},\"name\":\"thread_sort_index\",\"args\":{{\"sort_index\":{}}}",
             t.pid, t.tid, t.sort
         ))?;
-    }
-    if !trace.mem.is_empty() {
-        for (tid, name) in [(0, "pool counters"), (1, "pool events")] {
-            ev.event(&format!(
-                "\"ph\":\"M\",\"pid\":{PID_MEMORY},\"tid\":{tid},\"name\":\"thread_name\",\"args\":{{\"name\":\"{name}\"}}"
-            ))?;
-        }
     }
 
     // Slices: each op on its stream track and its engine track.
@@ -307,19 +333,20 @@ pub fn write_chrome_trace(trace: &Trace, w: &mut impl Write) -> io::Result<()> {
     // Memory: counters (in time order) and one instant per pool event.
     let mut mem: Vec<_> = trace.mem.iter().collect();
     mem.sort_by_key(|m| m.ts_ns);
+    let tid = mem_tid.unwrap_or(0);
     for m in mem {
         ev.event(&format!(
-            "\"ph\":\"C\",\"pid\":{PID_MEMORY},\"tid\":0,\"ts\":{},\"name\":\"reserved\",\"args\":{{\"bytes\":{}}}",
+            "\"ph\":\"C\",\"pid\":{PID_MEMORY},\"tid\":{tid},\"ts\":{},\"name\":\"reserved\",\"args\":{{\"bytes\":{}}}",
             us(m.ts_ns),
             m.reserved
         ))?;
         ev.event(&format!(
-            "\"ph\":\"C\",\"pid\":{PID_MEMORY},\"tid\":0,\"ts\":{},\"name\":\"allocated\",\"args\":{{\"bytes\":{}}}",
+            "\"ph\":\"C\",\"pid\":{PID_MEMORY},\"tid\":{tid},\"ts\":{},\"name\":\"allocated\",\"args\":{{\"bytes\":{}}}",
             us(m.ts_ns),
             m.allocated
         ))?;
         ev.event(&format!(
-            "\"ph\":\"i\",\"s\":\"t\",\"pid\":{PID_MEMORY},\"tid\":1,\"ts\":{},\"name\":\"{}\",\"args\":{{\"bytes\":{},\"stream\":{}}}",
+            "\"ph\":\"i\",\"s\":\"t\",\"pid\":{PID_MEMORY},\"tid\":{tid},\"ts\":{},\"name\":\"{}\",\"args\":{{\"bytes\":{},\"stream\":{}}}",
             us(m.ts_ns),
             m.kind.as_str(),
             m.bytes,

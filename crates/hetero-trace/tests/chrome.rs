@@ -123,7 +123,16 @@ fn check_structure(events: &[Value]) -> usize {
     let mut slices: HashMap<(u64, u64), Vec<(i64, i64)>> = HashMap::new();
     let mut process_names = HashMap::new();
     let mut thread_names = HashMap::new();
+    let mut pid_of_tid: HashMap<u64, u64> = HashMap::new();
     for e in events {
+        // A tid never appears under two pids (Perfetto would split its track).
+        let (pid, tid) = key(e);
+        assert_ne!(tid, 0, "tid 0 is the idle thread in trace viewers");
+        assert_eq!(
+            *pid_of_tid.entry(tid).or_insert(pid),
+            pid,
+            "tid {tid} under two pids"
+        );
         match e["ph"].as_str().expect("ph") {
             "X" => {
                 let ts = ns(&e["ts"]);
@@ -315,6 +324,26 @@ fn chrome_trace_flow_to_latest_earlier_value_and_none_for_unknown_stream() {
     let starts: Vec<&Value> = events.iter().filter(|e| e["ph"] == "s").collect();
     assert_eq!(starts.len(), 1);
     assert_eq!(ns(&starts[0]["ts"]), 3_999, "inside the op with value 5");
+}
+
+#[test]
+fn chrome_trace_stream_zero_gets_a_named_nonzero_tid() {
+    let mut trace = Trace {
+        ops: vec![
+            op(OpKind::Kernel, 0, 1, EngineKind::Compute, 0, 100),
+            op(OpKind::H2D, 1, 1, EngineKind::CopyH2D, 0, 100),
+        ],
+        ..Trace::default()
+    };
+    trace.sort();
+    let events = export(&trace);
+    assert_eq!(check_structure(&events), 4);
+    let names: Vec<&str> = events
+        .iter()
+        .filter(|e| e["name"] == "thread_name")
+        .filter_map(|e| e["args"]["name"].as_str())
+        .collect();
+    assert!(names.contains(&"stream 0") && names.contains(&"stream 1"));
 }
 
 #[test]
