@@ -351,3 +351,51 @@ fn chrome_trace_of_empty_trace_is_valid_json() {
     let events = export(&Trace::default());
     assert!(events.iter().all(|e| e["ph"] == "M"));
 }
+
+mod random {
+    use super::*;
+    use proptest::prelude::*;
+
+    const ENGINES: [EngineKind; 5] = [
+        EngineKind::Compute,
+        EngineKind::CopyH2D,
+        EngineKind::CopyD2H,
+        EngineKind::CopyD2D,
+        EngineKind::Host,
+    ];
+
+    fn any_op() -> impl Strategy<Value = OpRecord> {
+        (
+            0..4u64,
+            0..5usize,
+            0..3u32,
+            0..20u64,
+            0..10_000u64,
+            prop_oneof![Just(0u64), Just(1u64), 0..3_000u64],
+            proptest::option::of((0..5u64, 0..20u64)),
+        )
+            .prop_map(|(stream, engine, index, seq, start, dur, dep)| {
+                let kind = if dep.is_some() {
+                    OpKind::Wait
+                } else {
+                    OpKind::Kernel
+                };
+                let mut o = op(kind, stream, seq, ENGINES[engine], start, start + dur);
+                o.engine_index = index;
+                o.dep = dep;
+                o
+            })
+    }
+
+    proptest! {
+        /// Whatever the recorder hands over (overlaps, zero-length ops,
+        /// waits on unknown values), the export stays well formed.
+        #[test]
+        fn chrome_trace_structure_of_random_ops(ops in proptest::collection::vec(any_op(), 0..60)) {
+            let mut trace = Trace { ops, ..Trace::default() };
+            trace.sort();
+            let events = export(&trace);
+            prop_assert_eq!(check_structure(&events), 2 * trace.ops.len());
+        }
+    }
+}
