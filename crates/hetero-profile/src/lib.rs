@@ -25,7 +25,7 @@ pub use report::{
     AllocatorReport, AllocatorStats, EngineGaps, EngineUsage, Gap, KindLatency, MemorySummary,
     OpSummary, Percentiles, Report, ReportOptions, StreamUsage,
 };
-pub use timeline::{kind_color, lane_labels, timeline_svg};
+pub use timeline::{lane_labels, timeline_svg};
 
 /// Where [`write_all`] put each file.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -15,7 +15,7 @@ const TOP_PX: u32 = 56;
 const BOTTOM_PX: u32 = 48;
 
 /// The colour of each kind of op.
-pub fn kind_color(kind: OpKind) -> RGBColor {
+pub(crate) fn kind_color(kind: OpKind) -> RGBColor {
     match kind {
         OpKind::H2D => RGBColor(31, 119, 180),
         OpKind::D2H => RGBColor(44, 160, 44),
