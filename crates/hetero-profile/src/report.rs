@@ -1,0 +1,682 @@
+//! The report: what each engine did, how fast the copies went, how long ops
+//! waited and ran, and where engines sat idle. Built from a [`Trace`] alone
+//! (plus optional allocator stats and link peak), rendered as JSON or Markdown.
+//!
+//! Definitions (also in the Markdown): the *window* runs from the first op's
+//! start to the last op's end; an engine's *busy* time is the union of its
+//! ops' [start, end) intervals, so overlapping ops count once and
+//! utilization never exceeds 1; *bandwidth* is bytes over busy time (the rate
+//! while copying, 1 GB/s = 10^9 bytes/s); *idle gaps* are the holes between an
+//! engine's first and last op.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use hdrhistogram::Histogram;
+use hetero_trace::{EngineKind, MemKind, OpKind, OpRecord, Trace};
+use serde::{Deserialize, Serialize};
+
+/// What the caller knows beyond the trace.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReportOptions {
+    /// How many of the longest ops to list.
+    pub top_n: usize,
+    /// How many idle gaps to list per engine (the largest).
+    pub max_gaps: usize,
+    /// The link's peak in GB/s (10^9 bytes/s) where the device has a link model.
+    pub link_peak_gbps: Option<f64>,
+    /// The memory pool's counters, if a pool was used.
+    pub allocator: Option<AllocatorStats>,
+}
+
+impl Default for ReportOptions {
+    fn default() -> Self {
+        Self {
+            top_n: 10,
+            max_gaps: 5,
+            link_peak_gbps: None,
+            allocator: None,
+        }
+    }
+}
+
+/// The memory pool's counters, passed in by whoever owns the pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AllocatorStats {
+    /// Allocations served from the block cache.
+    pub cache_hits: u64,
+    /// Allocations that needed a new block or chunk.
+    pub cache_misses: u64,
+    /// Fragmentation as the pool defines it, in 0..=1 (0: none).
+    pub fragmentation: f64,
+    /// Bytes reserved from the OS.
+    pub reserved_bytes: u64,
+    /// Bytes handed out to users.
+    pub allocated_bytes: u64,
+}
+
+/// The whole report.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// The device's name from the trace.
+    pub device_name: String,
+    /// First op start, in trace ns.
+    pub window_start_ns: u64,
+    /// Last op end, in trace ns.
+    pub window_end_ns: u64,
+    /// `window_end_ns - window_start_ns`.
+    pub wall_ns: u64,
+    /// Number of ops.
+    pub ops: u64,
+    /// Ops that completed with an error.
+    pub failed_ops: u64,
+    /// The link peak the bandwidths are compared with, if given.
+    pub link_peak_gbps: Option<f64>,
+    /// One entry per engine used, in (kind, index) order.
+    pub engines: Vec<EngineUsage>,
+    /// One entry per stream used, by id.
+    pub streams: Vec<StreamUsage>,
+    /// Latency per kind of op present, in [`OpKind::ALL`] order.
+    pub latency: Vec<KindLatency>,
+    /// The longest ops (waits and markers excluded), longest first.
+    pub longest_ops: Vec<OpSummary>,
+    /// The largest idle gaps of each engine.
+    pub idle_gaps: Vec<EngineGaps>,
+    /// Pool events in the trace, if any.
+    pub memory: Option<MemorySummary>,
+    /// The pool's counters, if given.
+    pub allocator: Option<AllocatorReport>,
+}
+
+/// What one engine did.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EngineUsage {
+    /// Display name, e.g. "Copy H2D 0".
+    pub engine: String,
+    /// Engine kind, e.g. "Copy H2D".
+    pub kind: String,
+    /// Index among engines of that kind.
+    pub index: u32,
+    /// Ops it ran.
+    pub ops: u64,
+    /// Union of its ops' intervals.
+    pub busy_ns: u64,
+    /// `busy_ns / wall_ns` (0 when the window is empty).
+    pub utilization: f64,
+    /// Bytes its ops moved or wrote.
+    pub bytes: u64,
+    /// Copy engines: bytes / busy time in GB/s (None if never busy).
+    pub bandwidth_gbps: Option<f64>,
+    /// `bandwidth_gbps / link_peak_gbps` when both are known.
+    pub peak_fraction: Option<f64>,
+}
+
+/// What one stream did.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StreamUsage {
+    /// Stream id.
+    pub stream: u64,
+    /// Display name ("stream N" or "stream N (name)").
+    pub name: String,
+    /// Ops on it.
+    pub ops: u64,
+    /// Union of its ops' intervals.
+    pub busy_ns: u64,
+    /// Bytes its ops moved or wrote.
+    pub bytes: u64,
+}
+
+/// Latency percentiles of one kind of op.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KindLatency {
+    /// The kind, e.g. "H2D".
+    pub kind: String,
+    /// How many ops.
+    pub count: u64,
+    /// Submit → start: time spent queued.
+    pub queued: Percentiles,
+    /// Start → end: time spent executing.
+    pub exec: Percentiles,
+}
+
+/// Percentiles from an hdrhistogram (3 significant digits: within 0.1 %);
+/// `max_ns` and `mean_ns` are exact.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Percentiles {
+    /// Median.
+    pub p50_ns: u64,
+    /// 90th percentile.
+    pub p90_ns: u64,
+    /// 99th percentile.
+    pub p99_ns: u64,
+    /// Largest value.
+    pub max_ns: u64,
+    /// Arithmetic mean.
+    pub mean_ns: f64,
+}
+
+/// One op, for the longest-ops list.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OpSummary {
+    /// Op or kernel name.
+    pub name: String,
+    /// Kind, e.g. "Kernel".
+    pub kind: String,
+    /// Stream id.
+    pub stream: u64,
+    /// Value on the stream's timeline.
+    pub seq: u64,
+    /// Engine display name.
+    pub engine: String,
+    /// Start, in trace ns.
+    pub start_ns: u64,
+    /// End, in trace ns.
+    pub end_ns: u64,
+    /// `end_ns - start_ns`.
+    pub duration_ns: u64,
+    /// Bytes moved or written.
+    pub bytes: u64,
+    /// Completed with an error.
+    pub failed: bool,
+}
+
+/// Where one engine sat idle between its first and last op.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EngineGaps {
+    /// Engine display name.
+    pub engine: String,
+    /// Total idle time between its first and last op.
+    pub idle_ns: u64,
+    /// The largest gaps, largest first.
+    pub gaps: Vec<Gap>,
+}
+
+/// A time range with no op on an engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gap {
+    /// Where the engine went idle (end of the op before).
+    pub start_ns: u64,
+    /// Where it got work again (start of the op after).
+    pub end_ns: u64,
+    /// `end_ns - start_ns`.
+    pub duration_ns: u64,
+}
+
+/// The pool events in the trace.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemorySummary {
+    /// Allocations.
+    pub allocs: u64,
+    /// Frees.
+    pub frees: u64,
+    /// Chunks mapped from the OS.
+    pub chunk_maps: u64,
+    /// Chunks returned to the OS.
+    pub chunk_unmaps: u64,
+    /// Bytes of all allocations.
+    pub alloc_bytes: u64,
+    /// Highest reserved bytes seen.
+    pub peak_reserved: u64,
+    /// Highest allocated bytes seen.
+    pub peak_allocated: u64,
+    /// Reserved bytes after the last event.
+    pub final_reserved: u64,
+    /// Allocated bytes after the last event.
+    pub final_allocated: u64,
+}
+
+/// The pool's counters with the derived hit rate.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AllocatorReport {
+    /// The counters as given.
+    pub stats: AllocatorStats,
+    /// `hits / (hits + misses)`, None with no allocation.
+    pub hit_rate: Option<f64>,
+}
+
+/// Union of [start, end) intervals, merged and sorted.
+fn merge(mut spans: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    spans.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(spans.len());
+    for (s, e) in spans {
+        match merged.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => merged.push((s, e)),
+        }
+    }
+    merged
+}
+
+fn busy(merged: &[(u64, u64)]) -> u64 {
+    merged.iter().map(|(s, e)| e - s).sum()
+}
+
+fn span(op: &OpRecord) -> (u64, u64) {
+    (op.start_ns, op.end_ns.max(op.start_ns))
+}
+
+fn engine_label(kind: EngineKind, index: u32) -> String {
+    format!("{} {}", kind.as_str(), index)
+}
+
+fn percentiles(values: &[u64]) -> Percentiles {
+    let mut h = Histogram::<u64>::new(3).expect("3 significant digits is a valid precision");
+    for &v in values {
+        // `new` auto-resizes, so `record` only fails past u64 range limits.
+        if h.record(v).is_err() {
+            h.saturating_record(v);
+        }
+    }
+    let max = values.iter().copied().max().unwrap_or(0);
+    let mean = if values.is_empty() {
+        0.0
+    } else {
+        values.iter().map(|&v| v as f64).sum::<f64>() / values.len() as f64
+    };
+    Percentiles {
+        // hdrhistogram reports the top of a bucket; never above the true max.
+        p50_ns: h.value_at_quantile(0.50).min(max),
+        p90_ns: h.value_at_quantile(0.90).min(max),
+        p99_ns: h.value_at_quantile(0.99).min(max),
+        max_ns: max,
+        mean_ns: mean,
+    }
+}
+
+impl Report {
+    /// Builds the report from a trace.
+    pub fn build(trace: &Trace, options: &ReportOptions) -> Report {
+        let ops = &trace.ops;
+        let window_start_ns = ops.iter().map(|o| o.start_ns).min().unwrap_or(0);
+        let window_end_ns = ops.iter().map(|o| span(o).1).max().unwrap_or(0);
+        let wall_ns = window_end_ns - window_start_ns;
+        let ratio = |num: u64| {
+            if wall_ns == 0 {
+                0.0
+            } else {
+                num as f64 / wall_ns as f64
+            }
+        };
+
+        let mut by_engine: BTreeMap<(EngineKind, u32), Vec<&OpRecord>> = BTreeMap::new();
+        let mut by_stream: BTreeMap<u64, Vec<&OpRecord>> = BTreeMap::new();
+        for op in ops {
+            by_engine
+                .entry((op.engine, op.engine_index))
+                .or_default()
+                .push(op);
+            by_stream.entry(op.stream).or_default().push(op);
+        }
+
+        let mut engines = Vec::new();
+        let mut idle_gaps = Vec::new();
+        for (&(kind, index), list) in &by_engine {
+            let merged = merge(list.iter().map(|o| span(o)).collect());
+            let busy_ns = busy(&merged);
+            let bytes: u64 = list.iter().map(|o| o.bytes).sum();
+            let bandwidth_gbps =
+                (kind.is_copy() && busy_ns > 0).then(|| bytes as f64 / busy_ns as f64);
+            let peak_fraction = match (bandwidth_gbps, options.link_peak_gbps) {
+                (Some(bw), Some(peak)) if peak > 0.0 => Some(bw / peak),
+                _ => None,
+            };
+            engines.push(EngineUsage {
+                engine: engine_label(kind, index),
+                kind: kind.as_str().to_string(),
+                index,
+                ops: list.len() as u64,
+                busy_ns,
+                utilization: ratio(busy_ns),
+                bytes,
+                bandwidth_gbps,
+                peak_fraction,
+            });
+
+            let mut gaps: Vec<Gap> = merged
+                .windows(2)
+                .map(|w| Gap {
+                    start_ns: w[0].1,
+                    end_ns: w[1].0,
+                    duration_ns: w[1].0 - w[0].1,
+                })
+                .collect();
+            let idle_ns = gaps.iter().map(|g| g.duration_ns).sum();
+            gaps.sort_by_key(|g| (std::cmp::Reverse(g.duration_ns), g.start_ns));
+            gaps.truncate(options.max_gaps);
+            idle_gaps.push(EngineGaps {
+                engine: engine_label(kind, index),
+                idle_ns,
+                gaps,
+            });
+        }
+
+        let streams = by_stream
+            .iter()
+            .map(|(&stream, list)| StreamUsage {
+                stream,
+                name: trace.stream_label(stream),
+                ops: list.len() as u64,
+                busy_ns: busy(&merge(list.iter().map(|o| span(o)).collect())),
+                bytes: list.iter().map(|o| o.bytes).sum(),
+            })
+            .collect();
+
+        let latency = OpKind::ALL
+            .iter()
+            .filter_map(|&kind| {
+                let of_kind: Vec<&OpRecord> = ops.iter().filter(|o| o.kind == kind).collect();
+                if of_kind.is_empty() {
+                    return None;
+                }
+                let queued: Vec<u64> = of_kind
+                    .iter()
+                    .map(|o| o.start_ns.saturating_sub(o.submit_ns))
+                    .collect();
+                let exec: Vec<u64> = of_kind.iter().map(|o| o.duration_ns()).collect();
+                Some(KindLatency {
+                    kind: kind.as_str().to_string(),
+                    count: of_kind.len() as u64,
+                    queued: percentiles(&queued),
+                    exec: percentiles(&exec),
+                })
+            })
+            .collect();
+
+        // Waits and markers are stalls, not work: the idle gaps show those.
+        let mut longest: Vec<&OpRecord> = ops
+            .iter()
+            .filter(|o| !matches!(o.kind, OpKind::Wait | OpKind::Marker))
+            .collect();
+        longest.sort_by_key(|o| (std::cmp::Reverse(o.duration_ns()), o.start_ns));
+        let longest_ops = longest
+            .into_iter()
+            .take(options.top_n)
+            .map(|o| OpSummary {
+                name: if o.name.is_empty() {
+                    o.kind.as_str().to_string()
+                } else {
+                    o.name.to_string()
+                },
+                kind: o.kind.as_str().to_string(),
+                stream: o.stream,
+                seq: o.seq,
+                engine: engine_label(o.engine, o.engine_index),
+                start_ns: o.start_ns,
+                end_ns: o.end_ns,
+                duration_ns: o.duration_ns(),
+                bytes: o.bytes,
+                failed: o.failed,
+            })
+            .collect();
+
+        let memory = (!trace.mem.is_empty()).then(|| {
+            let mut m = MemorySummary::default();
+            let mut last_ts = 0;
+            for r in &trace.mem {
+                match r.kind {
+                    MemKind::Alloc => {
+                        m.allocs += 1;
+                        m.alloc_bytes += r.bytes;
+                    }
+                    MemKind::Free => m.frees += 1,
+                    MemKind::ChunkMap => m.chunk_maps += 1,
+                    MemKind::ChunkUnmap => m.chunk_unmaps += 1,
+                }
+                m.peak_reserved = m.peak_reserved.max(r.reserved);
+                m.peak_allocated = m.peak_allocated.max(r.allocated);
+                if r.ts_ns >= last_ts {
+                    last_ts = r.ts_ns;
+                    m.final_reserved = r.reserved;
+                    m.final_allocated = r.allocated;
+                }
+            }
+            m
+        });
+
+        let allocator = options.allocator.map(|stats| {
+            let total = stats.cache_hits + stats.cache_misses;
+            AllocatorReport {
+                stats,
+                hit_rate: (total > 0).then(|| stats.cache_hits as f64 / total as f64),
+            }
+        });
+
+        Report {
+            device_name: trace.device_name.clone(),
+            window_start_ns,
+            window_end_ns,
+            wall_ns,
+            ops: ops.len() as u64,
+            failed_ops: ops.iter().filter(|o| o.failed).count() as u64,
+            link_peak_gbps: options.link_peak_gbps,
+            engines,
+            streams,
+            latency,
+            longest_ops,
+            idle_gaps,
+            memory,
+            allocator,
+        }
+    }
+
+    /// The report as pretty-printed JSON.
+    pub fn to_json(&self) -> serde_json::Result<String> {
+        serde_json::to_string_pretty(self)
+    }
+
+    /// The report as Markdown.
+    pub fn to_markdown(&self) -> String {
+        let mut md = String::new();
+        // `write!` into a String cannot fail; the results are ignored.
+        let _ = self.write_markdown(&mut md);
+        md
+    }
+
+    fn write_markdown(&self, md: &mut String) -> std::fmt::Result {
+        let device = if self.device_name.is_empty() {
+            "(unnamed device)"
+        } else {
+            &self.device_name
+        };
+        writeln!(md, "# hetero profile: {device}\n")?;
+        writeln!(
+            md,
+            "{} ops ({} failed) over {} of wall time.\n",
+            self.ops,
+            self.failed_ops,
+            fmt_ns(self.wall_ns)
+        )?;
+
+        writeln!(md, "## Engines\n")?;
+        writeln!(
+            md,
+            "Utilization is busy time (the union of the engine's ops) over the wall time; \
+             bandwidth is bytes over busy time (1 GB/s = 10^9 B/s).\n"
+        )?;
+        writeln!(
+            md,
+            "| engine | ops | busy | utilization | bytes | bandwidth | of link peak |"
+        )?;
+        writeln!(md, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |")?;
+        for e in &self.engines {
+            writeln!(
+                md,
+                "| {} | {} | {} | {:.1} % | {} | {} | {} |",
+                e.engine,
+                e.ops,
+                fmt_ns(e.busy_ns),
+                e.utilization * 100.0,
+                fmt_bytes(e.bytes),
+                e.bandwidth_gbps
+                    .map_or("-".to_string(), |bw| format!("{bw:.2} GB/s")),
+                e.peak_fraction
+                    .map_or("-".to_string(), |f| format!("{:.1} %", f * 100.0)),
+            )?;
+        }
+        if let Some(peak) = self.link_peak_gbps {
+            writeln!(md, "\nLink peak: {peak:.2} GB/s.")?;
+        }
+
+        writeln!(md, "\n## Streams\n")?;
+        writeln!(md, "| stream | ops | busy | bytes |")?;
+        writeln!(md, "| --- | ---: | ---: | ---: |")?;
+        for s in &self.streams {
+            writeln!(
+                md,
+                "| {} | {} | {} | {} |",
+                s.name,
+                s.ops,
+                fmt_ns(s.busy_ns),
+                fmt_bytes(s.bytes)
+            )?;
+        }
+
+        writeln!(md, "\n## Latency\n")?;
+        writeln!(
+            md,
+            "Queued is submit → start, exec is start → end (hdrhistogram, 3 significant digits).\n"
+        )?;
+        writeln!(
+            md,
+            "| kind | count | queued p50 | p90 | p99 | max | exec p50 | p90 | p99 | max |"
+        )?;
+        writeln!(
+            md,
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        )?;
+        for l in &self.latency {
+            writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                l.kind,
+                l.count,
+                fmt_ns(l.queued.p50_ns),
+                fmt_ns(l.queued.p90_ns),
+                fmt_ns(l.queued.p99_ns),
+                fmt_ns(l.queued.max_ns),
+                fmt_ns(l.exec.p50_ns),
+                fmt_ns(l.exec.p90_ns),
+                fmt_ns(l.exec.p99_ns),
+                fmt_ns(l.exec.max_ns),
+            )?;
+        }
+
+        writeln!(md, "\n## Longest operations\n")?;
+        writeln!(
+            md,
+            "| name | kind | stream | engine | start | duration | bytes |"
+        )?;
+        writeln!(md, "| --- | --- | ---: | --- | ---: | ---: | ---: |")?;
+        for o in &self.longest_ops {
+            writeln!(
+                md,
+                "| {}{} | {} | {} | {} | {} | {} | {} |",
+                o.name,
+                if o.failed { " (failed)" } else { "" },
+                o.kind,
+                o.stream,
+                o.engine,
+                fmt_ns(o.start_ns.saturating_sub(self.window_start_ns)),
+                fmt_ns(o.duration_ns),
+                fmt_bytes(o.bytes)
+            )?;
+        }
+
+        writeln!(md, "\n## Idle gaps\n")?;
+        writeln!(
+            md,
+            "Where an engine waited between its first and last op (times from the window start).\n"
+        )?;
+        writeln!(md, "| engine | idle total | largest gaps |")?;
+        writeln!(md, "| --- | ---: | --- |")?;
+        for g in &self.idle_gaps {
+            let list: Vec<String> = g
+                .gaps
+                .iter()
+                .map(|gap| {
+                    format!(
+                        "{} at {}–{}",
+                        fmt_ns(gap.duration_ns),
+                        fmt_ns(gap.start_ns.saturating_sub(self.window_start_ns)),
+                        fmt_ns(gap.end_ns.saturating_sub(self.window_start_ns))
+                    )
+                })
+                .collect();
+            let list = if list.is_empty() {
+                "none".to_string()
+            } else {
+                list.join("; ")
+            };
+            writeln!(md, "| {} | {} | {} |", g.engine, fmt_ns(g.idle_ns), list)?;
+        }
+
+        if let Some(m) = &self.memory {
+            writeln!(md, "\n## Memory pool events\n")?;
+            writeln!(md, "| allocs | frees | chunk maps | chunk unmaps | allocated in total | peak reserved | peak allocated |")?;
+            writeln!(md, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")?;
+            writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                m.allocs,
+                m.frees,
+                m.chunk_maps,
+                m.chunk_unmaps,
+                fmt_bytes(m.alloc_bytes),
+                fmt_bytes(m.peak_reserved),
+                fmt_bytes(m.peak_allocated)
+            )?;
+        }
+        if let Some(a) = &self.allocator {
+            writeln!(md, "\n## Allocator\n")?;
+            writeln!(
+                md,
+                "- cache hit rate: {} ({} hits, {} misses)",
+                a.hit_rate
+                    .map_or("-".to_string(), |r| format!("{:.1} %", r * 100.0)),
+                a.stats.cache_hits,
+                a.stats.cache_misses
+            )?;
+            writeln!(
+                md,
+                "- fragmentation: {:.1} %",
+                a.stats.fragmentation * 100.0
+            )?;
+            writeln!(
+                md,
+                "- reserved: {}, allocated: {}",
+                fmt_bytes(a.stats.reserved_bytes),
+                fmt_bytes(a.stats.allocated_bytes)
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// "1.234 ms", "56.7 µs", "890 ns".
+pub(crate) fn fmt_ns(ns: u64) -> String {
+    if ns >= 1_000_000_000 {
+        format!("{:.3} s", ns as f64 / 1e9)
+    } else if ns >= 1_000_000 {
+        format!("{:.3} ms", ns as f64 / 1e6)
+    } else if ns >= 1_000 {
+        format!("{:.1} µs", ns as f64 / 1e3)
+    } else {
+        format!("{ns} ns")
+    }
+}
+
+/// "1.5 MiB", "512 B".
+pub(crate) fn fmt_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}

@@ -1,0 +1,358 @@
+//! Chrome Trace Event JSON export (opens in ui.perfetto.dev and
+//! chrome://tracing), written by hand so the recorder needs no serde.
+//!
+//! Layout: process 1 "streams" has one track per stream (tid = stream id,
+//! except stream 0, which gets a fresh tid), process 2 "engines" one track
+//! per (engine kind, index), process 3 "memory" the reserved/allocated
+//! counters and pool instants. A tid is never reused under another pid
+//! (Perfetto treats tids as process-wide and would split such a track). Each op is a
+//! complete ("X") slice on its stream track and on its engine track. Wait ops
+//! get a flow arrow ("s" → "f") from the op that reached the awaited value.
+//!
+//! Invariants of the output: slices on one track never overlap (an op that
+//! would overlap the previous one on its track goes to an extra "overlap"
+//! track beside it, so any recorder data renders); every flow has both ends,
+//! each inside its slice; counter events are in time order; every pid and
+//! tid used has a name.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::{self, Write};
+
+use crate::record::{OpRecord, Trace};
+
+const PID_STREAMS: u64 = 1;
+const PID_ENGINES: u64 = 2;
+const PID_MEMORY: u64 = 3;
+
+/// A track (pid, tid) and its display name and order.
+struct Track {
+    pid: u64,
+    tid: u64,
+    name: String,
+    sort: usize,
+}
+
+/// Splits ops (indices into `ops`) into lanes of non-overlapping slices:
+/// returns the lane of each op, in the order given, and the number of lanes.
+fn assign_lanes(ops: &[OpRecord], members: &[usize]) -> (Vec<usize>, usize) {
+    let mut order: Vec<usize> = (0..members.len()).collect();
+    order.sort_by_key(|&i| {
+        let op = &ops[members[i]];
+        (op.start_ns, std::cmp::Reverse(op.end_ns))
+    });
+    let mut lane_end: Vec<u64> = Vec::new();
+    let mut lane_of = vec![0; members.len()];
+    for i in order {
+        let op = &ops[members[i]];
+        let end = op.end_ns.max(op.start_ns);
+        match lane_end.iter().position(|&e| e <= op.start_ns) {
+            Some(lane) => {
+                lane_end[lane] = end;
+                lane_of[i] = lane;
+            }
+            None => {
+                lane_of[i] = lane_end.len();
+                lane_end.push(end);
+            }
+        }
+    }
+    let lanes = lane_end.len();
+    (lane_of, lanes)
+}
+
+/// Microseconds with nanosecond precision, exact (no float rounding).
+fn us(ns: u64) -> String {
+    format!("{}.{:03}", ns / 1000, ns % 1000)
+}
+
+/// A JSON string literal.
+fn json_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Where a flow end sits inside its slice: 1 ns before the end when the
+/// slice is at least 2 ns long (strictly inside, so it binds to this slice
+/// and not to a neighbour that starts at its end), else at its start.
+fn anchor(op: &OpRecord) -> u64 {
+    if op.duration_ns() >= 2 {
+        op.end_ns - 1
+    } else {
+        op.start_ns
+    }
+}
+
+/// Hands out tids no other track uses (never 0).
+struct Tids {
+    used: HashSet<u64>,
+    next: u64,
+}
+
+impl Tids {
+    fn fresh(&mut self) -> u64 {
+        loop {
+            let tid = self.next;
+            self.next = self.next.wrapping_add(1);
+            if tid != 0 && self.used.insert(tid) {
+                return tid;
+            }
+        }
+    }
+}
+
+/// Writes events separated by commas.
+struct Events<'w, W: Write> {
+    w: &'w mut W,
+    first: bool,
+}
+
+impl<W: Write> Events<'_, W> {
+    fn event(&mut self, body: &str) -> io::Result<()> {
+        if !self.first {
+            self.w.write_all(b",\n")?;
+        }
+        self.first = false;
+        self.w.write_all(b"{")?;
+        self.w.write_all(body.as_bytes())?;
+        self.w.write_all(b"}")
+    }
+}
+
+/// Writes `trace` as Chrome Trace Event JSON (object form, `traceEvents`).
+pub fn write_chrome_trace(trace: &Trace, w: &mut impl Write) -> io::Result<()> {
+    let ops = &trace.ops;
+    // Track (pid, tid) of each op on the stream side and the engine side.
+    let mut stream_track = vec![(0u64, 0u64); ops.len()];
+    let mut engine_track = vec![(0u64, 0u64); ops.len()];
+    let mut tracks: Vec<Track> = Vec::new();
+
+    // Streams: the first lane keeps tid = stream id (except 0, which trace
+    // viewers reserve for the idle thread); every other track takes a fresh
+    // tid, so no tid appears under two pids (Perfetto would split its track).
+    let mut by_stream: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+    for (i, op) in ops.iter().enumerate() {
+        by_stream.entry(op.stream).or_default().push(i);
+    }
+    let mut tids = Tids {
+        used: by_stream.keys().copied().collect(),
+        next: by_stream
+            .keys()
+            .next_back()
+            .map_or(1, |s| s.wrapping_add(1)),
+    };
+    for (&stream, members) in &by_stream {
+        let (lane_of, lanes) = assign_lanes(ops, members);
+        let mut lane_tid = Vec::with_capacity(lanes);
+        for lane in 0..lanes {
+            let tid = if lane == 0 && stream != 0 {
+                stream
+            } else {
+                tids.fresh()
+            };
+            lane_tid.push(tid);
+            let base = trace.stream_label(stream);
+            tracks.push(Track {
+                pid: PID_STREAMS,
+                tid,
+                name: if lane == 0 {
+                    base
+                } else {
+                    format!("{base} (overlap {lane})")
+                },
+                sort: tracks.len(),
+            });
+        }
+        for (k, &i) in members.iter().enumerate() {
+            stream_track[i] = (PID_STREAMS, lane_tid[lane_of[k]]);
+        }
+    }
+
+    // Engines: in (kind, index) order, overlap lanes right after their engine.
+    let mut by_engine: BTreeMap<(crate::EngineKind, u32), Vec<usize>> = BTreeMap::new();
+    for (i, op) in ops.iter().enumerate() {
+        by_engine
+            .entry((op.engine, op.engine_index))
+            .or_default()
+            .push(i);
+    }
+    for (&(kind, index), members) in &by_engine {
+        let (lane_of, lanes) = assign_lanes(ops, members);
+        let lane_tid: Vec<u64> = (0..lanes).map(|_| tids.fresh()).collect();
+        for (lane, &tid) in lane_tid.iter().enumerate() {
+            let base = format!("{} {}", kind.as_str(), index);
+            tracks.push(Track {
+                pid: PID_ENGINES,
+                tid,
+                name: if lane == 0 {
+                    base
+                } else {
+                    format!("{base} (overlap {lane})")
+                },
+                sort: tracks.len(),
+            });
+        }
+        for (k, &i) in members.iter().enumerate() {
+            engine_track[i] = (PID_ENGINES, lane_tid[lane_of[k]]);
+        }
+    }
+
+    // Memory: one track for the pool's counters and instants.
+    let mem_tid = (!trace.mem.is_empty()).then(|| tids.fresh());
+    if let Some(tid) = mem_tid {
+        tracks.push(Track {
+            pid: PID_MEMORY,
+            tid,
+            name: "pool".to_string(),
+            sort: tracks.len(),
+        });
+    }
+
+    w.write_all(b"{\"displayTimeUnit\":\"ns\",\"otherData\":{\"device\":")?;
+    w.write_all(json_str(&trace.device_name).as_bytes())?;
+    w.write_all(b"},\"traceEvents\":[\n")?;
+    let mut ev = Events { w, first: true };
+
+    // Metadata: process and thread names, and their order. Process-level
+    // events borrow a tid of their own process.
+    let device = if trace.device_name.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", trace.device_name)
+    };
+    for (pid, name) in [
+        (PID_STREAMS, "streams"),
+        (PID_ENGINES, "engines"),
+        (PID_MEMORY, "memory"),
+    ] {
+        let Some(tid) = tracks.iter().find(|t| t.pid == pid).map(|t| t.tid) else {
+            continue;
+        };
+        ev.event(&format!(
+            "\"ph\":\"M\",\"pid\":{pid},\"tid\":{tid},\"name\":\"process_name\",\"args\":{{\"name\":{}}}",
+            json_str(&format!("{name}{device}"))
+        ))?;
+        ev.event(&format!(
+            "\"ph\":\"M\",\"pid\":{pid},\"tid\":{tid},\"name\":\"process_sort_index\",\"args\":{{\"sort_index\":{pid}}}"
+        ))?;
+    }
+    for t in &tracks {
+        ev.event(&format!(
+            "\"ph\":\"M\",\"pid\":{},\"tid\":{},\"name\":\"thread_name\",\"args\":{{\"name\":{}}}",
+            t.pid,
+            t.tid,
+            json_str(&t.name)
+        ))?;
+        ev.event(&format!(
+            "\"ph\":\"M\",\"pid\":{},\"tid\":{},\"name\":\"thread_sort_index\",\"args\":{{\"sort_index\":{}}}",
+            t.pid, t.tid, t.sort
+        ))?;
+    }
+
+    // Slices: each op on its stream track and its engine track.
+    for (i, op) in ops.iter().enumerate() {
+        let name = if op.name.is_empty() {
+            op.kind.as_str()
+        } else {
+            op.name
+        };
+        let dep = match op.dep {
+            Some((s, v)) => format!(",\"wait_stream\":{s},\"wait_value\":{v}"),
+            None => String::new(),
+        };
+        let args = format!(
+            "{{\"stream\":{},\"queue\":{},\"engine\":{},\"seq\":{},\"bytes\":{},\"submit_us\":{},\"queued_us\":{},\"failed\":{}{}}}",
+            op.stream,
+            op.queue,
+            json_str(&format!("{} {}", op.engine.as_str(), op.engine_index)),
+            op.seq,
+            op.bytes,
+            us(op.submit_ns),
+            us(op.start_ns.saturating_sub(op.submit_ns)),
+            op.failed,
+            dep
+        );
+        for (pid, tid) in [stream_track[i], engine_track[i]] {
+            ev.event(&format!(
+                "\"ph\":\"X\",\"pid\":{pid},\"tid\":{tid},\"ts\":{},\"dur\":{},\"name\":{},\"cat\":\"{}\",\"args\":{}",
+                us(op.start_ns),
+                us(op.duration_ns()),
+                json_str(name),
+                op.kind.as_str(),
+                args
+            ))?;
+        }
+    }
+
+    // Flows: from the op that reached (stream, value) to the Wait that needed it.
+    // The producer is the op with that exact value, else the latest op before it.
+    let mut timeline: BTreeMap<u64, Vec<(u64, usize)>> = BTreeMap::new();
+    for (i, op) in ops.iter().enumerate() {
+        timeline.entry(op.stream).or_default().push((op.seq, i));
+    }
+    for seqs in timeline.values_mut() {
+        seqs.sort_unstable();
+    }
+    let mut flow_id = 0u64;
+    for (i, op) in ops.iter().enumerate() {
+        let Some((dep_stream, dep_value)) = op.dep else {
+            continue;
+        };
+        let Some(seqs) = timeline.get(&dep_stream) else {
+            continue;
+        };
+        let upto = seqs.partition_point(|&(seq, _)| seq <= dep_value);
+        let Some(&(_, producer)) = seqs[..upto].iter().rev().find(|&&(_, j)| j != i) else {
+            continue;
+        };
+        flow_id += 1;
+        let (spid, stid) = stream_track[producer];
+        let (fpid, ftid) = stream_track[i];
+        ev.event(&format!(
+            "\"ph\":\"s\",\"id\":{flow_id},\"pid\":{spid},\"tid\":{stid},\"ts\":{},\"name\":\"dependency\",\"cat\":\"dep\"",
+            us(anchor(&ops[producer]))
+        ))?;
+        ev.event(&format!(
+            "\"ph\":\"f\",\"bp\":\"e\",\"id\":{flow_id},\"pid\":{fpid},\"tid\":{ftid},\"ts\":{},\"name\":\"dependency\",\"cat\":\"dep\"",
+            us(anchor(op))
+        ))?;
+    }
+
+    // Memory: counters (in time order) and one instant per pool event.
+    let mut mem: Vec<_> = trace.mem.iter().collect();
+    mem.sort_by_key(|m| m.ts_ns);
+    let tid = mem_tid.unwrap_or(0);
+    for m in mem {
+        ev.event(&format!(
+            "\"ph\":\"C\",\"pid\":{PID_MEMORY},\"tid\":{tid},\"ts\":{},\"name\":\"reserved\",\"args\":{{\"bytes\":{}}}",
+            us(m.ts_ns),
+            m.reserved
+        ))?;
+        ev.event(&format!(
+            "\"ph\":\"C\",\"pid\":{PID_MEMORY},\"tid\":{tid},\"ts\":{},\"name\":\"allocated\",\"args\":{{\"bytes\":{}}}",
+            us(m.ts_ns),
+            m.allocated
+        ))?;
+        ev.event(&format!(
+            "\"ph\":\"i\",\"s\":\"t\",\"pid\":{PID_MEMORY},\"tid\":{tid},\"ts\":{},\"name\":\"{}\",\"args\":{{\"bytes\":{},\"stream\":{}}}",
+            us(m.ts_ns),
+            m.kind.as_str(),
+            m.bytes,
+            m.stream
+        ))?;
+    }
+
+    ev.w.write_all(b"\n]}\n")
+}

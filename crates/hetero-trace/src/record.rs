@@ -1,0 +1,198 @@
+//! The record types: what one operation or one memory event looked like.
+
+use std::collections::BTreeMap;
+
+/// What an operation did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum OpKind {
+    /// Host to device copy.
+    H2D,
+    /// Device to host copy.
+    D2H,
+    /// Device to device copy.
+    D2D,
+    /// Memory fill (memset).
+    Fill,
+    /// A kernel on a compute engine.
+    Kernel,
+    /// A host callback run in stream order.
+    HostFn,
+    /// A wait on another stream's timeline (see [`OpRecord::dep`]).
+    Wait,
+    /// An event record or other zero-work marker.
+    Marker,
+}
+
+impl OpKind {
+    /// Every kind, in display order.
+    pub const ALL: [OpKind; 8] = [
+        OpKind::H2D,
+        OpKind::D2H,
+        OpKind::D2D,
+        OpKind::Fill,
+        OpKind::Kernel,
+        OpKind::HostFn,
+        OpKind::Wait,
+        OpKind::Marker,
+    ];
+
+    /// Short display name ("H2D", "Kernel", ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OpKind::H2D => "H2D",
+            OpKind::D2H => "D2H",
+            OpKind::D2D => "D2D",
+            OpKind::Fill => "Fill",
+            OpKind::Kernel => "Kernel",
+            OpKind::HostFn => "HostFn",
+            OpKind::Wait => "Wait",
+            OpKind::Marker => "Marker",
+        }
+    }
+}
+
+/// Which kind of engine executed an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum EngineKind {
+    /// A compute unit (on the host device: a worker thread).
+    Compute,
+    /// A host-to-device copy engine.
+    CopyH2D,
+    /// A device-to-host copy engine.
+    CopyD2H,
+    /// A device-to-device copy engine.
+    CopyD2D,
+    /// The host itself: callbacks, markers, waits.
+    Host,
+}
+
+impl EngineKind {
+    /// Short display name ("Compute", "Copy H2D", ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Compute => "Compute",
+            EngineKind::CopyH2D => "Copy H2D",
+            EngineKind::CopyD2H => "Copy D2H",
+            EngineKind::CopyD2D => "Copy D2D",
+            EngineKind::Host => "Host",
+        }
+    }
+
+    /// True for the three copy engines.
+    pub fn is_copy(self) -> bool {
+        matches!(
+            self,
+            EngineKind::CopyH2D | EngineKind::CopyD2H | EngineKind::CopyD2D
+        )
+    }
+}
+
+/// One executed operation. Timestamps come from [`crate::now_ns`].
+#[derive(Clone, Copy, Debug)]
+pub struct OpRecord {
+    /// What it did.
+    pub kind: OpKind,
+    /// Kernel or operation name, shown on the slice.
+    pub name: &'static str,
+    /// The stream it was submitted on.
+    pub stream: u64,
+    /// The hardware queue the stream was mapped onto.
+    pub queue: u32,
+    /// The kind of engine that executed it.
+    pub engine: EngineKind,
+    /// Which engine of that kind (for instance the worker index).
+    pub engine_index: u32,
+    /// The op's value on its stream's timeline (reached when it completed).
+    pub seq: u64,
+    /// When it was submitted.
+    pub submit_ns: u64,
+    /// When the engine started it.
+    pub start_ns: u64,
+    /// When it completed.
+    pub end_ns: u64,
+    /// Bytes moved or written (0 for kernels unless known).
+    pub bytes: u64,
+    /// For [`OpKind::Wait`]: the (stream, timeline value) waited on.
+    pub dep: Option<(u64, u64)>,
+    /// True if it completed with an error.
+    pub failed: bool,
+}
+
+impl OpRecord {
+    /// `end_ns - start_ns`, zero if the clock readings are out of order.
+    pub fn duration_ns(&self) -> u64 {
+        self.end_ns.saturating_sub(self.start_ns)
+    }
+}
+
+/// What happened in the memory pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum MemKind {
+    /// A buffer was allocated.
+    Alloc,
+    /// A buffer was freed.
+    Free,
+    /// A chunk was mapped from the OS.
+    ChunkMap,
+    /// A chunk was returned to the OS.
+    ChunkUnmap,
+}
+
+impl MemKind {
+    /// Short display name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MemKind::Alloc => "alloc",
+            MemKind::Free => "free",
+            MemKind::ChunkMap => "chunk map",
+            MemKind::ChunkUnmap => "chunk unmap",
+        }
+    }
+}
+
+/// One memory pool event, with the pool's totals right after it.
+#[derive(Clone, Copy, Debug)]
+pub struct MemRecord {
+    /// What happened.
+    pub kind: MemKind,
+    /// When, from [`crate::now_ns`].
+    pub ts_ns: u64,
+    /// Bytes of this event.
+    pub bytes: u64,
+    /// The stream the allocation is ordered on (0 if none).
+    pub stream: u64,
+    /// Bytes reserved from the OS after the event.
+    pub reserved: u64,
+    /// Bytes handed out to users after the event.
+    pub allocated: u64,
+}
+
+/// Everything recorded since the last [`crate::take`].
+#[derive(Clone, Debug, Default)]
+pub struct Trace {
+    /// Operations, sorted by `start_ns` (then `end_ns`).
+    pub ops: Vec<OpRecord>,
+    /// Memory events, sorted by `ts_ns`.
+    pub mem: Vec<MemRecord>,
+    /// The device's name, from [`crate::set_device_name`] (empty if unset).
+    pub device_name: String,
+    /// Stream names from [`crate::set_stream_name`].
+    pub stream_names: BTreeMap<u64, String>,
+}
+
+impl Trace {
+    /// Sorts ops by start (then end) and mem events by time. [`crate::take`]
+    /// returns a sorted trace; call this after building one by hand.
+    pub fn sort(&mut self) {
+        self.ops.sort_by_key(|op| (op.start_ns, op.end_ns));
+        self.mem.sort_by_key(|m| m.ts_ns);
+    }
+
+    /// The display name of a stream: its given name or "stream N".
+    pub fn stream_label(&self, stream: u64) -> String {
+        match self.stream_names.get(&stream) {
+            Some(name) => format!("stream {stream} ({name})"),
+            None => format!("stream {stream}"),
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! The process-wide recorder: the on/off switch, the clock, the per-thread
+//! writers and the registry [`take`] drains.
+//!
+//! Hot path: [`record_op`] loads one `Relaxed` flag; when on, it reaches this
+//! thread's [`Writer`] through a thread-local and appends (see `log.rs`). The
+//! registry mutex is taken once per thread (on its first record) and by
+//! [`take`]. Logs of exited threads stay in the registry until drained.
+//!
+//! The flag, clock and registry are plain `std` statics even under
+//! `cfg(loom)`: loom objects cannot live in statics, so loom checks the log
+//! itself (`log.rs`), which is where writer and reader race.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+
+use crate::log::{channel, Log, Writer};
+use crate::loom::Arc;
+use crate::record::{MemRecord, OpRecord, Trace};
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+static EPOCH: OnceLock<Instant> = OnceLock::new();
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+    ops: Vec::new(),
+    mem: Vec::new(),
+    stream_names: BTreeMap::new(),
+    device_name: String::new(),
+});
+
+struct Registry {
+    ops: Vec<Arc<Log<OpRecord>>>,
+    mem: Vec<Arc<Log<MemRecord>>>,
+    stream_names: BTreeMap<u64, String>,
+    device_name: String,
+}
+
+/// This thread's writers, created on its first record of each type.
+struct Local {
+    ops: Option<Writer<OpRecord>>,
+    mem: Option<Writer<MemRecord>>,
+}
+
+thread_local! {
+    static LOCAL: RefCell<Local> = const { RefCell::new(Local { ops: None, mem: None }) };
+}
+
+fn registry() -> std::sync::MutexGuard<'static, Registry> {
+    // Nothing in the registry is left half-updated by a panic (pushes and
+    // retains only), so a poisoned lock still guards consistent data.
+    REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Nanoseconds since a process-wide epoch (the first call), from a monotonic
+/// clock. Use it for every timestamp in a record.
+pub fn now_ns() -> u64 {
+    let epoch = EPOCH.get_or_init(Instant::now);
+    u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Whether recording is on: one `Relaxed` load, the only cost when off.
+#[inline(always)]
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// Turns recording on or off for every thread. Records already made are kept
+/// until [`take`].
+pub fn set_enabled(on: bool) {
+    if on {
+        // Fix the epoch before the first record, so timestamps start near 0.
+        let _ = now_ns();
+    }
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
+/// Records one operation if recording is on.
+#[inline]
+pub fn record_op(r: OpRecord) {
+    if enabled() {
+        push_op(r);
+    }
+}
+
+/// Records one memory pool event if recording is on.
+#[inline]
+pub fn record_mem(r: MemRecord) {
+    if enabled() {
+        push_mem(r);
+    }
+}
+
+#[inline(never)]
+fn push_op(r: OpRecord) {
+    // `try_with` fails only while this thread's locals are being destroyed;
+    // `try_borrow_mut` only on re-entry. Either way the record is dropped
+    // rather than panicking in the caller.
+    let _ = LOCAL.try_with(|local| {
+        if let Ok(mut local) = local.try_borrow_mut() {
+            local
+                .ops
+                .get_or_insert_with(|| register(|reg, log| reg.ops.push(log)))
+                .push(r);
+        }
+    });
+}
+
+#[inline(never)]
+fn push_mem(r: MemRecord) {
+    let _ = LOCAL.try_with(|local| {
+        if let Ok(mut local) = local.try_borrow_mut() {
+            local
+                .mem
+                .get_or_insert_with(|| register(|reg, log| reg.mem.push(log)))
+                .push(r);
+        }
+    });
+}
+
+#[cold]
+fn register<T: Copy + Send>(add: impl FnOnce(&mut Registry, Arc<Log<T>>)) -> Writer<T> {
+    let (writer, log) = channel();
+    add(&mut registry(), log);
+    writer
+}
+
+/// Names a stream for the trace's track names (kept across [`take`]).
+pub fn set_stream_name(stream: u64, name: impl Into<String>) {
+    registry().stream_names.insert(stream, name.into());
+}
+
+/// Names the device for the trace's metadata (kept across [`take`]).
+pub fn set_device_name(name: impl Into<String>) {
+    registry().device_name = name.into();
+}
+
+/// Drains every thread's records (threads that exited included) into a
+/// [`Trace`], sorted by time. Each record is returned by exactly one call.
+pub fn take() -> Trace {
+    let mut trace = Trace::default();
+    {
+        let mut reg = registry();
+        for log in &reg.ops {
+            log.drain(&mut trace.ops);
+        }
+        for log in &reg.mem {
+            log.drain(&mut trace.mem);
+        }
+        // Forget the logs of exited threads once they hold nothing more.
+        reg.ops.retain(|log| !log.is_finished());
+        reg.mem.retain(|log| !log.is_finished());
+        trace.device_name = reg.device_name.clone();
+        trace.stream_names = reg.stream_names.clone();
+    }
+    trace.sort();
+    trace
+}
