@@ -6,7 +6,11 @@ mod bench;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "hetero", version, about = "hetero: a runtime for heterogeneous computing")]
+#[command(
+    name = "hetero",
+    version,
+    about = "hetero: a runtime for heterogeneous computing"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

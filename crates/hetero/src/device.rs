@@ -37,11 +37,28 @@ pub struct Device {
 struct DeviceInner {
     id: u64,
     backend: Box<dyn Backend>,
+    /// `HETERO_PROFILE=PATH`: where to write the trace when the device drops.
+    profile_to: Option<std::path::PathBuf>,
 }
 
 impl Drop for DeviceInner {
     fn drop(&mut self) {
         self.backend.shutdown();
+        if let Some(path) = self.profile_to.take() {
+            let trace = hetero_trace::take();
+            let written = std::fs::File::create(&path).and_then(|f| {
+                let mut w = std::io::BufWriter::new(f);
+                hetero_trace::write_chrome_trace(&trace, &mut w)?;
+                std::io::Write::flush(&mut w)
+            });
+            match written {
+                Ok(()) => tracing::info!("hetero: wrote trace to {}", path.display()),
+                Err(e) => eprintln!(
+                    "hetero: could not write HETERO_PROFILE trace to {}: {e}",
+                    path.display()
+                ),
+            }
+        }
     }
 }
 
@@ -64,10 +81,18 @@ impl Device {
     pub fn new(config: DeviceConfig) -> Result<Device> {
         let id = NEXT_DEVICE.fetch_add(1, Ordering::Relaxed);
         let backend = HostBackend::new(id, config)?;
+        let profile_to = std::env::var_os("HETERO_PROFILE")
+            .filter(|p| !p.is_empty())
+            .map(std::path::PathBuf::from);
+        if profile_to.is_some() {
+            hetero_trace::set_device_name(backend.properties().name.clone());
+            hetero_trace::set_enabled(true);
+        }
         Ok(Device {
             inner: Arc::new(DeviceInner {
                 id,
                 backend: Box::new(backend),
+                profile_to,
             }),
         })
     }

@@ -18,7 +18,6 @@ pub enum CopyKind {
     D2D = 2,
 }
 
-#[allow(dead_code)] // submit_ns, name() and bytes() feed the profiler
 pub(crate) struct Op {
     pub(crate) body: Body,
     pub(crate) submit_ns: u64,
@@ -62,7 +61,6 @@ pub(crate) enum Body {
     },
 }
 
-#[allow(dead_code)]
 impl Op {
     pub(crate) fn new(body: Body) -> Self {
         Op {

@@ -50,7 +50,10 @@ impl BenchReport {
     }
 
     pub fn median_of(&self, name: &str) -> Option<f64> {
-        self.results.iter().find(|r| r.name == name).map(|r| r.median)
+        self.results
+            .iter()
+            .find(|r| r.name == name)
+            .map(|r| r.median)
     }
 
     /// Records `numerator.median / denominator.median` under `key` when both exist.

@@ -84,7 +84,7 @@ struct KernelJob {
     next: AtomicU32,
     done: AtomicU32,
     panic: Mutex<Option<String>>,
-    start_ns: u64,
+    ran: Ran,
 }
 
 // SAFETY: `op` is read (shared) by block runners while `done < blocks`, and taken
@@ -387,7 +387,11 @@ impl Shared {
         value: u64,
         engine: Engine,
         result: Result<(), String>,
+        ran: Ran,
     ) {
+        if crate::clock::profiling() {
+            record(stream, &op, value, engine, ran, result.is_err());
+        }
         // Buffer locks are held exactly when an engine was taken (copies, fills, kernels).
         if !matches!(engine, Engine::None) {
             op.release_access();
@@ -405,6 +409,55 @@ impl Shared {
             .store(false, Ordering::Release);
         self.idle.wake(1);
     }
+}
+
+/// Who ran an op and when it started; `start_ns` is 0 when profiling is off.
+#[derive(Clone, Copy)]
+struct Ran {
+    unit: u32,
+    start_ns: u64,
+}
+
+fn record(stream: &HostStream, op: &Op, value: u64, engine: Engine, ran: Ran, failed: bool) {
+    use hetero_trace::{EngineKind as E, OpKind as K};
+    let copy_index = match engine {
+        Engine::Copy(_, bit) => bit,
+        _ => 0,
+    };
+    let (kind, eng, index, dep) = match &op.body {
+        Body::Copy { kind, .. } => match kind {
+            crate::CopyKind::H2D => (K::H2D, E::CopyH2D, copy_index, None),
+            crate::CopyKind::D2H => (K::D2H, E::CopyD2H, copy_index, None),
+            crate::CopyKind::D2D => (K::D2D, E::CopyD2D, copy_index, None),
+        },
+        Body::Fill { .. } => (K::Fill, E::CopyD2D, copy_index, None),
+        Body::Kernel { .. } => (K::Kernel, E::Compute, ran.unit, None),
+        Body::Host(_) => (K::HostFn, E::Host, ran.unit, None),
+        Body::Wait { timeline, value } => {
+            (K::Wait, E::Host, ran.unit, Some((timeline.stream, *value)))
+        }
+        Body::Marker { .. } => (K::Marker, E::Host, ran.unit, None),
+    };
+    let end_ns = crate::clock::now_ns();
+    hetero_trace::record_op(hetero_trace::OpRecord {
+        kind,
+        name: op.name(),
+        stream: stream.id,
+        queue: stream.queue as u32,
+        engine: eng,
+        engine_index: index,
+        seq: value,
+        submit_ns: op.submit_ns,
+        start_ns: if ran.start_ns == 0 {
+            end_ns
+        } else {
+            ran.start_ns
+        },
+        end_ns,
+        bytes: op.bytes(),
+        dep,
+        failed,
+    });
 }
 
 struct Worker {
@@ -425,7 +478,6 @@ impl Worker {
     }
 
     fn run(mut self, sh: &Shared) {
-        let _ = self.index;
         loop {
             if self.run_one(sh) {
                 continue;
@@ -513,16 +565,19 @@ impl Worker {
         // SAFETY: as above; `peek_with` saw the value, so `pop` returns it.
         let (mut op, pos) = unsafe { stream.ring.pop() }.expect("peeked op is still there");
         let value = pos + 1;
-        let Some(engine) = engine else {
-            sh.finish(stream, op, value, Engine::None, Err(String::new()));
-            return true;
-        };
         let start_ns = if crate::clock::profiling() {
             crate::clock::now_ns()
         } else {
             0
         };
-        let _ = start_ns;
+        let ran = Ran {
+            unit: self.index,
+            start_ns,
+        };
+        let Some(engine) = engine else {
+            sh.finish(stream, op, value, Engine::None, Err(String::new()), ran);
+            return true;
+        };
         let result = match &mut op.body {
             Body::Copy { .. } | Body::Fill { .. } => {
                 op::run_transfer(&op.body);
@@ -546,7 +601,7 @@ impl Worker {
             },
             Body::Kernel { blocks, .. } if *blocks > 1 => {
                 let blocks = *blocks;
-                self.start_job(sh, stream, op, value, blocks, start_ns);
+                self.start_job(sh, stream, op, value, blocks, ran);
                 return true;
             }
             Body::Kernel { name, f, args, .. } => {
@@ -559,7 +614,7 @@ impl Worker {
                 })
             }
         };
-        sh.finish(stream, op, value, engine, result);
+        sh.finish(stream, op, value, engine, result, ran);
         true
     }
 
@@ -570,7 +625,7 @@ impl Worker {
         op: Op,
         value: u64,
         blocks: u32,
-        start_ns: u64,
+        ran: Ran,
     ) {
         let job = Arc::new(KernelJob {
             op: UnsafeCell::new(Some(op)),
@@ -580,7 +635,7 @@ impl Worker {
             next: AtomicU32::new(0),
             done: AtomicU32::new(0),
             panic: Mutex::new(None),
-            start_ns,
+            ran,
         });
         sh.jobs
             .lock()
@@ -655,6 +710,5 @@ fn complete_job(sh: &Shared, job: &Arc<KernelJob>) {
         Some(m) => Err(m),
         None => Ok(()),
     };
-    let _ = job.start_ns;
-    sh.finish(&job.stream, op, job.value, Engine::Compute, result);
+    sh.finish(&job.stream, op, job.value, Engine::Compute, result, job.ran);
 }
