@@ -2,6 +2,10 @@
 //! reports the ratio. All commands share one JSON shape:
 //! `{"bench": NAME, "results": [{"name", "unit", "median", "p99", "n"}], "ratios": {..}}`.
 
+pub mod events;
+pub mod pipeline;
+pub mod submit;
+
 use serde::Serialize;
 use std::collections::BTreeMap;
 

@@ -1,0 +1,124 @@
+//! `hetero bench events`: ns from the completion of work on one thread to the waiter
+//! running on another — a spinning waiter and a parked waiter — beside a bare atomic
+//! flag and std's park/unpark between two threads.
+//!
+//! Each sample's work busy-waits a little before completing, so the waiter is
+//! already waiting (spinning or parked) when completion happens; the completing side
+//! stamps the time as its last act and the waiter stamps it when it runs again.
+
+use super::BenchReport;
+use hetero::clock::now_ns;
+use hetero::{CompletionMode, Device, DeviceConfig};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+fn busy(ns: u64) {
+    let t = now_ns();
+    while now_ns() - t < ns {
+        std::hint::spin_loop();
+    }
+}
+
+fn hetero_wait(mode: CompletionMode, samples: usize, lead_ns: u64) -> Vec<f64> {
+    let dev = Device::new(
+        DeviceConfig::default()
+            .compute_units(1)
+            .host_wait(mode)
+            .engine_idle(CompletionMode::auto()),
+    )
+    .expect("host device");
+    let s = dev.create_stream().expect("stream");
+    let stamp = Arc::new(AtomicU64::new(0));
+    let mut out = Vec::with_capacity(samples);
+    for i in 0..samples + samples / 10 {
+        let st = stamp.clone();
+        s.host_fn(move || {
+            busy(lead_ns);
+            st.store(now_ns(), Ordering::Release);
+        })
+        .expect("host_fn");
+        // The host wait on the stream's timeline: the same path as Event::synchronize,
+        // without a marker op between the work and the waiter.
+        s.synchronize().expect("synchronize");
+        let t1 = now_ns();
+        if i >= samples / 10 {
+            out.push(t1.saturating_sub(stamp.load(Ordering::Acquire)) as f64);
+        }
+    }
+    out
+}
+
+/// The same hand-off with a bare atomic flag (spinning) or std park/unpark.
+fn peer_wait(park: bool, samples: usize, lead_ns: u64) -> Vec<f64> {
+    let go = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let stamp = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let waiter = std::thread::current();
+    let (g, d, st, sp) = (go.clone(), done.clone(), stamp.clone(), stop.clone());
+    let worker = std::thread::spawn(move || {
+        let mut seen = 0;
+        loop {
+            let b = crossbeam_utils::Backoff::new();
+            loop {
+                let v = g.load(Ordering::Acquire);
+                if v != seen {
+                    seen = v;
+                    break;
+                }
+                if sp.load(Ordering::Relaxed) {
+                    return;
+                }
+                b.snooze();
+            }
+            busy(lead_ns);
+            st.store(now_ns(), Ordering::Release);
+            d.store(seen, Ordering::Release);
+            if park {
+                waiter.unpark();
+            }
+        }
+    });
+    let mut out = Vec::with_capacity(samples);
+    for i in 1..=(samples + samples / 10) as u64 {
+        go.store(i, Ordering::Release);
+        while done.load(Ordering::Acquire) != i {
+            if park {
+                std::thread::park();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        let t1 = now_ns();
+        if i as usize > samples / 10 {
+            out.push(t1.saturating_sub(stamp.load(Ordering::Acquire)) as f64);
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let _ = worker.join();
+    out
+}
+
+pub fn run(quick: bool) -> BenchReport {
+    let (spin_n, park_n) = if quick { (3_000, 600) } else { (20_000, 3_000) };
+    let mut rep = BenchReport::new("events");
+    let mut v = hetero_wait(CompletionMode::Spin, spin_n, 20_000);
+    rep.push_samples("hetero/event-wait-spin", "ns", &mut v);
+    let mut v = peer_wait(false, spin_n, 20_000);
+    rep.push_samples("atomic-flag/wait-spin", "ns", &mut v);
+    let mut v = hetero_wait(CompletionMode::Block, park_n, 50_000);
+    rep.push_samples("hetero/event-wait-block", "ns", &mut v);
+    let mut v = peer_wait(true, park_n, 50_000);
+    rep.push_samples("std-park/wait-block", "ns", &mut v);
+    rep.ratio(
+        "hetero/event-wait-spin / atomic-flag/wait-spin",
+        "hetero/event-wait-spin",
+        "atomic-flag/wait-spin",
+    );
+    rep.ratio(
+        "hetero/event-wait-block / std-park/wait-block",
+        "hetero/event-wait-block",
+        "std-park/wait-block",
+    );
+    rep
+}

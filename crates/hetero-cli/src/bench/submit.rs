@@ -1,0 +1,130 @@
+//! `hetero bench submit`: ns on the submitting thread to launch an already-built
+//! empty kernel (grid of one block) on a stream, beside handing one item to another
+//! thread with crossbeam-channel, std mpsc, and rayon::spawn.
+
+use super::BenchReport;
+use hetero::{Device, Grid, Kernel};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Submissions timed together; a sample is the batch's mean.
+const BATCH: usize = 64;
+
+fn sample(batches: usize, mut submit_batch: impl FnMut(), mut drain: impl FnMut()) -> Vec<f64> {
+    let mut out = Vec::with_capacity(batches);
+    for _ in 0..batches / 10 {
+        submit_batch();
+        drain();
+    }
+    for _ in 0..batches {
+        let t = Instant::now();
+        submit_batch();
+        out.push(t.elapsed().as_nanos() as f64 / BATCH as f64);
+        drain();
+    }
+    out
+}
+
+fn wait_count(done: &AtomicUsize, target: usize) {
+    let b = crossbeam_utils::Backoff::new();
+    while done.load(Ordering::Acquire) < target {
+        b.snooze();
+    }
+}
+
+pub fn run(quick: bool) -> BenchReport {
+    let batches = if quick { 3_000 } else { 30_000 };
+    let mut rep = BenchReport::new("submit");
+
+    let dev = Device::host().expect("host device");
+    let s = dev.create_stream().expect("stream");
+    let k = Kernel::new("empty", |_| {});
+    let mut v = sample(
+        batches,
+        || {
+            for _ in 0..BATCH {
+                s.launch(&k, Grid::new(1), &[]).expect("launch");
+            }
+        },
+        || s.synchronize().expect("synchronize"),
+    );
+    rep.push_samples("hetero/submit", "ns", &mut v);
+    drop(s);
+    drop(dev);
+
+    // crossbeam-channel: send to a consumer thread.
+    {
+        let (tx, rx) = crossbeam_channel::unbounded::<u64>();
+        let done = Arc::new(AtomicUsize::new(0));
+        let d2 = done.clone();
+        let consumer = std::thread::spawn(move || {
+            for _ in rx {
+                d2.fetch_add(1, Ordering::Release);
+            }
+        });
+        let sent = std::cell::Cell::new(0usize);
+        let mut v = sample(
+            batches,
+            || {
+                for i in 0..BATCH {
+                    tx.send(i as u64).expect("send");
+                }
+                sent.set(sent.get() + BATCH);
+            },
+            || wait_count(&done, sent.get()),
+        );
+        drop(tx);
+        let _ = consumer.join();
+        rep.push_samples("crossbeam-channel/send", "ns", &mut v);
+    }
+    // std mpsc.
+    {
+        let (tx, rx) = std::sync::mpsc::channel::<u64>();
+        let done = Arc::new(AtomicUsize::new(0));
+        let d2 = done.clone();
+        let consumer = std::thread::spawn(move || {
+            for _ in rx {
+                d2.fetch_add(1, Ordering::Release);
+            }
+        });
+        let sent = std::cell::Cell::new(0usize);
+        let mut v = sample(
+            batches,
+            || {
+                for i in 0..BATCH {
+                    tx.send(i as u64).expect("send");
+                }
+                sent.set(sent.get() + BATCH);
+            },
+            || wait_count(&done, sent.get()),
+        );
+        drop(tx);
+        let _ = consumer.join();
+        rep.push_samples("std-mpsc/send", "ns", &mut v);
+    }
+    // rayon::spawn of an empty task.
+    {
+        let pool = rayon::ThreadPoolBuilder::new().build().expect("rayon pool");
+        let done = Arc::new(AtomicUsize::new(0));
+        let sent = std::cell::Cell::new(0usize);
+        let mut v = sample(
+            batches,
+            || {
+                for _ in 0..BATCH {
+                    let d = done.clone();
+                    pool.spawn(move || {
+                        d.fetch_add(1, Ordering::Release);
+                    });
+                }
+                sent.set(sent.get() + BATCH);
+            },
+            || wait_count(&done, sent.get()),
+        );
+        rep.push_samples("rayon/spawn", "ns", &mut v);
+    }
+    for peer in ["crossbeam-channel/send", "std-mpsc/send", "rayon/spawn"] {
+        rep.ratio(&format!("{peer} / hetero/submit"), peer, "hetero/submit");
+    }
+    rep
+}

@@ -1,0 +1,6 @@
+//! The `hetero` command line as a library, so tests drive the same code the binary
+//! runs: the demo workload and the benchmarks. The binary (`main.rs`) only parses
+//! arguments.
+
+pub mod bench;
+pub mod demo;
