@@ -18,6 +18,9 @@ use std::time::{Duration, Instant};
 pub(crate) struct Parker {
     word: CachePadded<AtomicU32>,
     sleepers: CachePadded<AtomicU32>,
+    /// Threads polling for the condition without sleeping (engines looking for
+    /// work). While one polls, a waker need not wake anybody.
+    searching: CachePadded<AtomicU32>,
 }
 
 impl Parker {
@@ -25,7 +28,31 @@ impl Parker {
         Parker {
             word: CachePadded::new(AtomicU32::new(0)),
             sleepers: CachePadded::new(AtomicU32::new(0)),
+            searching: CachePadded::new(AtomicU32::new(0)),
         }
+    }
+
+    /// Wakes one sleeper unless some thread is already polling: that thread will see
+    /// the new condition (it registered before its last poll, and stops polling only
+    /// through `park_for`, whose final look sees everything made true before a
+    /// skipped wake).
+    #[inline]
+    pub(crate) fn wake_one_if_idle(&self) {
+        crate::loom::fence(Ordering::SeqCst);
+        if self.searching.load(Ordering::Relaxed) == 0 && self.sleepers.load(Ordering::Relaxed) != 0
+        {
+            self.wake_slow(1);
+        }
+    }
+
+    /// Marks the calling thread as polling (see `wake_one_if_idle`).
+    pub(crate) fn begin_search(&self) {
+        self.searching.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Ends a `begin_search`.
+    pub(crate) fn end_search(&self) {
+        self.searching.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Wakes up to `n` sleepers; call after making their condition true.
@@ -53,6 +80,7 @@ impl Parker {
     /// (a safety net only: correctness does not depend on it).
     pub(crate) fn park_until(&self, mut ready: impl FnMut() -> bool, timeout: Option<Duration>) {
         self.sleepers.fetch_add(1, Ordering::SeqCst);
+        crate::loom::fence(Ordering::SeqCst);
         loop {
             let seen = self.word.load(Ordering::SeqCst);
             if ready() {
@@ -64,6 +92,24 @@ impl Parker {
             }
         }
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Parks until `claim()` returns something, which it returns. The caller counts
+    /// as a sleeper only while `claim` looks; it should not do long work inside it.
+    pub(crate) fn park_for<W>(&self, mut claim: impl FnMut() -> Option<W>) -> W {
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        // Pairs with the waker's fence: our later look at the condition cannot be
+        // ordered before the registration.
+        crate::loom::fence(Ordering::SeqCst);
+        let got = loop {
+            let seen = self.word.load(Ordering::SeqCst);
+            if let Some(w) = claim() {
+                break w;
+            }
+            futex_wait(&self.word, seen, None);
+        };
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        got
     }
 
     /// Waits until `ready()` holds using `mode`.

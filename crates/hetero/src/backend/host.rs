@@ -36,6 +36,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// Dispatches a waiting stream sits through before its priority improves a level.
 const AGING_TICKS: u64 = 16;
@@ -99,6 +100,21 @@ enum Engine {
     None,
     Copy(usize, u32),
     Compute,
+}
+
+/// Work a worker has claimed (moved, never boxed: claiming must not allocate).
+#[allow(clippy::large_enum_variant)]
+enum Work {
+    /// A stream's oldest op, popped with its queue claimed; `engine` is `None` when
+    /// the stream failed earlier and the op is to be skipped.
+    Op {
+        stream: Arc<HostStream>,
+        op: Op,
+        value: u64,
+        engine: Option<Engine>,
+    },
+    /// Blocks of a running multi-block kernel.
+    Help(Arc<KernelJob>),
 }
 
 enum Readiness {
@@ -254,12 +270,12 @@ impl StreamQueue for HostStream {
         loop {
             match self.ring.try_push(op) {
                 Ok(pos) => {
-                    self.idle.wake(1);
+                    self.idle.wake_one_if_idle();
                     return Ok(pos + 1);
                 }
                 Err(back) => {
                     op = back;
-                    self.idle.wake(1);
+                    self.idle.wake_one_if_idle();
                     // Full: wait for the oldest op to complete (backpressure).
                     let oldest = self.ring.head() + 1;
                     let _ = self.timeline.wait(oldest, self.host_wait);
@@ -404,10 +420,11 @@ impl Shared {
         }
         let t = self.tick.fetch_add(1, Ordering::Relaxed);
         stream.last_served.store(t + 1, Ordering::Relaxed);
+        // No wake here: this worker looks for work next, and wakes another if it
+        // finds more than it can take (`Worker::claim`).
         self.queues[stream.queue]
             .busy
             .store(false, Ordering::Release);
-        self.idle.wake(1);
     }
 }
 
@@ -465,6 +482,8 @@ struct Worker {
     streams: Vec<Arc<HostStream>>,
     generation: u64,
     candidates: Vec<(u8, u64, usize)>,
+    /// The last claim left other streams' ready work behind.
+    more: bool,
 }
 
 impl Worker {
@@ -474,6 +493,7 @@ impl Worker {
             streams: Vec::new(),
             generation: u64::MAX,
             candidates: Vec::new(),
+            more: false,
         }
     }
 
@@ -485,17 +505,70 @@ impl Worker {
             if sh.shutdown.load(Ordering::SeqCst) && self.all_drained(sh) {
                 return;
             }
-            let mut ready = || self.run_one(sh) || sh.shutdown.load(Ordering::SeqCst);
-            match sh.config.engine_idle {
-                CompletionMode::Spin => std::hint::spin_loop(),
-                CompletionMode::Yield => std::thread::yield_now(),
-                CompletionMode::Block => sh.idle.park_until(ready, None),
-                CompletionMode::Auto { spin } => {
-                    if !spin_for(spin, &mut ready) {
-                        sh.idle.park_until(ready, None);
-                    }
+            let budget = match sh.config.engine_idle {
+                CompletionMode::Spin | CompletionMode::Yield => None,
+                CompletionMode::Block => Some(Duration::ZERO),
+                CompletionMode::Auto { spin } => Some(spin),
+            };
+            if budget != Some(Duration::ZERO) {
+                if let Some(work) = self.search(sh, budget) {
+                    self.execute(sh, work);
+                    continue;
+                }
+                if budget.is_none() {
+                    continue; // only on shutdown
                 }
             }
+            self.park(sh);
+        }
+    }
+
+    /// Polls for work for `budget` (forever if `None`) while counted as searching,
+    /// so submitters skip the futex wake. Returns early on shutdown.
+    fn search(&mut self, sh: &Shared, budget: Option<Duration>) -> Option<Work> {
+        sh.idle.begin_search();
+        let mut found = None;
+        let mut poll = || {
+            found = self.claim(sh);
+            found.is_some() || sh.shutdown.load(Ordering::SeqCst)
+        };
+        match (budget, sh.config.engine_idle) {
+            (Some(b), _) => {
+                spin_for(b, &mut poll);
+            }
+            (None, CompletionMode::Yield) => {
+                while !poll() {
+                    std::thread::yield_now();
+                }
+            }
+            (None, _) => {
+                while !poll() {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+        sh.idle.end_search();
+        found
+    }
+
+    /// Parks until work can be claimed (or shutdown). The thread counts as a sleeper
+    /// only while it looks for work, never while it runs it: submitters and
+    /// completers then pay the futex wake only when someone really sleeps.
+    fn park(&mut self, sh: &Shared) {
+        let claimed = sh.idle.park_for(|| match self.claim(sh) {
+            Some(w) => Some(Some(w)),
+            None => sh.shutdown.load(Ordering::SeqCst).then_some(None),
+        });
+        if let Some(work) = claimed {
+            self.execute(sh, work);
+        }
+    }
+
+    /// After claiming: if more work is ready than this thread takes, make sure
+    /// another engine looks at it.
+    fn chain_wake(&self, sh: &Shared, more: bool) {
+        if more {
+            sh.idle.wake_one_if_idle();
         }
     }
 
@@ -516,8 +589,22 @@ impl Worker {
 
     /// Dispatches one op (or helps a running kernel). Returns whether it did work.
     fn run_one(&mut self, sh: &Shared) -> bool {
-        if sh.job_count.load(Ordering::Acquire) > 0 && self.help_kernel(sh) {
-            return true;
+        match self.claim(sh) {
+            Some(work) => {
+                self.execute(sh, work);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Finds and takes one unit of work: blocks of a running kernel, or the oldest op
+    /// of the most urgent ready stream (its queue stays claimed until it completes).
+    fn claim(&mut self, sh: &Shared) -> Option<Work> {
+        if sh.job_count.load(Ordering::Acquire) > 0 {
+            if let Some(job) = self.find_kernel(sh) {
+                return Some(Work::Help(job));
+            }
         }
         self.refresh(sh);
         let tick = sh.tick.load(Ordering::Relaxed);
@@ -531,7 +618,7 @@ impl Worker {
                 .push((s.effective_priority(tick), served, i));
         }
         if self.candidates.is_empty() {
-            return false;
+            return None;
         }
         self.candidates.sort_unstable();
         for k in 0..self.candidates.len() {
@@ -544,27 +631,48 @@ impl Worker {
             {
                 continue;
             }
-            if self.try_start(sh, &stream) {
-                return true;
+            if let Some(work) = self.try_claim(sh, &stream) {
+                self.more = k + 1 < self.candidates.len();
+                return Some(work);
             }
             queue.busy.store(false, Ordering::Release);
         }
-        false
+        None
     }
 
-    /// With the stream's queue claimed: starts its oldest op if it is ready.
-    fn try_start(&mut self, sh: &Shared, stream: &Arc<HostStream>) -> bool {
+    /// With the stream's queue claimed: takes its oldest op if it is ready.
+    fn try_claim(&mut self, sh: &Shared, stream: &Arc<HostStream>) -> Option<Work> {
         // SAFETY: the caller holds the stream's hardware-queue claim, which makes this
         // thread the ring's only consumer.
         let decision = unsafe { stream.ring.peek_with(|op, _| sh.readiness(stream, op)) };
         let engine = match decision {
-            None | Some(Readiness::NotReady) => return false,
+            None | Some(Readiness::NotReady) => return None,
             Some(Readiness::Skip) => None,
             Some(Readiness::Ready(e)) => Some(e),
         };
         // SAFETY: as above; `peek_with` saw the value, so `pop` returns it.
-        let (mut op, pos) = unsafe { stream.ring.pop() }.expect("peeked op is still there");
-        let value = pos + 1;
+        let (op, pos) = unsafe { stream.ring.pop() }.expect("peeked op is still there");
+        Some(Work::Op {
+            stream: stream.clone(),
+            op,
+            value: pos + 1,
+            engine,
+        })
+    }
+
+    fn execute(&mut self, sh: &Shared, work: Work) {
+        let more = std::mem::take(&mut self.more);
+        self.chain_wake(sh, more);
+        let (stream, mut op, value, engine) = match work {
+            Work::Help(job) => return run_blocks(sh, &job),
+            Work::Op {
+                stream,
+                op,
+                value,
+                engine,
+            } => (stream, op, value, engine),
+        };
+        let stream = &stream;
         let start_ns = if crate::clock::profiling() {
             crate::clock::now_ns()
         } else {
@@ -576,7 +684,7 @@ impl Worker {
         };
         let Some(engine) = engine else {
             sh.finish(stream, op, value, Engine::None, Err(String::new()), ran);
-            return true;
+            return;
         };
         let result = match &mut op.body {
             Body::Copy { .. } | Body::Fill { .. } => {
@@ -602,7 +710,7 @@ impl Worker {
             Body::Kernel { blocks, .. } if *blocks > 1 => {
                 let blocks = *blocks;
                 self.start_job(sh, stream, op, value, blocks, ran);
-                return true;
+                return;
             }
             Body::Kernel { name, f, args, .. } => {
                 let mut block = Block::new(0, 1, args);
@@ -615,7 +723,6 @@ impl Worker {
             }
         };
         sh.finish(stream, op, value, engine, result, ran);
-        true
     }
 
     fn start_job(
@@ -649,20 +756,11 @@ impl Worker {
         run_blocks(sh, &job);
     }
 
-    fn help_kernel(&mut self, sh: &Shared) -> bool {
-        let job = {
-            let jobs = sh.jobs.lock().unwrap_or_else(|p| p.into_inner());
-            jobs.iter()
-                .find(|j| j.next.load(Ordering::Relaxed) < j.blocks)
-                .cloned()
-        };
-        match job {
-            Some(job) => {
-                run_blocks(sh, &job);
-                true
-            }
-            None => false,
-        }
+    fn find_kernel(&mut self, sh: &Shared) -> Option<Arc<KernelJob>> {
+        let jobs = sh.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        jobs.iter()
+            .find(|j| j.next.load(Ordering::Relaxed) < j.blocks)
+            .cloned()
     }
 }
 
