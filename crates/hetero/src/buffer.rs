@@ -219,7 +219,7 @@ macro_rules! buffer_common {
     ($ty:ident) => {
         impl<T: Pod> $ty<T> {
             pub(crate) fn from_storage(storage: Arc<Storage>, len: usize) -> Self {
-                debug_assert!(storage.bytes() >= len * std::mem::size_of::<T>());
+                debug_assert_eq!(storage.bytes(), len * std::mem::size_of::<T>());
                 $ty {
                     storage,
                     len,
@@ -299,9 +299,7 @@ impl<T: Pod> PinnedBuffer<T> {
 #[derive(Clone, Copy)]
 pub struct Arg<'a> {
     pub(crate) storage: &'a Arc<Storage>,
-    pub(crate) elem: std::any::TypeId,
-    pub(crate) elem_name: &'static str,
-    pub(crate) len: usize,
+    pub(crate) elem: &'static crate::kernel::ElemInfo,
     pub(crate) write: bool,
 }
 
@@ -310,9 +308,7 @@ impl<'a> Arg<'a> {
     pub fn read<T: Pod>(buf: &'a DeviceBuffer<T>) -> Self {
         Arg {
             storage: &buf.storage,
-            elem: std::any::TypeId::of::<T>(),
-            elem_name: std::any::type_name::<T>(),
-            len: buf.len(),
+            elem: crate::kernel::ElemInfo::of::<T>(),
             write: false,
         }
     }

@@ -31,28 +31,37 @@ pub(crate) type KernelFn = dyn Fn(&mut Block<'_>) + Send + Sync;
 /// ```
 #[derive(Clone)]
 pub struct Kernel {
+    pub(crate) inner: Arc<KernelInner>,
+}
+
+/// What an op holds of its kernel: one pointer.
+pub(crate) struct KernelInner {
     pub(crate) name: &'static str,
-    pub(crate) f: Arc<KernelFn>,
+    pub(crate) f: Box<KernelFn>,
 }
 
 impl Kernel {
     /// Wraps `f` as a kernel named `name` (the name shows in errors and profiles).
     pub fn new(name: &'static str, f: impl Fn(&mut Block<'_>) + Send + Sync + 'static) -> Self {
         Kernel {
-            name,
-            f: Arc::new(f),
+            inner: Arc::new(KernelInner {
+                name,
+                f: Box::new(f),
+            }),
         }
     }
 
     /// The kernel's name.
     pub fn name(&self) -> &'static str {
-        self.name
+        self.inner.name
     }
 }
 
 impl std::fmt::Debug for Kernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Kernel").field("name", &self.name).finish()
+        f.debug_struct("Kernel")
+            .field("name", &self.inner.name)
+            .finish()
     }
 }
 
@@ -80,19 +89,74 @@ impl From<u32> for Grid {
     }
 }
 
-/// At most this many buffers per launch (kept inline: no allocation per launch).
-pub const MAX_KERNEL_ARGS: usize = 8;
+/// At most this many buffers per launch.
+pub const MAX_KERNEL_ARGS: usize = 16;
 
+/// Launches with up to this many buffers keep them inline in the op: no allocation.
+pub const INLINE_KERNEL_ARGS: usize = 4;
+
+/// The element type of a buffer argument, as one static per type (a pointer wide).
+pub(crate) struct ElemInfo {
+    id: fn() -> TypeId,
+    name: fn() -> &'static str,
+    size: usize,
+}
+
+impl ElemInfo {
+    pub(crate) fn of<T: Pod>() -> &'static ElemInfo {
+        const {
+            &ElemInfo {
+                id: TypeId::of::<T>,
+                name: std::any::type_name::<T>,
+                size: std::mem::size_of::<T>(),
+            }
+        }
+    }
+}
+
+/// A buffer argument; its length is the storage's size over the element size
+/// (buffers are created with exactly `len * size_of::<T>()` bytes).
 #[derive(Clone)]
 pub(crate) struct KArg {
     pub(crate) storage: Arc<Storage>,
-    pub(crate) elem: TypeId,
-    pub(crate) elem_name: &'static str,
-    pub(crate) len: usize,
+    pub(crate) elem: &'static ElemInfo,
     pub(crate) write: bool,
 }
 
-pub(crate) type ArgList = [Option<KArg>; MAX_KERNEL_ARGS];
+impl KArg {
+    pub(crate) fn len(&self) -> usize {
+        self.storage.bytes() / self.elem.size.max(1)
+    }
+}
+
+/// A launch's buffers: inline up to `INLINE_KERNEL_ARGS`, on the heap beyond.
+pub(crate) enum ArgList {
+    Inline([Option<KArg>; INLINE_KERNEL_ARGS]),
+    Heap(Box<[KArg]>),
+}
+
+impl ArgList {
+    pub(crate) fn from_args(args: &[crate::Arg<'_>]) -> Self {
+        let karg = |a: &crate::Arg<'_>| KArg {
+            storage: a.storage.clone(),
+            elem: a.elem,
+            write: a.write,
+        };
+        if args.len() <= INLINE_KERNEL_ARGS {
+            ArgList::Inline(std::array::from_fn(|i| args.get(i).map(karg)))
+        } else {
+            ArgList::Heap(args.iter().map(karg).collect())
+        }
+    }
+
+    pub(crate) fn as_slice_iter(&self) -> impl Iterator<Item = &KArg> {
+        let (inline, heap): (&[Option<KArg>], &[KArg]) = match self {
+            ArgList::Inline(a) => (a, &[]),
+            ArgList::Heap(b) => (&[], b),
+        };
+        inline.iter().flatten().chain(heap.iter())
+    }
+}
 
 /// What one block of a kernel sees: its index and the launch's buffers.
 ///
@@ -102,7 +166,7 @@ pub struct Block<'a> {
     index: u32,
     blocks: u32,
     args: &'a ArgList,
-    taken: u8,
+    taken: u16,
 }
 
 impl<'a> Block<'a> {
@@ -127,19 +191,18 @@ impl<'a> Block<'a> {
 
     fn nth(&self, n: usize, write: bool) -> Option<(usize, &'a KArg)> {
         self.args
-            .iter()
+            .as_slice_iter()
             .enumerate()
-            .filter_map(|(i, a)| a.as_ref().map(|a| (i, a)))
             .filter(|(_, a)| a.write == write)
             .nth(n)
     }
 
     fn check<T: Pod>(a: &KArg, what: &str, n: usize) -> Result<(), String> {
-        if a.elem != TypeId::of::<T>() {
+        if (a.elem.id)() != TypeId::of::<T>() {
             return Err(format!(
                 "kernel asked for {what}::<{}>({n}) but the buffer holds {}",
                 std::any::type_name::<T>(),
-                a.elem_name
+                (a.elem.name)()
             ));
         }
         Ok(())
@@ -153,7 +216,7 @@ impl<'a> Block<'a> {
         Self::check::<T>(a, "read", n)?;
         // SAFETY: the storage holds `len` initialised `T`s (type checked above, 256 B
         // aligned); the launch holds a read lock on it, so nobody writes it now.
-        Ok(unsafe { std::slice::from_raw_parts(a.storage.ptr() as *const T, a.len) })
+        Ok(unsafe { std::slice::from_raw_parts(a.storage.ptr() as *const T, a.len()) })
     }
 
     /// The whole of read argument `n`. Panics (failing the stream, not the process)
@@ -172,7 +235,7 @@ impl<'a> Block<'a> {
     /// The index of the first element of write argument `n` this block owns.
     pub fn write_offset(&self, n: usize) -> usize {
         self.nth(n, true)
-            .map(|(_, a)| self.part(a.len).0)
+            .map(|(_, a)| self.part(a.len()).0)
             .unwrap_or(0)
     }
 
@@ -182,12 +245,12 @@ impl<'a> Block<'a> {
             .nth(n, true)
             .ok_or_else(|| format!("kernel asked for write argument {n}, which was not passed"))?;
         Self::check::<T>(a, "write", n)?;
-        let bit = 1u8 << slot;
+        let bit = 1u16 << slot;
         if self.taken & bit != 0 {
             return Err(format!("kernel took write argument {n} twice in one block"));
         }
         self.taken |= bit;
-        let (start, end) = self.part(a.len);
+        let (start, end) = self.part(a.len());
         // SAFETY: the launch holds the write lock on this storage; blocks get disjoint
         // `start..end` ranges and each block takes its range once (`taken`), so this is
         // the only reference to these elements while the kernel runs.

@@ -35,6 +35,6 @@ pub use config::{CompletionMode, DeviceConfig};
 pub use device::Device;
 pub use error::{Error, Result};
 pub use event::Event;
-pub use kernel::{Block, Grid, Kernel, MAX_KERNEL_ARGS};
+pub use kernel::{Block, Grid, Kernel, INLINE_KERNEL_ARGS, MAX_KERNEL_ARGS};
 pub use op::CopyKind;
 pub use stream::{Stream, PRIORITY_HIGHEST, PRIORITY_LOWEST};

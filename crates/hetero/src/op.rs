@@ -2,7 +2,7 @@
 //! clones of the storages it touches, which keeps them alive until it completes.
 
 use crate::buffer::Storage;
-use crate::kernel::{ArgList, KernelFn};
+use crate::kernel::{ArgList, KernelInner};
 use crate::timeline::Timeline;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -45,8 +45,7 @@ pub(crate) enum Body {
         _pending: Option<PendingWrite>,
     },
     Kernel {
-        name: &'static str,
-        f: Arc<KernelFn>,
+        kernel: Arc<KernelInner>,
         blocks: u32,
         args: ArgList,
     },
@@ -78,7 +77,7 @@ impl Op {
         match &self.body {
             Body::Copy { src, dst, .. } => f(src, false) && f(dst, true),
             Body::Fill { dst, .. } => f(dst, true),
-            Body::Kernel { args, .. } => args.iter().flatten().all(|a| f(&a.storage, a.write)),
+            Body::Kernel { args, .. } => args.as_slice_iter().all(|a| f(&a.storage, a.write)),
             Body::Host(_) | Body::Wait { .. } | Body::Marker { .. } => true,
         }
     }
@@ -124,7 +123,7 @@ impl Op {
                 CopyKind::D2D => "copy_d2d",
             },
             Body::Fill { .. } => "fill",
-            Body::Kernel { name, .. } => name,
+            Body::Kernel { kernel, .. } => kernel.name,
             Body::Host(_) => "host_fn",
             Body::Wait { .. } => "wait_event",
             Body::Marker { .. } => "record_event",

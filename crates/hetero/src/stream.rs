@@ -4,7 +4,7 @@
 use crate::backend::StreamQueue;
 use crate::buffer::{Arg, DeviceBuffer, PinnedBuffer, Storage};
 use crate::event::{Event, EventPoint};
-use crate::kernel::{ArgList, Grid, KArg, Kernel, MAX_KERNEL_ARGS};
+use crate::kernel::{ArgList, Grid, Kernel, MAX_KERNEL_ARGS};
 use crate::op::{Body, CopyKind, Op, PendingWrite};
 use crate::{Device, Error, MemoryKind, Result};
 use bytemuck::Pod;
@@ -310,12 +310,12 @@ impl Stream {
     pub fn launch(&self, kernel: &Kernel, grid: Grid, args: &[Arg<'_>]) -> Result<()> {
         if grid.blocks == 0 {
             return Err(Error::EmptyGrid {
-                kernel: kernel.name,
+                kernel: kernel.inner.name,
             });
         }
         if args.len() > MAX_KERNEL_ARGS {
             return Err(Error::TooManyArgs {
-                kernel: kernel.name,
+                kernel: kernel.inner.name,
                 count: args.len(),
                 max: MAX_KERNEL_ARGS,
             });
@@ -328,18 +328,9 @@ impl Stream {
                 }
             }
         }
-        let list: ArgList = std::array::from_fn(|i| {
-            args.get(i).map(|a| KArg {
-                storage: a.storage.clone(),
-                elem: a.elem,
-                elem_name: a.elem_name,
-                len: a.len,
-                write: a.write,
-            })
-        });
+        let list = ArgList::from_args(args);
         self.submit(Body::Kernel {
-            name: kernel.name,
-            f: kernel.f.clone(),
+            kernel: kernel.inner.clone(),
             blocks: grid.blocks,
             args: list,
         })?;

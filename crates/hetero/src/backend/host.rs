@@ -712,7 +712,8 @@ impl Worker {
                 self.start_job(sh, stream, op, value, blocks, ran);
                 return;
             }
-            Body::Kernel { name, f, args, .. } => {
+            Body::Kernel { kernel, args, .. } => {
+                let (name, f) = (kernel.name, &kernel.f);
                 let mut block = Block::new(0, 1, args);
                 catch_unwind(AssertUnwindSafe(|| f(&mut block))).map_err(|p| {
                     format!(
@@ -775,7 +776,8 @@ fn run_blocks(sh: &Shared, job: &Arc<KernelJob>) {
         // SAFETY: `done < blocks` while this block runs (it is not counted yet), so
         // the op is still in place and only read (see `KernelJob`'s Sync note).
         let op = unsafe { (*job.op.get()).as_ref() }.expect("op present while blocks run");
-        if let Body::Kernel { name, f, args, .. } = &op.body {
+        if let Body::Kernel { kernel, args, .. } = &op.body {
+            let (name, f) = (kernel.name, &kernel.f);
             let mut block = Block::new(b, job.blocks, args);
             if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(&mut block))) {
                 let msg = format!(
