@@ -205,7 +205,7 @@ fn bad_inputs_are_typed_errors() {
         s.launch(&k, Grid::new(1), &[Arg::read(&a), Arg::write(&a)]),
         Err(Error::Aliasing { .. })
     ));
-    let many: Vec<_> = (0..9).map(|_| Arg::read(&a)).collect();
+    let many: Vec<_> = (0..17).map(|_| Arg::read(&a)).collect();
     assert!(matches!(
         s.launch(&k, Grid::new(1), &many),
         Err(Error::TooManyArgs { .. })
@@ -326,4 +326,29 @@ fn events_time_and_device_synchronize() {
             Err(Error::EventNotRecorded { .. })
         ));
     }
+}
+
+#[test]
+fn kernels_with_many_args_spill_and_work() {
+    let d = dev();
+    let s = d.create_stream().unwrap();
+    let ins: Vec<_> = (0..5)
+        .map(|i| d.pinned_from_slice(&[i as u32; 4]).unwrap())
+        .collect();
+    let dins: Vec<_> = (0..5).map(|_| d.alloc::<u32>(4).unwrap()).collect();
+    for (h, x) in ins.iter().zip(&dins) {
+        s.copy_h2d(h, x).unwrap();
+    }
+    let out = d.alloc::<u32>(4).unwrap();
+    let k = Kernel::new("sum5", |b| {
+        let sums: Vec<u32> = (0..4)
+            .map(|i| (0..5).map(|a| b.read::<u32>(a)[i]).sum())
+            .collect();
+        b.write::<u32>(0).copy_from_slice(&sums);
+    });
+    let mut args: Vec<Arg> = dins.iter().map(Arg::read).collect();
+    args.push(Arg::write(&out));
+    assert!(args.len() > hetero::INLINE_KERNEL_ARGS);
+    s.launch(&k, Grid::new(1), &args).unwrap();
+    assert_eq!(s.read_to_vec(&out).unwrap(), vec![10; 4]);
 }
