@@ -172,6 +172,44 @@ fn run_pipelined(streams: &[Stream; 3], b: &mut Buffers, k: &Kernel) -> Result<D
     Ok(t0.elapsed())
 }
 
+fn stage_streams(dev: &Device) -> Result<[Stream; 3]> {
+    let streams = [
+        dev.create_stream()?,
+        dev.create_stream()?,
+        dev.create_stream()?,
+    ];
+    for (s, name) in streams
+        .iter()
+        .zip(["h2d stage", "kernel stage", "d2h stage"])
+    {
+        s.set_name(name);
+    }
+    Ok(streams)
+}
+
+/// Only the pipelined run, `reps` times after one warm-up, with the kernel sized by
+/// `cfg.iters` (or calibrated): the `pipeline` workload. Returns the median time
+/// (ms) and whether every run matched the CPU reference.
+pub fn pipeline(dev: &Device, cfg: DemoConfig) -> Result<(f64, bool)> {
+    let n = (cfg.chunk_bytes / 4).max(1);
+    let mut b = Buffers::new(dev, cfg.chunks, n)?;
+    let iters = match cfg.iters {
+        Some(i) => i,
+        None => calibrate(dev, &b)?,
+    };
+    let k = scale_kernel(iters);
+    let streams = stage_streams(dev)?;
+    run_pipelined(&streams, &mut b, &k)?;
+    let mut times = Vec::new();
+    let mut verified = true;
+    for _ in 0..cfg.reps.max(1) {
+        clear_outputs(&streams[0], &mut b)?;
+        times.push(run_pipelined(&streams, &mut b, &k)?.as_secs_f64() * 1e3);
+        verified &= verify(&b, iters)?;
+    }
+    Ok((median(times), verified))
+}
+
 fn verify(b: &Buffers, iters: u32) -> Result<bool> {
     for (inp, out) in b.input.iter().zip(&b.output) {
         let (i, o) = (inp.as_slice()?, out.as_slice()?);
@@ -252,11 +290,8 @@ pub fn run(dev: &Device, cfg: DemoConfig, mut progress: impl FnMut(&str)) -> Res
     };
     let k = scale_kernel(iters);
     let serial = dev.create_stream()?;
-    let streams = [
-        dev.create_stream()?,
-        dev.create_stream()?,
-        dev.create_stream()?,
-    ];
+    serial.set_name("serial");
+    let streams = stage_streams(dev)?;
 
     // Warm up both modes once (page faults, caches), then measure.
     run_serial(&serial, &mut b, &k, false)?;

@@ -4,3 +4,5 @@
 
 pub mod bench;
 pub mod demo;
+pub mod info;
+pub mod profile;

@@ -2,7 +2,10 @@
 //! the library, the benchmarks and the profiler.
 
 use clap::{Parser, Subcommand};
-use hetero_cli::{bench, demo};
+use hetero_cli::{bench, demo, info, profile};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(
@@ -16,7 +19,7 @@ struct Cli {
 }
 
 #[derive(clap::Args, Clone, Copy)]
-struct DemoArgs {
+struct WorkloadArgs {
     /// Number of chunks.
     #[arg(long, default_value_t = 64)]
     chunks: usize,
@@ -26,19 +29,53 @@ struct DemoArgs {
     /// Timed repetitions of each mode (the median is reported).
     #[arg(long, default_value_t = 7)]
     reps: usize,
-    /// Print one JSON object instead of text.
-    #[arg(long)]
-    json: bool,
+}
+
+impl WorkloadArgs {
+    fn config(self) -> demo::DemoConfig {
+        demo::DemoConfig {
+            chunks: self.chunks.max(1),
+            chunk_bytes: self.chunk_kib.max(1) * 1024,
+            reps: self.reps.max(1),
+            iters: None,
+        }
+    }
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// The 3-stage pipeline demo: serial vs three streams, verified.
-    Demo(DemoArgs),
+    Demo {
+        #[command(flatten)]
+        workload: WorkloadArgs,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Benchmarks, each beside a peer in the same run.
     Bench {
         #[command(subcommand)]
         which: BenchCommand,
+    },
+    /// What this machine offers: cores, memory, huge pages, memlock, backends.
+    Info {
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a built-in workload (demo, pipeline) with the profiler on and write
+    /// trace.json, report.md, report.json and timeline.svg.
+    Profile {
+        /// The workload: demo or pipeline.
+        workload: String,
+        /// Output directory.
+        #[arg(long, default_value = "hetero-profile")]
+        out: PathBuf,
+        #[command(flatten)]
+        args: WorkloadArgs,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -60,40 +97,105 @@ enum BenchCommand {
     Events(BenchOpts),
     /// The demo's pipeline speedup, beside threads joined by channels.
     Pipeline(BenchOpts),
+    /// Submit cost with the profiler off and on.
+    Profile(BenchOpts),
+}
+
+/// A spinner on stderr for anything that may run longer than a second; hidden when
+/// the output is JSON or stderr is not a terminal.
+fn spinner(hidden: bool, msg: &str) -> ProgressBar {
+    let pb = if hidden {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new_spinner()
+    };
+    pb.set_style(ProgressStyle::with_template("{spinner} {elapsed} {msg}").expect("template"));
+    pb.set_message(msg.to_string());
+    pb.enable_steady_tick(Duration::from_millis(100));
+    pb
+}
+
+fn fail(what: &str, e: impl std::fmt::Display) -> ! {
+    eprintln!("hetero {what} failed: {e}");
+    std::process::exit(1);
 }
 
 fn main() {
     let cli = Cli::parse();
     match cli.command {
-        Command::Demo(a) => {
-            let cfg = demo::DemoConfig {
-                chunks: a.chunks.max(1),
-                chunk_bytes: a.chunk_kib.max(1) * 1024,
-                reps: a.reps.max(1),
-                iters: None,
-            };
+        Command::Demo { workload, json } => {
+            let pb = spinner(json, "demo");
             let result = hetero::Device::host().and_then(|dev| {
-                demo::run(&dev, cfg, |msg| {
-                    if !a.json {
-                        eprintln!("  .. {msg}");
-                    }
-                })
+                demo::run(&dev, workload.config(), |m| pb.set_message(m.to_string()))
             });
+            pb.finish_and_clear();
             match result {
-                Ok(r) if a.json => println!("{}", serde_json::to_string(&r).expect("serialise")),
+                Ok(r) if json => println!("{}", serde_json::to_string(&r).expect("serialise")),
                 Ok(r) => r.print(),
-                Err(e) => {
-                    eprintln!("hetero demo failed: {e}");
-                    std::process::exit(1);
+                Err(e) => fail("demo", e),
+            }
+        }
+        Command::Info { json } => info::print(json),
+        Command::Profile {
+            workload,
+            out,
+            args,
+            json,
+        } => {
+            let pb = spinner(json, &format!("profiling {workload}"));
+            let result = profile::run(&workload, &out, args.config(), |m| {
+                pb.set_message(m.to_string())
+            });
+            pb.finish_and_clear();
+            match result {
+                Ok(o) if json => println!(
+                    "{}",
+                    serde_json::json!({
+                        "workload": workload,
+                        "verified": o.verified,
+                        "ops": o.ops,
+                        "trace_json": o.paths.trace_json,
+                        "report_md": o.paths.report_md,
+                        "report_json": o.paths.report_json,
+                        "timeline_svg": o.paths.timeline_svg,
+                    })
+                ),
+                Ok(o) => {
+                    println!(
+                        "hetero profile {workload}: {} ops recorded, output {}",
+                        o.ops,
+                        if o.verified {
+                            "verified"
+                        } else {
+                            "NOT verified"
+                        }
+                    );
+                    println!(
+                        "  trace     {}  (open in ui.perfetto.dev or chrome://tracing)",
+                        o.paths.trace_json.display()
+                    );
+                    println!("  report    {}", o.paths.report_md.display());
+                    println!("  report    {}", o.paths.report_json.display());
+                    println!("  timeline  {}", o.paths.timeline_svg.display());
                 }
+                Err(e) => fail("profile", e),
             }
         }
         Command::Bench { which } => {
-            let (opts, rep) = match which {
-                BenchCommand::Submit(o) => (o, bench::submit::run(o.quick)),
-                BenchCommand::Events(o) => (o, bench::events::run(o.quick)),
-                BenchCommand::Pipeline(o) => (o, bench::pipeline::run(o.quick)),
+            let (name, opts): (&str, BenchOpts) = match which {
+                BenchCommand::Submit(o) => ("submit", o),
+                BenchCommand::Events(o) => ("events", o),
+                BenchCommand::Pipeline(o) => ("pipeline", o),
+                BenchCommand::Profile(o) => ("profile", o),
             };
+            let pb = spinner(opts.json, &format!("bench {name}"));
+            let rep = match name {
+                "submit" => bench::submit::run(opts.quick),
+                "events" => bench::events::run(opts.quick),
+                "pipeline" => bench::pipeline::run(opts.quick),
+                _ => bench::profile::run(opts.quick),
+            };
+            pb.finish_and_clear();
             rep.print(opts.json);
         }
     }

@@ -27,6 +27,7 @@ mod op;
 mod park;
 mod ring;
 mod stream;
+mod system;
 mod timeline;
 
 pub use backend::DeviceProperties;
@@ -38,3 +39,4 @@ pub use event::Event;
 pub use kernel::{Block, Grid, Kernel, INLINE_KERNEL_ARGS, MAX_KERNEL_ARGS};
 pub use op::CopyKind;
 pub use stream::{Stream, PRIORITY_HIGHEST, PRIORITY_LOWEST};
+pub use system::SystemInfo;

@@ -194,9 +194,14 @@ pub(crate) fn run_transfer(body: &Body) {
             let out = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add(*off), *bytes) };
             if plen == 1 {
                 out.fill(pattern[0]);
-            } else {
-                for chunk in out.chunks_exact_mut(plen) {
-                    chunk.copy_from_slice(&pattern[..plen]);
+            } else if out.len() >= plen {
+                // Seed one element, then double the filled prefix with memcpy.
+                out[..plen].copy_from_slice(&pattern[..plen]);
+                let mut done = plen;
+                while done < out.len() {
+                    let n = done.min(out.len() - done);
+                    out.copy_within(..n, done);
+                    done += n;
                 }
             }
         }

@@ -81,6 +81,11 @@ impl Stream {
         &self.inner.device
     }
 
+    /// Names the stream in profiles and traces.
+    pub fn set_name(&self, name: impl Into<String>) {
+        hetero_trace::set_stream_name(self.id(), name.into());
+    }
+
     /// The hardware queue the stream is mapped onto.
     pub fn hardware_queue(&self) -> usize {
         self.q().hardware_queue()

@@ -4,6 +4,7 @@
 
 pub mod events;
 pub mod pipeline;
+pub mod profile;
 pub mod submit;
 
 use serde::Serialize;

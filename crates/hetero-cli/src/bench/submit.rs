@@ -33,14 +33,12 @@ fn wait_count(done: &AtomicUsize, target: usize) {
     }
 }
 
-pub fn run(quick: bool) -> BenchReport {
-    let batches = if quick { 3_000 } else { 30_000 };
-    let mut rep = BenchReport::new("submit");
-
+/// Per-launch ns of an empty one-block kernel, batch means, on a fresh device.
+pub fn hetero_submit_samples(batches: usize) -> Vec<f64> {
     let dev = Device::host().expect("host device");
     let s = dev.create_stream().expect("stream");
     let k = Kernel::new("empty", |_| {});
-    let mut v = sample(
+    sample(
         batches,
         || {
             for _ in 0..BATCH {
@@ -48,10 +46,15 @@ pub fn run(quick: bool) -> BenchReport {
             }
         },
         || s.synchronize().expect("synchronize"),
-    );
+    )
+}
+
+pub fn run(quick: bool) -> BenchReport {
+    let batches = if quick { 3_000 } else { 30_000 };
+    let mut rep = BenchReport::new("submit");
+
+    let mut v = hetero_submit_samples(batches);
     rep.push_samples("hetero/submit", "ns", &mut v);
-    drop(s);
-    drop(dev);
 
     // crossbeam-channel: send to a consumer thread.
     {

@@ -1,0 +1,57 @@
+//! `hetero profile WORKLOAD --out DIR`: runs a built-in workload with the recorder
+//! on and writes trace.json (Perfetto / chrome://tracing), report.md, report.json
+//! and timeline.svg.
+
+use crate::demo::{self, DemoConfig};
+use hetero::Device;
+use std::path::Path;
+
+/// The built-in workloads.
+pub const WORKLOADS: &[&str] = &["demo", "pipeline"];
+
+/// What a profile run wrote.
+pub struct ProfileOutput {
+    pub paths: hetero_profile::Paths,
+    pub ops: usize,
+    pub verified: bool,
+}
+
+/// Runs `workload` on a fresh host device with the recorder on and writes the
+/// outputs into `out`.
+pub fn run(
+    workload: &str,
+    out: &Path,
+    cfg: DemoConfig,
+    progress: impl FnMut(&str),
+) -> Result<ProfileOutput, String> {
+    if !WORKLOADS.contains(&workload) {
+        return Err(format!(
+            "unknown workload '{workload}'; built-in workloads: {}",
+            WORKLOADS.join(", ")
+        ));
+    }
+    let _ = hetero_trace::take(); // start from an empty recorder
+    hetero_trace::set_enabled(true);
+    let result = (|| -> hetero::Result<bool> {
+        let dev = Device::host()?;
+        hetero_trace::set_device_name(dev.properties().name.clone());
+        let mut progress = progress;
+        Ok(match workload {
+            "demo" => demo::run(&dev, cfg, &mut progress)?.verified,
+            _ => {
+                progress("pipelined runs");
+                demo::pipeline(&dev, cfg)?.1
+            }
+        })
+    })();
+    hetero_trace::set_enabled(false);
+    let verified = result.map_err(|e| format!("{workload} failed: {e}"))?;
+    let trace = hetero_trace::take();
+    let paths = hetero_profile::write_all(&trace, out)
+        .map_err(|e| format!("could not write the profile into {}: {e}", out.display()))?;
+    Ok(ProfileOutput {
+        paths,
+        ops: trace.ops.len(),
+        verified,
+    })
+}
