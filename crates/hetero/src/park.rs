@@ -139,28 +139,27 @@ impl Parker {
     }
 }
 
-/// Polls `ready` for up to `budget`: busy spins first, then yields the core between
-/// polls (on a 2-core machine a pure spinner starves the thread it waits for).
-/// Returns whether `ready` became true.
+/// Polls `ready` for up to `budget`: busy spins for the first part (up to 50 µs),
+/// then yields the core between polls (on a 2-core machine a pure spinner can starve
+/// the thread it waits for). Returns whether `ready` became true.
 pub(crate) fn spin_for(budget: Duration, ready: &mut impl FnMut() -> bool) -> bool {
-    for _ in 0..64 {
-        if ready() {
-            return true;
-        }
-        crate::loom::spin_hint();
-    }
+    const PURE_SPIN: Duration = Duration::from_micros(50);
     let start = Instant::now();
+    let pure = budget.min(PURE_SPIN);
     loop {
-        for _ in 0..16 {
+        for _ in 0..32 {
             if ready() {
                 return true;
             }
             crate::loom::spin_hint();
         }
-        if start.elapsed() >= budget {
+        let waited = start.elapsed();
+        if waited >= budget {
             return ready();
         }
-        std::thread::yield_now();
+        if waited >= pure {
+            std::thread::yield_now();
+        }
     }
 }
 

@@ -1,0 +1,83 @@
+//! The `hetero` binary end to end: the demo's JSON, HETERO_PROFILE, info, bench JSON.
+
+use serde_json::Value;
+use std::process::Command;
+
+fn hetero(args: &[&str], env: &[(&str, &str)]) -> Value {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hetero"));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run hetero");
+    assert!(
+        out.status.success(),
+        "hetero {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("stdout is one JSON object")
+}
+
+#[test]
+fn demo_json_is_verified_and_complete() {
+    let path = std::env::temp_dir().join(format!("hetero-cli-trace-{}.json", std::process::id()));
+    let p = path.to_str().unwrap();
+    let v = hetero(
+        &[
+            "demo",
+            "--json",
+            "--chunks",
+            "8",
+            "--chunk-kib",
+            "32",
+            "--reps",
+            "1",
+        ],
+        &[("HETERO_PROFILE", p)],
+    );
+    assert_eq!(v["verified"], true);
+    for key in [
+        "serial_ms",
+        "pipelined_ms",
+        "speedup",
+        "bound_speedup",
+        "chunks",
+        "chunk_bytes",
+    ] {
+        assert!(v[key].is_number(), "missing {key}: {v}");
+    }
+    assert_eq!(v["chunks"], 8);
+    assert_eq!(v["chunk_bytes"], 32 * 1024);
+    // HETERO_PROFILE: the trace was written when the device dropped.
+    let trace: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    assert!(events.iter().any(|e| e["cat"] == "Kernel"));
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn info_json_names_the_machine() {
+    let v = hetero(&["info", "--json"], &[]);
+    assert!(v["cores"].as_u64().unwrap() >= 1);
+    assert!(v["mlock_works"].is_boolean());
+    assert_eq!(v["backends"][0], "host");
+}
+
+#[test]
+fn bench_json_has_the_shared_shape() {
+    let v = hetero(&["bench", "submit", "--quick", "--json"], &[]);
+    assert_eq!(v["bench"], "submit");
+    let results = v["results"].as_array().unwrap();
+    let names: Vec<&str> = results
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"hetero/submit"));
+    assert!(names.contains(&"crossbeam-channel/send"));
+    for r in results {
+        for k in ["unit", "median", "p99", "n"] {
+            assert!(!r[k].is_null(), "{k} missing in {r}");
+        }
+    }
+    assert!(v["ratios"].as_object().unwrap().len() >= 3);
+}
