@@ -99,6 +99,34 @@ fn peer_wait(park: bool, samples: usize, lead_ns: u64) -> Vec<f64> {
     out
 }
 
+/// Process CPU time (user + system), ns.
+fn cpu_ns() -> u64 {
+    let u = rustix::process::getrusage(rustix::process::UsageWho::SELF);
+    let t =
+        |tv: rustix::process::Timeval| tv.tv_sec as u64 * 1_000_000_000 + tv.tv_usec as u64 * 1000;
+    t(u.ru_utime) + t(u.ru_stime)
+}
+
+/// Percent of one core an idle device uses once idle for 1 ms (default `Auto`).
+fn idle_cpu_percent(samples: usize) -> Vec<f64> {
+    let dev = Device::host().expect("host device");
+    let s = dev.create_stream().expect("stream");
+    (0..samples)
+        .map(|_| {
+            // Wake every engine with a burst of work, then leave the device idle.
+            for _ in 0..64 {
+                s.host_fn(|| ()).expect("host_fn");
+            }
+            s.synchronize().expect("synchronize");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            let (c0, t0) = (cpu_ns(), now_ns());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            let (c1, t1) = (cpu_ns(), now_ns());
+            100.0 * (c1 - c0) as f64 / (t1 - t0) as f64
+        })
+        .collect()
+}
+
 pub fn run(quick: bool) -> BenchReport {
     let (spin_n, park_n) = if quick { (3_000, 600) } else { (20_000, 3_000) };
     let mut rep = BenchReport::new("events");
@@ -110,6 +138,8 @@ pub fn run(quick: bool) -> BenchReport {
     rep.push_samples("hetero/event-wait-block", "ns", &mut v);
     let mut v = peer_wait(true, park_n, 50_000);
     rep.push_samples("std-park/wait-block", "ns", &mut v);
+    let mut v = idle_cpu_percent(if quick { 10 } else { 50 });
+    rep.push_samples("hetero/idle-device-cpu", "%", &mut v);
     rep.ratio(
         "hetero/event-wait-spin / atomic-flag/wait-spin",
         "hetero/event-wait-spin",
