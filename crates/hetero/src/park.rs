@@ -2,10 +2,12 @@
 //! or yield for a budget, then park on a futex word. The waker side is cheap when
 //! nobody sleeps: one load of a waiter count.
 //!
-//! Invariant (no lost wake-up): a sleeper increments `sleepers` (SeqCst) and reads
-//! the futex word *before* its last check of the condition; a waker makes the
-//! condition true, then (SeqCst) reads `sleepers` and, if non-zero, bumps the word
-//! and wakes. Either the sleeper's last check sees the condition, or the waker sees
+//! Invariant (no lost wake-up): a sleeper increments `sleepers`, issues a SeqCst
+//! fence and reads the futex word *before* its last check of the condition; a waker
+//! makes the condition true, issues a SeqCst fence, then reads `sleepers` and, if
+//! non-zero, bumps the word and wakes. The two fences are what orders each side's
+//! write before its read (the condition is read with Acquire only, so a SeqCst
+//! increment alone is not enough; loom's timeline model finds the lost wake-up). Either the sleeper's last check sees the condition, or the waker sees
 //! the sleeper and the word changes under it, so `futex_wait` returns at once.
 
 use crate::config::CompletionMode;
