@@ -3,6 +3,7 @@
 //! (the op ring, the timeline) imports atomics and cells from here, never from std.
 
 #[cfg(loom)]
+#[allow(unused_imports)]
 pub(crate) use loom::{
     cell::UnsafeCell,
     sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering},
@@ -32,6 +33,24 @@ impl<T> UnsafeCell<T> {
     pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
         f(self.0.get())
     }
+}
+
+/// Gives up the core; under loom a yield of the model, so a polling loop lets the
+/// model run the thread it waits for.
+#[inline(always)]
+pub(crate) fn yield_now() {
+    #[cfg(loom)]
+    loom::thread::yield_now();
+    #[cfg(not(loom))]
+    std::thread::yield_now();
+}
+
+/// Nothing in a normal build; under loom a yield, so a retry loop that re-reads a
+/// possibly stale value lets the model run the thread that makes progress.
+#[inline(always)]
+pub(crate) fn model_yield() {
+    #[cfg(loom)]
+    loom::thread::yield_now();
 }
 
 /// Spin hint; under loom a yield so the model explores other threads.

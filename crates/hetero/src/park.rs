@@ -2,10 +2,12 @@
 //! or yield for a budget, then park on a futex word. The waker side is cheap when
 //! nobody sleeps: one load of a waiter count.
 //!
-//! Invariant (no lost wake-up): a sleeper increments `sleepers` (SeqCst) and reads
-//! the futex word *before* its last check of the condition; a waker makes the
-//! condition true, then (SeqCst) reads `sleepers` and, if non-zero, bumps the word
-//! and wakes. Either the sleeper's last check sees the condition, or the waker sees
+//! Invariant (no lost wake-up): a sleeper increments `sleepers`, issues a SeqCst
+//! fence and reads the futex word *before* its last check of the condition; a waker
+//! makes the condition true, issues a SeqCst fence, then reads `sleepers` and, if
+//! non-zero, bumps the word and wakes. The two fences are what orders each side's
+//! write before its read (the condition is read with Acquire only, so a SeqCst
+//! increment alone is not enough; loom's timeline model finds the lost wake-up). Either the sleeper's last check sees the condition, or the waker sees
 //! the sleeper and the word changes under it, so `futex_wait` returns at once.
 
 use crate::config::CompletionMode;
@@ -14,13 +16,23 @@ use crossbeam_utils::CachePadded;
 use std::time::{Duration, Instant};
 
 /// A futex word with a count of the threads parked (or about to park) on it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Parker {
     word: CachePadded<AtomicU32>,
     sleepers: CachePadded<AtomicU32>,
     /// Threads polling for the condition without sleeping (engines looking for
     /// work). While one polls, a waker need not wake anybody.
     searching: CachePadded<AtomicU32>,
+    /// Under loom the futex is modelled by a mutex and condition variable, so a lost
+    /// wake-up shows as a deadlock rather than as an endless spin.
+    #[cfg(loom)]
+    futex: LoomFutex,
+}
+
+impl Default for Parker {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Parker {
@@ -29,6 +41,8 @@ impl Parker {
             word: CachePadded::new(AtomicU32::new(0)),
             sleepers: CachePadded::new(AtomicU32::new(0)),
             searching: CachePadded::new(AtomicU32::new(0)),
+            #[cfg(loom)]
+            futex: LoomFutex::default(),
         }
     }
 
@@ -67,7 +81,7 @@ impl Parker {
     #[cold]
     fn wake_slow(&self, n: u32) {
         self.word.fetch_add(1, Ordering::SeqCst);
-        futex_wake(&self.word, n);
+        self.futex_wake(n);
     }
 
     /// Whether a thread is parked or about to park.
@@ -80,13 +94,16 @@ impl Parker {
     /// (a safety net only: correctness does not depend on it).
     pub(crate) fn park_until(&self, mut ready: impl FnMut() -> bool, timeout: Option<Duration>) {
         self.sleepers.fetch_add(1, Ordering::SeqCst);
+        // Pairs with the fence in `wake`: without it the condition check below may be
+        // satisfied from before the waker's update while the waker still reads
+        // `sleepers == 0` (the language model allows it; loom finds it).
         crate::loom::fence(Ordering::SeqCst);
         loop {
             let seen = self.word.load(Ordering::SeqCst);
             if ready() {
                 break;
             }
-            futex_wait(&self.word, seen, timeout);
+            self.futex_wait(seen, timeout);
             if timeout.is_some() {
                 break;
             }
@@ -106,7 +123,7 @@ impl Parker {
             if let Some(w) = claim() {
                 break w;
             }
-            futex_wait(&self.word, seen, None);
+            self.futex_wait(seen, None);
         };
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
         got
@@ -125,7 +142,7 @@ impl Parker {
             }
             CompletionMode::Yield => {
                 while !ready() {
-                    std::thread::yield_now();
+                    crate::loom::yield_now();
                 }
             }
             CompletionMode::Block => self.park_until(ready, None),
@@ -158,35 +175,51 @@ pub(crate) fn spin_for(budget: Duration, ready: &mut impl FnMut() -> bool) -> bo
             return ready();
         }
         if waited >= pure {
-            std::thread::yield_now();
+            crate::loom::yield_now();
         }
     }
 }
 
 #[cfg(not(loom))]
-fn futex_wait(word: &AtomicU32, seen: u32, timeout: Option<Duration>) {
-    use rustix::thread::futex;
-    let ts = timeout.map(|d| rustix::fs::Timespec {
-        tv_sec: d.as_secs() as i64,
-        tv_nsec: d.subsec_nanos() as i64,
-    });
-    // EAGAIN (word changed), EINTR and ETIMEDOUT all mean: look again.
-    let _ = futex::wait(word, futex::Flags::PRIVATE, seen, ts.as_ref());
-}
+impl Parker {
+    fn futex_wait(&self, seen: u32, timeout: Option<Duration>) {
+        use rustix::thread::futex;
+        let ts = timeout.map(|d| rustix::fs::Timespec {
+            tv_sec: d.as_secs() as i64,
+            tv_nsec: d.subsec_nanos() as i64,
+        });
+        // EAGAIN (word changed), EINTR and ETIMEDOUT all mean: look again.
+        let _ = futex::wait(&self.word, futex::Flags::PRIVATE, seen, ts.as_ref());
+    }
 
-#[cfg(not(loom))]
-fn futex_wake(word: &AtomicU32, n: u32) {
-    use rustix::thread::futex;
-    // The kernel reads the count as a signed int: u32::MAX would wake only one.
-    let _ = futex::wake(word, futex::Flags::PRIVATE, n.min(i32::MAX as u32));
-}
-
-#[cfg(loom)]
-fn futex_wait(word: &AtomicU32, seen: u32, _timeout: Option<Duration>) {
-    while word.load(Ordering::SeqCst) == seen {
-        loom::thread::yield_now();
+    fn futex_wake(&self, n: u32) {
+        use rustix::thread::futex;
+        // The kernel reads the count as a signed int: u32::MAX would wake only one.
+        let _ = futex::wake(&self.word, futex::Flags::PRIVATE, n.min(i32::MAX as u32));
     }
 }
 
 #[cfg(loom)]
-fn futex_wake(_word: &AtomicU32, _n: u32) {}
+#[derive(Debug, Default)]
+struct LoomFutex {
+    lock: loom::sync::Mutex<()>,
+    cv: loom::sync::Condvar,
+}
+
+/// The futex's contract under loom: `wait` sleeps only while the word still holds
+/// `seen` (checked under the lock), `wake` runs after the word changed. Timeouts are
+/// a safety net only and are not modelled.
+#[cfg(loom)]
+impl Parker {
+    fn futex_wait(&self, seen: u32, _timeout: Option<Duration>) {
+        let guard = self.futex.lock.lock().expect("loom futex lock");
+        if self.word.load(Ordering::SeqCst) == seen {
+            drop(self.futex.cv.wait(guard).expect("loom futex wait"));
+        }
+    }
+
+    fn futex_wake(&self, _n: u32) {
+        let _guard = self.futex.lock.lock().expect("loom futex lock");
+        self.futex.cv.notify_all();
+    }
+}

@@ -82,6 +82,8 @@ impl<T> Ring<T> {
                 // The consumer has not freed this slot yet: full.
                 return Err(value);
             } else {
+                // Another producer took `pos`: our view of `tail` is stale.
+                crate::loom::model_yield();
                 pos = self.tail.load(Ordering::Relaxed);
             }
         }
@@ -195,8 +197,34 @@ mod loom_tests {
     use super::*;
     use crate::loom::Arc;
 
-    /// Two producers and one consumer: every value arrives exactly once, each
-    /// producer's values in its own order, positions dense.
+    /// Pushes `v`, yielding while the ring is full.
+    fn push(ring: &Ring<u32>, mut v: u32) -> u64 {
+        loop {
+            match ring.try_push(v) {
+                Ok(pos) => return pos,
+                Err(back) => {
+                    v = back;
+                    loom::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    /// Pops `n` values, yielding while the oldest is not published.
+    fn pop_n(ring: &Ring<u32>, n: usize) -> Vec<(u32, u64)> {
+        let mut got = Vec::new();
+        while got.len() < n {
+            // SAFETY: the calling thread is the ring's only consumer.
+            match unsafe { ring.pop() } {
+                Some(v) => got.push(v),
+                None => loom::thread::yield_now(),
+            }
+        }
+        got
+    }
+
+    /// Two producers race for positions while the consumer drains: each value
+    /// arrives exactly once, at the position its producer was given, positions dense.
     #[test]
     fn two_producers_one_consumer() {
         loom::model(|| {
@@ -204,42 +232,37 @@ mod loom_tests {
             let producers: Vec<_> = (0..2u32)
                 .map(|id| {
                     let ring = ring.clone();
-                    loom::thread::spawn(move || {
-                        for k in 0..2u32 {
-                            let mut v = id * 10 + k;
-                            loop {
-                                match ring.try_push(v) {
-                                    Ok(_) => break,
-                                    Err(back) => {
-                                        v = back;
-                                        loom::thread::yield_now();
-                                    }
-                                }
-                            }
-                        }
-                    })
+                    loom::thread::spawn(move || (id, push(&ring, id)))
                 })
                 .collect();
-            let mut got = Vec::new();
-            let mut positions = Vec::new();
-            while got.len() < 4 {
-                // SAFETY: this thread is the only consumer.
-                match unsafe { ring.pop() } {
-                    Some((v, p)) => {
-                        got.push(v);
-                        positions.push(p);
-                    }
-                    None => loom::thread::yield_now(),
+            let got = pop_n(&ring, 2);
+            let mut given: Vec<(u32, u64)> = producers
+                .into_iter()
+                .map(|p| p.join().expect("producer"))
+                .collect();
+            given.sort_by_key(|g| g.1);
+            assert_eq!(got, given);
+            assert_eq!(got.iter().map(|g| g.1).collect::<Vec<_>>(), vec![0, 1]);
+        });
+    }
+
+    /// A producer wraps around a full two-slot ring while the consumer frees slots:
+    /// values arrive in order, none lost or duplicated, and a full ring gives the
+    /// value back instead of overwriting.
+    #[test]
+    fn wraparound_with_full_ring() {
+        loom::model(|| {
+            let ring = Arc::new(Ring::with_capacity(2));
+            let r = ring.clone();
+            let producer = loom::thread::spawn(move || {
+                for v in 0..3u32 {
+                    assert_eq!(push(&r, v), v as u64);
                 }
-            }
-            for p in producers {
-                p.join().expect("producer");
-            }
-            assert_eq!(positions, vec![0, 1, 2, 3]);
-            for id in 0..2u32 {
-                let mine: Vec<_> = got.iter().filter(|v| **v / 10 == id).collect();
-                assert_eq!(mine, vec![&(id * 10), &(id * 10 + 1)]);
-            }
+            });
+            let got = pop_n(&ring, 3);
+            producer.join().expect("producer");
+            assert_eq!(got, vec![(0, 0), (1, 1), (2, 2)]);
+            assert!(ring.is_empty());
         });
     }
 }

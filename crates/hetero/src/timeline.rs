@@ -134,7 +134,8 @@ mod loom_tests {
             let t2 = tl.clone();
             let waiter = loom::thread::spawn(move || t2.wait(2, CompletionMode::Block));
             tl.complete(1);
-            tl.fail(2, Arc::from("boom"));
+            // The message is a std `Arc<str>`: not a shared loom object.
+            tl.fail(2, std::sync::Arc::from("boom"));
             let r = waiter.join().expect("waiter thread");
             assert!(matches!(r, Err(Error::StreamFault { value: 2, .. })));
         });

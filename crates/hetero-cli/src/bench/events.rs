@@ -99,12 +99,10 @@ fn peer_wait(park: bool, samples: usize, lead_ns: u64) -> Vec<f64> {
     out
 }
 
-/// Process CPU time (user + system), ns.
+/// Process CPU time (user + system, all threads), ns.
 fn cpu_ns() -> u64 {
-    let u = rustix::process::getrusage(rustix::process::UsageWho::SELF);
-    let t =
-        |tv: rustix::process::Timeval| tv.tv_sec as u64 * 1_000_000_000 + tv.tv_usec as u64 * 1000;
-    t(u.ru_utime) + t(u.ru_stime)
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 /// Percent of one core an idle device uses once idle for 1 ms (default `Auto`).

@@ -1,0 +1,130 @@
+//! Submission allocates nothing: a counting global allocator shows how many heap
+//! allocations the submitting thread makes while launching an already-built kernel.
+//!
+//! The count is per thread (a const-initialised thread-local `Cell`, which needs no
+//! allocation and no destructor), so engine threads, which drop completed ops and
+//! may allocate, do not disturb it. Counts are deterministic; no timing is involved.
+
+use hetero::{Arg, Device, DeviceConfig, Grid, Kernel};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+struct Counting;
+
+thread_local! {
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn bump() {
+    // `try_with`: the allocator can run while thread-locals are being torn down.
+    let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+}
+
+// SAFETY: defers every request to `System` unchanged; the counter update neither
+// allocates nor unwinds.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        bump();
+        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract; passed through.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        bump();
+        // SAFETY: as in `alloc`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        bump();
+        // SAFETY: as in `alloc`; `ptr` came from this allocator, which is `System`.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from this allocator, which is `System`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Allocations made by this thread so far.
+fn allocs() -> u64 {
+    ALLOCS.with(|c| c.get())
+}
+
+fn device() -> Device {
+    Device::new(DeviceConfig::default().compute_units(2)).expect("host device")
+}
+
+#[test]
+fn counter_sees_this_threads_allocations_only() {
+    let before = allocs();
+    let v = std::hint::black_box(vec![1u8; 64]);
+    assert_eq!(allocs() - before, 1);
+    drop(v);
+    let before = allocs();
+    std::thread::spawn(|| std::hint::black_box(vec![0u64; 1024]))
+        .join()
+        .expect("thread");
+    // Spawning allocates here (thread handle, closure box); the other thread's
+    // vector does not count here. Only check the counter stays bounded.
+    assert!(allocs() - before < 64);
+}
+
+#[test]
+fn launching_a_built_kernel_allocates_nothing() {
+    let dev = device();
+    let s = dev.create_stream().expect("stream");
+    let k = Kernel::new("empty", |_| {});
+    let grid = Grid::new(1);
+    // Warm-up: first use of any lazily initialised state.
+    for _ in 0..1000 {
+        s.launch(&k, grid, &[]).expect("launch");
+    }
+    s.synchronize().expect("synchronize");
+
+    let before = allocs();
+    for round in 0..20 {
+        for _ in 0..500 {
+            s.launch(&k, grid, &[]).expect("launch");
+        }
+        s.synchronize().expect("synchronize");
+        assert_eq!(
+            allocs() - before,
+            0,
+            "allocations after {} launches",
+            (round + 1) * 500
+        );
+    }
+}
+
+#[test]
+fn launching_with_buffer_args_fills_and_copies_allocate_nothing() {
+    let dev = device();
+    let s = dev.create_stream().expect("stream");
+    let a = dev.alloc::<u32>(64).expect("alloc");
+    let b = dev.alloc::<u32>(64).expect("alloc");
+    let k = Kernel::new("touch", |blk| {
+        let x = blk.read::<u32>(0)[0];
+        blk.write::<u32>(0)[0] = x;
+    });
+    let grid = Grid::new(1);
+    let round = || {
+        for _ in 0..100 {
+            s.launch(&k, grid, &[Arg::read(&a), Arg::write(&b)])
+                .expect("launch");
+            s.fill(&a, 7u32).expect("fill");
+            s.copy_d2d_range(&a, 0, &b, 8, 8).expect("copy");
+        }
+        s.synchronize().expect("synchronize");
+    };
+    round();
+    let before = allocs();
+    for _ in 0..10 {
+        round();
+    }
+    assert_eq!(allocs() - before, 0);
+}
