@@ -17,3 +17,13 @@ pub mod tlsf;
 pub use config::{HugePagePolicy, PoolConfig, ReusePolicy};
 pub use error::{Bytes, MemoryError};
 pub use os::{Chunk, ChunkSource, HostChunkSource, HostOptions, OsCalls, PageKind};
+mod pinned;
+mod poison;
+mod pool;
+
+pub use pinned::{PinnedAllocation, PinnedBuffer, PinnedConfig, PinnedPool, PinnedStats, Plain};
+pub use poison::is_poisoned;
+pub use pool::{
+    Allocation, BlockSnapshot, BlockState, ChunkSnapshot, DevicePool, Fence, PoolStats, Snapshot,
+    StreamFences, StreamId, DEFAULT_ALIGN, MAX_ALIGN,
+};

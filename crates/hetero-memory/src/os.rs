@@ -192,13 +192,13 @@ impl HostChunkSource {
             notes.push("hugetlb: refused (injected fault)".into());
             return None;
         }
-        if self.opts.huge_1g && size % HUGE_1G == 0 {
+        if self.opts.huge_1g && size.is_multiple_of(HUGE_1G) {
             match self.mmap(size, MapFlags::HUGETLB | MapFlags::HUGE_1GB) {
                 Ok(p) => return Some((p, PageKind::Hugetlb1G)),
                 Err(e) => notes.push(format!("hugetlb 1 GiB: {e}")),
             }
         }
-        if size % HUGE_2M != 0 {
+        if !size.is_multiple_of(HUGE_2M) {
             notes.push("hugetlb 2 MiB: size is not a multiple of 2 MiB".into());
             return None;
         }

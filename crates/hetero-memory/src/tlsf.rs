@@ -165,7 +165,7 @@ impl Tlsf {
     /// Adds the range `[base, base + size)`; returns its first node, the handle
     /// [`Tlsf::remove_region`] takes back.
     pub fn add_region(&mut self, base: u64, size: u64) -> u32 {
-        debug_assert!(base % GRAN == 0 && size % GRAN == 0 && size > 0);
+        debug_assert!(base.is_multiple_of(GRAN) && size.is_multiple_of(GRAN) && size > 0);
         let i = self.new_node(Node {
             addr: base,
             size,
