@@ -6,7 +6,11 @@ mod bench;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "hetero", version, about = "hetero: a runtime for heterogeneous computing")]
+#[command(
+    name = "hetero",
+    version,
+    about = "hetero: a runtime for heterogeneous computing"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -32,11 +36,16 @@ pub struct BenchOpts {
 }
 
 #[derive(Subcommand)]
-enum BenchCommand {}
+enum BenchCommand {
+    /// Allocation latency and fragmentation beside malloc, mimalloc, jemalloc, offset-allocator.
+    Alloc(BenchOpts),
+}
 
 fn main() {
     let cli = Cli::parse();
     match cli.command {
-        Command::Bench { which } => match which {},
+        Command::Bench { which } => match which {
+            BenchCommand::Alloc(opts) => bench::alloc::run(opts.quick).print(opts.json),
+        },
     }
 }

@@ -385,3 +385,33 @@ fn freed_buffers_are_poisoned() {
     assert!(!hetero_memory::is_poisoned(b.ptr().as_ptr()));
     p.free(b, S, Vec::new());
 }
+
+/// Run in a child process by `stale_read_is_reported`: reads a freed buffer.
+#[cfg(hetero_asan)]
+#[test]
+#[ignore = "run by stale_read_is_reported in a child process"]
+fn stale_read_child() {
+    if std::env::var_os("HETERO_ASAN_CHILD").is_none() {
+        return;
+    }
+    let p = pool(PoolConfig::default());
+    let a = p.alloc(1000, 0, S).expect("a");
+    let stale = a.ptr().as_ptr();
+    p.free(a, S, Vec::new());
+    // SAFETY: deliberately not: this read is the use-after-free ASan must report.
+    let v = unsafe { std::ptr::read_volatile(stale) };
+    println!("read {v} without a report");
+}
+
+#[cfg(hetero_asan)]
+#[test]
+fn stale_read_is_reported() {
+    let out = std::process::Command::new(std::env::current_exe().expect("exe"))
+        .args(["--exact", "stale_read_child", "--ignored", "--nocapture"])
+        .env("HETERO_ASAN_CHILD", "1")
+        .output()
+        .expect("child");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the stale read went unnoticed");
+    assert!(err.contains("use-after-poison"), "{err}");
+}

@@ -2,6 +2,8 @@
 //! reports the ratio. All commands share one JSON shape:
 //! `{"bench": NAME, "results": [{"name", "unit", "median", "p99", "n"}], "ratios": {..}}`.
 
+pub mod alloc;
+
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -50,7 +52,10 @@ impl BenchReport {
     }
 
     pub fn median_of(&self, name: &str) -> Option<f64> {
-        self.results.iter().find(|r| r.name == name).map(|r| r.median)
+        self.results
+            .iter()
+            .find(|r| r.name == name)
+            .map(|r| r.median)
     }
 
     /// Records `numerator.median / denominator.median` under `key` when both exist.
