@@ -10,7 +10,7 @@ use crate::config::HugePagePolicy;
 use crate::error::MemoryError;
 use crate::os::{Chunk, ChunkSource, HostChunkSource, HostOptions, OsCalls, HUGE_2M};
 use crate::poison::{poison, unpoison};
-use crate::tlsf::{Placement, Tlsf};
+use crate::tlsf::{class_of, round_size, Placement, Tlsf};
 use serde::Serialize;
 use std::fmt;
 use std::marker::PhantomData;
@@ -41,6 +41,8 @@ impl Default for PinnedConfig {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PinnedStats {
     pub allocated: usize,
+    /// Freed blocks kept for reuse.
+    pub cached: usize,
     pub reserved: usize,
     pub chunks: usize,
     /// Chunks the kernel refused to lock (they are pageable).
@@ -51,8 +53,13 @@ pub struct PinnedStats {
     pub notes: Vec<String>,
 }
 
+/// Freed blocks kept per size class, so a warm alloc/free pair skips the
+/// TLSF's split and merge.
+const CACHE_PER_CLASS: usize = 8;
+
 struct State {
     tlsf: Tlsf,
+    cache: Vec<Vec<(u64, u32)>>,
     chunks: Vec<(Chunk, u32)>,
     allocated: usize,
     allocations: u64,
@@ -122,7 +129,13 @@ impl PinnedPool {
                 config,
                 source,
                 state: Mutex::new(State {
-                    tlsf: Tlsf::new(),
+                    tlsf: {
+                        // Plain good fit: pinned buffers are few and their latency is the point.
+                        let mut t = Tlsf::new();
+                        t.set_address_bins(0);
+                        t
+                    },
+                    cache: (0..64 * 8).map(|_| Vec::new()).collect(),
                     chunks: Vec::new(),
                     allocated: 0,
                     allocations: 0,
@@ -144,15 +157,27 @@ impl PinnedPool {
             });
         }
         let align = align.max(crate::DEFAULT_ALIGN);
+        let rounded = round_size(size as u64);
+        let class = class_of(rounded);
         let mut s = self.inner.lock();
         s.allocations += 1;
-        let placed = s
-            .tlsf
-            .alloc(size as u64, align as u64, Placement::Low, u64::MAX);
+        let cached = match s.cache[class].last() {
+            Some(&(addr, node)) if addr % align as u64 == 0 => {
+                s.cache[class].pop();
+                Some((node, addr))
+            }
+            _ => None,
+        };
+        let placed = match cached {
+            Some(x) => Some(x),
+            None => s
+                .tlsf
+                .alloc(rounded, align as u64, Placement::Low, u64::MAX),
+        };
         let (node, addr) = match placed {
             Some(x) => x,
             None => {
-                let need = size + align;
+                let need = rounded as usize + align;
                 let csize = need.max(self.inner.config.chunk_size).div_ceil(HUGE_2M) * HUGE_2M;
                 let chunk = self.inner.source.map(csize)?;
                 poison(chunk.ptr.as_ptr(), chunk.size);
@@ -161,7 +186,7 @@ impl PinnedPool {
                     .add_region(chunk.ptr.as_ptr() as u64, chunk.size as u64);
                 s.chunks.push((chunk, head));
                 s.tlsf
-                    .alloc(size as u64, align as u64, Placement::Low, u64::MAX)
+                    .alloc(rounded, align as u64, Placement::Low, u64::MAX)
                     .expect("a fresh chunk larger than size + align fits the request")
             }
         };
@@ -182,6 +207,12 @@ impl PinnedPool {
     /// Releases wholly free chunks; the bytes released.
     pub fn trim(&self) -> usize {
         let mut s = self.inner.lock();
+        let s = &mut *s;
+        for list in s.cache.iter_mut() {
+            for (_, node) in list.drain(..) {
+                s.tlsf.free(node);
+            }
+        }
         let mut released = 0;
         let mut i = 0;
         while i < s.chunks.len() {
@@ -210,6 +241,12 @@ impl PinnedPool {
         }
         PinnedStats {
             allocated: s.allocated,
+            cached: s
+                .cache
+                .iter()
+                .flatten()
+                .map(|&(_, n)| s.tlsf.size_of(n) as usize)
+                .sum(),
             reserved: s.chunks.iter().map(|(c, _)| c.size).sum(),
             chunks: s.chunks.len(),
             unpinned_chunks: s.chunks.iter().filter(|(c, _)| !c.pinned).count(),
@@ -258,7 +295,12 @@ impl Drop for PinnedAllocation {
         poison(self.ptr.as_ptr(), self.block);
         let mut s = self.pool.lock();
         s.allocated -= self.block;
-        s.tlsf.free(self.node);
+        let class = class_of(self.block as u64);
+        if s.cache[class].len() < CACHE_PER_CLASS {
+            s.cache[class].push((self.ptr.as_ptr() as u64, self.node));
+        } else {
+            s.tlsf.free(self.node);
+        }
     }
 }
 

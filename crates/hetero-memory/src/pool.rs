@@ -861,8 +861,11 @@ impl Shared {
         stream: StreamId,
         fresh: bool,
     ) -> Option<Allocation> {
+        // Huge blocks are never split: a freed one serves a later request only
+        // when it wastes at most 1/8, otherwise it is released and a chunk of
+        // the right size mapped (keeps reserved close to live as sizes grow).
         let no_split = if kind == Kind::Huge && !fresh {
-            self.config.max_split_size as u64
+            0
         } else {
             u64::MAX
         };
@@ -933,6 +936,34 @@ impl Shared {
             .ok()
             .flatten()
             .unwrap_or((0, 0))
+    }
+
+    /// Moves the blocks `stream` has cached (in its slot and in this thread's
+    /// cache) to the pending list; whether there were any.
+    fn flush_stream(&self, g: &mut Slow, stream: StreamId) -> bool {
+        let mut any = false;
+        let own = TCACHE
+            .try_with(|c| {
+                let mut tc = c.try_borrow_mut().ok()?;
+                (tc.pool == self.id && tc.stream == stream && tc.count > 0).then(|| tc.take_all())
+            })
+            .ok()
+            .flatten();
+        if let Some((st, v, hits)) = own {
+            self.tls_hits.fetch_add(hits, Ordering::Relaxed);
+            any = true;
+            self.push_pending(g, st, v);
+        }
+        let entries: Vec<Entry> = self.slots[slot_index(stream)].with(|s| {
+            if s.owner == Some(stream) {
+                s.drain().collect()
+            } else {
+                Vec::new()
+            }
+        });
+        any |= !entries.is_empty();
+        self.push_pending(g, stream, entries);
+        any
     }
 
     /// Moves every stream cache's blocks (and the calling thread's) to the
@@ -1070,8 +1101,22 @@ impl Shared {
                     break a;
                 }
             }
-            // A new chunk; wholly free chunks of this kind could not serve, so they go first.
-            self.release_free_chunks(&mut g, Some(kind));
+            // Before growing, this stream's cached blocks go back so they can
+            // coalesce (a batch that grows N -> N+1 needs no new chunks for
+            // the sizes it just freed).
+            if self.flush_stream(&mut g, stream) {
+                self.reap(&mut g);
+                if let Some(a) = self.tlsf_alloc(&mut g, kind, rounded, align, stream, false) {
+                    break a;
+                }
+                if let Some(a) = self.take_pending(&mut g, stream, rounded, align, false) {
+                    break a;
+                }
+            }
+            // A new chunk. Wholly free chunks could not serve (those of this kind
+            // are too small, the others are of another kind): release them
+            // first, so that reserved memory follows live memory as sizes grow.
+            self.release_free_chunks(&mut g, None);
             let mut mapped = self.map_chunk(&mut g, kind, need);
             if let Ok(true) = mapped {
                 if let Some(a) = self.tlsf_alloc(&mut g, kind, rounded, align, stream, true) {

@@ -83,6 +83,8 @@ pub struct Tlsf {
     total: u64,
     free_bytes: u64,
     free_blocks: usize,
+    own_bin_first: bool,
+    address_bins: usize,
 }
 
 impl Default for Tlsf {
@@ -102,6 +104,8 @@ impl Tlsf {
             total: 0,
             free_bytes: 0,
             free_blocks: 0,
+            own_bin_first: true,
+            address_bins: 8,
         }
     }
 
@@ -219,6 +223,83 @@ impl Tlsf {
         Some(self.heads[fl][sl])
     }
 
+    /// The smallest of the first [`FALLBACK_SCAN`] blocks of a bin that fits.
+    fn best_in_bin(&self, (fl, sl): (usize, usize), size: u64, align: u64) -> Option<u32> {
+        let mut i = self.heads[fl][sl];
+        let mut best: Option<u32> = None;
+        for _ in 0..FALLBACK_SCAN {
+            if i == NIL {
+                break;
+            }
+            if self.fits(i, size, align).is_some()
+                && best.is_none_or(|b| self.nodes[i as usize].size < self.nodes[b as usize].size)
+            {
+                best = Some(i);
+            }
+            i = self.nodes[i as usize].next_free;
+        }
+        best
+    }
+
+    /// Among the first `bins` non-empty bins at or above (fl, sl), the lowest
+    /// addressed of their first few blocks: a bounded, O(1) approximation of
+    /// address-ordered first fit, which keeps buffers packed towards low
+    /// addresses so that frees at the top merge into one large free block.
+    fn lowest_fitting(&self, fl: usize, sl: usize, size: u64, align: u64) -> Option<u32> {
+        let mut best: Option<u32> = None;
+        let (mut fl, mut sl) = (fl, sl);
+        for _ in 0..self.address_bins {
+            let sl_map = self.sl_bitmap[fl] & (!0u32).checked_shl(sl as u32).unwrap_or(0);
+            let (f, s) = if sl_map != 0 {
+                (fl, sl_map.trailing_zeros() as usize)
+            } else {
+                let fl_map = if fl + 1 >= FL {
+                    0
+                } else {
+                    self.fl_bitmap & (!0u64 << (fl + 1))
+                };
+                if fl_map == 0 {
+                    break;
+                }
+                let f = fl_map.trailing_zeros() as usize;
+                (f, self.sl_bitmap[f].trailing_zeros() as usize)
+            };
+            let mut i = self.heads[f][s];
+            for _ in 0..4 {
+                if i == NIL {
+                    break;
+                }
+                if self.fits(i, size, align).is_some()
+                    && best
+                        .is_none_or(|b| self.nodes[i as usize].addr < self.nodes[b as usize].addr)
+                {
+                    best = Some(i);
+                }
+                i = self.nodes[i as usize].next_free;
+            }
+            (fl, sl) = if s + 1 < SL {
+                (f, s + 1)
+            } else if f + 1 < FL {
+                (f + 1, 0)
+            } else {
+                break;
+            };
+        }
+        best
+    }
+
+    /// How many bins [`Tlsf::alloc`] compares by address (default 8; 0: plain
+    /// good fit, like a textbook TLSF).
+    pub fn set_address_bins(&mut self, bins: usize) {
+        self.address_bins = bins;
+    }
+
+    /// Whether to try the request's own bin before the O(1) good-fit search
+    /// (on by default; off behaves like a textbook TLSF).
+    pub fn set_own_bin_first(&mut self, on: bool) {
+        self.own_bin_first = on;
+    }
+
     fn fits(&self, i: u32, size: u64, align: u64) -> Option<u64> {
         let n = &self.nodes[i as usize];
         let addr = (n.addr + align - 1) & !(align - 1);
@@ -238,27 +319,26 @@ impl Tlsf {
         let size = size.max(1).checked_add(GRAN - 1)? & !(GRAN - 1);
         let align = align.max(GRAN);
         let need = size.checked_add(align - GRAN)?;
+        let own = mapping(need);
         let (fl, sl) = mapping(round_size(need));
-        let block = match self.find(fl, sl) {
-            Some(b) => b,
-            None => {
-                // Good-fit miss: a block in the request's own bin may still fit.
-                let (fl, sl) = mapping(need);
-                let mut i = self.heads[fl][sl];
-                let mut found = None;
-                for _ in 0..FALLBACK_SCAN {
-                    if i == NIL {
-                        break;
-                    }
-                    if self.fits(i, size, align).is_some() {
-                        found = Some(i);
-                        break;
-                    }
-                    i = self.nodes[i as usize].next_free;
-                }
-                found?
-            }
+        // Best fit among the first blocks of the request's own bin: they are the
+        // tightest fits, and leaving them unused is what fragments a TLSF.
+        let mut block = if self.own_bin_first && own != (fl, sl) {
+            self.best_in_bin(own, size, align)
+        } else {
+            None
         };
+        if block.is_none() {
+            block = if self.address_bins > 0 {
+                self.lowest_fitting(fl, sl, size, align)
+            } else {
+                self.find(fl, sl)
+            };
+        }
+        if block.is_none() && !self.own_bin_first {
+            block = self.best_in_bin(own, size, align);
+        }
+        let block = block?;
         let (s, bsize) = (
             self.nodes[block as usize].addr,
             self.nodes[block as usize].size,

@@ -302,7 +302,8 @@ fn growth_trace_keeps_reserved_close_to_live() {
         }
     }
     let ratio = p.stats().peak_reserved as f64 / peak_live as f64;
-    assert!(ratio < 1.5, "peak reserved / peak live = {ratio}");
+    eprintln!("peak reserved / peak live = {ratio:.3}");
+    assert!(ratio <= 1.10, "peak reserved / peak live = {ratio}");
 }
 
 #[test]

@@ -315,13 +315,8 @@ fn fragmentation_churn(rep: &mut BenchReport, quick: bool) {
             }
         }
         for &s in add {
-            let placement = if s >= 1 << 20 {
-                Placement::High
-            } else {
-                Placement::Low
-            };
             let a = t
-                .alloc(s, 256, placement, u64::MAX)
+                .alloc(s, 256, Placement::Low, u64::MAX)
                 .map(|(n, addr)| (n, addr, t.size_of(n)));
             failures += u64::from(a.is_none());
             live.push(a);
