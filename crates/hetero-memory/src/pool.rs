@@ -2,19 +2,27 @@
 //!
 //! - *chunk*: regions from a [`ChunkSource`] (the OS layer for the host backend).
 //!   Requests up to 1 MiB are packed into 2 MiB chunks, 1–10 MiB share 20 MiB
-//!   chunks, larger ones get a chunk of their size rounded up to 2 MiB.
-//! - *block*: a per-stream cache of freed buffers, one stack per size class. A
-//!   block freed on stream S is reused at once by later work on S; it reaches
-//!   another stream only through the shared level, after a fence shows S's work
-//!   on it finished (or, under [`ReusePolicy::FollowEventDependencies`], with
-//!   that fence in [`Allocation::wait_for`]).
+//!   chunks, larger ones get a chunk of their size rounded up to 2 MiB and are
+//!   never split. Before a new chunk is mapped, wholly free chunks are released,
+//!   so reserved memory follows live memory when sizes grow.
+//! - *block*: stream-ordered caches of freed buffers, per size class: first a
+//!   per-thread cache for one (pool, stream) pair (no atomics on a hit), then a
+//!   per-stream slot behind a try-lock, then pending frees under the pool
+//!   mutex. A block freed on stream S is reused at once by later work on S; it
+//!   reaches another stream only after a fence shows S's work on it finished
+//!   (or, under [`ReusePolicy::FollowEventDependencies`], with that fence in
+//!   [`Allocation::wait_for`]). Fences of S come from the installed
+//!   [`StreamFences`]; without one, streams are treated as host-synchronous.
 //! - *buffer*: [`Tlsf`] sub-allocation inside chunks, under one mutex (the slow path).
 //!
-//! The hot path (a cache hit on alloc, a cached free) touches only the stream's
-//! cache slot: one compare-exchange and one release store, no allocation, no
-//! syscall. Invariants: a byte is in at most one of {live allocation, stream
-//! cache, pending free, TLSF free}; a block never reaches a stream other than
-//! its home stream before its fences are complete or handed to the new user.
+//! Invariants: a byte is in exactly one of {live allocation, thread cache,
+//! stream slot, pending free, TLSF free}; a block never reaches a stream other
+//! than its home stream before its fences are complete or handed to the new
+//! user; a chunk is unmapped only when wholly free in the TLSF.
+//!
+//! Known limit: a thread cache can be emptied only by its own thread. Other
+//! threads ask for its blocks back by bumping the pool's epoch (trim, memory
+//! pressure); an idle thread keeps at most 8 MiB until its next call or exit.
 
 use crate::config::{PoolConfig, ReusePolicy};
 use crate::error::{Bytes, MemoryError};
@@ -238,6 +246,10 @@ impl ThreadCache {
                 return Push::Stale(st, v, h);
             }
         } else if self.pool != shared.id {
+            if let Some(old) = self.owner.upgrade() {
+                old.tls_hits
+                    .fetch_add(u64::from(self.unpublished_hits), Ordering::Relaxed);
+            }
             self.owner = Arc::downgrade(shared);
             self.pool = shared.id;
             self.unpublished_hits = 0;
@@ -619,6 +631,39 @@ impl DevicePool {
             }
         }
         self.s.alloc(size, align, stream)
+    }
+
+    /// A 2-D allocation of `height` rows of `width` bytes, each row starting at
+    /// a multiple of `row_align` (a power of two; 0 means 256). Returns the
+    /// allocation and the pitch (bytes from one row to the next).
+    ///
+    /// ```
+    /// use hetero_memory::{DevicePool, PoolConfig};
+    /// let pool = DevicePool::new(PoolConfig::default()).unwrap();
+    /// let (a, pitch) = pool.alloc_pitched(1000, 4, 512, 0).unwrap();
+    /// assert_eq!(pitch, 1024);
+    /// assert_eq!(a.size(), 4 * 1024);
+    /// pool.free(a, 0, Vec::new());
+    /// ```
+    pub fn alloc_pitched(
+        &self,
+        width: usize,
+        height: usize,
+        row_align: usize,
+        stream: StreamId,
+    ) -> Result<(Allocation, usize), MemoryError> {
+        let valid = (row_align == 0 || row_align.is_power_of_two()) && row_align <= MAX_ALIGN;
+        let row_align = row_align.max(DEFAULT_ALIGN);
+        let pitch = valid
+            .then(|| width.checked_next_multiple_of(row_align))
+            .flatten();
+        let bytes = pitch.and_then(|p| p.checked_mul(height)).filter(|b| *b > 0);
+        match (pitch, bytes) {
+            (Some(pitch), Some(bytes)) => Ok((self.alloc(bytes, row_align, stream)?, pitch)),
+            _ => Err(invalid(format!(
+                "pitched alloc of {height} rows of {width} bytes aligned to {row_align}"
+            ))),
+        }
     }
 
     /// Stream-ordered free: `stream` is where the memory was last used in order;

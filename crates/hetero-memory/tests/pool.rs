@@ -416,3 +416,16 @@ fn stale_read_is_reported() {
     assert!(!out.status.success(), "the stale read went unnoticed");
     assert!(err.contains("use-after-poison"), "{err}");
 }
+
+#[test]
+fn pitched_rows_are_aligned() {
+    let p = pool(PoolConfig::default());
+    let (a, pitch) = p.alloc_pitched(1920 * 3, 1080, 512, S).expect("image");
+    assert_eq!(pitch % 512, 0);
+    assert!((1920 * 3..1920 * 3 + 512).contains(&pitch));
+    assert_eq!(a.ptr().as_ptr() as usize % 512, 0);
+    assert_eq!(a.size(), pitch * 1080);
+    p.free(a, S, Vec::new());
+    assert!(p.alloc_pitched(0, 10, 0, S).is_err());
+    assert!(p.alloc_pitched(10, 10, 3, S).is_err());
+}
