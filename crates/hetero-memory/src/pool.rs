@@ -473,6 +473,9 @@ pub struct Snapshot {
 
 /// The three-level device pool. `Send + Sync`; share it with `Arc`.
 ///
+/// Dropping the pool unmaps its chunks: keep it alive (the execution layer
+/// holds an `Arc`) while any [`Allocation`] from it is in use.
+///
 /// ```
 /// use hetero_memory::{DevicePool, PoolConfig};
 /// let pool = DevicePool::new(PoolConfig::default()).unwrap();

@@ -429,3 +429,65 @@ fn pitched_rows_are_aligned() {
     assert!(p.alloc_pitched(0, 10, 0, S).is_err());
     assert!(p.alloc_pitched(10, 10, 3, S).is_err());
 }
+
+#[test]
+fn handles_are_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<DevicePool>();
+    check::<hetero_memory::Allocation>();
+    check::<hetero_memory::PinnedPool>();
+    check::<hetero_memory::PinnedAllocation>();
+}
+
+#[test]
+fn idle_thread_returns_its_cache_on_next_call_after_trim() {
+    use std::sync::mpsc;
+    let p = Arc::new(pool(PoolConfig::default()));
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let p2 = p.clone();
+    let worker = std::thread::spawn(move || {
+        let a = p2.alloc(4096, 0, 7).expect("a");
+        p2.free(a, 7, Vec::new()); // into this thread's cache
+        done_tx.send(()).expect("send");
+        go_rx.recv().expect("recv");
+        let b = p2.alloc(8192, 0, 7).expect("b");
+        p2.free(b, 7, Vec::new()); // sees the new epoch: returns the stale block, b goes to the slot
+        done_tx.send(()).expect("send");
+        go_rx.recv().expect("recv");
+        let c = p2.alloc(4096, 0, 7).expect("c");
+        p2.free(c, 7, Vec::new()); // held by this thread's cache until it exits
+    });
+    done_rx.recv().expect("first round");
+    p.trim();
+    assert!(
+        p.stats().reserved > 0,
+        "the idle worker still holds a block"
+    );
+    go_tx.send(()).expect("go");
+    done_rx.recv().expect("second round");
+    p.trim();
+    assert_eq!(
+        p.stats().reserved,
+        0,
+        "the worker gave its stale block back"
+    );
+    go_tx.send(()).expect("exit");
+    worker.join().expect("worker");
+    assert_eq!(
+        p.stats().allocated,
+        0,
+        "thread exit returned its cache to the pool"
+    );
+    p.trim();
+    assert_eq!(p.stats().reserved, 0);
+}
+
+#[test]
+fn release_threshold_unmaps_idle_chunks_on_free() {
+    let p = pool(PoolConfig::default().release_threshold(0));
+    let a = p.alloc(3 << 20, 0, S).expect("large");
+    assert_eq!(p.stats().reserved, 20 << 20);
+    p.free(a, S, Vec::new());
+    assert_eq!(p.stats().reserved, 0);
+}
