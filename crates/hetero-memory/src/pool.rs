@@ -565,7 +565,17 @@ impl DevicePool {
                 fences: std::sync::OnceLock::new(),
                 slots,
                 slow: Mutex::new(Slow {
-                    tlsf: [Tlsf::new(), Tlsf::new(), Tlsf::new()],
+                    // Small buffers favour speed (plain good fit inside 2 MiB
+                    // chunks); large ones favour packing (bounded address order).
+                    tlsf: [
+                        {
+                            let mut t = Tlsf::new();
+                            t.set_address_bins(0);
+                            t
+                        },
+                        Tlsf::new(),
+                        Tlsf::new(),
+                    ],
                     chunks: Vec::new(),
                     pending: Vec::new(),
                     pending_bytes: 0,
