@@ -237,6 +237,11 @@ impl ThreadCache {
         class: usize,
         e: Entry,
     ) -> Push {
+        if self.count > 0 && self.pool != shared.id && self.owner.strong_count() == 0 {
+            // The pool these blocks came from is gone, and its memory with it.
+            let _ = self.take_all();
+            self.pool = 0;
+        }
         if self.count > 0 {
             if self.pool != shared.id || self.stream != stream {
                 return Push::No;

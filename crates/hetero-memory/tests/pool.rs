@@ -491,3 +491,19 @@ fn release_threshold_unmaps_idle_chunks_on_free() {
     p.free(a, S, Vec::new());
     assert_eq!(p.stats().reserved, 0);
 }
+
+#[test]
+fn a_dropped_pool_does_not_pin_the_thread_cache() {
+    let a = pool(PoolConfig::default());
+    let x = a.alloc(4096, 0, S).expect("x");
+    a.free(x, S, Vec::new());
+    drop(a);
+    let b = pool(PoolConfig::default());
+    for _ in 0..3 {
+        let y = b.alloc(4096, 0, S).expect("y");
+        b.free(y, S, Vec::new());
+    }
+    assert_eq!(b.stats().cache_hits, 2);
+    b.trim();
+    assert_eq!(b.stats().reserved, 0);
+}
