@@ -42,6 +42,16 @@ fn main() {
             snap.stats.peak_reserved >> 20,
             by_kind
         );
+        if n == 32 && std::env::var_os("GROWTH_DUMP").is_some() {
+            for c in snap.chunks.iter().filter(|c| c.kind == "large") {
+                let b: Vec<String> = c
+                    .blocks
+                    .iter()
+                    .map(|b| format!("{:?}:{:.2}", b.state, b.size as f64 / 1048576.0))
+                    .collect();
+                println!("  large chunk: {}", b.join(" "));
+            }
+        }
         for a in acts {
             pool.free(a, 0, Vec::new());
         }

@@ -768,8 +768,13 @@ impl Shared {
                     wait_for: None,
                 });
             }
+            return self.alloc_slow(size, rounded, align, stream);
         }
-        self.alloc_slow(size, rounded, align, stream)
+        // Above the cached sizes, blocks are cut to the byte granularity, not to
+        // the size class: no per-class cache needs them uniform, and class
+        // rounding would waste up to 1/8 of every large buffer.
+        let exact = size.next_multiple_of(GRAN as usize);
+        self.alloc_slow(size, exact, align, stream)
     }
 
     #[inline(always)]
