@@ -99,6 +99,8 @@ enum BenchCommand {
     Pipeline(BenchOpts),
     /// Submit cost with the profiler off and on.
     Profile(BenchOpts),
+    /// Allocation latency and fragmentation beside malloc, mimalloc, jemalloc, offset-allocator.
+    Alloc(BenchOpts),
 }
 
 /// A spinner on stderr for anything that may run longer than a second; hidden when
@@ -187,12 +189,14 @@ fn main() {
                 BenchCommand::Events(o) => ("events", o),
                 BenchCommand::Pipeline(o) => ("pipeline", o),
                 BenchCommand::Profile(o) => ("profile", o),
+                BenchCommand::Alloc(o) => ("alloc", o),
             };
             let pb = spinner(opts.json, &format!("bench {name}"));
             let rep = match name {
                 "submit" => bench::submit::run(opts.quick),
                 "events" => bench::events::run(opts.quick),
                 "pipeline" => bench::pipeline::run(opts.quick),
+                "alloc" => bench::alloc::run(opts.quick),
                 _ => bench::profile::run(opts.quick),
             };
             pb.finish_and_clear();

@@ -1,1 +1,29 @@
-//! hetero memory layers (filled in by the memory work).
+//! hetero's memory layers, bottom up: the OS layer ([`os`]: mappings, huge
+//! pages, mlock), the buffer level ([`tlsf`]: O(1) sub-allocation), the pinned
+//! host pool ([`PinnedPool`]) and the three-level device pool ([`DevicePool`]:
+//! chunk / block / buffer with stream-ordered reuse).
+//!
+//! This crate sits below the execution layer and knows nothing of it: streams
+//! are plain [`StreamId`]s and completion is the [`Fence`] trait, which the
+//! execution layer's events implement.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod config;
+mod error;
+pub mod os;
+mod sync;
+pub mod tlsf;
+
+pub use config::{HugePagePolicy, PoolConfig, ReusePolicy};
+pub use error::{Bytes, MemoryError};
+pub use os::{Chunk, ChunkSource, HostChunkSource, HostOptions, OsCalls, PageKind};
+mod pinned;
+mod poison;
+mod pool;
+
+pub use pinned::{PinnedAllocation, PinnedBuffer, PinnedConfig, PinnedPool, PinnedStats, Plain};
+pub use poison::is_poisoned;
+pub use pool::{
+    Allocation, BlockSnapshot, BlockState, ChunkSnapshot, DevicePool, Fence, PoolStats, Snapshot,
+    StreamFences, StreamId, DEFAULT_ALIGN, MAX_ALIGN,
+};

@@ -2,6 +2,7 @@
 //! reports the ratio. All commands share one JSON shape:
 //! `{"bench": NAME, "results": [{"name", "unit", "median", "p99", "n"}], "ratios": {..}}`.
 
+pub mod alloc;
 pub mod events;
 pub mod pipeline;
 pub mod profile;
