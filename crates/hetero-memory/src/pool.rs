@@ -684,6 +684,14 @@ impl DevicePool {
         }
     }
 
+    /// Stream-ordered free, like [`DevicePool::free`], that skips the calling
+    /// thread's cache: for threads that free what other threads allocate (an
+    /// engine completing the last use of a buffer). Their cache would hide the
+    /// block from the allocating thread; the stream's shared cache does not.
+    pub fn free_shared(&self, a: Allocation, stream: StreamId, uses: Vec<Arc<dyn Fence>>) {
+        self.s.free(a, stream, uses)
+    }
+
     /// Stream-ordered free: `stream` is where the memory was last used in order;
     /// `uses` are fences of its last use on other streams (like PyTorch's
     /// recordStream). The memory is reused on `stream` at once, elsewhere only

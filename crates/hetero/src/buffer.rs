@@ -15,7 +15,6 @@
 use crate::loom::{AtomicU32, Ordering};
 use crate::{Error, Result};
 use bytemuck::Pod;
-use std::alloc::Layout;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -33,11 +32,15 @@ pub enum MemoryKind {
 pub(crate) enum Backing {
     /// Zero-sized: no memory.
     Empty,
-    /// From the global allocator.
-    Heap(Layout),
-    /// From the device pool or the pinned pool (returned by the value's Drop).
-    #[allow(dead_code)]
-    Pooled(Box<dyn Send + Sync>),
+    /// From the device pool: returned to it, on the stream it was allocated for,
+    /// when the storage drops (after every op that used it completed).
+    Device {
+        alloc: hetero_memory::Allocation,
+        pool: Arc<hetero_memory::DevicePool>,
+        stream: hetero_memory::StreamId,
+    },
+    /// From the pinned pool (returned by the allocation's own Drop).
+    Pinned(hetero_memory::PinnedAllocation),
 }
 
 pub(crate) struct Storage {
@@ -61,34 +64,57 @@ const WRITER: u32 = 1 << 31;
 impl Storage {
     pub(crate) const ALIGN: usize = 256;
 
-    /// Zeroed memory from the global allocator.
-    pub(crate) fn heap(device: u64, kind: MemoryKind, bytes: usize) -> Result<Storage> {
+    /// `bytes` of device memory from `pool`, for use on `stream` (0: no stream).
+    /// Contents are unspecified (whatever the memory last held; never uninitialised).
+    pub(crate) fn device(
+        device: u64,
+        pool: &Arc<hetero_memory::DevicePool>,
+        bytes: usize,
+        stream: u64,
+    ) -> Result<Storage> {
         if bytes == 0 {
-            return Ok(Storage::from_parts(
-                device,
-                kind,
-                NonNull::dangling(),
-                0,
-                Backing::Empty,
-            ));
+            return Ok(Self::empty(device, MemoryKind::Device));
         }
-        let layout = Layout::from_size_align(bytes, Self::ALIGN).map_err(|_| {
-            Error::InvalidArgument(format!("a buffer of {bytes} bytes is too large"))
-        })?;
-        // SAFETY: `layout` has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "the host could not allocate {bytes} bytes; free buffers or allocate less"
-            ))
-        })?;
+        let alloc = pool.alloc(bytes, Self::ALIGN, stream)?;
+        if crate::clock::profiling() {
+            record_mem(hetero_trace::MemKind::Alloc, bytes, stream, pool);
+        }
+        let ptr = alloc.ptr();
         Ok(Storage::from_parts(
             device,
-            kind,
+            MemoryKind::Device,
             ptr,
             bytes,
-            Backing::Heap(layout),
+            Backing::Device {
+                alloc,
+                pool: pool.clone(),
+                stream,
+            },
         ))
+    }
+
+    /// `bytes` of pinned host memory from `pool`; contents unspecified.
+    pub(crate) fn pinned(
+        device: u64,
+        pool: &hetero_memory::PinnedPool,
+        bytes: usize,
+    ) -> Result<Storage> {
+        if bytes == 0 {
+            return Ok(Self::empty(device, MemoryKind::Pinned));
+        }
+        let alloc = pool.alloc(bytes, Self::ALIGN)?;
+        let ptr = alloc.ptr();
+        Ok(Storage::from_parts(
+            device,
+            MemoryKind::Pinned,
+            ptr,
+            bytes,
+            Backing::Pinned(alloc),
+        ))
+    }
+
+    fn empty(device: u64, kind: MemoryKind) -> Storage {
+        Storage::from_parts(device, kind, NonNull::dangling(), 0, Backing::Empty)
     }
 
     pub(crate) fn from_parts(
@@ -180,12 +206,44 @@ impl Drop for Storage {
     fn drop(&mut self) {
         match std::mem::replace(&mut self.backing, Backing::Empty) {
             Backing::Empty => {}
-            // SAFETY: allocated in `heap` with exactly this layout; no reference to
-            // the bytes outlives the storage (handles and ops hold the Arc).
-            Backing::Heap(layout) => unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) },
-            Backing::Pooled(alloc) => drop(alloc),
+            Backing::Device {
+                alloc,
+                pool,
+                stream,
+            } => {
+                if crate::clock::profiling() {
+                    record_mem(hetero_trace::MemKind::Free, self.bytes, stream, &pool);
+                }
+                // Every op holding this storage has completed (they hold the Arc), so
+                // no stream's work still uses the memory: no fences to pass. An engine
+                // frees what host threads allocate: past its own thread cache.
+                if crate::backend::on_engine_thread() {
+                    pool.free_shared(alloc, stream, Vec::new());
+                } else {
+                    pool.free(alloc, stream, Vec::new());
+                }
+            }
+            Backing::Pinned(alloc) => drop(alloc),
         }
     }
+}
+
+/// One pool event for the profiler, with the pool's totals after it.
+pub(crate) fn record_mem(
+    kind: hetero_trace::MemKind,
+    bytes: usize,
+    stream: u64,
+    pool: &hetero_memory::DevicePool,
+) {
+    let stats = pool.stats();
+    hetero_trace::record_mem(hetero_trace::MemRecord {
+        kind,
+        ts_ns: crate::clock::now_ns(),
+        bytes: bytes as u64,
+        stream,
+        reserved: stats.reserved as u64,
+        allocated: stats.allocated as u64,
+    });
 }
 
 impl std::fmt::Debug for Storage {

@@ -57,6 +57,8 @@ pub struct DeviceConfig {
     pub(crate) host_wait: CompletionMode,
     pub(crate) engine_idle: CompletionMode,
     pub(crate) ring_capacity: usize,
+    pub(crate) pool: Option<hetero_memory::PoolConfig>,
+    pub(crate) pinned: hetero_memory::PinnedConfig,
 }
 
 impl Default for DeviceConfig {
@@ -70,6 +72,8 @@ impl Default for DeviceConfig {
             host_wait: CompletionMode::default(),
             engine_idle: CompletionMode::default(),
             ring_capacity: 1024,
+            pool: None,
+            pinned: hetero_memory::PinnedConfig::default(),
         }
     }
 }
@@ -109,6 +113,20 @@ impl DeviceConfig {
     /// a power of two). Default 1024.
     pub fn stream_capacity(mut self, n: usize) -> Self {
         self.ring_capacity = n;
+        self
+    }
+
+    /// The device memory pool's configuration. Default: `HETERO_ALLOC_CONF` if set
+    /// (`key:value,key:value`; a bad key or value fails `Device::new`), else the
+    /// pool's defaults.
+    pub fn memory(mut self, pool: hetero_memory::PoolConfig) -> Self {
+        self.pool = Some(pool);
+        self
+    }
+
+    /// The pinned host pool's configuration.
+    pub fn pinned_memory(mut self, pinned: hetero_memory::PinnedConfig) -> Self {
+        self.pinned = pinned;
         self
     }
 

@@ -136,18 +136,50 @@ impl Device {
         })
     }
 
-    /// A zeroed device buffer of `len` elements.
+    /// A device buffer of `len` elements from the device pool, not tied to a stream.
+    /// Its contents are unspecified (like `cudaMalloc`): fill or copy before reading.
+    /// For stream-ordered allocation use [`Stream::alloc`].
     pub fn alloc<T: Pod>(&self, len: usize) -> Result<DeviceBuffer<T>> {
+        self.alloc_on(len, 0)
+    }
+
+    pub(crate) fn alloc_on<T: Pod>(&self, len: usize, stream: u64) -> Result<DeviceBuffer<T>> {
         let bytes = Self::bytes_for::<T>(len)?;
-        let s = self.inner.backend.allocate(MemoryKind::Device, bytes)?;
+        let s = self
+            .inner
+            .backend
+            .allocate(MemoryKind::Device, bytes, stream)?;
         Ok(DeviceBuffer::from_storage(Arc::new(s), len))
     }
 
-    /// A zeroed pinned host buffer of `len` elements.
+    /// A pinned host buffer of `len` elements from the pinned pool (pinned once per
+    /// chunk, sub-allocated after); contents unspecified.
     pub fn alloc_pinned<T: Pod>(&self, len: usize) -> Result<PinnedBuffer<T>> {
         let bytes = Self::bytes_for::<T>(len)?;
-        let s = self.inner.backend.allocate(MemoryKind::Pinned, bytes)?;
+        let s = self.inner.backend.allocate(MemoryKind::Pinned, bytes, 0)?;
         Ok(PinnedBuffer::from_storage(Arc::new(s), len))
+    }
+
+    /// The device pool's counters: allocated, reserved, peak, cache hit rate,
+    /// fragmentation, OS calls.
+    pub fn memory_stats(&self) -> hetero_memory::PoolStats {
+        self.inner.backend.pool().stats()
+    }
+
+    /// Every chunk, block and buffer of the device pool with its stream and state
+    /// (serialisable, like PyTorch's memory snapshot).
+    pub fn memory_snapshot(&self) -> hetero_memory::Snapshot {
+        self.inner.backend.pool().snapshot()
+    }
+
+    /// Returns cached, unused device memory to the OS; the bytes released.
+    pub fn trim(&self) -> usize {
+        self.inner.backend.pool().trim()
+    }
+
+    /// The pinned pool's counters.
+    pub fn pinned_stats(&self) -> hetero_memory::PinnedStats {
+        self.inner.backend.pinned_pool().stats()
     }
 
     /// A pinned host buffer holding a copy of `data`.

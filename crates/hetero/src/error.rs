@@ -90,9 +90,21 @@ pub enum Error {
         detail: &'static str,
     },
 
+    /// The device's memory could not satisfy an allocation (the message names the
+    /// requested, reserved, allocated, free and largest free bytes), or the memory
+    /// configuration is invalid.
+    #[error("{0}")]
+    Memory(#[source] Arc<hetero_memory::MemoryError>),
+
     /// A backend could not start (threads, OS resources).
     #[error("device setup failed: {0}")]
     Setup(String),
+}
+
+impl From<hetero_memory::MemoryError> for Error {
+    fn from(e: hetero_memory::MemoryError) -> Self {
+        Error::Memory(Arc::new(e))
+    }
 }
 
 /// Result type of the public API.

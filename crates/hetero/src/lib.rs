@@ -40,3 +40,9 @@ pub use kernel::{Block, Grid, Kernel, INLINE_KERNEL_ARGS, MAX_KERNEL_ARGS};
 pub use op::CopyKind;
 pub use stream::{Stream, PRIORITY_HIGHEST, PRIORITY_LOWEST};
 pub use system::SystemInfo;
+
+/// The memory layer's configuration and figures, as the device exposes them.
+pub use hetero_memory::{
+    HugePagePolicy, MemoryError, PinnedConfig, PinnedStats, PoolConfig, PoolStats, ReusePolicy,
+    Snapshot,
+};

@@ -81,6 +81,17 @@ impl Stream {
         &self.inner.device
     }
 
+    /// A device buffer of `len` elements allocated in stream order: the pool serves
+    /// it from this stream's cache first, and it returns there when its last use
+    /// completes (dropping the handle while work still uses it is fine). Contents are
+    /// unspecified.
+    pub fn alloc<T: Pod>(&self, len: usize) -> Result<DeviceBuffer<T>> {
+        if self.q().is_closed() {
+            return Err(Error::StreamDestroyed { stream: self.id() });
+        }
+        self.inner.device.alloc_on(len, self.id())
+    }
+
     /// Names the stream in profiles and traces.
     pub fn set_name(&self, name: impl Into<String>) {
         hetero_trace::set_stream_name(self.id(), name.into());

@@ -128,11 +128,20 @@ pub(crate) struct HostBackend {
     shared: Arc<Shared>,
     workers: Mutex<Vec<JoinHandle<()>>>,
     props: DeviceProperties,
+    /// Device memory: the host backend's chunks come from the OS layer.
+    pool: Arc<hetero_memory::DevicePool>,
+    pinned: hetero_memory::PinnedPool,
 }
 
 impl HostBackend {
     pub(crate) fn new(device: u64, config: DeviceConfig) -> Result<Self> {
         config.validate()?;
+        let pool_config = match &config.pool {
+            Some(p) => p.clone(),
+            None => hetero_memory::PoolConfig::from_env()?,
+        };
+        let pool = Arc::new(hetero_memory::DevicePool::new(pool_config)?);
+        let pinned = hetero_memory::PinnedPool::new(config.pinned.clone())?;
         let mask = |n: usize| CachePadded::new(AtomicU32::new(((1u64 << n) - 1) as u32));
         let shared = Arc::new(Shared {
             device,
@@ -169,7 +178,10 @@ impl HostBackend {
             let sh = shared.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("hetero-cu{index}"))
-                .spawn(move || Worker::new(index as u32).run(&sh))
+                .spawn(move || {
+                    super::mark_engine_thread();
+                    Worker::new(index as u32).run(&sh)
+                })
                 .map_err(|e| Error::Setup(format!("could not start worker thread: {e}")))?;
             workers.push(handle);
         }
@@ -177,6 +189,8 @@ impl HostBackend {
             shared,
             workers: Mutex::new(workers),
             props,
+            pool,
+            pinned,
         })
     }
 }
@@ -216,8 +230,19 @@ impl Backend for HostBackend {
         Ok(stream)
     }
 
-    fn allocate(&self, kind: MemoryKind, bytes: usize) -> Result<Storage> {
-        Storage::heap(self.shared.device, kind, bytes)
+    fn allocate(&self, kind: MemoryKind, bytes: usize, stream: u64) -> Result<Storage> {
+        match kind {
+            MemoryKind::Device => Storage::device(self.shared.device, &self.pool, bytes, stream),
+            MemoryKind::Pinned => Storage::pinned(self.shared.device, &self.pinned, bytes),
+        }
+    }
+
+    fn pool(&self) -> &Arc<hetero_memory::DevicePool> {
+        &self.pool
+    }
+
+    fn pinned_pool(&self) -> &hetero_memory::PinnedPool {
+        &self.pinned
     }
 
     fn synchronize(&self) -> Result<()> {

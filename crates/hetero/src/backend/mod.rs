@@ -12,6 +12,20 @@ use crate::timeline::Timeline;
 use crate::Result;
 use std::sync::Arc;
 
+thread_local! {
+    static ENGINE_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the calling thread as one of a backend's engine threads.
+pub(crate) fn mark_engine_thread() {
+    ENGINE_THREAD.with(|c| c.set(true));
+}
+
+/// Whether the calling thread is an engine thread (it frees what others allocate).
+pub(crate) fn on_engine_thread() -> bool {
+    ENGINE_THREAD.try_with(|c| c.get()).unwrap_or(false)
+}
+
 /// What a device is made of.
 #[derive(Debug, Clone)]
 pub struct DeviceProperties {
@@ -30,7 +44,12 @@ pub struct DeviceProperties {
 pub(crate) trait Backend: Send + Sync {
     fn properties(&self) -> &DeviceProperties;
     fn create_stream(&self, priority: u8) -> Result<Arc<dyn StreamQueue>>;
-    fn allocate(&self, kind: MemoryKind, bytes: usize) -> Result<Storage>;
+    /// `bytes` of `kind` memory; device memory is cached per `stream` (0: none).
+    fn allocate(&self, kind: MemoryKind, bytes: usize, stream: u64) -> Result<Storage>;
+    /// The device pool (every backend's device memory goes through one).
+    fn pool(&self) -> &Arc<hetero_memory::DevicePool>;
+    /// The pinned host pool.
+    fn pinned_pool(&self) -> &hetero_memory::PinnedPool;
     /// Waits until every operation submitted so far on any stream has completed.
     fn synchronize(&self) -> Result<()>;
     /// Stops the engines after all submitted work completed.

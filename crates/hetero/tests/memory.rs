@@ -1,0 +1,123 @@
+//! Device memory through the public API: stream-ordered allocation, reuse, stats,
+//! configuration errors, out-of-memory errors.
+
+use hetero::{Arg, Device, DeviceConfig, Error, Grid, Kernel, PoolConfig};
+use std::time::Duration;
+
+fn dev() -> Device {
+    Device::new(DeviceConfig::default().compute_units(2)).expect("host device")
+}
+
+#[test]
+fn memory_a_slow_kernel_uses_is_not_reused_by_another_stream() {
+    let d = dev();
+    let s = d.create_stream().unwrap();
+    let t = d.create_stream().unwrap();
+    let n = 64 * 1024;
+    let x = s.alloc::<u32>(n).unwrap();
+    // The kernel writes its buffer, waits, then checks nobody else wrote it.
+    let k = Kernel::new("slow-owner", |b| {
+        let out = b.write::<u32>(0);
+        out.fill(1);
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(
+            out.iter().all(|v| *v == 1),
+            "memory was reused under a running kernel"
+        );
+    });
+    s.launch(&k, Grid::new(1), &[Arg::write(&x)]).unwrap();
+    drop(x); // stream-ordered free while the kernel still runs
+    for _ in 0..8 {
+        let y = t.alloc::<u32>(n).unwrap();
+        t.fill(&y, 2).unwrap();
+        t.synchronize().unwrap();
+    }
+    s.synchronize().expect("the kernel's memory stayed its own");
+}
+
+#[test]
+fn memory_same_stream_reuse_hits_the_cache_without_os_calls() {
+    let d = dev();
+    let s = d.create_stream().unwrap();
+    // Each round keeps up to 8 buffers in flight; memory returns to the pool when
+    // their last use completes, so after a warm-up round the pool has what it needs.
+    let round = || {
+        for _ in 0..8 {
+            let b = s.alloc::<u8>(64 * 1024).unwrap();
+            s.fill(&b, 7).unwrap();
+        }
+        s.synchronize().unwrap();
+    };
+    for _ in 0..4 {
+        round();
+    }
+    let before = d.memory_stats();
+    for _ in 0..125 {
+        round();
+    }
+    let after = d.memory_stats();
+    assert_eq!(
+        before.os_calls.total(),
+        after.os_calls.total(),
+        "OS calls on the hot path after warm-up"
+    );
+    assert!(after.cache_hits > before.cache_hits);
+    assert!(after.allocations >= before.allocations + 1000);
+}
+
+#[test]
+fn memory_snapshot_and_trim() {
+    let d = dev();
+    let s = d.create_stream().unwrap();
+    let keep = s.alloc::<f32>(1000).unwrap();
+    {
+        let _tmp = s.alloc::<f32>(300_000).unwrap();
+    }
+    let snap = d.memory_snapshot();
+    assert!(!snap.chunks.is_empty());
+    let stats = d.memory_stats();
+    assert!(stats.reserved >= stats.allocated);
+    assert!(stats.allocated >= 4000);
+    let _ = d.trim();
+    s.fill(&keep, 1.0).unwrap();
+    assert_eq!(s.read_to_vec(&keep).unwrap()[999], 1.0);
+}
+
+#[test]
+fn memory_out_of_memory_is_a_typed_error_with_figures() {
+    let d =
+        Device::new(DeviceConfig::default().memory(PoolConfig::default().max_reserved(24 << 20)))
+            .unwrap();
+    let s = d.create_stream().unwrap();
+    let _a = s.alloc::<u8>(16 << 20).unwrap();
+    let err = s.alloc::<u8>(16 << 20).unwrap_err();
+    assert!(matches!(err, Error::Memory(_)), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("requested"), "{msg}");
+}
+
+#[test]
+fn memory_bad_pool_config_is_an_error_listing_keys() {
+    let err = PoolConfig::parse("no_such_key:1").unwrap_err().to_string();
+    assert!(err.contains("no_such_key"), "{err}");
+    assert!(
+        err.contains("max_split_size") || err.contains("valid"),
+        "{err}"
+    );
+}
+
+#[test]
+fn memory_pinned_buffers_come_from_the_pinned_pool() {
+    let d = dev();
+    let before = d.pinned_stats();
+    let bufs: Vec<_> = (0..8)
+        .map(|_| d.alloc_pinned::<u8>(64 * 1024).unwrap())
+        .collect();
+    drop(bufs);
+    let again: Vec<_> = (0..8)
+        .map(|_| d.alloc_pinned::<u8>(64 * 1024).unwrap())
+        .collect();
+    let after = d.pinned_stats();
+    assert!(format!("{after:?}") != format!("{before:?}"));
+    drop(again);
+}
