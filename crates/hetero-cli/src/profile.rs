@@ -32,22 +32,36 @@ pub fn run(
     }
     let _ = hetero_trace::take(); // start from an empty recorder
     hetero_trace::set_enabled(true);
+    let mut allocator = None;
     let result = (|| -> hetero::Result<bool> {
         let dev = Device::host()?;
         hetero_trace::set_device_name(dev.properties().name.clone());
         let mut progress = progress;
-        Ok(match workload {
+        let verified = match workload {
             "demo" => demo::run(&dev, cfg, &mut progress)?.verified,
             _ => {
                 progress("pipelined runs");
                 demo::pipeline(&dev, cfg)?.1
             }
-        })
+        };
+        let m = dev.memory_stats();
+        allocator = Some(hetero_profile::AllocatorStats {
+            cache_hits: m.cache_hits,
+            cache_misses: m.allocations.saturating_sub(m.cache_hits),
+            fragmentation: m.fragmentation,
+            reserved_bytes: m.reserved as u64,
+            allocated_bytes: m.allocated as u64,
+        });
+        Ok(verified)
     })();
     hetero_trace::set_enabled(false);
     let verified = result.map_err(|e| format!("{workload} failed: {e}"))?;
     let trace = hetero_trace::take();
-    let paths = hetero_profile::write_all(&trace, out)
+    let options = hetero_profile::ReportOptions {
+        allocator,
+        ..Default::default()
+    };
+    let paths = hetero_profile::write_all_with(&trace, out, &options)
         .map_err(|e| format!("could not write the profile into {}: {e}", out.display()))?;
     Ok(ProfileOutput {
         paths,

@@ -1082,6 +1082,7 @@ impl Shared {
             let rec = g.chunks[i].take().expect("checked above");
             g.reserved -= rec.chunk.size;
             released += rec.chunk.size;
+            record_chunk(hetero_trace::MemKind::ChunkUnmap, rec.chunk.size, g);
             unpoison(rec.chunk.ptr.as_ptr(), rec.chunk.size);
             self.source.unmap(rec.chunk);
         }
@@ -1109,6 +1110,7 @@ impl Shared {
         let head = g.tlsf[kind as usize].add_region(chunk.ptr.as_ptr() as u64, chunk.size as u64);
         g.reserved += chunk.size;
         g.peak_reserved = g.peak_reserved.max(g.reserved);
+        record_chunk(hetero_trace::MemKind::ChunkMap, chunk.size, g);
         let rec = ChunkRec { chunk, kind, head };
         match g.chunks.iter().position(Option::is_none) {
             Some(i) => g.chunks[i] = Some(rec),
@@ -1377,6 +1379,20 @@ impl Shared {
             stats,
             chunks,
         }
+    }
+}
+
+/// A chunk event for the profiler (one relaxed load when profiling is off).
+fn record_chunk(kind: hetero_trace::MemKind, bytes: usize, g: &Slow) {
+    if hetero_trace::enabled() {
+        hetero_trace::record_mem(hetero_trace::MemRecord {
+            kind,
+            ts_ns: hetero_trace::now_ns(),
+            bytes: bytes as u64,
+            stream: 0,
+            reserved: g.reserved as u64,
+            allocated: g.out.saturating_sub(g.pending_bytes) as u64,
+        });
     }
 }
 
