@@ -2,7 +2,7 @@
 //! once on one stream (serial) and once on three streams joined by events.
 //!
 //! Sizing: each chunk's kernel is one block (one compute unit) and is calibrated to
-//! take about twice one chunk's copy, so the stages map one-to-one onto engines as
+//! take about twice one chunk's copy (the mean of its H2D and D2H), so the stages map one-to-one onto engines as
 //! on an accelerator. The ideal speedup follows from the stage times measured in the
 //! serial run: `bound = (h2d + kernel + d2h) / max(h2d, kernel, d2h, (h2d + kernel + d2h) / cores)`.
 
@@ -195,7 +195,7 @@ pub fn pipeline(dev: &Device, cfg: DemoConfig) -> Result<(f64, bool)> {
     let mut b = Buffers::new(dev, cfg.chunks, n)?;
     let iters = match cfg.iters {
         Some(i) => i,
-        None => calibrate(dev, &b)?,
+        None => calibrate(dev, &mut b)?,
     };
     let k = scale_kernel(iters);
     let streams = stage_streams(dev)?;
@@ -231,46 +231,31 @@ fn clear_outputs(s: &Stream, b: &mut Buffers) -> Result<()> {
     s.synchronize()
 }
 
-/// Picks kernel passes so one chunk's kernel takes about twice its copy. Measured
-/// on the demo's own buffers, one chunk after another, so caches are as cold as in
-/// the timed runs.
-fn calibrate(dev: &Device, b: &Buffers) -> Result<u32> {
+/// Picks kernel passes so one chunk's kernel takes about twice one chunk's copy (the
+/// mean of its H2D and D2H, so `kernel ≈ h2d + d2h`: the two stages then balance on
+/// two engines), from
+/// serial runs with stage events over the demo's own buffers (the conditions the
+/// demo then measures): kernel time is about `fixed + per_pass * passes`, so two
+/// probes give the line, and one more run corrects the estimate.
+fn calibrate(dev: &Device, b: &mut Buffers) -> Result<u32> {
     let s = dev.create_stream()?;
-    let chunks = b.input.len();
-    let mut copies = Vec::new();
-    for c in 0..chunks {
-        let a = s.record_event()?;
-        s.copy_h2d(&b.input[c], &b.dev_in[c])?;
-        let e = s.record_event()?;
-        e.synchronize()?;
-        copies.push(a.elapsed_ms(&e)?);
-    }
-    let copy_ms = median(copies);
-    let time_kernel = |iters: u32| -> Result<f64> {
-        let k = scale_kernel(iters);
-        let mut v = Vec::new();
-        for c in 0..chunks {
-            let a = s.record_event()?;
-            s.launch(
-                &k,
-                Grid::new(1),
-                &[Arg::read(&b.dev_in[c]), Arg::write(&b.dev_out[c])],
-            )?;
-            let e = s.record_event()?;
-            e.synchronize()?;
-            v.push(a.elapsed_ms(&e)?);
-        }
-        Ok(median(v))
+    let chunks = b.input.len() as f64;
+    let mut stage = |passes: u32| -> Result<(f64, f64)> {
+        let (_, sums) = run_serial(&s, b, &scale_kernel(passes), true)?;
+        Ok(((sums[0] + sums[2]) / 2.0 / chunks, sums[1] / chunks))
     };
-    // Kernel time is about fixed + per_pass * passes: fit the line through two
-    // probes and solve for twice the copy time.
-    let (lo, hi) = (0u32, 16u32);
-    let (t_lo, t_hi) = (time_kernel(lo)?, time_kernel(hi)?);
-    let per_pass = ((t_hi - t_lo) / f64::from(hi - lo)).max(1e-9);
-    let passes = ((2.0 * copy_ms - t_lo) / per_pass)
-        .round()
-        .clamp(0.0, 100_000.0) as u32;
-    Ok(passes)
+    stage(0)?; // warm the buffers
+    let (h0, k0) = stage(0)?;
+    let (h1, k1) = stage(16)?;
+    let per_pass = ((k1 - k0) / 16.0).max(1.0);
+    let solve = |h: f64, k_at: f64, at: u32| -> u32 {
+        (f64::from(at) + (2.0 * h - k_at) / per_pass)
+            .round()
+            .clamp(0.0, 100_000.0) as u32
+    };
+    let guess = solve((h0 + h1) / 2.0, k0, 0);
+    let (h2, k2) = stage(guess)?;
+    Ok(solve(h2, k2, guess))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -286,7 +271,7 @@ pub fn run(dev: &Device, cfg: DemoConfig, mut progress: impl FnMut(&str)) -> Res
     progress("calibrating the kernel");
     let iters = match cfg.iters {
         Some(i) => i,
-        None => calibrate(dev, &b)?,
+        None => calibrate(dev, &mut b)?,
     };
     let k = scale_kernel(iters);
     let serial = dev.create_stream()?;

@@ -16,7 +16,9 @@ use std::sync::{Arc, Mutex};
 /// Dispatches a stream waits per level of priority it gains (backend/host.rs).
 const AGING_TICKS: usize = 16;
 /// Dispatches a priority-7 stream waits behind priority-0 work before it runs.
-const FULL_AGING: usize = 7 * AGING_TICKS;
+// A priority-7 stream ties with priority-0 work after 7 levels of aging; ties go to
+// the stream a worker just ran, so it wins one level later.
+const FULL_AGING: usize = (7 + 1) * AGING_TICKS;
 
 fn one_unit() -> Device {
     Device::new(

@@ -39,6 +39,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// Dispatches a waiting stream sits through before its priority improves a level.
+/// A priority-7 stream facing continuous priority-0 work runs after (7 + 1) × this.
 const AGING_TICKS: u64 = 16;
 
 struct HwQueue {
@@ -347,10 +348,13 @@ impl StreamQueue for HostStream {
 }
 
 impl HostStream {
-    fn effective_priority(&self, tick: u64) -> u8 {
-        let base = self.priority.load(Ordering::Relaxed);
+    /// Base priority minus one level per `AGING_TICKS` dispatches waited. It may go
+    /// below 0, so a starving stream eventually beats even priority-0 work that a
+    /// worker would otherwise keep running (ties go to the stream just run).
+    fn effective_priority(&self, tick: u64) -> i64 {
+        let base = i64::from(self.priority.load(Ordering::Relaxed));
         let waited = tick.saturating_sub(self.last_served.load(Ordering::Relaxed)) / AGING_TICKS;
-        base.saturating_sub(waited.min(7) as u8)
+        base - waited.min(1 << 20) as i64
     }
 }
 
@@ -506,7 +510,9 @@ struct Worker {
     index: u32,
     streams: Vec<Arc<HostStream>>,
     generation: u64,
-    candidates: Vec<(u8, u64, usize)>,
+    candidates: Vec<(i64, u8, u64, usize)>,
+    /// The stream of the last op this worker ran.
+    last_stream: u64,
     /// The last claim left other streams' ready work behind.
     more: bool,
 }
@@ -518,6 +524,7 @@ impl Worker {
             streams: Vec::new(),
             generation: u64::MAX,
             candidates: Vec::new(),
+            last_stream: 0,
             more: false,
         }
     }
@@ -639,15 +646,19 @@ impl Worker {
                 continue;
             }
             let served = s.last_served.load(Ordering::Relaxed);
+            // Within a priority level, keep running the stream this worker just ran:
+            // its next op is often ready at once (a chain of dependent ops on the
+            // critical path), and continuing costs no wake-up anywhere.
+            let affinity = u8::from(s.id != self.last_stream);
             self.candidates
-                .push((s.effective_priority(tick), served, i));
+                .push((s.effective_priority(tick), affinity, served, i));
         }
         if self.candidates.is_empty() {
             return None;
         }
         self.candidates.sort_unstable();
         for k in 0..self.candidates.len() {
-            let stream = self.streams[self.candidates[k].2].clone();
+            let stream = self.streams[self.candidates[k].3].clone();
             let queue = &sh.queues[stream.queue];
             if queue
                 .busy
@@ -698,6 +709,7 @@ impl Worker {
             } => (stream, op, value, engine),
         };
         let stream = &stream;
+        self.last_stream = stream.id;
         let start_ns = if crate::clock::profiling() {
             crate::clock::now_ns()
         } else {
