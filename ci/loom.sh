@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Model-checks the lock-free parts with loom: the op ring (submission queue), the
-# timeline and parker (events, host waits), and hetero-trace's chunked log.
+# timeline and parker (events, host waits), hetero-trace's chunked log and
+# hetero-memory's try-lock.
 #
 #   ci/loom.sh            # every loom test
 #   ci/loom.sh timeline   # only those whose name contains "timeline"
@@ -20,7 +21,9 @@ export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
 echo "== loom: hetero"
 cargo test -p hetero --release --lib "$filter"
 
-if grep -rqs "cfg(all(test, loom))" crates/hetero-trace/src; then
-    echo "== loom: hetero-trace"
-    cargo test -p hetero-trace --release --lib "$filter"
-fi
+echo "== loom: hetero-trace"
+cargo test -p hetero-trace --release --lib "$filter"
+
+echo "== loom: hetero-memory"
+cargo test -p hetero-memory --release --lib "$filter"
+

@@ -33,6 +33,37 @@ fn wait_count(done: &AtomicUsize, target: usize) {
     }
 }
 
+/// Per-send ns of handing an item to a consumer thread: `send` on this thread,
+/// `recv` on the consumer until it returns `None` (the sender dropped).
+fn channel_samples(
+    batches: usize,
+    send: impl Fn(u64) -> bool,
+    recv: impl FnMut() -> Option<u64> + Send + 'static,
+) -> Vec<f64> {
+    let done = Arc::new(AtomicUsize::new(0));
+    let d2 = done.clone();
+    let mut recv = recv;
+    let consumer = std::thread::spawn(move || {
+        while recv().is_some() {
+            d2.fetch_add(1, Ordering::Release);
+        }
+    });
+    let sent = std::cell::Cell::new(0usize);
+    let v = sample(
+        batches,
+        || {
+            for i in 0..BATCH {
+                assert!(send(i as u64), "consumer alive");
+            }
+            sent.set(sent.get() + BATCH);
+        },
+        || wait_count(&done, sent.get()),
+    );
+    drop(send); // closes the channel: the consumer ends
+    let _ = consumer.join();
+    v
+}
+
 /// Per-launch ns of an empty one-block kernel, batch means, on a fresh device.
 pub fn hetero_submit_samples(batches: usize) -> Vec<f64> {
     let dev = Device::host().expect("host device");
@@ -56,56 +87,13 @@ pub fn run(quick: bool) -> BenchReport {
     let mut v = hetero_submit_samples(batches);
     rep.push_samples("hetero/submit", "ns", &mut v);
 
-    // crossbeam-channel: send to a consumer thread.
-    {
-        let (tx, rx) = crossbeam_channel::unbounded::<u64>();
-        let done = Arc::new(AtomicUsize::new(0));
-        let d2 = done.clone();
-        let consumer = std::thread::spawn(move || {
-            for _ in rx {
-                d2.fetch_add(1, Ordering::Release);
-            }
-        });
-        let sent = std::cell::Cell::new(0usize);
-        let mut v = sample(
-            batches,
-            || {
-                for i in 0..BATCH {
-                    tx.send(i as u64).expect("send");
-                }
-                sent.set(sent.get() + BATCH);
-            },
-            || wait_count(&done, sent.get()),
-        );
-        drop(tx);
-        let _ = consumer.join();
-        rep.push_samples("crossbeam-channel/send", "ns", &mut v);
-    }
-    // std mpsc.
-    {
-        let (tx, rx) = std::sync::mpsc::channel::<u64>();
-        let done = Arc::new(AtomicUsize::new(0));
-        let d2 = done.clone();
-        let consumer = std::thread::spawn(move || {
-            for _ in rx {
-                d2.fetch_add(1, Ordering::Release);
-            }
-        });
-        let sent = std::cell::Cell::new(0usize);
-        let mut v = sample(
-            batches,
-            || {
-                for i in 0..BATCH {
-                    tx.send(i as u64).expect("send");
-                }
-                sent.set(sent.get() + BATCH);
-            },
-            || wait_count(&done, sent.get()),
-        );
-        drop(tx);
-        let _ = consumer.join();
-        rep.push_samples("std-mpsc/send", "ns", &mut v);
-    }
+    // Channels: send to a consumer thread that drains them.
+    let (tx, rx) = crossbeam_channel::unbounded::<u64>();
+    let mut v = channel_samples(batches, move |i| tx.send(i).is_ok(), move || rx.recv().ok());
+    rep.push_samples("crossbeam-channel/send", "ns", &mut v);
+    let (tx, rx) = std::sync::mpsc::channel::<u64>();
+    let mut v = channel_samples(batches, move |i| tx.send(i).is_ok(), move || rx.recv().ok());
+    rep.push_samples("std-mpsc/send", "ns", &mut v);
     // rayon::spawn of an empty task.
     {
         let pool = rayon::ThreadPoolBuilder::new().build().expect("rayon pool");
