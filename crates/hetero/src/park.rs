@@ -53,18 +53,42 @@ impl Parker {
     #[inline]
     pub(crate) fn wake_one_if_idle(&self) {
         crate::loom::fence(Ordering::SeqCst);
-        if self.searching.load(Ordering::Relaxed) == 0 && self.sleepers.load(Ordering::Relaxed) != 0
+        // `sleepers` first: it changes only when an engine parks or wakes, while
+        // `searching` changes around every op an engine runs (a shared-line miss).
+        if self.sleepers.load(Ordering::Relaxed) != 0 && self.searching.load(Ordering::Relaxed) == 0
         {
             self.wake_slow(1);
         }
     }
 
-    /// Marks the calling thread as polling (see `wake_one_if_idle`).
-    pub(crate) fn begin_search(&self) {
+    /// Marks the calling thread as polling (see `wake_one_if_idle`), unless `max`
+    /// threads already poll: then it returns false and the caller should park. More
+    /// pollers than that only take cores from the threads doing the work.
+    pub(crate) fn try_begin_search(&self, max: u32) -> bool {
+        let mut n = self.searching.load(Ordering::Relaxed);
+        loop {
+            if n >= max {
+                return false;
+            }
+            match self.searching.compare_exchange_weak(
+                n,
+                n + 1,
+                Ordering::SeqCst,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(now) => n = now,
+            }
+        }
+    }
+
+    /// Counts the calling thread as polling whatever the cap (an engine between
+    /// finishing an op and its next look for work).
+    pub(crate) fn begin_search_unbounded(&self) {
         self.searching.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// Ends a `begin_search`.
+    /// Ends a `try_begin_search` or `begin_search_unbounded`.
     pub(crate) fn end_search(&self) {
         self.searching.fetch_sub(1, Ordering::SeqCst);
     }
@@ -161,14 +185,21 @@ impl Parker {
 /// the thread it waits for). Returns whether `ready` became true.
 pub(crate) fn spin_for(budget: Duration, ready: &mut impl FnMut() -> bool) -> bool {
     const PURE_SPIN: Duration = Duration::from_micros(50);
+    // Pauses between polls grow to this many: a poller that reads shared lines in a
+    // tight loop slows the threads that write them (submitters, completers).
+    const MAX_PAUSES: u32 = 32;
     let start = Instant::now();
     let pure = budget.min(PURE_SPIN);
+    let mut pauses = 1;
     loop {
-        for _ in 0..32 {
+        for _ in 0..8 {
             if ready() {
                 return true;
             }
-            crate::loom::spin_hint();
+            for _ in 0..pauses {
+                crate::loom::spin_hint();
+            }
+            pauses = (pauses * 2).min(MAX_PAUSES);
         }
         let waited = start.elapsed();
         if waited >= budget {

@@ -43,7 +43,8 @@ use std::time::Duration;
 const AGING_TICKS: u64 = 16;
 
 struct HwQueue {
-    busy: CachePadded<AtomicBool>,
+    /// Shared with the queue's streams, whose submitters read it.
+    busy: Arc<CachePadded<AtomicBool>>,
     streams: AtomicUsize,
 }
 
@@ -70,7 +71,11 @@ pub(crate) struct HostStream {
     priority: AtomicU8,
     queue: usize,
     closed: AtomicBool,
-    last_served: AtomicU64,
+    /// The hardware queue's in-flight flag.
+    queue_busy: Arc<CachePadded<AtomicBool>>,
+    /// Written by engines at every completion: on its own line, away from the
+    /// fields submitters read.
+    last_served: CachePadded<AtomicU64>,
     idle: Arc<Parker>,
     shared: Weak<Shared>,
     host_wait: CompletionMode,
@@ -148,7 +153,7 @@ impl HostBackend {
             device,
             queues: (0..config.hardware_queues)
                 .map(|_| HwQueue {
-                    busy: CachePadded::new(AtomicBool::new(false)),
+                    busy: Arc::new(CachePadded::new(AtomicBool::new(false))),
                     streams: AtomicUsize::new(0),
                 })
                 .collect(),
@@ -220,7 +225,8 @@ impl Backend for HostBackend {
             priority: AtomicU8::new(priority),
             queue,
             closed: AtomicBool::new(false),
-            last_served: AtomicU64::new(sh.tick.load(Ordering::Relaxed)),
+            queue_busy: sh.queues[queue].busy.clone(),
+            last_served: CachePadded::new(AtomicU64::new(sh.tick.load(Ordering::Relaxed))),
             idle: sh.idle.clone(),
             shared: Arc::downgrade(sh),
             host_wait: sh.config.host_wait,
@@ -296,7 +302,14 @@ impl StreamQueue for HostStream {
         loop {
             match self.ring.try_push(op) {
                 Ok(pos) => {
-                    self.idle.wake_one_if_idle();
+                    // While an op of this queue is in flight, the engine running it
+                    // looks for work when it completes (after a fence that pairs with
+                    // this one) and will see this op: waking another engine, a
+                    // syscall that costs tens of µs in a VM, would buy nothing.
+                    std::sync::atomic::fence(Ordering::SeqCst);
+                    if !self.queue_busy.load(Ordering::Relaxed) {
+                        self.idle.wake_one_if_idle();
+                    }
                     return Ok(pos + 1);
                 }
                 Err(back) => {
@@ -450,11 +463,24 @@ impl Shared {
         let t = self.tick.fetch_add(1, Ordering::Relaxed);
         stream.last_served.store(t + 1, Ordering::Relaxed);
         // No wake here: this worker looks for work next, and wakes another if it
-        // finds more than it can take (`Worker::claim`).
+        // finds more than it can take (`Worker::claim`). Until that look it counts
+        // as searching, so a submitter that sees the queue idle in this gap does
+        // not wake a sleeper for work this worker is about to take.
+        self.idle.begin_search_unbounded();
+        LOOKING.with(|l| l.set(true));
         self.queues[stream.queue]
             .busy
             .store(false, Ordering::Release);
+        // Pairs with the submitter's fence: either it sees the queue idle (and wakes
+        // an engine if needed) or our next look for work sees its op.
+        std::sync::atomic::fence(Ordering::SeqCst);
     }
+}
+
+thread_local! {
+    /// Set by `Shared::finish`: this engine counts as searching until its next look
+    /// for work (`Worker::run`).
+    static LOOKING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Who ran an op and when it started; `start_ns` is 0 when profiling is off.
@@ -531,7 +557,12 @@ impl Worker {
 
     fn run(mut self, sh: &Shared) {
         loop {
-            if self.run_one(sh) {
+            let found = self.claim(sh);
+            if LOOKING.with(|l| l.replace(false)) {
+                sh.idle.end_search();
+            }
+            if let Some(work) = found {
+                self.execute(sh, work);
                 continue;
             }
             if sh.shutdown.load(Ordering::SeqCst) && self.all_drained(sh) {
@@ -558,7 +589,15 @@ impl Worker {
     /// Polls for work for `budget` (forever if `None`) while counted as searching,
     /// so submitters skip the futex wake. Returns early on shutdown.
     fn search(&mut self, sh: &Shared, budget: Option<Duration>) -> Option<Work> {
-        sh.idle.begin_search();
+        // At most half the engines (at least one) poll at a time; the others park.
+        // With Spin or Yield idling every engine polls, as configured.
+        let max = match budget {
+            Some(_) => (sh.config.compute_units as u32 / 2).max(1),
+            None => u32::MAX,
+        };
+        if !sh.idle.try_begin_search(max) {
+            return None;
+        }
         let mut found = None;
         let mut poll = || {
             found = self.claim(sh);
@@ -619,17 +658,6 @@ impl Worker {
         }
     }
 
-    /// Dispatches one op (or helps a running kernel). Returns whether it did work.
-    fn run_one(&mut self, sh: &Shared) -> bool {
-        match self.claim(sh) {
-            Some(work) => {
-                self.execute(sh, work);
-                true
-            }
-            None => false,
-        }
-    }
-
     /// Finds and takes one unit of work: blocks of a running kernel, or the oldest op
     /// of the most urgent ready stream (its queue stays claimed until it completes).
     fn claim(&mut self, sh: &Shared) -> Option<Work> {
@@ -642,7 +670,9 @@ impl Worker {
         let tick = sh.tick.load(Ordering::Relaxed);
         self.candidates.clear();
         for (i, s) in self.streams.iter().enumerate() {
-            if s.ring.is_empty() || sh.queues[s.queue].busy.load(Ordering::Relaxed) {
+            // The queue flag first: it changes once per op, while the ring's tail
+            // changes at every submission (reading it costs the submitter a miss).
+            if sh.queues[s.queue].busy.load(Ordering::Relaxed) || s.ring.is_empty() {
                 continue;
             }
             let served = s.last_served.load(Ordering::Relaxed);
