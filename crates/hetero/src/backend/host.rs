@@ -38,13 +38,23 @@ use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+/// `HwQueue::busy`: no op of the queue is being claimed or run.
+const IDLE: u8 = 0;
+/// An engine holds the queue while it looks at its streams' oldest ops; it may find
+/// none ready and release it without running anything (so a submitter that sees
+/// this state must not count on it).
+const CLAIMING: u8 = 1;
+/// An op of the queue is in flight; the engine that completes it looks for work
+/// right after (`Shared::finish`).
+const RUNNING: u8 = 2;
+
 /// Dispatches a waiting stream sits through before its priority improves a level.
 /// A priority-7 stream facing continuous priority-0 work runs after (7 + 1) × this.
 const AGING_TICKS: u64 = 16;
 
 struct HwQueue {
     /// Shared with the queue's streams, whose submitters read it.
-    busy: Arc<CachePadded<AtomicBool>>,
+    busy: Arc<CachePadded<AtomicU8>>,
     streams: AtomicUsize,
 }
 
@@ -72,7 +82,7 @@ pub(crate) struct HostStream {
     queue: usize,
     closed: AtomicBool,
     /// The hardware queue's in-flight flag.
-    queue_busy: Arc<CachePadded<AtomicBool>>,
+    queue_busy: Arc<CachePadded<AtomicU8>>,
     /// Written by engines at every completion: on its own line, away from the
     /// fields submitters read.
     last_served: CachePadded<AtomicU64>,
@@ -153,7 +163,7 @@ impl HostBackend {
             device,
             queues: (0..config.hardware_queues)
                 .map(|_| HwQueue {
-                    busy: Arc::new(CachePadded::new(AtomicBool::new(false))),
+                    busy: Arc::new(CachePadded::new(AtomicU8::new(IDLE))),
                     streams: AtomicUsize::new(0),
                 })
                 .collect(),
@@ -307,7 +317,7 @@ impl StreamQueue for HostStream {
                     // this one) and will see this op: waking another engine, a
                     // syscall that costs tens of µs in a VM, would buy nothing.
                     std::sync::atomic::fence(Ordering::SeqCst);
-                    if !self.queue_busy.load(Ordering::Relaxed) {
+                    if self.queue_busy.load(Ordering::Relaxed) != RUNNING {
                         self.idle.wake_one_if_idle();
                     }
                     return Ok(pos + 1);
@@ -468,9 +478,7 @@ impl Shared {
         // not wake a sleeper for work this worker is about to take.
         self.idle.begin_search_unbounded();
         LOOKING.with(|l| l.set(true));
-        self.queues[stream.queue]
-            .busy
-            .store(false, Ordering::Release);
+        self.queues[stream.queue].busy.store(IDLE, Ordering::Release);
         // Pairs with the submitter's fence: either it sees the queue idle (and wakes
         // an engine if needed) or our next look for work sees its op.
         std::sync::atomic::fence(Ordering::SeqCst);
@@ -672,7 +680,7 @@ impl Worker {
         for (i, s) in self.streams.iter().enumerate() {
             // The queue flag first: it changes once per op, while the ring's tail
             // changes at every submission (reading it costs the submitter a miss).
-            if sh.queues[s.queue].busy.load(Ordering::Relaxed) || s.ring.is_empty() {
+            if sh.queues[s.queue].busy.load(Ordering::Relaxed) != IDLE || s.ring.is_empty() {
                 continue;
             }
             let served = s.last_served.load(Ordering::Relaxed);
@@ -692,16 +700,17 @@ impl Worker {
             let queue = &sh.queues[stream.queue];
             if queue
                 .busy
-                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .compare_exchange(IDLE, CLAIMING, Ordering::Acquire, Ordering::Relaxed)
                 .is_err()
             {
                 continue;
             }
             if let Some(work) = self.try_claim(sh, &stream) {
+                queue.busy.store(RUNNING, Ordering::Relaxed);
                 self.more = k + 1 < self.candidates.len();
                 return Some(work);
             }
-            queue.busy.store(false, Ordering::Release);
+            queue.busy.store(IDLE, Ordering::Release);
         }
         None
     }
