@@ -6,7 +6,9 @@
 //! on an accelerator. The ideal speedup follows from the stage times measured in the
 //! serial run: `bound = (h2d + kernel + d2h) / max(h2d, kernel, d2h, (h2d + kernel + d2h) / cores)`.
 
-use hetero::{Arg, Device, DeviceBuffer, Event, Grid, Kernel, PinnedBuffer, Result, Stream};
+use hetero::{
+    Arg, Device, DeviceBuffer, Event, Grid, Kernel, PinnedBuffer, Result, Stream, PRIORITY_HIGHEST,
+};
 use serde::Serialize;
 use std::time::{Duration, Instant};
 
@@ -105,14 +107,14 @@ impl Buffers {
     }
 }
 
-/// Serial run on one stream; with `stages`, events around each stage give the stage
-/// times (summed over chunks, in ns).
+/// Serial run on one stream; with `stages`, events around each stage give each
+/// chunk's stage times (ns), per stage.
 fn run_serial(
     s: &Stream,
     b: &mut Buffers,
     k: &Kernel,
     stages: bool,
-) -> Result<(Duration, [f64; 3])> {
+) -> Result<(Duration, [Vec<f64>; 3])> {
     let t0 = Instant::now();
     let mut marks: Vec<[Event; 4]> = Vec::new();
     for c in 0..b.input.len() {
@@ -140,13 +142,13 @@ fn run_serial(
     }
     s.synchronize()?;
     let wall = t0.elapsed();
-    let mut sums = [0.0; 3];
+    let mut times: [Vec<f64>; 3] = Default::default();
     for ev in &marks {
-        for (st, sum) in sums.iter_mut().enumerate() {
-            *sum += ev[st].elapsed_ms(&ev[st + 1])? * 1e6;
+        for (st, t) in times.iter_mut().enumerate() {
+            t.push(ev[st].elapsed_ms(&ev[st + 1])? * 1e6);
         }
     }
-    Ok((wall, sums))
+    Ok((wall, times))
 }
 
 /// Pipelined run: one stream per stage, chunk `c` handed from stage to stage by events.
@@ -172,11 +174,15 @@ fn run_pipelined(streams: &[Stream; 3], b: &mut Buffers, k: &Kernel) -> Result<D
     Ok(t0.elapsed())
 }
 
+/// One stream per stage. The kernel stage is the pipeline's critical path (it is the
+/// longest stage and one stream runs its kernels in order), so it gets the highest
+/// priority: when an engine frees up and the next kernel is ready, it runs before a
+/// copy that is far ahead of it. The copy stages keep progressing (aging).
 fn stage_streams(dev: &Device) -> Result<[Stream; 3]> {
     let streams = [
-        dev.create_stream()?,
-        dev.create_stream()?,
-        dev.create_stream()?,
+        dev.create_stream_with_priority(4)?,
+        dev.create_stream_with_priority(PRIORITY_HIGHEST)?,
+        dev.create_stream_with_priority(4)?,
     ];
     for (s, name) in streams
         .iter()
@@ -239,10 +245,10 @@ fn clear_outputs(s: &Stream, b: &mut Buffers) -> Result<()> {
 /// probes give the line, and one more run corrects the estimate.
 fn calibrate(dev: &Device, b: &mut Buffers) -> Result<u32> {
     let s = dev.create_stream()?;
-    let chunks = b.input.len() as f64;
     let mut stage = |passes: u32| -> Result<(f64, f64)> {
-        let (_, sums) = run_serial(&s, b, &scale_kernel(passes), true)?;
-        Ok(((sums[0] + sums[2]) / 2.0 / chunks, sums[1] / chunks))
+        // Medians per chunk: one preempted chunk must not skew the sizing.
+        let [h2d, kernel, d2h] = run_serial(&s, b, &scale_kernel(passes), true)?.1;
+        Ok(((median(h2d) + median(d2h)) / 2.0, median(kernel)))
     };
     stage(0)?; // warm the buffers
     let (h0, k0) = stage(0)?;
@@ -284,7 +290,7 @@ pub fn run(dev: &Device, cfg: DemoConfig, mut progress: impl FnMut(&str)) -> Res
 
     let reps = cfg.reps.max(1);
     let mut serial_ms = Vec::new();
-    let mut stage_sums = Vec::new();
+    let mut stage_times: [Vec<f64>; 3] = Default::default();
     let mut verified = true;
     for r in 0..reps {
         progress(&format!("serial run {}/{reps}", r + 1));
@@ -294,8 +300,10 @@ pub fn run(dev: &Device, cfg: DemoConfig, mut progress: impl FnMut(&str)) -> Res
         verified &= verify(&b, iters)?;
         // Stage times come from a separate run with events between stages, so the
         // markers do not slow the timed run.
-        let (_, sums) = run_serial(&serial, &mut b, &k, true)?;
-        stage_sums.push(sums);
+        let (_, times) = run_serial(&serial, &mut b, &k, true)?;
+        for (all, t) in stage_times.iter_mut().zip(times) {
+            all.extend(t);
+        }
     }
     let mut pipe_ms = Vec::new();
     for r in 0..reps {
@@ -304,7 +312,7 @@ pub fn run(dev: &Device, cfg: DemoConfig, mut progress: impl FnMut(&str)) -> Res
         pipe_ms.push(run_pipelined(&streams, &mut b, &k)?.as_secs_f64() * 1e3);
         verified &= verify(&b, iters)?;
     }
-    let stage = |i: usize| median(stage_sums.iter().map(|s| s[i]).collect()) / cfg.chunks as f64;
+    let stage = |i: usize| median(stage_times[i].clone());
     let (h2d_ns, k_ns, d2h_ns) = (stage(0), stage(1), stage(2));
     let total = h2d_ns + k_ns + d2h_ns;
     let bound = total / h2d_ns.max(k_ns).max(d2h_ns).max(total / cores as f64);

@@ -23,6 +23,12 @@ pub(crate) struct Parker {
     /// Threads polling for the condition without sleeping (engines looking for
     /// work). While one polls, a waker need not wake anybody.
     searching: CachePadded<AtomicU32>,
+    /// A wake from `wake_one_if_idle` is on its way and its sleeper has not looked
+    /// yet: further such wakes would only repeat the syscall (tens of µs in a VM,
+    /// while the wakee takes as long to run). Cleared by a sleeper when it enters
+    /// `park_for` and whenever it returns from the futex, before it looks for work:
+    /// a waker that skipped because of the flag pushed its work before that look.
+    pending: CachePadded<AtomicU32>,
     /// Under loom the futex is modelled by a mutex and condition variable, so a lost
     /// wake-up shows as a deadlock rather than as an endless spin.
     #[cfg(loom)]
@@ -41,6 +47,7 @@ impl Parker {
             word: CachePadded::new(AtomicU32::new(0)),
             sleepers: CachePadded::new(AtomicU32::new(0)),
             searching: CachePadded::new(AtomicU32::new(0)),
+            pending: CachePadded::new(AtomicU32::new(0)),
             #[cfg(loom)]
             futex: LoomFutex::default(),
         }
@@ -55,7 +62,9 @@ impl Parker {
         crate::loom::fence(Ordering::SeqCst);
         // `sleepers` first: it changes only when an engine parks or wakes, while
         // `searching` changes around every op an engine runs (a shared-line miss).
-        if self.sleepers.load(Ordering::Relaxed) != 0 && self.searching.load(Ordering::Relaxed) == 0
+        if self.sleepers.load(Ordering::Relaxed) != 0
+            && self.searching.load(Ordering::Relaxed) == 0
+            && self.pending.swap(1, Ordering::SeqCst) == 0
         {
             self.wake_slow(1);
         }
@@ -139,6 +148,7 @@ impl Parker {
     /// as a sleeper only while `claim` looks; it should not do long work inside it.
     pub(crate) fn park_for<W>(&self, mut claim: impl FnMut() -> Option<W>) -> W {
         self.sleepers.fetch_add(1, Ordering::SeqCst);
+        self.pending.store(0, Ordering::SeqCst);
         // Pairs with the waker's fence: our later look at the condition cannot be
         // ordered before the registration.
         crate::loom::fence(Ordering::SeqCst);
@@ -148,6 +158,8 @@ impl Parker {
                 break w;
             }
             self.futex_wait(seen, None);
+            self.pending.store(0, Ordering::SeqCst);
+            crate::loom::fence(Ordering::SeqCst);
         };
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
         got

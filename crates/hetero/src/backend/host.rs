@@ -81,6 +81,11 @@ pub(crate) struct HostStream {
     priority: AtomicU8,
     queue: usize,
     closed: AtomicBool,
+    /// What the oldest op waits for, packed by `wait_hint_of` (0: unknown). Set and
+    /// cleared only by the engine holding the queue; a hint to skip the stream
+    /// without claiming the queue (claiming a stream that cannot run, again and
+    /// again, holds the queue: an engine preempted there stalls it for a time slice).
+    wait_hint: AtomicU64,
     /// The hardware queue's in-flight flag.
     queue_busy: Arc<CachePadded<AtomicU8>>,
     /// Written by engines at every completion: on its own line, away from the
@@ -236,6 +241,7 @@ impl Backend for HostBackend {
             queue,
             closed: AtomicBool::new(false),
             queue_busy: sh.queues[queue].busy.clone(),
+            wait_hint: AtomicU64::new(0),
             last_served: CachePadded::new(AtomicU64::new(sh.tick.load(Ordering::Relaxed))),
             idle: sh.idle.clone(),
             shared: Arc::downgrade(sh),
@@ -478,7 +484,9 @@ impl Shared {
         // not wake a sleeper for work this worker is about to take.
         self.idle.begin_search_unbounded();
         LOOKING.with(|l| l.set(true));
-        self.queues[stream.queue].busy.store(IDLE, Ordering::Release);
+        self.queues[stream.queue]
+            .busy
+            .store(IDLE, Ordering::Release);
         // Pairs with the submitter's fence: either it sees the queue idle (and wakes
         // an engine if needed) or our next look for work sees its op.
         std::sync::atomic::fence(Ordering::SeqCst);
@@ -489,6 +497,33 @@ thread_local! {
     /// Set by `Shared::finish`: this engine counts as searching until its next look
     /// for work (`Worker::run`).
     static LOOKING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+const HINT_VALUE_BITS: u32 = 44;
+
+/// `(stream, value)` of a wait op packed in one word (so it is read untorn), or
+/// `None` when the op is not a wait or the numbers do not fit.
+fn wait_hint_of(op: &Op) -> Option<u64> {
+    match &op.body {
+        Body::Wait { timeline, value }
+            if timeline.stream < (1 << (64 - HINT_VALUE_BITS))
+                && *value < (1 << HINT_VALUE_BITS)
+                && timeline.stream != 0 =>
+        {
+            Some(timeline.stream << HINT_VALUE_BITS | value)
+        }
+        _ => None,
+    }
+}
+
+/// Whether the point a hint names is still ahead (a stream not in `streams` is
+/// treated as reached: claim and look).
+fn blocked(streams: &[Arc<HostStream>], hint: u64) -> bool {
+    let (id, value) = (hint >> HINT_VALUE_BITS, hint & ((1 << HINT_VALUE_BITS) - 1));
+    streams
+        .iter()
+        .find(|s| s.id == id)
+        .is_some_and(|s| !s.timeline.is_reached(value))
 }
 
 /// Who ran an op and when it started; `start_ns` is 0 when profiling is off.
@@ -683,6 +718,10 @@ impl Worker {
             if sh.queues[s.queue].busy.load(Ordering::Relaxed) != IDLE || s.ring.is_empty() {
                 continue;
             }
+            let hint = s.wait_hint.load(Ordering::Acquire);
+            if hint != 0 && blocked(&self.streams, hint) {
+                continue;
+            }
             let served = s.last_served.load(Ordering::Relaxed);
             // Within a priority level, keep running the stream this worker just ran:
             // its next op is often ready at once (a chain of dependent ops on the
@@ -719,14 +758,27 @@ impl Worker {
     fn try_claim(&mut self, sh: &Shared, stream: &Arc<HostStream>) -> Option<Work> {
         // SAFETY: the caller holds the stream's hardware-queue claim, which makes this
         // thread the ring's only consumer.
-        let decision = unsafe { stream.ring.peek_with(|op, _| sh.readiness(stream, op)) };
+        let decision = unsafe {
+            stream
+                .ring
+                .peek_with(|op, _| (sh.readiness(stream, op), wait_hint_of(op)))
+        };
         let engine = match decision {
-            None | Some(Readiness::NotReady) => return None,
-            Some(Readiness::Skip) => None,
-            Some(Readiness::Ready(e)) => Some(e),
+            None => return None,
+            Some((Readiness::NotReady, hint)) => {
+                // Tell other engines what the head waits for, so they skip this
+                // stream without claiming its queue until that point is reached.
+                if let Some(h) = hint {
+                    stream.wait_hint.store(h, Ordering::Release);
+                }
+                return None;
+            }
+            Some((Readiness::Skip, _)) => None,
+            Some((Readiness::Ready(e), _)) => Some(e),
         };
         // SAFETY: as above; `peek_with` saw the value, so `pop` returns it.
         let (op, pos) = unsafe { stream.ring.pop() }.expect("peeked op is still there");
+        stream.wait_hint.store(0, Ordering::Relaxed);
         Some(Work::Op {
             stream: stream.clone(),
             op,
