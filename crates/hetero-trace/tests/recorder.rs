@@ -62,13 +62,16 @@ fn recorder_multi_thread_record_and_take() {
         })
         .collect();
     // Take concurrently with the writers, then again after they finish.
-    let mut ops = hetero_trace::take().ops;
+    let first = hetero_trace::take();
+    let mut ops = first.ops;
+    let mut mem_all = first.mem;
     for h in handles {
         h.join().expect("recording thread");
     }
     hetero_trace::set_enabled(false);
     let rest = hetero_trace::take();
     ops.extend(rest.ops.iter().copied());
+    mem_all.extend(rest.mem.iter().copied());
     for t in 0..THREADS {
         let mut seqs: Vec<u64> = ops
             .iter()
@@ -82,8 +85,7 @@ fn recorder_multi_thread_record_and_take() {
             "thread {t}: each record exactly once"
         );
     }
-    let mems = rest
-        .mem
+    let mems = mem_all
         .iter()
         .filter(|m| (100..100 + THREADS).contains(&m.stream))
         .count();

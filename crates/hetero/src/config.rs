@@ -57,6 +57,7 @@ pub struct DeviceConfig {
     pub(crate) host_wait: CompletionMode,
     pub(crate) engine_idle: CompletionMode,
     pub(crate) ring_capacity: usize,
+    pub(crate) pin_engines: bool,
     pub(crate) pool: Option<hetero_memory::PoolConfig>,
     pub(crate) pinned: hetero_memory::PinnedConfig,
 }
@@ -72,6 +73,7 @@ impl Default for DeviceConfig {
             host_wait: CompletionMode::default(),
             engine_idle: CompletionMode::default(),
             ring_capacity: 1024,
+            pin_engines: true,
             pool: None,
             pinned: hetero_memory::PinnedConfig::default(),
         }
@@ -127,6 +129,13 @@ impl DeviceConfig {
     /// The pinned host pool's configuration.
     pub fn pinned_memory(mut self, pinned: hetero_memory::PinnedConfig) -> Self {
         self.pinned = pinned;
+        self
+    }
+
+    /// Pin each engine thread to its own core (the n-th CPU the process may use).
+    /// Default on: it keeps compute units spread across cores.
+    pub fn pin_engines(mut self, on: bool) -> Self {
+        self.pin_engines = on;
         self
     }
 

@@ -201,6 +201,9 @@ impl HostBackend {
                 .name(format!("hetero-cu{index}"))
                 .spawn(move || {
                     super::mark_engine_thread();
+                    if sh.config.pin_engines {
+                        pin_to_nth_allowed_cpu(index);
+                    }
                     Worker::new(index as u32).run(&sh)
                 })
                 .map_err(|e| Error::Setup(format!("could not start worker thread: {e}")))?;
@@ -524,6 +527,27 @@ fn blocked(streams: &[Arc<HostStream>], hint: u64) -> bool {
         .iter()
         .find(|s| s.id == id)
         .is_some_and(|s| !s.timeline.is_reached(value))
+}
+
+/// Pins the calling thread to the `n`-th CPU (modulo) this process may run on, so
+/// that compute units stay spread one per core: left to the OS, two engines of a
+/// 2-core VM were seen queued on one vCPU while the other idled. Best effort: if
+/// the affinity cannot be read or set, the thread floats as before.
+fn pin_to_nth_allowed_cpu(n: usize) {
+    let Ok(allowed) = rustix::thread::sched_getaffinity(None) else {
+        return;
+    };
+    let cpus: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
+        .filter(|&c| allowed.is_set(c))
+        .collect();
+    if cpus.len() < 2 {
+        return;
+    }
+    let mut one = rustix::thread::CpuSet::new();
+    one.set(cpus[n % cpus.len()]);
+    if let Err(e) = rustix::thread::sched_setaffinity(None, &one) {
+        tracing::debug!("could not pin engine {n}: {e}");
+    }
 }
 
 /// Who ran an op and when it started; `start_ns` is 0 when profiling is off.
