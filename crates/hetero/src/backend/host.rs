@@ -322,11 +322,11 @@ impl StreamQueue for HostStream {
             match self.ring.try_push(op) {
                 Ok(pos) => {
                     // While an op of this queue is in flight, the engine running it
-                    // looks for work when it completes (after a fence that pairs with
-                    // this one) and will see this op: waking another engine, a
-                    // syscall that costs tens of µs in a VM, would buy nothing.
-                    std::sync::atomic::fence(Ordering::SeqCst);
-                    if self.queue_busy.load(Ordering::Relaxed) != RUNNING {
+                    // looks for work when it completes (after a SeqCst fence; our
+                    // push is a SeqCst CAS and this load is SeqCst, so one of us
+                    // sees the other) and will see this op: waking another engine,
+                    // a syscall that costs tens of µs in a VM, would buy nothing.
+                    if self.queue_busy.load(Ordering::SeqCst) != RUNNING {
                         self.idle.wake_one_if_idle();
                     }
                     return Ok(pos + 1);
@@ -490,8 +490,8 @@ impl Shared {
         self.queues[stream.queue]
             .busy
             .store(IDLE, Ordering::Release);
-        // Pairs with the submitter's fence: either it sees the queue idle (and wakes
-        // an engine if needed) or our next look for work sees its op.
+        // Pairs with the submitter's SeqCst push and load: either it sees the queue
+        // idle (and wakes an engine if needed) or our next look sees its op.
         std::sync::atomic::fence(Ordering::SeqCst);
     }
 }
