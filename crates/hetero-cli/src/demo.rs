@@ -245,6 +245,7 @@ fn clear_outputs(s: &Stream, b: &mut Buffers) -> Result<()> {
 /// probes give the line, and one more run corrects the estimate.
 fn calibrate(dev: &Device, b: &mut Buffers) -> Result<u32> {
     let s = dev.create_stream()?;
+    s.set_name("calibration");
     let mut stage = |passes: u32| -> Result<(f64, f64)> {
         // Medians per chunk: one preempted chunk must not skew the sizing.
         let [h2d, kernel, d2h] = run_serial(&s, b, &scale_kernel(passes), true)?.1;
