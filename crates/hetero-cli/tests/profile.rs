@@ -46,9 +46,9 @@ fn overlaps(a: &[(f64, f64, u64)], b: &[(f64, f64, u64)]) -> bool {
 fn pipeline_profile_shows_overlap_and_consistent_outputs() {
     let dir = tempdir("pipeline");
     // Overlap needs both compute units running at once; on a loaded machine the OS
-    // may serialise one run, so allow three.
+    // may serialise a run (one engine left unwoken for a while), so allow several.
     let mut found = None;
-    for _ in 0..3 {
+    for _ in 0..6 {
         let out = profile::run("pipeline", &dir, small(), |_| {}).expect("profile run");
         assert!(out.verified);
         let trace: Value =
