@@ -63,12 +63,10 @@ impl<T> Ring<T> {
             let slot = &self.slots[(pos & self.mask) as usize];
             let seq = slot.seq.load(Ordering::Acquire);
             if seq == pos {
-                // SeqCst: a submitter's later SeqCst look at its queue's state is
-                // ordered after this claim (no fence needed; free on x86).
                 match self.tail.compare_exchange_weak(
                     pos,
                     pos + 1,
-                    Ordering::SeqCst,
+                    Ordering::Relaxed,
                     Ordering::Relaxed,
                 ) {
                     Ok(_) => {

@@ -322,11 +322,16 @@ impl StreamQueue for HostStream {
             match self.ring.try_push(op) {
                 Ok(pos) => {
                     // While an op of this queue is in flight, the engine running it
-                    // looks for work when it completes (after a SeqCst fence; our
-                    // push is a SeqCst CAS and this load is SeqCst, so one of us
-                    // sees the other) and will see this op: waking another engine,
-                    // a syscall that costs tens of µs in a VM, would buy nothing.
-                    if self.queue_busy.load(Ordering::SeqCst) != RUNNING {
+                    // looks for work when it completes and will see this op: waking
+                    // another engine, a syscall that costs tens of µs in a VM, would
+                    // buy nothing. The fence orders the op's publication (the slot's
+                    // sequence store, after the tail CAS) before our look at the
+                    // queue state; it pairs with the fence in `Shared::finish`.
+                    // (Without it x86 may read the state before the store drains
+                    // from the store buffer: the wake-up hunt in tests/wakeups.rs
+                    // caught exactly that.)
+                    std::sync::atomic::fence(Ordering::SeqCst);
+                    if self.queue_busy.load(Ordering::Relaxed) != RUNNING {
                         self.idle.wake_one_if_idle();
                     }
                     return Ok(pos + 1);
@@ -490,8 +495,8 @@ impl Shared {
         self.queues[stream.queue]
             .busy
             .store(IDLE, Ordering::Release);
-        // Pairs with the submitter's SeqCst push and load: either it sees the queue
-        // idle (and wakes an engine if needed) or our next look sees its op.
+        // Pairs with the submitter's fence: either it sees the queue idle (and wakes
+        // an engine if needed) or our next look for work sees its op.
         std::sync::atomic::fence(Ordering::SeqCst);
     }
 }
@@ -608,6 +613,9 @@ struct Worker {
     last_stream: u64,
     /// The last claim left other streams' ready work behind.
     more: bool,
+    /// The last claim skipped a non-empty stream whose queue another engine was
+    /// claiming (its verdict may be stale).
+    contended: bool,
 }
 
 impl Worker {
@@ -619,6 +627,7 @@ impl Worker {
             candidates: Vec::new(),
             last_stream: 0,
             more: false,
+            contended: false,
         }
     }
 
@@ -693,9 +702,16 @@ impl Worker {
     /// only while it looks for work, never while it runs it: submitters and
     /// completers then pay the futex wake only when someone really sleeps.
     fn park(&mut self, sh: &Shared) {
-        let claimed = sh.idle.park_for(|| match self.claim(sh) {
-            Some(w) => Some(Some(w)),
-            None => sh.shutdown.load(Ordering::SeqCst).then_some(None),
+        let claimed = sh.idle.park_for(|| loop {
+            match self.claim(sh) {
+                Some(w) => return Some(Some(w)),
+                // Another engine was looking at a queue we skipped: it may have
+                // judged an op not ready just before the op it waits for completed
+                // (and the completer skipped that queue as held). Look again once
+                // it let go rather than sleep on a stale verdict.
+                None if self.contended => crate::loom::spin_hint(),
+                None => return sh.shutdown.load(Ordering::SeqCst).then_some(None),
+            }
         });
         if let Some(work) = claimed {
             self.execute(sh, work);
@@ -734,12 +750,15 @@ impl Worker {
             }
         }
         self.refresh(sh);
+        self.contended = false;
         let tick = sh.tick.load(Ordering::Relaxed);
         self.candidates.clear();
         for (i, s) in self.streams.iter().enumerate() {
             // The queue flag first: it changes once per op, while the ring's tail
             // changes at every submission (reading it costs the submitter a miss).
-            if sh.queues[s.queue].busy.load(Ordering::Relaxed) != IDLE || s.ring.is_empty() {
+            let state = sh.queues[s.queue].busy.load(Ordering::Acquire);
+            if state != IDLE || s.ring.is_empty() {
+                self.contended |= state == CLAIMING && !s.ring.is_empty();
                 continue;
             }
             let hint = s.wait_hint.load(Ordering::Acquire);
@@ -761,11 +780,12 @@ impl Worker {
         for k in 0..self.candidates.len() {
             let stream = self.streams[self.candidates[k].3].clone();
             let queue = &sh.queues[stream.queue];
-            if queue
-                .busy
-                .compare_exchange(IDLE, CLAIMING, Ordering::Acquire, Ordering::Relaxed)
-                .is_err()
+            if let Err(state) =
+                queue
+                    .busy
+                    .compare_exchange(IDLE, CLAIMING, Ordering::Acquire, Ordering::Relaxed)
             {
+                self.contended |= state == CLAIMING;
                 continue;
             }
             if let Some(work) = self.try_claim(sh, &stream) {
