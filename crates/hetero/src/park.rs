@@ -266,3 +266,145 @@ impl Parker {
         self.futex.cv.notify_all();
     }
 }
+
+/// Loom models of the engine wake-up protocol of the host backend
+/// (`backend/host.rs`), built from the real ring and parker: the queue state, the
+/// "looking" token an engine holds between finishing an op and its next look, the
+/// submitter's fence and skip rules, and the re-look after a contended claim. Each
+/// model must end with the op taken; a lost wake-up shows as a loom deadlock.
+#[cfg(all(test, loom))]
+mod wake_models {
+    use super::*;
+    use crate::loom::{fence, Arc, AtomicBool};
+    use crate::ring::Ring;
+    use loom::sync::atomic::AtomicU8;
+
+    const IDLE: u8 = 0;
+    const CLAIMING: u8 = 1;
+    const RUNNING: u8 = 2;
+
+    struct Queue {
+        state: AtomicU8,
+        ring: Ring<u32>,
+        /// Whether the oldest op may run (an event it waits for completed).
+        ready: AtomicBool,
+    }
+
+    /// One look for work. `Err(true)`: found nothing but saw the queue being
+    /// claimed by someone else (look again before sleeping).
+    fn claim(q: &Queue) -> Result<u32, bool> {
+        let state = q.state.load(Ordering::Acquire);
+        if state != IDLE || q.ring.is_empty() {
+            return Err(state == CLAIMING && !q.ring.is_empty());
+        }
+        if let Err(now) =
+            q.state
+                .compare_exchange(IDLE, CLAIMING, Ordering::Acquire, Ordering::Relaxed)
+        {
+            return Err(now == CLAIMING);
+        }
+        if q.ready.load(Ordering::Acquire) {
+            // SAFETY: holding CLAIMING makes this thread the ring's only consumer.
+            if let Some((v, _)) = unsafe { q.ring.pop() } {
+                q.state.store(RUNNING, Ordering::Relaxed);
+                return Ok(v);
+            }
+        }
+        q.state.store(IDLE, Ordering::Release);
+        Err(false)
+    }
+
+    /// An engine going idle: park until an op is claimed, re-looking while contended.
+    fn park(p: &Parker, q: &Queue) -> u32 {
+        p.park_for(|| loop {
+            match claim(q) {
+                Ok(v) => return Some(v),
+                Err(true) => loom::thread::yield_now(),
+                Err(false) => return None,
+            }
+        })
+    }
+
+    /// The submitter's side of `HostStream::submit`.
+    fn submit(p: &Parker, q: &Queue, v: u32) {
+        assert!(q.ring.try_push(v).is_ok());
+        fence(Ordering::SeqCst);
+        if q.state.load(Ordering::Relaxed) != RUNNING {
+            p.wake_one_if_idle();
+        }
+    }
+
+    /// `Shared::finish` then the worker loop's first look, then parking.
+    fn finish_then_look(p: &Parker, q: &Queue) -> u32 {
+        p.begin_search_unbounded();
+        q.state.store(IDLE, Ordering::Release);
+        fence(Ordering::SeqCst);
+        let first = claim(q);
+        p.end_search();
+        match first {
+            Ok(v) => v,
+            Err(_) => park(p, q),
+        }
+    }
+
+    /// A submitter pushes while the queue's op is in flight and skips the wake;
+    /// the engine that completes the op must still find the new op.
+    #[test]
+    fn submit_during_running_op_is_seen_by_its_engine() {
+        loom::model(|| {
+            let p = Arc::new(Parker::new());
+            let q = Arc::new(Queue {
+                state: AtomicU8::new(RUNNING),
+                ring: Ring::with_capacity(2),
+                ready: AtomicBool::new(true),
+            });
+            let (p2, q2) = (p.clone(), q.clone());
+            let worker = loom::thread::spawn(move || finish_then_look(&p2, &q2));
+            submit(&p, &q, 7);
+            assert_eq!(worker.join().expect("worker"), 7);
+        });
+    }
+
+    /// An engine that looks for work until it takes the op or another engine did
+    /// (`taken`), re-looking while contended and parking otherwise.
+    fn engine(p: &Parker, q: &Queue, taken: &AtomicU32) {
+        let got = p.park_for(|| loop {
+            if taken.load(Ordering::SeqCst) != 0 {
+                return Some(0);
+            }
+            match claim(q) {
+                Ok(v) => return Some(v),
+                Err(true) => loom::thread::yield_now(),
+                Err(false) => return None,
+            }
+        });
+        if got != 0 {
+            taken.store(got, Ordering::SeqCst);
+            p.wake(u32::MAX);
+        }
+    }
+
+    /// One engine judges the oldest op not ready while another completes what it
+    /// waits for and then looks, finding the queue being claimed. One of them must
+    /// take the op: nobody sleeps on the stale verdict.
+    #[test]
+    fn contended_claim_does_not_strand_a_ready_op() {
+        loom::model(|| {
+            let p = Arc::new(Parker::new());
+            let q = Arc::new(Queue {
+                state: AtomicU8::new(IDLE),
+                ring: Ring::with_capacity(2),
+                ready: AtomicBool::new(false),
+            });
+            assert!(q.ring.try_push(9).is_ok());
+            let taken = Arc::new(AtomicU32::new(0));
+            let (p1, q1, t1) = (p.clone(), q.clone(), taken.clone());
+            let looker = loom::thread::spawn(move || engine(&p1, &q1, &t1));
+            // The completer: what the op waits for finishes, then it looks.
+            q.ready.store(true, Ordering::Release);
+            engine(&p, &q, &taken);
+            looker.join().expect("looker");
+            assert_eq!(taken.load(Ordering::SeqCst), 9);
+        });
+    }
+}
