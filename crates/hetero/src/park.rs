@@ -273,7 +273,7 @@ impl Parker {
 /// submitter's fence and skip rules, and the re-look after a contended claim. Each
 /// model must end with the op taken; a lost wake-up shows as a loom deadlock.
 #[cfg(all(test, loom))]
-mod wake_models {
+mod loom_wake_models {
     use super::*;
     use crate::loom::{fence, Arc, AtomicBool};
     use crate::ring::Ring;
