@@ -23,12 +23,6 @@ pub(crate) struct Parker {
     /// Threads polling for the condition without sleeping (engines looking for
     /// work). While one polls, a waker need not wake anybody.
     searching: CachePadded<AtomicU32>,
-    /// A wake from `wake_one_if_idle` is on its way and its sleeper has not looked
-    /// yet: further such wakes would only repeat the syscall (tens of µs in a VM,
-    /// while the wakee takes as long to run). Cleared by a sleeper when it enters
-    /// `park_for` and whenever it returns from the futex, before it looks for work:
-    /// a waker that skipped because of the flag pushed its work before that look.
-    pending: CachePadded<AtomicU32>,
     /// Under loom the futex is modelled by a mutex and condition variable, so a lost
     /// wake-up shows as a deadlock rather than as an endless spin.
     #[cfg(loom)]
@@ -47,7 +41,6 @@ impl Parker {
             word: CachePadded::new(AtomicU32::new(0)),
             sleepers: CachePadded::new(AtomicU32::new(0)),
             searching: CachePadded::new(AtomicU32::new(0)),
-            pending: CachePadded::new(AtomicU32::new(0)),
             #[cfg(loom)]
             futex: LoomFutex::default(),
         }
@@ -62,9 +55,7 @@ impl Parker {
         crate::loom::fence(Ordering::SeqCst);
         // `sleepers` first: it changes only when an engine parks or wakes, while
         // `searching` changes around every op an engine runs (a shared-line miss).
-        if self.sleepers.load(Ordering::Relaxed) != 0
-            && self.searching.load(Ordering::Relaxed) == 0
-            && self.pending.swap(1, Ordering::SeqCst) == 0
+        if self.sleepers.load(Ordering::Relaxed) != 0 && self.searching.load(Ordering::Relaxed) == 0
         {
             self.wake_slow(1);
         }
@@ -148,7 +139,6 @@ impl Parker {
     /// as a sleeper only while `claim` looks; it should not do long work inside it.
     pub(crate) fn park_for<W>(&self, mut claim: impl FnMut() -> Option<W>) -> W {
         self.sleepers.fetch_add(1, Ordering::SeqCst);
-        self.pending.store(0, Ordering::SeqCst);
         // Pairs with the waker's fence: our later look at the condition cannot be
         // ordered before the registration.
         crate::loom::fence(Ordering::SeqCst);
@@ -158,8 +148,6 @@ impl Parker {
                 break w;
             }
             self.futex_wait(seen, None);
-            self.pending.store(0, Ordering::SeqCst);
-            crate::loom::fence(Ordering::SeqCst);
         };
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
         got
@@ -405,6 +393,81 @@ mod loom_wake_models {
             engine(&p, &q, &taken);
             looker.join().expect("looker");
             assert_eq!(taken.load(Ordering::SeqCst), 9);
+        });
+    }
+
+    /// `claim`, looking again while another engine holds the queue (as
+    /// `Worker::park` does).
+    fn look(q: &Queue) -> Option<u32> {
+        loop {
+            match claim(q) {
+                Ok(v) => return Some(v),
+                Err(true) => loom::thread::yield_now(),
+                Err(false) => return None,
+            }
+        }
+    }
+
+    /// Idle engines, two submissions on an idle queue: whichever engines wake, the
+    /// one that runs the first op looks again (the looking token) and takes the
+    /// second if nobody else did. Both ops run; nobody sleeps forever.
+    ///
+    /// (A "one wake in flight" flag that suppressed further wakes until the wakee
+    /// looked failed this model: under loom's model of SeqCst atomics the skipped
+    /// submitter's op could be missed. It was removed rather than argued.)
+    #[test]
+    fn two_submissions_to_idle_engines_both_run() {
+        const ENGINES: usize = 2;
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(2);
+        builder.check(|| {
+            let p = Arc::new(Parker::new());
+            let q = Arc::new(Queue {
+                state: AtomicU8::new(IDLE),
+                ring: Ring::with_capacity(2),
+                ready: AtomicBool::new(true),
+            });
+            let done = Arc::new(AtomicU32::new(0));
+            let engines: Vec<_> = (0..ENGINES)
+                .map(|_| {
+                    let (p, q, done) = (p.clone(), q.clone(), done.clone());
+                    loom::thread::spawn(move || {
+                        // Park until an op (or the end), then run ops back to back:
+                        // finish, look again, park when nothing is there.
+                        let mut next = p.park_for(|| {
+                            if done.load(Ordering::SeqCst) == 2 {
+                                return Some(None);
+                            }
+                            look(&q).map(Some)
+                        });
+                        while next.is_some() {
+                            if done.fetch_add(1, Ordering::SeqCst) + 1 == 2 {
+                                p.wake(u32::MAX);
+                            }
+                            p.begin_search_unbounded();
+                            q.state.store(IDLE, Ordering::Release);
+                            fence(Ordering::SeqCst);
+                            let first = look(&q);
+                            p.end_search();
+                            next = match first {
+                                Some(v) => Some(v),
+                                None => p.park_for(|| {
+                                    if done.load(Ordering::SeqCst) == 2 {
+                                        return Some(None);
+                                    }
+                                    look(&q).map(Some)
+                                }),
+                            };
+                        }
+                    })
+                })
+                .collect();
+            submit(&p, &q, 1);
+            submit(&p, &q, 2);
+            for e in engines {
+                e.join().expect("engine");
+            }
+            assert_eq!(done.load(Ordering::SeqCst), 2);
         });
     }
 }
