@@ -21,7 +21,7 @@ mod pinned;
 mod poison;
 mod pool;
 
-pub use pinned::{PinnedAllocation, PinnedBuffer, PinnedConfig, PinnedPool, PinnedStats, Plain};
+pub use pinned::{PinnedAllocation, PinnedConfig, PinnedPool, PinnedStats};
 pub use poison::is_poisoned;
 pub use pool::{
     Allocation, BlockSnapshot, BlockState, ChunkSnapshot, DevicePool, Fence, PoolStats, Snapshot,

@@ -1,7 +1,8 @@
 //! The pinned host pool: chunks are mlocked once when mapped and then
 //! sub-allocated with the TLSF, so a warm pinned allocation costs a mutex and
 //! two bit scans instead of an mmap and an mlock. [`PinnedAllocation`] returns
-//! its memory on drop; [`PinnedBuffer`] is a typed, zero-initialised view.
+//! its memory on drop. Typed views are the execution layer's
+//! (`hetero::PinnedBuffer`).
 //!
 //! Invariant: a chunk is unmapped only when no allocation from it is alive (the
 //! allocations hold an `Arc` to the pool's internals).
@@ -13,7 +14,6 @@ use crate::poison::{poison, unpoison};
 use crate::tlsf::{class_of, round_size, Placement, Tlsf};
 use serde::Serialize;
 use std::fmt;
-use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -304,91 +304,18 @@ impl Drop for PinnedAllocation {
     }
 }
 
-/// Plain data: any bit pattern, including all zeros, is a valid value.
-///
-/// # Safety
-/// Implement only for `Copy` types without padding, pointers or invalid bit patterns.
-pub unsafe trait Plain: Copy + Send + Sync + 'static {}
-macro_rules! plain {
-    ($($t:ty),*) => { $(
-        // SAFETY: primitive numbers accept every bit pattern and have no padding.
-        unsafe impl Plain for $t {}
-    )* };
-}
-plain!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, f32, f64);
-
-/// A typed, zero-initialised slice of pinned memory.
-pub struct PinnedBuffer<T: Plain> {
-    alloc: PinnedAllocation,
-    len: usize,
-    _t: PhantomData<T>,
-}
-
-impl<T: Plain> fmt::Debug for PinnedBuffer<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PinnedBuffer")
-            .field("alloc", &self.alloc)
-            .field("len", &self.len)
-            .finish()
-    }
-}
-
-impl<T: Plain> PinnedBuffer<T> {
-    /// `len` zeroed elements from `pool`.
-    pub fn zeroed(pool: &PinnedPool, len: usize) -> Result<Self, MemoryError> {
-        let bytes = len
-            .checked_mul(std::mem::size_of::<T>())
-            .filter(|b| *b > 0)
-            .ok_or_else(|| MemoryError::InvalidRequest {
-                what: format!("pinned buffer of {len} elements of {} bytes", std::mem::size_of::<T>()),
-                hint: "ask for at least one element of a non-zero-sized type, and fewer than 2^48 bytes",
-            })?;
-        let alloc = pool.alloc(bytes, std::mem::align_of::<T>())?;
-        // SAFETY: the allocation owns `bytes` writable bytes at `ptr`.
-        unsafe { std::ptr::write_bytes(alloc.ptr.as_ptr(), 0, bytes) };
-        Ok(PinnedBuffer {
-            alloc,
-            len,
-            _t: PhantomData,
-        })
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    pub fn as_slice(&self) -> &[T] {
-        // SAFETY: `len` initialised (zeroed, then only written through `&mut`)
-        // elements of a `Plain` type, aligned, owned by this buffer.
-        unsafe { std::slice::from_raw_parts(self.alloc.ptr.as_ptr().cast::<T>(), self.len) }
-    }
-
-    pub fn as_mut_slice(&mut self) -> &mut [T] {
-        // SAFETY: as in `as_slice`, and `&mut self` makes this the only view.
-        unsafe { std::slice::from_raw_parts_mut(self.alloc.ptr.as_ptr().cast::<T>(), self.len) }
-    }
-
-    /// The untyped allocation.
-    pub fn allocation(&self) -> &PinnedAllocation {
-        &self.alloc
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn buffer_is_zeroed_and_writable() {
+    fn allocation_is_writable() {
         let pool = PinnedPool::new(PinnedConfig::default()).expect("pool");
-        let mut b = PinnedBuffer::<f32>::zeroed(&pool, 1000).expect("buffer");
-        assert!(b.as_slice().iter().all(|x| *x == 0.0));
-        b.as_mut_slice()[999] = 1.5;
-        assert_eq!(b.as_slice()[999], 1.5);
+        let a = pool.alloc(4000, 0).expect("allocation");
+        // SAFETY: the allocation owns 4000 writable bytes.
+        let b = unsafe { std::slice::from_raw_parts_mut(a.ptr().as_ptr(), 4000) };
+        b[3999] = 15;
+        assert_eq!(b[3999], 15);
         assert_eq!(pool.stats().chunks, 1);
     }
 
@@ -412,8 +339,9 @@ mod tests {
             ..PinnedConfig::default()
         })
         .expect("pool");
-        let mut b = PinnedBuffer::<u8>::zeroed(&pool, 100).expect("pageable fallback");
-        b.as_mut_slice()[0] = 1;
+        let a = pool.alloc(100, 0).expect("pageable fallback");
+        // SAFETY: the allocation owns 100 writable bytes.
+        unsafe { a.ptr().as_ptr().write(1) };
         let s = pool.stats();
         assert_eq!(s.unpinned_chunks, 1);
         assert_eq!(s.os_calls.mlock_refused, 1);

@@ -49,6 +49,39 @@ fn wait_for(counter: &AtomicU64, target: u64) {
     }
 }
 
+/// Time on the sending thread to hand one item to a consumer thread that drains the
+/// channel (`recv` returns `None` once `send` is dropped).
+fn channel_bench(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    send: impl Fn(u64) -> bool,
+    mut recv: impl FnMut() -> Option<u64> + Send + 'static,
+) {
+    let got = Arc::new(AtomicU64::new(0));
+    let g2 = got.clone();
+    let consumer = std::thread::spawn(move || {
+        while let Some(v) = recv() {
+            black_box(v);
+            g2.fetch_add(1, Ordering::Release);
+        }
+    });
+    let mut sent = 0u64;
+    g.bench_function(name, |b| {
+        b.iter_custom(|iters| {
+            batched(
+                iters,
+                || assert!(send(black_box(1)), "consumer alive"),
+                |n| {
+                    sent += n;
+                    wait_for(&got, sent)
+                },
+            )
+        })
+    });
+    drop(send);
+    consumer.join().expect("consumer");
+}
+
 fn submit(c: &mut Criterion) {
     let mut g = c.benchmark_group("submit");
     g.warm_up_time(Duration::from_secs(1))
@@ -69,59 +102,20 @@ fn submit(c: &mut Criterion) {
         });
     }
 
-    {
-        let (tx, rx) = crossbeam_channel::unbounded::<u64>();
-        let got = Arc::new(AtomicU64::new(0));
-        let g2 = got.clone();
-        let consumer = std::thread::spawn(move || {
-            for v in rx {
-                black_box(v);
-                g2.fetch_add(1, Ordering::Release);
-            }
-        });
-        let mut sent = 0u64;
-        g.bench_function("crossbeam-channel/send", |b| {
-            b.iter_custom(|iters| {
-                batched(
-                    iters,
-                    || tx.send(black_box(1)).expect("send"),
-                    |n| {
-                        sent += n;
-                        wait_for(&got, sent)
-                    },
-                )
-            })
-        });
-        drop(tx);
-        consumer.join().expect("consumer");
-    }
-
-    {
-        let (tx, rx) = std::sync::mpsc::channel::<u64>();
-        let got = Arc::new(AtomicU64::new(0));
-        let g2 = got.clone();
-        let consumer = std::thread::spawn(move || {
-            for v in rx {
-                black_box(v);
-                g2.fetch_add(1, Ordering::Release);
-            }
-        });
-        let mut sent = 0u64;
-        g.bench_function("std-mpsc/send", |b| {
-            b.iter_custom(|iters| {
-                batched(
-                    iters,
-                    || tx.send(black_box(1)).expect("send"),
-                    |n| {
-                        sent += n;
-                        wait_for(&got, sent)
-                    },
-                )
-            })
-        });
-        drop(tx);
-        consumer.join().expect("consumer");
-    }
+    let (tx, rx) = crossbeam_channel::unbounded::<u64>();
+    channel_bench(
+        &mut g,
+        "crossbeam-channel/send",
+        move |v| tx.send(v).is_ok(),
+        move || rx.recv().ok(),
+    );
+    let (tx, rx) = std::sync::mpsc::channel::<u64>();
+    channel_bench(
+        &mut g,
+        "std-mpsc/send",
+        move |v| tx.send(v).is_ok(),
+        move || rx.recv().ok(),
+    );
 
     {
         static RAN: AtomicU64 = AtomicU64::new(0);
