@@ -44,6 +44,11 @@ pub type StreamId = u64;
 pub trait Fence: Send + Sync + fmt::Debug {
     fn is_complete(&self) -> bool;
     fn wait(&self);
+    /// The concrete fence, for an execution layer that turns its own fences
+    /// into device-side waits instead of host waits.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
 }
 
 /// Records a fence at the current end of a stream: the execution layer
@@ -99,6 +104,8 @@ pub struct Allocation {
     // against 19 ns at 48 (examples/hit_loop.rs).
     #[allow(clippy::box_collection)]
     wait_for: Option<Box<Vec<Arc<dyn Fence>>>>,
+    /// Freed on the allocating stream while work queued there could still use it.
+    queued: bool,
 }
 
 // SAFETY: an Allocation is a unique handle to a byte range; nothing in it is tied
@@ -122,6 +129,20 @@ impl Allocation {
     pub fn wait_for(&self) -> &[Arc<dyn Fence>] {
         self.wait_for.as_deref().map_or(&[], Vec::as_slice)
     }
+
+    /// Takes the fences out of [`Allocation::wait_for`] (once the caller has
+    /// ordered the first use after them).
+    pub fn take_wait_for(&mut self) -> Vec<Arc<dyn Fence>> {
+        self.wait_for.take().map_or_else(Vec::new, |b| *b)
+    }
+
+    /// Whether this memory was freed (with [`DevicePool::free`]) on the stream it
+    /// is now allocated for while work queued on that stream could still use it.
+    /// Later work on that stream is ordered after that work; work on any other
+    /// stream must first wait for the allocating stream to reach this point.
+    pub fn reused_in_stream_order(&self) -> bool {
+        self.queued
+    }
 }
 
 impl fmt::Debug for Allocation {
@@ -141,6 +162,8 @@ struct Entry {
     block: u32,
     node: u32,
     kind: Kind,
+    /// Freed while its stream's queued work could still use it (see `Pending::queued`).
+    queued: bool,
 }
 
 /// Blocks per size class in a thread cache.
@@ -155,6 +178,7 @@ const BLANK: Entry = Entry {
     block: 0,
     node: 0,
     kind: Kind::Small,
+    queued: false,
 };
 
 /// The front of the block level: each thread keeps the last blocks it freed on
@@ -352,13 +376,7 @@ impl Slot {
             }
             self.owner = Some(stream);
             if self.entries.is_empty() {
-                let blank = Entry {
-                    addr: 0,
-                    block: 0,
-                    node: 0,
-                    kind: Kind::Small,
-                };
-                self.entries = vec![blank; NCLASS * PER_CLASS];
+                self.entries = vec![BLANK; NCLASS * PER_CLASS];
             }
         }
         let c = class - CLASS_BASE;
@@ -390,6 +408,10 @@ struct Pending {
     node: u32,
     kind: Kind,
     home: StreamId,
+    /// Work on `home` may still use the block: it reaches another stream only
+    /// after `home_fence` (recorded when first needed) completes. False for
+    /// blocks freed after their last use completed.
+    queued: bool,
     home_fence: Option<Arc<dyn Fence>>,
     uses: Vec<Arc<dyn Fence>>,
 }
@@ -645,6 +667,7 @@ impl DevicePool {
                     kind: e.kind,
                     pool: id,
                     wait_for: None,
+                    queued: e.queued,
                 });
             }
         }
@@ -689,22 +712,53 @@ impl DevicePool {
     /// engine completing the last use of a buffer). Their cache would hide the
     /// block from the allocating thread; the stream's shared cache does not.
     pub fn free_shared(&self, a: Allocation, stream: StreamId, uses: Vec<Arc<dyn Fence>>) {
-        self.s.free(a, stream, uses)
+        self.s.free(a, stream, uses, true)
     }
 
     /// Stream-ordered free: `stream` is where the memory was last used in order;
     /// `uses` are fences of its last use on other streams (like PyTorch's
     /// recordStream). The memory is reused on `stream` at once, elsewhere only
     /// after those fences (and a fence of `stream`'s work) complete.
+    ///
+    /// Work queued on `stream` may still use the memory: it is not poisoned,
+    /// and it returns to the chunks only after a fence of `stream` completes.
+    /// That fence comes from the installed [`StreamFences`]; without one, the
+    /// caller promises that the stream's work on it has completed.
     #[inline]
     pub fn free(&self, a: Allocation, stream: StreamId, uses: Vec<Arc<dyn Fence>>) {
-        if uses.is_empty() && a.pool == self.s.id && a.block <= FRONT_MAX {
-            poison(a.ptr.as_ptr(), a.block);
+        if uses.is_empty() {
+            self.free_cached(a, stream, true);
+        } else {
+            self.s.free(a, stream, uses, true)
+        }
+    }
+
+    /// Free of memory whose last use, on every stream, has completed: reused
+    /// on `stream` first, and by other streams without any fence.
+    #[inline]
+    pub fn free_completed(&self, a: Allocation, stream: StreamId) {
+        self.free_cached(a, stream, false)
+    }
+
+    /// [`DevicePool::free_completed`] past the calling thread's cache (see
+    /// [`DevicePool::free_shared`]).
+    pub fn free_completed_shared(&self, a: Allocation, stream: StreamId) {
+        self.s.free(a, stream, Vec::new(), false)
+    }
+
+    /// The hot path of both frees: into the calling thread's cache.
+    #[inline(always)]
+    fn free_cached(&self, a: Allocation, stream: StreamId, queued: bool) {
+        if a.pool == self.s.id && a.block <= FRONT_MAX {
+            if !queued {
+                poison(a.ptr.as_ptr(), a.block);
+            }
             let e = Entry {
                 addr: a.ptr.as_ptr() as usize,
                 block: a.block as u32,
                 node: a.node,
                 kind: a.kind,
+                queued,
             };
             let class = class_of(a.block as u64);
             let epoch = self.s.epoch.load(Ordering::Relaxed);
@@ -718,7 +772,7 @@ impl DevicePool {
                 Ok(Push::No) | Err(_) => {}
             }
         }
-        self.s.free(a, stream, uses)
+        self.s.free(a, stream, Vec::new(), queued)
     }
 
     /// Returns cached blocks and completed frees to the chunks and unmaps every
@@ -774,6 +828,7 @@ impl Shared {
                     kind: e.kind,
                     pool: self.id,
                     wait_for: None,
+                    queued: e.queued,
                 });
             }
             return self.alloc_slow(size, rounded, align, stream);
@@ -786,18 +841,23 @@ impl Shared {
     }
 
     #[inline(always)]
-    fn free(&self, a: Allocation, stream: StreamId, uses: Vec<Arc<dyn Fence>>) {
+    fn free(&self, a: Allocation, stream: StreamId, uses: Vec<Arc<dyn Fence>>, queued: bool) {
         if a.pool != self.id {
             tracing::error!(?a, "free of an allocation from another pool; it is leaked");
             return;
         }
-        poison(a.ptr.as_ptr(), a.block);
+        // Memory that queued work may still touch is poisoned only when it
+        // returns to the chunks.
+        if !queued && uses.is_empty() {
+            poison(a.ptr.as_ptr(), a.block);
+        }
         if uses.is_empty() && a.block <= FRONT_MAX {
             let e = Entry {
                 addr: a.ptr.as_ptr() as usize,
                 block: a.block as u32,
                 node: a.node,
                 kind: a.kind,
+                queued,
             };
             let class = class_of(a.block as u64);
             let cap = self.config.stream_cache_bytes;
@@ -806,7 +866,7 @@ impl Shared {
                 return;
             }
         }
-        self.free_slow(a, stream, uses);
+        self.free_slow(a, stream, uses, queued);
     }
 
     fn lock(&self) -> MutexGuard<'_, Slow> {
@@ -816,7 +876,7 @@ impl Shared {
     }
 
     #[cold]
-    fn free_slow(&self, a: Allocation, stream: StreamId, uses: Vec<Arc<dyn Fence>>) {
+    fn free_slow(&self, a: Allocation, stream: StreamId, uses: Vec<Arc<dyn Fence>>, queued: bool) {
         let mut g = self.lock();
         g.pending.push(Pending {
             addr: a.ptr.as_ptr() as usize,
@@ -824,6 +884,7 @@ impl Shared {
             node: a.node,
             kind: a.kind,
             home: stream,
+            queued: queued || !uses.is_empty(),
             home_fence: None,
             uses,
         });
@@ -844,7 +905,7 @@ impl Shared {
         let mut i = 0;
         while i < g.pending.len() {
             let p = &mut g.pending[i];
-            if p.home_fence.is_none() {
+            if p.queued && p.home_fence.is_none() {
                 if let Some(r) = recorder {
                     let f = match recorded.iter().find(|(s, _)| *s == p.home) {
                         Some((_, f)) => f.clone(),
@@ -863,6 +924,7 @@ impl Shared {
                 let p = g.pending.swap_remove(i);
                 g.pending_bytes -= p.block;
                 g.out -= p.block;
+                poison(p.addr as *const u8, p.block);
                 g.tlsf[p.kind as usize].free(p.node);
             } else {
                 i += 1;
@@ -891,7 +953,7 @@ impl Shared {
             {
                 continue;
             }
-            if cross && p.home_fence.is_none() {
+            if cross && p.queued && p.home_fence.is_none() {
                 if let Some(r) = recorder {
                     p.home_fence = Some(r.record(p.home));
                 }
@@ -923,6 +985,8 @@ impl Shared {
                 kind: p.kind,
                 pool: self.id,
                 wait_for: (!wait.is_empty()).then(|| Box::new(wait)),
+                // On its home stream, queued work there orders the reuse.
+                queued: p.queued && !cross,
             });
         }
         None
@@ -961,6 +1025,7 @@ impl Shared {
             kind,
             pool: self.id,
             wait_for: None,
+            queued: false,
         })
     }
 
@@ -985,6 +1050,7 @@ impl Shared {
                 node: e.node,
                 kind: e.kind,
                 home,
+                queued: e.queued,
                 home_fence: None,
                 uses: Vec::new(),
             });
@@ -1053,18 +1119,7 @@ impl Shared {
         for slot in self.slots.iter() {
             slot.with(|s| {
                 let Some(home) = s.owner else { return };
-                for e in s.drain() {
-                    g.pending_bytes += e.block as usize;
-                    g.pending.push(Pending {
-                        addr: e.addr,
-                        block: e.block as usize,
-                        node: e.node,
-                        kind: e.kind,
-                        home,
-                        home_fence: None,
-                        uses: Vec::new(),
-                    });
-                }
+                self.push_pending(g, home, s.drain());
             });
         }
     }
@@ -1229,7 +1284,7 @@ impl Shared {
                 let mut fences: Vec<Arc<dyn Fence>> = Vec::new();
                 let recorder = self.fences.get();
                 for p in g.pending.iter_mut() {
-                    if p.home_fence.is_none() {
+                    if p.queued && p.home_fence.is_none() {
                         p.home_fence = recorder.map(|r| r.record(p.home));
                     }
                     fences.extend(p.home_fence.iter().cloned());

@@ -11,13 +11,27 @@
 //! - Host code reads a pinned buffer only while no enqueued operation writes it
 //!   (`pending_writes == 0`; enqueuing a writer needs `&mut`), and writes it only
 //!   while no operation holds it at all (`Arc::get_mut`).
+//!
+//! Stream-ordered reuse (PyTorch's caching allocator, `cudaFreeAsync`): a buffer
+//! allocated on stream S whose handle drops while only work on S still uses it
+//! gives its memory back to the pool at once, and later work on S may get the
+//! same bytes while that work is still queued. Two storages then share bytes, and
+//! their access locks no longer keep them apart, so:
+//! - the memory is given back early only when no op on another stream was ever
+//!   enqueued with the buffer (`shared`; otherwise it returns when its last op
+//!   completes, as before);
+//! - a storage built from such memory carries `ready`, a point on its stream's
+//!   timeline: work on S is ordered after it by the stream itself, and every use
+//!   on another stream (an op, or a synchronous read or write) first waits for
+//!   that point. Stream order does the rest: on S the old work comes first.
 
-use crate::loom::{AtomicU32, Ordering};
+use crate::loom::{AtomicBool, AtomicU32, Ordering};
+use crate::timeline::Timeline;
 use crate::{Error, Result};
 use bytemuck::Pod;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Where a buffer's memory lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +64,14 @@ pub(crate) struct Storage {
     pub(crate) kind: MemoryKind,
     access: AtomicU32,
     pending_writes: AtomicU32,
-    backing: Backing,
+    /// The stream the memory was allocated for (0: none).
+    pub(crate) home: u64,
+    /// Set once an op on a stream other than `home` was enqueued with it.
+    shared: AtomicBool,
+    /// Work on streams other than `home` waits for this point first.
+    ready: Option<(Arc<Timeline>, u64)>,
+    /// Taken early by [`Storage::release_in_stream_order`], else by `Drop`.
+    backing: Mutex<Backing>,
 }
 
 // SAFETY: the bytes are plain memory owned by this storage; concurrent access to them
@@ -80,7 +101,7 @@ impl Storage {
             record_mem(hetero_trace::MemKind::Alloc, bytes, stream, pool);
         }
         let ptr = alloc.ptr();
-        Ok(Storage::from_parts(
+        let mut s = Storage::from_parts(
             device,
             MemoryKind::Device,
             ptr,
@@ -90,7 +111,76 @@ impl Storage {
                 pool: pool.clone(),
                 stream,
             },
-        ))
+        );
+        s.home = stream;
+        Ok(s)
+    }
+
+    /// Whether the memory came back on its stream while work queued there could
+    /// still use it (see the module doc).
+    pub(crate) fn reused_in_stream_order(&mut self) -> bool {
+        match self.backing.get_mut().unwrap_or_else(|p| p.into_inner()) {
+            Backing::Device { alloc, .. } => alloc.reused_in_stream_order(),
+            _ => false,
+        }
+    }
+
+    /// Fences of other streams' work that may still use the memory: its first use
+    /// must be ordered after them.
+    pub(crate) fn take_reuse_fences(&mut self) -> Vec<Arc<dyn hetero_memory::Fence>> {
+        match self.backing.get_mut().unwrap_or_else(|p| p.into_inner()) {
+            Backing::Device { alloc, .. } => alloc.take_wait_for(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Work on streams other than the home stream must wait for `value` on `timeline`.
+    pub(crate) fn set_ready(&mut self, timeline: Arc<Timeline>, value: u64) {
+        self.ready = Some((timeline, value));
+    }
+
+    /// The point an op on `stream` must wait for before touching this memory, if
+    /// any; notes that the storage is used off its home stream.
+    #[inline]
+    pub(crate) fn use_on(&self, stream: u64) -> Option<(&Arc<Timeline>, u64)> {
+        if self.home == 0 || self.home == stream {
+            return None;
+        }
+        if !self.shared.load(Ordering::Relaxed) {
+            self.shared.store(true, Ordering::Relaxed);
+        }
+        match &self.ready {
+            Some((t, v)) if !t.is_reached(*v) => Some((t, *v)),
+            _ => None,
+        }
+    }
+
+    /// Called when a buffer handle drops while ops still hold the storage: if every
+    /// op that ever used it ran on its home stream, the memory goes back to the
+    /// pool now, reusable at once by later work on that stream.
+    pub(crate) fn release_in_stream_order(&self) {
+        // `shared` is written only while a handle is borrowed for an enqueue; the
+        // handle is being dropped, so those writes happened before (same thread,
+        // or published by whatever moved the handle here).
+        if self.home == 0 || self.shared.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut b = self.backing.lock().unwrap_or_else(|p| p.into_inner());
+        if let Backing::Device {
+            alloc,
+            pool,
+            stream,
+        } = std::mem::replace(&mut *b, Backing::Empty)
+        {
+            if crate::clock::profiling() {
+                record_mem(hetero_trace::MemKind::Free, self.bytes, stream, &pool);
+            }
+            if crate::backend::on_engine_thread() {
+                pool.free_shared(alloc, stream, Vec::new());
+            } else {
+                pool.free(alloc, stream, Vec::new());
+            }
+        }
     }
 
     /// `bytes` of pinned host memory from `pool`; contents unspecified.
@@ -131,7 +221,10 @@ impl Storage {
             kind,
             access: AtomicU32::new(0),
             pending_writes: AtomicU32::new(0),
-            backing,
+            home: 0,
+            shared: AtomicBool::new(false),
+            ready: None,
+            backing: Mutex::new(backing),
         }
     }
 
@@ -189,6 +282,14 @@ impl Storage {
         }
     }
 
+    /// Blocks until work on `stream` may touch the memory (see [`Storage::use_on`]).
+    pub(crate) fn wait_ready_for(&self, stream: u64, mode: crate::CompletionMode) {
+        if let Some((t, v)) = self.use_on(stream) {
+            // The earlier user's fault is not ours: only its end matters.
+            let _ = t.wait(v, mode);
+        }
+    }
+
     pub(crate) fn add_pending_write(&self) {
         self.pending_writes.fetch_add(1, Ordering::Relaxed);
     }
@@ -204,7 +305,8 @@ impl Storage {
 
 impl Drop for Storage {
     fn drop(&mut self) {
-        match std::mem::replace(&mut self.backing, Backing::Empty) {
+        let b = self.backing.get_mut().unwrap_or_else(|p| p.into_inner());
+        match std::mem::replace(b, Backing::Empty) {
             Backing::Empty => {}
             Backing::Device {
                 alloc,
@@ -218,9 +320,9 @@ impl Drop for Storage {
                 // no stream's work still uses the memory: no fences to pass. An engine
                 // frees what host threads allocate: past its own thread cache.
                 if crate::backend::on_engine_thread() {
-                    pool.free_shared(alloc, stream, Vec::new());
+                    pool.free_completed_shared(alloc, stream);
                 } else {
-                    pool.free(alloc, stream, Vec::new());
+                    pool.free_completed(alloc, stream);
                 }
             }
             Backing::Pinned(alloc) => drop(alloc),
@@ -259,11 +361,23 @@ impl std::fmt::Debug for Storage {
 /// A typed buffer in device memory, reached only through stream operations.
 ///
 /// Dropping the handle while work still uses the buffer is fine: the work keeps the
-/// memory alive until it completes.
+/// memory alive until it completes. For a buffer from [`Stream::alloc`] used only
+/// on that stream, the memory returns to the stream's cache at once, and later
+/// work on the stream may reuse it (stream-ordered, like `cudaFreeAsync`).
+///
+/// [`Stream::alloc`]: crate::Stream::alloc
 pub struct DeviceBuffer<T: Pod> {
     pub(crate) storage: Arc<Storage>,
     len: usize,
     _t: PhantomData<T>,
+}
+
+impl<T: Pod> Drop for DeviceBuffer<T> {
+    fn drop(&mut self) {
+        if Arc::strong_count(&self.storage) > 1 {
+            self.storage.release_in_stream_order();
+        }
+    }
 }
 
 /// A typed buffer of pinned host memory: the source and destination of async copies.

@@ -2,6 +2,7 @@
 //! the host backend is the default and always available.
 
 use crate::backend::{host::HostBackend, Backend, DeviceProperties};
+use crate::buffer::Storage;
 use crate::buffer::{DeviceBuffer, MemoryKind, PinnedBuffer};
 use crate::stream::{Stream, PRIORITY_LOWEST};
 use crate::{CompletionMode, DeviceConfig, Error, Result};
@@ -140,16 +141,21 @@ impl Device {
     /// Its contents are unspecified (like `cudaMalloc`): fill or copy before reading.
     /// For stream-ordered allocation use [`Stream::alloc`].
     pub fn alloc<T: Pod>(&self, len: usize) -> Result<DeviceBuffer<T>> {
-        self.alloc_on(len, 0)
+        let mut s = self.device_storage::<T>(len, 0)?;
+        // Memory that a stream's queued work may still use: no stream orders this
+        // buffer's first use, so wait for that work here.
+        for f in s.take_reuse_fences() {
+            f.wait();
+        }
+        Ok(DeviceBuffer::from_storage(Arc::new(s), len))
     }
 
-    pub(crate) fn alloc_on<T: Pod>(&self, len: usize, stream: u64) -> Result<DeviceBuffer<T>> {
+    /// Device memory for `len` elements of `T`, cached per `stream` (0: none).
+    pub(crate) fn device_storage<T: Pod>(&self, len: usize, stream: u64) -> Result<Storage> {
         let bytes = Self::bytes_for::<T>(len)?;
-        let s = self
-            .inner
+        self.inner
             .backend
-            .allocate(MemoryKind::Device, bytes, stream)?;
-        Ok(DeviceBuffer::from_storage(Arc::new(s), len))
+            .allocate(MemoryKind::Device, bytes, stream)
     }
 
     /// A pinned host buffer of `len` elements from the pinned pool (pinned once per

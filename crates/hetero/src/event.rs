@@ -9,6 +9,28 @@ use crate::{Error, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// The pool's view of a point on a stream's timeline: memory freed there may be
+/// reused elsewhere once it is reached. Stream allocation turns it back into a
+/// device-side wait (through `as_any`) instead of a host wait.
+#[derive(Debug)]
+pub(crate) struct TimelineFence {
+    pub(crate) timeline: Arc<Timeline>,
+    pub(crate) value: u64,
+}
+
+impl hetero_memory::Fence for TimelineFence {
+    fn is_complete(&self) -> bool {
+        self.timeline.is_reached(self.value)
+    }
+    fn wait(&self) {
+        // A fault of the stream that used the memory is not the waiter's.
+        let _ = self.timeline.wait(self.value, CompletionMode::auto());
+    }
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+}
+
 #[derive(Clone)]
 pub(crate) struct EventPoint {
     pub(crate) timeline: Arc<Timeline>,

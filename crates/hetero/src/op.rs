@@ -51,9 +51,13 @@ pub(crate) enum Body {
     },
     /// Taken (`Option::take`) when it runs.
     Host(Option<Box<dyn FnOnce() + Send>>),
+    /// Waits until `value` on `timeline`. An event wait (`fault`) takes on the
+    /// other stream's fault; a memory wait (before reusing memory that stream's
+    /// work used) only needs its end.
     Wait {
         timeline: Arc<Timeline>,
         value: u64,
+        fault: bool,
     },
     Marker {
         stamp: Arc<AtomicU64>,
@@ -125,7 +129,8 @@ impl Op {
             Body::Fill { .. } => "fill",
             Body::Kernel { kernel, .. } => kernel.name,
             Body::Host(_) => "host_fn",
-            Body::Wait { .. } => "wait_event",
+            Body::Wait { fault: true, .. } => "wait_event",
+            Body::Wait { fault: false, .. } => "wait_memory",
             Body::Marker { .. } => "record_event",
         }
     }

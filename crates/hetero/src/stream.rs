@@ -81,15 +81,74 @@ impl Stream {
         &self.inner.device
     }
 
-    /// A device buffer of `len` elements allocated in stream order: the pool serves
-    /// it from this stream's cache first, and it returns there when its last use
-    /// completes (dropping the handle while work still uses it is fine). Contents are
-    /// unspecified.
+    /// A device buffer of `len` elements allocated in stream order (like
+    /// `cudaMallocAsync`): the pool serves it from this stream's cache first.
+    /// Contents are unspecified.
+    ///
+    /// Dropping the handle frees it in stream order: if only work on this stream
+    /// used it, the memory is back in this stream's cache at once and a later
+    /// `alloc` here may return it while that work is still queued (later work on
+    /// the stream runs after it). Otherwise it returns when its last use
+    /// completes. Using the buffer on another stream is always safe: that stream
+    /// first waits, on the device, for this stream to reach the allocation, and
+    /// memory taken over from another stream's queued work is ordered after it
+    /// the same way.
     pub fn alloc<T: Pod>(&self, len: usize) -> Result<DeviceBuffer<T>> {
         if self.q().is_closed() {
             return Err(Error::StreamDestroyed { stream: self.id() });
         }
-        self.inner.device.alloc_on(len, self.id())
+        let mut s = self.inner.device.device_storage::<T>(len, self.id())?;
+        let mut ordered = s.reused_in_stream_order();
+        let mut failed = None;
+        for f in s.take_reuse_fences() {
+            if f.is_complete() {
+                continue;
+            }
+            let point = f
+                .as_any()
+                .and_then(|a| a.downcast_ref::<crate::event::TimelineFence>())
+                .filter(|t| t.timeline.device == self.inner.device.id());
+            match point {
+                Some(t) if t.timeline.stream == self.id() => ordered = true,
+                Some(t) if failed.is_none() => {
+                    match self.submit(Body::Wait {
+                        timeline: t.timeline.clone(),
+                        value: t.value,
+                        fault: false,
+                    }) {
+                        Ok(_) => ordered = true,
+                        // The memory is freed again when `s` drops: it must not
+                        // still be in use then.
+                        Err(e) => {
+                            f.wait();
+                            failed = Some(e);
+                        }
+                    }
+                }
+                _ => f.wait(),
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if ordered {
+            s.set_ready(self.q().timeline().clone(), self.q().submitted());
+        }
+        Ok(DeviceBuffer::from_storage(Arc::new(s), len))
+    }
+
+    /// Orders an op on this stream that touches `s` after the work that used its
+    /// memory before it, when that work ran elsewhere (see [`Stream::alloc`]).
+    #[inline]
+    fn order_use(&self, s: &Storage) -> Result<()> {
+        if let Some((timeline, value)) = s.use_on(self.id()) {
+            self.submit(Body::Wait {
+                timeline: timeline.clone(),
+                value,
+                fault: false,
+            })?;
+        }
+        Ok(())
     }
 
     /// Names the stream in profiles and traces.
@@ -156,6 +215,8 @@ impl Stream {
             return Err(Error::Aliasing { op });
         }
         let size = std::mem::size_of::<T>();
+        self.order_use(src)?;
+        self.order_use(dst)?;
         let host_dst = (dst.kind == MemoryKind::Pinned).then(|| PendingWrite::new(dst));
         self.submit(Body::Copy {
             kind,
@@ -287,6 +348,7 @@ impl Stream {
         }
         let mut pattern = [0u8; 16];
         pattern[..size].copy_from_slice(bytemuck::bytes_of(&value));
+        self.order_use(storage)?;
         let host_dst = (storage.kind == MemoryKind::Pinned).then(|| PendingWrite::new(storage));
         self.submit(Body::Fill {
             dst: storage.clone(),
@@ -343,6 +405,9 @@ impl Stream {
                     return Err(Error::Aliasing { op: "launch" });
                 }
             }
+        }
+        for a in args {
+            self.order_use(a.storage)?;
         }
         let list = ArgList::from_args(args);
         self.submit(Body::Kernel {
@@ -403,6 +468,7 @@ impl Stream {
         self.submit(Body::Wait {
             timeline: p.timeline.clone(),
             value: p.value,
+            fault: true,
         })?;
         Ok(())
     }
@@ -447,6 +513,7 @@ impl Stream {
             return Err(Error::StreamDestroyed { stream: self.id() });
         }
         self.synchronize()?;
+        storage.wait_ready_for(self.id(), self.inner.device.host_wait());
         storage.acquire_blocking(write);
         f();
         storage.release(write);

@@ -138,6 +138,28 @@ enum Work {
     Help(Arc<KernelJob>),
 }
 
+/// The pool's [`hetero_memory::StreamFences`]: a fence at the current end of a
+/// stream. Lock order: the pool's lock, then `streams` (nothing holding `streams`
+/// calls into the pool).
+#[derive(Debug)]
+struct HostFences {
+    shared: std::sync::Weak<Shared>,
+}
+
+impl hetero_memory::StreamFences for HostFences {
+    fn record(&self, stream: u64) -> Arc<dyn hetero_memory::Fence> {
+        let found = self.shared.upgrade().and_then(|sh| {
+            let list = sh.streams.lock().unwrap_or_else(|p| p.into_inner());
+            list.iter()
+                .find(|s| s.id == stream)
+                .map(|s| (s.timeline.clone(), s.submitted()))
+        });
+        // A stream no longer listed was released after its work completed.
+        let (timeline, value) = found.unwrap_or_else(|| (Arc::new(Timeline::new(0, stream)), 0));
+        Arc::new(crate::event::TimelineFence { timeline, value })
+    }
+}
+
 enum Readiness {
     NotReady,
     /// The stream failed earlier: drop the op without running it.
@@ -187,6 +209,11 @@ impl HostBackend {
             next_stream: AtomicU64::new(1),
             config: config.clone(),
         });
+        // The pool learns where streams stand from their timelines; weakly, so
+        // that the pool does not keep the engines' state alive.
+        pool.set_stream_fences(Arc::new(HostFences {
+            shared: Arc::downgrade(&shared),
+        }));
         let props = DeviceProperties {
             name: format!("host ({} compute units)", config.compute_units),
             backend: "host",
@@ -429,7 +456,9 @@ impl Shared {
             return Readiness::Skip;
         }
         match &op.body {
-            Body::Wait { timeline, value } => {
+            Body::Wait {
+                timeline, value, ..
+            } => {
                 if timeline.is_reached(*value) {
                     Readiness::Ready(Engine::None)
                 } else {
@@ -513,10 +542,11 @@ const HINT_VALUE_BITS: u32 = 44;
 /// `None` when the op is not a wait or the numbers do not fit.
 fn wait_hint_of(op: &Op) -> Option<u64> {
     match &op.body {
-        Body::Wait { timeline, value }
-            if timeline.stream < (1 << (64 - HINT_VALUE_BITS))
-                && *value < (1 << HINT_VALUE_BITS)
-                && timeline.stream != 0 =>
+        Body::Wait {
+            timeline, value, ..
+        } if timeline.stream < (1 << (64 - HINT_VALUE_BITS))
+            && *value < (1 << HINT_VALUE_BITS)
+            && timeline.stream != 0 =>
         {
             Some(timeline.stream << HINT_VALUE_BITS | value)
         }
@@ -577,9 +607,9 @@ fn record(stream: &HostStream, op: &Op, value: u64, engine: Engine, ran: Ran, fa
         Body::Fill { .. } => (K::Fill, E::CopyD2D, copy_index, None),
         Body::Kernel { .. } => (K::Kernel, E::Compute, ran.unit, None),
         Body::Host(_) => (K::HostFn, E::Host, ran.unit, None),
-        Body::Wait { timeline, value } => {
-            (K::Wait, E::Host, ran.unit, Some((timeline.stream, *value)))
-        }
+        Body::Wait {
+            timeline, value, ..
+        } => (K::Wait, E::Host, ran.unit, Some((timeline.stream, *value))),
         Body::Marker { .. } => (K::Marker, E::Host, ran.unit, None),
     };
     let end_ns = crate::clock::now_ns();
@@ -863,7 +893,11 @@ impl Worker {
                 op::run_transfer(&op.body);
                 Ok(())
             }
-            Body::Wait { timeline, value: v } => match timeline.error_for(*v) {
+            Body::Wait {
+                timeline,
+                value: v,
+                fault,
+            } => match timeline.error_for(*v).filter(|_| *fault) {
                 Some(e) => Err(format!(
                     "waited on an event of stream {}, which failed: {e}",
                     timeline.stream

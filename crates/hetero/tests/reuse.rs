@@ -1,0 +1,196 @@
+//! Stream-ordered reuse through the public API: a buffer dropped while only its
+//! own stream's queued work uses it is reused at once by later work on that
+//! stream, and every use of that memory on another stream waits for the work
+//! that used it before.
+
+use hetero::{Arg, Device, DeviceConfig, Grid, Kernel, PoolConfig, Stream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn dev(config: DeviceConfig) -> Device {
+    Device::new(config.compute_units(2)).expect("host device")
+}
+
+/// Holds a stream until opened (or dropped: a failing test must not leave the
+/// stream blocked, since dropping a stream waits for its work).
+struct Gate(Arc<AtomicBool>);
+
+impl Gate {
+    fn open(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.open();
+    }
+}
+
+/// Blocks `s` until the returned gate opens.
+fn gate(s: &Stream) -> Gate {
+    let open = Arc::new(AtomicBool::new(false));
+    let o = open.clone();
+    let k = Kernel::new("gate", move |_| {
+        while !o.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    });
+    s.launch(&k, Grid::new(1), &[]).expect("gate");
+    Gate(open)
+}
+
+/// A kernel that counts the elements of its buffer that are not `want`.
+fn checker(want: u32, bad: &Arc<AtomicUsize>) -> Kernel {
+    let bad = bad.clone();
+    Kernel::new("check", move |b| {
+        let n = b.read::<u32>(0).iter().filter(|v| **v != want).count();
+        bad.fetch_add(n, Ordering::Relaxed);
+    })
+}
+
+#[test]
+fn reuse_same_stream_reuses_memory_while_its_work_is_queued() {
+    let d = dev(DeviceConfig::default());
+    let s = d.create_stream().unwrap();
+    let n = 16 * 1024; // 64 KiB
+    drop(s.alloc::<u32>(n).unwrap()); // warm: the chunk exists
+    let open = gate(&s);
+    let before = d.memory_stats();
+    let bad = Arc::new(AtomicUsize::new(0));
+    let rounds = 200u32;
+    for i in 0..rounds {
+        let b = s.alloc::<u32>(n).unwrap();
+        s.fill(&b, i).unwrap();
+        s.launch(&checker(i, &bad), Grid::new(1), &[Arg::read(&b)])
+            .unwrap();
+        // Dropped with a fill and a kernel queued behind the closed gate.
+    }
+    let queued = d.memory_stats();
+    assert_eq!(s.query().unwrap(), false, "the gate holds the stream");
+    // Without reuse each round would hold its own 64 KiB until the gate opens
+    // (12.5 MiB, seven new chunks).
+    assert_eq!(
+        queued.reserved, before.reserved,
+        "rounds queued behind one gate needed new memory"
+    );
+    assert!(queued.cache_hits >= before.cache_hits + u64::from(rounds) - 1);
+    open.open();
+    s.synchronize().expect("every round ran");
+    assert_eq!(
+        bad.load(Ordering::Relaxed),
+        0,
+        "a round saw another round's values: reuse broke stream order"
+    );
+}
+
+#[test]
+fn reuse_memory_reused_on_its_stream_is_ordered_for_other_streams() {
+    let d = dev(DeviceConfig::default());
+    let s = d.create_stream().unwrap();
+    let t = d.create_stream().unwrap();
+    let n = 16 * 1024;
+    drop(s.alloc::<u32>(n).unwrap());
+    let open = gate(&s);
+    let a = s.alloc::<u32>(n).unwrap();
+    s.fill(&a, 1).unwrap(); // queued behind the gate
+    drop(a);
+    let hits = d.memory_stats().cache_hits;
+    let b = s.alloc::<u32>(n).unwrap();
+    assert_eq!(
+        d.memory_stats().cache_hits,
+        hits + 1,
+        "b should take a's memory from the stream's cache"
+    );
+    // b is used on t: t must wait until s has passed the fill of a's 1s.
+    t.fill(&b, 2).unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    assert_eq!(
+        t.query().unwrap(),
+        false,
+        "t ran before s finished with the memory"
+    );
+    open.open();
+    t.synchronize().unwrap();
+    s.synchronize().unwrap();
+    let got = t.read_to_vec(&b).unwrap();
+    assert!(got.iter().all(|v| *v == 2), "a's fill landed after b's");
+}
+
+#[test]
+fn reuse_memory_taken_from_another_streams_queue_waits_on_the_device() {
+    // Two 768 KiB buffers fill the only 2 MiB chunk the pool may map: t's
+    // allocation can only be served with memory s's queued work still uses.
+    let pool = PoolConfig::default().max_reserved(2 << 20);
+    let d = dev(DeviceConfig::default().memory(pool));
+    let s = d.create_stream().unwrap();
+    let t = d.create_stream().unwrap();
+    let n = 192 * 1024; // 768 KiB
+    let open = gate(&s);
+    let a1 = s.alloc::<u32>(n).unwrap();
+    let a2 = s.alloc::<u32>(n).unwrap();
+    s.fill(&a1, 1).unwrap();
+    s.fill(&a2, 1).unwrap();
+    drop((a1, a2));
+    let b = t
+        .alloc::<u32>(n)
+        .expect("memory of s's queued work, ordered after it");
+    t.fill(&b, 2).unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    assert_eq!(t.query().unwrap(), false, "t reused memory s still writes");
+    open.open();
+    t.synchronize().unwrap();
+    let got = t.read_to_vec(&b).unwrap();
+    assert!(got.iter().all(|v| *v == 2), "s's fill landed after t's");
+    s.synchronize().unwrap();
+}
+
+#[test]
+fn reuse_a_buffer_used_on_two_streams_waits_for_both() {
+    let d = dev(DeviceConfig::default());
+    let s = d.create_stream().unwrap();
+    let t = d.create_stream().unwrap();
+    let n = 16 * 1024;
+    let a = s.alloc::<u32>(n).unwrap();
+    s.fill(&a, 5).unwrap();
+    s.synchronize().unwrap();
+    // t reads a behind its gate; a is then dropped. Its memory must not come
+    // back to s while t's kernel may still read it.
+    let open = gate(&t);
+    let bad = Arc::new(AtomicUsize::new(0));
+    t.launch(&checker(5, &bad), Grid::new(1), &[Arg::read(&a)])
+        .unwrap();
+    drop(a);
+    for _ in 0..4 {
+        let b = s.alloc::<u32>(n).unwrap();
+        s.fill(&b, 9).unwrap();
+    }
+    s.synchronize().unwrap();
+    open.open();
+    t.synchronize().unwrap();
+    assert_eq!(
+        bad.load(Ordering::Relaxed),
+        0,
+        "s overwrote memory t still read"
+    );
+}
+
+#[test]
+fn reuse_an_earlier_users_fault_does_not_fail_the_next_user() {
+    let d = dev(DeviceConfig::default());
+    let s = d.create_stream().unwrap();
+    let t = d.create_stream().unwrap();
+    let n = 16 * 1024;
+    drop(s.alloc::<u32>(n).unwrap());
+    let a = s.alloc::<u32>(n).unwrap();
+    let boom = Kernel::new("boom", |_| panic!("injected"));
+    s.launch(&boom, Grid::new(1), &[Arg::write(&a)]).unwrap();
+    drop(a);
+    let b = s.alloc::<u32>(n).unwrap();
+    // s failed; t only waited for s to be done with the memory.
+    t.fill(&b, 3).unwrap();
+    t.synchronize().expect("t is not faulted by s's kernel");
+    assert!(s.synchronize().is_err());
+    assert_eq!(t.read_to_vec(&b).unwrap(), vec![3u32; n]);
+}
