@@ -1,7 +1,10 @@
 //! `hetero bench alloc`: hetero's pools beside glibc malloc, mimalloc, jemalloc,
 //! the offset-allocator crate and posix_memalign+mlock (the seed's baseline),
 //! in one run, plus two fragmentation replays (buffer-level churn at 60 %
-//! occupancy; a whole-pool trace whose batch grows N → N+1).
+//! occupancy; a whole-pool trace whose batch grows N → N+1). The churn replay
+//! also runs three exact reference placement policies (first-fit, best-fit,
+//! two-ended fit: an ideal free list, 256-byte granularity) on the same
+//! sequence, as the yardstick for what non-moving placement can reach there.
 
 use super::BenchReport;
 use hetero_memory::tlsf::{Placement, Tlsf};
@@ -269,10 +272,186 @@ fn fragmentation(live: &mut [(u64, u64)], cap: u64) -> f64 {
     }
 }
 
+/// An allocator under the fragmentation replay: places a buffer (`None` when
+/// it does not fit), frees one, and says which range of the region it holds.
+trait Replayed {
+    type Handle: Copy;
+    fn alloc(&mut self, size: u64) -> Option<Self::Handle>;
+    fn free(&mut self, h: Self::Handle);
+    /// `(start, len)` of a live allocation, padding included.
+    fn range(&self, h: Self::Handle) -> (u64, u64);
+}
+
+/// hetero's buffer level; the handle keeps the node, its address and size.
+struct TlsfReplay(Tlsf);
+
+impl Replayed for TlsfReplay {
+    type Handle = (u32, u64, u64);
+    fn alloc(&mut self, size: u64) -> Option<Self::Handle> {
+        let t = &mut self.0;
+        t.alloc(size, 256, Placement::Low, u64::MAX)
+            .map(|(n, addr)| (n, addr, t.size_of(n)))
+    }
+    fn free(&mut self, (n, _, _): Self::Handle) {
+        self.0.free(n);
+    }
+    fn range(&self, (_, addr, len): Self::Handle) -> (u64, u64) {
+        (addr, len)
+    }
+}
+
+impl Replayed for offset_allocator::Allocator<u32> {
+    type Handle = offset_allocator::Allocation<u32>;
+    fn alloc(&mut self, size: u64) -> Option<Self::Handle> {
+        self.allocate(u32::try_from(size).ok()?)
+    }
+    fn free(&mut self, h: Self::Handle) {
+        offset_allocator::Allocator::free(self, h);
+    }
+    fn range(&self, h: Self::Handle) -> (u64, u64) {
+        (u64::from(h.offset), u64::from(self.allocation_size(h)))
+    }
+}
+
+/// Where the exact reference model puts a request among the holes that fit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Policy {
+    /// First fit: the lowest-address hole, at its bottom.
+    First,
+    /// Best fit: the smallest hole (lowest address on ties), at its bottom.
+    Best,
+    /// Two-ended fit: requests under [`TWO_ENDED_SPLIT`] first-fit from the
+    /// bottom; larger ones take the highest-address hole, at its top end.
+    TwoEnded,
+}
+
+/// The two-ended policy's small/large threshold (on the requested size).
+const TWO_ENDED_SPLIT: u64 = 1 << 20;
+
+/// Granularity of the reference model, the TLSF's alignment in the replay.
+const REF_GRAIN: u64 = 256;
+
+/// An exact free-list allocator over `[0, cap)`: a sorted list of coalesced
+/// holes, sizes rounded up to [`REF_GRAIN`], O(holes) per operation. The
+/// yardstick for what a non-moving placement policy can do on a sequence.
+struct RefModel {
+    policy: Policy,
+    /// `(start, len)`, sorted by start, never adjacent (always coalesced).
+    holes: Vec<(u64, u64)>,
+}
+
+impl RefModel {
+    fn new(policy: Policy, cap: u64) -> Self {
+        RefModel {
+            policy,
+            holes: vec![(0, cap)],
+        }
+    }
+}
+
+impl Replayed for RefModel {
+    type Handle = (u64, u64);
+    fn alloc(&mut self, size: u64) -> Option<Self::Handle> {
+        let len = size.max(1).div_ceil(REF_GRAIN) * REF_GRAIN;
+        let mut fits = self.holes.iter().enumerate().filter(|(_, h)| h.1 >= len);
+        let (i, top) = match self.policy {
+            Policy::TwoEnded if size >= TWO_ENDED_SPLIT => (fits.next_back()?.0, true),
+            Policy::First | Policy::TwoEnded => (fits.next()?.0, false),
+            Policy::Best => (fits.min_by_key(|(i, h)| (h.1, *i))?.0, false),
+        };
+        let (hs, hl) = self.holes[i];
+        let start = if top { hs + hl - len } else { hs };
+        if hl == len {
+            self.holes.remove(i);
+        } else if top {
+            self.holes[i].1 = hl - len;
+        } else {
+            self.holes[i] = (hs + len, hl - len);
+        }
+        Some((start, len))
+    }
+    fn free(&mut self, (start, len): Self::Handle) {
+        let i = self.holes.partition_point(|h| h.0 < start);
+        let joins_prev = i > 0 && {
+            let p = self.holes[i - 1];
+            p.0 + p.1 == start
+        };
+        let joins_next = i < self.holes.len() && start + len == self.holes[i].0;
+        match (joins_prev, joins_next) {
+            (true, true) => {
+                let next = self.holes.remove(i);
+                self.holes[i - 1].1 += len + next.1;
+            }
+            (true, false) => self.holes[i - 1].1 += len,
+            (false, true) => self.holes[i] = (start, len + self.holes[i].1),
+            (false, false) => self.holes.insert(i, (start, len)),
+        }
+    }
+    fn range(&self, h: Self::Handle) -> (u64, u64) {
+        h
+    }
+}
+
+/// Replays `seq` (free the victim slot, then push the allocations) on `a` and
+/// measures the exact fragmentation of `[0, cap)` after each step. A failed
+/// allocation is counted and keeps its slot, which frees as a no-op.
+fn replay<A: Replayed>(seq: &[(usize, Vec<u64>)], a: &mut A, cap: u64) -> (Vec<f64>, u64) {
+    let mut live: Vec<Option<A::Handle>> = Vec::new();
+    let (mut fr, mut failures) = (Vec::with_capacity(seq.len()), 0u64);
+    let mut ranges = Vec::new();
+    for (victim, add) in seq {
+        if *victim != usize::MAX {
+            if let Some(h) = live.swap_remove(*victim) {
+                a.free(h);
+            }
+        }
+        for &s in add {
+            let h = a.alloc(s);
+            failures += u64::from(h.is_none());
+            live.push(h);
+        }
+        ranges.clear();
+        ranges.extend(live.iter().flatten().map(|&h| a.range(h)));
+        fr.push(fragmentation(&mut ranges, cap));
+    }
+    (fr, failures)
+}
+
+/// Replays `seq` on `a` and reports `{name}/fragmentation-churn` (the mean),
+/// its per-step samples and its failure count.
+fn report_replay<A: Replayed>(
+    rep: &mut BenchReport,
+    name: &str,
+    seq: &[(usize, Vec<u64>)],
+    a: &mut A,
+    cap: u64,
+) {
+    let (mut fr, failures) = replay(seq, a, cap);
+    let mean = fr.iter().sum::<f64>() / fr.len() as f64;
+    rep.push_samples(
+        &format!("{name}/fragmentation-churn-samples"),
+        "ratio",
+        &mut fr,
+    );
+    rep.push_value(
+        &format!("{name}/fragmentation-churn"),
+        "ratio",
+        mean,
+        seq.len() as u64,
+    );
+    rep.push_value(
+        &format!("{name}/fragmentation-churn-failures"),
+        "count",
+        failures as f64,
+        1,
+    );
+}
+
 /// Replay (a): one 1 GiB region, sizes log-uniform 256 B–64 MiB, held at 60 %
-/// occupancy: free a random live buffer, refill to 60 %, measure. Both
-/// allocators get the same sequence; a failed allocation is skipped by both
-/// model and allocator alike (its slot frees as a no-op).
+/// occupancy: free a random live buffer, refill to 60 %, measure. hetero, the
+/// offset-allocator crate and three exact reference policies (first-fit,
+/// best-fit, two-ended fit) get the same sequence; a failed allocation is
+/// skipped by model and allocator alike (its slot frees as a no-op).
 fn fragmentation_churn(rep: &mut BenchReport, quick: bool) {
     const CAP: u64 = 1 << 30;
     let steps = if quick { 3000 } else { 20_000 };
@@ -303,86 +482,27 @@ fn fragmentation_churn(rep: &mut BenchReport, quick: bool) {
         seq.push((victim, add));
     }
 
-    // hetero's buffer level.
     let mut t = Tlsf::new();
     t.add_region(0, CAP);
-    let mut live: Vec<Option<(u32, u64, u64)>> = Vec::new();
-    let (mut fr, mut failures) = (Vec::new(), 0u64);
-    for (victim, add) in &seq {
-        if *victim != usize::MAX {
-            if let Some((n, _, _)) = live.swap_remove(*victim) {
-                t.free(n);
-            }
-        }
-        for &s in add {
-            let a = t
-                .alloc(s, 256, Placement::Low, u64::MAX)
-                .map(|(n, addr)| (n, addr, t.size_of(n)));
-            failures += u64::from(a.is_none());
-            live.push(a);
-        }
-        let mut ranges: Vec<(u64, u64)> = live.iter().flatten().map(|&(_, a, l)| (a, l)).collect();
-        fr.push(fragmentation(&mut ranges, CAP));
-    }
-    let mean = fr.iter().sum::<f64>() / fr.len() as f64;
-    rep.push_samples("hetero/fragmentation-churn-samples", "ratio", &mut fr);
-    rep.push_value(
-        "hetero/fragmentation-churn",
-        "ratio",
-        mean,
-        seq.len() as u64,
-    );
-    rep.push_value(
-        "hetero/fragmentation-churn-failures",
-        "count",
-        failures as f64,
-        1,
-    );
-
-    // offset-allocator, same sequence, exact figures from the live ranges.
+    report_replay(rep, "hetero", &seq, &mut TlsfReplay(t), CAP);
     let mut oa = offset_allocator::Allocator::<u32>::new(CAP as u32);
-    let mut live: Vec<Option<offset_allocator::Allocation<u32>>> = Vec::new();
-    let (mut fr, mut failures) = (Vec::new(), 0u64);
-    for (victim, add) in &seq {
-        if *victim != usize::MAX {
-            if let Some(x) = live.swap_remove(*victim) {
-                oa.free(x);
-            }
-        }
-        for &s in add {
-            let a = oa.allocate(s as u32);
-            failures += u64::from(a.is_none());
-            live.push(a);
-        }
-        let mut ranges: Vec<(u64, u64)> = live
-            .iter()
-            .flatten()
-            .map(|x| (u64::from(x.offset), u64::from(oa.allocation_size(*x))))
-            .collect();
-        fr.push(fragmentation(&mut ranges, CAP));
+    report_replay(rep, "offset-allocator", &seq, &mut oa, CAP);
+    for (name, policy) in [
+        ("reference-first-fit", Policy::First),
+        ("reference-best-fit", Policy::Best),
+        ("reference-two-ended-fit", Policy::TwoEnded),
+    ] {
+        report_replay(rep, name, &seq, &mut RefModel::new(policy, CAP), CAP);
     }
-    let mean = fr.iter().sum::<f64>() / fr.len() as f64;
-    rep.push_samples(
-        "offset-allocator/fragmentation-churn-samples",
-        "ratio",
-        &mut fr,
-    );
-    rep.push_value(
-        "offset-allocator/fragmentation-churn",
-        "ratio",
-        mean,
-        seq.len() as u64,
-    );
-    rep.push_value(
-        "offset-allocator/fragmentation-churn-failures",
-        "count",
-        failures as f64,
-        1,
-    );
     rep.ratio(
         "fragmentation-churn hetero/offset-allocator",
         "hetero/fragmentation-churn",
         "offset-allocator/fragmentation-churn",
+    );
+    rep.ratio(
+        "fragmentation-churn hetero/reference-first-fit",
+        "hetero/fragmentation-churn",
+        "reference-first-fit/fragmentation-churn",
     );
 }
 
@@ -445,4 +565,173 @@ pub fn run(quick: bool) -> BenchReport {
     fragmentation_churn(&mut rep, quick);
     growth(&mut rep, quick);
     rep
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Panics if two live ranges overlap or one leaves `[0, cap)`.
+    fn assert_disjoint(live: &[(u64, u64)], cap: u64) {
+        let mut v = live.to_vec();
+        v.sort_unstable();
+        for w in v.windows(2) {
+            assert!(w[0].0 + w[0].1 <= w[1].0, "overlap: {w:?}");
+        }
+        if let Some(&(s, l)) = v.last() {
+            assert!(s + l <= cap, "past the end: {s} + {l}");
+        }
+    }
+
+    /// Lays out, in a 16 KiB region, three holes of 1, 2 and 4 KiB (at
+    /// 1, 4 and 9 KiB) plus a 3 KiB tail hole at 13 KiB, live buffers around them.
+    fn holed(policy: Policy) -> (RefModel, Vec<(u64, u64)>) {
+        const K: u64 = 1024;
+        let mut m = RefModel::new(policy, 16 * K);
+        let mut live = Vec::new();
+        // Fill [0, 13K) with 1K, 1K, 2K, 2K, 1K, 4K, 2K: bottom-up for all
+        // policies while the region is one hole and every request is small.
+        for s in [1, 1, 2, 2, 1, 4, 2] {
+            live.push(m.alloc(s * K).expect("room"));
+        }
+        assert_eq!(
+            live,
+            [
+                (0, K),
+                (K, K),
+                (2 * K, 2 * K),
+                (4 * K, 2 * K),
+                (6 * K, K),
+                (7 * K, 4 * K),
+                (11 * K, 2 * K)
+            ]
+        );
+        // Free the 1K at 1K, the 2K at 4K, the 4K at 7K: holes 1K@1K,
+        // 2K@4K, 4K@7K and the tail 3K@13K.
+        for i in [5, 3, 1] {
+            m.free(live.remove(i));
+        }
+        assert_eq!(
+            m.holes,
+            [(K, K), (4 * K, 2 * K), (7 * K, 4 * K), (13 * K, 3 * K)]
+        );
+        (m, live)
+    }
+
+    #[test]
+    fn first_fit_takes_the_lowest_hole() {
+        let (mut m, mut live) = holed(Policy::First);
+        // 1.5 KiB (rounded to 256) skips the 1K hole, lands at 4K.
+        let a = m.alloc(1536 - 100).expect("fits");
+        assert_eq!(a, (4096, 1536));
+        live.push(a);
+        // 2.5 KiB: the lowest hole that fits is the 4K one at 7K.
+        let b = m.alloc(2560).expect("fits");
+        assert_eq!(b, (7 * 1024, 2560));
+        live.push(b);
+        assert_disjoint(&live, 16 * 1024);
+    }
+
+    #[test]
+    fn best_fit_takes_the_smallest_hole() {
+        let (mut m, mut live) = holed(Policy::Best);
+        // 2.5 KiB: the 3K tail beats the lower 4K hole.
+        let a = m.alloc(2560).expect("fits");
+        assert_eq!(a, (13 * 1024, 2560));
+        live.push(a);
+        // 1 KiB: the exact 1K hole, which disappears.
+        let b = m.alloc(1024).expect("fits");
+        assert_eq!(b, (1024, 1024));
+        live.push(b);
+        assert!(m.holes.iter().all(|h| h.0 != 1024));
+        // Holes now 2K@4K, 4K@7K, 512@15.5K: 2 KiB takes the exact 2K one.
+        let c = m.alloc(2048).expect("fits");
+        assert_eq!(c, (4096, 2048));
+        live.push(c);
+        assert_disjoint(&live, 16 * 1024);
+    }
+
+    #[test]
+    fn best_fit_breaks_ties_low() {
+        let mut m = RefModel::new(Policy::Best, 8192);
+        let live: Vec<_> = (0..8).map(|_| m.alloc(1024).expect("room")).collect();
+        m.free(live[5]);
+        m.free(live[2]);
+        assert_eq!(m.alloc(1000), Some((2048, 1024)));
+        assert_eq!(m.alloc(1000), Some((5120, 1024)));
+        assert_eq!(m.alloc(1), None);
+    }
+
+    #[test]
+    fn two_ended_puts_large_requests_at_the_top() {
+        const M: u64 = 1 << 20;
+        let mut m = RefModel::new(Policy::TwoEnded, 8 * M);
+        let mut live = Vec::new();
+        // Large: the top of the only hole.
+        let big = m.alloc(2 * M).expect("fits");
+        assert_eq!(big, (6 * M, 2 * M));
+        live.push(big);
+        // Small: the bottom.
+        let small = m.alloc(300).expect("fits");
+        assert_eq!(small, (0, 512));
+        live.push(small);
+        // Large again: right below the first large one.
+        let big2 = m.alloc(M + 1).expect("fits");
+        assert_eq!(big2, (5 * M - 256, M + 256));
+        live.push(big2);
+        // A hole opens at the top; a large request goes back there.
+        m.free(live.remove(0));
+        let big3 = m.alloc(M).expect("fits");
+        assert_eq!(big3, (7 * M, M));
+        live.push(big3);
+        // Small requests keep first-fitting from the bottom.
+        let small2 = m.alloc(M - 1).expect("fits");
+        assert_eq!(small2, (512, M));
+        live.push(small2);
+        assert_disjoint(&live, 8 * M);
+        // Freeing everything coalesces back to one hole.
+        for h in live {
+            m.free(h);
+        }
+        assert_eq!(m.holes, [(0, 8 * M)]);
+    }
+
+    #[test]
+    fn replay_counts_failures_and_frees_failed_slots_as_no_ops() {
+        // A 4 KiB region.
+        let seq = vec![
+            (usize::MAX, vec![1024, 1024, 1024]),
+            (1, vec![2048]),
+            (0, vec![1024, 512]),
+            (0, vec![]),
+        ];
+        let mut m = RefModel::new(Policy::First, 4096);
+        let (fr, failures) = replay(&seq, &mut m, 4096);
+        assert_eq!(failures, 1);
+        assert_eq!(fr.len(), 4);
+        // Step 0: live [0, 3K); the one hole is the 1K tail.
+        assert_eq!(fr[0], 0.0);
+        // Step 1: [1K, 2K) freed; holes 1K@1K and 1K@3K, so 2K fails (its
+        // slot becomes the empty last one).
+        assert_eq!(fr[1], 0.5);
+        // Step 2: slot 0 ([0, 1K)) freed, the failed slot moves to 0; 1K
+        // lands at 0 and 512 at 1K. Holes 512@1.5K and 1K@3K.
+        assert_eq!(fr[2], 1.0 - 1024.0 / 1536.0);
+        // Step 3: slot 0 is the failed one: nothing is freed.
+        assert_eq!(fr[3], fr[2]);
+        assert_eq!(m.holes, [(1536, 512), (3072, 1024)]);
+    }
+
+    #[test]
+    fn fragmentation_is_exact() {
+        // Holes of 2, 1, 1 and 12 units (given unsorted): 1 − 12/16.
+        let mut live = [(8, 4), (2, 3), (6, 1)];
+        assert_eq!(fragmentation(&mut live, 24), 0.25);
+        // One hole, or none at all: no fragmentation.
+        assert_eq!(fragmentation(&mut [], 24), 0.0);
+        assert_eq!(fragmentation(&mut [(0, 24)], 24), 0.0);
+        assert_eq!(fragmentation(&mut [(4, 20)], 24), 0.0);
+        // Two equal holes: half the free space is unusable for one request.
+        assert_eq!(fragmentation(&mut [(4, 4)], 12), 0.5);
+    }
 }
