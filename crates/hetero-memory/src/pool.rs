@@ -13,6 +13,11 @@
 //!   (or, under [`ReusePolicy::FollowEventDependencies`], with that fence in
 //!   [`Allocation::wait_for`]). Fences of S come from the installed
 //!   [`StreamFences`]; without one, streams are treated as host-synchronous.
+//!   A free of memory whose last use already completed
+//!   ([`DevicePool::free_completed`]) needs no fence: such blocks reach other
+//!   streams at once. Memory a queued free handed back to its own stream is
+//!   flagged ([`Allocation::reused_in_stream_order`]) so the execution layer
+//!   can order its uses on other streams.
 //! - *buffer*: [`Tlsf`] sub-allocation inside chunks, under one mutex (the slow path).
 //!
 //! Invariants: a byte is in exactly one of {live allocation, thread cache,
@@ -750,7 +755,7 @@ impl DevicePool {
     #[inline(always)]
     fn free_cached(&self, a: Allocation, stream: StreamId, queued: bool) {
         if a.pool == self.s.id && a.block <= FRONT_MAX {
-            if !queued {
+            if self.s.may_poison(queued) {
                 poison(a.ptr.as_ptr(), a.block);
             }
             let e = Entry {
@@ -846,9 +851,7 @@ impl Shared {
             tracing::error!(?a, "free of an allocation from another pool; it is leaked");
             return;
         }
-        // Memory that queued work may still touch is poisoned only when it
-        // returns to the chunks.
-        if !queued && uses.is_empty() {
+        if uses.is_empty() && self.may_poison(queued) {
             poison(a.ptr.as_ptr(), a.block);
         }
         if uses.is_empty() && a.block <= FRONT_MAX {
@@ -867,6 +870,15 @@ impl Shared {
             }
         }
         self.free_slow(a, stream, uses, queued);
+    }
+
+    /// Whether a freed block may be poisoned now (AddressSanitizer builds only):
+    /// memory that queued work may still touch is poisoned when it returns to
+    /// the chunks. Without a fence recorder the caller promised that the
+    /// stream's work on it completed.
+    #[inline(always)]
+    fn may_poison(&self, queued: bool) -> bool {
+        cfg!(hetero_asan) && (!queued || self.fences.get().is_none())
     }
 
     fn lock(&self) -> MutexGuard<'_, Slow> {

@@ -71,6 +71,49 @@ fn follow_event_dependencies_hands_the_fence_over() {
 }
 
 #[test]
+fn a_queued_free_is_flagged_on_its_stream_and_fenced_elsewhere() {
+    let (p, streams) = tight(ReusePolicy::FollowEventDependencies);
+    let a = p.alloc(1 << 20, 0, S).expect("a");
+    let keep = p.alloc(1 << 20, 0, S).expect("fills the chunk");
+    let addr = a.ptr();
+    assert!(!a.reused_in_stream_order(), "fresh memory");
+    p.free(a, S, Vec::new());
+    let b = p.alloc(1 << 20, 0, S).expect("b");
+    assert_eq!(b.ptr(), addr);
+    assert!(
+        b.reused_in_stream_order(),
+        "S's queued work may still use it: later users elsewhere must wait"
+    );
+    assert!(b.wait_for().is_empty(), "on S itself stream order suffices");
+    p.free(b, S, Vec::new());
+    let c = p.alloc(1 << 20, 0, T).expect("c");
+    assert_eq!(c.ptr(), addr);
+    assert_eq!(c.wait_for().len(), 1);
+    assert!(!c.reused_in_stream_order());
+    streams.tail(S).complete();
+    p.free_completed(c, T);
+    p.free(keep, S, Vec::new());
+}
+
+#[test]
+fn a_completed_free_reaches_other_streams_without_a_fence() {
+    let (p, streams) = tight(ReusePolicy::Opportunistic);
+    let a = p.alloc(1 << 20, 0, S).expect("a");
+    let keep = p.alloc(1 << 20, 0, S).expect("fills the chunk");
+    let addr = a.ptr();
+    p.free_completed(a, S);
+    // S's tail never completes: a completed free must not wait for it.
+    let b = p.alloc(1 << 20, 0, T).expect("no fence to wait for");
+    assert_eq!(b.ptr(), addr);
+    assert!(b.wait_for().is_empty());
+    assert!(!b.reused_in_stream_order());
+    assert!(!streams.tail(S).is_complete());
+    p.free_completed_shared(b, T);
+    p.free_completed(keep, S);
+    assert_eq!(p.stats().allocated, 0);
+}
+
+#[test]
 fn opportunistic_and_internal_never_reuse_before_the_fence() {
     for policy in [
         ReusePolicy::Opportunistic,
@@ -384,7 +427,26 @@ fn freed_buffers_are_poisoned() {
     );
     let b = p.alloc(1000, 0, S).expect("b");
     assert!(!hetero_memory::is_poisoned(b.ptr().as_ptr()));
-    p.free(b, S, Vec::new());
+    p.free_completed(b, S);
+    assert!(hetero_memory::is_poisoned(ptr));
+}
+
+#[cfg(hetero_asan)]
+#[test]
+fn queued_frees_are_poisoned_when_their_fence_completes() {
+    let (p, streams) = tight(ReusePolicy::FollowEventDependencies);
+    let a = p.alloc(1 << 20, 0, S).expect("a");
+    let keep = p.alloc(1 << 20, 0, S).expect("keeps the chunk mapped");
+    let ptr = a.ptr().as_ptr();
+    p.free(a, S, Vec::new());
+    assert!(
+        !hetero_memory::is_poisoned(ptr),
+        "S's queued work may still touch it"
+    );
+    streams.tail(S).complete();
+    p.trim();
+    assert!(hetero_memory::is_poisoned(ptr), "back in the chunks");
+    p.free_completed(keep, S);
 }
 
 /// Run in a child process by `stale_read_is_reported`: reads a freed buffer.

@@ -194,3 +194,100 @@ fn reuse_an_earlier_users_fault_does_not_fail_the_next_user() {
     assert!(s.synchronize().is_err());
     assert_eq!(t.read_to_vec(&b).unwrap(), vec![3u32; n]);
 }
+
+/// A small deterministic generator (xorshift), so a failing seed can be replayed.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+}
+
+struct Live {
+    buf: hetero::DeviceBuffer<u32>,
+    value: u32,
+    /// The stream of its last use: another stream waits for it before touching it.
+    last: usize,
+}
+
+/// Random programs over three streams that allocate, use (on their own stream or,
+/// after an event, on others; or first on a stream other than the allocating one)
+/// and drop buffers while stall kernels keep queues deep, so memory is reused
+/// while earlier users' work is queued. Every check must see its own buffer's
+/// value: any mix-up means reuse broke an ordering.
+#[test]
+fn reuse_random_programs_never_mix_buffers() {
+    let d = dev(DeviceConfig::default());
+    let streams: Vec<Stream> = (0..3).map(|_| d.create_stream().unwrap()).collect();
+    let bad = Arc::new(AtomicUsize::new(0));
+    let stall = Kernel::new("stall", |_| std::thread::sleep(Duration::from_micros(300)));
+    let mut next_value = 1u32;
+    for seed in 1..=12u64 {
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ seed);
+        let mut live: Vec<Live> = Vec::new();
+        for _ in 0..150 {
+            match rng.below(8) {
+                0 => {
+                    let s = rng.below(3);
+                    streams[s].launch(&stall, Grid::new(1), &[]).unwrap();
+                }
+                1..=3 if live.len() < 4 => {
+                    let home = rng.below(3);
+                    let len = [1024, 4096, 16384][rng.below(3)];
+                    let buf = streams[home].alloc::<u32>(len).unwrap();
+                    // First user: the allocating stream, or another one directly.
+                    let user = rng.below(3);
+                    let value = next_value;
+                    next_value += 1;
+                    streams[user].fill(&buf, value).unwrap();
+                    streams[user]
+                        .launch(&checker(value, &bad), Grid::new(1), &[Arg::read(&buf)])
+                        .unwrap();
+                    live.push(Live {
+                        buf,
+                        value,
+                        last: user,
+                    });
+                }
+                4 | 5 if !live.is_empty() => {
+                    let i = rng.below(live.len());
+                    let s = rng.below(3);
+                    let l = &mut live[i];
+                    if s != l.last {
+                        let e = streams[l.last].record_event().unwrap();
+                        streams[s].wait_event(&e).unwrap();
+                    }
+                    if rng.below(2) == 0 {
+                        l.value = next_value;
+                        next_value += 1;
+                        streams[s].fill(&l.buf, l.value).unwrap();
+                    }
+                    streams[s]
+                        .launch(&checker(l.value, &bad), Grid::new(1), &[Arg::read(&l.buf)])
+                        .unwrap();
+                    l.last = s;
+                }
+                _ if !live.is_empty() => {
+                    let i = rng.below(live.len());
+                    drop(live.swap_remove(i));
+                }
+                _ => {}
+            }
+        }
+        drop(live);
+        for s in &streams {
+            s.synchronize().unwrap();
+        }
+        assert_eq!(
+            bad.load(Ordering::Relaxed),
+            0,
+            "seed {seed}: a buffer saw another buffer's values"
+        );
+    }
+    let st = d.memory_stats();
+    assert!(st.cache_hits > 0, "the programs should reuse memory");
+}
