@@ -68,7 +68,7 @@ fn reuse_same_stream_reuses_memory_while_its_work_is_queued() {
         // Dropped with a fill and a kernel queued behind the closed gate.
     }
     let queued = d.memory_stats();
-    assert_eq!(s.query().unwrap(), false, "the gate holds the stream");
+    assert!(!s.query().unwrap(), "the gate holds the stream");
     // Without reuse each round would hold its own 64 KiB until the gate opens
     // (12.5 MiB, seven new chunks).
     assert_eq!(
@@ -106,9 +106,8 @@ fn reuse_memory_reused_on_its_stream_is_ordered_for_other_streams() {
     // b is used on t: t must wait until s has passed the fill of a's 1s.
     t.fill(&b, 2).unwrap();
     std::thread::sleep(Duration::from_millis(30));
-    assert_eq!(
-        t.query().unwrap(),
-        false,
+    assert!(
+        !t.query().unwrap(),
         "t ran before s finished with the memory"
     );
     open.open();
@@ -138,7 +137,7 @@ fn reuse_memory_taken_from_another_streams_queue_waits_on_the_device() {
         .expect("memory of s's queued work, ordered after it");
     t.fill(&b, 2).unwrap();
     std::thread::sleep(Duration::from_millis(30));
-    assert_eq!(t.query().unwrap(), false, "t reused memory s still writes");
+    assert!(!t.query().unwrap(), "t reused memory s still writes");
     open.open();
     t.synchronize().unwrap();
     let got = t.read_to_vec(&b).unwrap();
