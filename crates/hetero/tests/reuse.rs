@@ -12,6 +12,13 @@ fn dev(config: DeviceConfig) -> Device {
     Device::new(config.compute_units(2)).expect("host device")
 }
 
+/// A default device with two streams.
+fn two_streams() -> (Device, Stream, Stream) {
+    let d = dev(DeviceConfig::default());
+    let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
+    (d, s, t)
+}
+
 /// Holds a stream until opened (or dropped: a failing test must not leave the
 /// stream blocked, since dropping a stream waits for its work).
 struct Gate(Arc<AtomicBool>);
@@ -87,9 +94,7 @@ fn reuse_same_stream_reuses_memory_while_its_work_is_queued() {
 
 #[test]
 fn reuse_memory_reused_on_its_stream_is_ordered_for_other_streams() {
-    let d = dev(DeviceConfig::default());
-    let s = d.create_stream().unwrap();
-    let t = d.create_stream().unwrap();
+    let (d, s, t) = two_streams();
     let n = 16 * 1024;
     drop(s.alloc::<u32>(n).unwrap());
     let open = gate(&s);
@@ -147,9 +152,7 @@ fn reuse_memory_taken_from_another_streams_queue_waits_on_the_device() {
 
 #[test]
 fn reuse_a_buffer_used_on_two_streams_waits_for_both() {
-    let d = dev(DeviceConfig::default());
-    let s = d.create_stream().unwrap();
-    let t = d.create_stream().unwrap();
+    let (_d, s, t) = two_streams();
     let n = 16 * 1024;
     let a = s.alloc::<u32>(n).unwrap();
     s.fill(&a, 5).unwrap();
@@ -177,9 +180,7 @@ fn reuse_a_buffer_used_on_two_streams_waits_for_both() {
 
 #[test]
 fn reuse_an_earlier_users_fault_does_not_fail_the_next_user() {
-    let d = dev(DeviceConfig::default());
-    let s = d.create_stream().unwrap();
-    let t = d.create_stream().unwrap();
+    let (_d, s, t) = two_streams();
     let n = 16 * 1024;
     drop(s.alloc::<u32>(n).unwrap());
     let a = s.alloc::<u32>(n).unwrap();
