@@ -4,7 +4,10 @@ use std::hint::black_box;
 
 fn main() {
     let pool = DevicePool::new(PoolConfig::default()).expect("pool");
-    let n = 20_000_000u32;
+    let n: u32 = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(20_000_000);
     let t = std::time::Instant::now();
     for _ in 0..n {
         let a = pool.alloc(black_box(4096), 256, 0).expect("alloc");

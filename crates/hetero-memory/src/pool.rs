@@ -102,7 +102,8 @@ pub struct Allocation {
     size: usize,
     block: usize,
     node: u32,
-    kind: Kind,
+    /// A `Kind` as its discriminant (the hot path copies it without converting).
+    kind: u8,
     pool: u32,
     // One pointer, not a 24-byte Vec: the hot path returns an Allocation
     // through memory, and at 64 bytes the copy cost 33 ns per alloc+free
@@ -111,6 +112,8 @@ pub struct Allocation {
     wait_for: Option<Box<Vec<Arc<dyn Fence>>>>,
     /// Freed on the allocating stream while work queued there could still use it.
     queued: bool,
+    /// `class_of(block)` for cacheable blocks (saves recomputing it on free).
+    class: u8,
 }
 
 // SAFETY: an Allocation is a unique handle to a byte range; nothing in it is tied
@@ -161,14 +164,66 @@ impl fmt::Debug for Allocation {
     }
 }
 
+/// A cached block in 16 bytes (the hot path copies it in and out of caches):
+/// its address, with the kind in bits 0–1 and the queued flag (freed while its
+/// stream's queued work could still use it, see `Pending::queued`) in bit 2, as
+/// blocks are at least 256-byte aligned; its size and its TLSF node.
 #[derive(Clone, Copy)]
 struct Entry {
-    addr: usize,
+    word: usize,
     block: u32,
     node: u32,
-    kind: Kind,
-    /// Freed while its stream's queued work could still use it (see `Pending::queued`).
-    queued: bool,
+}
+
+impl Entry {
+    #[inline(always)]
+    fn of(a: &Allocation, queued: bool) -> Entry {
+        Entry {
+            word: a.ptr.as_ptr() as usize | a.kind as usize | usize::from(queued) << 2,
+            block: a.block as u32,
+            node: a.node,
+        }
+    }
+    #[inline(always)]
+    fn addr(self) -> usize {
+        self.word & !7
+    }
+    #[inline(always)]
+    fn kind(self) -> u8 {
+        (self.word & 3) as u8
+    }
+    #[inline(always)]
+    fn queued(self) -> bool {
+        self.word & 4 != 0
+    }
+}
+
+impl Allocation {
+    /// A cached block of `class`, handed out for `size` bytes.
+    #[inline(always)]
+    fn from_entry(e: Entry, size: usize, pool: u32, class: usize) -> Allocation {
+        Allocation {
+            // SAFETY: cached addresses come from chunks, which are never null.
+            ptr: unsafe { NonNull::new_unchecked(e.addr() as *mut u8) },
+            size,
+            block: e.block as usize,
+            node: e.node,
+            kind: e.kind(),
+            pool,
+            wait_for: None,
+            queued: e.queued(),
+            class: class as u8,
+        }
+    }
+}
+
+/// The cache class of a block of `block` bytes (0 when too large to cache).
+fn class_for_block(block: usize) -> u8 {
+    if block <= FRONT_MAX {
+        class_of(block as u64) as u8
+    } else {
+        0
+    }
 }
 
 /// Blocks per size class in a thread cache.
@@ -179,11 +234,9 @@ const T_MAX_BYTES: usize = 8 << 20;
 const PUBLISH_EVERY: u32 = 1024;
 
 const BLANK: Entry = Entry {
-    addr: 0,
+    word: 0,
     block: 0,
     node: 0,
-    kind: Kind::Small,
-    queued: false,
 };
 
 /// The front of the block level: each thread keeps the last blocks it freed on
@@ -243,7 +296,7 @@ impl ThreadCache {
             return None;
         }
         let e = self.entries[c][len - 1];
-        if e.addr & (align - 1) != 0 {
+        if e.addr() & (align - 1) != 0 {
             return None;
         }
         self.lens[c] -= 1;
@@ -363,7 +416,7 @@ impl Slot {
             return None;
         }
         let e = self.entries[c * PER_CLASS + len - 1];
-        if e.addr & (align - 1) != 0 {
+        if e.addr() & (align - 1) != 0 {
             return None;
         }
         self.lens[c] -= 1;
@@ -411,7 +464,8 @@ struct Pending {
     addr: usize,
     block: usize,
     node: u32,
-    kind: Kind,
+    /// A `Kind` as its discriminant.
+    kind: u8,
     home: StreamId,
     /// Work on `home` may still use the block: it reaches another stream only
     /// after `home_fence` (recorded when first needed) completes. False for
@@ -662,18 +716,8 @@ impl DevicePool {
                         .tls_hits
                         .fetch_add(u64::from(PUBLISH_EVERY), Ordering::Relaxed);
                 }
-                unpoison(e.addr as *const u8, size);
-                return Ok(Allocation {
-                    // SAFETY: cached addresses come from chunks, which are never null.
-                    ptr: unsafe { NonNull::new_unchecked(e.addr as *mut u8) },
-                    size,
-                    block: e.block as usize,
-                    node: e.node,
-                    kind: e.kind,
-                    pool: id,
-                    wait_for: None,
-                    queued: e.queued,
-                });
+                unpoison(e.addr() as *const u8, size);
+                return Ok(Allocation::from_entry(e, size, id, class));
             }
         }
         self.s.alloc(size, align, stream)
@@ -758,14 +802,8 @@ impl DevicePool {
             if self.s.may_poison(queued) {
                 poison(a.ptr.as_ptr(), a.block);
             }
-            let e = Entry {
-                addr: a.ptr.as_ptr() as usize,
-                block: a.block as u32,
-                node: a.node,
-                kind: a.kind,
-                queued,
-            };
-            let class = class_of(a.block as u64);
+            let e = Entry::of(&a, queued);
+            let class = usize::from(a.class);
             let epoch = self.s.epoch.load(Ordering::Relaxed);
             let pushed = TCACHE.try_with(|c| match c.try_borrow_mut() {
                 Ok(mut tc) => tc.push(&self.s, stream, epoch, class, e),
@@ -823,18 +861,8 @@ impl Shared {
             let class = class_of(rounded as u64);
             let slot = &self.slots[slot_index(stream)];
             if let Some(Some(e)) = slot.try_with(|s| s.pop(stream, class, align)) {
-                unpoison(e.addr as *const u8, size);
-                return Ok(Allocation {
-                    // SAFETY: cached addresses come from chunks, which are never null.
-                    ptr: unsafe { NonNull::new_unchecked(e.addr as *mut u8) },
-                    size,
-                    block: e.block as usize,
-                    node: e.node,
-                    kind: e.kind,
-                    pool: self.id,
-                    wait_for: None,
-                    queued: e.queued,
-                });
+                unpoison(e.addr() as *const u8, size);
+                return Ok(Allocation::from_entry(e, size, self.id, class));
             }
             return self.alloc_slow(size, rounded, align, stream);
         }
@@ -855,14 +883,8 @@ impl Shared {
             poison(a.ptr.as_ptr(), a.block);
         }
         if uses.is_empty() && a.block <= FRONT_MAX {
-            let e = Entry {
-                addr: a.ptr.as_ptr() as usize,
-                block: a.block as u32,
-                node: a.node,
-                kind: a.kind,
-                queued,
-            };
-            let class = class_of(a.block as u64);
+            let e = Entry::of(&a, queued);
+            let class = usize::from(a.class);
             let cap = self.config.stream_cache_bytes;
             let slot = &self.slots[slot_index(stream)];
             if slot.try_with(|s| s.push(stream, class, e, cap)) == Some(true) {
@@ -999,6 +1021,7 @@ impl Shared {
                 wait_for: (!wait.is_empty()).then(|| Box::new(wait)),
                 // On its home stream, queued work there orders the reuse.
                 queued: p.queued && !cross,
+                class: class_for_block(p.block),
             });
         }
         None
@@ -1034,10 +1057,11 @@ impl Shared {
             size: 0,
             block,
             node,
-            kind,
+            kind: kind as u8,
             pool: self.id,
             wait_for: None,
             queued: false,
+            class: class_for_block(block),
         })
     }
 
@@ -1057,12 +1081,12 @@ impl Shared {
         for e in v {
             g.pending_bytes += e.block as usize;
             g.pending.push(Pending {
-                addr: e.addr,
+                addr: e.addr(),
                 block: e.block as usize,
                 node: e.node,
-                kind: e.kind,
+                kind: e.kind(),
                 home,
-                queued: e.queued,
+                queued: e.queued(),
                 home_fence: None,
                 uses: Vec::new(),
             });
@@ -1381,7 +1405,7 @@ impl Shared {
                     for c in 0..NCLASS {
                         for i in 0..s.lens[c] as usize {
                             owner_of.insert(
-                                s.entries[c * PER_CLASS + i].addr as u64,
+                                s.entries[c * PER_CLASS + i].addr() as u64,
                                 (BlockState::StreamCached, o),
                             );
                         }
@@ -1396,7 +1420,7 @@ impl Shared {
                     let stream = tc.stream;
                     (0..NCLASS)
                         .flat_map(|c| tc.entries[c][..tc.lens[c] as usize].to_vec())
-                        .map(|e| (e.addr as u64, stream))
+                        .map(|e| (e.addr() as u64, stream))
                         .collect::<Vec<_>>()
                 })
             })
