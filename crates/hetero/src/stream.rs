@@ -425,9 +425,22 @@ impl Stream {
         Ok(())
     }
 
-    /// Points `event` at the current end of this stream.
+    /// Points `event` at the current end of this stream. Re-recording an event
+    /// whose last record has completed (and that has no clones) allocates
+    /// nothing: its timestamp cell is reused, like a CUDA event.
     pub fn record(&self, event: &mut Event) -> Result<()> {
-        let stamp = Arc::new(AtomicU64::new(0));
+        // Only this event holds the cell once its marker op ran (no clones, and
+        // no weak references are ever made), so nothing else can read it.
+        let stamp = match event.point.take().map(|p| p.stamp) {
+            Some(mut st) => match Arc::get_mut(&mut st) {
+                Some(cell) => {
+                    *cell.get_mut() = 0;
+                    st
+                }
+                None => Arc::new(AtomicU64::new(0)),
+            },
+            None => Arc::new(AtomicU64::new(0)),
+        };
         let value = self.submit(Body::Marker {
             stamp: stamp.clone(),
         })?;

@@ -128,3 +128,32 @@ fn launching_with_buffer_args_fills_and_copies_allocate_nothing() {
     }
     assert_eq!(allocs() - before, 0);
 }
+
+#[test]
+fn re_recording_an_event_and_waiting_on_it_allocate_nothing() {
+    let dev = device();
+    let (s, t) = (
+        dev.create_stream().expect("s"),
+        dev.create_stream().expect("t"),
+    );
+    let k = Kernel::new("empty", |_| {});
+    let mut e = hetero::Event::new();
+    let round = |e: &mut hetero::Event| {
+        for _ in 0..100 {
+            s.launch(&k, Grid::new(1), &[]).expect("launch");
+            s.record(e).expect("record");
+            t.wait_event(e).expect("wait");
+            t.launch(&k, Grid::new(1), &[]).expect("launch");
+            // The marker op holds the stamp until it runs: completing it frees
+            // the cell for the next record.
+            e.synchronize().expect("event");
+        }
+        t.synchronize().expect("synchronize");
+    };
+    round(&mut e);
+    let before = allocs();
+    for _ in 0..10 {
+        round(&mut e);
+    }
+    assert_eq!(allocs() - before, 0, "re-recording allocated");
+}
