@@ -136,13 +136,16 @@ pub(crate) enum ArgList {
 }
 
 impl ArgList {
+    #[inline]
     pub(crate) fn from_args(args: &[crate::Arg<'_>]) -> Self {
         let karg = |a: &crate::Arg<'_>| KArg {
             storage: a.storage.clone(),
             elem: a.elem,
             write: a.write,
         };
-        if args.len() <= INLINE_KERNEL_ARGS {
+        if args.is_empty() {
+            ArgList::Inline([const { None }; INLINE_KERNEL_ARGS])
+        } else if args.len() <= INLINE_KERNEL_ARGS {
             ArgList::Inline(std::array::from_fn(|i| args.get(i).map(karg)))
         } else {
             ArgList::Heap(args.iter().map(karg).collect())

@@ -65,6 +65,7 @@ pub(crate) enum Body {
 }
 
 impl Op {
+    #[inline(always)]
     pub(crate) fn new(body: Body) -> Self {
         Op {
             body,

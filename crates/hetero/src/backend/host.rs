@@ -344,33 +344,11 @@ impl StreamQueue for HostStream {
         if self.closed.load(Ordering::Relaxed) {
             return Err(Error::StreamDestroyed { stream: self.id });
         }
-        let mut op = op;
-        loop {
-            match self.ring.try_push(op) {
-                Ok(pos) => {
-                    // While an op of this queue is in flight, the engine running it
-                    // looks for work when it completes and will see this op: waking
-                    // another engine, a syscall that costs tens of µs in a VM, would
-                    // buy nothing. The fence orders the op's publication (the slot's
-                    // sequence store, after the tail CAS) before our look at the
-                    // queue state; it pairs with the fence in `Shared::finish`.
-                    // (Without it x86 may read the state before the store drains
-                    // from the store buffer: the wake-up hunt in tests/wakeups.rs
-                    // caught exactly that.)
-                    std::sync::atomic::fence(Ordering::SeqCst);
-                    if self.queue_busy.load(Ordering::Relaxed) != RUNNING {
-                        self.idle.wake_one_if_idle();
-                    }
-                    return Ok(pos + 1);
-                }
-                Err(back) => {
-                    op = back;
-                    self.idle.wake_one_if_idle();
-                    // Full: wait for the oldest op to complete (backpressure).
-                    let oldest = self.ring.head() + 1;
-                    let _ = self.timeline.wait(oldest, self.host_wait);
-                }
-            }
+        // The first try moves `op` straight into the ring (no copy kept for a
+        // retry); a full ring hands it back to the slow path.
+        match self.ring.try_push(op) {
+            Ok(pos) => Ok(self.published(pos)),
+            Err(back) => self.submit_when_full(back),
         }
     }
 
@@ -412,6 +390,39 @@ impl StreamQueue for HostStream {
 }
 
 impl HostStream {
+    /// After the op at ring position `pos` is published: wakes an engine if none
+    /// is bound to look; returns the op's timeline value.
+    #[inline(always)]
+    fn published(&self, pos: u64) -> u64 {
+        // While an op of this queue is in flight, the engine running it looks for
+        // work when it completes and will see this op: waking another engine, a
+        // syscall that costs tens of µs in a VM, would buy nothing. The fence
+        // orders the op's publication (the slot's sequence store, after the tail
+        // CAS) before our look at the queue state; it pairs with the fence in
+        // `Shared::finish`. (Without it x86 may read the state before the store
+        // drains from the store buffer: the wake-up hunt in tests/wakeups.rs
+        // caught exactly that.)
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.queue_busy.load(Ordering::Relaxed) != RUNNING {
+            self.idle.wake_one_if_idle();
+        }
+        pos + 1
+    }
+
+    /// Backpressure: waits for the oldest op to complete, then tries again.
+    #[cold]
+    fn submit_when_full(&self, mut op: Op) -> Result<u64> {
+        loop {
+            self.idle.wake_one_if_idle();
+            let oldest = self.ring.head() + 1;
+            let _ = self.timeline.wait(oldest, self.host_wait);
+            match self.ring.try_push(op) {
+                Ok(pos) => return Ok(self.published(pos)),
+                Err(back) => op = back,
+            }
+        }
+    }
+
     /// Base priority minus one level per `AGING_TICKS` dispatches waited. It may go
     /// below 0, so a starving stream eventually beats even priority-0 work that a
     /// worker would otherwise keep running (ties go to the stream just run).
