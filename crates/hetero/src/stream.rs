@@ -99,8 +99,25 @@ impl Stream {
         }
         let mut s = self.inner.device.device_storage::<T>(len, self.id())?;
         let mut ordered = s.reused_in_stream_order();
+        let fences = s.take_reuse_fences();
+        if !fences.is_empty() {
+            ordered |= self.wait_for_fences(fences)?;
+        }
+        if ordered {
+            s.set_ready(self.q().timeline().clone(), self.q().submitted());
+        }
+        Ok(DeviceBuffer::from_storage(Arc::new(s), len))
+    }
+
+    /// Orders this stream after other streams' work that may still use memory it
+    /// just took over: a device-side wait per fence of this device, a host wait
+    /// otherwise. Returns whether later uses elsewhere must wait for this stream.
+    /// On error every fence has completed (the memory is then freed again).
+    #[cold]
+    fn wait_for_fences(&self, fences: Vec<Arc<dyn hetero_memory::Fence>>) -> Result<bool> {
+        let mut ordered = false;
         let mut failed = None;
-        for f in s.take_reuse_fences() {
+        for f in fences {
             if f.is_complete() {
                 continue;
             }
@@ -117,8 +134,6 @@ impl Stream {
                         fault: false,
                     }) {
                         Ok(_) => ordered = true,
-                        // The memory is freed again when `s` drops: it must not
-                        // still be in use then.
                         Err(e) => {
                             f.wait();
                             failed = Some(e);
@@ -128,13 +143,7 @@ impl Stream {
                 _ => f.wait(),
             }
         }
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        if ordered {
-            s.set_ready(self.q().timeline().clone(), self.q().submitted());
-        }
-        Ok(DeviceBuffer::from_storage(Arc::new(s), len))
+        failed.map_or(Ok(ordered), Err)
     }
 
     /// Orders an op on this stream that touches `s` after the work that used its

@@ -101,6 +101,24 @@ fn hit_path(rep: &mut BenchReport, samples: usize) {
     }
 }
 
+/// The same 4 KiB through the public API: `Stream::alloc` and drop on an idle
+/// stream (a pool hit plus the buffer's own bookkeeping: its `Arc`, its stream
+/// position), beside malloc+free of the same size.
+fn stream_path(rep: &mut BenchReport, samples: usize) {
+    let dev = hetero::Device::new(hetero::DeviceConfig::default()).expect("host device");
+    let s = dev.create_stream().expect("stream");
+    let mut v = time_batches(samples, 32, || {
+        let b = s.alloc::<u8>(black_box(4096)).expect("alloc");
+        black_box(&b);
+    });
+    rep.push_samples("hetero/stream-alloc-free", "ns", &mut v);
+    rep.ratio(
+        "stream-alloc-free glibc/hetero",
+        "glibc/alloc-free",
+        "hetero/stream-alloc-free",
+    );
+}
+
 /// One churn sequence: `Some(size)` allocates, `None` frees a random live slot.
 fn churn_ops(n: usize, live_target: usize, lo: f64, hi: f64) -> Vec<(usize, usize)> {
     let mut rng = Rng(0x5EED_CAFE);
@@ -560,6 +578,7 @@ pub fn run(quick: bool) -> BenchReport {
     let mut rep = BenchReport::new("alloc");
     let samples = if quick { 4000 } else { 40_000 };
     hit_path(&mut rep, samples);
+    stream_path(&mut rep, samples);
     churn(&mut rep, quick);
     pinned(&mut rep, if quick { 2000 } else { 20_000 });
     fragmentation_churn(&mut rep, quick);
