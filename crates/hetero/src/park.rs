@@ -53,6 +53,14 @@ impl Parker {
     #[inline]
     pub(crate) fn wake_one_if_idle(&self) {
         crate::loom::fence(Ordering::SeqCst);
+        self.wake_one_if_idle_fenced();
+    }
+
+    /// [`Parker::wake_one_if_idle`] for a caller that has already issued a SeqCst
+    /// fence after making the condition true (the submitter, which fences before
+    /// it reads its queue's state): a second fence would order nothing more.
+    #[inline]
+    pub(crate) fn wake_one_if_idle_fenced(&self) {
         // `sleepers` first: it changes only when an engine parks or wakes, while
         // `searching` changes around every op an engine runs (a shared-line miss).
         if self.sleepers.load(Ordering::Relaxed) != 0 && self.searching.load(Ordering::Relaxed) == 0
@@ -318,7 +326,7 @@ mod loom_wake_models {
         assert!(q.ring.try_push(v).is_ok());
         fence(Ordering::SeqCst);
         if q.state.load(Ordering::Relaxed) != RUNNING {
-            p.wake_one_if_idle();
+            p.wake_one_if_idle_fenced();
         }
     }
 

@@ -404,7 +404,7 @@ impl HostStream {
         // caught exactly that.)
         std::sync::atomic::fence(Ordering::SeqCst);
         if self.queue_busy.load(Ordering::Relaxed) != RUNNING {
-            self.idle.wake_one_if_idle();
+            self.idle.wake_one_if_idle_fenced();
         }
         pos + 1
     }
