@@ -139,8 +139,9 @@ impl Storage {
         self.ready = Some((timeline, value));
     }
 
-    /// The point an op on `stream` must wait for before touching this memory, if
-    /// any; notes that the storage is used off its home stream.
+    /// The point an op enqueued on `stream` must wait for before touching this
+    /// memory, if any; notes that the storage is used off its home stream (its
+    /// memory then returns only when that op completed).
     #[inline]
     pub(crate) fn use_on(&self, stream: u64) -> Option<(&Arc<Timeline>, u64)> {
         if self.home == 0 || self.home == stream {
@@ -149,6 +150,12 @@ impl Storage {
         if !self.shared.load(Ordering::Relaxed) {
             self.shared.store(true, Ordering::Relaxed);
         }
+        self.pending_ready()
+    }
+
+    /// `ready`, while not yet reached.
+    #[inline]
+    fn pending_ready(&self) -> Option<(&Arc<Timeline>, u64)> {
         match &self.ready {
             Some((t, v)) if !t.is_reached(*v) => Some((t, *v)),
             _ => None,
@@ -282,9 +289,14 @@ impl Storage {
         }
     }
 
-    /// Blocks until work on `stream` may touch the memory (see [`Storage::use_on`]).
+    /// Blocks until a synchronous host access in the order of `stream` may touch
+    /// the memory. The access ends before the call returns, so unlike an op it
+    /// does not keep the memory from returning early.
     pub(crate) fn wait_ready_for(&self, stream: u64, mode: crate::CompletionMode) {
-        if let Some((t, v)) = self.use_on(stream) {
+        if self.home == 0 || self.home == stream {
+            return;
+        }
+        if let Some((t, v)) = self.pending_ready() {
             // The earlier user's fault is not ours: only its end matters.
             let _ = t.wait(v, mode);
         }

@@ -291,3 +291,27 @@ fn reuse_random_programs_never_mix_buffers() {
     let st = d.memory_stats();
     assert!(st.cache_hits > 0, "the programs should reuse memory");
 }
+
+#[test]
+fn reuse_a_synchronous_read_elsewhere_does_not_hold_the_memory() {
+    let (d, s, t) = two_streams();
+    let n = 16 * 1024;
+    drop(s.alloc::<u32>(n).unwrap());
+    let a = s.alloc::<u32>(n).unwrap();
+    s.fill(&a, 4).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(t.read_to_vec(&a).unwrap(), vec![4u32; n]);
+    let open = gate(&s);
+    s.fill(&a, 5).unwrap(); // queued behind the gate
+    drop(a);
+    let hits = d.memory_stats().cache_hits;
+    let b = s.alloc::<u32>(n).unwrap();
+    assert_eq!(
+        d.memory_stats().cache_hits,
+        hits + 1,
+        "the read on t was over: a's memory should be back in s's cache"
+    );
+    open.open();
+    s.fill(&b, 6).unwrap();
+    assert_eq!(s.read_to_vec(&b).unwrap(), vec![6u32; n]);
+}
