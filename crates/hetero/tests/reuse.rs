@@ -3,7 +3,7 @@
 //! stream, and every use of that memory on another stream waits for the work
 //! that used it before.
 
-use hetero::{Arg, Device, DeviceConfig, Grid, Kernel, PoolConfig, Stream};
+use hetero::{Arg, Device, DeviceBuffer, DeviceConfig, Grid, Kernel, PoolConfig, Stream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,10 +12,21 @@ fn dev(config: DeviceConfig) -> Device {
     Device::new(config.compute_units(2)).expect("host device")
 }
 
+/// Elements (u32) of the buffers most tests use: 64 KiB.
+const N: usize = 16 * 1024;
+
 /// A default device with two streams.
 fn two_streams() -> (Device, Stream, Stream) {
     let d = dev(DeviceConfig::default());
     let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
+    (d, s, t)
+}
+
+/// Two streams on a device whose pool already holds an idle block of `N`
+/// elements for `s` (so the next buffer on `s` comes from its cache).
+fn warm_streams() -> (Device, Stream, Stream) {
+    let (d, s, t) = two_streams();
+    drop(s.alloc::<u32>(N).unwrap());
     (d, s, t)
 }
 
@@ -48,6 +59,26 @@ fn gate(s: &Stream) -> Gate {
     Gate(open)
 }
 
+/// Drops `a` and allocates the same size on `s`, which must take `a`'s memory
+/// from the stream's cache (`why` says why it should).
+fn realloc_from_cache(
+    d: &Device,
+    s: &Stream,
+    a: DeviceBuffer<u32>,
+    why: &str,
+) -> DeviceBuffer<u32> {
+    drop(a);
+    let hits = d.memory_stats().cache_hits;
+    let b = s.alloc::<u32>(N).unwrap();
+    assert_eq!(d.memory_stats().cache_hits, hits + 1, "{why}");
+    b
+}
+
+/// Fails with `what` if any checker counted a wrong element.
+fn assert_clean(bad: &AtomicUsize, what: &str) {
+    assert_eq!(bad.load(Ordering::Relaxed), 0, "{what}");
+}
+
 /// A kernel that counts the elements of its buffer that are not `want`.
 fn checker(want: u32, bad: &Arc<AtomicUsize>) -> Kernel {
     let bad = bad.clone();
@@ -59,16 +90,13 @@ fn checker(want: u32, bad: &Arc<AtomicUsize>) -> Kernel {
 
 #[test]
 fn reuse_same_stream_reuses_memory_while_its_work_is_queued() {
-    let d = dev(DeviceConfig::default());
-    let s = d.create_stream().unwrap();
-    let n = 16 * 1024; // 64 KiB
-    drop(s.alloc::<u32>(n).unwrap()); // warm: the chunk exists
+    let (d, s, _t) = warm_streams();
     let open = gate(&s);
     let before = d.memory_stats();
     let bad = Arc::new(AtomicUsize::new(0));
     let rounds = 200u32;
     for i in 0..rounds {
-        let b = s.alloc::<u32>(n).unwrap();
+        let b = s.alloc::<u32>(N).unwrap();
         s.fill(&b, i).unwrap();
         s.launch(&checker(i, &bad), Grid::new(1), &[Arg::read(&b)])
             .unwrap();
@@ -85,28 +113,23 @@ fn reuse_same_stream_reuses_memory_while_its_work_is_queued() {
     assert!(queued.cache_hits >= before.cache_hits + u64::from(rounds) - 1);
     open.open();
     s.synchronize().expect("every round ran");
-    assert_eq!(
-        bad.load(Ordering::Relaxed),
-        0,
-        "a round saw another round's values: reuse broke stream order"
+    assert_clean(
+        &bad,
+        "a round saw another round's values: reuse broke stream order",
     );
 }
 
 #[test]
 fn reuse_memory_reused_on_its_stream_is_ordered_for_other_streams() {
-    let (d, s, t) = two_streams();
-    let n = 16 * 1024;
-    drop(s.alloc::<u32>(n).unwrap());
+    let (d, s, t) = warm_streams();
     let open = gate(&s);
-    let a = s.alloc::<u32>(n).unwrap();
+    let a = s.alloc::<u32>(N).unwrap();
     s.fill(&a, 1).unwrap(); // queued behind the gate
-    drop(a);
-    let hits = d.memory_stats().cache_hits;
-    let b = s.alloc::<u32>(n).unwrap();
-    assert_eq!(
-        d.memory_stats().cache_hits,
-        hits + 1,
-        "b should take a's memory from the stream's cache"
+    let b = realloc_from_cache(
+        &d,
+        &s,
+        a,
+        "b should take a's memory from the stream's cache",
     );
     // b is used on t: t must wait until s has passed the fill of a's 1s.
     t.fill(&b, 2).unwrap();
@@ -153,8 +176,7 @@ fn reuse_memory_taken_from_another_streams_queue_waits_on_the_device() {
 #[test]
 fn reuse_a_buffer_used_on_two_streams_waits_for_both() {
     let (_d, s, t) = two_streams();
-    let n = 16 * 1024;
-    let a = s.alloc::<u32>(n).unwrap();
+    let a = s.alloc::<u32>(N).unwrap();
     s.fill(&a, 5).unwrap();
     s.synchronize().unwrap();
     // t reads a behind its gate; a is then dropped. Its memory must not come
@@ -165,34 +187,28 @@ fn reuse_a_buffer_used_on_two_streams_waits_for_both() {
         .unwrap();
     drop(a);
     for _ in 0..4 {
-        let b = s.alloc::<u32>(n).unwrap();
+        let b = s.alloc::<u32>(N).unwrap();
         s.fill(&b, 9).unwrap();
     }
     s.synchronize().unwrap();
     open.open();
     t.synchronize().unwrap();
-    assert_eq!(
-        bad.load(Ordering::Relaxed),
-        0,
-        "s overwrote memory t still read"
-    );
+    assert_clean(&bad, "s overwrote memory t still read");
 }
 
 #[test]
 fn reuse_an_earlier_users_fault_does_not_fail_the_next_user() {
-    let (_d, s, t) = two_streams();
-    let n = 16 * 1024;
-    drop(s.alloc::<u32>(n).unwrap());
-    let a = s.alloc::<u32>(n).unwrap();
+    let (_d, s, t) = warm_streams();
+    let a = s.alloc::<u32>(N).unwrap();
     let boom = Kernel::new("boom", |_| panic!("injected"));
     s.launch(&boom, Grid::new(1), &[Arg::write(&a)]).unwrap();
     drop(a);
-    let b = s.alloc::<u32>(n).unwrap();
+    let b = s.alloc::<u32>(N).unwrap();
     // s failed; t only waited for s to be done with the memory.
     t.fill(&b, 3).unwrap();
     t.synchronize().expect("t is not faulted by s's kernel");
     assert!(s.synchronize().is_err());
-    assert_eq!(t.read_to_vec(&b).unwrap(), vec![3u32; n]);
+    assert_eq!(t.read_to_vec(&b).unwrap(), vec![3u32; N]);
 }
 
 /// A small deterministic generator (xorshift), so a failing seed can be replayed.
@@ -282,10 +298,9 @@ fn reuse_random_programs_never_mix_buffers() {
         for s in &streams {
             s.synchronize().unwrap();
         }
-        assert_eq!(
-            bad.load(Ordering::Relaxed),
-            0,
-            "seed {seed}: a buffer saw another buffer's values"
+        assert_clean(
+            &bad,
+            &format!("seed {seed}: a buffer saw another buffer's values"),
         );
     }
     let st = d.memory_stats();
@@ -294,24 +309,20 @@ fn reuse_random_programs_never_mix_buffers() {
 
 #[test]
 fn reuse_a_synchronous_read_elsewhere_does_not_hold_the_memory() {
-    let (d, s, t) = two_streams();
-    let n = 16 * 1024;
-    drop(s.alloc::<u32>(n).unwrap());
-    let a = s.alloc::<u32>(n).unwrap();
+    let (d, s, t) = warm_streams();
+    let a = s.alloc::<u32>(N).unwrap();
     s.fill(&a, 4).unwrap();
     s.synchronize().unwrap();
-    assert_eq!(t.read_to_vec(&a).unwrap(), vec![4u32; n]);
+    assert_eq!(t.read_to_vec(&a).unwrap(), vec![4u32; N]);
     let open = gate(&s);
     s.fill(&a, 5).unwrap(); // queued behind the gate
-    drop(a);
-    let hits = d.memory_stats().cache_hits;
-    let b = s.alloc::<u32>(n).unwrap();
-    assert_eq!(
-        d.memory_stats().cache_hits,
-        hits + 1,
-        "the read on t was over: a's memory should be back in s's cache"
+    let b = realloc_from_cache(
+        &d,
+        &s,
+        a,
+        "the read on t was over: a's memory should be back in s's cache",
     );
     open.open();
     s.fill(&b, 6).unwrap();
-    assert_eq!(s.read_to_vec(&b).unwrap(), vec![6u32; n]);
+    assert_eq!(s.read_to_vec(&b).unwrap(), vec![6u32; N]);
 }
