@@ -369,43 +369,12 @@ impl Tlsf {
         };
         let mut used = b;
         if addr > s {
-            let next = self.nodes[b as usize].next_phys;
-            let n = self.new_node(Node {
-                addr,
-                size: e - addr,
-                prev_phys: b,
-                next_phys: next,
-                prev_free: NIL,
-                next_free: NIL,
-                free: false,
-                tag: 0,
-            });
-            if next != NIL {
-                self.nodes[next as usize].prev_phys = n;
-            }
-            self.nodes[b as usize].next_phys = n;
-            self.nodes[b as usize].size = addr - s;
+            used = self.split(b, addr);
             self.insert_free(b);
-            used = n;
         }
         if addr + size < e {
-            let next = self.nodes[used as usize].next_phys;
-            let t = self.new_node(Node {
-                addr: addr + size,
-                size: e - addr - size,
-                prev_phys: used,
-                next_phys: next,
-                prev_free: NIL,
-                next_free: NIL,
-                free: false,
-                tag: 0,
-            });
-            if next != NIL {
-                self.nodes[next as usize].prev_phys = t;
-            }
-            self.nodes[used as usize].next_phys = t;
-            self.nodes[used as usize].size = size;
-            self.insert_free(t);
+            let tail = self.split(used, addr + size);
+            self.insert_free(tail);
         }
         used
     }
@@ -417,33 +386,55 @@ impl Tlsf {
         let next = self.nodes[i as usize].next_phys;
         if next != NIL && self.nodes[next as usize].free {
             self.remove_free(next);
-            let (nsize, nnext) = (
-                self.nodes[next as usize].size,
-                self.nodes[next as usize].next_phys,
-            );
-            self.nodes[i as usize].size += nsize;
-            self.nodes[i as usize].next_phys = nnext;
-            if nnext != NIL {
-                self.nodes[nnext as usize].prev_phys = i;
-            }
-            self.spare.push(next);
+            self.absorb(i, next);
         }
         let prev = self.nodes[i as usize].prev_phys;
         if prev != NIL && self.nodes[prev as usize].free {
             self.remove_free(prev);
-            let (size, next) = (
-                self.nodes[i as usize].size,
-                self.nodes[i as usize].next_phys,
-            );
-            self.nodes[prev as usize].size += size;
-            self.nodes[prev as usize].next_phys = next;
-            if next != NIL {
-                self.nodes[next as usize].prev_phys = prev;
-            }
-            self.spare.push(i);
+            self.absorb(prev, i);
             i = prev;
         }
         self.insert_free(i);
+    }
+
+    /// Splits node `b` at `at` (inside it): `b` keeps `[b.addr, at)`, a new
+    /// unlisted node, returned, takes the rest.
+    fn split(&mut self, b: u32, at: u64) -> u32 {
+        let (addr, end, next) = {
+            let n = &self.nodes[b as usize];
+            (n.addr, n.addr + n.size, n.next_phys)
+        };
+        let t = self.new_node(Node {
+            addr: at,
+            size: end - at,
+            prev_phys: b,
+            next_phys: next,
+            prev_free: NIL,
+            next_free: NIL,
+            free: false,
+            tag: 0,
+        });
+        if next != NIL {
+            self.nodes[next as usize].prev_phys = t;
+        }
+        self.nodes[b as usize].next_phys = t;
+        self.nodes[b as usize].size = at - addr;
+        t
+    }
+
+    /// Merges node `right`, the physical successor of `left`, into `left`; the
+    /// slot of `right` becomes spare. Neither may be in a free list.
+    fn absorb(&mut self, left: u32, right: u32) {
+        let (size, next) = (
+            self.nodes[right as usize].size,
+            self.nodes[right as usize].next_phys,
+        );
+        self.nodes[left as usize].size += size;
+        self.nodes[left as usize].next_phys = next;
+        if next != NIL {
+            self.nodes[next as usize].prev_phys = left;
+        }
+        self.spare.push(right);
     }
 
     /// Size in bytes of node `i` (used or free).

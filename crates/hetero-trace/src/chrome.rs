@@ -32,6 +32,23 @@ struct Track {
     sort: usize,
 }
 
+/// Adds the track of `lane` of a stream or engine named `base`: lane 0 carries
+/// the name, later lanes (ops that overlap in time) are marked as such.
+fn push_lane(tracks: &mut Vec<Track>, pid: u64, tid: u64, base: &str, lane: usize) {
+    let name = if lane == 0 {
+        base.to_string()
+    } else {
+        format!("{base} (overlap {lane})")
+    };
+    let sort = tracks.len();
+    tracks.push(Track {
+        pid,
+        tid,
+        name,
+        sort,
+    });
+}
+
 /// Splits ops (indices into `ops`) into lanes of non-overlapping slices:
 /// returns the lane of each op, in the order given, and the number of lanes.
 fn assign_lanes(ops: &[OpRecord], members: &[usize]) -> (Vec<usize>, usize) {
@@ -163,17 +180,13 @@ pub fn write_chrome_trace(trace: &Trace, w: &mut impl Write) -> io::Result<()> {
                 tids.fresh()
             };
             lane_tid.push(tid);
-            let base = trace.stream_label(stream);
-            tracks.push(Track {
-                pid: PID_STREAMS,
+            push_lane(
+                &mut tracks,
+                PID_STREAMS,
                 tid,
-                name: if lane == 0 {
-                    base
-                } else {
-                    format!("{base} (overlap {lane})")
-                },
-                sort: tracks.len(),
-            });
+                &trace.stream_label(stream),
+                lane,
+            );
         }
         for (k, &i) in members.iter().enumerate() {
             stream_track[i] = (PID_STREAMS, lane_tid[lane_of[k]]);
@@ -191,18 +204,9 @@ pub fn write_chrome_trace(trace: &Trace, w: &mut impl Write) -> io::Result<()> {
     for (&(kind, index), members) in &by_engine {
         let (lane_of, lanes) = assign_lanes(ops, members);
         let lane_tid: Vec<u64> = (0..lanes).map(|_| tids.fresh()).collect();
+        let base = format!("{} {}", kind.as_str(), index);
         for (lane, &tid) in lane_tid.iter().enumerate() {
-            let base = format!("{} {}", kind.as_str(), index);
-            tracks.push(Track {
-                pid: PID_ENGINES,
-                tid,
-                name: if lane == 0 {
-                    base
-                } else {
-                    format!("{base} (overlap {lane})")
-                },
-                sort: tracks.len(),
-            });
+            push_lane(&mut tracks, PID_ENGINES, tid, &base, lane);
         }
         for (k, &i) in members.iter().enumerate() {
             engine_track[i] = (PID_ENGINES, lane_tid[lane_of[k]]);
