@@ -210,8 +210,14 @@ impl Storage {
         ))
     }
 
+    /// No memory. The pointer is dangling but aligned to `ALIGN`, so the empty
+    /// slices of any element type built from it are valid.
     fn empty(device: u64, kind: MemoryKind) -> Storage {
-        Storage::from_parts(device, kind, NonNull::dangling(), 0, Backing::Empty)
+        #[repr(align(256))]
+        struct Aligned;
+        const _: () = assert!(std::mem::align_of::<Aligned>() == Storage::ALIGN);
+        let ptr = NonNull::<Aligned>::dangling().cast::<u8>();
+        Storage::from_parts(device, kind, ptr, 0, Backing::Empty)
     }
 
     pub(crate) fn from_parts(
@@ -292,13 +298,35 @@ impl Storage {
     /// Blocks until a synchronous host access in the order of `stream` may touch
     /// the memory. The access ends before the call returns, so unlike an op it
     /// does not keep the memory from returning early.
-    pub(crate) fn wait_ready_for(&self, stream: u64, mode: crate::CompletionMode) {
+    pub(crate) fn wait_ready_for(&self, stream: u64) -> Result<()> {
         if self.home == 0 || self.home == stream {
+            return Ok(());
+        }
+        match self.pending_ready() {
+            // The earlier user's fault is not ours: only its end matters.
+            Some((t, v)) => t.wait_for(v, t.host_wait, "a synchronous access"),
+            None => Ok(()),
+        }
+    }
+
+    /// Drops the storage once `fences` completed: its memory may still be used by
+    /// the work they stand for, so it must not return to the pool before.
+    pub(crate) fn drop_after(self, fences: Vec<Arc<dyn hetero_memory::Fence>>) {
+        if fences.iter().all(|f| f.is_complete()) {
             return;
         }
-        if let Some((t, v)) = self.pending_ready() {
-            // The earlier user's fault is not ours: only its end matters.
-            let _ = t.wait(v, mode);
+        let wait = move || {
+            for f in &fences {
+                f.wait();
+            }
+            drop(self);
+        };
+        // Not on an engine: its wait may need the work this engine runs.
+        let spawned = std::thread::Builder::new()
+            .name("hetero-release".into())
+            .spawn(wait);
+        if let Err(e) = spawned {
+            tracing::error!("hetero: could not start a thread to free memory later: {e}");
         }
     }
 

@@ -112,7 +112,8 @@ impl DeviceConfig {
     }
 
     /// Operations a stream can hold in flight before submission waits (rounded up to
-    /// a power of two). Default 1024.
+    /// a power of two). Default 1024, at most [`DeviceConfig::MAX_STREAM_CAPACITY`]:
+    /// each slot takes memory (about 140 bytes) for the stream's whole life.
     pub fn stream_capacity(mut self, n: usize) -> Self {
         self.ring_capacity = n;
         self
@@ -139,6 +140,9 @@ impl DeviceConfig {
         self
     }
 
+    /// The largest `stream_capacity`: 65 536 slots, about 9 MiB per stream.
+    pub const MAX_STREAM_CAPACITY: usize = 1 << 16;
+
     /// The configured number of hardware queues.
     pub fn hardware_queue_count(&self) -> usize {
         self.hardware_queues
@@ -164,10 +168,13 @@ impl DeviceConfig {
                 self.hardware_queues
             ));
         }
-        if self.ring_capacity < 2 || self.ring_capacity > (1 << 24) {
+        if self.ring_capacity < 2 || self.ring_capacity > Self::MAX_STREAM_CAPACITY {
             return bad(format!(
-                "stream_capacity is {}; use 2..=16777216",
-                self.ring_capacity
+                "stream_capacity is {}; use 2..={}: every slot costs about {} bytes for the \
+                 stream's whole life (a larger ring only lets the host run further ahead)",
+                self.ring_capacity,
+                Self::MAX_STREAM_CAPACITY,
+                std::mem::size_of::<crate::op::Op>() + 8
             ));
         }
         Ok(())

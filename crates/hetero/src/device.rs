@@ -37,15 +37,37 @@ pub struct Device {
 
 struct DeviceInner {
     id: u64,
-    backend: Box<dyn Backend>,
+    /// Taken only by `Drop`.
+    backend: Option<Box<dyn Backend>>,
     /// `HETERO_PROFILE=PATH`: where to write the trace when the device drops.
     profile_to: Option<std::path::PathBuf>,
 }
 
+impl DeviceInner {
+    fn backend(&self) -> &dyn Backend {
+        self.backend
+            .as_deref()
+            .expect("the backend is taken only when the device drops")
+    }
+}
+
 impl Drop for DeviceInner {
     fn drop(&mut self) {
-        self.backend.shutdown();
-        if let Some(path) = self.profile_to.take() {
+        let (Some(backend), profile_to) = (self.backend.take(), self.profile_to.take()) else {
+            return;
+        };
+        // Shutting down waits for all work and joins the engines: on an engine
+        // thread (a callback holding the last handle) that is done elsewhere.
+        crate::backend::off_engine("shut the device down", move || {
+            shutdown(backend, profile_to)
+        });
+    }
+}
+
+fn shutdown(backend: Box<dyn Backend>, profile_to: Option<std::path::PathBuf>) {
+    {
+        backend.shutdown();
+        if let Some(path) = profile_to {
             let trace = hetero_trace::take();
             let written = std::fs::File::create(&path).and_then(|f| {
                 let mut w = std::io::BufWriter::new(f);
@@ -92,7 +114,7 @@ impl Device {
         Ok(Device {
             inner: Arc::new(DeviceInner {
                 id,
-                backend: Box::new(backend),
+                backend: Some(Box::new(backend)),
                 profile_to,
             }),
         })
@@ -105,11 +127,11 @@ impl Device {
 
     /// What the device is made of.
     pub fn properties(&self) -> &DeviceProperties {
-        self.inner.backend.properties()
+        self.inner.backend().properties()
     }
 
     pub(crate) fn host_wait(&self) -> CompletionMode {
-        self.inner.backend.host_wait()
+        self.inner.backend().host_wait()
     }
 
     /// A new stream of the lowest priority.
@@ -124,11 +146,20 @@ impl Device {
                 "priority {priority} is out of range; use 0 (highest) ..= 7 (lowest)"
             )));
         }
-        let q = self.inner.backend.create_stream(priority)?;
+        let q = self.inner.backend().create_stream(priority)?;
         Ok(Stream::new(q, self.clone()))
     }
 
     fn bytes_for<T: Pod>(len: usize) -> Result<usize> {
+        if std::mem::align_of::<T>() > Storage::ALIGN {
+            return Err(Error::InvalidArgument(format!(
+                "{} needs {}-byte alignment; buffers are aligned to {} bytes: use a type with \
+                 smaller alignment",
+                std::any::type_name::<T>(),
+                std::mem::align_of::<T>(),
+                Storage::ALIGN
+            )));
+        }
         len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "{len} elements of {} overflow the address space",
@@ -144,8 +175,12 @@ impl Device {
         let mut s = self.device_storage::<T>(len, 0)?;
         // Memory that a stream's queued work may still use: no stream orders this
         // buffer's first use, so wait for that work here.
-        for f in s.take_reuse_fences() {
-            f.wait();
+        let mut fences = s.take_reuse_fences().into_iter();
+        while let Some(f) = fences.next() {
+            if let Err(e) = crate::event::wait_fence(&f) {
+                s.drop_after(std::iter::once(f).chain(fences).collect());
+                return Err(e);
+            }
         }
         Ok(DeviceBuffer::from_storage(Arc::new(s), len))
     }
@@ -154,7 +189,7 @@ impl Device {
     pub(crate) fn device_storage<T: Pod>(&self, len: usize, stream: u64) -> Result<Storage> {
         let bytes = Self::bytes_for::<T>(len)?;
         self.inner
-            .backend
+            .backend()
             .allocate(MemoryKind::Device, bytes, stream)
     }
 
@@ -162,30 +197,33 @@ impl Device {
     /// chunk, sub-allocated after); contents unspecified.
     pub fn alloc_pinned<T: Pod>(&self, len: usize) -> Result<PinnedBuffer<T>> {
         let bytes = Self::bytes_for::<T>(len)?;
-        let s = self.inner.backend.allocate(MemoryKind::Pinned, bytes, 0)?;
+        let s = self
+            .inner
+            .backend()
+            .allocate(MemoryKind::Pinned, bytes, 0)?;
         Ok(PinnedBuffer::from_storage(Arc::new(s), len))
     }
 
     /// The device pool's counters: allocated, reserved, peak, cache hit rate,
     /// fragmentation, OS calls.
     pub fn memory_stats(&self) -> hetero_memory::PoolStats {
-        self.inner.backend.pool().stats()
+        self.inner.backend().pool().stats()
     }
 
     /// Every chunk, block and buffer of the device pool with its stream and state
     /// (serialisable, like PyTorch's memory snapshot).
     pub fn memory_snapshot(&self) -> hetero_memory::Snapshot {
-        self.inner.backend.pool().snapshot()
+        self.inner.backend().pool().snapshot()
     }
 
     /// Returns cached, unused device memory to the OS; the bytes released.
     pub fn trim(&self) -> usize {
-        self.inner.backend.pool().trim()
+        self.inner.backend().pool().trim()
     }
 
     /// The pinned pool's counters.
     pub fn pinned_stats(&self) -> hetero_memory::PinnedStats {
-        self.inner.backend.pinned_pool().stats()
+        self.inner.backend().pinned_pool().stats()
     }
 
     /// A pinned host buffer holding a copy of `data`.
@@ -198,6 +236,6 @@ impl Device {
     /// Blocks until all work submitted so far on every stream completed. Returns the
     /// first fault among the streams, if any failed.
     pub fn synchronize(&self) -> Result<()> {
-        self.inner.backend.synchronize()
+        self.inner.backend().synchronize()
     }
 }

@@ -96,6 +96,12 @@ pub enum Error {
     #[error("{0}")]
     Memory(#[source] Arc<hetero_memory::MemoryError>),
 
+    /// A blocking call made from inside a kernel or host callback would wait for
+    /// work that cannot run before the callback returns (its own stream, a stream
+    /// behind it, or a full ring it alone could drain). Nothing was waited for.
+    #[error("would deadlock: {0}")]
+    WouldDeadlock(String),
+
     /// A backend could not start (threads, OS resources).
     #[error("device setup failed: {0}")]
     Setup(String),

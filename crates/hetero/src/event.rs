@@ -9,25 +9,50 @@ use crate::{Error, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// The pool's view of a point on a stream's timeline: memory freed there may be
+/// A point on a stream's timeline, as the pool sees it: memory freed there may be
 /// reused elsewhere once it is reached. Stream allocation turns it back into a
 /// device-side wait (through `as_any`) instead of a host wait.
 #[derive(Debug)]
-pub(crate) struct TimelineFence {
+pub(crate) struct TimelinePoint {
     pub(crate) timeline: Arc<Timeline>,
     pub(crate) value: u64,
 }
 
-impl hetero_memory::Fence for TimelineFence {
+impl TimelinePoint {
+    /// Waits for the point on this thread; on an engine thread a wait that could
+    /// never end is an error and the point may still be ahead. A fault of the
+    /// stream that used the memory is not the waiter's.
+    pub(crate) fn wait_here(&self) -> Result<()> {
+        self.timeline
+            .wait_for(self.value, self.timeline.host_wait, "reusing memory")
+    }
+}
+
+impl hetero_memory::Fence for TimelinePoint {
     fn is_complete(&self) -> bool {
         self.timeline.is_reached(self.value)
     }
+    /// The pool waits only on threads that are not engines; hetero's own callers
+    /// use `wait_here`.
     fn wait(&self) {
-        // A fault of the stream that used the memory is not the waiter's.
-        let _ = self.timeline.wait(self.value, CompletionMode::auto());
+        let _ = self.wait_here();
     }
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
+    }
+}
+
+/// Waits for a pool fence on this thread (see `TimelinePoint::wait_here`).
+pub(crate) fn wait_fence(f: &Arc<dyn hetero_memory::Fence>) -> Result<()> {
+    if f.is_complete() {
+        return Ok(());
+    }
+    match f.as_any().and_then(|a| a.downcast_ref::<TimelinePoint>()) {
+        Some(point) => point.wait_here(),
+        None => {
+            f.wait();
+            Ok(())
+        }
     }
 }
 
@@ -36,7 +61,6 @@ pub(crate) struct EventPoint {
     pub(crate) timeline: Arc<Timeline>,
     pub(crate) value: u64,
     pub(crate) stamp: Arc<AtomicU64>,
-    pub(crate) mode: CompletionMode,
 }
 
 /// A point on a stream's timeline. Create with [`Event::new`] and record with
@@ -91,7 +115,7 @@ impl Event {
     /// host-wait mode says.
     pub fn synchronize(&self) -> Result<()> {
         let p = self.point("Event::synchronize")?;
-        p.timeline.wait(p.value, p.mode)
+        p.timeline.wait(p.value, p.timeline.host_wait)
     }
 
     /// Blocks until complete, waiting as `mode` says.
@@ -104,6 +128,15 @@ impl Event {
     pub fn elapsed_ms(&self, end: &Event) -> Result<f64> {
         let a = self.point("Event::elapsed_ms")?;
         let b = end.point("Event::elapsed_ms")?;
+        if a.timeline.device != b.timeline.device {
+            return Err(Error::EventTiming {
+                detail: format!(
+                    "the start event is on device {} and the end event on device {}: their \
+                     clocks are unrelated; time two events of the same device",
+                    a.timeline.device, b.timeline.device
+                ),
+            });
+        }
         for (p, which) in [(a, "start"), (b, "end")] {
             match p.timeline.status(p.value) {
                 None => {

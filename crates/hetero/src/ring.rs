@@ -95,6 +95,19 @@ impl<T> Ring<T> {
         self.tail.load(Ordering::Acquire)
     }
 
+    /// How many values the ring holds at most.
+    #[inline]
+    pub(crate) fn capacity(&self) -> u64 {
+        self.mask + 1
+    }
+
+    /// Whether a push at the current tail would find its slot free: the value
+    /// `capacity` positions before it was consumed. A hint while producers race.
+    #[inline]
+    pub(crate) fn has_room(&self) -> bool {
+        self.tail().saturating_sub(self.head()) < self.capacity()
+    }
+
     /// Positions consumed so far.
     #[inline]
     pub(crate) fn head(&self) -> u64 {

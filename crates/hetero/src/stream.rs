@@ -34,7 +34,10 @@ struct StreamHandle {
 
 impl Drop for StreamHandle {
     fn drop(&mut self) {
-        self.queue.release();
+        // The release waits for the stream's work; on an engine thread (a callback
+        // dropping the last handle) that work includes the running op.
+        let queue = self.queue.clone();
+        crate::backend::off_engine("release a stream", move || queue.release());
     }
 }
 
@@ -101,7 +104,13 @@ impl Stream {
         let mut ordered = s.reused_in_stream_order();
         let fences = s.take_reuse_fences();
         if !fences.is_empty() {
-            ordered |= self.wait_for_fences(fences)?;
+            match self.wait_for_fences(fences) {
+                Ok(o) => ordered |= o,
+                Err((e, pending)) => {
+                    s.drop_after(pending);
+                    return Err(e);
+                }
+            }
         }
         if ordered {
             s.set_ready(self.q().timeline().clone(), self.q().submitted());
@@ -110,40 +119,53 @@ impl Stream {
     }
 
     /// Orders this stream after other streams' work that may still use memory it
-    /// just took over: a device-side wait per fence of this device, a host wait
+    /// just took over: a device-side wait per point of this device, a host wait
     /// otherwise. Returns whether later uses elsewhere must wait for this stream.
-    /// On error every fence has completed (the memory is then freed again).
+    /// On error, the points not known to be reached come back with it: the memory
+    /// may be freed only after them.
     #[cold]
-    fn wait_for_fences(&self, fences: Vec<Arc<dyn hetero_memory::Fence>>) -> Result<bool> {
+    fn wait_for_fences(
+        &self,
+        fences: Vec<Arc<dyn hetero_memory::Fence>>,
+    ) -> std::result::Result<bool, (Error, Vec<Arc<dyn hetero_memory::Fence>>)> {
         let mut ordered = false;
         let mut failed = None;
+        let mut pending = Vec::new();
         for f in fences {
             if f.is_complete() {
                 continue;
             }
+            if failed.is_some() {
+                pending.push(f);
+                continue;
+            }
             let point = f
                 .as_any()
-                .and_then(|a| a.downcast_ref::<crate::event::TimelineFence>())
+                .and_then(|a| a.downcast_ref::<crate::event::TimelinePoint>())
                 .filter(|t| t.timeline.device == self.inner.device.id());
-            match point {
-                Some(t) if t.timeline.stream == self.id() => ordered = true,
-                Some(t) if failed.is_none() => {
-                    match self.submit(Body::Wait {
+            let done = match point {
+                Some(t) if t.timeline.stream == self.id() => Ok(()),
+                Some(t) => self
+                    .submit(Body::Wait {
                         timeline: t.timeline.clone(),
                         value: t.value,
                         fault: false,
-                    }) {
-                        Ok(_) => ordered = true,
-                        Err(e) => {
-                            f.wait();
-                            failed = Some(e);
-                        }
-                    }
+                    })
+                    .map(drop),
+                None => crate::event::wait_fence(&f),
+            };
+            match done {
+                Ok(()) => ordered |= point.is_some(),
+                Err(e) => {
+                    failed = Some(e);
+                    pending.push(f);
                 }
-                _ => f.wait(),
             }
         }
-        failed.map_or(Ok(ordered), Err)
+        match failed {
+            None => Ok(ordered),
+            Some(e) => Err((e, pending)),
+        }
     }
 
     /// Orders an op on this stream that touches `s` after the work that used its
@@ -457,7 +479,6 @@ impl Stream {
             timeline: self.q().timeline().clone(),
             value,
             stamp,
-            mode: self.inner.device.host_wait(),
         });
         Ok(())
     }
@@ -535,7 +556,13 @@ impl Stream {
             return Err(Error::StreamDestroyed { stream: self.id() });
         }
         self.synchronize()?;
-        storage.wait_ready_for(self.id(), self.inner.device.host_wait());
+        storage.wait_ready_for(self.id())?;
+        if crate::backend::held_by_running_op(storage) {
+            return Err(Error::WouldDeadlock(format!(
+                "{op}: the buffer is an argument of the kernel running on this thread, which \
+                 holds it until it returns; read or write it through the kernel's views"
+            )));
+        }
         storage.acquire_blocking(write);
         f();
         storage.release(write);

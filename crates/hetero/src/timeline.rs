@@ -14,7 +14,34 @@ use crate::loom::{AtomicU64, Ordering};
 use crate::park::Parker;
 use crate::Error;
 use crossbeam_utils::CachePadded;
+use std::cell::Cell;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+/// How an engine thread waits: it may not simply block, because the work it
+/// waits for may need it (see `backend::host::wait`). The backend installs one on
+/// each of its engine threads. It returns once `ready()` holds, or the error that
+/// says why waiting would never end. `(timeline, value)` names what `ready`
+/// depends on, for that judgement.
+pub(crate) type EngineWait = fn(
+    timeline: &Timeline,
+    value: u64,
+    what: &'static str,
+    ready: &mut dyn FnMut() -> bool,
+) -> crate::Result<()>;
+
+thread_local! {
+    static ENGINE_WAIT: Cell<Option<EngineWait>> = const { Cell::new(None) };
+}
+
+/// Installs `wait` for every host wait made on the calling thread.
+pub(crate) fn set_engine_wait(wait: EngineWait) {
+    ENGINE_WAIT.with(|w| w.set(Some(wait)));
+}
+
+fn engine_wait() -> Option<EngineWait> {
+    ENGINE_WAIT.try_with(|w| w.get()).ok().flatten()
+}
 
 #[derive(Debug)]
 pub(crate) struct Timeline {
@@ -24,10 +51,12 @@ pub(crate) struct Timeline {
     parker: Parker,
     pub(crate) stream: u64,
     pub(crate) device: u64,
+    /// How host threads wait on this timeline by default (the device's mode).
+    pub(crate) host_wait: CompletionMode,
 }
 
 impl Timeline {
-    pub(crate) fn new(device: u64, stream: u64) -> Self {
+    pub(crate) fn new(device: u64, stream: u64, host_wait: CompletionMode) -> Self {
         Timeline {
             completed: CachePadded::new(AtomicU64::new(0)),
             fault_at: AtomicU64::new(u64::MAX),
@@ -35,6 +64,7 @@ impl Timeline {
             parker: Parker::new(),
             stream,
             device,
+            host_wait,
         }
     }
 
@@ -110,13 +140,53 @@ impl Timeline {
         })
     }
 
-    /// Blocks the calling thread until `value` is reached, waiting as `mode` says.
+    /// Blocks the calling thread until `value` is reached, waiting as `mode` says;
+    /// then the stream's fault if it failed at or before `value`. On an engine
+    /// thread a wait that could never end (it waits for the calling op itself) is
+    /// an `Error::WouldDeadlock` instead.
     pub(crate) fn wait(&self, value: u64, mode: CompletionMode) -> crate::Result<()> {
-        self.parker.wait(mode, || self.is_reached(value));
+        self.wait_for(value, mode, "wait")?;
         match self.error_for(value) {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    /// [`Timeline::wait`] without the fault: only the end of the work matters.
+    pub(crate) fn wait_for(
+        &self,
+        value: u64,
+        mode: CompletionMode,
+        what: &'static str,
+    ) -> crate::Result<()> {
+        self.wait_until(value, mode, what, || self.is_reached(value))
+    }
+
+    /// Blocks until `ready()` holds, where `ready` becomes true only as this
+    /// timeline advances towards `value` (each completion re-checks it).
+    pub(crate) fn wait_until(
+        &self,
+        value: u64,
+        mode: CompletionMode,
+        what: &'static str,
+        mut ready: impl FnMut() -> bool,
+    ) -> crate::Result<()> {
+        if ready() {
+            return Ok(());
+        }
+        match engine_wait() {
+            Some(wait) => wait(self, value, what, &mut ready),
+            None => {
+                self.parker.wait(mode, ready);
+                Ok(())
+            }
+        }
+    }
+
+    /// Parks for at most `timeout` unless `ready()` holds (an engine thread that
+    /// found nothing else to run while it waits).
+    pub(crate) fn park_briefly(&self, ready: impl FnMut() -> bool, timeout: Duration) {
+        self.parker.park_until(ready, Some(timeout));
     }
 }
 
@@ -130,7 +200,7 @@ mod loom_tests {
     #[test]
     fn completion_wakes_blocked_waiter_and_publishes_fault() {
         loom::model(|| {
-            let tl = Arc::new(Timeline::new(0, 7));
+            let tl = Arc::new(Timeline::new(0, 7, CompletionMode::Block));
             let t2 = tl.clone();
             let waiter = loom::thread::spawn(move || t2.wait(2, CompletionMode::Block));
             tl.complete(1);
@@ -144,7 +214,7 @@ mod loom_tests {
     #[test]
     fn spin_waiter_sees_completion() {
         loom::model(|| {
-            let tl = Arc::new(Timeline::new(0, 1));
+            let tl = Arc::new(Timeline::new(0, 1, CompletionMode::Spin));
             let t2 = tl.clone();
             let waiter = loom::thread::spawn(move || t2.wait(1, CompletionMode::Spin));
             tl.complete(1);

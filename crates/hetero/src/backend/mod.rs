@@ -26,6 +26,30 @@ pub(crate) fn on_engine_thread() -> bool {
     ENGINE_THREAD.try_with(|c| c.get()).unwrap_or(false)
 }
 
+/// Runs `f` now, or, on an engine thread, on a new thread of its own: `f` waits
+/// for work (a drop that synchronizes), and that work may include the op this
+/// engine is running. `what` names it if no thread can be started.
+pub(crate) fn off_engine(what: &'static str, f: impl FnOnce() + Send + 'static) {
+    if !on_engine_thread() {
+        return f();
+    }
+    let spawned = std::thread::Builder::new()
+        .name("hetero-release".into())
+        .spawn(f);
+    if let Err(e) = spawned {
+        // The closure (and what it owns) is gone with the failed spawn's error:
+        // its resources are released without waiting, which is all that can be
+        // done here short of deadlocking.
+        tracing::error!("hetero: could not start a thread to {what} off the engine: {e}");
+    }
+}
+
+/// Whether an op running user code on this thread holds `storage`'s access lock
+/// (a kernel's own argument): waiting for that lock here would never end.
+pub(crate) fn held_by_running_op(storage: &Storage) -> bool {
+    on_engine_thread() && host::storage_held_here(storage)
+}
+
 /// What a device is made of.
 #[derive(Debug, Clone)]
 pub struct DeviceProperties {

@@ -1,0 +1,537 @@
+//! Engines.
+
+#[allow(unused_imports)]
+use super::*;
+
+#[derive(Clone, Copy)]
+pub(super) enum Engine {
+    None,
+    Copy(usize, u32),
+    Compute,
+}
+
+/// Work a worker has claimed (moved, never boxed: claiming must not allocate).
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Work {
+    /// A stream's oldest op, popped with its queue claimed; `engine` is `None` when
+    /// the stream failed earlier and the op is to be skipped.
+    Op {
+        stream: Arc<HostStream>,
+        op: Op,
+        value: u64,
+        engine: Option<Engine>,
+    },
+    /// Blocks of a running multi-block kernel.
+    Help(Arc<KernelJob>),
+}
+
+pub(super) enum Readiness {
+    NotReady,
+    /// The stream failed earlier: drop the op without running it.
+    Skip,
+    Ready(Engine),
+}
+
+impl Shared {
+    pub(super) fn acquire_copy_engine(&self, kind: usize) -> Option<u32> {
+        let word = &self.copy_free[kind];
+        let mut m = word.load(Ordering::Relaxed);
+        loop {
+            if m == 0 {
+                return None;
+            }
+            let bit = m.trailing_zeros();
+            match word.compare_exchange_weak(
+                m,
+                m & !(1 << bit),
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some(bit),
+                Err(now) => m = now,
+            }
+        }
+    }
+
+    pub(super) fn release_engine(&self, engine: Engine) {
+        if let Engine::Copy(kind, bit) = engine {
+            self.copy_free[kind].fetch_or(1 << bit, Ordering::Release);
+        }
+    }
+
+    /// Decides whether the stream's oldest op can start, taking its engine and buffer
+    /// locks if so.
+    pub(super) fn readiness(&self, stream: &HostStream, op: &Op) -> Readiness {
+        if stream.timeline.fault_at().is_some() {
+            return Readiness::Skip;
+        }
+        match &op.body {
+            Body::Wait {
+                timeline, value, ..
+            } => {
+                if timeline.is_reached(*value) {
+                    Readiness::Ready(Engine::None)
+                } else {
+                    Readiness::NotReady
+                }
+            }
+            Body::Copy { kind, .. } => self.ready_with_engine(op, *kind as usize),
+            Body::Fill { .. } => self.ready_with_engine(op, crate::CopyKind::D2D as usize),
+            Body::Kernel { .. } => {
+                if op.try_acquire_access() {
+                    Readiness::Ready(Engine::Compute)
+                } else {
+                    Readiness::NotReady
+                }
+            }
+            Body::Host(_) | Body::Marker { .. } => Readiness::Ready(Engine::None),
+        }
+    }
+
+    pub(super) fn ready_with_engine(&self, op: &Op, kind: usize) -> Readiness {
+        let Some(bit) = self.acquire_copy_engine(kind) else {
+            return Readiness::NotReady;
+        };
+        if op.try_acquire_access() {
+            Readiness::Ready(Engine::Copy(kind, bit))
+        } else {
+            self.release_engine(Engine::Copy(kind, bit));
+            Readiness::NotReady
+        }
+    }
+
+    /// Completes the op at `value` of `stream`; see the module invariants for order.
+    pub(super) fn finish(
+        &self,
+        stream: &HostStream,
+        op: Op,
+        value: u64,
+        engine: Engine,
+        result: Result<(), String>,
+        ran: Ran,
+    ) {
+        if crate::clock::profiling() {
+            record(stream, &op, value, engine, ran, result.is_err());
+        }
+        // Buffer locks are held exactly when an engine was taken (copies, fills, kernels).
+        if !matches!(engine, Engine::None) {
+            op.release_access();
+        }
+        self.release_engine(engine);
+        drop(op);
+        match result {
+            Ok(()) => stream.timeline.complete(value),
+            Err(m) => stream.timeline.fail(value, Arc::from(m)),
+        }
+        let t = self.tick.fetch_add(1, Ordering::Relaxed);
+        stream.last_served.store(t + 1, Ordering::Relaxed);
+        // No wake here: this worker looks for work next, and wakes another if it
+        // finds more than it can take (`Worker::claim`). Until that look it counts
+        // as searching, so a submitter that sees the queue idle in this gap does
+        // not wake a sleeper for work this worker is about to take.
+        self.idle.begin_search_unbounded();
+        LOOKING.with(|l| l.set(true));
+        // Pairs with the submitter's fence: either it sees the queue idle (and wakes
+        // an engine if needed) or our next look for work sees its op.
+        self.queues[stream.queue].state.finish();
+    }
+}
+
+thread_local! {
+    /// Set by `Shared::finish`: this engine counts as searching until its next look
+    /// for work (`Worker::run`).
+    pub(super) static LOOKING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Who ran an op and when it started; `start_ns` is 0 when profiling is off.
+#[derive(Clone, Copy)]
+pub(super) struct Ran {
+    pub(super) unit: u32,
+    pub(super) start_ns: u64,
+}
+
+pub(super) fn record(
+    stream: &HostStream,
+    op: &Op,
+    value: u64,
+    engine: Engine,
+    ran: Ran,
+    failed: bool,
+) {
+    use hetero_trace::{EngineKind as E, OpKind as K};
+    let copy_index = match engine {
+        Engine::Copy(_, bit) => bit,
+        _ => 0,
+    };
+    let (kind, eng, index, dep) = match &op.body {
+        Body::Copy { kind, .. } => match kind {
+            crate::CopyKind::H2D => (K::H2D, E::CopyH2D, copy_index, None),
+            crate::CopyKind::D2H => (K::D2H, E::CopyD2H, copy_index, None),
+            crate::CopyKind::D2D => (K::D2D, E::CopyD2D, copy_index, None),
+        },
+        Body::Fill { .. } => (K::Fill, E::CopyD2D, copy_index, None),
+        Body::Kernel { .. } => (K::Kernel, E::Compute, ran.unit, None),
+        Body::Host(_) => (K::HostFn, E::Host, ran.unit, None),
+        Body::Wait {
+            timeline, value, ..
+        } => (K::Wait, E::Host, ran.unit, Some((timeline.stream, *value))),
+        Body::Marker { .. } => (K::Marker, E::Host, ran.unit, None),
+    };
+    let end_ns = crate::clock::now_ns();
+    hetero_trace::record_op(hetero_trace::OpRecord {
+        kind,
+        name: op.name(),
+        stream: stream.id,
+        queue: stream.queue as u32,
+        engine: eng,
+        engine_index: index,
+        seq: value,
+        submit_ns: op.submit_ns,
+        start_ns: if ran.start_ns == 0 {
+            end_ns
+        } else {
+            ran.start_ns
+        },
+        end_ns,
+        bytes: op.bytes(),
+        dep,
+        failed,
+    });
+}
+
+pub(super) struct Worker {
+    pub(super) index: u32,
+    pub(super) streams: Vec<Arc<HostStream>>,
+    pub(super) generation: u64,
+    pub(super) candidates: Vec<(i64, u8, u64, usize)>,
+    /// The stream of the last op this worker ran.
+    pub(super) last_stream: u64,
+    /// The last claim left other streams' ready work behind.
+    pub(super) more: bool,
+    /// The last claim skipped a non-empty stream whose queue another engine was
+    /// claiming (its verdict may be stale).
+    pub(super) contended: bool,
+}
+
+impl Worker {
+    pub(super) fn new(index: u32) -> Self {
+        Worker {
+            index,
+            streams: Vec::new(),
+            generation: u64::MAX,
+            candidates: Vec::new(),
+            last_stream: 0,
+            more: false,
+            contended: false,
+        }
+    }
+
+    pub(super) fn run(mut self, sh: &Shared) {
+        loop {
+            let found = self.claim(sh);
+            if LOOKING.with(|l| l.replace(false)) {
+                sh.idle.end_search();
+            }
+            if let Some(work) = found {
+                self.execute(sh, work);
+                continue;
+            }
+            if sh.shutdown.load(Ordering::SeqCst) && self.all_drained(sh) {
+                return;
+            }
+            let budget = match sh.config.engine_idle {
+                CompletionMode::Spin | CompletionMode::Yield => None,
+                CompletionMode::Block => Some(Duration::ZERO),
+                CompletionMode::Auto { spin } => Some(spin),
+            };
+            if budget != Some(Duration::ZERO) {
+                if let Some(work) = self.search(sh, budget) {
+                    self.execute(sh, work);
+                    continue;
+                }
+                if budget.is_none() {
+                    continue; // only on shutdown
+                }
+            }
+            self.park(sh);
+        }
+    }
+
+    /// Polls for work for `budget` (forever if `None`) while counted as searching,
+    /// so submitters skip the futex wake. Returns early on shutdown.
+    pub(super) fn search(&mut self, sh: &Shared, budget: Option<Duration>) -> Option<Work> {
+        // At most half the engines (at least one) poll at a time; the others park.
+        // With Spin or Yield idling every engine polls, as configured.
+        let max = match budget {
+            Some(_) => (sh.config.compute_units as u32 / 2).max(1),
+            None => u32::MAX,
+        };
+        if !sh.idle.try_begin_search(max) {
+            return None;
+        }
+        let mut found = None;
+        let mut poll = || {
+            found = self.claim(sh);
+            found.is_some() || sh.shutdown.load(Ordering::SeqCst)
+        };
+        match (budget, sh.config.engine_idle) {
+            (Some(b), _) => {
+                spin_for(b, &mut poll);
+            }
+            (None, CompletionMode::Yield) => {
+                while !poll() {
+                    std::thread::yield_now();
+                }
+            }
+            (None, _) => {
+                while !poll() {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+        sh.idle.end_search();
+        found
+    }
+
+    /// Parks until work can be claimed (or shutdown). The thread counts as a sleeper
+    /// only while it looks for work, never while it runs it: submitters and
+    /// completers then pay the futex wake only when someone really sleeps.
+    pub(super) fn park(&mut self, sh: &Shared) {
+        let claimed = sh.idle.park_for(|| loop {
+            match self.claim(sh) {
+                Some(w) => return Some(Some(w)),
+                // Another engine was looking at a queue we skipped: it may have
+                // judged an op not ready just before the op it waits for completed
+                // (and the completer skipped that queue as held). Look again once
+                // it let go rather than sleep on a stale verdict.
+                None if self.contended => crate::loom::spin_hint(),
+                None => return sh.shutdown.load(Ordering::SeqCst).then_some(None),
+            }
+        });
+        if let Some(work) = claimed {
+            self.execute(sh, work);
+        }
+    }
+
+    /// After claiming: if more work is ready than this thread takes, make sure
+    /// another engine looks at it.
+    pub(super) fn chain_wake(&self, sh: &Shared, more: bool) {
+        if more {
+            sh.idle.wake_one_if_idle();
+        }
+    }
+
+    pub(super) fn all_drained(&mut self, sh: &Shared) -> bool {
+        self.refresh(sh);
+        self.streams.iter().all(|s| s.ring.is_empty()) && sh.job_count.load(Ordering::SeqCst) == 0
+    }
+
+    pub(super) fn refresh(&mut self, sh: &Shared) {
+        let g = sh.generation.load(Ordering::Acquire);
+        if g != self.generation {
+            let list = sh.streams.lock().unwrap_or_else(|p| p.into_inner());
+            self.streams.clear();
+            self.streams.extend(list.iter().cloned());
+            self.generation = g;
+        }
+    }
+
+    /// Finds and takes one unit of work: blocks of a running kernel, or the oldest op
+    /// of the most urgent ready stream (its queue stays claimed until it completes).
+    pub(super) fn claim(&mut self, sh: &Shared) -> Option<Work> {
+        if sh.job_count.load(Ordering::Acquire) > 0 {
+            if let Some(job) = self.find_kernel(sh) {
+                return Some(Work::Help(job));
+            }
+        }
+        self.refresh(sh);
+        self.contended = false;
+        let tick = sh.tick.load(Ordering::Relaxed);
+        self.candidates.clear();
+        for (i, s) in self.streams.iter().enumerate() {
+            // The queue flag first: it changes once per op, while the ring's tail
+            // changes at every submission (reading it costs the submitter a miss).
+            if let Err(why) = sh.queues[s.queue].state.may_claim(!s.ring.is_empty()) {
+                self.contended |= why == Skipped::Contended;
+                continue;
+            }
+            let hint = s.wait_hint.load(Ordering::Acquire);
+            if hint != 0 && blocked(&self.streams, hint) {
+                continue;
+            }
+            let served = s.last_served.load(Ordering::Relaxed);
+            // Within a priority level, keep running the stream this worker just ran:
+            // its next op is often ready at once (a chain of dependent ops on the
+            // critical path), and continuing costs no wake-up anywhere.
+            let affinity = u8::from(s.id != self.last_stream);
+            self.candidates
+                .push((s.effective_priority(tick), affinity, served, i));
+        }
+        if self.candidates.is_empty() {
+            return None;
+        }
+        self.candidates.sort_unstable();
+        for k in 0..self.candidates.len() {
+            let stream = self.streams[self.candidates[k].3].clone();
+            match sh.queues[stream.queue]
+                .state
+                .claim_with(|| self.try_claim(sh, &stream))
+            {
+                Ok(work) => {
+                    self.more = k + 1 < self.candidates.len();
+                    return Some(work);
+                }
+                Err(why) => self.contended |= why == Skipped::Contended,
+            }
+        }
+        None
+    }
+
+    /// With the stream's queue claimed: takes its oldest op if it is ready.
+    pub(super) fn try_claim(&mut self, sh: &Shared, stream: &Arc<HostStream>) -> Option<Work> {
+        // SAFETY: the caller holds the stream's hardware-queue claim, which makes this
+        // thread the ring's only consumer.
+        let decision = unsafe {
+            stream
+                .ring
+                .peek_with(|op, _| (sh.readiness(stream, op), wait_hint_of(op)))
+        };
+        let engine = match decision {
+            None => return None,
+            Some((Readiness::NotReady, hint)) => {
+                // Tell other engines what the head waits for, so they skip this
+                // stream without claiming its queue until that point is reached.
+                if let Some(h) = hint {
+                    stream.wait_hint.store(h, Ordering::Release);
+                }
+                return None;
+            }
+            Some((Readiness::Skip, _)) => None,
+            Some((Readiness::Ready(e), _)) => Some(e),
+        };
+        // SAFETY: as above; `peek_with` saw the value, so `pop` returns it.
+        let (op, pos) = unsafe { stream.ring.pop() }.expect("peeked op is still there");
+        stream.wait_hint.store(0, Ordering::Relaxed);
+        Some(Work::Op {
+            stream: stream.clone(),
+            op,
+            value: pos + 1,
+            engine,
+        })
+    }
+
+    pub(super) fn execute(&mut self, sh: &Shared, work: Work) {
+        let more = std::mem::take(&mut self.more);
+        self.chain_wake(sh, more);
+        let (stream, mut op, value, engine) = match work {
+            Work::Help(job) => return run_blocks(sh, &job),
+            Work::Op {
+                stream,
+                op,
+                value,
+                engine,
+            } => (stream, op, value, engine),
+        };
+        let stream = &stream;
+        self.last_stream = stream.id;
+        let start_ns = if crate::clock::profiling() {
+            crate::clock::now_ns()
+        } else {
+            0
+        };
+        let ran = Ran {
+            unit: self.index,
+            start_ns,
+        };
+        let Some(engine) = engine else {
+            sh.finish(stream, op, value, Engine::None, Err(String::new()), ran);
+            return;
+        };
+        if let Body::Kernel { blocks, .. } = op.body {
+            if blocks > 1 {
+                self.start_job(sh, stream, op, value, blocks, ran);
+                return;
+            }
+        }
+        let callback = match &mut op.body {
+            Body::Host(f) => Some(f.take()),
+            _ => None,
+        };
+        let result = match (&op.body, callback) {
+            (_, Some(Some(f))) => run_user(stream, value, &op, || "host callback".into(), f),
+            (_, Some(None)) | (Body::Host(_), None) => Ok(()),
+            (Body::Copy { .. } | Body::Fill { .. }, _) => {
+                op::run_transfer(&op.body);
+                Ok(())
+            }
+            (
+                Body::Wait {
+                    timeline,
+                    value: v,
+                    fault,
+                },
+                _,
+            ) => match timeline.error_for(*v).filter(|_| *fault) {
+                Some(e) => Err(format!(
+                    "waited on an event of stream {}, which failed: {e}",
+                    timeline.stream
+                )),
+                None => Ok(()),
+            },
+            (Body::Marker { stamp }, _) => {
+                stamp.store(crate::clock::now_ns(), Ordering::Release);
+                Ok(())
+            }
+            (Body::Kernel { kernel, args, .. }, _) => {
+                let (name, f) = (kernel.name, &kernel.f);
+                let mut block = Block::new(0, 1, args);
+                run_user(
+                    stream,
+                    value,
+                    &op,
+                    || format!("kernel '{name}' in block 0"),
+                    || f(&mut block),
+                )
+            }
+        };
+        sh.finish(stream, op, value, engine, result, ran);
+    }
+
+    pub(super) fn start_job(
+        &mut self,
+        sh: &Shared,
+        stream: &Arc<HostStream>,
+        op: Op,
+        value: u64,
+        blocks: u32,
+        ran: Ran,
+    ) {
+        let job = Arc::new(KernelJob {
+            op: UnsafeCell::new(Some(op)),
+            stream: stream.clone(),
+            value,
+            blocks,
+            next: AtomicU64::new(0),
+            done: AtomicU32::new(0),
+            panic: Mutex::new(None),
+            ran,
+        });
+        sh.jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(job.clone());
+        sh.job_count.fetch_add(1, Ordering::Release);
+        let helpers = (sh.config.compute_units as u32 - 1).min(blocks - 1);
+        if helpers > 0 {
+            sh.idle.wake(helpers);
+        }
+        run_blocks(sh, &job);
+    }
+
+    pub(super) fn find_kernel(&mut self, sh: &Shared) -> Option<Arc<KernelJob>> {
+        let jobs = sh.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        jobs.iter()
+            .find(|j| j.next.load(Ordering::Relaxed) < u64::from(j.blocks))
+            .cloned()
+    }
+}

@@ -1,0 +1,29 @@
+//! The host backend's memory.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// The pool's [`hetero_memory::StreamFences`]: a fence at the current end of a
+/// stream. Lock order: the pool's lock, then `streams` (nothing holding `streams`
+/// calls into the pool).
+#[derive(Debug)]
+pub(super) struct HostFences {
+    pub(super) shared: std::sync::Weak<Shared>,
+}
+
+impl hetero_memory::StreamFences for HostFences {
+    fn record(&self, stream: u64) -> Arc<dyn hetero_memory::Fence> {
+        let found = self.shared.upgrade().and_then(|sh| {
+            let list = sh.streams.lock().unwrap_or_else(|p| p.into_inner());
+            list.iter()
+                .find(|s| s.id == stream)
+                .map(|s| (s.timeline.clone(), s.submitted()))
+        });
+        // A stream no longer listed was released after its work completed.
+        let (timeline, value) = found.unwrap_or_else(|| {
+            let done = Timeline::new(0, stream, CompletionMode::auto());
+            (Arc::new(done), 0)
+        });
+        Arc::new(crate::event::TimelinePoint { timeline, value })
+    }
+}

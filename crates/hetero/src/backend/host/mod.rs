@@ -1,0 +1,261 @@
+//! The host backend: the CPU as a device.
+//!
+//! Engines are logical. A small set of worker threads (one per compute unit) runs
+//! every kind of operation; a copy occupies one of its direction's copy engines (a
+//! slot in a bitmask) while a worker performs it, a kernel block occupies the
+//! worker that runs it. On a 2-core machine this keeps the thread count at the core
+//! count: idle engines cost no thread, and nothing spins against the work.
+//!
+//! Invariants (who owns what):
+//! - A stream belongs to one hardware queue for its life. At most one operation per
+//!   hardware queue is in flight; the worker that wins `HwQueue::busy` (CAS) is the
+//!   only consumer of the rings of that queue's streams until it clears the flag.
+//!   Hence each stream runs in submission order, one op at a time.
+//! - A stream whose oldest op is not ready (an unmet event wait, a busy copy engine,
+//!   a buffer another stream holds) is skipped: the flag is released at once and
+//!   other streams, on the same queue or not, are dispatched. No head-of-line stall.
+//! - The thread that completes an op releases its locks and engine, drops the op
+//!   (its buffer clones), then advances the timeline, then clears `busy`, then wakes
+//!   an idle worker if one sleeps (see `park` for why no wake-up is lost).
+//! - Among ready streams the lowest effective priority wins; effective priority
+//!   improves by one level per `AGING_TICKS` dispatches a stream waits, so low
+//!   priority work always progresses.
+
+mod callback;
+pub(crate) use callback::storage_held_here;
+mod engine;
+mod hw_queue;
+mod kernel_job;
+mod memory;
+mod stream;
+
+use callback::*;
+use engine::*;
+use hw_queue::*;
+use kernel_job::*;
+use memory::*;
+use stream::*;
+
+use super::{Backend, DeviceProperties, StreamQueue};
+use crate::buffer::{MemoryKind, Storage};
+use crate::config::{CompletionMode, DeviceConfig};
+use crate::kernel::Block;
+use crate::op::{self, Body, Op};
+use crate::park::{spin_for, Parker};
+use crate::ring::Ring;
+use crate::timeline::Timeline;
+use crate::{Error, Result};
+use crossbeam_utils::CachePadded;
+use std::cell::UnsafeCell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+struct Shared {
+    device: u64,
+    config: DeviceConfig,
+    queues: Box<[HwQueue]>,
+    streams: Mutex<Vec<Arc<HostStream>>>,
+    generation: AtomicU64,
+    /// Free copy engines per direction, one bit each.
+    copy_free: [CachePadded<AtomicU32>; 3],
+    idle: Arc<Parker>,
+    shutdown: AtomicBool,
+    tick: CachePadded<AtomicU64>,
+    jobs: Mutex<Vec<Arc<KernelJob>>>,
+    job_count: AtomicU32,
+    next_stream: AtomicU64,
+}
+
+pub(crate) struct HostBackend {
+    shared: Arc<Shared>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+    props: DeviceProperties,
+    /// Device memory: the host backend's chunks come from the OS layer.
+    pool: Arc<hetero_memory::DevicePool>,
+    pinned: hetero_memory::PinnedPool,
+}
+
+impl HostBackend {
+    pub(crate) fn new(device: u64, config: DeviceConfig) -> Result<Self> {
+        config.validate()?;
+        let pool_config = match &config.pool {
+            Some(p) => p.clone(),
+            None => hetero_memory::PoolConfig::from_env()?,
+        };
+        let pool = Arc::new(hetero_memory::DevicePool::new(pool_config)?);
+        let pinned = hetero_memory::PinnedPool::new(config.pinned.clone())?;
+        let mask = |n: usize| CachePadded::new(AtomicU32::new(((1u64 << n) - 1) as u32));
+        let shared = Arc::new(Shared {
+            device,
+            queues: (0..config.hardware_queues)
+                .map(|_| HwQueue {
+                    state: Arc::new(QueueState::new()),
+                    streams: AtomicUsize::new(0),
+                })
+                .collect(),
+            streams: Mutex::new(Vec::new()),
+            generation: AtomicU64::new(0),
+            copy_free: [
+                mask(config.copy_engines[0]),
+                mask(config.copy_engines[1]),
+                mask(config.copy_engines[2]),
+            ],
+            idle: Arc::new(Parker::new()),
+            shutdown: AtomicBool::new(false),
+            tick: CachePadded::new(AtomicU64::new(0)),
+            jobs: Mutex::new(Vec::new()),
+            job_count: AtomicU32::new(0),
+            next_stream: AtomicU64::new(1),
+            config: config.clone(),
+        });
+        // The pool learns where streams stand from their timelines; weakly, so
+        // that the pool does not keep the engines' state alive.
+        pool.set_stream_fences(Arc::new(HostFences {
+            shared: Arc::downgrade(&shared),
+        }));
+        let props = DeviceProperties {
+            name: format!("host ({} compute units)", config.compute_units),
+            backend: "host",
+            compute_units: config.compute_units,
+            copy_engines: config.copy_engines,
+            hardware_queues: config.hardware_queues,
+        };
+        let mut workers = Vec::with_capacity(config.compute_units);
+        for index in 0..config.compute_units {
+            let sh = shared.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("hetero-engine{index}"))
+                .spawn(move || {
+                    become_engine(&sh, index as u32);
+                    if sh.config.pin_engines {
+                        pin_to_nth_allowed_cpu(index);
+                    }
+                    Worker::new(index as u32).run(&sh);
+                    leave_engine();
+                })
+                .map_err(|e| Error::Setup(format!("could not start an engine thread: {e}")))?;
+            workers.push(handle);
+        }
+        Ok(HostBackend {
+            shared,
+            workers: Mutex::new(workers),
+            props,
+            pool,
+            pinned,
+        })
+    }
+}
+
+impl Backend for HostBackend {
+    fn properties(&self) -> &DeviceProperties {
+        &self.props
+    }
+
+    fn create_stream(&self, priority: u8) -> Result<Arc<dyn StreamQueue>> {
+        let sh = &self.shared;
+        let id = sh.next_stream.fetch_add(1, Ordering::Relaxed);
+        // Least-loaded hardware queue, lowest index first.
+        let queue = sh
+            .queues
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, q)| q.streams.load(Ordering::Relaxed))
+            .map(|(i, _)| i)
+            .unwrap_or(0);
+        sh.queues[queue].streams.fetch_add(1, Ordering::Relaxed);
+        let stream = Arc::new(HostStream {
+            id,
+            timeline: Arc::new(Timeline::new(sh.device, id, sh.config.host_wait)),
+            ring: Ring::with_capacity(sh.config.ring_capacity),
+            priority: AtomicU8::new(priority),
+            queue,
+            closed: AtomicBool::new(false),
+            queue_state: sh.queues[queue].state.clone(),
+            wait_hint: AtomicU64::new(0),
+            blocked_on: AtomicU64::new(0),
+            blocked_at: AtomicU64::new(0),
+            last_served: CachePadded::new(AtomicU64::new(sh.tick.load(Ordering::Relaxed))),
+            idle: sh.idle.clone(),
+            shared: Arc::downgrade(sh),
+            host_wait: sh.config.host_wait,
+        });
+        let mut list = sh.streams.lock().unwrap_or_else(|p| p.into_inner());
+        list.push(stream.clone());
+        sh.generation.fetch_add(1, Ordering::Release);
+        Ok(stream)
+    }
+
+    fn allocate(&self, kind: MemoryKind, bytes: usize, stream: u64) -> Result<Storage> {
+        match kind {
+            MemoryKind::Device => Storage::device(self.shared.device, &self.pool, bytes, stream),
+            MemoryKind::Pinned => Storage::pinned(self.shared.device, &self.pinned, bytes),
+        }
+    }
+
+    fn pool(&self) -> &Arc<hetero_memory::DevicePool> {
+        &self.pool
+    }
+
+    fn pinned_pool(&self) -> &hetero_memory::PinnedPool {
+        &self.pinned
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        let streams = self
+            .shared
+            .streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut first = None;
+        for s in streams {
+            let target = s.submitted();
+            match s.timeline.wait(target, self.shared.config.host_wait) {
+                Err(e @ Error::WouldDeadlock(_)) => return Err(e),
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+                Ok(()) => {}
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    fn shutdown(&self) {
+        let _ = self.synchronize();
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        self.shared.idle.wake(u32::MAX);
+        let workers = std::mem::take(&mut *self.workers.lock().unwrap_or_else(|p| p.into_inner()));
+        for w in workers {
+            let _ = w.join();
+        }
+    }
+
+    fn host_wait(&self) -> CompletionMode {
+        self.shared.config.host_wait
+    }
+}
+
+/// Pins the calling thread to the `n`-th CPU (modulo) this process may run on, so
+/// that compute units stay spread one per core: left to the OS, two engines of a
+/// 2-core VM were seen queued on one vCPU while the other idled. Best effort: if
+/// the affinity cannot be read or set, the thread floats as before.
+fn pin_to_nth_allowed_cpu(n: usize) {
+    let Ok(allowed) = rustix::thread::sched_getaffinity(None) else {
+        return;
+    };
+    let cpus: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
+        .filter(|&c| allowed.is_set(c))
+        .collect();
+    if cpus.len() < 2 {
+        return;
+    }
+    let mut one = rustix::thread::CpuSet::new();
+    one.set(cpus[n % cpus.len()]);
+    if let Err(e) = rustix::thread::sched_setaffinity(None, &one) {
+        tracing::debug!("could not pin engine {n}: {e}");
+    }
+}

@@ -1,0 +1,236 @@
+//! The host backend's stream.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// Dispatches a waiting stream sits through before its priority improves a level.
+/// A priority-7 stream facing continuous priority-0 work runs after (7 + 1) × this.
+pub(super) const AGING_TICKS: u64 = 16;
+
+pub(crate) struct HostStream {
+    pub(super) id: u64,
+    pub(super) timeline: Arc<Timeline>,
+    pub(super) ring: Ring<Op>,
+    pub(super) priority: AtomicU8,
+    pub(super) queue: usize,
+    pub(super) closed: AtomicBool,
+    /// What the oldest op waits for, packed by `wait_hint_of` (0: unknown). Set and
+    /// cleared only by the engine holding the queue; a hint to skip the stream
+    /// without claiming the queue (claiming a stream that cannot run, again and
+    /// again, holds the queue: an engine preempted there stalls it for a time slice).
+    pub(super) wait_hint: AtomicU64,
+    /// What the op running user code (a callback) on this stream waits for, packed
+    /// like `wait_hint` (0: nothing), and that op's value: hints for other
+    /// engines' deadlock checks (`callback.rs`).
+    pub(super) blocked_on: AtomicU64,
+    pub(super) blocked_at: AtomicU64,
+    /// The hardware queue's in-flight flag.
+    pub(super) queue_state: Arc<QueueState>,
+    /// Written by engines at every completion: on its own line, away from the
+    /// fields submitters read.
+    pub(super) last_served: CachePadded<AtomicU64>,
+    pub(super) idle: Arc<Parker>,
+    pub(super) shared: Weak<Shared>,
+    pub(super) host_wait: CompletionMode,
+}
+
+impl StreamQueue for HostStream {
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn timeline(&self) -> &Arc<Timeline> {
+        &self.timeline
+    }
+
+    #[inline]
+    fn submit(&self, op: Op) -> Result<u64> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(Error::StreamDestroyed { stream: self.id });
+        }
+        // The first try moves `op` straight into the ring (no copy kept for a
+        // retry); a full ring hands it back to the slow path.
+        match self.ring.try_push(op) {
+            Ok(pos) => Ok(self.published(pos)),
+            Err(back) => self.submit_when_full(back),
+        }
+    }
+
+    fn submitted(&self) -> u64 {
+        self.ring.tail()
+    }
+
+    fn priority(&self) -> u8 {
+        self.priority.load(Ordering::Relaxed)
+    }
+
+    fn set_priority(&self, priority: u8) {
+        self.priority.store(priority, Ordering::Relaxed);
+    }
+
+    fn hardware_queue(&self) -> usize {
+        self.queue
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Relaxed)
+    }
+
+    fn release(&self) {
+        let _ = self.timeline.wait(self.submitted(), self.host_wait);
+        if let Some(sh) = self.shared.upgrade() {
+            let mut list = sh.streams.lock().unwrap_or_else(|p| p.into_inner());
+            list.retain(|s| s.id != self.id);
+            sh.generation.fetch_add(1, Ordering::Release);
+            sh.queues[self.queue]
+                .streams
+                .fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl HostStream {
+    /// After the op at ring position `pos` is published: wakes an engine if none
+    /// is bound to look; returns the op's timeline value.
+    #[inline(always)]
+    pub(super) fn published(&self, pos: u64) -> u64 {
+        // While an op of this queue is in flight, the engine running it looks for
+        // work when it completes and will see this op: waking another engine, a
+        // syscall that costs tens of µs in a VM, would buy nothing (hw_queue.rs).
+        if self.queue_state.submitter_must_wake() {
+            self.idle.wake_one_if_idle_fenced();
+        }
+        pos + 1
+    }
+
+    /// Backpressure: waits until the ring has room (`wait_for_room`), then tries
+    /// again.
+    #[cold]
+    pub(super) fn submit_when_full(&self, mut op: Op) -> Result<u64> {
+        loop {
+            self.idle.wake_one_if_idle();
+            wait_for_room(&self.ring, &self.timeline, self.host_wait)?;
+            match self.ring.try_push(op) {
+                Ok(pos) => return Ok(self.published(pos)),
+                Err(back) => op = back,
+            }
+        }
+    }
+
+    /// Base priority minus one level per `AGING_TICKS` dispatches waited. It may go
+    /// below 0, so a starving stream eventually beats even priority-0 work that a
+    /// worker would otherwise keep running (ties go to the stream just run).
+    pub(super) fn effective_priority(&self, tick: u64) -> i64 {
+        let base = i64::from(self.priority.load(Ordering::Relaxed));
+        let waited = tick.saturating_sub(self.last_served.load(Ordering::Relaxed)) / AGING_TICKS;
+        base - waited.min(1 << 20) as i64
+    }
+}
+
+/// Waits until `ring` (whose ops complete on `timeline`) has room for a push.
+///
+/// The condition is room itself, not the completion of some op: the engines may
+/// drain the whole ring between a failed push and this wait, and a completion
+/// asked for then could belong to an op never submitted. Room appears when an
+/// engine pops the oldest op, and every pop is followed by that op's completion,
+/// which wakes this waiter: the completion's fence orders the pop before the
+/// waker's look at the sleepers, and the sleeper's fence orders its registration
+/// before its look at the ring (park.rs).
+pub(super) fn wait_for_room<T>(
+    ring: &Ring<T>,
+    timeline: &Timeline,
+    mode: CompletionMode,
+) -> Result<()> {
+    // For an engine thread's deadlock check: what room depends on.
+    let oldest = ring.head() + 1;
+    timeline.wait_until(oldest, mode, "a submission to a full stream", || {
+        ring.has_room()
+    })
+}
+
+const HINT_VALUE_BITS: u32 = 44;
+
+/// `(stream, value)` packed in one word (so it is read untorn), or `None` when the
+/// numbers do not fit (or the stream is 0, which means "no hint").
+pub(super) fn pack_hint(stream: u64, value: u64) -> Option<u64> {
+    (stream != 0 && stream < (1 << (64 - HINT_VALUE_BITS)) && value < (1 << HINT_VALUE_BITS))
+        .then_some(stream << HINT_VALUE_BITS | value)
+}
+
+pub(super) fn unpack_hint(hint: u64) -> (u64, u64) {
+    (hint >> HINT_VALUE_BITS, hint & ((1 << HINT_VALUE_BITS) - 1))
+}
+
+/// What a wait op waits for, packed, or `None` when the op is not a wait.
+pub(super) fn wait_hint_of(op: &Op) -> Option<u64> {
+    match &op.body {
+        Body::Wait {
+            timeline, value, ..
+        } => pack_hint(timeline.stream, *value),
+        _ => None,
+    }
+}
+
+/// Whether the point a hint names is still ahead (a stream not in `streams` is
+/// treated as reached: claim and look).
+pub(super) fn blocked(streams: &[Arc<HostStream>], hint: u64) -> bool {
+    let (id, value) = unpack_hint(hint);
+    streams
+        .iter()
+        .find(|s| s.id == id)
+        .is_some_and(|s| !s.timeline.is_reached(value))
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use crate::loom::Arc;
+
+    /// A producer pushes three values into a two-slot ring, waiting for room
+    /// (parked, Block mode) when it is full, while the consumer pops and completes
+    /// each. However the consumer races ahead (it may drain the ring between the
+    /// failed push and the wait), the producer is woken and all values arrive.
+    /// Waiting for "the oldest op + 1" instead deadlocks this model.
+    #[test]
+    fn loom_backpressure_never_waits_for_an_op_not_submitted() {
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(3);
+        builder.check(|| {
+            let ring = Arc::new(Ring::<u32>::with_capacity(2));
+            let timeline = Arc::new(Timeline::new(0, 1, CompletionMode::Block));
+            let (r, t) = (ring.clone(), timeline.clone());
+            let consumer = loom::thread::spawn(move || {
+                let mut got = Vec::new();
+                while got.len() < 3 {
+                    // SAFETY: this thread is the ring's only consumer.
+                    match unsafe { r.pop() } {
+                        Some((v, pos)) => {
+                            got.push(v);
+                            t.complete(pos + 1);
+                        }
+                        None => loom::thread::yield_now(),
+                    }
+                }
+                got
+            });
+            for v in 0..3u32 {
+                let mut v = v;
+                loop {
+                    match ring.try_push(v) {
+                        Ok(_) => break,
+                        Err(back) => {
+                            v = back;
+                            wait_for_room(&ring, &timeline, CompletionMode::Block)
+                                .expect("not an engine thread");
+                        }
+                    }
+                }
+            }
+            assert_eq!(consumer.join().expect("consumer"), vec![0, 1, 2]);
+        });
+    }
+}

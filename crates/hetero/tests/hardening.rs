@@ -1,0 +1,438 @@
+//! Regression tests for what a hard user found: backpressure that lost a wake-up,
+//! zero-sized buffers of wide types, blocking calls and drops from inside
+//! callbacks, panics that kill engines, and inputs that are accepted but wrong.
+//! Each would hang, abort or misbehave before its fix; a watchdog turns a hang
+//! into a failure.
+
+use hetero::{Arg, CompletionMode, Device, DeviceConfig, Error, Event, Grid, Kernel, Stream};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Runs `f` on its own thread; fails the test if it has not returned in `secs`.
+fn within<R: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> R + Send + 'static) -> R {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(secs))
+        .unwrap_or_else(|_| panic!("{what}: still running after {secs} s (hung)"))
+}
+
+fn device(cfg: DeviceConfig) -> Device {
+    Device::new(cfg).expect("device")
+}
+
+/// A host callback's result, sent back to the test.
+fn in_callback<R: Send + 'static>(
+    s: &Stream,
+    f: impl FnOnce() -> R + Send + 'static,
+) -> mpsc::Receiver<R> {
+    let (tx, rx) = mpsc::channel();
+    s.host_fn(move || {
+        let _ = tx.send(f());
+    })
+    .expect("host_fn");
+    rx
+}
+
+fn recv<R>(rx: &mpsc::Receiver<R>) -> R {
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("the callback did not report (hung)")
+}
+
+fn is_deadlock<T: std::fmt::Debug>(r: &hetero::Result<T>) -> bool {
+    matches!(r, Err(Error::WouldDeadlock(_)))
+}
+
+// ---- 1. backpressure -------------------------------------------------------
+
+/// A two-slot ring flooded with callbacks: the submitter must never wait for an
+/// op that is not there (it used to wait for "the oldest op + 1" after the
+/// engines had drained the ring).
+#[test]
+fn flooding_a_two_slot_ring_never_hangs_in_any_mode() {
+    for mode in [
+        CompletionMode::Spin,
+        CompletionMode::Yield,
+        CompletionMode::Block,
+        CompletionMode::auto(),
+    ] {
+        let n = if mode == CompletionMode::Block {
+            5_000
+        } else {
+            50_000
+        };
+        let ran = within(60, &format!("flood in {mode:?}"), move || {
+            let dev = device(
+                DeviceConfig::default()
+                    .stream_capacity(2)
+                    .host_wait(mode)
+                    .engine_idle(mode),
+            );
+            let s = dev.create_stream().expect("stream");
+            let count = Arc::new(AtomicU32::new(0));
+            for _ in 0..n {
+                let c = count.clone();
+                s.host_fn(move || {
+                    c.fetch_add(1, Ordering::Relaxed);
+                })
+                .expect("host_fn");
+            }
+            s.synchronize().expect("sync");
+            count.load(Ordering::Relaxed)
+        });
+        assert_eq!(ran, n, "every callback ran once in {mode:?}");
+    }
+}
+
+/// Several threads flood one small stream while others wait on its events.
+#[test]
+fn flood_with_cross_stream_waiters_completes() {
+    within(60, "flood with waiters", || {
+        let dev = device(DeviceConfig::default().stream_capacity(4));
+        let src = dev.create_stream().expect("stream");
+        let waiters: Vec<_> = (0..4).map(|_| dev.create_stream().expect("s")).collect();
+        let producers: Vec<_> = (0..2)
+            .map(|_| {
+                let s = src.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..20_000 {
+                        s.host_fn(|| {}).expect("host_fn");
+                    }
+                })
+            })
+            .collect();
+        for round in 0..500 {
+            let e = src.record_event().expect("record");
+            waiters[round % 4].wait_event(&e).expect("wait");
+            waiters[round % 4].host_fn(|| {}).expect("host_fn");
+        }
+        for p in producers {
+            p.join().expect("producer");
+        }
+        dev.synchronize().expect("sync");
+    });
+}
+
+// ---- 2. zero-sized buffers of wide types -----------------------------------
+
+#[test]
+fn zero_length_buffers_of_wide_types_are_sound() {
+    let dev = Device::host().expect("device");
+    let s = dev.create_stream().expect("stream");
+    let mut p = dev.pinned_from_slice::<u32>(&[]).expect("empty pinned");
+    assert!(p.as_slice().expect("read").is_empty());
+    assert!(p.as_mut_slice().expect("write").is_empty());
+    let q = dev.alloc_pinned::<f64>(0).expect("empty pinned f64");
+    assert!(q.as_slice().expect("read").is_empty());
+    let a = s.alloc::<u32>(0).expect("empty device u32");
+    let b = dev.alloc::<f32>(0).expect("empty device f32");
+    let k = Kernel::new("empty-views", |blk| {
+        assert!(blk.read::<u32>(0).is_empty());
+        assert!(blk.write::<f32>(0).is_empty());
+    });
+    s.launch(&k, Grid::new(3), &[Arg::read(&a), Arg::write(&b)])
+        .expect("launch");
+    s.synchronize().expect("the kernel saw empty views");
+    assert!(s.read_to_vec(&a).expect("read").is_empty());
+}
+
+#[test]
+fn over_aligned_element_types_are_refused() {
+    #[derive(Clone, Copy)]
+    #[repr(C, align(512))]
+    struct Wide([u8; 512]);
+    // SAFETY: plain bytes, no padding (512 bytes of u8 at alignment 512).
+    unsafe impl bytemuck::Zeroable for Wide {}
+    // SAFETY: as above.
+    unsafe impl bytemuck::Pod for Wide {}
+    let dev = Device::host().expect("device");
+    assert!(matches!(
+        dev.alloc::<Wide>(1),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+// ---- 3. blocking calls from inside callbacks --------------------------------
+
+#[test]
+fn synchronize_own_stream_from_a_callback_is_an_error() {
+    let dev = Device::host().expect("device");
+    let s = dev.create_stream().expect("stream");
+    let s2 = s.clone();
+    let got = recv(&in_callback(&s, move || s2.synchronize()));
+    assert!(is_deadlock(&got), "{got:?}");
+    s.synchronize().expect("the stream itself is fine");
+}
+
+#[test]
+fn read_of_own_stream_from_a_callback_is_an_error() {
+    let dev = Device::host().expect("device");
+    let s = dev.create_stream().expect("stream");
+    let buf = s.alloc::<u32>(16).expect("alloc");
+    s.fill(&buf, 7).expect("fill");
+    let (s2, buf2) = (s.clone(), Arc::new(buf));
+    let b = buf2.clone();
+    let got = in_callback(&s, move || s2.read_to_vec(&b));
+    assert!(is_deadlock(&recv(&got)));
+    assert_eq!(s.read_to_vec(&buf2).expect("read"), vec![7; 16]);
+}
+
+#[test]
+fn device_synchronize_from_a_callback_is_an_error() {
+    let dev = Device::host().expect("device");
+    let s = dev.create_stream().expect("stream");
+    let d = dev.clone();
+    let got = in_callback(&s, move || d.synchronize());
+    assert!(is_deadlock(&recv(&got)));
+    dev.synchronize().expect("device fine");
+}
+
+#[test]
+fn event_synchronize_from_a_callback_errs_only_for_later_events() {
+    let dev = Device::host().expect("device");
+    let s = dev.create_stream().expect("stream");
+    let before = s.record_event().expect("record");
+    let later = Arc::new(std::sync::Mutex::new(None::<Event>));
+    let l = later.clone();
+    let gate = Arc::new(AtomicBool::new(false));
+    let g = gate.clone();
+    let got = in_callback(&s, move || {
+        while !g.load(Ordering::Acquire) {
+            std::hint::spin_loop();
+        }
+        let later = l.lock().expect("lock").clone().expect("recorded");
+        (before.synchronize(), later.synchronize())
+    });
+    *later.lock().expect("lock") = Some(s.record_event().expect("record"));
+    gate.store(true, Ordering::Release);
+    let (early, late) = recv(&got);
+    assert!(
+        early.is_ok(),
+        "an earlier event of the own stream is complete"
+    );
+    assert!(
+        is_deadlock(&late),
+        "a later one could never complete: {late:?}"
+    );
+    s.synchronize().expect("sync");
+}
+
+/// With one compute unit the callback's engine is the only one: waiting on
+/// another stream works because the waiting engine runs that stream's work.
+#[test]
+fn callback_waiting_on_another_stream_works_with_one_compute_unit() {
+    within(60, "one-unit wait", || {
+        let dev = device(DeviceConfig::default().compute_units(1));
+        let (a, b) = (
+            dev.create_stream().expect("a"),
+            dev.create_stream().expect("b"),
+        );
+        let gate = Arc::new(AtomicBool::new(false));
+        let g = gate.clone();
+        // b's work is queued behind a gate the callback on a opens.
+        let buf = Arc::new(b.alloc::<u32>(64).expect("alloc"));
+        b.host_fn(move || {
+            while !g.load(Ordering::Acquire) {
+                std::thread::yield_now();
+            }
+        })
+        .expect("gate");
+        b.fill(&buf, 5).expect("fill");
+        let done = b.record_event().expect("record");
+        let g = gate.clone();
+        let got = in_callback(&a, move || {
+            g.store(true, Ordering::Release);
+            done.synchronize()
+        });
+        recv(&got).expect("the wait on b completes");
+        assert_eq!(b.read_to_vec(&buf).expect("read"), vec![5; 64]);
+    });
+}
+
+/// A callback submitting more to its own stream than the ring holds: those that
+/// fit are taken, the one that would wait for the callback itself is an error.
+#[test]
+fn callback_overfilling_its_own_ring_gets_an_error() {
+    within(60, "overfill", || {
+        let dev = device(DeviceConfig::default().stream_capacity(4));
+        let s = dev.create_stream().expect("stream");
+        let s2 = s.clone();
+        let got = in_callback(&s, move || {
+            let mut results = Vec::new();
+            for _ in 0..16 {
+                results.push(s2.host_fn(|| {}));
+            }
+            results
+        });
+        let results = recv(&got);
+        assert!(results.iter().any(|r| r.is_ok()));
+        assert!(results.iter().any(is_deadlock), "{results:?}");
+        s.synchronize().expect("the stream completes");
+    });
+}
+
+/// A kernel reading its own argument synchronously through another stream.
+#[test]
+fn kernel_reading_its_own_argument_synchronously_is_an_error() {
+    within(60, "own argument", || {
+        let dev = Device::host().expect("device");
+        let (s, t) = (
+            dev.create_stream().expect("s"),
+            dev.create_stream().expect("t"),
+        );
+        let buf = Arc::new(dev.alloc::<u32>(8).expect("alloc"));
+        t.fill(&buf, 1).expect("fill");
+        t.synchronize().expect("sync");
+        let (tx, rx) = mpsc::channel();
+        let (b, t2) = (buf.clone(), t.clone());
+        let tx = std::sync::Mutex::new(tx);
+        let k = Kernel::new("reads-itself", move |_| {
+            let r = t2.read_to_vec(&b);
+            let _ = tx.lock().expect("lock").send(r);
+        });
+        s.launch(&k, Grid::new(1), &[Arg::write(&buf)])
+            .expect("launch");
+        let r = rx.recv_timeout(Duration::from_secs(20)).expect("reported");
+        assert!(is_deadlock(&r), "{r:?}");
+        s.synchronize().expect("sync");
+    });
+}
+
+/// Two callbacks that each wait for the other's stream: a cycle. Neither hangs;
+/// at least one is told it would deadlock, and both streams complete.
+#[test]
+fn callbacks_waiting_on_each_other_do_not_hang() {
+    for units in [1, 2] {
+        within(60, "cycle", move || {
+            let dev = device(DeviceConfig::default().compute_units(units));
+            let (a, b) = (
+                dev.create_stream().expect("a"),
+                dev.create_stream().expect("b"),
+            );
+            let slots: Arc<[std::sync::Mutex<Option<Event>>; 2]> = Arc::new(Default::default());
+            let gate = Arc::new(AtomicBool::new(false));
+            let mut rxs = Vec::new();
+            for (i, s) in [&a, &b].into_iter().enumerate() {
+                let (slots, gate) = (slots.clone(), gate.clone());
+                rxs.push(in_callback(s, move || {
+                    while !gate.load(Ordering::Acquire) {
+                        std::thread::yield_now();
+                    }
+                    let other = slots[1 - i].lock().expect("lock").clone().expect("set");
+                    other.synchronize()
+                }));
+            }
+            *slots[0].lock().expect("lock") = Some(a.record_event().expect("ea"));
+            *slots[1].lock().expect("lock") = Some(b.record_event().expect("eb"));
+            gate.store(true, Ordering::Release);
+            let results: Vec<_> = rxs.iter().map(recv).collect();
+            assert!(results.iter().any(is_deadlock), "{results:?}");
+            dev.synchronize().expect("both streams complete");
+        });
+    }
+}
+
+// ---- 4. dropping the last handle on an engine thread ------------------------
+
+#[test]
+fn dropping_the_last_stream_and_device_in_a_callback_does_not_hang() {
+    within(60, "drop in callback", || {
+        let dev = Device::host().expect("device");
+        let s = dev.create_stream().expect("stream");
+        let (tx, rx) = mpsc::channel();
+        let (s2, d2) = (s.clone(), dev.clone());
+        s.host_fn(move || {
+            drop(s2);
+            drop(d2);
+            let _ = tx.send(());
+        })
+        .expect("host_fn");
+        drop(s);
+        drop(dev);
+        rx.recv_timeout(Duration::from_secs(20))
+            .expect("the callback's drops returned");
+    });
+}
+
+#[test]
+fn dropping_the_last_stream_in_a_kernel_does_not_hang() {
+    within(60, "drop in kernel", || {
+        let dev = Device::host().expect("device");
+        let other = dev.create_stream().expect("other");
+        let s = dev.create_stream().expect("stream");
+        let holder = Arc::new(std::sync::Mutex::new(Some(s.clone())));
+        let h = holder.clone();
+        let k = Kernel::new("drops-stream", move |_| {
+            drop(h.lock().expect("lock").take());
+        });
+        s.launch(&k, Grid::new(1), &[]).expect("launch");
+        drop(s);
+        drop(k);
+        other.host_fn(|| {}).expect("other works");
+        other.synchronize().expect("other sync");
+        dev.synchronize().expect("device sync after the drop");
+    });
+}
+
+// ---- 6. smaller ones ---------------------------------------------------------
+
+/// A panic payload whose own Drop panics: the engine survives, the stream fails
+/// with a message, and other work goes on.
+#[test]
+fn a_panic_payload_that_panics_on_drop_does_not_kill_the_engine() {
+    struct Bomb;
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            panic!("payload drop panics too");
+        }
+    }
+    within(60, "bomb", || {
+        let dev = device(DeviceConfig::default().compute_units(1));
+        let (s, t) = (
+            dev.create_stream().expect("s"),
+            dev.create_stream().expect("t"),
+        );
+        s.host_fn(|| std::panic::panic_any(Bomb)).expect("host_fn");
+        assert!(matches!(s.synchronize(), Err(Error::StreamFault { .. })));
+        let k = Kernel::new("bomb", |_| std::panic::panic_any(Bomb));
+        t.launch(&k, Grid::new(4), &[]).expect("launch");
+        assert!(matches!(t.synchronize(), Err(Error::StreamFault { .. })));
+        let u = dev.create_stream().expect("u");
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        u.host_fn(move || r.store(true, Ordering::Release))
+            .expect("host_fn");
+        u.synchronize().expect("the engine still runs work");
+        assert!(ran.load(Ordering::Acquire));
+    });
+}
+
+#[test]
+fn elapsed_between_events_of_two_devices_is_an_error() {
+    let (d1, d2) = (Device::host().expect("d1"), Device::host().expect("d2"));
+    let (s1, s2) = (
+        d1.create_stream().expect("s1"),
+        d2.create_stream().expect("s2"),
+    );
+    let a = s1.record_event().expect("a");
+    let b = s2.record_event().expect("b");
+    a.synchronize().expect("a");
+    b.synchronize().expect("b");
+    assert!(matches!(a.elapsed_ms(&b), Err(Error::EventTiming { .. })));
+}
+
+#[test]
+fn huge_stream_capacity_is_refused_with_the_limit() {
+    let r = Device::new(DeviceConfig::default().stream_capacity(1 << 24));
+    match r {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("65536"), "{m}"),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+    assert!(Device::new(
+        DeviceConfig::default().stream_capacity(DeviceConfig::MAX_STREAM_CAPACITY)
+    )
+    .is_ok());
+}
