@@ -13,16 +13,22 @@ pub(super) enum Engine {
 /// Work a worker has claimed (moved, never boxed: claiming must not allocate).
 #[allow(clippy::large_enum_variant)]
 pub(super) enum Work {
-    /// A stream's oldest op, popped with its queue claimed; `engine` is `None` when
-    /// the stream failed earlier and the op is to be skipped.
+    /// A stream's oldest op, popped with its queue claimed.
     Op {
         stream: Arc<HostStream>,
-        op: Op,
-        value: u64,
-        engine: Option<Engine>,
+        taken: Taken,
     },
     /// Blocks of a running multi-block kernel.
-    Help(Arc<KernelJob>),
+    /// (The index of the hardware queue whose job slot holds it.)
+    Help(usize),
+}
+
+/// An op taken from a stream's ring, with the value it completes on the timeline;
+/// `engine` is `None` when the stream failed earlier and the op is to be skipped.
+pub(super) struct Taken {
+    pub(super) op: Op,
+    pub(super) value: u64,
+    pub(super) engine: Option<Engine>,
 }
 
 pub(super) enum Readiness {
@@ -100,8 +106,23 @@ impl Shared {
         }
     }
 
-    /// Completes the op at `value` of `stream`; see the module invariants for order.
+    /// Completes the op at `value` of `stream`, then lets its queue go.
     pub(super) fn finish(
+        &self,
+        stream: &HostStream,
+        op: Op,
+        value: u64,
+        engine: Engine,
+        result: Result<(), String>,
+        ran: Ran,
+    ) {
+        self.complete(stream, op, value, engine, result, ran);
+        self.release_queue(stream);
+    }
+
+    /// Completes the op at `value` of `stream`, its queue still held; see the
+    /// module invariants for order.
+    pub(super) fn complete(
         &self,
         stream: &HostStream,
         op: Op,
@@ -125,6 +146,10 @@ impl Shared {
         }
         let t = self.tick.fetch_add(1, Ordering::Relaxed);
         stream.last_served.store(t + 1, Ordering::Relaxed);
+    }
+
+    /// Lets the queue of `stream` go after its op completed.
+    pub(super) fn release_queue(&self, stream: &HostStream) {
         // No wake here: this worker looks for work next, and wakes another if it
         // finds more than it can take (`Worker::claim`). Until that look it counts
         // as searching, so a submitter that sees the queue idle in this gap does
@@ -211,6 +236,9 @@ pub(super) struct Worker {
     /// The last claim skipped a non-empty stream whose queue another engine was
     /// claiming (its verdict may be stale).
     pub(super) contended: bool,
+    /// This run of continued ops has already woken another engine for the ready
+    /// work it leaves behind.
+    pub(super) woke: bool,
 }
 
 impl Worker {
@@ -223,6 +251,7 @@ impl Worker {
             last_stream: 0,
             more: false,
             contended: false,
+            woke: false,
         }
     }
 
@@ -340,8 +369,8 @@ impl Worker {
     /// of the most urgent ready stream (its queue stays claimed until it completes).
     pub(super) fn claim(&mut self, sh: &Shared) -> Option<Work> {
         if sh.job_count.load(Ordering::Acquire) > 0 {
-            if let Some(job) = self.find_kernel(sh) {
-                return Some(Work::Help(job));
+            if let Some(slot) = find_job(sh) {
+                return Some(Work::Help(slot));
             }
         }
         self.refresh(sh);
@@ -377,9 +406,9 @@ impl Worker {
                 .state
                 .claim_with(|| self.try_claim(sh, &stream))
             {
-                Ok(work) => {
+                Ok(taken) => {
                     self.more = k + 1 < self.candidates.len();
-                    return Some(work);
+                    return Some(Work::Op { stream, taken });
                 }
                 Err(why) => self.contended |= why == Skipped::Contended,
             }
@@ -388,7 +417,7 @@ impl Worker {
     }
 
     /// With the stream's queue claimed: takes its oldest op if it is ready.
-    pub(super) fn try_claim(&mut self, sh: &Shared, stream: &Arc<HostStream>) -> Option<Work> {
+    pub(super) fn try_claim(&mut self, sh: &Shared, stream: &HostStream) -> Option<Taken> {
         // SAFETY: the caller holds the stream's hardware-queue claim, which makes this
         // thread the ring's only consumer.
         let decision = unsafe {
@@ -412,28 +441,85 @@ impl Worker {
         // SAFETY: as above; `peek_with` saw the value, so `pop` returns it.
         let (op, pos) = unsafe { stream.ring.pop() }.expect("peeked op is still there");
         stream.wait_hint.store(0, Ordering::Relaxed);
-        Some(Work::Op {
-            stream: stream.clone(),
+        Some(Taken {
             op,
             value: pos + 1,
             engine,
         })
     }
 
+    /// With `stream`'s queue still held after completing its op: takes the stream's
+    /// next op if it is ready and the dispatch rule would pick the stream again
+    /// anyway (no other stream's effective priority is better; ties go to the stream
+    /// just run). Continuing this way keeps the queue `RUNNING`, so the op costs no
+    /// claim, no release and no search-token traffic, and submitters keep reading
+    /// an unchanged queue state.
+    fn continue_on(&mut self, sh: &Shared, stream: &HostStream) -> Option<Taken> {
+        if stream.ring.is_empty() {
+            return None;
+        }
+        self.refresh(sh);
+        let tick = sh.tick.load(Ordering::Relaxed);
+        let mine = stream.effective_priority(tick);
+        let mut others = false;
+        for s in &self.streams {
+            if s.id == stream.id || s.ring.is_empty() {
+                continue;
+            }
+            // A stream on the held queue could run if the queue were let go.
+            if s.queue != stream.queue && sh.queues[s.queue].state.may_claim(true).is_err() {
+                continue;
+            }
+            let hint = s.wait_hint.load(Ordering::Acquire);
+            if hint != 0 && blocked(&self.streams, hint) {
+                continue;
+            }
+            if s.effective_priority(tick) < mine {
+                return None;
+            }
+            others |= s.queue != stream.queue;
+        }
+        let taken = self.try_claim(sh, stream)?;
+        // Ready work elsewhere that this engine leaves for now: another engine
+        // should look (once per run of continued ops).
+        if others && !std::mem::replace(&mut self.woke, true) {
+            sh.idle.wake_one_if_idle();
+        }
+        Some(taken)
+    }
+
     pub(super) fn execute(&mut self, sh: &Shared, work: Work) {
         let more = std::mem::take(&mut self.more);
         self.chain_wake(sh, more);
-        let (stream, mut op, value, engine) = match work {
-            Work::Help(job) => return run_blocks(sh, &job),
-            Work::Op {
-                stream,
-                op,
-                value,
-                engine,
-            } => (stream, op, value, engine),
+        let (stream, taken) = match work {
+            Work::Help(slot) => return run_blocks(sh, &sh.jobs[slot]),
+            Work::Op { stream, taken } => (stream, taken),
         };
         let stream = &stream;
         self.last_stream = stream.id;
+        self.woke = false;
+        let mut next = Some(taken);
+        while let Some(Taken { op, value, engine }) = next.take() {
+            if !self.run_op(sh, stream, op, value, engine) {
+                // A multi-block kernel: its last block completes it and lets the
+                // queue go.
+                return;
+            }
+            next = self.continue_on(sh, stream);
+        }
+        sh.release_queue(stream);
+    }
+
+    /// Runs one op of `stream` (the queue held) and completes it on the timeline;
+    /// false when it became a multi-block kernel job, which completes later.
+    fn run_op(
+        &mut self,
+        sh: &Shared,
+        stream: &Arc<HostStream>,
+        mut op: Op,
+        value: u64,
+        engine: Option<Engine>,
+    ) -> bool {
         let start_ns = if crate::clock::profiling() {
             crate::clock::now_ns()
         } else {
@@ -444,13 +530,13 @@ impl Worker {
             start_ns,
         };
         let Some(engine) = engine else {
-            sh.finish(stream, op, value, Engine::None, Err(String::new()), ran);
-            return;
+            sh.complete(stream, op, value, Engine::None, Err(String::new()), ran);
+            return true;
         };
         if let Body::Kernel { blocks, .. } = op.body {
             if blocks > 1 {
-                self.start_job(sh, stream, op, value, blocks, ran);
-                return;
+                start_job(sh, stream, op, value, blocks, ran);
+                return false;
             }
         }
         let callback = match &mut op.body {
@@ -494,44 +580,7 @@ impl Worker {
                 )
             }
         };
-        sh.finish(stream, op, value, engine, result, ran);
-    }
-
-    pub(super) fn start_job(
-        &mut self,
-        sh: &Shared,
-        stream: &Arc<HostStream>,
-        op: Op,
-        value: u64,
-        blocks: u32,
-        ran: Ran,
-    ) {
-        let job = Arc::new(KernelJob {
-            op: UnsafeCell::new(Some(op)),
-            stream: stream.clone(),
-            value,
-            blocks,
-            next: AtomicU64::new(0),
-            done: AtomicU32::new(0),
-            panic: Mutex::new(None),
-            ran,
-        });
-        sh.jobs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(job.clone());
-        sh.job_count.fetch_add(1, Ordering::Release);
-        let helpers = (sh.config.compute_units as u32 - 1).min(blocks - 1);
-        if helpers > 0 {
-            sh.idle.wake(helpers);
-        }
-        run_blocks(sh, &job);
-    }
-
-    pub(super) fn find_kernel(&mut self, sh: &Shared) -> Option<Arc<KernelJob>> {
-        let jobs = sh.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        jobs.iter()
-            .find(|j| j.next.load(Ordering::Relaxed) < u64::from(j.blocks))
-            .cloned()
+        sh.complete(stream, op, value, engine, result, ran);
+        true
     }
 }

@@ -64,7 +64,8 @@ struct Shared {
     idle: Arc<Parker>,
     shutdown: AtomicBool,
     tick: CachePadded<AtomicU64>,
-    jobs: Mutex<Vec<Arc<KernelJob>>>,
+    /// One multi-block kernel slot per hardware queue (kernel_job.rs).
+    jobs: Box<[JobSlot]>,
     job_count: AtomicU32,
     next_stream: AtomicU64,
 }
@@ -106,7 +107,9 @@ impl HostBackend {
             idle: Arc::new(Parker::new()),
             shutdown: AtomicBool::new(false),
             tick: CachePadded::new(AtomicU64::new(0)),
-            jobs: Mutex::new(Vec::new()),
+            jobs: (0..config.hardware_queues)
+                .map(|_| JobSlot::new())
+                .collect(),
             job_count: AtomicU32::new(0),
             next_stream: AtomicU64::new(1),
             config: config.clone(),
