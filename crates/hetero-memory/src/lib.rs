@@ -16,7 +16,7 @@ mod sync;
 pub mod thread_role;
 pub mod tlsf;
 
-pub use config::{HugePagePolicy, PoolConfig, ReusePolicy};
+pub use config::{HugePagePolicy, PoolConfig, ReusePolicy, DEFAULT_WAIT_BEFORE_GROW_RATIO};
 pub use error::{Bytes, MemoryError};
 pub use os::{Chunk, ChunkSource, HostChunkSource, HostOptions, OsCalls, PageKind};
 mod pinned;
