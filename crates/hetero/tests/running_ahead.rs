@@ -109,3 +109,37 @@ fn running_ahead_on_two_streams_keeps_reserved_near_live() {
     let r = replay(&dev, &s, Some(&t));
     check(&r, "two streams");
 }
+
+/// A host callback runs on an engine thread. One that allocates while a free is
+/// queued behind the callback itself must not wait for that free (it would wait
+/// for itself): the pool maps instead. A watchdog turns a deadlock into a failure.
+#[test]
+fn a_host_callback_that_allocates_does_not_wait_for_itself() {
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let dev = Device::host().expect("host device");
+        let s = dev.create_stream().expect("stream");
+        let a = s.alloc::<u8>(20 * MIB).expect("a");
+        s.fill_range(&a, 0, 64, 1).expect("fill");
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let (got_tx, got_rx) = std::sync::mpsc::channel();
+        let s2 = s.clone();
+        s.host_fn(move || {
+            // Runs once `a` is freed behind this very callback.
+            go_rx.recv().expect("go");
+            // Not within 1/8 of `a`'s size: only a new chunk or `a`'s serves it.
+            let b = s2.alloc::<u8>(30 * MIB).map(|b| b.len());
+            got_tx.send(b).expect("result");
+        })
+        .expect("host_fn");
+        drop(a);
+        go_tx.send(()).expect("go");
+        let got = got_rx.recv().expect("the callback ran");
+        s.synchronize().expect("stream");
+        let _ = done_tx.send(got.map_err(|e| e.to_string()));
+    });
+    let got = done_rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("no progress for 60 s: the callback waited for its own stream");
+    assert_eq!(got, Ok(30 * MIB));
+}
