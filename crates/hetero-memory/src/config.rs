@@ -1,9 +1,11 @@
 //! Pool configuration: a builder, and `HETERO_ALLOC_CONF` (`key:value,key:value`,
-//! like `PYTORCH_CUDA_ALLOC_CONF`). Unknown keys and bad values are errors that
-//! list the valid keys; nothing is silently ignored.
+//! like `PYTORCH_CUDA_ALLOC_CONF`). Unknown keys, bad values, a key given twice
+//! and a value that is not UTF-8 are errors that say what to fix; nothing is
+//! silently ignored.
 
 use crate::error::MemoryError;
 use serde::Serialize;
+use std::ffi::OsString;
 
 /// Which pages the OS layer asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -39,7 +41,7 @@ pub enum ReusePolicy {
 /// assert_eq!(c.max_reserved, 64 << 20);
 /// assert_eq!(c.reuse, ReusePolicy::Opportunistic);
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PoolConfig {
     pub huge_pages: HugePagePolicy,
     pub reuse: ReusePolicy,
@@ -53,6 +55,14 @@ pub struct PoolConfig {
     pub stream_cache_bytes: usize,
     /// Touch every page of a new chunk (in parallel for large ones).
     pub prefault: bool,
+    /// Before mapping a chunk that would take reserved bytes past this many
+    /// times the bytes in use (live plus stream-cached, and the request), a
+    /// host thread first waits for stream work behind which frees are queued,
+    /// earliest first, and retries from what they freed; it maps only when
+    /// none is left. Bounds the memory a host running ahead of its streams
+    /// makes the pool reserve. `None`: never wait, map at once. Engine threads
+    /// never wait.
+    pub wait_before_grow_ratio: Option<f64>,
 }
 
 impl Default for PoolConfig {
@@ -65,13 +75,20 @@ impl Default for PoolConfig {
             release_threshold: usize::MAX,
             stream_cache_bytes: 64 << 20,
             prefault: false,
+            wait_before_grow_ratio: Some(DEFAULT_WAIT_BEFORE_GROW_RATIO),
         }
     }
 }
 
+/// The default of [`PoolConfig::wait_before_grow_ratio`].
+pub const DEFAULT_WAIT_BEFORE_GROW_RATIO: f64 = 1.25;
+
 const VALID_KEYS: &str = "huge_pages:{huge_first|huge_only|normal_only}, \
 reuse:{follow_event_dependencies|opportunistic|internal_dependencies}, max_reserved_mb:N, \
-max_split_size_mb:N, release_threshold_mb:N, stream_cache_mb:N, prefault:{true|false}";
+max_split_size_mb:N, release_threshold_mb:N, stream_cache_mb:N, prefault:{true|false}, \
+wait_before_grow_ratio:{R >= 1.0|off} (default 1.25)";
+
+const ENV: &str = "HETERO_ALLOC_CONF";
 
 impl PoolConfig {
     pub fn huge_pages(mut self, p: HugePagePolicy) -> Self {
@@ -102,12 +119,33 @@ impl PoolConfig {
         self.prefault = on;
         self
     }
+    /// See [`PoolConfig::wait_before_grow_ratio`]; `None` turns the wait off.
+    pub fn wait_before_grow_ratio(mut self, ratio: Option<f64>) -> Self {
+        self.wait_before_grow_ratio = ratio;
+        self
+    }
 
     /// Reads `HETERO_ALLOC_CONF`; the defaults when it is unset or empty.
     pub fn from_env() -> Result<Self, MemoryError> {
-        match std::env::var("HETERO_ALLOC_CONF") {
+        Self::from_env_value(std::env::var_os(ENV))
+    }
+
+    /// [`PoolConfig::from_env`] for a given value of `HETERO_ALLOC_CONF`
+    /// (`None`: unset). A value that is not UTF-8 is an error, not "unset".
+    pub fn from_env_value(value: Option<OsString>) -> Result<Self, MemoryError> {
+        let Some(value) = value else {
+            return Ok(Self::default());
+        };
+        match value.into_string() {
             Ok(s) => Self::parse(&s),
-            Err(_) => Ok(Self::default()),
+            Err(raw) => Err(MemoryError::Config {
+                input: raw.to_string_lossy().into_owned(),
+                problem: format!(
+                    "{ENV} is not valid UTF-8 (shown with U+FFFD for the bad bytes); \
+                     set it to ASCII key:value pairs or unset it"
+                ),
+                valid: VALID_KEYS,
+            }),
         }
     }
 
@@ -119,11 +157,20 @@ impl PoolConfig {
             problem,
             valid: VALID_KEYS,
         };
+        let mut seen: Vec<&str> = Vec::new();
         for item in input.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             let (key, value) = item
                 .split_once(':')
                 .ok_or_else(|| err(format!("{item:?} is not key:value")))?;
             let (key, value) = (key.trim(), value.trim());
+            // A repeated key is most likely two settings merged by accident
+            // (a script appending to the variable): refuse rather than guess.
+            if seen.contains(&key) {
+                return Err(err(format!(
+                    "{key} is given more than once; keep one {key}:… entry"
+                )));
+            }
+            seen.push(key);
             let mb = |v: &str| -> Result<usize, MemoryError> {
                 v.parse::<usize>()
                     .ok()
@@ -156,6 +203,19 @@ impl PoolConfig {
                         .parse()
                         .map_err(|_| err(format!("prefault wants true or false, got {value:?}")))?
                 }
+                "wait_before_grow_ratio" => {
+                    c.wait_before_grow_ratio = match value {
+                        "off" => None,
+                        v => {
+                            Some(v.parse::<f64>().ok().filter(|r| *r >= 1.0).ok_or_else(|| {
+                                err(format!(
+                                    "wait_before_grow_ratio wants a number of at least 1.0 \
+                                     (reserved over live bytes) or off, got {v:?}"
+                                ))
+                            })?)
+                        }
+                    }
+                }
                 k => return Err(err(format!("unknown key {k:?}"))),
             }
         }
@@ -171,7 +231,8 @@ mod tests {
     fn parses_every_key() {
         let c = PoolConfig::parse(
             "huge_pages:normal_only, reuse:internal_dependencies,max_reserved_mb:8,\
-             max_split_size_mb:4,release_threshold_mb:2,stream_cache_mb:1,prefault:true",
+             max_split_size_mb:4,release_threshold_mb:2,stream_cache_mb:1,prefault:true,\
+             wait_before_grow_ratio:1.5",
         )
         .expect("valid");
         assert_eq!(c.huge_pages, HugePagePolicy::NormalOnly);
@@ -181,7 +242,10 @@ mod tests {
         assert_eq!(c.release_threshold, 2 << 20);
         assert_eq!(c.stream_cache_bytes, 1 << 20);
         assert!(c.prefault);
+        assert_eq!(c.wait_before_grow_ratio, Some(1.5));
         assert_eq!(PoolConfig::parse("").expect("empty"), PoolConfig::default());
+        let off = PoolConfig::parse("wait_before_grow_ratio:off").expect("off");
+        assert_eq!(off.wait_before_grow_ratio, None);
     }
 
     #[test]
@@ -200,9 +264,49 @@ mod tests {
             "prefault:1",
             "reuse",
             "reuse:x",
+            "wait_before_grow_ratio:0.5",
+            "wait_before_grow_ratio:NaN",
+            "wait_before_grow_ratio:never",
         ] {
             let e = PoolConfig::parse(bad).unwrap_err();
             assert!(matches!(e, MemoryError::Config { .. }), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn a_key_given_twice_is_an_error_naming_it() {
+        let e = PoolConfig::parse("max_reserved_mb:64,reuse:opportunistic,max_reserved_mb:128")
+            .unwrap_err();
+        assert!(matches!(e, MemoryError::Config { .. }), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("max_reserved_mb is given more than once"),
+            "{msg}"
+        );
+        assert!(msg.contains("keep one"), "{msg}");
+        // Spacing does not make it a different key.
+        assert!(PoolConfig::parse("prefault:true, prefault :false").is_err());
+    }
+
+    #[test]
+    fn non_utf8_value_is_an_error_not_unset() {
+        use std::os::unix::ffi::OsStringExt;
+        let raw = OsString::from_vec(b"max_reserved_mb:\xff64".to_vec());
+        let e = PoolConfig::from_env_value(Some(raw)).unwrap_err();
+        assert!(matches!(e, MemoryError::Config { .. }), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("not valid UTF-8"), "{msg}");
+        assert!(msg.contains("unset it"), "{msg}");
+        assert!(msg.contains("max_reserved_mb:\u{FFFD}64"), "{msg}");
+    }
+
+    #[test]
+    fn unset_and_empty_values_are_the_defaults() {
+        let unset = PoolConfig::from_env_value(None).expect("unset");
+        assert_eq!(unset, PoolConfig::default());
+        let empty = PoolConfig::from_env_value(Some(OsString::new())).expect("empty");
+        assert_eq!(empty, PoolConfig::default());
+        let set = PoolConfig::from_env_value(Some("stream_cache_mb:2".into())).expect("set");
+        assert_eq!(set.stream_cache_bytes, 2 << 20);
     }
 }

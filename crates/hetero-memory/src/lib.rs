@@ -5,16 +5,18 @@
 //!
 //! This crate sits below the execution layer and knows nothing of it: streams
 //! are plain [`StreamId`]s and completion is the [`Fence`] trait, which the
-//! execution layer's events implement.
+//! execution layer's events implement. The execution layer marks its engine
+//! threads ([`thread_role`]) so the pool never blocks one on a fence.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod config;
 mod error;
 pub mod os;
 mod sync;
+pub mod thread_role;
 pub mod tlsf;
 
-pub use config::{HugePagePolicy, PoolConfig, ReusePolicy};
+pub use config::{HugePagePolicy, PoolConfig, ReusePolicy, DEFAULT_WAIT_BEFORE_GROW_RATIO};
 pub use error::{Bytes, MemoryError};
 pub use os::{Chunk, ChunkSource, HostChunkSource, HostOptions, OsCalls, PageKind};
 mod pinned;

@@ -467,14 +467,58 @@ mod tests {
         assert_eq!(calls.munlock, u64::from(pinned));
     }
 
+    /// Pages of `chunk` that are resident, from mincore(2).
+    fn resident_pages(chunk: &Chunk) -> usize {
+        let mut vec = vec![0u8; chunk.size.div_ceil(PAGE)];
+        // SAFETY: the chunk is a live mapping of `size` bytes starting at a page
+        // boundary, and `vec` has one byte per page of it.
+        let rc = unsafe {
+            libc::mincore(
+                chunk.ptr.as_ptr().cast::<libc::c_void>(),
+                chunk.size,
+                vec.as_mut_ptr(),
+            )
+        };
+        assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+        vec.iter().filter(|b| **b & 1 != 0).count()
+    }
+
     #[test]
     fn parallel_prefault_of_a_large_chunk() {
-        let src = HostChunkSource::new(HostOptions {
+        let opts = HostOptions {
             prefault: true,
             huge_pages: HugePagePolicy::NormalOnly,
             ..HostOptions::default()
+        };
+        let size = 64 << 20;
+        let pages = size / PAGE;
+        // Without pre-faulting, a fresh mapping has (almost) nothing resident:
+        // the check below can tell the difference.
+        let cold_src = HostChunkSource::new(HostOptions {
+            prefault: false,
+            ..opts.clone()
         });
-        let c = src.map(64 << 20).expect("map");
+        let cold = cold_src.map(size).expect("map");
+        assert!(
+            resident_pages(&cold) < pages / 2,
+            "a fresh mapping is not resident"
+        );
+        cold_src.unmap(cold);
+        // 64 MiB is the size at which the touch is split across threads (when
+        // there are several): every page, in every thread's range, is resident.
+        let src = HostChunkSource::new(opts);
+        let c = src.map(size).expect("map");
+        assert_eq!(
+            resident_pages(&c),
+            pages,
+            "pre-faulting left pages untouched"
+        );
+        // SAFETY: the chunk is a fresh writable mapping of `size` bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(c.ptr.as_ptr(), size) };
+        assert!(
+            bytes.iter().step_by(PAGE).all(|b| *b == 0),
+            "pre-faulting changed the contents"
+        );
         src.unmap(c);
     }
 }

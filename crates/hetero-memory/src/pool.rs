@@ -20,6 +20,17 @@
 //!   can order its uses on other streams.
 //! - *buffer*: [`Tlsf`] sub-allocation inside chunks, under one mutex (the slow path).
 //!
+//! Running ahead: a host that submits faster than its streams run frees memory
+//! its queued work still uses; those pending frees return to the chunks only
+//! when their fences complete. Before mapping a chunk that would take reserved
+//! past [`PoolConfig::wait_before_grow_ratio`] times the bytes in use, a host
+//! thread waits (without the pool lock) for the fences of the oldest pending
+//! free and retries from what it freed, until none is left; only then does it
+//! map. Engine threads never wait (the work may be queued behind the op they
+//! run, [`crate::thread_role`]); they map, as does every thread when the ratio
+//! is off. PyTorch's caching allocator likewise frees and retries before it
+//! fails; here the retry also comes before growing.
+//!
 //! Invariants: a byte is in exactly one of {live allocation, thread cache,
 //! stream slot, pending free, TLSF free}; a block never reaches a stream other
 //! than its home stream before its fences are complete or handed to the new
@@ -34,6 +45,7 @@ use crate::error::{Bytes, MemoryError};
 use crate::os::{Chunk, ChunkSource, HostChunkSource, HostOptions, OsCalls, PageKind, HUGE_2M};
 use crate::poison::{poison, unpoison};
 use crate::sync::TryLock;
+use crate::thread_role;
 use crate::tlsf::{class_of, round_size, Placement, Tlsf, GRAN};
 use crossbeam_utils::CachePadded;
 use serde::Serialize;
@@ -473,6 +485,12 @@ struct Pending {
     queued: bool,
     home_fence: Option<Arc<dyn Fence>>,
     uses: Vec<Arc<dyn Fence>>,
+    /// Reused by no stream, its home included, before every fence completed
+    /// ([`DevicePool::free_used_on`]).
+    hold: bool,
+    /// Order of arrival in the pending list: the fences of an older entry were
+    /// recorded no later than a newer one's, so its work finishes first.
+    seq: u64,
 }
 
 struct ChunkRec {
@@ -486,6 +504,8 @@ struct Slow {
     chunks: Vec<Option<ChunkRec>>,
     pending: Vec<Pending>,
     pending_bytes: usize,
+    /// `seq` of the next pending entry.
+    next_seq: u64,
     reserved: usize,
     peak_reserved: usize,
     /// Bytes handed out by the TLSF: live + stream-cached + pending.
@@ -493,6 +513,7 @@ struct Slow {
     peak_active: usize,
     slow_allocs: u64,
     pending_hits: u64,
+    grow_waits: u64,
 }
 
 /// Counters and figures of a pool.
@@ -517,6 +538,9 @@ pub struct PoolStats {
     pub hit_rate: f64,
     pub chunks: usize,
     pub os_calls: OsCalls,
+    /// Times a host thread waited for queued frees instead of mapping a chunk
+    /// ([`PoolConfig::wait_before_grow_ratio`]).
+    pub grow_waits: u64,
 }
 
 /// State of one block in a [`Snapshot`].
@@ -605,6 +629,15 @@ fn slot_index(stream: StreamId) -> usize {
     (stream.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SLOT_BITS)) as usize
 }
 
+/// The chunk mapped for a request of `need` bytes of `kind`.
+fn chunk_size(kind: Kind, need: usize) -> usize {
+    match kind {
+        Kind::Small => SMALL_CHUNK,
+        Kind::Large => LARGE_CHUNK,
+        Kind::Huge => need.div_ceil(HUGE_2M) * HUGE_2M,
+    }
+}
+
 fn kind_of(need: usize, max_split: usize) -> Kind {
     if need > LARGE_MAX || need > max_split {
         Kind::Huge
@@ -665,12 +698,14 @@ impl DevicePool {
                     chunks: Vec::new(),
                     pending: Vec::new(),
                     pending_bytes: 0,
+                    next_seq: 0,
                     reserved: 0,
                     peak_reserved: 0,
                     out: 0,
                     peak_active: 0,
                     slow_allocs: 0,
                     pending_hits: 0,
+                    grow_waits: 0,
                 }),
             }),
         })
@@ -782,6 +817,32 @@ impl DevicePool {
         }
     }
 
+    /// Stream-ordered free of memory that work queued on `stream` and on each of
+    /// `others` may still use (a buffer used on several streams, dropped before
+    /// that work completed). The pool records a fence at the current end of
+    /// each of those streams (with the installed [`StreamFences`]) and gives the
+    /// memory to no stream, `stream` included, before they all complete, so no
+    /// stream is made to wait for one it never waited for. Unlike memory kept
+    /// alive by the work itself, the pool knows these bytes are free soon: a
+    /// host thread about to map more waits for them first
+    /// ([`PoolConfig::wait_before_grow_ratio`]). Without an installed recorder
+    /// the caller promises every stream's work on it completed.
+    pub fn free_used_on(&self, a: Allocation, stream: StreamId, others: &[StreamId]) {
+        if a.pool != self.s.id {
+            tracing::error!(?a, "free of an allocation from another pool; it is leaked");
+            return;
+        }
+        let uses: Vec<Arc<dyn Fence>> = match self.s.fences.get() {
+            Some(r) => others
+                .iter()
+                .filter(|&&o| o != stream)
+                .map(|&o| r.record(o))
+                .collect(),
+            None => Vec::new(),
+        };
+        self.s.free_slow(a, stream, uses, true, true);
+    }
+
     /// Free of memory whose last use, on every stream, has completed: reused
     /// on `stream` first, and by other streams without any fence.
     #[inline]
@@ -891,7 +952,7 @@ impl Shared {
                 return;
             }
         }
-        self.free_slow(a, stream, uses, queued);
+        self.free_slow(a, stream, uses, queued, false);
     }
 
     /// Whether a freed block may be poisoned now (AddressSanitizer builds only):
@@ -910,8 +971,17 @@ impl Shared {
     }
 
     #[cold]
-    fn free_slow(&self, a: Allocation, stream: StreamId, uses: Vec<Arc<dyn Fence>>, queued: bool) {
+    fn free_slow(
+        &self,
+        a: Allocation,
+        stream: StreamId,
+        uses: Vec<Arc<dyn Fence>>,
+        queued: bool,
+        hold: bool,
+    ) {
         let mut g = self.lock();
+        let seq = g.next_seq;
+        g.next_seq += 1;
         g.pending.push(Pending {
             addr: a.ptr.as_ptr() as usize,
             block: a.block,
@@ -921,6 +991,8 @@ impl Shared {
             queued: queued || !uses.is_empty(),
             home_fence: None,
             uses,
+            hold,
+            seq,
         });
         g.pending_bytes += a.block;
         self.reap(&mut g);
@@ -1003,7 +1075,7 @@ impl Shared {
                     wait.push(f.clone());
                 }
             }
-            if !wait.is_empty() && policy == ReusePolicy::Opportunistic {
+            if !wait.is_empty() && (policy == ReusePolicy::Opportunistic || p.hold) {
                 continue;
             }
             let p = g.pending.swap_remove(i);
@@ -1089,7 +1161,10 @@ impl Shared {
                 queued: e.queued(),
                 home_fence: None,
                 uses: Vec::new(),
+                hold: false,
+                seq: g.next_seq,
             });
+            g.next_seq += 1;
         }
     }
 
@@ -1185,11 +1260,7 @@ impl Shared {
 
     /// Maps a chunk for `kind`; `Ok(false)` when that would exceed `max_reserved`.
     fn map_chunk(&self, g: &mut Slow, kind: Kind, need: usize) -> Result<bool, MemoryError> {
-        let size = match kind {
-            Kind::Small => SMALL_CHUNK,
-            Kind::Large => LARGE_CHUNK,
-            Kind::Huge => need.div_ceil(HUGE_2M) * HUGE_2M,
-        };
+        let size = chunk_size(kind, need);
         if g.reserved.saturating_add(size) > self.config.max_reserved {
             return Ok(false);
         }
@@ -1240,6 +1311,46 @@ impl Shared {
                 .sum::<usize>()
     }
 
+    /// Whether mapping a chunk for this request should wait first: it would
+    /// take reserved bytes past `wait_before_grow_ratio` times the bytes in use
+    /// (live and cached, plus the request), some frees are still queued, and
+    /// the caller is not an engine thread.
+    fn wait_before_grow(&self, g: &Slow, kind: Kind, need: usize, rounded: usize) -> bool {
+        let Some(ratio) = self.config.wait_before_grow_ratio else {
+            return false;
+        };
+        if g.pending.is_empty() || thread_role::on_engine_thread() {
+            return false;
+        }
+        let in_use = g.out - g.pending_bytes + rounded;
+        let grown = g.reserved + chunk_size(kind, need);
+        grown as f64 > ratio * in_use as f64
+    }
+
+    /// The incomplete fences of the oldest pending free still waiting for any
+    /// (its stream work was queued first, so it is the next to finish); `None`
+    /// when every pending free is ready. Call after `reap`, which records the
+    /// fence of every queued free.
+    fn earliest_pending_fences(&self, g: &Slow) -> Option<Vec<Arc<dyn Fence>>> {
+        let mut best: Option<(u64, Vec<Arc<dyn Fence>>)> = None;
+        for p in &g.pending {
+            if best.as_ref().is_some_and(|(seq, _)| *seq < p.seq) {
+                continue;
+            }
+            let open: Vec<Arc<dyn Fence>> = p
+                .home_fence
+                .iter()
+                .chain(p.uses.iter())
+                .filter(|f| !f.is_complete())
+                .cloned()
+                .collect();
+            if !open.is_empty() {
+                best = Some((p.seq, open));
+            }
+        }
+        best.map(|(_, f)| f)
+    }
+
     #[cold]
     fn alloc_slow(
         &self,
@@ -1282,6 +1393,21 @@ impl Shared {
                     break a;
                 }
             }
+            // Growing past the ratio while frees are queued behind stream work:
+            // that work finishes without us (it is already submitted), so wait
+            // for the earliest of it and retry from what it freed, rather than
+            // map memory that exists only because the host ran ahead.
+            if self.wait_before_grow(&g, kind, need, rounded) {
+                if let Some(fences) = self.earliest_pending_fences(&g) {
+                    g.grow_waits += 1;
+                    // Never under the lock: the engines we wait for free into it.
+                    drop(g);
+                    for f in fences {
+                        f.wait();
+                    }
+                    continue;
+                }
+            }
             // A new chunk. Wholly free chunks could not serve (those of this kind
             // are too small, the others are of another kind): release them
             // first, so that reserved memory follows live memory as sizes grow.
@@ -1315,8 +1441,10 @@ impl Shared {
                     }
                 }
             }
-            // Wait for pending stream-ordered frees, then retry once.
-            if !waited && !g.pending.is_empty() {
+            // Wait for pending stream-ordered frees, then retry once. Not on an
+            // engine thread: the work it would wait for may be queued behind
+            // the op it is running.
+            if !waited && !g.pending.is_empty() && !thread_role::on_engine_thread() {
                 let mut fences: Vec<Arc<dyn Fence>> = Vec::new();
                 let recorder = self.fences.get();
                 for p in g.pending.iter_mut() {
@@ -1392,6 +1520,7 @@ impl Shared {
             },
             chunks: g.chunks.iter().flatten().count(),
             os_calls: self.source.os_calls(),
+            grow_waits: g.grow_waits,
         }
     }
 

@@ -17,15 +17,17 @@
 //! gives its memory back to the pool at once, and later work on S may get the
 //! same bytes while that work is still queued. Two storages then share bytes, and
 //! their access locks no longer keep them apart, so:
-//! - the memory is given back early only when no op on another stream was ever
-//!   enqueued with the buffer (`shared`; otherwise it returns when its last op
-//!   completes, as before);
+//! - memory used only on S goes back to S's cache; memory an op on another
+//!   stream was enqueued with (`shared`) goes back held behind a fence of each
+//!   stream that used it (`used_on`), reused by no stream before they all
+//!   complete, so the pool can wait for them rather than grow; used on more
+//!   streams than `used_on` holds, it returns when its last op completes;
 //! - a storage built from such memory carries `ready`, a point on its stream's
 //!   timeline: work on S is ordered after it by the stream itself, and every use
 //!   on another stream (an op, or a synchronous read or write) first waits for
 //!   that point. Stream order does the rest: on S the old work comes first.
 
-use crate::loom::{AtomicBool, AtomicU32, Ordering};
+use crate::loom::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use crate::timeline::Timeline;
 use crate::{Error, Result};
 use bytemuck::Pod;
@@ -68,6 +70,10 @@ pub(crate) struct Storage {
     pub(crate) home: u64,
     /// Set once an op on a stream other than `home` was enqueued with it.
     shared: AtomicBool,
+    /// Those other streams (0: a free entry), for an early free behind their fences.
+    used_on: [AtomicU64; USED_ON],
+    /// Used on more other streams than `used_on` holds.
+    used_on_more: AtomicBool,
     /// Work on streams other than `home` waits for this point first.
     ready: Option<(Arc<Timeline>, u64)>,
     /// Taken early by [`Storage::release_in_stream_order`], else by `Drop`.
@@ -81,6 +87,9 @@ unsafe impl Send for Storage {}
 unsafe impl Sync for Storage {}
 
 const WRITER: u32 = 1 << 31;
+/// Other streams a storage remembers; a buffer used on more returns its memory
+/// only when its last op completes.
+const USED_ON: usize = 4;
 
 impl Storage {
     pub(crate) const ALIGN: usize = 256;
@@ -150,7 +159,27 @@ impl Storage {
         if !self.shared.load(Ordering::Relaxed) {
             self.shared.store(true, Ordering::Relaxed);
         }
+        self.note_used_on(stream);
         self.pending_ready()
+    }
+
+    /// Remembers that an op on `stream` (not `home`) holds this storage.
+    #[inline]
+    fn note_used_on(&self, stream: u64) {
+        for e in &self.used_on {
+            // Relaxed: read only when the handle drops, after every enqueue that
+            // borrowed it (as for `shared`).
+            match e.load(Ordering::Relaxed) {
+                s if s == stream => return,
+                0 => match e.compare_exchange(0, stream, Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => return,
+                    Err(s) if s == stream => return,
+                    Err(_) => {}
+                },
+                _ => {}
+            }
+        }
+        self.used_on_more.store(true, Ordering::Relaxed);
     }
 
     /// `ready`, while not yet reached.
@@ -164,12 +193,14 @@ impl Storage {
 
     /// Called when a buffer handle drops while ops still hold the storage: if every
     /// op that ever used it ran on its home stream, the memory goes back to the
-    /// pool now, reusable at once by later work on that stream.
+    /// pool now, reusable at once by later work on that stream; if ops on a few
+    /// other streams used it too, it goes back behind their fences.
     pub(crate) fn release_in_stream_order(&self) {
-        // `shared` is written only while a handle is borrowed for an enqueue; the
-        // handle is being dropped, so those writes happened before (same thread,
-        // or published by whatever moved the handle here).
-        if self.home == 0 || self.shared.load(Ordering::Relaxed) {
+        // `shared` and `used_on` are written only while a handle is borrowed for
+        // an enqueue; the handle is being dropped, so those writes happened before
+        // (same thread, or published by whatever moved the handle here).
+        let shared = self.shared.load(Ordering::Relaxed);
+        if self.home == 0 || (shared && self.used_on_more.load(Ordering::Relaxed)) {
             return;
         }
         let mut b = self.backing.lock().unwrap_or_else(|p| p.into_inner());
@@ -182,7 +213,15 @@ impl Storage {
             if crate::clock::profiling() {
                 record_mem(hetero_trace::MemKind::Free, self.bytes, stream, &pool);
             }
-            if crate::backend::on_engine_thread() {
+            if shared {
+                let others: Vec<u64> = self
+                    .used_on
+                    .iter()
+                    .map(|e| e.load(Ordering::Relaxed))
+                    .filter(|&s| s != 0)
+                    .collect();
+                pool.free_used_on(alloc, stream, &others);
+            } else if crate::backend::on_engine_thread() {
                 pool.free_shared(alloc, stream, Vec::new());
             } else {
                 pool.free(alloc, stream, Vec::new());
@@ -236,6 +275,8 @@ impl Storage {
             pending_writes: AtomicU32::new(0),
             home: 0,
             shared: AtomicBool::new(false),
+            used_on: std::array::from_fn(|_| AtomicU64::new(0)),
+            used_on_more: AtomicBool::new(false),
             ready: None,
             backing: Mutex::new(backing),
         }

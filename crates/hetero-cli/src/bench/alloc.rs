@@ -5,6 +5,8 @@
 //! also runs three exact reference placement policies (first-fit, best-fit,
 //! two-ended fit: an ideal free list, 256-byte granularity) on the same
 //! sequence, as the yardstick for what non-moving placement can reach there.
+//! The same growth trace with work queued and no synchronisation (the host
+//! running ahead) is in `alloc_ahead.rs`.
 
 use super::BenchReport;
 use hetero_memory::tlsf::{Placement, Tlsf};
@@ -583,6 +585,7 @@ pub fn run(quick: bool) -> BenchReport {
     pinned(&mut rep, if quick { 2000 } else { 20_000 });
     fragmentation_churn(&mut rep, quick);
     growth(&mut rep, quick);
+    super::alloc_ahead::running_ahead(&mut rep, quick);
     rep
 }
 

@@ -3,6 +3,7 @@
 //! `{"bench": NAME, "results": [{"name", "unit", "median", "p99", "n"}], "ratios": {..}}`.
 
 pub mod alloc;
+mod alloc_ahead;
 pub mod events;
 pub mod pipeline;
 pub mod profile;

@@ -12,18 +12,16 @@ use crate::timeline::Timeline;
 use crate::Result;
 use std::sync::Arc;
 
-thread_local! {
-    static ENGINE_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Marks the calling thread as one of a backend's engine threads.
+/// Marks the calling thread as one of a backend's engine threads. The flag is
+/// `hetero_memory`'s, so that the pool never blocks an engine on a fence.
 pub(crate) fn mark_engine_thread() {
-    ENGINE_THREAD.with(|c| c.set(true));
+    hetero_memory::thread_role::mark_engine_thread();
 }
 
 /// Whether the calling thread is an engine thread (it frees what others allocate).
+#[inline]
 pub(crate) fn on_engine_thread() -> bool {
-    ENGINE_THREAD.try_with(|c| c.get()).unwrap_or(false)
+    hetero_memory::thread_role::on_engine_thread()
 }
 
 /// Runs `f` now, or, on an engine thread, on a new thread of its own: `f` waits
