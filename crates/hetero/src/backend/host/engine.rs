@@ -243,11 +243,13 @@ pub(super) struct Worker {
 
 impl Worker {
     pub(super) fn new(index: u32) -> Self {
+        // Room for the usual number of streams up front: looking for work then
+        // allocates nothing even the first time an engine sees them.
         Worker {
             index,
-            streams: Vec::new(),
+            streams: Vec::with_capacity(64),
             generation: u64::MAX,
-            candidates: Vec::new(),
+            candidates: Vec::with_capacity(64),
             last_stream: 0,
             more: false,
             contended: false,
