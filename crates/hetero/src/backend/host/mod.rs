@@ -68,6 +68,8 @@ struct Shared {
     jobs: Box<[JobSlot]>,
     job_count: AtomicU32,
     next_stream: AtomicU64,
+    /// Engines that finished starting up (`HostBackend::new` waits for all).
+    started: AtomicUsize,
 }
 
 pub(crate) struct HostBackend {
@@ -112,6 +114,7 @@ impl HostBackend {
                 .collect(),
             job_count: AtomicU32::new(0),
             next_stream: AtomicU64::new(1),
+            started: AtomicUsize::new(0),
             config: config.clone(),
         });
         // The pool learns where streams stand from their timelines; weakly, so
@@ -129,6 +132,9 @@ impl HostBackend {
         let mut workers = Vec::with_capacity(config.compute_units);
         for index in 0..config.compute_units {
             let sh = shared.clone();
+            // Built here, so that whatever it allocates is allocated before the
+            // device is handed out, not whenever the thread first runs.
+            let worker = Worker::new(index as u32);
             let handle = std::thread::Builder::new()
                 .name(format!("hetero-engine{index}"))
                 .spawn(move || {
@@ -136,11 +142,18 @@ impl HostBackend {
                     if sh.config.pin_engines {
                         pin_to_nth_allowed_cpu(index);
                     }
-                    Worker::new(index as u32).run(&sh);
+                    sh.started.fetch_add(1, Ordering::Release);
+                    worker.run(&sh);
                     leave_engine();
                 })
                 .map_err(|e| Error::Setup(format!("could not start an engine thread: {e}")))?;
             workers.push(handle);
+        }
+        // A device is ready when its engines are: their start-up (pinning, thread
+        // state) is then over before any work, and never lands inside it.
+        let backoff = crossbeam_utils::Backoff::new();
+        while shared.started.load(Ordering::Acquire) < config.compute_units {
+            backoff.snooze();
         }
         Ok(HostBackend {
             shared,
