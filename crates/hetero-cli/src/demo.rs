@@ -61,14 +61,19 @@ fn scale_kernel(iters: u32) -> Kernel {
         let off = b.write_offset(0);
         let y = b.write::<f32>(0);
         y.copy_from_slice(&x[off..off + y.len()]);
-        // Passes over the whole chunk (the inner loop vectorises); each element sees
-        // the same sequence of operations as `reference`.
-        for _ in 0..iters {
-            for v in y.iter_mut() {
-                *v = step(*v);
-            }
-        }
+        scale_in_place(y, iters);
     })
+}
+
+/// The kernel's body after its copy: `iters` passes over the whole chunk (the
+/// inner loop vectorises); each element sees the same sequence of operations as
+/// `reference`. Peers that do the demo's work call it too.
+pub fn scale_in_place(y: &mut [f32], iters: u32) {
+    for _ in 0..iters {
+        for v in y.iter_mut() {
+            *v = step(*v);
+        }
+    }
 }
 
 #[inline(always)]

@@ -72,12 +72,27 @@ fn bench_json_has_the_shared_shape() {
         .iter()
         .map(|r| r["name"].as_str().unwrap())
         .collect();
-    assert!(names.contains(&"hetero/submit"));
-    assert!(names.contains(&"crossbeam-channel/send"));
+    for name in [
+        "hetero/submit",
+        "crossbeam-channel/send",
+        "hetero/op-end-to-end",
+        "hetero/op-end-to-end-8-streams",
+        "crossbeam/task-end-to-end",
+        "rayon/scope-end-to-end",
+    ] {
+        assert!(names.contains(&name), "{name} missing in {names:?}");
+    }
     for r in results {
         for k in ["unit", "median", "p99", "n"] {
             assert!(!r[k].is_null(), "{k} missing in {r}");
         }
     }
-    assert!(v["ratios"].as_object().unwrap().len() >= 3);
+    let ratios = v["ratios"].as_object().unwrap();
+    for key in [
+        "hetero/submit / crossbeam-channel/send",
+        "hetero/op-end-to-end / crossbeam/task-end-to-end",
+        "hetero/op-end-to-end-8-streams / rayon/scope-end-to-end",
+    ] {
+        assert!(ratios[key].is_number(), "ratio {key} missing in {ratios:?}");
+    }
 }

@@ -2,13 +2,12 @@
 
 mod common;
 
-use common::{ManualFence, Streams};
+use common::{CompleteOnDrop, ManualFence, Streams};
 use hetero_memory::{
     BlockState, ChunkSource, DevicePool, Fence, HostChunkSource, HostOptions, MemoryError,
     PoolConfig, ReusePolicy,
 };
 use std::sync::Arc;
-use std::time::Duration;
 
 const S: u64 = 1;
 const T: u64 = 2;
@@ -124,9 +123,11 @@ fn opportunistic_and_internal_never_reuse_before_the_fence() {
         let keep = p.alloc(1 << 20, 0, S).expect("fills the chunk");
         p.free(a, S, Vec::new());
         let fence = streams.tail(S);
+        let _release = CompleteOnDrop(fence.clone());
         let f2 = fence.clone();
+        // S's work ends only once the allocation below blocks on its fence.
         let slow_kernel = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(50));
+            f2.wait_for_waiter();
             f2.complete();
         });
         let b = p.alloc(1 << 20, 0, T).expect("after the fence");

@@ -41,6 +41,11 @@ pub use op::CopyKind;
 pub use stream::{Stream, PRIORITY_HIGHEST, PRIORITY_LOWEST};
 pub use system::SystemInfo;
 
+/// The README's examples, compiled and run as doctests (`cargo test --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
+
 /// The memory layer's configuration and figures, as the device exposes them.
 pub use hetero_memory::{
     HugePagePolicy, MemoryError, PinnedConfig, PinnedStats, PoolConfig, PoolStats, ReusePolicy,

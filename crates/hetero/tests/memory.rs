@@ -1,8 +1,10 @@
 //! Device memory through the public API: stream-ordered allocation, reuse, stats,
 //! configuration errors, out-of-memory errors.
 
+mod common;
+
+use common::Gate;
 use hetero::{Arg, Device, DeviceConfig, Error, Grid, Kernel, PoolConfig};
-use std::time::Duration;
 
 fn dev() -> Device {
     Device::new(DeviceConfig::default().compute_units(2)).expect("host device")
@@ -15,23 +17,28 @@ fn memory_a_slow_kernel_uses_is_not_reused_by_another_stream() {
     let t = d.create_stream().unwrap();
     let n = 64 * 1024;
     let x = s.alloc::<u32>(n).unwrap();
-    // The kernel writes its buffer, waits, then checks nobody else wrote it.
-    let k = Kernel::new("slow-owner", |b| {
+    // The kernel writes its buffer, waits at the gate while t allocates and
+    // fills, then checks nobody else wrote it.
+    let running = Gate::new();
+    let wait = running.waiter();
+    let k = Kernel::new("slow-owner", move |b| {
         let out = b.write::<u32>(0);
         out.fill(1);
-        std::thread::sleep(Duration::from_millis(30));
+        wait();
         assert!(
             out.iter().all(|v| *v == 1),
             "memory was reused under a running kernel"
         );
     });
     s.launch(&k, Grid::new(1), &[Arg::write(&x)]).unwrap();
-    drop(x); // stream-ordered free while the kernel still runs
+    running.wait_reached();
+    drop(x); // stream-ordered free while the kernel runs
     for _ in 0..8 {
         let y = t.alloc::<u32>(n).unwrap();
         t.fill(&y, 2).unwrap();
         t.synchronize().unwrap();
     }
+    running.open();
     s.synchronize().expect("the kernel's memory stayed its own");
 }
 

@@ -3,10 +3,13 @@
 //! stream, and every use of that memory on another stream waits for the work
 //! that used it before.
 
+mod common;
+
+use common::{settle, Gate};
 use hetero::{Arg, Device, DeviceBuffer, DeviceConfig, Grid, Kernel, PoolConfig, Stream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 fn dev(config: DeviceConfig) -> Device {
     Device::new(config.compute_units(2)).expect("host device")
@@ -30,33 +33,9 @@ fn warm_streams() -> (Device, Stream, Stream) {
     (d, s, t)
 }
 
-/// Holds a stream until opened (or dropped: a failing test must not leave the
-/// stream blocked, since dropping a stream waits for its work).
-struct Gate(Arc<AtomicBool>);
-
-impl Gate {
-    fn open(&self) {
-        self.0.store(true, Ordering::Release);
-    }
-}
-
-impl Drop for Gate {
-    fn drop(&mut self) {
-        self.open();
-    }
-}
-
-/// Blocks `s` until the returned gate opens.
+/// Blocks `s` until the returned gate opens (or drops).
 fn gate(s: &Stream) -> Gate {
-    let open = Arc::new(AtomicBool::new(false));
-    let o = open.clone();
-    let k = Kernel::new("gate", move |_| {
-        while !o.load(Ordering::Acquire) {
-            std::thread::sleep(Duration::from_micros(200));
-        }
-    });
-    s.launch(&k, Grid::new(1), &[]).expect("gate");
-    Gate(open)
+    Gate::hold(s)
 }
 
 /// Drops `a` and allocates the same size on `s`, which must take `a`'s memory
@@ -133,7 +112,7 @@ fn reuse_memory_reused_on_its_stream_is_ordered_for_other_streams() {
     );
     // b is used on t: t must wait until s has passed the fill of a's 1s.
     t.fill(&b, 2).unwrap();
-    std::thread::sleep(Duration::from_millis(30));
+    settle(&d);
     assert!(
         !t.query().unwrap(),
         "t ran before s finished with the memory"
@@ -164,7 +143,7 @@ fn reuse_memory_taken_from_another_streams_queue_waits_on_the_device() {
         .alloc::<u32>(n)
         .expect("memory of s's queued work, ordered after it");
     t.fill(&b, 2).unwrap();
-    std::thread::sleep(Duration::from_millis(30));
+    settle(&d);
     assert!(!t.query().unwrap(), "t reused memory s still writes");
     open.open();
     t.synchronize().unwrap();
@@ -232,24 +211,34 @@ struct Live {
 
 /// Random programs over three streams that allocate, use (on their own stream or,
 /// after an event, on others; or first on a stream other than the allocating one)
-/// and drop buffers while stall kernels keep queues deep, so memory is reused
-/// while earlier users' work is queued. Every check must see its own buffer's
-/// value: any mix-up means reuse broke an ordering.
+/// and drop buffers while gates keep queues deep (a stream waits on an event
+/// behind a gate until the program opens it), so memory is reused while earlier
+/// users' work is queued. Every check must see its own buffer's value: any
+/// mix-up means reuse broke an ordering.
 #[test]
 fn reuse_random_programs_never_mix_buffers() {
     let d = dev(DeviceConfig::default());
     let streams: Vec<Stream> = (0..3).map(|_| d.create_stream().unwrap()).collect();
+    // Gates sit in order on a stream of their own, so only the oldest closed one
+    // holds an engine; a held stream waits on the event after its gate.
+    let gates = d.create_stream().unwrap();
     let bad = Arc::new(AtomicUsize::new(0));
-    let stall = Kernel::new("stall", |_| std::thread::sleep(Duration::from_micros(300)));
     let mut next_value = 1u32;
     for seed in 1..=12u64 {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ seed);
         let mut live: Vec<Live> = Vec::new();
+        let mut held: VecDeque<Gate> = VecDeque::new();
         for _ in 0..150 {
             match rng.below(8) {
                 0 => {
                     let s = rng.below(3);
-                    streams[s].launch(&stall, Grid::new(1), &[]).unwrap();
+                    if held.is_empty() || rng.below(2) == 0 {
+                        held.push_back(gate(&gates));
+                        let e = gates.record_event().unwrap();
+                        streams[s].wait_event(&e).unwrap();
+                    } else {
+                        held.pop_front(); // opens it
+                    }
                 }
                 1..=3 if live.len() < 4 => {
                     let home = rng.below(3);
@@ -295,6 +284,7 @@ fn reuse_random_programs_never_mix_buffers() {
             }
         }
         drop(live);
+        drop(held); // opens the rest
         for s in &streams {
             s.synchronize().unwrap();
         }

@@ -1,5 +1,8 @@
 //! Stream semantics through the public API: order, copies, kernels, events, faults.
 
+mod common;
+
+use common::{settle, Gate};
 use hetero::{Arg, CompletionMode, Device, DeviceConfig, Error, Event, Grid, Kernel};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -74,17 +77,23 @@ fn cross_stream_event_orders_work() {
     let b = d.create_stream().unwrap();
     let flag = Arc::new(AtomicUsize::new(0));
     let f1 = flag.clone();
-    a.host_fn(move || {
-        std::thread::sleep(std::time::Duration::from_millis(30));
-        f1.store(1, Ordering::SeqCst);
-    })
-    .unwrap();
+    let held = Gate::hold(&a);
+    a.host_fn(move || f1.store(1, Ordering::SeqCst)).unwrap();
     let e = a.record_event().unwrap();
     b.wait_event(&e).unwrap();
     let seen = Arc::new(AtomicUsize::new(99));
     let (f2, s2) = (flag.clone(), seen.clone());
     b.host_fn(move || s2.store(f2.load(Ordering::SeqCst), Ordering::SeqCst))
         .unwrap();
+    held.wait_reached();
+    settle(&d);
+    assert!(!e.query().unwrap(), "the gate holds a");
+    assert_eq!(
+        seen.load(Ordering::SeqCst),
+        99,
+        "b's work ran before a reached the event"
+    );
+    held.open();
     b.synchronize().unwrap();
     assert_eq!(seen.load(Ordering::SeqCst), 1);
     assert!(e.query().unwrap());
@@ -261,18 +270,11 @@ fn pinned_host_access_guards_pending_work() {
     let s = d.create_stream().unwrap();
     let x = d.alloc::<u8>(1 << 20).unwrap();
     let mut h = d.alloc_pinned::<u8>(1 << 20).unwrap();
-    let gate = Arc::new(AtomicUsize::new(0));
-    let g = gate.clone();
-    s.host_fn(move || {
-        while g.load(Ordering::SeqCst) == 0 {
-            std::thread::yield_now();
-        }
-    })
-    .unwrap();
+    let held = Gate::hold(&s);
     s.copy_d2h(&x, &mut h).unwrap();
     assert!(matches!(h.as_slice(), Err(Error::BufferBusy { .. })));
     assert!(matches!(h.as_mut_slice(), Err(Error::BufferBusy { .. })));
-    gate.store(1, Ordering::SeqCst);
+    held.open();
     s.synchronize().unwrap();
     assert!(h.as_slice().is_ok());
     assert!(h.as_mut_slice().is_ok());
@@ -287,8 +289,7 @@ fn dropping_buffers_and_streams_with_pending_work_waits() {
         let h = d.pinned_from_slice(&vec![3u64; 4096]).unwrap();
         let x = d.alloc::<u64>(4096).unwrap();
         let dn = done.clone();
-        s.host_fn(move || std::thread::sleep(std::time::Duration::from_millis(20)))
-            .unwrap();
+        let held = Gate::hold(&s);
         s.copy_h2d(&h, &x).unwrap();
         drop(h); // the pending copy keeps the memory alive
         let k = Kernel::new("check", move |b| {
@@ -297,6 +298,14 @@ fn dropping_buffers_and_streams_with_pending_work_waits() {
         });
         s.launch(&k, Grid::new(1), &[Arg::read(&x)]).unwrap();
         drop(x);
+        assert!(
+            !s.query().unwrap(),
+            "the gate holds the copy and the kernel"
+        );
+        assert_eq!(done.load(Ordering::SeqCst), 0);
+        // Opened just before the stream drops, with the copy and the kernel
+        // still queued: the drop must wait for both.
+        drop(held);
     } // stream dropped: waits
     assert_eq!(done.load(Ordering::SeqCst), 1);
 }
@@ -314,13 +323,33 @@ fn events_time_and_device_synchronize() {
         let t = d.create_stream().unwrap();
         let mut start = Event::new();
         s.record(&mut start).unwrap();
-        s.host_fn(|| std::thread::sleep(std::time::Duration::from_millis(5)))
-            .unwrap();
+        let held = Gate::hold(&s);
         let end = s.record_event().unwrap();
-        t.host_fn(|| ()).unwrap();
+        let ran_t = Arc::new(AtomicUsize::new(0));
+        let r = ran_t.clone();
+        t.host_fn(move || {
+            r.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+        start.synchronize().unwrap();
+        // The end is held: no time between events that have not both completed.
+        assert!(!end.query().unwrap(), "the gate holds the end in {mode:?}");
+        assert!(matches!(
+            start.elapsed_ms(&end),
+            Err(Error::EventTiming { .. })
+        ));
+        held.open();
         d.synchronize().unwrap();
+        assert!(end.query().unwrap() && s.query().unwrap() && t.query().unwrap());
+        assert_eq!(ran_t.load(Ordering::SeqCst), 1);
+        // The end was stamped after the test saw the start complete and the end
+        // pending: the times are ordered (timing itself is for benchmarks).
         let ms = start.elapsed_ms(&end).unwrap();
-        assert!(ms >= 4.0, "elapsed {ms} ms in mode {mode:?}");
+        assert!(
+            ms.is_finite() && ms > 0.0,
+            "elapsed {ms} ms in mode {mode:?}"
+        );
+        assert_eq!(end.elapsed_ms(&start).unwrap(), -ms);
         assert!(matches!(
             end.elapsed_ms(&Event::new()),
             Err(Error::EventNotRecorded { .. })

@@ -1,9 +1,11 @@
 //! `hetero bench submit`: ns on the submitting thread to launch an already-built
 //! empty kernel (grid of one block) on a stream, beside handing one item to another
-//! thread with crossbeam-channel, std mpsc, and rayon::spawn.
+//! thread with crossbeam-channel, std mpsc, and rayon::spawn; and ns per empty op
+//! end to end (submitted, run, synchronized) over 10 000 ops, beside the same
+//! number of prebuilt empty tasks run by a worker thread or a thread pool.
 
 use super::BenchReport;
-use hetero::{Device, Grid, Kernel};
+use hetero::{Device, DeviceConfig, Grid, Kernel};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -113,6 +115,111 @@ pub fn hetero_submit_queued_samples(batches: usize) -> Vec<f64> {
     out
 }
 
+/// Empty ops per end-to-end sample.
+const OPS: usize = 10_000;
+
+/// Times `rounds` runs of `round` on what `prepare` built before the clock
+/// started (after a tenth as many untimed rounds); ns per op.
+fn end_to_end<T>(
+    rounds: usize,
+    mut prepare: impl FnMut() -> T,
+    mut round: impl FnMut(T),
+) -> Vec<f64> {
+    for _ in 0..rounds / 10 + 1 {
+        round(prepare());
+    }
+    (0..rounds)
+        .map(|_| {
+            let work = prepare();
+            let t = Instant::now();
+            round(work);
+            t.elapsed().as_nanos() as f64 / OPS as f64
+        })
+        .collect()
+}
+
+/// ns per op of `OPS` empty one-block kernels launched round-robin over `streams`
+/// fresh streams, then every stream synchronized: submission, dispatch, the
+/// engines' run and completion, and the host wait, all included. Each stream
+/// holds all `OPS` in flight, so submission never waits for ring space: this is
+/// the op's cost, not backpressure's (as the peers' unbounded channels).
+pub fn hetero_op_end_to_end_samples(rounds: usize, streams: usize) -> Vec<f64> {
+    let dev = Device::new(DeviceConfig::default().stream_capacity(OPS)).expect("host device");
+    let streams: Vec<_> = (0..streams)
+        .map(|_| dev.create_stream().expect("stream"))
+        .collect();
+    let k = Kernel::new("empty", |_| {});
+    end_to_end(
+        rounds,
+        || (),
+        |()| {
+            for i in 0..OPS {
+                streams[i % streams.len()]
+                    .launch(&k, Grid::new(1), &[])
+                    .expect("launch");
+            }
+            for s in &streams {
+                s.synchronize().expect("synchronize");
+            }
+        },
+    )
+}
+
+type Task = Box<dyn FnOnce() + Send>;
+
+/// The peer of one stream: `OPS` prebuilt boxed empty closures handed one by one
+/// over a crossbeam channel to one worker thread that runs them in order; the last
+/// one tells the waiting thread it ran.
+fn crossbeam_task_end_to_end_samples(rounds: usize) -> Vec<f64> {
+    let (tx, rx) = crossbeam_channel::unbounded::<Task>();
+    let worker = std::thread::spawn(move || {
+        for task in rx {
+            task();
+        }
+    });
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut round_no = 0usize;
+    let v = end_to_end(
+        rounds,
+        || {
+            let mut tasks: Vec<Task> = (0..OPS - 1).map(|_| Box::new(|| {}) as Task).collect();
+            let d = done.clone();
+            tasks.push(Box::new(move || {
+                d.fetch_add(1, Ordering::Release);
+            }));
+            tasks
+        },
+        |tasks| {
+            round_no += 1;
+            for task in tasks {
+                tx.send(task).expect("worker alive");
+            }
+            wait_count(&done, round_no);
+        },
+    );
+    drop(tx);
+    let _ = worker.join();
+    v
+}
+
+/// The peer of several streams: `OPS` empty tasks spawned into a rayon scope
+/// (a pool of one thread per core, as hetero has one engine per core), which
+/// returns when all ran.
+fn rayon_scope_end_to_end_samples(rounds: usize) -> Vec<f64> {
+    let pool = rayon::ThreadPoolBuilder::new().build().expect("rayon pool");
+    end_to_end(
+        rounds,
+        || (),
+        |()| {
+            pool.scope(|s| {
+                for _ in 0..OPS {
+                    s.spawn(|_| {});
+                }
+            });
+        },
+    )
+}
+
 pub fn run(quick: bool) -> BenchReport {
     let batches = if quick { 3_000 } else { 30_000 };
     let mut rep = BenchReport::new("submit");
@@ -151,6 +258,34 @@ pub fn run(quick: bool) -> BenchReport {
     }
     for peer in ["crossbeam-channel/send", "std-mpsc/send", "rayon/spawn"] {
         rep.ratio(&format!("{peer} / hetero/submit"), peer, "hetero/submit");
+    }
+    // hetero/submit has a live consumer (the engines run the batch while it is
+    // submitted), as the channel peers do: the same ratio, hetero on top.
+    rep.ratio(
+        "hetero/submit / crossbeam-channel/send",
+        "hetero/submit",
+        "crossbeam-channel/send",
+    );
+
+    // End to end: the work of a whole empty op, not only its submission.
+    let rounds = if quick { 20 } else { 200 };
+    let mut v = hetero_op_end_to_end_samples(rounds, 1);
+    rep.push_samples("hetero/op-end-to-end", "ns", &mut v);
+    let mut v = hetero_op_end_to_end_samples(rounds, 8);
+    rep.push_samples("hetero/op-end-to-end-8-streams", "ns", &mut v);
+    let mut v = crossbeam_task_end_to_end_samples(rounds);
+    rep.push_samples("crossbeam/task-end-to-end", "ns", &mut v);
+    let mut v = rayon_scope_end_to_end_samples(rounds);
+    rep.push_samples("rayon/scope-end-to-end", "ns", &mut v);
+    for (hetero, peer) in [
+        ("hetero/op-end-to-end", "crossbeam/task-end-to-end"),
+        (
+            "hetero/op-end-to-end-8-streams",
+            "crossbeam/task-end-to-end",
+        ),
+        ("hetero/op-end-to-end-8-streams", "rayon/scope-end-to-end"),
+    ] {
+        rep.ratio(&format!("{hetero} / {peer}"), hetero, peer);
     }
     rep
 }

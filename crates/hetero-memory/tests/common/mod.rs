@@ -8,8 +8,15 @@ use std::sync::{Arc, Condvar, Mutex};
 /// A fence that completes when the test says so (a "slow kernel").
 #[derive(Debug, Default)]
 pub struct ManualFence {
-    done: Mutex<bool>,
+    state: Mutex<FenceState>,
     cv: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct FenceState {
+    done: bool,
+    /// Calls to `wait` so far (a waiter counts from before it blocks).
+    waiters: usize,
 }
 
 impl ManualFence {
@@ -17,20 +24,40 @@ impl ManualFence {
         Arc::new(Self::default())
     }
     pub fn complete(&self) {
-        *self.done.lock().expect("lock") = true;
+        self.state.lock().expect("lock").done = true;
         self.cv.notify_all();
+    }
+    /// Returns once someone waits on the fence, or it completed: a "slow
+    /// kernel" that ends only after the pool blocked on it, whatever the timing.
+    pub fn wait_for_waiter(&self) {
+        let mut st = self.state.lock().expect("lock");
+        while st.waiters == 0 && !st.done {
+            st = self.cv.wait(st).expect("wait");
+        }
     }
 }
 
 impl Fence for ManualFence {
     fn is_complete(&self) -> bool {
-        *self.done.lock().expect("lock")
+        self.state.lock().expect("lock").done
     }
     fn wait(&self) {
-        let mut d = self.done.lock().expect("lock");
-        while !*d {
-            d = self.cv.wait(d).expect("wait");
+        let mut st = self.state.lock().expect("lock");
+        st.waiters += 1;
+        self.cv.notify_all();
+        while !st.done {
+            st = self.cv.wait(st).expect("wait");
         }
+    }
+}
+
+/// Completes its fence when dropped: a test that fails before completing a
+/// fence another thread waits for does not leave that thread blocked.
+pub struct CompleteOnDrop(pub Arc<ManualFence>);
+
+impl Drop for CompleteOnDrop {
+    fn drop(&mut self) {
+        self.0.complete();
     }
 }
 
