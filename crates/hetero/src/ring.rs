@@ -121,6 +121,14 @@ impl<T> Ring<T> {
         self.head() >= self.tail()
     }
 
+    /// Whether the oldest position holds a published value: a look at its slot
+    /// only (not at `tail`, which producers write). For the consumer.
+    #[inline]
+    pub(crate) fn has_next(&self) -> bool {
+        let pos = self.head.load(Ordering::Relaxed);
+        self.slots[(pos & self.mask) as usize].seq.load(Ordering::Acquire) == pos + 1
+    }
+
     /// Runs `f` on the oldest value without removing it; `None` when the oldest
     /// position is not published yet.
     ///
