@@ -127,7 +127,7 @@ fn main() {
     match cli.command {
         Command::Demo { workload, json } => {
             let pb = spinner(json, "demo");
-            let result = hetero::Device::host().and_then(|dev| {
+            let result = hetero::Device::new(demo::device_config()).and_then(|dev| {
                 demo::run(&dev, workload.config(), |m| pb.set_message(m.to_string()))
             });
             pb.finish_and_clear();

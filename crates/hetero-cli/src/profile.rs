@@ -34,7 +34,7 @@ pub fn run(
     hetero_trace::set_enabled(true);
     let mut allocator = None;
     let result = (|| -> hetero::Result<bool> {
-        let dev = Device::host()?;
+        let dev = Device::new(demo::device_config())?;
         hetero_trace::set_device_name(dev.properties().name.clone());
         let mut progress = progress;
         let verified = match workload {

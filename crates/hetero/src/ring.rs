@@ -126,7 +126,10 @@ impl<T> Ring<T> {
     #[inline]
     pub(crate) fn has_next(&self) -> bool {
         let pos = self.head.load(Ordering::Relaxed);
-        self.slots[(pos & self.mask) as usize].seq.load(Ordering::Acquire) == pos + 1
+        self.slots[(pos & self.mask) as usize]
+            .seq
+            .load(Ordering::Acquire)
+            == pos + 1
     }
 
     /// Runs `f` on the oldest value without removing it; `None` when the oldest

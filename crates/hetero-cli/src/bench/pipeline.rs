@@ -127,7 +127,7 @@ fn threads_pipeline<'s>(
 pub fn run(quick: bool) -> BenchReport {
     let rounds = if quick { 5 } else { 15 };
     let mut rep = BenchReport::new("pipeline");
-    let dev = Device::host().expect("host device");
+    let dev = Device::new(crate::demo::device_config()).expect("host device");
     let mut cfg = DemoConfig {
         reps: 3,
         ..DemoConfig::default()
