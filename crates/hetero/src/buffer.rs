@@ -31,7 +31,9 @@ use crate::loom::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use crate::timeline::Timeline;
 use crate::{Error, Result};
 use bytemuck::Pod;
+use std::cell::RefCell;
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
@@ -93,37 +95,6 @@ const USED_ON: usize = 4;
 
 impl Storage {
     pub(crate) const ALIGN: usize = 256;
-
-    /// `bytes` of device memory from `pool`, for use on `stream` (0: no stream).
-    /// Contents are unspecified (whatever the memory last held; never uninitialised).
-    pub(crate) fn device(
-        device: u64,
-        pool: &Arc<hetero_memory::DevicePool>,
-        bytes: usize,
-        stream: u64,
-    ) -> Result<Storage> {
-        if bytes == 0 {
-            return Ok(Self::empty(device, MemoryKind::Device));
-        }
-        let alloc = pool.alloc(bytes, Self::ALIGN, stream)?;
-        if crate::clock::profiling() {
-            record_mem(hetero_trace::MemKind::Alloc, bytes, stream, pool);
-        }
-        let ptr = alloc.ptr();
-        let mut s = Storage::from_parts(
-            device,
-            MemoryKind::Device,
-            ptr,
-            bytes,
-            Backing::Device {
-                alloc,
-                pool: pool.clone(),
-                stream,
-            },
-        );
-        s.home = stream;
-        Ok(s)
-    }
 
     /// Whether the memory came back on its stream while work queued there could
     /// still use it (see the module doc).
@@ -352,7 +323,7 @@ impl Storage {
 
     /// Drops the storage once `fences` completed: its memory may still be used by
     /// the work they stand for, so it must not return to the pool before.
-    pub(crate) fn drop_after(self, fences: Vec<Arc<dyn hetero_memory::Fence>>) {
+    pub(crate) fn drop_after(self: Arc<Self>, fences: Vec<Arc<dyn hetero_memory::Fence>>) {
         if fences.iter().all(|f| f.is_complete()) {
             return;
         }
@@ -384,8 +355,84 @@ impl Storage {
     }
 }
 
-impl Drop for Storage {
-    fn drop(&mut self) {
+thread_local! {
+    /// Storages of device buffers that dropped on this thread with no op holding
+    /// them, emptied, for the next `Stream::alloc` here: a buffer's bookkeeping
+    /// then costs no heap allocation (its memory comes from the pool).
+    static SPARE: RefCell<Vec<Arc<Storage>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Spare storages kept per thread.
+const SPARE_MAX: usize = 32;
+
+impl Storage {
+    /// `bytes` of device memory for `stream` (0: none), in a storage of its own:
+    /// one this thread recycled if it has one, else a new one.
+    pub(crate) fn device_arc(
+        device: u64,
+        pool: &Arc<hetero_memory::DevicePool>,
+        bytes: usize,
+        stream: u64,
+    ) -> Result<Arc<Storage>> {
+        if bytes == 0 {
+            return Ok(Arc::new(Self::empty(device, MemoryKind::Device)));
+        }
+        let alloc = pool.alloc(bytes, Self::ALIGN, stream)?;
+        if crate::clock::profiling() {
+            record_mem(hetero_trace::MemKind::Alloc, bytes, stream, pool);
+        }
+        let backing = Backing::Device {
+            alloc,
+            pool: pool.clone(),
+            stream,
+        };
+        let spare = SPARE.try_with(|s| s.borrow_mut().pop()).ok().flatten();
+        let mut arc = spare.unwrap_or_else(|| Arc::new(Self::empty(device, MemoryKind::Device)));
+        let s = Arc::get_mut(&mut arc).expect("a spare storage has no other owner");
+        s.refill(device, bytes, backing, stream);
+        Ok(arc)
+    }
+
+    /// Makes an emptied storage hold `backing` (device memory) for `stream`.
+    fn refill(&mut self, device: u64, bytes: usize, backing: Backing, stream: u64) {
+        let ptr = match &backing {
+            Backing::Device { alloc, .. } => alloc.ptr(),
+            _ => Self::empty(device, MemoryKind::Device).ptr,
+        };
+        self.ptr = ptr;
+        self.bytes = bytes;
+        self.device = device;
+        self.kind = MemoryKind::Device;
+        self.home = stream;
+        *self.backing.get_mut().unwrap_or_else(|p| p.into_inner()) = backing;
+    }
+
+    /// The last owner of a device storage lets it go: its memory returns to the
+    /// pool, and the emptied storage is kept for this thread's next allocation.
+    fn recycle(mut arc: Arc<Storage>) {
+        let Some(s) = Arc::get_mut(&mut arc) else {
+            return; // another owner appeared (a clone in flight): it drops it
+        };
+        s.release_backing();
+        // What an op, a use elsewhere or a reuse left behind.
+        *s.access.get_mut() = 0;
+        *s.pending_writes.get_mut() = 0;
+        *s.shared.get_mut() = false;
+        for e in &mut s.used_on {
+            *e.get_mut() = 0;
+        }
+        *s.used_on_more.get_mut() = false;
+        s.ready = None;
+        let _ = SPARE.try_with(|spare| {
+            let mut spare = spare.borrow_mut();
+            if spare.len() < SPARE_MAX {
+                spare.push(arc);
+            }
+        });
+    }
+
+    /// Returns the memory to its pool; every op that used it has completed.
+    fn release_backing(&mut self) {
         let b = self.backing.get_mut().unwrap_or_else(|p| p.into_inner());
         match std::mem::replace(b, Backing::Empty) {
             Backing::Empty => {}
@@ -408,6 +455,12 @@ impl Drop for Storage {
             }
             Backing::Pinned(alloc) => drop(alloc),
         }
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        self.release_backing();
     }
 }
 
@@ -448,15 +501,20 @@ impl std::fmt::Debug for Storage {
 ///
 /// [`Stream::alloc`]: crate::Stream::alloc
 pub struct DeviceBuffer<T: Pod> {
-    pub(crate) storage: Arc<Storage>,
+    /// Taken only by `Drop` (which recycles it when it is the last owner).
+    pub(crate) storage: ManuallyDrop<Arc<Storage>>,
     len: usize,
     _t: PhantomData<T>,
 }
 
 impl<T: Pod> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
-        if Arc::strong_count(&self.storage) > 1 {
-            self.storage.release_in_stream_order();
+        // SAFETY: `storage` is not touched again: this is the buffer's drop.
+        let storage = unsafe { ManuallyDrop::take(&mut self.storage) };
+        if Arc::strong_count(&storage) > 1 {
+            storage.release_in_stream_order();
+        } else {
+            Storage::recycle(storage);
         }
     }
 }
@@ -469,12 +527,12 @@ pub struct PinnedBuffer<T: Pod> {
 }
 
 macro_rules! buffer_common {
-    ($ty:ident) => {
+    ($ty:ident, $wrap:path) => {
         impl<T: Pod> $ty<T> {
             pub(crate) fn from_storage(storage: Arc<Storage>, len: usize) -> Self {
                 debug_assert_eq!(storage.bytes(), len * std::mem::size_of::<T>());
                 $ty {
-                    storage,
+                    storage: $wrap(storage),
                     len,
                     _t: PhantomData,
                 }
@@ -513,8 +571,8 @@ macro_rules! buffer_common {
     };
 }
 
-buffer_common!(DeviceBuffer);
-buffer_common!(PinnedBuffer);
+buffer_common!(DeviceBuffer, ManuallyDrop::new);
+buffer_common!(PinnedBuffer, std::convert::identity);
 
 impl<T: Pod> PinnedBuffer<T> {
     /// The contents, for reading on the host. Fails while an enqueued operation still

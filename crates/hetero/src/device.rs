@@ -175,18 +175,21 @@ impl Device {
         let mut s = self.device_storage::<T>(len, 0)?;
         // Memory that a stream's queued work may still use: no stream orders this
         // buffer's first use, so wait for that work here.
-        let mut fences = s.take_reuse_fences().into_iter();
+        let fences = Arc::get_mut(&mut s)
+            .expect("a new storage has no other owner")
+            .take_reuse_fences();
+        let mut fences = fences.into_iter();
         while let Some(f) = fences.next() {
             if let Err(e) = crate::event::wait_fence(&f) {
                 s.drop_after(std::iter::once(f).chain(fences).collect());
                 return Err(e);
             }
         }
-        Ok(DeviceBuffer::from_storage(Arc::new(s), len))
+        Ok(DeviceBuffer::from_storage(s, len))
     }
 
     /// Device memory for `len` elements of `T`, cached per `stream` (0: none).
-    pub(crate) fn device_storage<T: Pod>(&self, len: usize, stream: u64) -> Result<Storage> {
+    pub(crate) fn device_storage<T: Pod>(&self, len: usize, stream: u64) -> Result<Arc<Storage>> {
         let bytes = Self::bytes_for::<T>(len)?;
         self.inner
             .backend()
@@ -201,7 +204,7 @@ impl Device {
             .inner
             .backend()
             .allocate(MemoryKind::Pinned, bytes, 0)?;
-        Ok(PinnedBuffer::from_storage(Arc::new(s), len))
+        Ok(PinnedBuffer::from_storage(s, len))
     }
 
     /// The device pool's counters: allocated, reserved, peak, cache hit rate,

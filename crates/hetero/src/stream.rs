@@ -100,14 +100,15 @@ impl Stream {
         if self.q().is_closed() {
             return Err(Error::StreamDestroyed { stream: self.id() });
         }
-        let mut s = self.inner.device.device_storage::<T>(len, self.id())?;
+        let mut arc = self.inner.device.device_storage::<T>(len, self.id())?;
+        let s = Arc::get_mut(&mut arc).expect("a new storage has no other owner");
         let mut ordered = s.reused_in_stream_order();
         let fences = s.take_reuse_fences();
         if !fences.is_empty() {
             match self.wait_for_fences(fences) {
                 Ok(o) => ordered |= o,
                 Err((e, pending)) => {
-                    s.drop_after(pending);
+                    arc.drop_after(pending);
                     return Err(e);
                 }
             }
@@ -115,7 +116,7 @@ impl Stream {
         if ordered {
             s.set_ready(self.q().timeline().clone(), self.q().submitted());
         }
-        Ok(DeviceBuffer::from_storage(Arc::new(s), len))
+        Ok(DeviceBuffer::from_storage(arc, len))
     }
 
     /// Orders this stream after other streams' work that may still use memory it

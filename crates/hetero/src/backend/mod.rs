@@ -67,7 +67,7 @@ pub(crate) trait Backend: Send + Sync {
     fn properties(&self) -> &DeviceProperties;
     fn create_stream(&self, priority: u8) -> Result<Arc<dyn StreamQueue>>;
     /// `bytes` of `kind` memory; device memory is cached per `stream` (0: none).
-    fn allocate(&self, kind: MemoryKind, bytes: usize, stream: u64) -> Result<Storage>;
+    fn allocate(&self, kind: MemoryKind, bytes: usize, stream: u64) -> Result<Arc<Storage>>;
     /// The device pool (every backend's device memory goes through one).
     fn pool(&self) -> &Arc<hetero_memory::DevicePool>;
     /// The pinned host pool.

@@ -204,10 +204,16 @@ impl Backend for HostBackend {
         Ok(stream)
     }
 
-    fn allocate(&self, kind: MemoryKind, bytes: usize, stream: u64) -> Result<Storage> {
+    fn allocate(&self, kind: MemoryKind, bytes: usize, stream: u64) -> Result<Arc<Storage>> {
         match kind {
-            MemoryKind::Device => Storage::device(self.shared.device, &self.pool, bytes, stream),
-            MemoryKind::Pinned => Storage::pinned(self.shared.device, &self.pinned, bytes),
+            MemoryKind::Device => {
+                Storage::device_arc(self.shared.device, &self.pool, bytes, stream)
+            }
+            MemoryKind::Pinned => Ok(Arc::new(Storage::pinned(
+                self.shared.device,
+                &self.pinned,
+                bytes,
+            )?)),
         }
     }
 
