@@ -50,11 +50,11 @@ pub enum MemoryKind {
 pub(crate) enum Backing {
     /// Zero-sized: no memory.
     Empty,
-    /// From the device pool: returned to it, on the stream it was allocated for,
-    /// when the storage drops (after every op that used it completed).
+    /// From the device pool (`Storage::pool`): returned to it, on the stream it
+    /// was allocated for, when the storage drops (after every op that used it
+    /// completed).
     Device {
         alloc: hetero_memory::Allocation,
-        pool: Arc<hetero_memory::DevicePool>,
         stream: hetero_memory::StreamId,
     },
     /// From the pinned pool (returned by the allocation's own Drop).
@@ -80,6 +80,9 @@ pub(crate) struct Storage {
     ready: Option<(Arc<Timeline>, u64)>,
     /// Taken early by [`Storage::release_in_stream_order`], else by `Drop`.
     backing: Mutex<Backing>,
+    /// The pool device memory came from. Kept when the storage is recycled for
+    /// memory of the same pool: no reference count changes per buffer.
+    pool: Option<Arc<hetero_memory::DevicePool>>,
 }
 
 // SAFETY: the bytes are plain memory owned by this storage; concurrent access to them
@@ -175,14 +178,11 @@ impl Storage {
             return;
         }
         let mut b = self.backing.lock().unwrap_or_else(|p| p.into_inner());
-        if let Backing::Device {
-            alloc,
-            pool,
-            stream,
-        } = std::mem::replace(&mut *b, Backing::Empty)
+        if let (Backing::Device { alloc, stream }, Some(pool)) =
+            (std::mem::replace(&mut *b, Backing::Empty), &self.pool)
         {
             if crate::clock::profiling() {
-                record_mem(hetero_trace::MemKind::Free, self.bytes, stream, &pool);
+                record_mem(hetero_trace::MemKind::Free, self.bytes, stream, pool);
             }
             if shared {
                 let others: Vec<u64> = self
@@ -250,6 +250,7 @@ impl Storage {
             used_on_more: AtomicBool::new(false),
             ready: None,
             backing: Mutex::new(backing),
+            pool: None,
         }
     }
 
@@ -381,15 +382,14 @@ impl Storage {
         if crate::clock::profiling() {
             record_mem(hetero_trace::MemKind::Alloc, bytes, stream, pool);
         }
-        let backing = Backing::Device {
-            alloc,
-            pool: pool.clone(),
-            stream,
-        };
+        let backing = Backing::Device { alloc, stream };
         let spare = SPARE.try_with(|s| s.borrow_mut().pop()).ok().flatten();
         let mut arc = spare.unwrap_or_else(|| Arc::new(Self::empty(device, MemoryKind::Device)));
         let s = Arc::get_mut(&mut arc).expect("a spare storage has no other owner");
         s.refill(device, bytes, backing, stream);
+        if !s.pool.as_ref().is_some_and(|p| Arc::ptr_eq(p, pool)) {
+            s.pool = Some(pool.clone());
+        }
         Ok(arc)
     }
 
@@ -436,13 +436,12 @@ impl Storage {
         let b = self.backing.get_mut().unwrap_or_else(|p| p.into_inner());
         match std::mem::replace(b, Backing::Empty) {
             Backing::Empty => {}
-            Backing::Device {
-                alloc,
-                pool,
-                stream,
-            } => {
+            Backing::Device { alloc, stream } => {
+                let Some(pool) = &self.pool else {
+                    return; // device memory always comes with its pool
+                };
                 if crate::clock::profiling() {
-                    record_mem(hetero_trace::MemKind::Free, self.bytes, stream, &pool);
+                    record_mem(hetero_trace::MemKind::Free, self.bytes, stream, pool);
                 }
                 // Every op holding this storage has completed (they hold the Arc), so
                 // no stream's work still uses the memory: no fences to pass. An engine

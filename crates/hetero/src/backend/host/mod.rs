@@ -254,6 +254,9 @@ impl Backend for HostBackend {
         for w in workers {
             let _ = w.join();
         }
+        // Recycled storages may keep the pool itself alive (buffers.rs); what it
+        // caches goes back to the OS now.
+        self.pool.trim();
     }
 
     fn host_wait(&self) -> CompletionMode {
