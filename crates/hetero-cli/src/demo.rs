@@ -1,8 +1,8 @@
-//! The demo workload: a 3-stage pipeline (H2D → kernel → D2H) over many chunks, run
+//! The demo workload: a 3-stage pipeline (H2D → kernel → D2H) over many tiles, run
 //! once on one stream (serial) and once on three streams joined by events.
 //!
-//! Sizing: each chunk's kernel is one block (one compute unit) and is calibrated to
-//! take about twice one chunk's copy (the mean of its H2D and D2H), so the stages map one-to-one onto engines as
+//! Sizing: each tile's kernel is one block (one compute unit) and is calibrated to
+//! take about twice one tile's copy (the mean of its H2D and D2H), so the stages map one-to-one onto engines as
 //! on an accelerator. The ideal speedup follows from the stage times measured in the
 //! serial run: `bound = (h2d + kernel + d2h) / max(h2d, kernel, d2h, (h2d + kernel + d2h) / cores)`.
 
@@ -28,19 +28,19 @@ pub fn device_config() -> DeviceConfig {
 /// Demo parameters.
 #[derive(Debug, Clone, Copy)]
 pub struct DemoConfig {
-    pub chunks: usize,
-    pub chunk_bytes: usize,
+    pub tiles: usize,
+    pub tile_bytes: usize,
     /// Timed repetitions of each mode; the median is reported.
     pub reps: usize,
-    /// Kernel iterations per element; `None` calibrates to 2× a chunk's copy.
+    /// Kernel iterations per element; `None` calibrates to 2× a tile's copy.
     pub iters: Option<u32>,
 }
 
 impl Default for DemoConfig {
     fn default() -> Self {
         DemoConfig {
-            chunks: 64,
-            chunk_bytes: 256 * 1024,
+            tiles: 64,
+            tile_bytes: 256 * 1024,
             reps: 7,
             iters: None,
         }
@@ -51,14 +51,14 @@ impl Default for DemoConfig {
 #[derive(Debug, Clone, Serialize)]
 pub struct DemoReport {
     pub verified: bool,
-    pub chunks: usize,
-    pub chunk_bytes: usize,
+    pub tiles: usize,
+    pub tile_bytes: usize,
     pub kernel_iters: u32,
     pub cores: usize,
     pub serial_ms: f64,
     pub pipelined_ms: f64,
     pub speedup: f64,
-    /// Stage times per chunk measured with events in the serial run (µs).
+    /// Stage times per tile measured with events in the serial run (µs).
     pub h2d_us: f64,
     pub kernel_us: f64,
     pub d2h_us: f64,
@@ -78,7 +78,7 @@ fn scale_kernel(iters: u32) -> Kernel {
     })
 }
 
-/// The kernel's body after its copy: `iters` passes over the whole chunk (the
+/// The kernel's body after its copy: `iters` passes over the whole tile (the
 /// inner loop vectorises); each element sees the same sequence of operations as
 /// `reference`. Peers that do the demo's work call it too.
 pub fn scale_in_place(y: &mut [f32], iters: u32) {
@@ -107,14 +107,14 @@ struct Buffers {
 }
 
 impl Buffers {
-    fn new(dev: &Device, chunks: usize, n: usize) -> Result<Self> {
+    fn new(dev: &Device, tiles: usize, n: usize) -> Result<Self> {
         let mut b = Buffers {
             input: Vec::new(),
             output: Vec::new(),
             dev_in: Vec::new(),
             dev_out: Vec::new(),
         };
-        for c in 0..chunks {
+        for c in 0..tiles {
             let data: Vec<f32> = (0..n).map(|i| ((c * n + i) % 1000) as f32).collect();
             b.input.push(dev.pinned_from_slice(&data)?);
             b.output.push(dev.alloc_pinned(n)?);
@@ -126,7 +126,7 @@ impl Buffers {
 }
 
 /// Serial run on one stream; with `stages`, events around each stage give each
-/// chunk's stage times (ns), per stage.
+/// tile's stage times (ns), per stage.
 fn run_serial(
     s: &Stream,
     b: &mut Buffers,
@@ -169,7 +169,7 @@ fn run_serial(
     Ok((wall, times))
 }
 
-/// Pipelined run: one stream per stage, chunk `c` handed from stage to stage by events.
+/// Pipelined run: one stream per stage, tile `c` handed from stage to stage by events.
 fn run_pipelined(streams: &[Stream; 3], b: &mut Buffers, k: &Kernel) -> Result<Duration> {
     let [h2d, compute, d2h] = streams;
     let t0 = Instant::now();
@@ -215,8 +215,8 @@ fn stage_streams(dev: &Device) -> Result<[Stream; 3]> {
 /// `cfg.iters` (or calibrated): the `pipeline` workload. Returns the median time
 /// (ms) and whether every run matched the CPU reference.
 pub fn pipeline(dev: &Device, cfg: DemoConfig) -> Result<(f64, bool)> {
-    let n = (cfg.chunk_bytes / 4).max(1);
-    let mut b = Buffers::new(dev, cfg.chunks, n)?;
+    let n = (cfg.tile_bytes / 4).max(1);
+    let mut b = Buffers::new(dev, cfg.tiles, n)?;
     let iters = match cfg.iters {
         Some(i) => i,
         None => calibrate(dev, &mut b)?,
@@ -255,7 +255,7 @@ fn clear_outputs(s: &Stream, b: &mut Buffers) -> Result<()> {
     s.synchronize()
 }
 
-/// Picks kernel passes so one chunk's kernel takes about twice one chunk's copy (the
+/// Picks kernel passes so one tile's kernel takes about twice one tile's copy (the
 /// mean of its H2D and D2H, so `kernel ≈ h2d + d2h`: the two stages then balance on
 /// two engines), from
 /// serial runs with stage events over the demo's own buffers (the conditions the
@@ -265,7 +265,7 @@ fn calibrate(dev: &Device, b: &mut Buffers) -> Result<u32> {
     let s = dev.create_stream()?;
     s.set_name("calibration");
     let mut stage = |passes: u32| -> Result<(f64, f64)> {
-        // Medians per chunk: one preempted chunk must not skew the sizing.
+        // Medians per tile: one preempted tile must not skew the sizing.
         let [h2d, kernel, d2h] = run_serial(&s, b, &scale_kernel(passes), true)?.1;
         Ok(((median(h2d) + median(d2h)) / 2.0, median(kernel)))
     };
@@ -290,9 +290,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Runs the demo on `dev`.
 pub fn run(dev: &Device, cfg: DemoConfig, mut progress: impl FnMut(&str)) -> Result<DemoReport> {
-    let n = (cfg.chunk_bytes / 4).max(1);
+    let n = (cfg.tile_bytes / 4).max(1);
     let cores = dev.properties().compute_units;
-    let mut b = Buffers::new(dev, cfg.chunks, n)?;
+    let mut b = Buffers::new(dev, cfg.tiles, n)?;
     progress("calibrating the kernel");
     let iters = match cfg.iters {
         Some(i) => i,
@@ -338,11 +338,11 @@ pub fn run(dev: &Device, cfg: DemoConfig, mut progress: impl FnMut(&str)) -> Res
     let serial_ms = median(serial_ms);
     let pipelined_ms = median(pipe_ms);
     let speedup = serial_ms / pipelined_ms;
-    let bytes = (cfg.chunks * n * 4) as f64;
+    let bytes = (cfg.tiles * n * 4) as f64;
     Ok(DemoReport {
         verified,
-        chunks: cfg.chunks,
-        chunk_bytes: n * 4,
+        tiles: cfg.tiles,
+        tile_bytes: n * 4,
         kernel_iters: iters,
         cores,
         serial_ms,
@@ -363,14 +363,14 @@ impl DemoReport {
     pub fn print(&self) {
         println!("hetero demo: 3-stage pipeline (H2D -> kernel -> D2H)");
         println!(
-            "  {} chunks of {} KiB, kernel {} iterations/element, {} compute units",
-            self.chunks,
-            self.chunk_bytes / 1024,
+            "  {} tiles of {} KiB, kernel {} iterations/element, {} compute units",
+            self.tiles,
+            self.tile_bytes / 1024,
             self.kernel_iters,
             self.cores
         );
         println!(
-            "  stage times per chunk (serial run): h2d {:.1} us, kernel {:.1} us, d2h {:.1} us",
+            "  stage times per tile (serial run): h2d {:.1} us, kernel {:.1} us, d2h {:.1} us",
             self.h2d_us, self.kernel_us, self.d2h_us
         );
         println!(

@@ -20,12 +20,12 @@ struct Cli {
 
 #[derive(clap::Args, Clone, Copy)]
 struct WorkloadArgs {
-    /// Number of chunks.
+    /// Number of tiles.
     #[arg(long, default_value_t = 64)]
-    chunks: usize,
-    /// Chunk size in KiB.
+    tiles: usize,
+    /// Tile size in KiB.
     #[arg(long, default_value_t = 256)]
-    chunk_kib: usize,
+    tile_kib: usize,
     /// Timed repetitions of each mode (the median is reported).
     #[arg(long, default_value_t = 7)]
     reps: usize,
@@ -34,8 +34,8 @@ struct WorkloadArgs {
 impl WorkloadArgs {
     fn config(self) -> demo::DemoConfig {
         demo::DemoConfig {
-            chunks: self.chunks.max(1),
-            chunk_bytes: self.chunk_kib.max(1) * 1024,
+            tiles: self.tiles.max(1),
+            tile_bytes: self.tile_kib.max(1) * 1024,
             reps: self.reps.max(1),
             iters: None,
         }

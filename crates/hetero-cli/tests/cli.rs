@@ -26,9 +26,9 @@ fn demo_json_is_verified_and_complete() {
         &[
             "demo",
             "--json",
-            "--chunks",
+            "--tiles",
             "8",
-            "--chunk-kib",
+            "--tile-kib",
             "32",
             "--reps",
             "1",
@@ -41,13 +41,13 @@ fn demo_json_is_verified_and_complete() {
         "pipelined_ms",
         "speedup",
         "bound_speedup",
-        "chunks",
-        "chunk_bytes",
+        "tiles",
+        "tile_bytes",
     ] {
         assert!(v[key].is_number(), "missing {key}: {v}");
     }
-    assert_eq!(v["chunks"], 8);
-    assert_eq!(v["chunk_bytes"], 32 * 1024);
+    assert_eq!(v["tiles"], 8);
+    assert_eq!(v["tile_bytes"], 32 * 1024);
     // HETERO_PROFILE: the trace was written when the device dropped.
     let trace: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let events = trace["traceEvents"].as_array().unwrap();

@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 fn small() -> DemoConfig {
     DemoConfig {
-        chunks: 32,
-        chunk_bytes: 128 * 1024,
+        tiles: 32,
+        tile_bytes: 128 * 1024,
         reps: 2,
         iters: None,
     }
@@ -71,10 +71,7 @@ fn pipeline_profile_shows_overlap_and_consistent_outputs() {
         serde_json::from_str(&std::fs::read_to_string(&out.paths.report_json).unwrap()).unwrap();
     let text = report.to_string();
     let h2d_ops = slices["H2D"].len() as u64;
-    assert!(
-        h2d_ops >= 24 * 3,
-        "each pipelined run copies every chunk in"
-    );
+    assert!(h2d_ops >= 24 * 3, "each pipelined run copies every tile in");
     let engines = report["engines"].as_array().expect("engines in report");
     let h2d = engines
         .iter()

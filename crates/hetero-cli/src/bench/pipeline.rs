@@ -1,11 +1,11 @@
-//! `hetero bench pipeline`: the demo's work (H2D → kernel → D2H over its chunks,
+//! `hetero bench pipeline`: the demo's work (H2D → kernel → D2H over its tiles,
 //! buffers allocated once and recycled) on hetero's three streams beside the same
 //! work on three OS threads joined by crossbeam channels, in absolute time:
 //! `hetero/pipeline-ms` vs `threads-channels/pipeline-ms` is the head-to-head.
 //!
 //! Each side's speedup over its own serial run is reported too, but the two
 //! speedups do not compare the runtimes: each divides by a different serial time
-//! (hetero's is three ops per chunk on one stream, the threads' a plain loop on
+//! (hetero's is three ops per tile on one stream, the threads' a plain loop on
 //! one thread; both recycle their buffers), so a pipeline can win on speedup and
 //! lose on time. The `*-serial-ms` results show the two denominators.
 
@@ -18,7 +18,7 @@ use std::time::Instant;
 /// Buffers in flight between two threads' stages (the channels' bound).
 const IN_FLIGHT: usize = 4;
 
-/// A serial loop on one thread: every stage of every chunk, two scratch buffers.
+/// A serial loop on one thread: every stage of every tile, two scratch buffers.
 fn threads_serial_ms(input: &[Vec<f32>], out: &mut [Vec<f32>], iters: u32) -> f64 {
     let n = input[0].len();
     let t = Instant::now();
@@ -32,14 +32,14 @@ fn threads_serial_ms(input: &[Vec<f32>], out: &mut [Vec<f32>], iters: u32) -> f6
     t.elapsed().as_secs_f64() * 1e3
 }
 
-/// The demo kernel's work on one chunk, the same code.
+/// The demo kernel's work on one tile, the same code.
 fn kernel(src: &[f32], dst: &mut [f32], iters: u32) {
     dst.copy_from_slice(src);
     demo::scale_in_place(dst, iters);
 }
 
-/// A chunk's index and its buffer, handed from stage to stage.
-type Chunk = (usize, Vec<f32>);
+/// A tile's index and its buffer, handed from stage to stage.
+type Tile = (usize, Vec<f32>);
 
 /// The three stage threads, started once and fed round after round, so a
 /// round's time holds no thread start. Buffers travel back to the stage that
@@ -69,19 +69,19 @@ fn threads_pipeline<'s>(
     iters: u32,
 ) -> ThreadsPipeline {
     let n = input[0].len();
-    let chunks = input.len();
+    let tiles = input.len();
     let (start, start_rx) = bounded::<()>(1);
     let (done_tx, done) = bounded(1);
     let (give_out, out_rx) = bounded::<Vec<Vec<f32>>>(1);
-    let (to_kernel, kernel_rx) = bounded::<Chunk>(IN_FLIGHT);
-    let (to_d2h, d2h_rx) = bounded::<Chunk>(IN_FLIGHT);
+    let (to_kernel, kernel_rx) = bounded::<Tile>(IN_FLIGHT);
+    let (to_d2h, d2h_rx) = bounded::<Tile>(IN_FLIGHT);
     let (free_in_tx, free_in) = bounded::<Vec<f32>>(IN_FLIGHT);
     let (free_mid_tx, free_mid) = bounded::<Vec<f32>>(IN_FLIGHT);
     for _ in 0..IN_FLIGHT {
         free_in_tx.send(vec![0f32; n]).expect("room");
         free_mid_tx.send(vec![0f32; n]).expect("room");
     }
-    // Stage 1 ("H2D"): fills a free buffer with the chunk's input.
+    // Stage 1 ("H2D"): fills a free buffer with the tile's input.
     scope.spawn(move || {
         for () in start_rx {
             for (c, src) in input.iter().enumerate() {
@@ -107,7 +107,7 @@ fn threads_pipeline<'s>(
     // Stage 3 ("D2H"): copies into the round's outputs, returns the buffer.
     scope.spawn(move || {
         for mut out in out_rx {
-            for _ in 0..chunks {
+            for _ in 0..tiles {
                 let Ok((c, buf)) = d2h_rx.recv() else { return };
                 out[c].copy_from_slice(&buf);
                 let _ = free_mid_tx.send(buf);
@@ -149,12 +149,12 @@ pub fn run(quick: bool) -> BenchReport {
         serial_ms.push(r.serial_ms);
     }
 
-    let n = cfg.chunk_bytes / 4;
-    let input: Vec<Vec<f32>> = (0..cfg.chunks)
+    let n = cfg.tile_bytes / 4;
+    let input: Vec<Vec<f32>> = (0..cfg.tiles)
         .map(|c| (0..n).map(|i| ((c * n + i) % 1000) as f32).collect())
         .collect();
     let (mut peer_pipe, mut peer_serial, mut peer_speedup) = (Vec::new(), Vec::new(), Vec::new());
-    let mut out = vec![vec![0f32; n]; cfg.chunks];
+    let mut out = vec![vec![0f32; n]; cfg.tiles];
     std::thread::scope(|s| {
         let p = threads_pipeline(s, &input, iters);
         // As the demo: a warm-up round, then the median of three per round.
