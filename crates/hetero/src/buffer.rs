@@ -62,8 +62,15 @@ pub(crate) enum Backing {
 }
 
 pub(crate) struct Storage {
+    /// Where the bytes are for this process: the memory itself when it is
+    /// host-visible, else the backend's backing store (reached only through the
+    /// backend: copies, and the views it gives kernels).
     ptr: NonNull<u8>,
     bytes: usize,
+    /// The address the device knows the memory by.
+    device_addr: u64,
+    /// Whether host code may read and write the bytes directly.
+    host_visible: bool,
     pub(crate) device: u64,
     pub(crate) kind: MemoryKind,
     access: AtomicU32,
@@ -239,6 +246,8 @@ impl Storage {
     ) -> Storage {
         Storage {
             ptr,
+            device_addr: ptr.as_ptr() as u64,
+            host_visible: true,
             bytes,
             device,
             kind,
@@ -252,6 +261,23 @@ impl Storage {
             backing: Mutex::new(backing),
             pool: None,
         }
+    }
+
+    /// Marks the memory as the device's own, known to it as `addr`: host code
+    /// reaches it only through the backend.
+    pub(crate) fn set_device_memory(&mut self, addr: u64) {
+        self.device_addr = addr;
+        self.host_visible = false;
+    }
+
+    /// The address the device knows the memory by.
+    pub(crate) fn device_addr(&self) -> u64 {
+        self.device_addr
+    }
+
+    /// Whether host code may touch the bytes directly.
+    pub(crate) fn host_visible(&self) -> bool {
+        self.host_visible
     }
 
     #[inline]
@@ -400,6 +426,8 @@ impl Storage {
             _ => Self::empty(device, MemoryKind::Device).ptr,
         };
         self.ptr = ptr;
+        self.device_addr = ptr.as_ptr() as u64;
+        self.host_visible = true;
         self.bytes = bytes;
         self.device = device;
         self.kind = MemoryKind::Device;
@@ -550,6 +578,12 @@ macro_rules! buffer_common {
             /// Size in bytes.
             pub fn size_bytes(&self) -> usize {
                 self.len * std::mem::size_of::<T>()
+            }
+
+            /// The address the device knows the buffer by (on a device with its own
+            /// memory, not a host pointer).
+            pub fn device_address(&self) -> u64 {
+                self.storage.device_addr()
             }
 
             /// The id of the device that owns the buffer.

@@ -41,7 +41,42 @@ impl Default for CompletionMode {
     }
 }
 
-/// Configuration of a host device.
+/// Which backend a device runs on.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BackendKind {
+    /// The CPU itself.
+    Host,
+    /// An emulated discrete accelerator.
+    Emu(crate::EmuConfig),
+}
+
+impl BackendKind {
+    /// Parses `host`, `emu` or `emu:PRESET[,time=real|virtual][,capacity=BYTES]`
+    /// (the `HETERO_BACKEND` syntax).
+    pub fn parse(spec: &str) -> Result<Self, crate::Error> {
+        match spec.trim() {
+            "" | "host" => Ok(BackendKind::Host),
+            s => crate::EmuConfig::parse(s)
+                .map(BackendKind::Emu)
+                .map_err(crate::Error::InvalidArgument),
+        }
+    }
+
+    /// `HETERO_BACKEND` if set (an unknown value is an error), else `Host`.
+    pub fn from_env() -> Result<Self, crate::Error> {
+        match std::env::var_os("HETERO_BACKEND") {
+            None => Ok(BackendKind::Host),
+            Some(v) => match v.to_str() {
+                Some(s) => Self::parse(s),
+                None => Err(crate::Error::InvalidArgument(
+                    "HETERO_BACKEND is not valid UTF-8; use host, emu or emu:PRESET".into(),
+                )),
+            },
+        }
+    }
+}
+
+/// Configuration of a device (host by default; see [`DeviceConfig::emu`]).
 ///
 /// ```
 /// use hetero::{DeviceConfig, CompletionMode};
@@ -60,6 +95,7 @@ pub struct DeviceConfig {
     pub(crate) pin_engines: bool,
     pub(crate) pool: Option<hetero_memory::PoolConfig>,
     pub(crate) pinned: hetero_memory::PinnedConfig,
+    pub(crate) backend: BackendKind,
 }
 
 impl Default for DeviceConfig {
@@ -76,12 +112,36 @@ impl Default for DeviceConfig {
             pin_engines: true,
             pool: None,
             pinned: hetero_memory::PinnedConfig::default(),
+            backend: BackendKind::Host,
         }
     }
 }
 
 impl DeviceConfig {
-    /// Number of compute units (worker threads). Default: available cores.
+    /// The default configuration on the backend `HETERO_BACKEND` names (host
+    /// when unset): how programs and the test suite pick their device.
+    pub fn from_env() -> Result<Self, crate::Error> {
+        Ok(DeviceConfig::default().backend(BackendKind::from_env()?))
+    }
+
+    /// Runs the device on `backend`.
+    pub fn backend(mut self, backend: BackendKind) -> Self {
+        self.backend = backend;
+        self
+    }
+
+    /// Runs the device on the emulated accelerator `emu`.
+    pub fn emu(self, emu: crate::EmuConfig) -> Self {
+        self.backend(BackendKind::Emu(emu))
+    }
+
+    /// The backend the device will run on.
+    pub fn backend_kind(&self) -> &BackendKind {
+        &self.backend
+    }
+
+    /// Number of compute units (engine threads on the host). Default: available
+    /// cores.
     pub fn compute_units(mut self, n: usize) -> Self {
         self.compute_units = n;
         self

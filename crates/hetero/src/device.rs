@@ -1,7 +1,7 @@
 //! Devices: something that owns memory and engines. `Device` is backend-independent;
 //! the host backend is the default and always available.
 
-use crate::backend::{host::HostBackend, Backend, DeviceProperties};
+use crate::backend::{emu::EmuBackend, host::HostBackend, Backend, DeviceProperties};
 use crate::buffer::Storage;
 use crate::buffer::{DeviceBuffer, MemoryKind, PinnedBuffer};
 use crate::stream::{Stream, PRIORITY_LOWEST};
@@ -100,10 +100,19 @@ impl Device {
         Device::new(DeviceConfig::default())
     }
 
-    /// A host device configured by `config`.
+    /// The device `HETERO_BACKEND` names (`host`, `emu`, `emu:PRESET`, …), with
+    /// the default configuration; the host device when it is unset.
+    pub fn from_env() -> Result<Device> {
+        Device::new(DeviceConfig::from_env()?)
+    }
+
+    /// A device configured by `config`, on the backend it names.
     pub fn new(config: DeviceConfig) -> Result<Device> {
         let id = NEXT_DEVICE.fetch_add(1, Ordering::Relaxed);
-        let backend = HostBackend::new(id, config)?;
+        let backend: Box<dyn Backend> = match config.backend.clone() {
+            crate::BackendKind::Host => Box::new(HostBackend::new(id, config)?),
+            crate::BackendKind::Emu(emu) => Box::new(EmuBackend::new(id, config, emu)?),
+        };
         let profile_to = std::env::var_os("HETERO_PROFILE")
             .filter(|p| !p.is_empty())
             .map(std::path::PathBuf::from);
@@ -114,7 +123,7 @@ impl Device {
         Ok(Device {
             inner: Arc::new(DeviceInner {
                 id,
-                backend: Some(Box::new(backend)),
+                backend: Some(backend),
                 profile_to,
             }),
         })
@@ -128,6 +137,19 @@ impl Device {
     /// What the device is made of.
     pub fn properties(&self) -> &DeviceProperties {
         self.inner.backend().properties()
+    }
+
+    /// The device clock, ns: wall time on the host, the model's time on an
+    /// emulated device (virtual in virtual time).
+    pub fn now_ns(&self) -> u64 {
+        self.inner.backend().now_ns()
+    }
+
+    /// On a device in virtual time, a digest of every operation completed so far
+    /// (what ran where, when): the same program and configuration give the same
+    /// hash. `None` elsewhere.
+    pub fn trace_hash(&self) -> Option<u64> {
+        self.inner.backend().trace_hash()
     }
 
     pub(crate) fn host_wait(&self) -> CompletionMode {

@@ -105,6 +105,7 @@ impl Event {
     /// pending, an error if it failed.
     pub fn query(&self) -> Result<bool> {
         let p = self.point("Event::query")?;
+        p.timeline.poll_driver();
         match p.timeline.status(p.value) {
             None => Ok(false),
             Some(r) => r.map(|()| true),

@@ -42,6 +42,23 @@ pub struct Kernel {
 pub(crate) struct KernelInner {
     pub(crate) name: &'static str,
     pub(crate) f: Box<KernelFn>,
+    /// What a launch costs on a modelled device, from its grid.
+    pub(crate) cost: Option<Box<CostFn>>,
+}
+
+pub(crate) type CostFn = dyn Fn(Grid) -> KernelCost + Send + Sync;
+
+/// The work of one launch, for devices that model time (the emulated device):
+/// it runs for `max(flops / compute rate, bytes / memory bandwidth)` on the
+/// compute units it occupies. Kernels without a declared cost cost their
+/// buffers' bytes at memory bandwidth in virtual time, and their measured host
+/// time in real time.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct KernelCost {
+    /// Floating-point operations of the whole launch.
+    pub flops: f64,
+    /// Bytes of device memory the launch reads and writes.
+    pub bytes: f64,
 }
 
 impl Kernel {
@@ -51,6 +68,33 @@ impl Kernel {
             inner: Arc::new(KernelInner {
                 name,
                 f: Box::new(f),
+                cost: None,
+            }),
+        }
+    }
+
+    /// A kernel that declares its cost as a function of the grid (used by
+    /// devices that model time; the host device ignores it).
+    ///
+    /// ```
+    /// use hetero::{Grid, Kernel, KernelCost};
+    /// let k = Kernel::with_cost(
+    ///     "axpy",
+    ///     |g: Grid| KernelCost { flops: 2.0 * 1024.0 * f64::from(g.blocks()), bytes: 0.0 },
+    ///     |_| {},
+    /// );
+    /// assert_eq!(k.name(), "axpy");
+    /// ```
+    pub fn with_cost(
+        name: &'static str,
+        cost: impl Fn(Grid) -> KernelCost + Send + Sync + 'static,
+        f: impl Fn(&mut Block<'_>) + Send + Sync + 'static,
+    ) -> Self {
+        Kernel {
+            inner: Arc::new(KernelInner {
+                name,
+                f: Box::new(f),
+                cost: Some(Box::new(cost)),
             }),
         }
     }

@@ -30,13 +30,14 @@ mod stream;
 mod system;
 mod timeline;
 
+pub use backend::emu::{EmuConfig, LinkPreset, TimeMode};
 pub use backend::DeviceProperties;
 pub use buffer::{Arg, DeviceBuffer, MemoryKind, PinnedBuffer};
-pub use config::{CompletionMode, DeviceConfig};
+pub use config::{BackendKind, CompletionMode, DeviceConfig};
 pub use device::Device;
 pub use error::{Error, Result};
 pub use event::Event;
-pub use kernel::{Block, Grid, Kernel, INLINE_KERNEL_ARGS, MAX_KERNEL_ARGS};
+pub use kernel::{Block, Grid, Kernel, KernelCost, INLINE_KERNEL_ARGS, MAX_KERNEL_ARGS};
 pub use op::CopyKind;
 pub use stream::{Stream, PRIORITY_HIGHEST, PRIORITY_LOWEST};
 pub use system::SystemInfo;

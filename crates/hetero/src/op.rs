@@ -62,6 +62,20 @@ pub(crate) enum Body {
     Marker {
         stamp: Arc<AtomicU64>,
     },
+    /// A synchronous write from a host slice into memory the host cannot reach,
+    /// staged through this bounce buffer (`Stream::write_slice` on a device with
+    /// its own memory).
+    HostWrite {
+        dst: Arc<Storage>,
+        off: usize,
+        data: Box<[u8]>,
+    },
+    /// A synchronous read into a bounce buffer the caller then copies out.
+    HostRead {
+        src: Arc<Storage>,
+        off: usize,
+        out: Arc<std::sync::Mutex<Vec<u8>>>,
+    },
 }
 
 impl Op {
@@ -83,6 +97,8 @@ impl Op {
             Body::Copy { src, dst, .. } => f(src, false) && f(dst, true),
             Body::Fill { dst, .. } => f(dst, true),
             Body::Kernel { args, .. } => args.as_slice_iter().all(|a| f(&a.storage, a.write)),
+            Body::HostWrite { dst, .. } => f(dst, true),
+            Body::HostRead { src, .. } => f(src, false),
             Body::Host(_) | Body::Wait { .. } | Body::Marker { .. } => true,
         }
     }
@@ -133,12 +149,16 @@ impl Op {
             Body::Wait { fault: true, .. } => "wait_event",
             Body::Wait { fault: false, .. } => "wait_memory",
             Body::Marker { .. } => "record_event",
+            Body::HostWrite { .. } => "write_slice",
+            Body::HostRead { .. } => "read_slice",
         }
     }
 
     pub(crate) fn bytes(&self) -> u64 {
         match &self.body {
             Body::Copy { bytes, .. } | Body::Fill { bytes, .. } => *bytes as u64,
+            Body::HostWrite { data, .. } => data.len() as u64,
+            Body::HostRead { out, .. } => out.lock().map_or(0, |o| o.len() as u64),
             _ => 0,
         }
     }
@@ -210,6 +230,17 @@ pub(crate) fn run_transfer(body: &Body) {
                     done += n;
                 }
             }
+        }
+        Body::HostWrite { dst, off, data } => {
+            // SAFETY: range checked at enqueue; the write lock (or, on a modelled
+            // device, the stream's order) excludes every other access to dst.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst.ptr().add(*off), data.len()) }
+        }
+        Body::HostRead { src, off, out } => {
+            let mut out = out.lock().unwrap_or_else(|p| p.into_inner());
+            let n = out.len();
+            // SAFETY: range checked at enqueue; only readers touch src meanwhile.
+            unsafe { std::ptr::copy_nonoverlapping(src.ptr().add(*off), out.as_mut_ptr(), n) }
         }
         _ => {}
     }

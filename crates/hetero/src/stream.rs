@@ -528,6 +528,7 @@ impl Stream {
     /// `Ok(true)` when all submitted work completed, `Ok(false)` while some is
     /// pending, the fault if the stream failed.
     pub fn query(&self) -> Result<bool> {
+        self.q().timeline().poll_driver();
         match self.q().timeline().status(self.q().submitted()) {
             None => Ok(false),
             Some(r) => r.map(|()| true),
@@ -570,6 +571,46 @@ impl Stream {
         Ok(())
     }
 
+    /// A synchronous copy between a borrowed host slice and memory the host
+    /// cannot reach: staged through a bounce buffer the op owns (as CUDA stages
+    /// pageable memory through pinned buffers), in stream order, then waited for.
+    #[cold]
+    fn staged(
+        &self,
+        op: &'static str,
+        s: &Arc<Storage>,
+        off: usize,
+        dir: StageDir<'_>,
+    ) -> Result<()> {
+        self.check_storage(op, s)?;
+        if self.q().is_closed() {
+            return Err(Error::StreamDestroyed { stream: self.id() });
+        }
+        self.order_use(s)?;
+        let mode = self.inner.device.host_wait();
+        match dir {
+            StageDir::In(data) => {
+                let v = self.submit(Body::HostWrite {
+                    dst: s.clone(),
+                    off,
+                    data: data.into(),
+                })?;
+                self.q().timeline().wait(v, mode)
+            }
+            StageDir::Out(out) => {
+                let bounce = Arc::new(std::sync::Mutex::new(vec![0u8; out.len()]));
+                let v = self.submit(Body::HostRead {
+                    src: s.clone(),
+                    off,
+                    out: bounce.clone(),
+                })?;
+                self.q().timeline().wait(v, mode)?;
+                out.copy_from_slice(&bounce.lock().unwrap_or_else(|p| p.into_inner()));
+                Ok(())
+            }
+        }
+    }
+
     /// Synchronous copy from a borrowed host slice into `dst[offset..]`, in stream
     /// order: waits for the stream's earlier work, then copies on this thread.
     pub fn write_slice<T: Pod>(
@@ -580,6 +621,15 @@ impl Stream {
     ) -> Result<()> {
         check_range("write_slice", dst.len(), offset, data.len())?;
         let s = &dst.storage;
+        if !s.host_visible() {
+            let off = offset * std::mem::size_of::<T>();
+            return self.staged(
+                "write_slice",
+                s,
+                off,
+                StageDir::In(bytemuck::cast_slice(data)),
+            );
+        }
         self.synchronized_access("write_slice", s, true, || {
             let bytes: &[u8] = bytemuck::cast_slice(data);
             // SAFETY: range checked above; the write lock excludes every op on `s`.
@@ -603,6 +653,15 @@ impl Stream {
     ) -> Result<()> {
         check_range("read_slice", src.len(), offset, out.len())?;
         let s = &src.storage;
+        if !s.host_visible() {
+            let off = offset * std::mem::size_of::<T>();
+            return self.staged(
+                "read_slice",
+                s,
+                off,
+                StageDir::Out(bytemuck::cast_slice_mut(out)),
+            );
+        }
         self.synchronized_access("read_slice", s, false, || {
             let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
             // SAFETY: range checked above; the read lock excludes writers of `s`.
@@ -622,6 +681,12 @@ impl Stream {
         self.read_slice(src, 0, &mut out)?;
         Ok(out)
     }
+}
+
+/// Which way a staged synchronous copy goes.
+enum StageDir<'a> {
+    In(&'a [u8]),
+    Out(&'a mut [u8]),
 }
 
 #[allow(dead_code)]

@@ -39,6 +39,16 @@ pub(crate) fn set_engine_wait(wait: EngineWait) {
     ENGINE_WAIT.with(|w| w.set(Some(wait)));
 }
 
+/// A device whose clock advances only when someone waits for it (virtual time):
+/// a host wait on one of its timelines runs its simulation instead of blocking.
+pub(crate) trait Driver: Send + Sync {
+    /// Runs the device until `ready()` holds (true) or nothing more can happen
+    /// now (false: another thread may still be publishing work).
+    fn drive(&self, ready: &mut dyn FnMut() -> bool) -> crate::Result<bool>;
+    /// One step of progress, for a host that polls (`query`).
+    fn poll(&self);
+}
+
 fn engine_wait() -> Option<EngineWait> {
     ENGINE_WAIT.try_with(|w| w.get()).ok().flatten()
 }
@@ -53,6 +63,8 @@ pub(crate) struct Timeline {
     pub(crate) device: u64,
     /// How host threads wait on this timeline by default (the device's mode).
     pub(crate) host_wait: CompletionMode,
+    /// Set for a device in virtual time: waits drive it.
+    driver: OnceLock<std::sync::Weak<dyn Driver>>,
 }
 
 impl Timeline {
@@ -65,6 +77,23 @@ impl Timeline {
             stream,
             device,
             host_wait,
+            driver: OnceLock::new(),
+        }
+    }
+
+    /// Makes host waits on this timeline drive `driver` (once).
+    pub(crate) fn set_driver(&self, driver: std::sync::Weak<dyn Driver>) {
+        let _ = self.driver.set(driver);
+    }
+
+    fn driver(&self) -> Option<Arc<dyn Driver>> {
+        self.driver.get().and_then(std::sync::Weak::upgrade)
+    }
+
+    /// For a host that polls: lets a device in virtual time make a step.
+    pub(crate) fn poll_driver(&self) {
+        if let Some(d) = self.driver() {
+            d.poll();
         }
     }
 
@@ -173,6 +202,21 @@ impl Timeline {
     ) -> crate::Result<()> {
         if ready() {
             return Ok(());
+        }
+        if let Some(d) = self.driver() {
+            // Nothing can happen while no thread drives: a stall long after the
+            // last progress is work that can never run.
+            for _ in 0..1_000_000 {
+                if d.drive(&mut ready)? || ready() {
+                    return Ok(());
+                }
+                crate::loom::yield_now();
+            }
+            return Err(crate::Error::WouldDeadlock(format!(
+                "{what} on stream {} of a device in virtual time: nothing in flight and \
+                 nothing can start, so the point waited for is never reached",
+                self.stream
+            )));
         }
         match engine_wait() {
             Some(wait) => wait(self, value, what, &mut ready),

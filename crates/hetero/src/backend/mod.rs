@@ -4,6 +4,7 @@
 //! trait is backend-independent, so an emulated accelerator or a CUDA backend slots
 //! in without changing the public API.
 
+pub(crate) mod emu;
 pub(crate) mod host;
 
 use crate::buffer::{MemoryKind, Storage};
@@ -48,12 +49,33 @@ pub(crate) fn held_by_running_op(storage: &Storage) -> bool {
     on_engine_thread() && host::storage_held_here(storage)
 }
 
+/// Waits until `ring` (whose ops complete on `timeline`) has room for a push.
+///
+/// The condition is room itself, not the completion of some op: the engines may
+/// drain the whole ring between a failed push and this wait, and a completion
+/// asked for then could belong to an op never submitted. Room appears when an
+/// engine pops the oldest op, and every pop is followed by that op's completion,
+/// which wakes this waiter: the completion's fence orders the pop before the
+/// waker's look at the sleepers, and the sleeper's fence orders its registration
+/// before its look at the ring (park.rs).
+pub(crate) fn wait_for_room<T>(
+    ring: &crate::ring::Ring<T>,
+    timeline: &Timeline,
+    mode: crate::CompletionMode,
+) -> Result<()> {
+    // For an engine thread's deadlock check: what room depends on.
+    let oldest = ring.head() + 1;
+    timeline.wait_until(oldest, mode, "a submission to a full stream", || {
+        ring.has_room()
+    })
+}
+
 /// What a device is made of.
 #[derive(Debug, Clone)]
 pub struct DeviceProperties {
     /// Human-readable device name.
     pub name: String,
-    /// The backend ("host", later "cuda").
+    /// The backend ("host", "emu", later "cuda").
     pub backend: &'static str,
     /// Compute units (host: worker threads).
     pub compute_units: usize,
@@ -61,6 +83,8 @@ pub struct DeviceProperties {
     pub copy_engines: [usize; 3],
     /// Hardware queues streams are mapped onto.
     pub hardware_queues: usize,
+    /// The link's peak bandwidth, GB/s, where the device sits behind one.
+    pub link_peak_gbps: Option<f64>,
 }
 
 pub(crate) trait Backend: Send + Sync {
@@ -77,6 +101,14 @@ pub(crate) trait Backend: Send + Sync {
     /// Stops the engines after all submitted work completed.
     fn shutdown(&self);
     fn host_wait(&self) -> crate::CompletionMode;
+    /// The device clock, ns (virtual on a device in virtual time).
+    fn now_ns(&self) -> u64 {
+        crate::clock::now_ns()
+    }
+    /// A digest of every completed op, on a device in virtual time.
+    fn trace_hash(&self) -> Option<u64> {
+        None
+    }
 }
 
 pub(crate) trait StreamQueue: Send + Sync {

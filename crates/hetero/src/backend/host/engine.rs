@@ -83,6 +83,8 @@ impl Shared {
             }
             Body::Copy { kind, .. } => self.ready_with_engine(op, *kind as usize),
             Body::Fill { .. } => self.ready_with_engine(op, crate::CopyKind::D2D as usize),
+            Body::HostWrite { .. } => self.ready_with_engine(op, crate::CopyKind::H2D as usize),
+            Body::HostRead { .. } => self.ready_with_engine(op, crate::CopyKind::D2H as usize),
             Body::Kernel { .. } => {
                 if op.try_acquire_access() {
                     Readiness::Ready(Engine::Compute)
@@ -195,6 +197,8 @@ pub(super) fn record(
             crate::CopyKind::D2D => (K::D2D, E::CopyD2D, copy_index, None),
         },
         Body::Fill { .. } => (K::Fill, E::CopyD2D, copy_index, None),
+        Body::HostWrite { .. } => (K::H2D, E::CopyH2D, copy_index, None),
+        Body::HostRead { .. } => (K::D2H, E::CopyD2H, copy_index, None),
         Body::Kernel { .. } => (K::Kernel, E::Compute, ran.unit, None),
         Body::Host(_) => (K::HostFn, E::Host, ran.unit, None),
         Body::Wait {
@@ -550,7 +554,13 @@ impl Worker {
         let result = match (&op.body, callback) {
             (_, Some(Some(f))) => run_user(stream, value, &op, || "host callback".into(), f),
             (_, Some(None)) | (Body::Host(_), None) => Ok(()),
-            (Body::Copy { .. } | Body::Fill { .. }, _) => {
+            (
+                Body::Copy { .. }
+                | Body::Fill { .. }
+                | Body::HostWrite { .. }
+                | Body::HostRead { .. },
+                _,
+            ) => {
                 op::run_transfer(&op.body);
                 Ok(())
             }

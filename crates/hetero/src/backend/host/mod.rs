@@ -128,6 +128,7 @@ impl HostBackend {
             compute_units: config.compute_units,
             copy_engines: config.copy_engines,
             hardware_queues: config.hardware_queues,
+            link_peak_gbps: None,
         };
         let mut workers = Vec::with_capacity(config.compute_units);
         for index in 0..config.compute_units {

@@ -113,7 +113,7 @@ impl HostStream {
     pub(super) fn submit_when_full(&self, mut op: Op) -> Result<u64> {
         loop {
             self.idle.wake_one_if_idle();
-            wait_for_room(&self.ring, &self.timeline, self.host_wait)?;
+            super::super::wait_for_room(&self.ring, &self.timeline, self.host_wait)?;
             match self.ring.try_push(op) {
                 Ok(pos) => return Ok(self.published(pos)),
                 Err(back) => op = back,
@@ -129,27 +129,6 @@ impl HostStream {
         let waited = tick.saturating_sub(self.last_served.load(Ordering::Relaxed)) / AGING_TICKS;
         base - waited.min(1 << 20) as i64
     }
-}
-
-/// Waits until `ring` (whose ops complete on `timeline`) has room for a push.
-///
-/// The condition is room itself, not the completion of some op: the engines may
-/// drain the whole ring between a failed push and this wait, and a completion
-/// asked for then could belong to an op never submitted. Room appears when an
-/// engine pops the oldest op, and every pop is followed by that op's completion,
-/// which wakes this waiter: the completion's fence orders the pop before the
-/// waker's look at the sleepers, and the sleeper's fence orders its registration
-/// before its look at the ring (park.rs).
-pub(super) fn wait_for_room<T>(
-    ring: &Ring<T>,
-    timeline: &Timeline,
-    mode: CompletionMode,
-) -> Result<()> {
-    // For an engine thread's deadlock check: what room depends on.
-    let oldest = ring.head() + 1;
-    timeline.wait_until(oldest, mode, "a submission to a full stream", || {
-        ring.has_room()
-    })
 }
 
 const HINT_VALUE_BITS: u32 = 44;
@@ -224,7 +203,7 @@ mod loom_tests {
                         Ok(_) => break,
                         Err(back) => {
                             v = back;
-                            wait_for_room(&ring, &timeline, CompletionMode::Block)
+                            crate::backend::wait_for_room(&ring, &timeline, CompletionMode::Block)
                                 .expect("not an engine thread");
                         }
                     }

@@ -1,0 +1,418 @@
+//! The `emu` backend: an emulated discrete accelerator. It has its own memory
+//! (`memory.rs`: a reserved range of fixed capacity, device addresses that are
+//! not host pointers), DMA copy engines over a modelled link (`link.rs`: setup
+//! latency, per-direction bandwidth, packet efficiency, duplex share), compute
+//! units with rates, and one discrete-event engine model (`sim.rs`).
+//!
+//! Two drivers run that model:
+//! - **virtual time**: nothing runs until a host thread waits. The wait drives
+//!   the simulation on the waiting thread (`Driver`): dispatch, jump the clock to
+//!   the next completion, complete, repeat, until the point waited for is
+//!   reached. The same program gives the same trace (`trace_hash`).
+//! - **real time**: a driver thread runs the model against the wall clock and
+//!   sleeps (parked, burning no core) until the next modelled completion or a
+//!   submission. Host waits park on the timelines as on the host backend.
+//!
+//! Data moves and kernels run in both modes (on the driving thread), so results
+//! are checked as on any device. Invariants: only the holder of the `sim` lock
+//! consumes the streams' rings; a callback running inside the simulation that
+//! would wait for the device gets `Error::WouldDeadlock`, never a hang.
+
+mod config;
+mod link;
+mod memory;
+mod sim;
+mod stream;
+
+pub use config::{EmuConfig, TimeMode};
+pub use link::LinkPreset;
+
+use super::{Backend, DeviceProperties, StreamQueue};
+use crate::buffer::{MemoryKind, Storage};
+use crate::config::{CompletionMode, DeviceConfig};
+use crate::park::Parker;
+use crate::ring::Ring;
+use crate::timeline::{Driver, Timeline};
+use crate::{Error, Result};
+use memory::{Arena, ArenaChunks};
+use sim::Sim;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+use stream::EmuStream;
+
+pub(crate) struct EmuShared {
+    device: u64,
+    pub(crate) emu: EmuConfig,
+    config: DeviceConfig,
+    sim: Mutex<Sim>,
+    pub(crate) streams: Mutex<Vec<Arc<EmuStream>>>,
+    pub(crate) generation: AtomicU64,
+    next_stream: AtomicU64,
+    /// The device clock: virtual ns, or wall ns since `start`.
+    clock: AtomicU64,
+    start: Instant,
+    hash: AtomicU64,
+    /// The real-time driver parks here between events.
+    wake: Parker,
+    pending: AtomicU64,
+    shutdown: AtomicBool,
+}
+
+impl EmuShared {
+    pub(crate) fn real_time(&self) -> bool {
+        self.emu.time == TimeMode::Real
+    }
+
+    /// The device clock, ns.
+    pub(crate) fn now_ns(&self) -> u64 {
+        match self.emu.time {
+            TimeMode::Virtual => self.clock.load(Ordering::Acquire),
+            TimeMode::Real => self.start.elapsed().as_nanos() as u64,
+        }
+    }
+
+    pub(crate) fn publish_now(&self, now: u64) {
+        self.clock.store(now, Ordering::Release);
+    }
+
+    pub(crate) fn publish_hash(&self, h: u64) {
+        self.hash.store(h, Ordering::Release);
+    }
+
+    /// A submission happened: the real-time driver looks.
+    pub(crate) fn submitted(&self) {
+        if self.real_time() {
+            self.pending.fetch_add(1, Ordering::Release);
+            self.wake.wake(1);
+        }
+    }
+
+    /// Runs the model (virtual time) until `ready()` or nothing more can happen.
+    fn run_virtual(&self, ready: &mut dyn FnMut() -> bool) -> Result<bool> {
+        if sim::in_sim() {
+            return Err(Error::WouldDeadlock(
+                "a kernel or host callback on the emulated device waits for that device's \
+                 work, which cannot run before the callback returns; wait outside the callback"
+                    .into(),
+            ));
+        }
+        let mut sim = self.sim.lock().unwrap_or_else(|p| p.into_inner());
+        let _inside = sim::InSim::enter();
+        loop {
+            let progressed = sim.dispatch(self);
+            if ready() {
+                return Ok(true);
+            }
+            match sim.next_event(&self.emu.link) {
+                Some(t) => sim.advance_to(self, t),
+                None if progressed => {}
+                None => return Ok(false),
+            }
+        }
+    }
+
+    /// One event of progress (a host poll in virtual time).
+    fn step_virtual(&self) {
+        if sim::in_sim() {
+            return;
+        }
+        let Ok(mut sim) = self.sim.try_lock() else {
+            return;
+        };
+        let _inside = sim::InSim::enter();
+        if !sim.dispatch(self) {
+            if let Some(t) = sim.next_event(&self.emu.link) {
+                sim.advance_to(self, t);
+                sim.dispatch(self);
+            }
+        }
+    }
+
+    /// The real-time driver thread's loop.
+    fn run_real(self: &Arc<Self>) {
+        let _inside = sim::InSim::enter();
+        crate::timeline::set_engine_wait(refuse_wait);
+        loop {
+            let seen = self.pending.load(Ordering::Acquire);
+            let next = {
+                let mut sim = self.sim.lock().unwrap_or_else(|p| p.into_inner());
+                // Catch the model up with the wall clock, event by event (rates
+                // change only at events), starting what became ready on the way.
+                let wall = self.now_ns();
+                sim.dispatch(self);
+                while let Some(t) = sim.next_event(&self.emu.link) {
+                    if t > wall {
+                        break;
+                    }
+                    sim.advance_to(self, t);
+                    sim.dispatch(self);
+                }
+                sim.advance_to(self, wall);
+                sim.dispatch(self);
+                if self.shutdown.load(Ordering::Acquire) && sim.idle() && self.drained() {
+                    return;
+                }
+                sim.next_event(&self.emu.link)
+            };
+            let now = self.now_ns();
+            match next {
+                Some(t) if t <= now => continue,
+                Some(t) => self.wake.park_until(
+                    || self.pending.load(Ordering::Acquire) != seen,
+                    Some(Duration::from_nanos(t - now)),
+                ),
+                None => self.wake.park_until(
+                    || {
+                        self.pending.load(Ordering::Acquire) != seen
+                            || self.shutdown.load(Ordering::Acquire)
+                    },
+                    Some(Duration::from_millis(50)),
+                ),
+            }
+        }
+    }
+
+    fn drained(&self) -> bool {
+        let list = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        list.iter().all(|s| s.ring.is_empty())
+    }
+}
+
+/// A wait made by the real-time driver thread (a callback inside the model):
+/// the device cannot progress while it waits, so it is refused unless already met.
+fn refuse_wait(
+    _timeline: &Timeline,
+    _value: u64,
+    what: &'static str,
+    ready: &mut dyn FnMut() -> bool,
+) -> Result<()> {
+    if ready() {
+        return Ok(());
+    }
+    Err(Error::WouldDeadlock(format!(
+        "{what} from a kernel or host callback on the emulated device: the device cannot \
+         progress until the callback returns; wait outside the callback"
+    )))
+}
+
+impl Driver for EmuShared {
+    fn drive(&self, ready: &mut dyn FnMut() -> bool) -> Result<bool> {
+        self.run_virtual(ready)
+    }
+
+    fn poll(&self) {
+        self.step_virtual();
+    }
+}
+
+/// The pool's view of where a stream stands (`hetero_memory::StreamFences`).
+#[derive(Debug)]
+struct EmuPoints {
+    shared: Weak<EmuShared>,
+}
+
+impl hetero_memory::StreamFences for EmuPoints {
+    fn record(&self, stream: u64) -> Arc<dyn hetero_memory::Fence> {
+        let found = self.shared.upgrade().and_then(|sh| {
+            let list = sh.streams.lock().unwrap_or_else(|p| p.into_inner());
+            list.iter()
+                .find(|s| s.id == stream)
+                .map(|s| (s.timeline.clone(), s.ring.tail()))
+        });
+        let (timeline, value) = found.unwrap_or_else(|| {
+            let done = Timeline::new(0, stream, CompletionMode::auto());
+            (Arc::new(done), 0)
+        });
+        Arc::new(crate::event::TimelinePoint { timeline, value })
+    }
+}
+
+pub(crate) struct EmuBackend {
+    shared: Arc<EmuShared>,
+    props: DeviceProperties,
+    arena: Arc<Arena>,
+    pool: Arc<hetero_memory::DevicePool>,
+    pinned: hetero_memory::PinnedPool,
+    driver: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl EmuBackend {
+    pub(crate) fn new(device: u64, config: DeviceConfig, emu: EmuConfig) -> Result<Self> {
+        config.validate()?;
+        emu.validate().map_err(Error::InvalidArgument)?;
+        let arena = Arc::new(Arena::new(emu.capacity)?);
+        let pool_config = match &config.pool {
+            Some(p) => p.clone(),
+            None => hetero_memory::PoolConfig::from_env()?,
+        };
+        // The device's memory ends at its capacity: the pool reports out of
+        // memory with its figures there, and never falls back to host memory.
+        let limit = pool_config.max_reserved.min(emu.capacity);
+        let pool = Arc::new(hetero_memory::DevicePool::with_source(
+            pool_config.max_reserved(limit),
+            Arc::new(ArenaChunks(arena.clone())),
+        )?);
+        let pinned = hetero_memory::PinnedPool::new(config.pinned.clone())?;
+        let shared = Arc::new(EmuShared {
+            device,
+            sim: Mutex::new(Sim::new(config.copy_engines, config.compute_units)),
+            streams: Mutex::new(Vec::new()),
+            generation: AtomicU64::new(0),
+            next_stream: AtomicU64::new(1),
+            clock: AtomicU64::new(0),
+            start: Instant::now(),
+            hash: AtomicU64::new(0),
+            wake: Parker::new(),
+            pending: AtomicU64::new(0),
+            shutdown: AtomicBool::new(false),
+            emu: emu.clone(),
+            config: config.clone(),
+        });
+        pool.set_stream_fences(Arc::new(EmuPoints {
+            shared: Arc::downgrade(&shared),
+        }));
+        let time = match emu.time {
+            TimeMode::Real => "real time",
+            TimeMode::Virtual => "virtual time",
+        };
+        let props = DeviceProperties {
+            name: format!(
+                "emu {} ({time}, {} compute units, {} GiB)",
+                emu.link.name,
+                config.compute_units,
+                emu.capacity >> 30
+            ),
+            backend: "emu",
+            compute_units: config.compute_units,
+            copy_engines: config.copy_engines,
+            hardware_queues: config.hardware_queues,
+            link_peak_gbps: Some(emu.link.peak_gbps()),
+        };
+        let driver = match emu.time {
+            TimeMode::Virtual => None,
+            TimeMode::Real => {
+                let sh = shared.clone();
+                Some(
+                    std::thread::Builder::new()
+                        .name("hetero-emu-driver".into())
+                        .spawn(move || sh.run_real())
+                        .map_err(|e| {
+                            Error::Setup(format!("could not start the emu driver thread: {e}"))
+                        })?,
+                )
+            }
+        };
+        Ok(EmuBackend {
+            shared,
+            props,
+            arena,
+            pool,
+            pinned,
+            driver: Mutex::new(driver),
+        })
+    }
+}
+
+impl Backend for EmuBackend {
+    fn properties(&self) -> &DeviceProperties {
+        &self.props
+    }
+
+    fn create_stream(&self, priority: u8) -> Result<Arc<dyn StreamQueue>> {
+        let sh = &self.shared;
+        let id = sh.next_stream.fetch_add(1, Ordering::Relaxed);
+        let timeline = Arc::new(Timeline::new(sh.device, id, sh.config.host_wait));
+        if sh.emu.time == TimeMode::Virtual {
+            let weak: Weak<EmuShared> = Arc::downgrade(sh);
+            let driver: Weak<dyn Driver> = weak;
+            timeline.set_driver(driver);
+        }
+        let stream = Arc::new(EmuStream {
+            id,
+            timeline,
+            ring: Ring::with_capacity(sh.config.ring_capacity),
+            priority: AtomicU8::new(priority),
+            queue: (id as usize - 1) % sh.config.hardware_queues,
+            closed: AtomicBool::new(false),
+            in_flight: AtomicBool::new(false),
+            last_served: AtomicU64::new(0),
+            shared: Arc::downgrade(sh),
+            host_wait: sh.config.host_wait,
+        });
+        let mut list = sh.streams.lock().unwrap_or_else(|p| p.into_inner());
+        list.push(stream.clone());
+        sh.generation.fetch_add(1, Ordering::Release);
+        Ok(stream)
+    }
+
+    fn allocate(&self, kind: MemoryKind, bytes: usize, stream: u64) -> Result<Arc<Storage>> {
+        match kind {
+            MemoryKind::Device => {
+                let mut s = Storage::device_arc(self.shared.device, &self.pool, bytes, stream)?;
+                if let Some(st) = Arc::get_mut(&mut s) {
+                    let addr = self.arena.device_address(st.ptr());
+                    st.set_device_memory(addr);
+                }
+                Ok(s)
+            }
+            MemoryKind::Pinned => Ok(Arc::new(Storage::pinned(
+                self.shared.device,
+                &self.pinned,
+                bytes,
+            )?)),
+        }
+    }
+
+    fn pool(&self) -> &Arc<hetero_memory::DevicePool> {
+        &self.pool
+    }
+
+    fn pinned_pool(&self) -> &hetero_memory::PinnedPool {
+        &self.pinned
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        let streams = self
+            .shared
+            .streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut first = None;
+        for s in streams {
+            match s.timeline.wait(s.ring.tail(), self.shared.config.host_wait) {
+                Err(e @ Error::WouldDeadlock(_)) => return Err(e),
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+                Ok(()) => {}
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    fn shutdown(&self) {
+        let _ = self.synchronize();
+        self.shared.shutdown.store(true, Ordering::Release);
+        self.shared.wake.wake(u32::MAX);
+        let driver = self.driver.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(d) = driver {
+            let _ = d.join();
+        }
+        self.pool.trim();
+    }
+
+    fn host_wait(&self) -> CompletionMode {
+        self.shared.config.host_wait
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.shared.now_ns()
+    }
+
+    fn trace_hash(&self) -> Option<u64> {
+        (self.shared.emu.time == TimeMode::Virtual)
+            .then(|| self.shared.hash.load(Ordering::Acquire))
+    }
+}

@@ -1,0 +1,581 @@
+//! The emulated device's engines as a discrete-event model: which op starts when,
+//! on which engine, and when it completes.
+//!
+//! One `Sim` per device, behind one lock; whoever holds the lock is the only
+//! consumer of every stream's ring. It *dispatches* (starts every op that can
+//! start at the current time: an op whose stream has nothing in flight, whose
+//! waits are met and whose engine is free; streams in priority order, then the
+//! one served longest ago, then by id, so the order is deterministic) and
+//! *advances* (moves the clock to the next completion and completes what ends
+//! then). Data effects happen when an op starts — the copy's bytes move, the
+//! kernel's closure runs — so results are real; its completion comes at its
+//! modelled time. In virtual time the clock only jumps; in real time it is the
+//! wall clock and the driver thread sleeps between events.
+//!
+//! Copies in one direction share that direction's link rate; while both
+//! directions carry data each runs at its both-at-once rate (`link.rs`). Between
+//! two events rates are constant, so the remaining bytes of each transfer
+//! decrease linearly and the next completion is exact.
+
+use super::link::{Dir, LinkPreset};
+use super::stream::EmuStream;
+use super::EmuShared;
+use crate::kernel::{Block, KernelCost};
+use crate::op::{self, Body, CopyKind, Op};
+use crate::timeline::Timeline;
+use std::cell::Cell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Fixed cost of starting a kernel on the device, ns.
+pub(crate) const KERNEL_LAUNCH_NS: u64 = 2_000;
+/// Fixed cost of an on-device copy or fill, ns.
+const D2D_SETUP_NS: u64 = 1_000;
+
+thread_local! {
+    /// Set while this thread runs the simulation (and the callbacks in it).
+    static IN_SIM: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the calling thread is inside the simulation of an emulated device.
+pub(crate) fn in_sim() -> bool {
+    IN_SIM.try_with(Cell::get).unwrap_or(false)
+}
+
+/// Marks the calling thread as inside the simulation until dropped.
+pub(crate) struct InSim(bool);
+
+impl InSim {
+    pub(crate) fn enter() -> InSim {
+        InSim(IN_SIM.with(|c| c.replace(true)))
+    }
+}
+
+impl Drop for InSim {
+    fn drop(&mut self) {
+        IN_SIM.with(|c| c.set(self.0));
+    }
+}
+
+/// The engine an op occupies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Engine {
+    None,
+    Copy(usize, usize),
+    Compute(usize, usize),
+}
+
+struct Transfer {
+    dir: Dir,
+    /// Until then the transfer is in its setup phase (no bytes on the wire).
+    setup_until: u64,
+    /// Bytes left on the wire.
+    remaining: f64,
+}
+
+struct Running {
+    stream: Arc<EmuStream>,
+    op: Op,
+    value: u64,
+    engine: Engine,
+    start: u64,
+    /// For fixed-duration ops.
+    end: u64,
+    transfer: Option<Transfer>,
+    result: Result<(), String>,
+    seq: u64,
+}
+
+pub(crate) struct Sim {
+    pub(crate) now: u64,
+    streams: Vec<Arc<EmuStream>>,
+    generation: u64,
+    copy_free: [Vec<bool>; 3],
+    compute_free: Vec<bool>,
+    running: Vec<Running>,
+    next_seq: u64,
+    tick: u64,
+    hash: u64,
+    order: Vec<(u8, u64, u64, usize)>,
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+fn fnv(mut h: u64, words: &[u64]) -> u64 {
+    for w in words {
+        for b in w.to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(FNV_PRIME);
+        }
+    }
+    h
+}
+
+impl Sim {
+    pub(crate) fn new(copy_engines: [usize; 3], compute_units: usize) -> Self {
+        Sim {
+            now: 0,
+            streams: Vec::new(),
+            generation: u64::MAX,
+            copy_free: copy_engines.map(|n| vec![true; n]),
+            compute_free: vec![true; compute_units],
+            running: Vec::new(),
+            next_seq: 0,
+            tick: 0,
+            hash: FNV_OFFSET,
+            order: Vec::new(),
+        }
+    }
+
+    /// Whether nothing is in flight.
+    pub(crate) fn idle(&self) -> bool {
+        self.running.is_empty()
+    }
+
+    fn refresh(&mut self, sh: &EmuShared) {
+        let g = sh.generation.load(Ordering::Acquire);
+        if g != self.generation {
+            let list = sh.streams.lock().unwrap_or_else(|p| p.into_inner());
+            self.streams.clear();
+            self.streams.extend(list.iter().cloned());
+            self.generation = g;
+        }
+    }
+
+    /// Starts every op that can start now; zero-time ops (waits, records, host
+    /// callbacks, skips) complete at once. Returns whether anything happened.
+    pub(crate) fn dispatch(&mut self, sh: &EmuShared) -> bool {
+        self.refresh(sh);
+        let mut any = false;
+        loop {
+            let mut progressed = false;
+            self.order.clear();
+            for (i, s) in self.streams.iter().enumerate() {
+                let served = s.last_served.load(Ordering::Relaxed);
+                let prio = s.priority.load(Ordering::Relaxed);
+                self.order.push((prio, served, s.id, i));
+            }
+            self.order.sort_unstable();
+            for k in 0..self.order.len() {
+                let stream = self.streams[self.order[k].3].clone();
+                while self.try_start(sh, &stream) {
+                    progressed = true;
+                }
+            }
+            any |= progressed;
+            if !progressed {
+                return any;
+            }
+        }
+    }
+
+    /// Takes the stream's oldest op if it can start now; true if it did.
+    fn try_start(&mut self, sh: &EmuShared, stream: &Arc<EmuStream>) -> bool {
+        if stream.in_flight.load(Ordering::Relaxed) {
+            return false;
+        }
+        enum Plan {
+            Skip,
+            Now(Result<(), String>),
+            Engine(Engine),
+        }
+        // SAFETY: the holder of the sim lock is the only consumer of every ring.
+        let plan = unsafe {
+            stream.ring.peek_with(|op, _| {
+                if stream.timeline.fault_at().is_some() {
+                    return Some(Plan::Skip);
+                }
+                match &op.body {
+                    Body::Wait {
+                        timeline,
+                        value,
+                        fault,
+                    } => timeline.is_reached(*value).then(|| {
+                        Plan::Now(match timeline.error_for(*value).filter(|_| *fault) {
+                            Some(e) => Err(format!(
+                                "waited on an event of stream {}, which failed: {e}",
+                                timeline.stream
+                            )),
+                            None => Ok(()),
+                        })
+                    }),
+                    Body::Marker { .. } | Body::Host(_) => Some(Plan::Now(Ok(()))),
+                    Body::Copy { kind, .. } => self.free_copy(*kind).map(Plan::Engine),
+                    Body::HostWrite { .. } => self.free_copy(CopyKind::H2D).map(Plan::Engine),
+                    Body::HostRead { .. } => self.free_copy(CopyKind::D2H).map(Plan::Engine),
+                    Body::Fill { .. } => self.free_copy(CopyKind::D2D).map(Plan::Engine),
+                    Body::Kernel { blocks, .. } => self.free_units(*blocks).map(Plan::Engine),
+                }
+            })
+        };
+        let Some(Some(plan)) = plan else {
+            return false;
+        };
+        // SAFETY: as above; `peek_with` saw the value.
+        let (mut op, pos) = unsafe { stream.ring.pop() }.expect("peeked op is still there");
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let now = self.now;
+        let (mut result, mut engine) = (Ok(()), Engine::None);
+        match plan {
+            Plan::Skip => result = Err(String::new()),
+            Plan::Now(r) => {
+                result = r;
+                match &mut op.body {
+                    Body::Marker { stamp } => stamp.store(now, Ordering::Release),
+                    Body::Host(f) => {
+                        if let Some(f) = f.take() {
+                            result = run_user(|| "host callback".into(), f);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Plan::Engine(e) => {
+                self.take(e);
+                engine = e;
+            }
+        }
+        let (transfer, end) = match engine {
+            Engine::None => (None, now),
+            _ => {
+                let (transfer, end, r) = self.start(sh, engine, &op, now);
+                result = r;
+                (transfer, end)
+            }
+        };
+        let run = Running {
+            stream: stream.clone(),
+            op,
+            value: pos + 1,
+            engine,
+            start: now,
+            end,
+            transfer,
+            result,
+            seq,
+        };
+        if engine == Engine::None {
+            self.complete(sh, run);
+        } else {
+            stream.in_flight.store(true, Ordering::Relaxed);
+            self.running.push(run);
+        }
+        true
+    }
+
+    fn free_copy(&self, kind: CopyKind) -> Option<Engine> {
+        let k = kind as usize;
+        self.copy_free[k]
+            .iter()
+            .position(|&f| f)
+            .map(|i| Engine::Copy(k, i))
+    }
+
+    /// As many free compute units as the grid can use (at least one).
+    fn free_units(&self, blocks: u32) -> Option<Engine> {
+        let first = self.compute_free.iter().position(|&f| f)?;
+        let run = self.compute_free[first..]
+            .iter()
+            .take_while(|&&f| f)
+            .count()
+            .min(blocks as usize)
+            .max(1);
+        Some(Engine::Compute(first, run))
+    }
+
+    fn take(&mut self, e: Engine) {
+        self.mark(e, false);
+    }
+
+    fn mark(&mut self, e: Engine, free: bool) {
+        match e {
+            Engine::Copy(k, i) => self.copy_free[k][i] = free,
+            Engine::Compute(first, n) => {
+                for f in &mut self.compute_free[first..first + n] {
+                    *f = free;
+                }
+            }
+            Engine::None => {}
+        }
+    }
+
+    /// Starts `op` on `engine` at `now`: its data effect now; returns its
+    /// transfer (for copies over the link), its end (for the others) and its
+    /// result so far.
+    fn start(
+        &self,
+        sh: &EmuShared,
+        engine: Engine,
+        op: &Op,
+        now: u64,
+    ) -> (Option<Transfer>, u64, Result<(), String>) {
+        let link = &sh.emu.link;
+        let over_link = |kind, bytes: u64| (Some(transfer(link, kind, bytes, now)), now, Ok(()));
+        match &op.body {
+            Body::Copy {
+                kind: kind @ (CopyKind::H2D | CopyKind::D2H),
+                bytes,
+                ..
+            } => {
+                op::run_transfer(&op.body);
+                over_link(*kind, *bytes as u64)
+            }
+            Body::HostWrite { data, .. } => {
+                op::run_transfer(&op.body);
+                over_link(CopyKind::H2D, data.len() as u64)
+            }
+            Body::HostRead { .. } => {
+                op::run_transfer(&op.body);
+                over_link(CopyKind::D2H, op.bytes())
+            }
+            Body::Copy { bytes, .. } | Body::Fill { bytes, .. } => {
+                op::run_transfer(&op.body);
+                let ns = (*bytes as f64 / link.d2d_gbps).ceil() as u64;
+                (None, now + D2D_SETUP_NS + ns, Ok(()))
+            }
+            Body::Kernel {
+                kernel,
+                blocks,
+                args,
+            } => {
+                let units = match engine {
+                    Engine::Compute(_, n) => n,
+                    _ => 1,
+                };
+                let started = std::time::Instant::now();
+                let (name, f) = (kernel.name, &kernel.f);
+                let mut result = Ok(());
+                for b in 0..*blocks {
+                    let mut block = Block::new(b, *blocks, args);
+                    let r = run_user(|| format!("kernel '{name}' in block {b}"), || f(&mut block));
+                    if result.is_ok() {
+                        result = r;
+                    }
+                }
+                let measured = started.elapsed().as_nanos() as u64;
+                let modelled = match &kernel.cost {
+                    Some(cost) => cost_ns(sh, cost(crate::Grid::new(*blocks)), units),
+                    None if sh.real_time() => measured,
+                    None => {
+                        let bytes: usize = args.as_slice_iter().map(|a| a.storage.bytes()).sum();
+                        let cost = KernelCost {
+                            flops: 0.0,
+                            bytes: bytes as f64,
+                        };
+                        cost_ns(sh, cost, units)
+                    }
+                };
+                (None, now + KERNEL_LAUNCH_NS + modelled, result)
+            }
+            Body::Wait { .. } | Body::Marker { .. } | Body::Host(_) => (None, now, Ok(())),
+        }
+    }
+
+    /// Per-direction state of the link: transfers with bytes on the wire.
+    fn on_wire(&self) -> [usize; 2] {
+        let mut n = [0usize; 2];
+        for r in &self.running {
+            if let Some(t) = &r.transfer {
+                if t.setup_until <= self.now {
+                    n[t.dir as usize] += 1;
+                }
+            }
+        }
+        n
+    }
+
+    fn rate(link: &LinkPreset, dir: Dir, wire: [usize; 2]) -> f64 {
+        let both = wire[0] > 0 && wire[1] > 0;
+        link.wire_rate(dir, both) / wire[dir as usize].max(1) as f64
+    }
+
+    /// When the next op completes or a transfer's data phase begins.
+    pub(crate) fn next_event(&self, link: &LinkPreset) -> Option<u64> {
+        let wire = self.on_wire();
+        self.running
+            .iter()
+            .map(|r| match &r.transfer {
+                Some(t) if t.setup_until > self.now => t.setup_until,
+                Some(t) => {
+                    let rate = Self::rate(link, t.dir, wire);
+                    self.now + (t.remaining / rate).ceil().max(0.0) as u64
+                }
+                None => r.end,
+            })
+            .min()
+    }
+
+    /// Moves the clock to `t` (no event lies in between) and completes what ends.
+    pub(crate) fn advance_to(&mut self, sh: &EmuShared, t: u64) {
+        let link = sh.emu.link.clone();
+        let wire = self.on_wire();
+        let dt = t.saturating_sub(self.now) as f64;
+        let now = self.now;
+        for r in &mut self.running {
+            if let Some(tr) = &mut r.transfer {
+                if tr.setup_until <= now {
+                    tr.remaining -= Self::rate(&link, tr.dir, wire) * dt;
+                }
+            }
+        }
+        self.now = self.now.max(t);
+        sh.publish_now(self.now);
+        let now = self.now;
+        let mut done = Vec::new();
+        let mut i = 0;
+        while i < self.running.len() {
+            let r = &self.running[i];
+            let finished = match &r.transfer {
+                Some(tr) => tr.setup_until <= now && tr.remaining < 0.5,
+                None => r.end <= now,
+            };
+            if finished {
+                done.push(self.running.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        done.sort_by_key(|r| r.seq);
+        for r in done {
+            self.mark(r.engine, true);
+            r.stream.in_flight.store(false, Ordering::Relaxed);
+            self.complete(sh, r);
+        }
+    }
+
+    /// Completes an op: profile, digest, release its buffers, then the timeline.
+    fn complete(&mut self, sh: &EmuShared, r: Running) {
+        let end = self.now;
+        let engine_code = match r.engine {
+            Engine::None => 0,
+            Engine::Copy(k, i) => 1 + (k as u64) * 64 + i as u64,
+            Engine::Compute(first, n) => 1000 + (first as u64) * 64 + n as u64,
+        };
+        self.hash = fnv(
+            self.hash,
+            &[
+                r.stream.id,
+                r.value,
+                kind_code(&r.op.body),
+                engine_code,
+                r.start,
+                end,
+                u64::from(r.result.is_err()),
+            ],
+        );
+        sh.publish_hash(self.hash);
+        if crate::clock::profiling() {
+            record(&r, end);
+        }
+        let Running {
+            stream,
+            op,
+            value,
+            result,
+            ..
+        } = r;
+        drop(op);
+        complete_on(&stream.timeline, value, result);
+        self.tick += 1;
+        stream.last_served.store(self.tick, Ordering::Relaxed);
+    }
+}
+
+fn complete_on(timeline: &Timeline, value: u64, result: Result<(), String>) {
+    match result {
+        Ok(()) => timeline.complete(value),
+        Err(m) => timeline.fail(value, Arc::from(m)),
+    }
+}
+
+fn transfer(link: &LinkPreset, kind: CopyKind, bytes: u64, now: u64) -> Transfer {
+    Transfer {
+        dir: if kind == CopyKind::D2H {
+            Dir::D2H
+        } else {
+            Dir::H2D
+        },
+        setup_until: now + link.setup_ns,
+        remaining: link.wire_bytes(bytes),
+    }
+}
+
+/// Modelled duration of a kernel on `units` compute units, ns.
+fn cost_ns(sh: &EmuShared, cost: KernelCost, units: usize) -> u64 {
+    let compute = cost.flops.max(0.0) / (sh.emu.flops_per_unit * units.max(1) as f64) * 1e9;
+    let memory = cost.bytes.max(0.0) / sh.emu.link.memory_gbps;
+    compute.max(memory).ceil() as u64
+}
+
+/// Runs user code, catching a panic (and one from its payload's drop) as the
+/// op's failure message.
+fn run_user(what: impl FnOnce() -> String, f: impl FnOnce()) -> Result<(), String> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|payload| {
+        let message = op::panic_message(&*payload);
+        if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+            std::mem::forget(again);
+        }
+        format!("{} panicked: {message}", what())
+    })
+}
+
+fn kind_code(body: &Body) -> u64 {
+    match body {
+        Body::Copy { kind, .. } => 1 + *kind as u64,
+        Body::Fill { .. } => 4,
+        Body::Kernel { .. } => 5,
+        Body::Host(_) => 6,
+        Body::Wait { .. } => 7,
+        Body::Marker { .. } => 8,
+        Body::HostWrite { .. } => 9,
+        Body::HostRead { .. } => 10,
+    }
+}
+
+fn record(r: &Running, end: u64) {
+    use hetero_trace::{EngineKind as E, OpKind as K};
+    let (engine, index) = match r.engine {
+        Engine::Copy(0, i) => (E::CopyH2D, i),
+        Engine::Copy(1, i) => (E::CopyD2H, i),
+        Engine::Copy(_, i) => (E::CopyD2D, i),
+        Engine::Compute(first, _) => (E::Compute, first),
+        Engine::None => (E::Host, 0),
+    };
+    let (kind, dep) = match &r.op.body {
+        Body::Copy { kind, .. } => (
+            match kind {
+                CopyKind::H2D => K::H2D,
+                CopyKind::D2H => K::D2H,
+                CopyKind::D2D => K::D2D,
+            },
+            None,
+        ),
+        Body::HostWrite { .. } => (K::H2D, None),
+        Body::HostRead { .. } => (K::D2H, None),
+        Body::Fill { .. } => (K::Fill, None),
+        Body::Kernel { .. } => (K::Kernel, None),
+        Body::Host(_) => (K::HostFn, None),
+        Body::Wait {
+            timeline, value, ..
+        } => (K::Wait, Some((timeline.stream, *value))),
+        Body::Marker { .. } => (K::Marker, None),
+    };
+    hetero_trace::record_op(hetero_trace::OpRecord {
+        kind,
+        name: r.op.name(),
+        stream: r.stream.id,
+        queue: r.stream.queue as u32,
+        engine,
+        engine_index: index as u32,
+        seq: r.value,
+        submit_ns: r.op.submit_ns,
+        start_ns: r.start,
+        end_ns: end,
+        bytes: r.op.bytes(),
+        dep,
+        failed: r.result.is_err(),
+    });
+}

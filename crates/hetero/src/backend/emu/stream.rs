@@ -1,0 +1,95 @@
+//! The emulated device's backend stream: an op ring the simulation consumes.
+//!
+//! Invariants: producers only push (any thread); only the holder of the sim lock
+//! pops; `in_flight` and `last_served` are written only by that holder.
+
+use super::EmuShared;
+use crate::backend::StreamQueue;
+use crate::config::CompletionMode;
+use crate::op::Op;
+use crate::ring::Ring;
+use crate::timeline::Timeline;
+use crate::{Error, Result};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Weak};
+
+pub(crate) struct EmuStream {
+    pub(crate) id: u64,
+    pub(crate) timeline: Arc<Timeline>,
+    pub(crate) ring: Ring<Op>,
+    pub(crate) priority: AtomicU8,
+    pub(crate) queue: usize,
+    pub(crate) closed: AtomicBool,
+    /// An op of the stream is on an engine.
+    pub(crate) in_flight: AtomicBool,
+    /// The sim's completion count when the stream last completed an op.
+    pub(crate) last_served: AtomicU64,
+    pub(crate) shared: Weak<EmuShared>,
+    pub(crate) host_wait: CompletionMode,
+}
+
+impl StreamQueue for EmuStream {
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn timeline(&self) -> &Arc<Timeline> {
+        &self.timeline
+    }
+
+    fn submit(&self, mut op: Op) -> Result<u64> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(Error::StreamDestroyed { stream: self.id });
+        }
+        let sh = self.shared.upgrade();
+        if let Some(sh) = &sh {
+            op.submit_ns = sh.now_ns();
+        }
+        let pos = loop {
+            match self.ring.try_push(op) {
+                Ok(pos) => break pos,
+                Err(back) => {
+                    op = back;
+                    crate::backend::wait_for_room(&self.ring, &self.timeline, self.host_wait)?;
+                }
+            }
+        };
+        if let Some(sh) = &sh {
+            sh.submitted();
+        }
+        Ok(pos + 1)
+    }
+
+    fn submitted(&self) -> u64 {
+        self.ring.tail()
+    }
+
+    fn priority(&self) -> u8 {
+        self.priority.load(Ordering::Relaxed)
+    }
+
+    fn set_priority(&self, priority: u8) {
+        self.priority.store(priority, Ordering::Relaxed);
+    }
+
+    fn hardware_queue(&self) -> usize {
+        self.queue
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Relaxed)
+    }
+
+    fn release(&self) {
+        let _ = self.timeline.wait(self.submitted(), self.host_wait);
+        if let Some(sh) = self.shared.upgrade() {
+            let mut list = sh.streams.lock().unwrap_or_else(|p| p.into_inner());
+            list.retain(|s| s.id != self.id);
+            sh.generation.fetch_add(1, Ordering::Release);
+        }
+    }
+}

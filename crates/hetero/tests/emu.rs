@@ -1,0 +1,173 @@
+//! The emulated device through the public API: its own memory, modelled copies
+//! and kernels, virtual and real time. Figures asserted here are modelled
+//! (virtual) times, which are deterministic; no wall-clock time is asserted.
+
+use hetero::{
+    Arg, Device, DeviceConfig, EmuConfig, Error, Grid, Kernel, KernelCost, LinkPreset, TimeMode,
+};
+use std::sync::mpsc;
+use std::time::Duration;
+
+fn emu(time: TimeMode) -> Device {
+    let cfg = EmuConfig::new(LinkPreset::pcie4x16())
+        .time(time)
+        .capacity(1 << 30);
+    Device::new(DeviceConfig::default().emu(cfg)).expect("emu device")
+}
+
+/// H2D → kernel → D2H on one stream; returns the output and the device clock.
+fn roundtrip(dev: &Device, n: usize) -> (Vec<f32>, u64) {
+    let s = dev.create_stream().expect("stream");
+    let input: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let h = dev.pinned_from_slice(&input).expect("pinned");
+    let x = dev.alloc::<f32>(n).expect("x");
+    let y = dev.alloc::<f32>(n).expect("y");
+    let mut out = dev.alloc_pinned::<f32>(n).expect("out");
+    let k = Kernel::with_cost(
+        "double",
+        move |_| KernelCost {
+            flops: n as f64,
+            bytes: 8.0 * n as f64,
+        },
+        |b| {
+            let x = b.read::<f32>(0);
+            let off = b.write_offset(0);
+            for (i, v) in b.write::<f32>(0).iter_mut().enumerate() {
+                *v = 2.0 * x[off + i];
+            }
+        },
+    );
+    s.copy_h2d(&h, &x).expect("h2d");
+    s.launch(&k, Grid::new(4), &[Arg::read(&x), Arg::write(&y)])
+        .expect("launch");
+    s.copy_d2h(&y, &mut out).expect("d2h");
+    s.synchronize().expect("sync");
+    (out.as_slice().expect("read").to_vec(), dev.now_ns())
+}
+
+#[test]
+fn virtual_time_moves_data_and_models_time() {
+    let dev = emu(TimeMode::Virtual);
+    let n = 1 << 20;
+    let (out, now) = roundtrip(&dev, n);
+    assert!(out.iter().enumerate().all(|(i, v)| *v == 2.0 * i as f32));
+    // Two 4 MiB transfers at ~25 GB/s are ~0.34 ms of modelled time.
+    let link = LinkPreset::pcie4x16();
+    let copies = link.transfer_ns(4 << 20, false) + link.transfer_ns(4 << 20, true);
+    assert!(
+        now as f64 >= copies,
+        "clock {now} ns, copies alone {copies} ns"
+    );
+    assert!((now as f64) < copies * 1.5, "clock {now} ns");
+}
+
+#[test]
+fn the_same_virtual_run_gives_the_same_trace_hash() {
+    let run = || {
+        let dev = emu(TimeMode::Virtual);
+        let (_, now) = roundtrip(&dev, 1 << 16);
+        (dev.trace_hash().expect("virtual"), now)
+    };
+    let (a, b) = (run(), run());
+    assert_eq!(a, b);
+    assert!(emu(TimeMode::Real).trace_hash().is_none());
+}
+
+#[test]
+fn real_time_moves_data() {
+    let dev = emu(TimeMode::Real);
+    let (out, _) = roundtrip(&dev, 1 << 16);
+    assert!(out.iter().enumerate().all(|(i, v)| *v == 2.0 * i as f32));
+}
+
+#[test]
+fn device_addresses_are_not_host_pointers() {
+    let dev = emu(TimeMode::Virtual);
+    let b = dev.alloc::<u8>(4096).expect("alloc");
+    assert!(
+        b.device_address() >= 0x2000_0000_0000_0000,
+        "{:#x}",
+        b.device_address()
+    );
+    let host = Device::host().expect("host");
+    let h = host.alloc::<u8>(4096).expect("alloc");
+    assert!(h.device_address() < 0x0000_8000_0000_0000);
+}
+
+#[test]
+fn allocation_past_capacity_is_out_of_memory() {
+    let cfg = EmuConfig::new(LinkPreset::pcie4x16()).capacity(64 << 20);
+    let dev = Device::new(DeviceConfig::default().emu(cfg)).expect("emu");
+    let keep = dev.alloc::<u8>(32 << 20).expect("fits");
+    match dev.alloc::<u8>(48 << 20) {
+        Err(Error::Memory(m)) => assert!(m.to_string().contains("out of memory"), "{m}"),
+        other => panic!("expected out of memory, got {other:?}"),
+    }
+    drop(keep);
+}
+
+#[test]
+fn large_copies_reach_the_presets_bandwidth_alone_and_both_at_once() {
+    let dev = emu(TimeMode::Virtual);
+    let link = LinkPreset::pcie4x16();
+    let n = 64 << 20;
+    let (a, b) = (
+        dev.create_stream().expect("a"),
+        dev.create_stream().expect("b"),
+    );
+    let h = dev.alloc_pinned::<u8>(n).expect("h");
+    let mut g = dev.alloc_pinned::<u8>(n).expect("g");
+    let (x, y) = (
+        dev.alloc::<u8>(n).expect("x"),
+        dev.alloc::<u8>(n).expect("y"),
+    );
+    let t0 = dev.now_ns();
+    a.copy_h2d(&h, &x).expect("h2d");
+    a.synchronize().expect("sync");
+    let alone = n as f64 / (dev.now_ns() - t0) as f64;
+    assert!(
+        (alone / link.h2d_gbps - 1.0).abs() < 0.05,
+        "alone {alone} GB/s"
+    );
+    let t1 = dev.now_ns();
+    a.copy_h2d(&h, &x).expect("h2d");
+    b.copy_d2h(&y, &mut g).expect("d2h");
+    dev.synchronize().expect("sync");
+    let both = 2.0 * n as f64 / (dev.now_ns() - t1) as f64;
+    let expect = link.bidir_h2d_gbps + link.bidir_d2h_gbps;
+    // The faster direction finishes first and the other then runs alone.
+    assert!(
+        both > expect * 0.95 && both < expect * 1.2,
+        "both {both} GB/s"
+    );
+}
+
+#[test]
+fn a_callback_waiting_for_its_own_emulated_device_is_an_error() {
+    for time in [TimeMode::Virtual, TimeMode::Real] {
+        let dev = emu(time);
+        let s = dev.create_stream().expect("s");
+        let d = dev.clone();
+        let (tx, rx) = mpsc::channel();
+        s.host_fn(move || {
+            let _ = tx.send(d.synchronize());
+        })
+        .expect("host_fn");
+        s.synchronize().expect("sync");
+        let r = rx.recv_timeout(Duration::from_secs(20)).expect("reported");
+        assert!(matches!(r, Err(Error::WouldDeadlock(_))), "{time:?}: {r:?}");
+    }
+}
+
+#[test]
+fn write_and_read_slice_stage_through_bounce_buffers() {
+    let dev = emu(TimeMode::Virtual);
+    let s = dev.create_stream().expect("s");
+    let b = s.alloc::<u32>(1000).expect("alloc");
+    s.write_slice(&b, 10, &[7u32; 20]).expect("write");
+    s.fill_range(&b, 0, 10, 3).expect("fill");
+    let mut out = vec![0u32; 30];
+    s.read_slice(&b, 0, &mut out).expect("read");
+    assert_eq!(&out[..10], &[3; 10]);
+    assert_eq!(&out[10..], &[7; 20]);
+}
