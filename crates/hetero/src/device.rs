@@ -152,6 +152,23 @@ impl Device {
         self.inner.backend().trace_hash()
     }
 
+    /// A new event the host signals ([`HostEvent`]): a way to hold back work on
+    /// streams until the host says so.
+    pub fn host_event(&self) -> crate::HostEvent {
+        // Its own timeline, of no stream (0): no stream's order elides a wait on
+        // it, and engines look it up as a point, not a stream.
+        let timeline = Arc::new(crate::timeline::Timeline::new(
+            self.id(),
+            0,
+            self.host_wait(),
+        ));
+        crate::HostEvent::new(self.clone(), timeline)
+    }
+
+    pub(crate) fn kick(&self) {
+        self.inner.backend().kick();
+    }
+
     pub(crate) fn host_wait(&self) -> CompletionMode {
         self.inner.backend().host_wait()
     }

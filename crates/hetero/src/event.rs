@@ -56,6 +56,93 @@ pub(crate) fn wait_fence(f: &Arc<dyn hetero_memory::Fence>) -> Result<()> {
     }
 }
 
+/// An event the host signals: streams wait on it like on any other event
+/// ([`Stream::wait_event`](crate::Stream::wait_event)), and it completes when
+/// [`HostEvent::signal`] is called — like a host-signalled Vulkan timeline
+/// semaphore, or `cuStreamWaitValue32` on host memory. Work waiting on it is
+/// held back without occupying any engine, on every backend (in virtual time
+/// too). Dropping it unsignalled fails it: the work waiting on it fails with
+/// that fault instead of waiting forever.
+///
+/// ```
+/// use hetero::Device;
+/// let dev = Device::host().unwrap();
+/// let s = dev.create_stream().unwrap();
+/// let go = dev.host_event();
+/// s.wait_event(go.event()).unwrap();
+/// let done = s.record_event().unwrap();
+/// assert!(!done.query().unwrap());
+/// go.signal();
+/// done.synchronize().unwrap();
+/// ```
+pub struct HostEvent {
+    event: Event,
+    timeline: Arc<Timeline>,
+    device: crate::Device,
+}
+
+impl HostEvent {
+    pub(crate) fn new(device: crate::Device, timeline: Arc<Timeline>) -> Self {
+        let stamp = Arc::new(AtomicU64::new(0));
+        let event = Event {
+            point: Some(EventPoint {
+                timeline: timeline.clone(),
+                value: 1,
+                stamp,
+            }),
+        };
+        HostEvent {
+            event,
+            timeline,
+            device,
+        }
+    }
+
+    /// The event streams wait on.
+    pub fn event(&self) -> &Event {
+        &self.event
+    }
+
+    /// Completes the event (once; later calls do nothing): work waiting on it
+    /// may run.
+    pub fn signal(&self) {
+        self.finish(None);
+    }
+
+    /// Whether it was signalled (or dropped).
+    pub fn is_signalled(&self) -> bool {
+        self.timeline.is_reached(1)
+    }
+
+    fn finish(&self, fault: Option<&str>) {
+        if self.timeline.is_reached(1) {
+            return;
+        }
+        if let Some(p) = &self.event.point {
+            p.stamp.store(self.device.now_ns(), Ordering::Release);
+        }
+        match fault {
+            None => self.timeline.complete(1),
+            Some(m) => self.timeline.fail(1, Arc::from(m)),
+        }
+        self.device.kick();
+    }
+}
+
+impl Drop for HostEvent {
+    fn drop(&mut self) {
+        self.finish(Some("the host event was dropped before it was signalled"));
+    }
+}
+
+impl std::fmt::Debug for HostEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostEvent")
+            .field("signalled", &self.is_signalled())
+            .finish()
+    }
+}
+
 #[derive(Clone)]
 pub(crate) struct EventPoint {
     pub(crate) timeline: Arc<Timeline>,

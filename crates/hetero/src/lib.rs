@@ -36,7 +36,7 @@ pub use buffer::{Arg, DeviceBuffer, MemoryKind, PinnedBuffer};
 pub use config::{BackendKind, CompletionMode, DeviceConfig};
 pub use device::Device;
 pub use error::{Error, Result};
-pub use event::Event;
+pub use event::{Event, HostEvent};
 pub use kernel::{Block, Grid, Kernel, KernelCost, INLINE_KERNEL_ARGS, MAX_KERNEL_ARGS};
 pub use op::CopyKind;
 pub use stream::{Stream, PRIORITY_HIGHEST, PRIORITY_LOWEST};

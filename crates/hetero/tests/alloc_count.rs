@@ -5,7 +5,9 @@
 //! allocation and no destructor), so engine threads, which drop completed ops and
 //! may allocate, do not disturb it. Counts are deterministic; no timing is involved.
 
-use hetero::{Arg, Device, DeviceConfig, Grid, Kernel};
+mod common;
+
+use hetero::{Arg, Device, Grid, Kernel};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
@@ -56,7 +58,7 @@ fn allocs() -> u64 {
 }
 
 fn device() -> Device {
-    Device::new(DeviceConfig::default().compute_units(2)).expect("host device")
+    Device::new(common::config().compute_units(2)).expect("host device")
 }
 
 #[test]

@@ -11,7 +11,9 @@
 //! topological order of the DAG, and any execution that respects stream order and
 //! event waits produces the same final state as running the program in that order.
 
-use hetero::{Arg, Device, DeviceConfig, Event, Grid, Kernel};
+mod common;
+
+use hetero::{Arg, Device, Event, Grid, Kernel};
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -370,7 +372,7 @@ fn reference(lens: &[usize], steps: &[Step]) -> (Vec<Vec<u32>>, [u32; HOST_CELLS
 /// Runs the program on the host device; returns the final buffers and host cells.
 fn execute(spec: &Spec, steps: &[Step]) -> (Vec<Vec<u32>>, [u32; HOST_CELLS]) {
     let dev = Device::new(
-        DeviceConfig::default()
+        common::config()
             .compute_units(2)
             .hardware_queues(spec.hardware_queues),
     )

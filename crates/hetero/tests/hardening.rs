@@ -4,6 +4,8 @@
 //! Each would hang, abort or misbehave before its fix; a watchdog turns a hang
 //! into a failure.
 
+mod common;
+
 use hetero::{Arg, CompletionMode, Device, DeviceConfig, Error, Event, Grid, Kernel, Stream};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::mpsc;
@@ -66,7 +68,7 @@ fn flooding_a_two_slot_ring_never_hangs_in_any_mode() {
         };
         let ran = within(60, &format!("flood in {mode:?}"), move || {
             let dev = device(
-                DeviceConfig::default()
+                common::config()
                     .stream_capacity(2)
                     .host_wait(mode)
                     .engine_idle(mode),
@@ -91,7 +93,7 @@ fn flooding_a_two_slot_ring_never_hangs_in_any_mode() {
 #[test]
 fn flood_with_cross_stream_waiters_completes() {
     within(60, "flood with waiters", || {
-        let dev = device(DeviceConfig::default().stream_capacity(4));
+        let dev = device(common::config().stream_capacity(4));
         let src = dev.create_stream().expect("stream");
         let waiters: Vec<_> = (0..4).map(|_| dev.create_stream().expect("s")).collect();
         let producers: Vec<_> = (0..2)
@@ -120,7 +122,7 @@ fn flood_with_cross_stream_waiters_completes() {
 
 #[test]
 fn zero_length_buffers_of_wide_types_are_sound() {
-    let dev = Device::host().expect("device");
+    let dev = Device::new(common::config()).expect("device");
     let s = dev.create_stream().expect("stream");
     let mut p = dev.pinned_from_slice::<u32>(&[]).expect("empty pinned");
     assert!(p.as_slice().expect("read").is_empty());
@@ -148,7 +150,7 @@ fn over_aligned_element_types_are_refused() {
     unsafe impl bytemuck::Zeroable for Wide {}
     // SAFETY: as above.
     unsafe impl bytemuck::Pod for Wide {}
-    let dev = Device::host().expect("device");
+    let dev = Device::new(common::config()).expect("device");
     assert!(matches!(
         dev.alloc::<Wide>(1),
         Err(Error::InvalidArgument(_))
@@ -159,7 +161,7 @@ fn over_aligned_element_types_are_refused() {
 
 #[test]
 fn synchronize_own_stream_from_a_callback_is_an_error() {
-    let dev = Device::host().expect("device");
+    let dev = Device::new(common::config()).expect("device");
     let s = dev.create_stream().expect("stream");
     let s2 = s.clone();
     let got = recv(&in_callback(&s, move || s2.synchronize()));
@@ -169,7 +171,7 @@ fn synchronize_own_stream_from_a_callback_is_an_error() {
 
 #[test]
 fn read_of_own_stream_from_a_callback_is_an_error() {
-    let dev = Device::host().expect("device");
+    let dev = Device::new(common::config()).expect("device");
     let s = dev.create_stream().expect("stream");
     let buf = s.alloc::<u32>(16).expect("alloc");
     s.fill(&buf, 7).expect("fill");
@@ -182,7 +184,7 @@ fn read_of_own_stream_from_a_callback_is_an_error() {
 
 #[test]
 fn device_synchronize_from_a_callback_is_an_error() {
-    let dev = Device::host().expect("device");
+    let dev = Device::new(common::config()).expect("device");
     let s = dev.create_stream().expect("stream");
     let d = dev.clone();
     let got = in_callback(&s, move || d.synchronize());
@@ -192,7 +194,7 @@ fn device_synchronize_from_a_callback_is_an_error() {
 
 #[test]
 fn event_synchronize_from_a_callback_errs_only_for_later_events() {
-    let dev = Device::host().expect("device");
+    let dev = Device::new(common::config()).expect("device");
     let s = dev.create_stream().expect("stream");
     let before = s.record_event().expect("record");
     let later = Arc::new(std::sync::Mutex::new(None::<Event>));
@@ -225,7 +227,7 @@ fn event_synchronize_from_a_callback_errs_only_for_later_events() {
 #[test]
 fn callback_waiting_on_another_stream_works_with_one_compute_unit() {
     within(60, "one-unit wait", || {
-        let dev = device(DeviceConfig::default().compute_units(1));
+        let dev = device(common::config().compute_units(1));
         let (a, b) = (
             dev.create_stream().expect("a"),
             dev.create_stream().expect("b"),
@@ -257,7 +259,7 @@ fn callback_waiting_on_another_stream_works_with_one_compute_unit() {
 #[test]
 fn callback_overfilling_its_own_ring_gets_an_error() {
     within(60, "overfill", || {
-        let dev = device(DeviceConfig::default().stream_capacity(4));
+        let dev = device(common::config().stream_capacity(4));
         let s = dev.create_stream().expect("stream");
         let s2 = s.clone();
         let got = in_callback(&s, move || {
@@ -278,7 +280,7 @@ fn callback_overfilling_its_own_ring_gets_an_error() {
 #[test]
 fn kernel_reading_its_own_argument_synchronously_is_an_error() {
     within(60, "own argument", || {
-        let dev = Device::host().expect("device");
+        let dev = Device::new(common::config()).expect("device");
         let (s, t) = (
             dev.create_stream().expect("s"),
             dev.create_stream().expect("t"),
@@ -307,7 +309,7 @@ fn kernel_reading_its_own_argument_synchronously_is_an_error() {
 fn callbacks_waiting_on_each_other_do_not_hang() {
     for units in [1, 2] {
         within(60, "cycle", move || {
-            let dev = device(DeviceConfig::default().compute_units(units));
+            let dev = device(common::config().compute_units(units));
             let (a, b) = (
                 dev.create_stream().expect("a"),
                 dev.create_stream().expect("b"),
@@ -340,7 +342,7 @@ fn callbacks_waiting_on_each_other_do_not_hang() {
 #[test]
 fn dropping_the_last_stream_and_device_in_a_callback_does_not_hang() {
     within(60, "drop in callback", || {
-        let dev = Device::host().expect("device");
+        let dev = Device::new(common::config()).expect("device");
         let s = dev.create_stream().expect("stream");
         let (tx, rx) = mpsc::channel();
         let (s2, d2) = (s.clone(), dev.clone());
@@ -360,7 +362,7 @@ fn dropping_the_last_stream_and_device_in_a_callback_does_not_hang() {
 #[test]
 fn dropping_the_last_stream_in_a_kernel_does_not_hang() {
     within(60, "drop in kernel", || {
-        let dev = Device::host().expect("device");
+        let dev = Device::new(common::config()).expect("device");
         let other = dev.create_stream().expect("other");
         let s = dev.create_stream().expect("stream");
         let holder = Arc::new(std::sync::Mutex::new(Some(s.clone())));
@@ -390,7 +392,7 @@ fn a_panic_payload_that_panics_on_drop_does_not_kill_the_engine() {
         }
     }
     within(60, "bomb", || {
-        let dev = device(DeviceConfig::default().compute_units(1));
+        let dev = device(common::config().compute_units(1));
         let (s, t) = (
             dev.create_stream().expect("s"),
             dev.create_stream().expect("t"),
@@ -412,7 +414,10 @@ fn a_panic_payload_that_panics_on_drop_does_not_kill_the_engine() {
 
 #[test]
 fn elapsed_between_events_of_two_devices_is_an_error() {
-    let (d1, d2) = (Device::host().expect("d1"), Device::host().expect("d2"));
+    let (d1, d2) = (
+        Device::new(common::config()).expect("d1"),
+        Device::new(common::config()).expect("d2"),
+    );
     let (s1, s2) = (
         d1.create_stream().expect("s1"),
         d2.create_stream().expect("s2"),
@@ -426,13 +431,12 @@ fn elapsed_between_events_of_two_devices_is_an_error() {
 
 #[test]
 fn huge_stream_capacity_is_refused_with_the_limit() {
-    let r = Device::new(DeviceConfig::default().stream_capacity(1 << 24));
+    let r = Device::new(common::config().stream_capacity(1 << 24));
     match r {
         Err(Error::InvalidArgument(m)) => assert!(m.contains("65536"), "{m}"),
         other => panic!("expected InvalidArgument, got {other:?}"),
     }
-    assert!(Device::new(
-        DeviceConfig::default().stream_capacity(DeviceConfig::MAX_STREAM_CAPACITY)
-    )
-    .is_ok());
+    assert!(
+        Device::new(common::config().stream_capacity(DeviceConfig::MAX_STREAM_CAPACITY)).is_ok()
+    );
 }

@@ -4,10 +4,10 @@
 mod common;
 
 use common::Gate;
-use hetero::{Arg, Device, DeviceConfig, Error, Grid, Kernel, PoolConfig};
+use hetero::{Arg, Device, Error, Grid, Kernel, PoolConfig};
 
 fn dev() -> Device {
-    Device::new(DeviceConfig::default().compute_units(2)).expect("host device")
+    Device::new(common::config().compute_units(2)).expect("host device")
 }
 
 #[test]
@@ -93,8 +93,7 @@ fn memory_snapshot_and_trim() {
 #[test]
 fn memory_out_of_memory_is_a_typed_error_with_figures() {
     let d =
-        Device::new(DeviceConfig::default().memory(PoolConfig::default().max_reserved(24 << 20)))
-            .unwrap();
+        Device::new(common::config().memory(PoolConfig::default().max_reserved(24 << 20))).unwrap();
     let s = d.create_stream().unwrap();
     let _a = s.alloc::<u8>(16 << 20).unwrap();
     let err = s.alloc::<u8>(16 << 20).unwrap_err();

@@ -20,7 +20,7 @@ const N: usize = 16 * 1024;
 
 /// A default device with two streams.
 fn two_streams() -> (Device, Stream, Stream) {
-    let d = dev(DeviceConfig::default());
+    let d = dev(common::config());
     let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
     (d, s, t)
 }
@@ -129,7 +129,7 @@ fn reuse_memory_taken_from_another_streams_queue_waits_on_the_device() {
     // Two 768 KiB buffers fill the only 2 MiB chunk the pool may map: t's
     // allocation can only be served with memory s's queued work still uses.
     let pool = PoolConfig::default().max_reserved(2 << 20);
-    let d = dev(DeviceConfig::default().memory(pool));
+    let d = dev(common::config().memory(pool));
     let s = d.create_stream().unwrap();
     let t = d.create_stream().unwrap();
     let n = 192 * 1024; // 768 KiB
@@ -217,7 +217,7 @@ struct Live {
 /// mix-up means reuse broke an ordering.
 #[test]
 fn reuse_random_programs_never_mix_buffers() {
-    let d = dev(DeviceConfig::default());
+    let d = dev(common::config());
     let streams: Vec<Stream> = (0..3).map(|_| d.create_stream().unwrap()).collect();
     // Gates sit in order on a stream of their own, so only the oldest closed one
     // holds an engine; a held stream waits on the event after its gate.

@@ -4,6 +4,8 @@
 //! ever has live, whether the buffers are used on one stream or on two.
 //! The checks are memory figures (peak reserved over peak live), not times.
 
+mod common;
+
 use hetero::{Device, DeviceBuffer, Stream};
 
 /// A small deterministic generator (xorshift64*), so every run replays the same trace.
@@ -95,7 +97,7 @@ fn check(r: &Replay, what: &str) {
 
 #[test]
 fn running_ahead_on_one_stream_keeps_reserved_near_live() {
-    let dev = Device::host().expect("host device");
+    let dev = Device::new(common::config()).expect("host device");
     let s = dev.create_stream().expect("stream");
     let r = replay(&dev, &s, None);
     check(&r, "one stream");
@@ -103,7 +105,7 @@ fn running_ahead_on_one_stream_keeps_reserved_near_live() {
 
 #[test]
 fn running_ahead_on_two_streams_keeps_reserved_near_live() {
-    let dev = Device::host().expect("host device");
+    let dev = Device::new(common::config()).expect("host device");
     let s = dev.create_stream().expect("stream");
     let t = dev.create_stream().expect("second stream");
     let r = replay(&dev, &s, Some(&t));
@@ -117,7 +119,7 @@ fn running_ahead_on_two_streams_keeps_reserved_near_live() {
 fn a_host_callback_that_allocates_does_not_wait_for_itself() {
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let dev = Device::host().expect("host device");
+        let dev = Device::new(common::config()).expect("host device");
         let s = dev.create_stream().expect("stream");
         let a = s.alloc::<u8>(20 * MIB).expect("a");
         s.fill_range(&a, 0, 64, 1).expect("fill");

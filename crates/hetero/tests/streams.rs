@@ -3,12 +3,12 @@
 mod common;
 
 use common::{settle, Gate};
-use hetero::{Arg, CompletionMode, Device, DeviceConfig, Error, Event, Grid, Kernel};
+use hetero::{Arg, CompletionMode, Device, Error, Event, Grid, Kernel};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 fn dev() -> Device {
-    Device::new(DeviceConfig::default().compute_units(2)).expect("host device")
+    Device::new(common::config().compute_units(2)).expect("host device")
 }
 
 #[test]
@@ -104,7 +104,7 @@ fn waiting_stream_does_not_stall_shared_queue() {
     // Two hardware queues: `a` and `b` share queue 0, `c` runs on queue 1. `a` waits
     // on an event of `c` that only completes after `b`'s work ran, so a head-of-line
     // stall of queue 0 behind `a`'s wait would deadlock.
-    let d = Device::new(DeviceConfig::default().compute_units(2).hardware_queues(2)).unwrap();
+    let d = Device::new(common::config().compute_units(2).hardware_queues(2)).unwrap();
     let a = d.create_stream().unwrap();
     let c = d.create_stream().unwrap();
     let b = d.create_stream().unwrap();
@@ -240,7 +240,7 @@ fn bad_inputs_are_typed_errors() {
         d.create_stream_with_priority(9),
         Err(Error::InvalidArgument(_))
     ));
-    assert!(Device::new(DeviceConfig::default().compute_units(0)).is_err());
+    assert!(Device::new(common::config().compute_units(0)).is_err());
     assert!(matches!(
         s.fill(&d.alloc::<[u64; 4]>(2).unwrap(), [0; 4]),
         Err(Error::InvalidArgument(_))
@@ -318,7 +318,7 @@ fn events_time_and_device_synchronize() {
         CompletionMode::Block,
         CompletionMode::auto(),
     ] {
-        let d = Device::new(DeviceConfig::default().host_wait(mode).engine_idle(mode)).unwrap();
+        let d = Device::new(common::config().host_wait(mode).engine_idle(mode)).unwrap();
         let s = d.create_stream().unwrap();
         let t = d.create_stream().unwrap();
         let mut start = Event::new();

@@ -29,7 +29,7 @@ pub(crate) fn on_engine_thread() -> bool {
 /// for work (a drop that synchronizes), and that work may include the op this
 /// engine is running. `what` names it if no thread can be started.
 pub(crate) fn off_engine(what: &'static str, f: impl FnOnce() + Send + 'static) {
-    if !on_engine_thread() {
+    if !on_engine_thread() && !emu::in_sim() {
         return f();
     }
     let spawned = std::thread::Builder::new()
@@ -105,6 +105,9 @@ pub(crate) trait Backend: Send + Sync {
     fn now_ns(&self) -> u64 {
         crate::clock::now_ns()
     }
+    /// Something other than a submission made work ready (a host event was
+    /// signalled): engines that sleep must look again.
+    fn kick(&self);
     /// A digest of every completed op, on a device in virtual time.
     fn trace_hash(&self) -> Option<u64> {
         None

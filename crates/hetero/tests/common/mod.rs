@@ -1,17 +1,49 @@
-//! Helpers shared by the integration tests: a gate that holds a stream's work
-//! queued while a test looks, opened by the test (or by its drop, so a failing
-//! assertion never leaves a stream blocked: dropping a stream waits for its work).
+//! Helpers shared by the integration tests: the device every test runs on (the
+//! backend `HETERO_BACKEND` names: the same suite runs on every backend), and a
+//! gate that holds a stream's work queued while a test looks, opened by the test
+//! (or by its drop, so a failing assertion never leaves a stream blocked:
+//! dropping a stream waits for its work).
 #![allow(dead_code)]
 
-use hetero::{Device, Grid, Kernel, Stream};
+use hetero::{BackendKind, Device, DeviceConfig, Event, HostEvent, Stream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
+/// The configuration of the device under test: the defaults on the backend
+/// `HETERO_BACKEND` names (host when unset).
+pub fn config() -> DeviceConfig {
+    DeviceConfig::from_env().expect("HETERO_BACKEND names a backend")
+}
+
+/// The device under test.
+pub fn device() -> Device {
+    Device::new(config()).expect("device under test")
+}
+
+/// The device under test, configured further by `f`.
+pub fn device_with(f: impl FnOnce(DeviceConfig) -> DeviceConfig) -> Device {
+    Device::new(f(config())).expect("device under test")
+}
+
+/// Whether the suite runs on the host backend. Tests of host-only behaviour
+/// (engine threads, wake-ups, a kernel running while the host works beside it)
+/// say so and return early elsewhere.
+pub fn on_host() -> bool {
+    let host = matches!(config().backend_kind(), BackendKind::Host);
+    if !host {
+        eprintln!("(host-only behaviour: not checked on this backend)");
+    }
+    host
+}
 
 /// Open once `open` is called or the gate drops.
 pub struct Gate {
     open: Arc<AtomicBool>,
     /// Set by the gate's op once it runs (it then holds its engine).
     reached: Arc<AtomicBool>,
+    /// For `hold`: the host event the stream waits on, and an event recorded
+    /// just before it (the stream reached the gate when it completes).
+    held: Option<(HostEvent, Event)>,
 }
 
 impl Gate {
@@ -20,16 +52,18 @@ impl Gate {
         Gate {
             open: Arc::new(AtomicBool::new(false)),
             reached: Arc::new(AtomicBool::new(false)),
+            held: None,
         }
     }
 
-    /// Holds `s`: its later work waits until the gate opens. The gate is a
-    /// one-block kernel that occupies one compute engine while it waits.
+    /// Holds `s`: its later work waits until the gate opens. The stream waits on
+    /// a host event, so no engine is occupied, on any backend.
     pub fn hold(s: &Stream) -> Gate {
-        let g = Gate::new();
-        let wait = g.waiter();
-        s.launch(&Kernel::new("gate", move |_| wait()), Grid::new(1), &[])
-            .expect("gate");
+        let mut g = Gate::new();
+        let before = s.record_event().expect("record");
+        let go = s.device().host_event();
+        s.wait_event(go.event()).expect("gate");
+        g.held = Some((go, before));
         g
     }
 
@@ -45,8 +79,13 @@ impl Gate {
         }
     }
 
-    /// Returns once an op waiting on the gate runs (its stream got that far).
+    /// Returns once the stream got as far as the gate (for `hold`), or once an op
+    /// waiting on the gate runs (for `waiter`).
     pub fn wait_reached(&self) {
+        if let Some((_, before)) = &self.held {
+            before.synchronize().expect("the stream reaches the gate");
+            return;
+        }
         while !self.reached.load(Ordering::Acquire) {
             std::thread::yield_now();
         }
@@ -54,6 +93,9 @@ impl Gate {
 
     pub fn open(&self) {
         self.open.store(true, Ordering::Release);
+        if let Some((go, _)) = &self.held {
+            go.signal();
+        }
     }
 }
 

@@ -66,7 +66,12 @@ impl Arena {
 
     /// The device address of host pointer `p` into the backing store.
     pub(crate) fn device_address(&self, p: *const u8) -> u64 {
-        DEVICE_BASE + (p as u64).wrapping_sub(self.base.as_ptr() as u64)
+        let base = self.base.as_ptr() as u64;
+        match (p as u64).checked_sub(base) {
+            Some(off) if off < self.capacity as u64 => DEVICE_BASE + off,
+            // Not in the backing store (an empty buffer's dangling pointer).
+            _ => DEVICE_BASE,
+        }
     }
 }
 

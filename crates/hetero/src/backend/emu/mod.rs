@@ -26,6 +26,7 @@ mod stream;
 
 pub use config::{EmuConfig, TimeMode};
 pub use link::LinkPreset;
+pub(crate) use sim::in_sim;
 
 use super::{Backend, DeviceProperties, StreamQueue};
 use crate::buffer::{MemoryKind, Storage};
@@ -131,6 +132,8 @@ impl EmuShared {
 
     /// The real-time driver thread's loop.
     fn run_real(self: &Arc<Self>) {
+        // The device's engine: what runs here must not wait for the device.
+        crate::backend::mark_engine_thread();
         let _inside = sim::InSim::enter();
         crate::timeline::set_engine_wait(refuse_wait);
         loop {
@@ -409,6 +412,10 @@ impl Backend for EmuBackend {
 
     fn now_ns(&self) -> u64 {
         self.shared.now_ns()
+    }
+
+    fn kick(&self) {
+        self.shared.submitted();
     }
 
     fn trace_hash(&self) -> Option<u64> {

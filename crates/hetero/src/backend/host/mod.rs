@@ -260,6 +260,10 @@ impl Backend for HostBackend {
         self.pool.trim();
     }
 
+    fn kick(&self) {
+        self.shared.idle.wake(u32::MAX);
+    }
+
     fn host_wait(&self) -> CompletionMode {
         self.shared.config.host_wait
     }
