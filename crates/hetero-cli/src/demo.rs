@@ -5,10 +5,20 @@
 //! take about twice one tile's copy (the mean of its H2D and D2H), so the stages map one-to-one onto engines as
 //! on an accelerator. The ideal speedup follows from the stage times measured in the
 //! serial run: `bound = (h2d + kernel + d2h) / max(h2d, kernel, d2h, (h2d + kernel + d2h) / cores)`.
+//!
+//! On an emulated device the stages are balanced by its models instead: the
+//! kernel declares a cost (`Kernel::with_cost`) whose modelled time equals a
+//! tile's modelled H2D, while its host work stays the same computation (so the
+//! output is checked the same way). Times come from the device clock
+//! (`Device::now_ns`), the bound from the models: three engines (H2D DMA, D2H
+//! DMA, compute) give `bound = (h2d + kernel + d2h) / max(h2d, kernel, d2h)`, and
+//! `link_bound` adds the link's duplex share (both directions at once run at
+//! their both-at-once rates, see `link_period_ns`).
 
+use crate::device::{DeviceSpec, EMU_FLOPS_PER_UNIT, EMU_KERNEL_LAUNCH_NS};
 use hetero::{
-    Arg, CompletionMode, Device, DeviceBuffer, DeviceConfig, Event, Grid, Kernel, PinnedBuffer,
-    Result, Stream, PRIORITY_HIGHEST,
+    Arg, Block, CompletionMode, Device, DeviceBuffer, DeviceConfig, EmuConfig, Event, Grid, Kernel,
+    KernelCost, LinkPreset, PinnedBuffer, Result, Stream, PRIORITY_HIGHEST,
 };
 use serde::Serialize;
 use std::time::{Duration, Instant};
@@ -66,16 +76,164 @@ pub struct DemoReport {
     pub fraction_of_bound: f64,
     pub serial_gbps: f64,
     pub pipelined_gbps: f64,
+    /// `host` or `emu:PRESET`.
+    pub device: String,
+    /// The clock the times are in: `wall` (host), `real` or `virtual` (emu).
+    pub time: String,
+    /// The emulated device's digest of everything it ran (virtual time only), hex.
+    pub trace_hash: Option<String>,
+    /// Emulated device: the per-tile stage times its models give (µs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<StageModel>,
+    /// Emulated device: the bound with the link's duplex share.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link_bound_speedup: Option<f64>,
+    /// Emulated device: the wall-clock time of the serial and pipelined runs (ms),
+    /// beside the device clock's `serial_ms` and `pipelined_ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serial_wall_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pipelined_wall_ms: Option<f64>,
 }
 
+/// An emulated device's per-tile stage times from its models, µs.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct StageModel {
+    pub h2d_us: f64,
+    pub kernel_us: f64,
+    pub d2h_us: f64,
+    /// The shortest tile period the link allows with one tile each way per
+    /// period (`link_period_ns`).
+    pub link_period_us: f64,
+    /// The kernel's declared cost.
+    pub kernel_flops: f64,
+    pub kernel_bytes: f64,
+}
+
+/// Kernel passes per element on the emulated device (its modelled time comes
+/// from the declared cost; the passes are the host work checked against
+/// `reference`). Small, so that in real time the driver thread's host work stays
+/// below the modelled stage times.
+pub const EMU_KERNEL_ITERS: u32 = 2;
+
 fn scale_kernel(iters: u32) -> Kernel {
-    Kernel::new("scale", move |b| {
-        let x = b.read::<f32>(0);
-        let off = b.write_offset(0);
-        let y = b.write::<f32>(0);
-        y.copy_from_slice(&x[off..off + y.len()]);
-        scale_in_place(y, iters);
-    })
+    Kernel::new("scale", move |b| scale_block(b, iters))
+}
+
+/// The same kernel with a declared cost for the emulated device's model.
+fn scale_kernel_with_cost(iters: u32, cost: KernelCost) -> Kernel {
+    Kernel::with_cost("scale", move |_| cost, move |b| scale_block(b, iters))
+}
+
+fn scale_block(b: &mut Block<'_>, iters: u32) {
+    let x = b.read::<f32>(0);
+    let off = b.write_offset(0);
+    let y = b.write::<f32>(0);
+    y.copy_from_slice(&x[off..off + y.len()]);
+    scale_in_place(y, iters);
+}
+
+/// The emulated device's models for one tile, ns.
+struct EmuModel {
+    h2d: f64,
+    kernel: f64,
+    d2h: f64,
+    link_period: f64,
+    cost: KernelCost,
+}
+
+impl EmuModel {
+    fn new(emu: &EmuConfig, tile_bytes: usize) -> Self {
+        let link = emu.link();
+        let h2d = link.transfer_ns(tile_bytes as u64, false);
+        let d2h = link.transfer_ns(tile_bytes as u64, true);
+        // One compute unit (a one-block grid) runs it for
+        // max(flops / rate, bytes / memory bandwidth) + the launch: size the
+        // flops so that equals the H2D. Bytes: the tile read and written.
+        let bytes = 2.0 * tile_bytes as f64;
+        let flops = (h2d - EMU_KERNEL_LAUNCH_NS).max(0.0) * 1e-9 * EMU_FLOPS_PER_UNIT;
+        let kernel =
+            (flops / EMU_FLOPS_PER_UNIT * 1e9).max(bytes / link.memory_gbps) + EMU_KERNEL_LAUNCH_NS;
+        EmuModel {
+            h2d,
+            kernel,
+            d2h,
+            link_period: link_period_ns(link, tile_bytes as u64),
+            cost: KernelCost { flops, bytes },
+        }
+    }
+
+    fn stages(&self) -> StageModel {
+        StageModel {
+            h2d_us: self.h2d / 1e3,
+            kernel_us: self.kernel / 1e3,
+            d2h_us: self.d2h / 1e3,
+            link_period_us: self.link_period / 1e3,
+            kernel_flops: self.cost.flops,
+            kernel_bytes: self.cost.bytes,
+        }
+    }
+}
+
+/// The shortest period in which the link moves one tile of `bytes` each way,
+/// as the emulated device models it: each direction's copy engine spends its
+/// setup, then its data phase; while both directions carry data each runs at its
+/// both-at-once rate, otherwise at its own. With `o` ns of both-at-once, the
+/// period is at least each engine's busy time and at least the time the wire
+/// is busy (overlap plus each direction alone); minimised over `o`. On
+/// pcie4x16 the both-at-once rates (13.5 + 14.0 GB/s) carry little more than one
+/// direction alone (25 GB/s), so this period, not one copy, limits a pipeline.
+pub fn link_period_ns(link: &LinkPreset, bytes: u64) -> f64 {
+    let setup = link.setup_ns as f64;
+    let h = link.transfer_ns(bytes, false) - setup; // data phase alone
+    let d = link.transfer_ns(bytes, true) - setup;
+    let (rh, rd) = (
+        link.bidir_h2d_gbps / link.h2d_gbps,
+        link.bidir_d2h_gbps / link.d2h_gbps,
+    );
+    let o_max = (h / rh).min(d / rd);
+    let period = |o: f64| {
+        let (ha, da) = ((h - rh * o).max(0.0), (d - rd * o).max(0.0));
+        (setup + o + ha).max(setup + o + da).max(o + ha + da)
+    };
+    // A maximum of linear functions: convex, so a fine sampling finds the minimum.
+    (0..=1000)
+        .map(|i| period(o_max * f64::from(i) / 1000.0))
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// A run's time on the demo's clock, and on the wall clock.
+type Times = (Duration, Duration);
+
+/// Where the demo reads time: the wall clock on the host; the device clock on an
+/// emulated device (virtual ns in virtual time), with the wall clock beside it.
+#[derive(Clone, Copy)]
+struct Clock<'a>(Option<&'a Device>);
+
+struct Mark {
+    wall: Instant,
+    device: u64,
+}
+
+impl Clock<'_> {
+    fn mark(&self) -> Mark {
+        Mark {
+            wall: Instant::now(),
+            device: self.0.map_or(0, Device::now_ns),
+        }
+    }
+
+    /// Time since `m` on the demo's clock, and on the wall clock.
+    fn since(&self, m: &Mark) -> Times {
+        let wall = m.wall.elapsed();
+        match self.0 {
+            None => (wall, wall),
+            Some(d) => (
+                Duration::from_nanos(d.now_ns().saturating_sub(m.device)),
+                wall,
+            ),
+        }
+    }
 }
 
 /// The kernel's body after its copy: `iters` passes over the whole tile (the
@@ -107,6 +265,10 @@ struct Buffers {
 }
 
 impl Buffers {
+    fn tile_bytes(&self) -> usize {
+        self.input.first().map_or(0, |b| b.len() * 4)
+    }
+
     fn new(dev: &Device, tiles: usize, n: usize) -> Result<Self> {
         let mut b = Buffers {
             input: Vec::new(),
@@ -128,12 +290,13 @@ impl Buffers {
 /// Serial run on one stream; with `stages`, events around each stage give each
 /// tile's stage times (ns), per stage.
 fn run_serial(
+    clock: Clock<'_>,
     s: &Stream,
     b: &mut Buffers,
     k: &Kernel,
     stages: bool,
-) -> Result<(Duration, [Vec<f64>; 3])> {
-    let t0 = Instant::now();
+) -> Result<(Times, [Vec<f64>; 3])> {
+    let t0 = clock.mark();
     let mut marks: Vec<[Event; 4]> = Vec::new();
     for c in 0..b.input.len() {
         let mut ev: [Event; 4] = Default::default();
@@ -159,7 +322,7 @@ fn run_serial(
         }
     }
     s.synchronize()?;
-    let wall = t0.elapsed();
+    let wall = clock.since(&t0);
     let mut times: [Vec<f64>; 3] = Default::default();
     for ev in &marks {
         for (st, t) in times.iter_mut().enumerate() {
@@ -170,9 +333,14 @@ fn run_serial(
 }
 
 /// Pipelined run: one stream per stage, tile `c` handed from stage to stage by events.
-fn run_pipelined(streams: &[Stream; 3], b: &mut Buffers, k: &Kernel) -> Result<Duration> {
+fn run_pipelined(
+    clock: Clock<'_>,
+    streams: &[Stream; 3],
+    b: &mut Buffers,
+    k: &Kernel,
+) -> Result<Times> {
     let [h2d, compute, d2h] = streams;
-    let t0 = Instant::now();
+    let t0 = clock.mark();
     for c in 0..b.input.len() {
         h2d.copy_h2d(&b.input[c], &b.dev_in[c])?;
         let copied = h2d.record_event()?;
@@ -189,7 +357,7 @@ fn run_pipelined(streams: &[Stream; 3], b: &mut Buffers, k: &Kernel) -> Result<D
     for s in streams {
         s.synchronize()?;
     }
-    Ok(t0.elapsed())
+    Ok(clock.since(&t0))
 }
 
 /// One stream per stage. The kernel stage is the pipeline's critical path (it is the
@@ -215,23 +383,50 @@ fn stage_streams(dev: &Device) -> Result<[Stream; 3]> {
 /// `cfg.iters` (or calibrated): the `pipeline` workload. Returns the median time
 /// (ms) and whether every run matched the CPU reference.
 pub fn pipeline(dev: &Device, cfg: DemoConfig) -> Result<(f64, bool)> {
+    pipeline_on(dev, &DeviceSpec::Host, cfg)
+}
+
+/// [`pipeline`] on the device `spec` describes (`dev` was opened from it).
+pub fn pipeline_on(dev: &Device, spec: &DeviceSpec, cfg: DemoConfig) -> Result<(f64, bool)> {
     let n = (cfg.tile_bytes / 4).max(1);
     let mut b = Buffers::new(dev, cfg.tiles, n)?;
-    let iters = match cfg.iters {
-        Some(i) => i,
-        None => calibrate(dev, &mut b)?,
-    };
-    let k = scale_kernel(iters);
+    let (k, iters, clock, _) = demo_kernel(dev, spec, &mut b, cfg)?;
     let streams = stage_streams(dev)?;
-    run_pipelined(&streams, &mut b, &k)?;
+    run_pipelined(clock, &streams, &mut b, &k)?;
     let mut times = Vec::new();
     let mut verified = true;
     for _ in 0..cfg.reps.max(1) {
         clear_outputs(&streams[0], &mut b)?;
-        times.push(run_pipelined(&streams, &mut b, &k)?.as_secs_f64() * 1e3);
+        times.push(run_pipelined(clock, &streams, &mut b, &k)?.0.as_secs_f64() * 1e3);
         verified &= verify(&b, iters)?;
     }
     Ok((median(times), verified))
+}
+
+/// The demo's kernel on `spec`'s device, its passes, the clock to time it by and,
+/// on an emulated device, the models it was sized from. Host: calibrated on the
+/// demo's buffers (or `cfg.iters`). Emu: a declared cost equal to a tile's H2D.
+fn demo_kernel<'a>(
+    dev: &'a Device,
+    spec: &DeviceSpec,
+    b: &mut Buffers,
+    cfg: DemoConfig,
+) -> Result<(Kernel, u32, Clock<'a>, Option<EmuModel>)> {
+    match spec {
+        DeviceSpec::Host => {
+            let iters = match cfg.iters {
+                Some(i) => i,
+                None => calibrate(dev, b)?,
+            };
+            Ok((scale_kernel(iters), iters, Clock(None), None))
+        }
+        DeviceSpec::Emu(emu) => {
+            let model = EmuModel::new(emu, b.tile_bytes());
+            let iters = cfg.iters.unwrap_or(EMU_KERNEL_ITERS);
+            let k = scale_kernel_with_cost(iters, model.cost);
+            Ok((k, iters, Clock(Some(dev)), Some(model)))
+        }
+    }
 }
 
 fn verify(b: &Buffers, iters: u32) -> Result<bool> {
@@ -266,7 +461,7 @@ fn calibrate(dev: &Device, b: &mut Buffers) -> Result<u32> {
     s.set_name("calibration");
     let mut stage = |passes: u32| -> Result<(f64, f64)> {
         // Medians per tile: one preempted tile must not skew the sizing.
-        let [h2d, kernel, d2h] = run_serial(&s, b, &scale_kernel(passes), true)?.1;
+        let [h2d, kernel, d2h] = run_serial(Clock(None), &s, b, &scale_kernel(passes), true)?.1;
         Ok(((median(h2d) + median(d2h)) / 2.0, median(kernel)))
     };
     stage(0)?; // warm the buffers
@@ -288,57 +483,80 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Runs the demo on `dev`.
-pub fn run(dev: &Device, cfg: DemoConfig, mut progress: impl FnMut(&str)) -> Result<DemoReport> {
+/// Runs the demo on the host device `dev`.
+pub fn run(dev: &Device, cfg: DemoConfig, progress: impl FnMut(&str)) -> Result<DemoReport> {
+    run_on(dev, &DeviceSpec::Host, cfg, progress)
+}
+
+/// Runs the demo on `dev`, opened from `spec`.
+pub fn run_on(
+    dev: &Device,
+    spec: &DeviceSpec,
+    cfg: DemoConfig,
+    mut progress: impl FnMut(&str),
+) -> Result<DemoReport> {
     let n = (cfg.tile_bytes / 4).max(1);
     let cores = dev.properties().compute_units;
     let mut b = Buffers::new(dev, cfg.tiles, n)?;
     progress("calibrating the kernel");
-    let iters = match cfg.iters {
-        Some(i) => i,
-        None => calibrate(dev, &mut b)?,
-    };
-    let k = scale_kernel(iters);
+    let (k, iters, clock, model) = demo_kernel(dev, spec, &mut b, cfg)?;
     let serial = dev.create_stream()?;
     serial.set_name("serial");
     let streams = stage_streams(dev)?;
 
     // Warm up both modes once (page faults, caches), then measure.
-    run_serial(&serial, &mut b, &k, false)?;
-    run_pipelined(&streams, &mut b, &k)?;
+    run_serial(clock, &serial, &mut b, &k, false)?;
+    run_pipelined(clock, &streams, &mut b, &k)?;
 
     let reps = cfg.reps.max(1);
-    let mut serial_ms = Vec::new();
+    let (mut serial_ms, mut serial_wall) = (Vec::new(), Vec::new());
     let mut stage_times: [Vec<f64>; 3] = Default::default();
     let mut verified = true;
     for r in 0..reps {
         progress(&format!("serial run {}/{reps}", r + 1));
         clear_outputs(&serial, &mut b)?;
-        let (wall, _) = run_serial(&serial, &mut b, &k, false)?;
-        serial_ms.push(wall.as_secs_f64() * 1e3);
+        let ((t, wall), _) = run_serial(clock, &serial, &mut b, &k, false)?;
+        serial_ms.push(t.as_secs_f64() * 1e3);
+        serial_wall.push(wall.as_secs_f64() * 1e3);
         verified &= verify(&b, iters)?;
         // Stage times come from a separate run with events between stages, so the
         // markers do not slow the timed run.
-        let (_, times) = run_serial(&serial, &mut b, &k, true)?;
+        let (_, times) = run_serial(clock, &serial, &mut b, &k, true)?;
         for (all, t) in stage_times.iter_mut().zip(times) {
             all.extend(t);
         }
     }
-    let mut pipe_ms = Vec::new();
+    let (mut pipe_ms, mut pipe_wall) = (Vec::new(), Vec::new());
     for r in 0..reps {
         progress(&format!("pipelined run {}/{reps}", r + 1));
         clear_outputs(&serial, &mut b)?;
-        pipe_ms.push(run_pipelined(&streams, &mut b, &k)?.as_secs_f64() * 1e3);
+        let (t, wall) = run_pipelined(clock, &streams, &mut b, &k)?;
+        pipe_ms.push(t.as_secs_f64() * 1e3);
+        pipe_wall.push(wall.as_secs_f64() * 1e3);
         verified &= verify(&b, iters)?;
     }
     let stage = |i: usize| median(stage_times[i].clone());
     let (h2d_ns, k_ns, d2h_ns) = (stage(0), stage(1), stage(2));
-    let total = h2d_ns + k_ns + d2h_ns;
-    let bound = total / h2d_ns.max(k_ns).max(d2h_ns).max(total / cores as f64);
+    let (bound, link_bound) = match &model {
+        // Three engines of their own (H2D DMA, D2H DMA, compute), from the models.
+        Some(m) => {
+            let total = m.h2d + m.kernel + m.d2h;
+            (
+                total / m.h2d.max(m.kernel).max(m.d2h),
+                Some(total / m.link_period.max(m.kernel)),
+            )
+        }
+        None => {
+            let total = h2d_ns + k_ns + d2h_ns;
+            let bound = total / h2d_ns.max(k_ns).max(d2h_ns).max(total / cores as f64);
+            (bound, None)
+        }
+    };
     let serial_ms = median(serial_ms);
     let pipelined_ms = median(pipe_ms);
     let speedup = serial_ms / pipelined_ms;
     let bytes = (cfg.tiles * n * 4) as f64;
+    let emu = model.is_some();
     Ok(DemoReport {
         verified,
         tiles: cfg.tiles,
@@ -355,6 +573,13 @@ pub fn run(dev: &Device, cfg: DemoConfig, mut progress: impl FnMut(&str)) -> Res
         fraction_of_bound: speedup / bound,
         serial_gbps: bytes / (serial_ms * 1e6),
         pipelined_gbps: bytes / (pipelined_ms * 1e6),
+        device: spec.name(),
+        time: spec.time().into(),
+        trace_hash: dev.trace_hash().map(|h| format!("{h:016x}")),
+        model: model.as_ref().map(EmuModel::stages),
+        link_bound_speedup: link_bound,
+        serial_wall_ms: emu.then(|| median(serial_wall)),
+        pipelined_wall_ms: emu.then(|| median(pipe_wall)),
     })
 }
 
@@ -362,6 +587,12 @@ impl DemoReport {
     /// The human-readable summary.
     pub fn print(&self) {
         println!("hetero demo: 3-stage pipeline (H2D -> kernel -> D2H)");
+        if self.device != "host" {
+            println!(
+                "  device {}, {} time (times on the device clock)",
+                self.device, self.time
+            );
+        }
         println!(
             "  {} tiles of {} KiB, kernel {} iterations/element, {} compute units",
             self.tiles,
@@ -373,6 +604,13 @@ impl DemoReport {
             "  stage times per tile (serial run): h2d {:.1} us, kernel {:.1} us, d2h {:.1} us",
             self.h2d_us, self.kernel_us, self.d2h_us
         );
+        if let Some(m) = &self.model {
+            println!(
+                "  stage times per tile (models):     h2d {:.1} us, kernel {:.1} us, d2h {:.1} us; \
+                 link period both ways {:.1} us",
+                m.h2d_us, m.kernel_us, m.d2h_us, m.link_period_us
+            );
+        }
         println!(
             "  serial    (1 stream):  {:8.2} ms  {:6.2} GB/s",
             self.serial_ms, self.serial_gbps
@@ -387,6 +625,19 @@ impl DemoReport {
             self.bound_speedup,
             self.fraction_of_bound * 100.0
         );
+        if let Some(l) = self.link_bound_speedup {
+            println!(
+                "  bound with the link's duplex share {:.2}x, reached {:.0}% of it",
+                l,
+                self.speedup / l * 100.0
+            );
+        }
+        if let (Some(s), Some(p)) = (self.serial_wall_ms, self.pipelined_wall_ms) {
+            println!("  wall clock: serial {s:.2} ms, pipelined {p:.2} ms");
+        }
+        if let Some(h) = &self.trace_hash {
+            println!("  trace hash {h}");
+        }
         println!(
             "  check against the CPU reference: {}",
             if self.verified { "PASSED" } else { "FAILED" }

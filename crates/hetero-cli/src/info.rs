@@ -1,11 +1,36 @@
-//! `hetero info`: what this machine offers the runtime.
+//! `hetero info`: what this machine offers the runtime, the backends and the
+//! emulated device's link presets.
 
-use hetero::SystemInfo;
+use hetero::{LinkPreset, SystemInfo};
 use serde_json::{json, Value};
 
 fn gib(b: Option<u64>) -> String {
     b.map_or("unknown".into(), |b| {
         format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
+    })
+}
+
+/// The backends the CLI can run on: the probe's, and the emulated device.
+fn backends(s: &SystemInfo) -> Vec<&'static str> {
+    let mut b = s.backends.clone();
+    if !b.contains(&"emu") {
+        b.push("emu");
+    }
+    b
+}
+
+fn preset_json(p: &LinkPreset) -> Value {
+    json!({
+        "name": p.name,
+        "setup_ns": p.setup_ns,
+        "h2d_gbps": p.h2d_gbps,
+        "d2h_gbps": p.d2h_gbps,
+        "bidir_h2d_gbps": p.bidir_h2d_gbps,
+        "bidir_d2h_gbps": p.bidir_d2h_gbps,
+        "d2d_gbps": p.d2d_gbps,
+        "memory_gbps": p.memory_gbps,
+        "peak_gbps": p.peak_gbps(),
+        "source": p.source,
     })
 }
 
@@ -22,7 +47,8 @@ pub fn to_json(s: &SystemInfo) -> Value {
         "memlock_limit_bytes": s.memlock_limit_bytes,
         "mlock_works": s.mlock.is_ok(),
         "mlock_error": s.mlock.as_ref().err(),
-        "backends": s.backends,
+        "backends": backends(s),
+        "emu_presets": LinkPreset::all().iter().map(preset_json).collect::<Vec<_>>(),
     })
 }
 
@@ -67,5 +93,20 @@ pub fn print(json_out: bool) {
             "  mlock                 refused ({e}); pinned memory falls back to unpinned pages"
         ),
     }
-    println!("  backends              {}", s.backends.join(", "));
+    println!("  backends              {}", backends(&s).join(", "));
+    println!("  emu presets           (--device emu:PRESET; GB/s alone, both at once)");
+    for p in LinkPreset::all() {
+        println!(
+            "    {:<10} h2d {:5.1}  d2h {:5.1}  both {:5.1} / {:5.1}  setup {:.1} us  \
+             memory {:.0}",
+            p.name,
+            p.h2d_gbps,
+            p.d2h_gbps,
+            p.bidir_h2d_gbps,
+            p.bidir_d2h_gbps,
+            p.setup_ns as f64 / 1e3,
+            p.memory_gbps
+        );
+        println!("    {:<10} source: {}", "", p.source);
+    }
 }

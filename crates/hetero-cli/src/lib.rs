@@ -4,5 +4,6 @@
 
 pub mod bench;
 pub mod demo;
+pub mod device;
 pub mod info;
 pub mod profile;

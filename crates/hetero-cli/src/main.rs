@@ -2,6 +2,7 @@
 //! the library, the benchmarks and the profiler.
 
 use clap::{Parser, Subcommand};
+use hetero_cli::device::DeviceSpec;
 use hetero_cli::{bench, demo, info, profile};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
@@ -42,12 +43,32 @@ impl WorkloadArgs {
     }
 }
 
+#[derive(clap::Args, Clone)]
+struct DeviceArgs {
+    /// The device: host, emu or emu:PRESET (pcie3x16, pcie4x16, pcie5x16),
+    /// optionally with ,time=real|virtual and ,capacity=BYTES.
+    #[arg(long, default_value = "host")]
+    device: String,
+    /// The emulated device's clock: real or virtual (default virtual).
+    #[arg(long)]
+    time: Option<String>,
+}
+
+impl DeviceArgs {
+    fn spec(&self) -> DeviceSpec {
+        DeviceSpec::parse(&self.device, self.time.as_deref())
+            .unwrap_or_else(|e| fail("--device", e))
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// The 3-stage pipeline demo: serial vs three streams, verified.
     Demo {
         #[command(flatten)]
         workload: WorkloadArgs,
+        #[command(flatten)]
+        device: DeviceArgs,
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -73,6 +94,8 @@ enum Command {
         out: PathBuf,
         #[command(flatten)]
         args: WorkloadArgs,
+        #[command(flatten)]
+        device: DeviceArgs,
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -101,6 +124,14 @@ enum BenchCommand {
     Profile(BenchOpts),
     /// Allocation latency and fragmentation beside malloc, mimalloc, jemalloc, offset-allocator.
     Alloc(BenchOpts),
+    /// Modelled H2D, D2H and both-at-once bandwidth of an emulated link beside its preset's figures.
+    Link {
+        #[command(flatten)]
+        opts: BenchOpts,
+        /// The emulated device: emu or emu:PRESET (virtual time).
+        #[arg(long, default_value = "emu:pcie4x16")]
+        device: String,
+    },
 }
 
 /// A spinner on stderr for anything that may run longer than a second; hidden when
@@ -125,10 +156,17 @@ fn fail(what: &str, e: impl std::fmt::Display) -> ! {
 fn main() {
     let cli = Cli::parse();
     match cli.command {
-        Command::Demo { workload, json } => {
+        Command::Demo {
+            workload,
+            device,
+            json,
+        } => {
+            let spec = device.spec();
             let pb = spinner(json, "demo");
-            let result = hetero::Device::new(demo::device_config()).and_then(|dev| {
-                demo::run(&dev, workload.config(), |m| pb.set_message(m.to_string()))
+            let result = spec.open().and_then(|dev| {
+                demo::run_on(&dev, &spec, workload.config(), |m| {
+                    pb.set_message(m.to_string())
+                })
             });
             pb.finish_and_clear();
             match result {
@@ -142,10 +180,12 @@ fn main() {
             workload,
             out,
             args,
+            device,
             json,
         } => {
+            let spec = device.spec();
             let pb = spinner(json, &format!("profiling {workload}"));
-            let result = profile::run(&workload, &out, args.config(), |m| {
+            let result = profile::run_on(&workload, &out, &spec, args.config(), |m| {
                 pb.set_message(m.to_string())
             });
             pb.finish_and_clear();
@@ -183,6 +223,18 @@ fn main() {
                 Err(e) => fail("profile", e),
             }
         }
+        Command::Bench {
+            which: BenchCommand::Link { opts, device },
+        } => {
+            let spec = DeviceSpec::parse(&device, None).unwrap_or_else(|e| fail("--device", e));
+            let pb = spinner(opts.json, "bench link");
+            let rep = bench::link::run(opts.quick, &spec);
+            pb.finish_and_clear();
+            match rep {
+                Ok(rep) => rep.print(opts.json),
+                Err(e) => fail("bench link", e),
+            }
+        }
         Command::Bench { which } => {
             let (name, opts): (&str, BenchOpts) = match which {
                 BenchCommand::Submit(o) => ("submit", o),
@@ -190,6 +242,7 @@ fn main() {
                 BenchCommand::Pipeline(o) => ("pipeline", o),
                 BenchCommand::Profile(o) => ("profile", o),
                 BenchCommand::Alloc(o) => ("alloc", o),
+                BenchCommand::Link { .. } => unreachable!("handled above"),
             };
             let pb = spinner(opts.json, &format!("bench {name}"));
             let rep = match name {

@@ -3,7 +3,7 @@
 //! and timeline.svg.
 
 use crate::demo::{self, DemoConfig};
-use hetero::Device;
+use crate::device::DeviceSpec;
 use std::path::Path;
 
 /// The built-in workloads.
@@ -24,6 +24,18 @@ pub fn run(
     cfg: DemoConfig,
     progress: impl FnMut(&str),
 ) -> Result<ProfileOutput, String> {
+    run_on(workload, out, &DeviceSpec::Host, cfg, progress)
+}
+
+/// [`run`] on a fresh device from `spec`; a device behind a link model fills the
+/// report's "of link peak".
+pub fn run_on(
+    workload: &str,
+    out: &Path,
+    spec: &DeviceSpec,
+    cfg: DemoConfig,
+    progress: impl FnMut(&str),
+) -> Result<ProfileOutput, String> {
     if !WORKLOADS.contains(&workload) {
         return Err(format!(
             "unknown workload '{workload}'; built-in workloads: {}",
@@ -33,15 +45,17 @@ pub fn run(
     let _ = hetero_trace::take(); // start from an empty recorder
     hetero_trace::set_enabled(true);
     let mut allocator = None;
+    let mut link_peak_gbps = None;
     let result = (|| -> hetero::Result<bool> {
-        let dev = Device::new(demo::device_config())?;
+        let dev = spec.open()?;
         hetero_trace::set_device_name(dev.properties().name.clone());
+        link_peak_gbps = dev.properties().link_peak_gbps;
         let mut progress = progress;
         let verified = match workload {
-            "demo" => demo::run(&dev, cfg, &mut progress)?.verified,
+            "demo" => demo::run_on(&dev, spec, cfg, &mut progress)?.verified,
             _ => {
                 progress("pipelined runs");
-                demo::pipeline(&dev, cfg)?.1
+                demo::pipeline_on(&dev, spec, cfg)?.1
             }
         };
         let m = dev.memory_stats();
@@ -59,6 +73,7 @@ pub fn run(
     let trace = hetero_trace::take();
     let options = hetero_profile::ReportOptions {
         allocator,
+        link_peak_gbps,
         ..Default::default()
     };
     let paths = hetero_profile::write_all_with(&trace, out, &options)

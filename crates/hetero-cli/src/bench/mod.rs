@@ -5,6 +5,7 @@
 pub mod alloc;
 mod alloc_ahead;
 pub mod events;
+pub mod link;
 pub mod pipeline;
 pub mod profile;
 pub mod submit;
@@ -28,6 +29,10 @@ pub struct BenchReport {
     pub bench: String,
     pub results: Vec<BenchResult>,
     pub ratios: BTreeMap<String, f64>,
+    /// What the reader should know about the run (a reference's source, a size
+    /// measured smaller than asked).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 impl BenchReport {
@@ -36,6 +41,7 @@ impl BenchReport {
             bench: bench.to_string(),
             results: Vec::new(),
             ratios: BTreeMap::new(),
+            notes: Vec::new(),
         }
     }
 
@@ -94,6 +100,9 @@ impl BenchReport {
         }
         for (k, v) in &self.ratios {
             println!("  ratio {k:<34} {v:>10.3}");
+        }
+        for n in &self.notes {
+            println!("  note: {n}");
         }
     }
 }

@@ -1,0 +1,198 @@
+//! `hetero bench link`: H2D, D2H and both-at-once bandwidth on an emulated
+//! device in virtual time (GB/s = bytes / modelled ns, from events), beside the
+//! link preset's published figures as the reference.
+//!
+//! Both at once: an H2D and a D2H of the same size on two streams, both after
+//! one start event; each direction's rate comes from its own end event. The
+//! figures are modelled, hence deterministic: repetitions only show it.
+
+use super::BenchReport;
+use crate::device::DeviceSpec;
+use hetero::{
+    Device, DeviceBuffer, DeviceConfig, EmuConfig, Event, LinkPreset, PinnedBuffer, Result,
+    TimeMode,
+};
+
+/// The transfer sizes and their names in results.
+pub const SIZES: &[(usize, &str)] = &[
+    (4 << 10, "4k"),
+    (64 << 10, "64k"),
+    (1 << 20, "1m"),
+    (64 << 20, "64m"),
+    (1 << 30, "1g"),
+];
+
+/// The emulated device's memory: two buffers of the largest size, with room.
+const CAPACITY: usize = 4 << 30;
+
+/// One size's buffers: `h` → `x` (H2D), `y` → `g` (D2H).
+struct Buffers {
+    h: PinnedBuffer<u8>,
+    g: PinnedBuffer<u8>,
+    x: DeviceBuffer<u8>,
+    y: DeviceBuffer<u8>,
+}
+
+impl Buffers {
+    fn new(dev: &Device, n: usize) -> Result<Self> {
+        Ok(Buffers {
+            h: dev.alloc_pinned(n)?,
+            g: dev.alloc_pinned(n)?,
+            x: dev.alloc(n)?,
+            y: dev.alloc(n)?,
+        })
+    }
+}
+
+fn size_name(n: usize) -> String {
+    match SIZES.iter().find(|(s, _)| *s == n) {
+        Some((_, name)) => (*name).into(),
+        None if n >= 1 << 20 => format!("{}m", n >> 20),
+        None => format!("{}k", n >> 10),
+    }
+}
+
+/// GB/s of `bytes` between two completed events (device time).
+fn gbps(bytes: usize, a: &Event, b: &Event) -> Result<f64> {
+    Ok(bytes as f64 / (a.elapsed_ms(b)? * 1e6))
+}
+
+/// (H2D, D2H, both-at-once H2D, both-at-once D2H) GB/s for one size.
+fn measure(dev: &Device, b: &mut Buffers, n: usize) -> Result<[f64; 4]> {
+    let (s, t) = (dev.create_stream()?, dev.create_stream()?);
+    let start = s.record_event()?;
+    s.copy_h2d(&b.h, &b.x)?;
+    let end = s.record_event()?;
+    s.synchronize()?;
+    let h2d = gbps(n, &start, &end)?;
+
+    let start = s.record_event()?;
+    s.copy_d2h(&b.y, &mut b.g)?;
+    let end = s.record_event()?;
+    s.synchronize()?;
+    let d2h = gbps(n, &start, &end)?;
+
+    let start = s.record_event()?;
+    t.wait_event(&start)?;
+    s.copy_h2d(&b.h, &b.x)?;
+    let h_end = s.record_event()?;
+    t.copy_d2h(&b.y, &mut b.g)?;
+    let d_end = t.record_event()?;
+    dev.synchronize()?;
+    Ok([h2d, d2h, gbps(n, &start, &h_end)?, gbps(n, &start, &d_end)?])
+}
+
+/// Buffers of `n` bytes, or of the largest smaller power of two (down to
+/// 64 MiB) the machine gives; a smaller size is said in `notes`.
+fn buffers_for(dev: &Device, n: usize, notes: &mut Vec<String>) -> Option<(usize, Buffers)> {
+    let mut size = n;
+    loop {
+        match Buffers::new(dev, size) {
+            Ok(b) => {
+                if size != n {
+                    notes.push(format!(
+                        "{} transfers measured at {} instead",
+                        size_name(n),
+                        size_name(size)
+                    ));
+                }
+                return Some((size, b));
+            }
+            Err(e) if size > 64 << 20 && n > 64 << 20 => {
+                notes.push(format!(
+                    "could not allocate 2 x {} MiB pinned and 2 x {0} MiB device memory ({e}); \
+                     trying half (raise RLIMIT_MEMLOCK or free memory for the full size)",
+                    size >> 20
+                ));
+                size /= 2;
+            }
+            Err(e) => {
+                notes.push(format!("skipped {}: {e}", size_name(n)));
+                return None;
+            }
+        }
+    }
+}
+
+/// The emulated device `spec` names (default pcie4x16), in virtual time, with
+/// room for the largest transfers.
+fn device_for(spec: &DeviceSpec) -> std::result::Result<(Device, LinkPreset), String> {
+    let emu = match spec {
+        DeviceSpec::Emu(emu) if emu.time_mode() == TimeMode::Virtual => emu.clone(),
+        DeviceSpec::Emu(_) => {
+            return Err(
+                "bench link measures modelled time: use --device emu:PRESET (virtual)".into(),
+            )
+        }
+        DeviceSpec::Host => {
+            return Err(
+                "the host device has no link; use --device emu:PRESET (presets: pcie3x16, \
+                 pcie4x16, pcie5x16)"
+                    .into(),
+            )
+        }
+    };
+    let link = emu.link().clone();
+    let emu: EmuConfig = emu.capacity(CAPACITY);
+    let dev = Device::new(DeviceConfig::default().emu(emu)).map_err(|e| e.to_string())?;
+    Ok((dev, link))
+}
+
+pub fn run(quick: bool, spec: &DeviceSpec) -> std::result::Result<BenchReport, String> {
+    let (dev, link) = device_for(spec)?;
+    let reps = if quick { 1 } else { 3 };
+    let mut rep = BenchReport::new("link");
+    let dirs = ["h2d", "d2h", "bidir-h2d", "bidir-d2h"];
+    let preset = [
+        link.h2d_gbps,
+        link.d2h_gbps,
+        link.bidir_h2d_gbps,
+        link.bidir_d2h_gbps,
+    ];
+    for (dir, value) in dirs.iter().zip(preset) {
+        rep.push_value(&format!("preset/{dir}-gbps"), "GB/s", value, 1);
+    }
+    let mut notes = vec![format!("emu:{}: {}", link.name, link.source)];
+    for &(n, _) in SIZES {
+        let Some((size, mut b)) = buffers_for(&dev, n, &mut notes) else {
+            continue;
+        };
+        let mut samples: [Vec<f64>; 4] = Default::default();
+        for _ in 0..reps {
+            let r = measure(&dev, &mut b, size).map_err(|e| e.to_string())?;
+            for (all, v) in samples.iter_mut().zip(r) {
+                all.push(v);
+            }
+        }
+        drop(b);
+        dev.trim();
+        let name = size_name(size);
+        for (dir, s) in dirs.iter().zip(&mut samples) {
+            let result = format!("emu/{dir}-gbps-{name}");
+            rep.push_samples(&result, "GB/s", s);
+            let reference = format!("preset/{dir}-gbps");
+            rep.ratio(&format!("{result} / {reference}"), &result, &reference);
+        }
+    }
+    let unpinned = dev.pinned_stats().unpinned_chunks;
+    if unpinned > 0 {
+        notes.push(format!(
+            "{unpinned} pinned chunks are pageable here (RLIMIT_MEMLOCK); modelled figures do \
+             not depend on it"
+        ));
+    }
+    rep.notes = notes;
+    Ok(rep)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_named() {
+        assert_eq!(size_name(64 << 20), "64m");
+        assert_eq!(size_name(512 << 20), "512m");
+        assert_eq!(size_name(4 << 10), "4k");
+    }
+}

@@ -1,0 +1,134 @@
+//! The command line on the emulated device: the demo in virtual time and
+//! `bench link`. Figures asserted here are modelled (virtual time), hence
+//! deterministic; no wall-clock time is asserted.
+
+use serde_json::Value;
+use std::process::Command;
+
+fn hetero(args: &[&str]) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_hetero"))
+        .args(args)
+        .output()
+        .expect("run hetero");
+    assert!(
+        out.status.success(),
+        "hetero {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("stdout is one JSON object")
+}
+
+fn f(v: &Value, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} missing: {v}"))
+}
+
+#[test]
+fn emu_demo_in_virtual_time_is_verified_deterministic_and_pipelined() {
+    let args = [
+        "demo",
+        "--device",
+        "emu:pcie4x16",
+        "--time",
+        "virtual",
+        "--json",
+        "--tiles",
+        "24",
+        "--tile-kib",
+        "16",
+        "--reps",
+        "1",
+    ];
+    let (a, b) = (hetero(&args), hetero(&args));
+    for v in [&a, &b] {
+        assert_eq!(v["verified"], true, "{v}");
+        assert_eq!(v["device"], "emu:pcie4x16");
+        assert_eq!(v["time"], "virtual");
+    }
+    assert!(a["trace_hash"].is_string(), "{a}");
+    assert_eq!(a["trace_hash"], b["trace_hash"]);
+    assert_eq!(a["pipelined_ms"], b["pipelined_ms"]);
+    // Balanced by the models: the kernel's modelled time is the H2D's, and the
+    // events of the serial run measure what the models say.
+    let m = &a["model"];
+    assert!(
+        (f(m, "kernel_us") / f(m, "h2d_us") - 1.0).abs() < 1e-3,
+        "{m}"
+    );
+    for stage in ["h2d_us", "kernel_us", "d2h_us"] {
+        assert!((f(&a, stage) - f(m, stage)).abs() < 0.01, "{stage}: {a}");
+    }
+    // 24 tiles through 3 balanced engines: 72 stage times serially, at best 26
+    // pipelined (2.77x); 16 KiB tiles keep the link's duplex share out of the way
+    // (their data phases are short beside the setup latency).
+    assert!(f(&a, "bound_speedup") > 2.9, "{a}");
+    assert!(f(&a, "speedup") >= 2.5, "{a}");
+}
+
+#[test]
+fn the_host_demo_reports_the_wall_clock() {
+    let v = hetero(&[
+        "demo",
+        "--json",
+        "--tiles",
+        "4",
+        "--tile-kib",
+        "16",
+        "--reps",
+        "1",
+    ]);
+    assert_eq!(v["device"], "host");
+    assert_eq!(v["time"], "wall");
+    assert!(v["trace_hash"].is_null());
+}
+
+#[test]
+fn bench_link_reaches_the_presets_figures_for_large_transfers() {
+    let v = hetero(&["bench", "link", "--quick", "--json"]);
+    assert_eq!(v["bench"], "link");
+    let results = v["results"].as_array().expect("results");
+    let value = |name: &str| -> f64 {
+        results
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("{name} missing in {v}"))["median"]
+            .as_f64()
+            .expect("median")
+    };
+    let dirs = ["h2d", "d2h", "bidir-h2d", "bidir-d2h"];
+    // 1 GiB may be measured smaller where memory is short (said in the notes).
+    for size in ["4k", "64k", "1m", "64m"] {
+        for dir in dirs {
+            value(&format!("emu/{dir}-gbps-{size}"));
+        }
+    }
+    let ratios = v["ratios"].as_object().expect("ratios");
+    for dir in dirs {
+        let preset = value(&format!("preset/{dir}-gbps"));
+        let emu = value(&format!("emu/{dir}-gbps-64m"));
+        assert!(
+            (emu / preset - 1.0).abs() < 0.05,
+            "{dir}: {emu} vs {preset}"
+        );
+        let key = format!("emu/{dir}-gbps-64m / preset/{dir}-gbps");
+        assert!(ratios[&key].is_number(), "{key} missing");
+    }
+    // Small transfers pay the setup latency.
+    assert!(value("emu/h2d-gbps-4k") < 0.1 * value("preset/h2d-gbps"));
+}
+
+#[test]
+fn info_lists_the_emu_backend_and_presets() {
+    let v = hetero(&["info", "--json"]);
+    assert_eq!(v["backends"], serde_json::json!(["host", "emu"]));
+    let presets = v["emu_presets"].as_array().expect("presets");
+    let names: Vec<&str> = presets
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["pcie3x16", "pcie4x16", "pcie5x16"]);
+    assert!(presets
+        .iter()
+        .all(|p| p["source"].is_string() && p["h2d_gbps"].is_number()));
+}
