@@ -21,6 +21,13 @@ pub fn mark_engine_thread() {
     ENGINE_THREAD.with(|c| c.set(true));
 }
 
+/// Sets or clears the calling thread's engine role; returns the previous one.
+/// For a thread that acts as an engine for a while (it runs a device's work
+/// inside a host wait, as an emulated device in virtual time does).
+pub fn set_engine_thread(on: bool) -> bool {
+    ENGINE_THREAD.with(|c| c.replace(on))
+}
+
 /// Whether the calling thread was marked as an engine thread. False during
 /// thread teardown (the flag is gone by then; nothing waits at that point).
 #[inline]

@@ -143,7 +143,6 @@ impl EmuShared {
                 // Catch the model up with the wall clock, event by event (rates
                 // change only at events), starting what became ready on the way.
                 let wall = self.now_ns();
-                sim.dispatch(self);
                 while let Some(t) = sim.next_event(&self.emu.link) {
                     if t > wall {
                         break;

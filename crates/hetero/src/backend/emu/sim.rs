@@ -43,18 +43,22 @@ pub(crate) fn in_sim() -> bool {
     IN_SIM.try_with(Cell::get).unwrap_or(false)
 }
 
-/// Marks the calling thread as inside the simulation until dropped.
-pub(crate) struct InSim(bool);
+/// Marks the calling thread as inside the simulation until dropped. It then
+/// acts as the device's engine: the pool never blocks it on a fence (the work
+/// behind the fence may need this very thread).
+pub(crate) struct InSim(bool, bool);
 
 impl InSim {
     pub(crate) fn enter() -> InSim {
-        InSim(IN_SIM.with(|c| c.replace(true)))
+        let was_engine = hetero_memory::thread_role::set_engine_thread(true);
+        InSim(IN_SIM.with(|c| c.replace(true)), was_engine)
     }
 }
 
 impl Drop for InSim {
     fn drop(&mut self) {
         IN_SIM.with(|c| c.set(self.0));
+        hetero_memory::thread_role::set_engine_thread(self.1);
     }
 }
 
@@ -228,7 +232,16 @@ impl Sim {
             Plan::Now(r) => {
                 result = r;
                 match &mut op.body {
-                    Body::Marker { stamp } => stamp.store(now, Ordering::Release),
+                    // In real time the model's clock moves only between passes:
+                    // a record stamps the wall clock it ran at.
+                    Body::Marker { stamp } => {
+                        let at = if sh.real_time() {
+                            sh.now_ns().max(now)
+                        } else {
+                            now
+                        };
+                        stamp.store(at, Ordering::Release)
+                    }
                     Body::Host(f) => {
                         if let Some(f) = f.take() {
                             result = run_user(|| "host callback".into(), f);
