@@ -4,7 +4,7 @@
 //! chunk / block / buffer with stream-ordered reuse).
 //!
 //! This crate sits below the execution layer and knows nothing of it: streams
-//! are plain [`StreamId`]s and completion is the [`Fence`] trait, which the
+//! are plain [`StreamId`]s and completion is the [`StreamPoint`] trait, which the
 //! execution layer's events implement. The execution layer marks its engine
 //! threads ([`thread_role`]) so the pool never blocks one on a fence.
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -26,6 +26,6 @@ mod pool;
 pub use pinned::{PinnedAllocation, PinnedConfig, PinnedPool, PinnedStats};
 pub use poison::is_poisoned;
 pub use pool::{
-    Allocation, BlockSnapshot, BlockState, ChunkSnapshot, DevicePool, Fence, PoolStats, Snapshot,
-    StreamFences, StreamId, DEFAULT_ALIGN, MAX_ALIGN,
+    Allocation, BlockSnapshot, BlockState, ChunkSnapshot, DevicePool, PoolStats, Snapshot,
+    StreamId, StreamPoint, StreamPoints, DEFAULT_ALIGN, MAX_ALIGN,
 };

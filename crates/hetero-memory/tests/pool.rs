@@ -4,8 +4,8 @@ mod common;
 
 use common::{CompleteOnDrop, ManualFence, Streams};
 use hetero_memory::{
-    BlockState, ChunkSource, DevicePool, Fence, HostChunkSource, HostOptions, MemoryError,
-    PoolConfig, ReusePolicy,
+    BlockState, ChunkSource, DevicePool, HostChunkSource, HostOptions, MemoryError, PoolConfig,
+    ReusePolicy, StreamPoint,
 };
 use std::sync::Arc;
 
@@ -35,7 +35,7 @@ fn same_stream_reuse_is_immediate() {
 fn other_stream_does_not_get_a_block_before_its_fence() {
     let p = pool(PoolConfig::default());
     let streams = Arc::new(Streams::default());
-    p.set_stream_fences(streams.clone());
+    p.set_stream_points(streams.clone());
     let a = p.alloc(4096, 0, S).expect("a");
     let addr = a.ptr();
     p.free(a, S, Vec::new()); // S's kernel on it has not finished
@@ -48,7 +48,7 @@ fn other_stream_does_not_get_a_block_before_its_fence() {
 fn tight(policy: ReusePolicy) -> (DevicePool, Arc<Streams>) {
     let p = pool(PoolConfig::default().max_reserved(2 << 20).reuse(policy));
     let streams = Arc::new(Streams::default());
-    p.set_stream_fences(streams.clone());
+    p.set_stream_points(streams.clone());
     (p, streams)
 }
 
@@ -107,7 +107,7 @@ fn a_completed_free_reaches_other_streams_without_a_fence() {
     assert!(b.wait_for().is_empty());
     assert!(!b.reused_in_stream_order());
     assert!(!streams.tail(S).is_complete());
-    p.free_completed_shared(b, T);
+    p.free_completed_uncached(b, T);
     p.free_completed(keep, S);
     assert_eq!(p.stats().allocated, 0);
 }
@@ -148,7 +148,7 @@ fn record_stream_uses_hold_the_block() {
     let a = p.alloc(3 << 20, 0, S).expect("a");
     let addr = a.ptr();
     let use_on_t = ManualFence::new();
-    p.free(a, S, vec![use_on_t.clone() as Arc<dyn Fence>]);
+    p.free(a, S, vec![use_on_t.clone() as Arc<dyn StreamPoint>]);
     let b = p.alloc(3 << 20, 0, S).expect("b");
     assert_ne!(b.ptr(), addr, "still in use on T");
     use_on_t.complete();
@@ -284,7 +284,7 @@ fn snapshot_lists_chunks_blocks_and_states() {
     let cached = p.alloc(5000, 0, T).expect("cached");
     p.free(cached, T, Vec::new());
     let held = p.alloc(2 << 20, 0, S).expect("held");
-    p.free(held, S, vec![ManualFence::new() as Arc<dyn Fence>]);
+    p.free(held, S, vec![ManualFence::new() as Arc<dyn StreamPoint>]);
     let snap = p.snapshot();
     let blocks: Vec<_> = snap.chunks.iter().flat_map(|c| c.blocks.iter()).collect();
     let find = |st: BlockState| blocks.iter().find(|b| b.state == st).copied();

@@ -8,7 +8,7 @@
 //! for never finishes, so a pool that does not wait grows on every request.
 
 use hetero_memory::thread_role::mark_engine_thread;
-use hetero_memory::{DevicePool, Fence, MemoryError, PoolConfig, StreamFences, StreamId};
+use hetero_memory::{DevicePool, MemoryError, PoolConfig, StreamId, StreamPoint, StreamPoints};
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex};
@@ -76,8 +76,8 @@ impl FakeDevice {
 #[derive(Debug)]
 struct Recorder(Arc<FakeDevice>);
 
-impl StreamFences for Recorder {
-    fn record(&self, stream: StreamId) -> Arc<dyn Fence> {
+impl StreamPoints for Recorder {
+    fn record(&self, stream: StreamId) -> Arc<dyn StreamPoint> {
         let mut st = self.0.state.lock().expect("state");
         let v = st.submitted.entry(stream).or_insert(0);
         *v += 1;
@@ -96,7 +96,7 @@ struct FakeFence {
     value: u64,
 }
 
-impl Fence for FakeFence {
+impl StreamPoint for FakeFence {
     fn is_complete(&self) -> bool {
         let st = self.dev.state.lock().expect("state");
         st.completed.get(&self.stream).copied().unwrap_or(0) >= self.value
@@ -124,7 +124,7 @@ impl Fence for FakeFence {
 
 fn pool(config: PoolConfig, dev: &Arc<FakeDevice>) -> DevicePool {
     let p = DevicePool::new(config).expect("pool");
-    assert!(p.set_stream_fences(Arc::new(Recorder(dev.clone()))));
+    assert!(p.set_stream_points(Arc::new(Recorder(dev.clone()))));
     p
 }
 

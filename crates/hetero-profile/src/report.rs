@@ -385,7 +385,7 @@ impl Report {
         // Waits and markers are stalls, not work: the idle gaps show those.
         let mut longest: Vec<&OpRecord> = ops
             .iter()
-            .filter(|o| !matches!(o.kind, OpKind::Wait | OpKind::Marker))
+            .filter(|o| !matches!(o.kind, OpKind::Wait | OpKind::Record))
             .collect();
         longest.sort_by_key(|o| (std::cmp::Reverse(o.duration_ns()), o.start_ns));
         let longest_ops = longest

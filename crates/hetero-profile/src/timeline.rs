@@ -25,7 +25,7 @@ pub(crate) fn kind_color(kind: OpKind) -> RGBColor {
         OpKind::HostFn => RGBColor(148, 103, 189),
         // Waits are stalls, not work: a light tint so work stands out.
         OpKind::Wait => RGBColor(242, 182, 182),
-        OpKind::Marker => RGBColor(0, 0, 0),
+        OpKind::Record => RGBColor(0, 0, 0),
     }
 }
 
@@ -82,7 +82,7 @@ pub fn timeline_svg(trace: &Trace) -> std::io::Result<String> {
         .unwrap_or(0);
     let span_ms = ((end - start) as f64 / 1e6).max(1e-6);
     let ms = |ns: u64| ns.saturating_sub(start) as f64 / 1e6;
-    // Markers and very short ops still get a visible sliver.
+    // Records and very short ops still get a visible sliver.
     let min_width = span_ms / 2000.0;
 
     let mut svg = String::new();

@@ -20,7 +20,7 @@ pub enum OpKind {
     /// A wait on another stream's timeline (see [`OpRecord::dep`]).
     Wait,
     /// An event record or other zero-work marker.
-    Marker,
+    Record,
 }
 
 impl OpKind {
@@ -33,7 +33,7 @@ impl OpKind {
         OpKind::Kernel,
         OpKind::HostFn,
         OpKind::Wait,
-        OpKind::Marker,
+        OpKind::Record,
     ];
 
     /// Short display name ("H2D", "Kernel", ...).
@@ -46,7 +46,7 @@ impl OpKind {
             OpKind::Kernel => "Kernel",
             OpKind::HostFn => "HostFn",
             OpKind::Wait => "Wait",
-            OpKind::Marker => "Marker",
+            OpKind::Record => "Record",
         }
     }
 }

@@ -73,7 +73,7 @@ fn pipeline() -> Trace {
         ));
     }
     // A zero-length marker that touches the end of the first H2D.
-    ops.push(op(OpKind::Marker, 1, 100, EngineKind::Host, 9_000, 9_000));
+    ops.push(op(OpKind::Record, 1, 100, EngineKind::Host, 9_000, 9_000));
     let mem = (0..6u64)
         .map(|i| MemRecord {
             kind: if i % 2 == 0 {

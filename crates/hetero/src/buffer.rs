@@ -117,7 +117,7 @@ impl Storage {
 
     /// Fences of other streams' work that may still use the memory: its first use
     /// must be ordered after them.
-    pub(crate) fn take_reuse_fences(&mut self) -> Vec<Arc<dyn hetero_memory::Fence>> {
+    pub(crate) fn take_reuse_points(&mut self) -> Vec<Arc<dyn hetero_memory::StreamPoint>> {
         match self.backing.get_mut().unwrap_or_else(|p| p.into_inner()) {
             Backing::Device { alloc, .. } => alloc.take_wait_for(),
             _ => Vec::new(),
@@ -200,7 +200,7 @@ impl Storage {
                     .collect();
                 pool.free_used_on(alloc, stream, &others);
             } else if crate::backend::on_engine_thread() {
-                pool.free_shared(alloc, stream, Vec::new());
+                pool.free_uncached(alloc, stream, Vec::new());
             } else {
                 pool.free(alloc, stream, Vec::new());
             }
@@ -350,7 +350,7 @@ impl Storage {
 
     /// Drops the storage once `fences` completed: its memory may still be used by
     /// the work they stand for, so it must not return to the pool before.
-    pub(crate) fn drop_after(self: Arc<Self>, fences: Vec<Arc<dyn hetero_memory::Fence>>) {
+    pub(crate) fn drop_after(self: Arc<Self>, fences: Vec<Arc<dyn hetero_memory::StreamPoint>>) {
         if fences.iter().all(|f| f.is_complete()) {
             return;
         }
@@ -475,7 +475,7 @@ impl Storage {
                 // no stream's work still uses the memory: no fences to pass. An engine
                 // frees what host threads allocate: past its own thread cache.
                 if crate::backend::on_engine_thread() {
-                    pool.free_completed_shared(alloc, stream);
+                    pool.free_completed_uncached(alloc, stream);
                 } else {
                     pool.free_completed(alloc, stream);
                 }

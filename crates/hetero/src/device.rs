@@ -216,7 +216,7 @@ impl Device {
         // buffer's first use, so wait for that work here.
         let fences = Arc::get_mut(&mut s)
             .expect("a new storage has no other owner")
-            .take_reuse_fences();
+            .take_reuse_points();
         let mut fences = fences.into_iter();
         while let Some(f) = fences.next() {
             if let Err(e) = crate::event::wait_fence(&f) {

@@ -28,7 +28,7 @@ impl TimelinePoint {
     }
 }
 
-impl hetero_memory::Fence for TimelinePoint {
+impl hetero_memory::StreamPoint for TimelinePoint {
     fn is_complete(&self) -> bool {
         self.timeline.is_reached(self.value)
     }
@@ -43,7 +43,7 @@ impl hetero_memory::Fence for TimelinePoint {
 }
 
 /// Waits for a pool fence on this thread (see `TimelinePoint::wait_here`).
-pub(crate) fn wait_fence(f: &Arc<dyn hetero_memory::Fence>) -> Result<()> {
+pub(crate) fn wait_fence(f: &Arc<dyn hetero_memory::StreamPoint>) -> Result<()> {
     if f.is_complete() {
         return Ok(());
     }

@@ -59,7 +59,7 @@ pub(crate) enum Body {
         value: u64,
         fault: bool,
     },
-    Marker {
+    Record {
         stamp: Arc<AtomicU64>,
     },
     /// A synchronous write from a host slice into memory the host cannot reach,
@@ -99,7 +99,7 @@ impl Op {
             Body::Kernel { args, .. } => args.as_slice_iter().all(|a| f(&a.storage, a.write)),
             Body::HostWrite { dst, .. } => f(dst, true),
             Body::HostRead { src, .. } => f(src, false),
-            Body::Host(_) | Body::Wait { .. } | Body::Marker { .. } => true,
+            Body::Host(_) | Body::Wait { .. } | Body::Record { .. } => true,
         }
     }
 
@@ -148,7 +148,7 @@ impl Op {
             Body::Host(_) => "host_fn",
             Body::Wait { fault: true, .. } => "wait_event",
             Body::Wait { fault: false, .. } => "wait_memory",
-            Body::Marker { .. } => "record_event",
+            Body::Record { .. } => "record_event",
             Body::HostWrite { .. } => "write_slice",
             Body::HostRead { .. } => "read_slice",
         }

@@ -1,7 +1,7 @@
 //! Streams: the user's in-order sequences of operations. Every method validates its
 //! input (typed errors, never panics) and hands a self-contained `Op` to the backend.
 
-use crate::backend::StreamQueue;
+use crate::backend::BackendStream;
 use crate::buffer::{Arg, DeviceBuffer, PinnedBuffer, Storage};
 use crate::event::{Event, EventPoint};
 use crate::kernel::{ArgList, Grid, Kernel, MAX_KERNEL_ARGS};
@@ -28,7 +28,7 @@ pub struct Stream {
 }
 
 struct StreamHandle {
-    queue: Arc<dyn StreamQueue>,
+    queue: Arc<dyn BackendStream>,
     device: Device,
 }
 
@@ -64,13 +64,13 @@ fn check_range(op: &'static str, len: usize, offset: usize, count: usize) -> Res
 }
 
 impl Stream {
-    pub(crate) fn new(queue: Arc<dyn StreamQueue>, device: Device) -> Self {
+    pub(crate) fn new(queue: Arc<dyn BackendStream>, device: Device) -> Self {
         Stream {
             inner: Arc::new(StreamHandle { queue, device }),
         }
     }
 
-    fn q(&self) -> &dyn StreamQueue {
+    fn q(&self) -> &dyn BackendStream {
         &*self.inner.queue
     }
 
@@ -103,9 +103,9 @@ impl Stream {
         let mut arc = self.inner.device.device_storage::<T>(len, self.id())?;
         let s = Arc::get_mut(&mut arc).expect("a new storage has no other owner");
         let mut ordered = s.reused_in_stream_order();
-        let fences = s.take_reuse_fences();
+        let fences = s.take_reuse_points();
         if !fences.is_empty() {
-            match self.wait_for_fences(fences) {
+            match self.wait_for_points(fences) {
                 Ok(o) => ordered |= o,
                 Err((e, pending)) => {
                     arc.drop_after(pending);
@@ -125,10 +125,10 @@ impl Stream {
     /// On error, the points not known to be reached come back with it: the memory
     /// may be freed only after them.
     #[cold]
-    fn wait_for_fences(
+    fn wait_for_points(
         &self,
-        fences: Vec<Arc<dyn hetero_memory::Fence>>,
-    ) -> std::result::Result<bool, (Error, Vec<Arc<dyn hetero_memory::Fence>>)> {
+        fences: Vec<Arc<dyn hetero_memory::StreamPoint>>,
+    ) -> std::result::Result<bool, (Error, Vec<Arc<dyn hetero_memory::StreamPoint>>)> {
         let mut ordered = false;
         let mut failed = None;
         let mut pending = Vec::new();
@@ -461,7 +461,7 @@ impl Stream {
     /// whose last record has completed (and that has no clones) allocates
     /// nothing: its timestamp cell is reused, like a CUDA event.
     pub fn record(&self, event: &mut Event) -> Result<()> {
-        // Only this event holds the cell once its marker op ran (no clones, and
+        // Only this event holds the cell once its record op ran (no clones, and
         // no weak references are ever made), so nothing else can read it.
         let stamp = match event.point.take().map(|p| p.stamp) {
             Some(mut st) => match Arc::get_mut(&mut st) {
@@ -473,7 +473,7 @@ impl Stream {
             },
             None => Arc::new(AtomicU64::new(0)),
         };
-        let value = self.submit(Body::Marker {
+        let value = self.submit(Body::Record {
             stamp: stamp.clone(),
         })?;
         event.point = Some(EventPoint {

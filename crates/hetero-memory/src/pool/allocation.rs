@@ -3,7 +3,7 @@
 //! Invariants: an allocation is a unique handle to a byte range, tied to no
 //! thread; it does not free itself: return it with [`DevicePool::free`].
 
-use super::fence::Fence;
+use super::point::StreamPoint;
 #[cfg(doc)]
 use super::DevicePool;
 use std::fmt;
@@ -25,7 +25,7 @@ pub struct Allocation {
     // through memory, and at 64 bytes the copy cost 33 ns per alloc+free
     // against 19 ns at 48 (examples/hit_loop.rs).
     #[allow(clippy::box_collection)]
-    pub(super) wait_for: Option<Box<Vec<Arc<dyn Fence>>>>,
+    pub(super) wait_for: Option<Box<Vec<Arc<dyn StreamPoint>>>>,
     /// Freed on the allocating stream while work queued there could still use it.
     pub(super) queued: bool,
     /// `class_of(block)` for cacheable blocks (saves recomputing it on free).
@@ -50,13 +50,13 @@ impl Allocation {
     /// Fences the first use of this memory must wait for on a stream other than
     /// the one it was allocated on (cross-stream reuse under the "follow event
     /// dependencies" policy); empty when none.
-    pub fn wait_for(&self) -> &[Arc<dyn Fence>] {
+    pub fn wait_for(&self) -> &[Arc<dyn StreamPoint>] {
         self.wait_for.as_deref().map_or(&[], Vec::as_slice)
     }
 
     /// Takes the fences out of [`Allocation::wait_for`] (once the caller has
     /// ordered the first use after them).
-    pub fn take_wait_for(&mut self) -> Vec<Arc<dyn Fence>> {
+    pub fn take_wait_for(&mut self) -> Vec<Arc<dyn StreamPoint>> {
         self.wait_for.take().map_or_else(Vec::new, |b| *b)
     }
 

@@ -126,7 +126,7 @@ impl Shared {
             // for the earliest of it and retry from what it freed, rather than
             // map memory that exists only because the host ran ahead.
             if self.wait_before_grow(&g, kind, need, rounded) {
-                if let Some(fences) = self.earliest_pending_fences(&g) {
+                if let Some(fences) = self.earliest_pending_points(&g) {
                     g.grow_waits += 1;
                     // Never under the lock: the engines we wait for free into it.
                     drop(g);
@@ -173,7 +173,7 @@ impl Shared {
             // engine thread: the work it would wait for may be queued behind
             // the op it is running.
             if !waited && !g.pending.is_empty() && !thread_role::on_engine_thread() {
-                let fences = self.all_pending_fences(&mut g);
+                let fences = self.all_pending_points(&mut g);
                 drop(g);
                 for f in fences {
                     f.wait();

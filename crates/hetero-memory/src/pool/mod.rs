@@ -11,7 +11,7 @@
 //!   on S; it reaches another stream only after a fence shows S's work on it
 //!   finished (or, under [`ReusePolicy::FollowEventDependencies`], with that
 //!   fence in [`Allocation::wait_for`]). Fences of S come from the installed
-//!   [`StreamFences`] (`fence.rs`); without one, streams are treated as
+//!   [`StreamPoints`] (`fence.rs`); without one, streams are treated as
 //!   host-synchronous. A free of memory whose last use already completed
 //!   ([`DevicePool::free_completed`]) needs no fence: such blocks reach other
 //!   streams at once. Memory a queued free handed back to its own stream is
@@ -31,14 +31,14 @@
 mod allocation;
 mod chunks;
 mod entry;
-mod fence;
 mod pending;
+mod point;
 mod snapshot;
 mod stream_cache;
 mod thread_cache;
 
 pub use allocation::Allocation;
-pub use fence::{Fence, StreamFences};
+pub use point::{StreamPoint, StreamPoints};
 pub use snapshot::{BlockSnapshot, BlockState, ChunkSnapshot, PoolStats, Snapshot};
 
 use crate::config::PoolConfig;
@@ -115,7 +115,7 @@ struct Shared {
     tls_hits: AtomicU64,
     config: PoolConfig,
     source: Arc<dyn ChunkSource>,
-    fences: std::sync::OnceLock<Arc<dyn StreamFences>>,
+    points: std::sync::OnceLock<Arc<dyn StreamPoints>>,
     slots: Box<[CachePadded<TryLock<Slot>>]>,
     slow: Mutex<Slow>,
 }
@@ -163,7 +163,7 @@ impl DevicePool {
                 tls_hits: AtomicU64::new(0),
                 config,
                 source,
-                fences: std::sync::OnceLock::new(),
+                points: std::sync::OnceLock::new(),
                 slots,
                 slow: Mutex::new(Slow {
                     // Small buffers favour speed (plain good fit inside 2 MiB
@@ -195,8 +195,8 @@ impl DevicePool {
 
     /// Installs the execution layer's fence recorder (once; later calls are
     /// ignored and return false).
-    pub fn set_stream_fences(&self, fences: Arc<dyn StreamFences>) -> bool {
-        self.s.fences.set(fences).is_ok()
+    pub fn set_stream_points(&self, fences: Arc<dyn StreamPoints>) -> bool {
+        self.s.points.set(fences).is_ok()
     }
 
     pub fn config(&self) -> &PoolConfig {
@@ -260,7 +260,7 @@ impl DevicePool {
     /// thread's cache: for threads that free what other threads allocate (an
     /// engine completing the last use of a buffer). Their cache would hide the
     /// block from the allocating thread; the stream's shared cache does not.
-    pub fn free_shared(&self, a: Allocation, stream: StreamId, uses: Vec<Arc<dyn Fence>>) {
+    pub fn free_uncached(&self, a: Allocation, stream: StreamId, uses: Vec<Arc<dyn StreamPoint>>) {
         self.s.free(a, stream, uses, true)
     }
 
@@ -271,10 +271,10 @@ impl DevicePool {
     ///
     /// Work queued on `stream` may still use the memory: it is not poisoned,
     /// and it returns to the chunks only after a fence of `stream` completes.
-    /// That fence comes from the installed [`StreamFences`]; without one, the
+    /// That fence comes from the installed [`StreamPoints`]; without one, the
     /// caller promises that the stream's work on it has completed.
     #[inline]
-    pub fn free(&self, a: Allocation, stream: StreamId, uses: Vec<Arc<dyn Fence>>) {
+    pub fn free(&self, a: Allocation, stream: StreamId, uses: Vec<Arc<dyn StreamPoint>>) {
         if uses.is_empty() {
             self.free_cached(a, stream, true);
         } else {
@@ -285,7 +285,7 @@ impl DevicePool {
     /// Stream-ordered free of memory that work queued on `stream` and on each of
     /// `others` may still use (a buffer used on several streams, dropped before
     /// that work completed). The pool records a fence at the current end of
-    /// each of those streams (with the installed [`StreamFences`]) and gives the
+    /// each of those streams (with the installed [`StreamPoints`]) and gives the
     /// memory to no stream, `stream` included, before they all complete, so no
     /// stream is made to wait for one it never waited for. Unlike memory kept
     /// alive by the work itself, the pool knows these bytes are free soon: a
@@ -297,7 +297,7 @@ impl DevicePool {
             tracing::error!(?a, "free of an allocation from another pool; it is leaked");
             return;
         }
-        let uses: Vec<Arc<dyn Fence>> = match self.s.fences.get() {
+        let uses: Vec<Arc<dyn StreamPoint>> = match self.s.points.get() {
             Some(r) => others
                 .iter()
                 .filter(|&&o| o != stream)
@@ -316,8 +316,8 @@ impl DevicePool {
     }
 
     /// [`DevicePool::free_completed`] past the calling thread's cache (see
-    /// [`DevicePool::free_shared`]).
-    pub fn free_completed_shared(&self, a: Allocation, stream: StreamId) {
+    /// [`DevicePool::free_uncached`]).
+    pub fn free_completed_uncached(&self, a: Allocation, stream: StreamId) {
         self.s.free(a, stream, Vec::new(), false)
     }
 
@@ -377,7 +377,7 @@ impl Shared {
     }
 
     #[inline(always)]
-    fn free(&self, a: Allocation, stream: StreamId, uses: Vec<Arc<dyn Fence>>, queued: bool) {
+    fn free(&self, a: Allocation, stream: StreamId, uses: Vec<Arc<dyn StreamPoint>>, queued: bool) {
         if a.pool != self.id {
             tracing::error!(?a, "free of an allocation from another pool; it is leaked");
             return;
@@ -403,7 +403,7 @@ impl Shared {
     /// stream's work on it completed.
     #[inline(always)]
     fn may_poison(&self, queued: bool) -> bool {
-        cfg!(hetero_asan) && (!queued || self.fences.get().is_none())
+        cfg!(hetero_asan) && (!queued || self.points.get().is_none())
     }
 
     fn lock(&self) -> MutexGuard<'_, Slow> {

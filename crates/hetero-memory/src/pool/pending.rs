@@ -8,12 +8,12 @@
 //! [`Allocation::wait_for`](super::Allocation::wait_for)). A block freed with
 //! `hold` ([`DevicePool::free_used_on`]) reaches no stream, its home included,
 //! before every fence completed. Fences of S come from the installed
-//! [`StreamFences`](super::StreamFences), recorded when first needed; without
+//! [`StreamPoints`](super::StreamPoints), recorded when first needed; without
 //! one, streams are treated as host-synchronous.
 
 use super::allocation::Allocation;
 use super::entry::{class_for_block, Entry};
-use super::fence::Fence;
+use super::point::StreamPoint;
 #[cfg(doc)]
 use super::DevicePool;
 use super::{Shared, Slow, StreamId};
@@ -31,11 +31,11 @@ pub(super) struct Pending {
     kind: u8,
     home: StreamId,
     /// Work on `home` may still use the block: it reaches another stream only
-    /// after `home_fence` (recorded when first needed) completes. False for
+    /// after `home_tail` (recorded when first needed) completes. False for
     /// blocks freed after their last use completed.
     queued: bool,
-    home_fence: Option<Arc<dyn Fence>>,
-    uses: Vec<Arc<dyn Fence>>,
+    home_tail: Option<Arc<dyn StreamPoint>>,
+    uses: Vec<Arc<dyn StreamPoint>>,
     /// Reused by no stream, its home included, before every fence completed
     /// ([`DevicePool::free_used_on`]).
     hold: bool,
@@ -57,7 +57,7 @@ impl Shared {
         &self,
         a: Allocation,
         stream: StreamId,
-        uses: Vec<Arc<dyn Fence>>,
+        uses: Vec<Arc<dyn StreamPoint>>,
         queued: bool,
         hold: bool,
     ) {
@@ -71,7 +71,7 @@ impl Shared {
             kind: a.kind,
             home: stream,
             queued: queued || !uses.is_empty(),
-            home_fence: None,
+            home_tail: None,
             uses,
             hold,
             seq,
@@ -88,12 +88,12 @@ impl Shared {
         if g.pending.is_empty() {
             return;
         }
-        let recorder = self.fences.get();
-        let mut recorded: Vec<(StreamId, Arc<dyn Fence>)> = Vec::new();
+        let recorder = self.points.get();
+        let mut recorded: Vec<(StreamId, Arc<dyn StreamPoint>)> = Vec::new();
         let mut i = 0;
         while i < g.pending.len() {
             let p = &mut g.pending[i];
-            if p.queued && p.home_fence.is_none() {
+            if p.queued && p.home_tail.is_none() {
                 if let Some(r) = recorder {
                     let f = match recorded.iter().find(|(s, _)| *s == p.home) {
                         Some((_, f)) => f.clone(),
@@ -103,10 +103,10 @@ impl Shared {
                             f
                         }
                     };
-                    p.home_fence = Some(f);
+                    p.home_tail = Some(f);
                 }
             }
-            let done = p.home_fence.as_ref().is_none_or(|f| f.is_complete())
+            let done = p.home_tail.as_ref().is_none_or(|f| f.is_complete())
                 && p.uses.iter().all(|f| f.is_complete());
             if done {
                 let p = g.pending.swap_remove(i);
@@ -131,7 +131,7 @@ impl Shared {
         cross: bool,
     ) -> Option<Allocation> {
         let policy = self.config.reuse;
-        let recorder = self.fences.get();
+        let recorder = self.points.get();
         for i in 0..g.pending.len() {
             let p = &mut g.pending[i];
             if (p.home == stream) == cross
@@ -141,19 +141,19 @@ impl Shared {
             {
                 continue;
             }
-            if cross && p.queued && p.home_fence.is_none() {
+            if cross && p.queued && p.home_tail.is_none() {
                 if let Some(r) = recorder {
-                    p.home_fence = Some(r.record(p.home));
+                    p.home_tail = Some(r.record(p.home));
                 }
             }
-            let mut wait: Vec<Arc<dyn Fence>> = p
+            let mut wait: Vec<Arc<dyn StreamPoint>> = p
                 .uses
                 .iter()
                 .filter(|f| !f.is_complete())
                 .cloned()
                 .collect();
             if cross {
-                if let Some(f) = p.home_fence.as_ref().filter(|f| !f.is_complete()) {
+                if let Some(f) = p.home_tail.as_ref().filter(|f| !f.is_complete()) {
                     wait.push(f.clone());
                 }
             }
@@ -196,7 +196,7 @@ impl Shared {
                 kind: e.kind(),
                 home,
                 queued: e.queued(),
-                home_fence: None,
+                home_tail: None,
                 uses: Vec::new(),
                 hold: false,
                 seq: g.next_seq,
@@ -209,14 +209,14 @@ impl Shared {
     /// (its stream work was queued first, so it is the next to finish); `None`
     /// when every pending free is ready. Call after `reap`, which records the
     /// fence of every queued free.
-    pub(super) fn earliest_pending_fences(&self, g: &Slow) -> Option<Vec<Arc<dyn Fence>>> {
-        let mut best: Option<(u64, Vec<Arc<dyn Fence>>)> = None;
+    pub(super) fn earliest_pending_points(&self, g: &Slow) -> Option<Vec<Arc<dyn StreamPoint>>> {
+        let mut best: Option<(u64, Vec<Arc<dyn StreamPoint>>)> = None;
         for p in &g.pending {
             if best.as_ref().is_some_and(|(seq, _)| *seq < p.seq) {
                 continue;
             }
-            let open: Vec<Arc<dyn Fence>> = p
-                .home_fence
+            let open: Vec<Arc<dyn StreamPoint>> = p
+                .home_tail
                 .iter()
                 .chain(p.uses.iter())
                 .filter(|f| !f.is_complete())
@@ -231,14 +231,14 @@ impl Shared {
 
     /// Every fence of every pending free, recording the home fence of queued
     /// frees that have none yet: what to wait for before a last retry.
-    pub(super) fn all_pending_fences(&self, g: &mut Slow) -> Vec<Arc<dyn Fence>> {
-        let mut fences: Vec<Arc<dyn Fence>> = Vec::new();
-        let recorder = self.fences.get();
+    pub(super) fn all_pending_points(&self, g: &mut Slow) -> Vec<Arc<dyn StreamPoint>> {
+        let mut fences: Vec<Arc<dyn StreamPoint>> = Vec::new();
+        let recorder = self.points.get();
         for p in g.pending.iter_mut() {
-            if p.queued && p.home_fence.is_none() {
-                p.home_fence = recorder.map(|r| r.record(p.home));
+            if p.queued && p.home_tail.is_none() {
+                p.home_tail = recorder.map(|r| r.record(p.home));
             }
-            fences.extend(p.home_fence.iter().cloned());
+            fences.extend(p.home_tail.iter().cloned());
             fences.extend(p.uses.iter().cloned());
         }
         fences

@@ -1,7 +1,7 @@
 //! Test doubles: a fence completed by hand and a per-stream fence recorder.
 #![allow(dead_code)]
 
-use hetero_memory::{Fence, StreamFences, StreamId};
+use hetero_memory::{StreamId, StreamPoint, StreamPoints};
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -37,7 +37,7 @@ impl ManualFence {
     }
 }
 
-impl Fence for ManualFence {
+impl StreamPoint for ManualFence {
     fn is_complete(&self) -> bool {
         self.state.lock().expect("lock").done
     }
@@ -78,8 +78,8 @@ impl Streams {
     }
 }
 
-impl StreamFences for Streams {
-    fn record(&self, stream: StreamId) -> Arc<dyn Fence> {
+impl StreamPoints for Streams {
+    fn record(&self, stream: StreamId) -> Arc<dyn StreamPoint> {
         self.tail(stream)
     }
 }

@@ -77,7 +77,7 @@ pub struct DeviceProperties {
     pub name: String,
     /// The backend ("host", "emu", later "cuda").
     pub backend: &'static str,
-    /// Compute units (host: worker threads).
+    /// Compute units (host: engine threads).
     pub compute_units: usize,
     /// Copy engines per direction: H2D, D2H, D2D.
     pub copy_engines: [usize; 3],
@@ -89,7 +89,7 @@ pub struct DeviceProperties {
 
 pub(crate) trait Backend: Send + Sync {
     fn properties(&self) -> &DeviceProperties;
-    fn create_stream(&self, priority: u8) -> Result<Arc<dyn StreamQueue>>;
+    fn create_stream(&self, priority: u8) -> Result<Arc<dyn BackendStream>>;
     /// `bytes` of `kind` memory; device memory is cached per `stream` (0: none).
     fn allocate(&self, kind: MemoryKind, bytes: usize, stream: u64) -> Result<Arc<Storage>>;
     /// The device pool (every backend's device memory goes through one).
@@ -114,7 +114,7 @@ pub(crate) trait Backend: Send + Sync {
     }
 }
 
-pub(crate) trait StreamQueue: Send + Sync {
+pub(crate) trait BackendStream: Send + Sync {
     fn id(&self) -> u64;
     fn timeline(&self) -> &Arc<Timeline>;
     /// Enqueues `op`; returns its value on the stream's timeline.

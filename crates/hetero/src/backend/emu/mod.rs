@@ -28,7 +28,7 @@ pub use config::{EmuConfig, TimeMode};
 pub use link::LinkPreset;
 pub(crate) use sim::in_sim;
 
-use super::{Backend, DeviceProperties, StreamQueue};
+use super::{Backend, BackendStream, DeviceProperties};
 use crate::buffer::{MemoryKind, Storage};
 use crate::config::{CompletionMode, DeviceConfig};
 use crate::park::Parker;
@@ -208,14 +208,14 @@ impl Driver for EmuShared {
     }
 }
 
-/// The pool's view of where a stream stands (`hetero_memory::StreamFences`).
+/// The pool's view of where a stream stands (`hetero_memory::StreamPoints`).
 #[derive(Debug)]
 struct EmuPoints {
     shared: Weak<EmuShared>,
 }
 
-impl hetero_memory::StreamFences for EmuPoints {
-    fn record(&self, stream: u64) -> Arc<dyn hetero_memory::Fence> {
+impl hetero_memory::StreamPoints for EmuPoints {
+    fn record(&self, stream: u64) -> Arc<dyn hetero_memory::StreamPoint> {
         let found = self.shared.upgrade().and_then(|sh| {
             let list = sh.streams.lock().unwrap_or_else(|p| p.into_inner());
             list.iter()
@@ -271,7 +271,7 @@ impl EmuBackend {
             emu: emu.clone(),
             config: config.clone(),
         });
-        pool.set_stream_fences(Arc::new(EmuPoints {
+        pool.set_stream_points(Arc::new(EmuPoints {
             shared: Arc::downgrade(&shared),
         }));
         let time = match emu.time {
@@ -321,7 +321,7 @@ impl Backend for EmuBackend {
         &self.props
     }
 
-    fn create_stream(&self, priority: u8) -> Result<Arc<dyn StreamQueue>> {
+    fn create_stream(&self, priority: u8) -> Result<Arc<dyn BackendStream>> {
         let sh = &self.shared;
         let id = sh.next_stream.fetch_add(1, Ordering::Relaxed);
         let timeline = Arc::new(Timeline::new(sh.device, id, sh.config.host_wait));

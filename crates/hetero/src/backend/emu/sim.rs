@@ -209,7 +209,7 @@ impl Sim {
                             None => Ok(()),
                         })
                     }),
-                    Body::Marker { .. } | Body::Host(_) => Some(Plan::Now(Ok(()))),
+                    Body::Record { .. } | Body::Host(_) => Some(Plan::Now(Ok(()))),
                     Body::Copy { kind, .. } => self.free_copy(*kind).map(Plan::Engine),
                     Body::HostWrite { .. } => self.free_copy(CopyKind::H2D).map(Plan::Engine),
                     Body::HostRead { .. } => self.free_copy(CopyKind::D2H).map(Plan::Engine),
@@ -234,7 +234,7 @@ impl Sim {
                 match &mut op.body {
                     // In real time the model's clock moves only between passes:
                     // a record stamps the wall clock it ran at.
-                    Body::Marker { stamp } => {
+                    Body::Record { stamp } => {
                         let at = if sh.real_time() {
                             sh.now_ns().max(now)
                         } else {
@@ -387,7 +387,7 @@ impl Sim {
                 };
                 (None, now + KERNEL_LAUNCH_NS + modelled, result)
             }
-            Body::Wait { .. } | Body::Marker { .. } | Body::Host(_) => (None, now, Ok(())),
+            Body::Wait { .. } | Body::Record { .. } | Body::Host(_) => (None, now, Ok(())),
         }
     }
 
@@ -547,7 +547,7 @@ fn kind_code(body: &Body) -> u64 {
         Body::Kernel { .. } => 5,
         Body::Host(_) => 6,
         Body::Wait { .. } => 7,
-        Body::Marker { .. } => 8,
+        Body::Record { .. } => 8,
         Body::HostWrite { .. } => 9,
         Body::HostRead { .. } => 10,
     }
@@ -579,7 +579,7 @@ fn record(r: &Running, end: u64) {
         Body::Wait {
             timeline, value, ..
         } => (K::Wait, Some((timeline.stream, *value))),
-        Body::Marker { .. } => (K::Marker, None),
+        Body::Record { .. } => (K::Record, None),
     };
     hetero_trace::record_op(hetero_trace::OpRecord {
         kind,

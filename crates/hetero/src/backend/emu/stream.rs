@@ -4,7 +4,7 @@
 //! pops; `in_flight` and `last_served` are written only by that holder.
 
 use super::EmuShared;
-use crate::backend::StreamQueue;
+use crate::backend::BackendStream;
 use crate::config::CompletionMode;
 use crate::op::Op;
 use crate::ring::Ring;
@@ -28,7 +28,7 @@ pub(crate) struct EmuStream {
     pub(crate) host_wait: CompletionMode,
 }
 
-impl StreamQueue for EmuStream {
+impl BackendStream for EmuStream {
     fn id(&self) -> u64 {
         self.id
     }

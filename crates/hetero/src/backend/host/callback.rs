@@ -206,7 +206,7 @@ fn engine_wait(
         s.blocked_at.store(at, Ordering::Relaxed);
         s.blocked_on.store(h, Ordering::Release);
     }
-    let mut helper = Worker::new(index);
+    let mut helper = EngineThread::new(index);
     let result = loop {
         if ready() {
             break Ok(());

@@ -10,7 +10,7 @@ pub(super) enum Engine {
     Compute,
 }
 
-/// Work a worker has claimed (moved, never boxed: claiming must not allocate).
+/// Work a engine has claimed (moved, never boxed: claiming must not allocate).
 #[allow(clippy::large_enum_variant)]
 pub(super) enum Work {
     /// A stream's oldest op, popped with its queue claimed.
@@ -92,7 +92,7 @@ impl Shared {
                     Readiness::NotReady
                 }
             }
-            Body::Host(_) | Body::Marker { .. } => Readiness::Ready(Engine::None),
+            Body::Host(_) | Body::Record { .. } => Readiness::Ready(Engine::None),
         }
     }
 
@@ -152,10 +152,10 @@ impl Shared {
 
     /// Lets the queue of `stream` go after its op completed.
     pub(super) fn release_queue(&self, stream: &HostStream) {
-        // No wake here: this worker looks for work next, and wakes another if it
-        // finds more than it can take (`Worker::claim`). Until that look it counts
+        // No wake here: this engine looks for work next, and wakes another if it
+        // finds more than it can take (`EngineThread::claim`). Until that look it counts
         // as searching, so a submitter that sees the queue idle in this gap does
-        // not wake a sleeper for work this worker is about to take.
+        // not wake a sleeper for work this engine is about to take.
         self.idle.begin_search_unbounded();
         LOOKING.with(|l| l.set(true));
         // Pairs with the submitter's fence: either it sees the queue idle (and wakes
@@ -166,7 +166,7 @@ impl Shared {
 
 thread_local! {
     /// Set by `Shared::finish`: this engine counts as searching until its next look
-    /// for work (`Worker::run`).
+    /// for work (`EngineThread::run`).
     pub(super) static LOOKING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
@@ -204,7 +204,7 @@ pub(super) fn record(
         Body::Wait {
             timeline, value, ..
         } => (K::Wait, E::Host, ran.unit, Some((timeline.stream, *value))),
-        Body::Marker { .. } => (K::Marker, E::Host, ran.unit, None),
+        Body::Record { .. } => (K::Record, E::Host, ran.unit, None),
     };
     let end_ns = crate::clock::now_ns();
     hetero_trace::record_op(hetero_trace::OpRecord {
@@ -228,12 +228,12 @@ pub(super) fn record(
     });
 }
 
-pub(super) struct Worker {
+pub(super) struct EngineThread {
     pub(super) index: u32,
     pub(super) streams: Vec<Arc<HostStream>>,
     pub(super) generation: u64,
     pub(super) candidates: Vec<(i64, u8, u64, usize)>,
-    /// The stream of the last op this worker ran.
+    /// The stream of the last op this engine ran.
     pub(super) last_stream: u64,
     /// The last claim left other streams' ready work behind.
     pub(super) more: bool,
@@ -245,11 +245,11 @@ pub(super) struct Worker {
     pub(super) woke: bool,
 }
 
-impl Worker {
+impl EngineThread {
     pub(super) fn new(index: u32) -> Self {
         // Room for the usual number of streams up front: looking for work then
         // allocates nothing even the first time an engine sees them.
-        Worker {
+        EngineThread {
             index,
             streams: Vec::with_capacity(64),
             generation: u64::MAX,
@@ -395,7 +395,7 @@ impl Worker {
                 continue;
             }
             let served = s.last_served.load(Ordering::Relaxed);
-            // Within a priority level, keep running the stream this worker just ran:
+            // Within a priority level, keep running the stream this engine just ran:
             // its next op is often ready at once (a chain of dependent ops on the
             // critical path), and continuing costs no wake-up anywhere.
             let affinity = u8::from(s.id != self.last_stream);
@@ -578,7 +578,7 @@ impl Worker {
                 )),
                 None => Ok(()),
             },
-            (Body::Marker { stamp }, _) => {
+            (Body::Record { stamp }, _) => {
                 stamp.store(crate::clock::now_ns(), Ordering::Release);
                 Ok(())
             }

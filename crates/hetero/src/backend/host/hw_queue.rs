@@ -140,7 +140,7 @@ mod loom_wake_models {
         }
     }
 
-    /// One look for work, as `Worker::claim` does for one stream.
+    /// One look for work, as `EngineThread::claim` does for one stream.
     fn claim(q: &Queue) -> Result<u32, Skipped> {
         q.state.may_claim(!q.ring.is_empty())?;
         q.state.claim_with(|| {
@@ -193,9 +193,9 @@ mod loom_wake_models {
             // An op of the queue is in flight.
             assert!(q.state.claim_with(|| Some(())).is_ok());
             let (p2, q2) = (p.clone(), q.clone());
-            let worker = loom::thread::spawn(move || finish_then_look(&p2, &q2));
+            let engine = loom::thread::spawn(move || finish_then_look(&p2, &q2));
             submit(&p, &q, 7);
-            assert_eq!(worker.join().expect("worker"), 7);
+            assert_eq!(engine.join().expect("engine"), 7);
         });
     }
 

@@ -3,16 +3,16 @@
 #[allow(unused_imports)]
 use super::*;
 
-/// The pool's [`hetero_memory::StreamFences`]: a fence at the current end of a
+/// The pool's [`hetero_memory::StreamPoints`]: a fence at the current end of a
 /// stream. Lock order: the pool's lock, then `streams` (nothing holding `streams`
 /// calls into the pool).
 #[derive(Debug)]
-pub(super) struct HostFences {
+pub(super) struct HostPoints {
     pub(super) shared: std::sync::Weak<Shared>,
 }
 
-impl hetero_memory::StreamFences for HostFences {
-    fn record(&self, stream: u64) -> Arc<dyn hetero_memory::Fence> {
+impl hetero_memory::StreamPoints for HostPoints {
+    fn record(&self, stream: u64) -> Arc<dyn hetero_memory::StreamPoint> {
         let found = self.shared.upgrade().and_then(|sh| {
             let list = sh.streams.lock().unwrap_or_else(|p| p.into_inner());
             list.iter()

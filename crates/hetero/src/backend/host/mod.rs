@@ -1,14 +1,14 @@
 //! The host backend: the CPU as a device.
 //!
-//! Engines are logical. A small set of worker threads (one per compute unit) runs
+//! Engines are logical. A small set of engine threads (one per compute unit) runs
 //! every kind of operation; a copy occupies one of its direction's copy engines (a
-//! slot in a bitmask) while a worker performs it, a kernel block occupies the
-//! worker that runs it. On a 2-core machine this keeps the thread count at the core
+//! slot in a bitmask) while an engine thread performs it, a kernel block occupies the
+//! engine that runs it. On a 2-core machine this keeps the thread count at the core
 //! count: idle engines cost no thread, and nothing spins against the work.
 //!
 //! Invariants (who owns what):
 //! - A stream belongs to one hardware queue for its life. At most one operation per
-//!   hardware queue is in flight; the worker that wins `HwQueue::busy` (CAS) is the
+//!   hardware queue is in flight; the engine that wins `QueueState` (CAS) is the
 //!   only consumer of the rings of that queue's streams until it clears the flag.
 //!   Hence each stream runs in submission order, one op at a time.
 //! - A stream whose oldest op is not ready (an unmet event wait, a busy copy engine,
@@ -16,7 +16,7 @@
 //!   other streams, on the same queue or not, are dispatched. No head-of-line stall.
 //! - The thread that completes an op releases its locks and engine, drops the op
 //!   (its buffer clones), then advances the timeline, then clears `busy`, then wakes
-//!   an idle worker if one sleeps (see `park` for why no wake-up is lost).
+//!   an idle engine if one sleeps (see `park` for why no wake-up is lost).
 //! - Among ready streams the lowest effective priority wins; effective priority
 //!   improves by one level per `AGING_TICKS` dispatches a stream waits, so low
 //!   priority work always progresses.
@@ -36,7 +36,7 @@ use kernel_job::*;
 use memory::*;
 use stream::*;
 
-use super::{Backend, DeviceProperties, StreamQueue};
+use super::{Backend, BackendStream, DeviceProperties};
 use crate::buffer::{MemoryKind, Storage};
 use crate::config::{CompletionMode, DeviceConfig};
 use crate::kernel::Block;
@@ -74,7 +74,7 @@ struct Shared {
 
 pub(crate) struct HostBackend {
     shared: Arc<Shared>,
-    workers: Mutex<Vec<JoinHandle<()>>>,
+    engines: Mutex<Vec<JoinHandle<()>>>,
     props: DeviceProperties,
     /// Device memory: the host backend's chunks come from the OS layer.
     pool: Arc<hetero_memory::DevicePool>,
@@ -119,7 +119,7 @@ impl HostBackend {
         });
         // The pool learns where streams stand from their timelines; weakly, so
         // that the pool does not keep the engines' state alive.
-        pool.set_stream_fences(Arc::new(HostFences {
+        pool.set_stream_points(Arc::new(HostPoints {
             shared: Arc::downgrade(&shared),
         }));
         let props = DeviceProperties {
@@ -130,12 +130,12 @@ impl HostBackend {
             hardware_queues: config.hardware_queues,
             link_peak_gbps: None,
         };
-        let mut workers = Vec::with_capacity(config.compute_units);
+        let mut engines = Vec::with_capacity(config.compute_units);
         for index in 0..config.compute_units {
             let sh = shared.clone();
             // Built here, so that whatever it allocates is allocated before the
             // device is handed out, not whenever the thread first runs.
-            let worker = Worker::new(index as u32);
+            let engine = EngineThread::new(index as u32);
             let handle = std::thread::Builder::new()
                 .name(format!("hetero-engine{index}"))
                 .spawn(move || {
@@ -144,11 +144,11 @@ impl HostBackend {
                         pin_to_nth_allowed_cpu(index);
                     }
                     sh.started.fetch_add(1, Ordering::Release);
-                    worker.run(&sh);
+                    engine.run(&sh);
                     leave_engine();
                 })
                 .map_err(|e| Error::Setup(format!("could not start an engine thread: {e}")))?;
-            workers.push(handle);
+            engines.push(handle);
         }
         // A device is ready when its engines are: their start-up (pinning, thread
         // state) is then over before any work, and never lands inside it.
@@ -158,7 +158,7 @@ impl HostBackend {
         }
         Ok(HostBackend {
             shared,
-            workers: Mutex::new(workers),
+            engines: Mutex::new(engines),
             props,
             pool,
             pinned,
@@ -171,7 +171,7 @@ impl Backend for HostBackend {
         &self.props
     }
 
-    fn create_stream(&self, priority: u8) -> Result<Arc<dyn StreamQueue>> {
+    fn create_stream(&self, priority: u8) -> Result<Arc<dyn BackendStream>> {
         let sh = &self.shared;
         let id = sh.next_stream.fetch_add(1, Ordering::Relaxed);
         // Least-loaded hardware queue, lowest index first.
@@ -251,8 +251,8 @@ impl Backend for HostBackend {
         let _ = self.synchronize();
         self.shared.shutdown.store(true, Ordering::SeqCst);
         self.shared.idle.wake(u32::MAX);
-        let workers = std::mem::take(&mut *self.workers.lock().unwrap_or_else(|p| p.into_inner()));
-        for w in workers {
+        let engines = std::mem::take(&mut *self.engines.lock().unwrap_or_else(|p| p.into_inner()));
+        for w in engines {
             let _ = w.join();
         }
         // Recycled storages may keep the pool itself alive (buffers.rs); what it

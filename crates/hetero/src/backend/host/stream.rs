@@ -34,7 +34,7 @@ pub(crate) struct HostStream {
     pub(super) host_wait: CompletionMode,
 }
 
-impl StreamQueue for HostStream {
+impl BackendStream for HostStream {
     fn id(&self) -> u64 {
         self.id
     }
@@ -123,7 +123,7 @@ impl HostStream {
 
     /// Base priority minus one level per `AGING_TICKS` dispatches waited. It may go
     /// below 0, so a starving stream eventually beats even priority-0 work that a
-    /// worker would otherwise keep running (ties go to the stream just run).
+    /// engine would otherwise keep running (ties go to the stream just run).
     pub(super) fn effective_priority(&self, tick: u64) -> i64 {
         let base = i64::from(self.priority.load(Ordering::Relaxed));
         let waited = tick.saturating_sub(self.last_served.load(Ordering::Relaxed)) / AGING_TICKS;

@@ -1,7 +1,7 @@
 //! What the pool needs from the execution layer to know when stream work is
-//! done: [`Fence`] (completion of some stream work) and [`StreamFences`] (a
-//! fence recorded at the current end of a stream). Without an installed
-//! [`StreamFences`], the pool treats streams as host-synchronous: their work is
+//! done: [`StreamPoint`] (completion of some stream work) and [`StreamPoints`] (a
+//! point recorded at the current end of a stream: its tail). Without an installed
+//! [`StreamPoints`], the pool treats streams as host-synchronous: their work is
 //! done when `free` is called.
 
 use super::StreamId;
@@ -9,20 +9,20 @@ use std::fmt;
 use std::sync::Arc;
 
 /// Completion of some stream work (hetero's `Event` implements this).
-pub trait Fence: Send + Sync + fmt::Debug {
+pub trait StreamPoint: Send + Sync + fmt::Debug {
     fn is_complete(&self) -> bool;
     fn wait(&self);
-    /// The concrete fence, for an execution layer that turns its own fences
+    /// The concrete point, for an execution layer that turns its own points
     /// into device-side waits instead of host waits.
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         None
     }
 }
 
-/// Records a fence at the current end of a stream: the execution layer
+/// Records the point at the current end of a stream (its tail): the execution layer
 /// implements it so the pool can learn when a stream's work on a freed block
 /// is done before handing the block to another stream. Without one, the pool
 /// treats streams as host-synchronous (their work is done when `free` is called).
-pub trait StreamFences: Send + Sync + fmt::Debug {
-    fn record(&self, stream: StreamId) -> Arc<dyn Fence>;
+pub trait StreamPoints: Send + Sync + fmt::Debug {
+    fn record(&self, stream: StreamId) -> Arc<dyn StreamPoint>;
 }
