@@ -263,21 +263,14 @@ fn callback_waiting_on_another_stream_works_with_one_compute_unit() {
             dev.create_stream().expect("a"),
             dev.create_stream().expect("b"),
         );
-        let gate = Arc::new(AtomicBool::new(false));
-        let g = gate.clone();
-        // b's work is queued behind a gate the callback on a opens.
+        // b's work is held by a host event the callback on a signals.
+        let go = dev.host_event();
         let buf = Arc::new(b.alloc::<u32>(64).expect("alloc"));
-        b.host_fn(move || {
-            while !g.load(Ordering::Acquire) {
-                std::thread::yield_now();
-            }
-        })
-        .expect("gate");
+        b.wait_event(go.event()).expect("gate");
         b.fill(&buf, 5).expect("fill");
         let done = b.record_event().expect("record");
-        let g = gate.clone();
         let got = in_callback(&a, move || {
-            g.store(true, Ordering::Release);
+            go.signal();
             done.synchronize()
         });
         recv(&got).expect("the wait on b completes");
