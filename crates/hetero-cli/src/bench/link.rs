@@ -138,6 +138,21 @@ fn device_for(spec: &DeviceSpec) -> std::result::Result<(Device, LinkPreset), St
     Ok((dev, link))
 }
 
+/// 10 000 H2D copies of 256 B on one stream: (modelled ms, wall ms).
+fn small_copies(dev: &Device) -> Result<(f64, f64)> {
+    const N: usize = 256;
+    let s = dev.create_stream()?;
+    let h = dev.alloc_pinned::<u8>(N)?;
+    let d = dev.alloc::<u8>(N)?;
+    let (t0, w0) = (dev.now_ns(), std::time::Instant::now());
+    for _ in 0..10_000 {
+        s.copy_h2d(&h, &d)?;
+    }
+    s.synchronize()?;
+    let wall = w0.elapsed().as_secs_f64() * 1e3;
+    Ok(((dev.now_ns() - t0) as f64 / 1e6, wall))
+}
+
 pub fn run(quick: bool, spec: &DeviceSpec) -> std::result::Result<BenchReport, String> {
     let (dev, link) = device_for(spec)?;
     let reps = if quick { 1 } else { 3 };
@@ -174,6 +189,22 @@ pub fn run(quick: bool, spec: &DeviceSpec) -> std::result::Result<BenchReport, S
             rep.ratio(&format!("{result} / {reference}"), &result, &reference);
         }
     }
+    // How much faster than the device it models virtual time runs, on a
+    // transfer-bound workload: many small copies (each pays the link's setup
+    // latency), their modelled time against the wall time the simulation took.
+    let (mut modelled, mut wall) = (Vec::new(), Vec::new());
+    for _ in 0..reps.max(3) {
+        let (m, w) = small_copies(&dev).map_err(|e| e.to_string())?;
+        modelled.push(m);
+        wall.push(w);
+    }
+    rep.push_samples("emu/modelled-ms-10k-copies-256b", "ms", &mut modelled);
+    rep.push_samples("emu/virtual-wall-ms-10k-copies-256b", "ms", &mut wall);
+    rep.ratio(
+        "virtual speedup: emu/modelled-ms-10k-copies-256b / emu/virtual-wall-ms-10k-copies-256b",
+        "emu/modelled-ms-10k-copies-256b",
+        "emu/virtual-wall-ms-10k-copies-256b",
+    );
     let unpinned = dev.pinned_stats().unpinned_chunks;
     if unpinned > 0 {
         notes.push(format!(

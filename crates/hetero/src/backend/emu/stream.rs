@@ -50,7 +50,17 @@ impl BackendStream for EmuStream {
                 Ok(pos) => break pos,
                 Err(back) => {
                     op = back;
-                    crate::backend::wait_for_room(&self.ring, &self.timeline, self.host_wait)?;
+                    // Wait until a quarter of the ring is free, not one slot: in
+                    // virtual time each wait runs the model, and pushing one op
+                    // per run of it would cost a whole model step per op.
+                    let want = (self.ring.capacity() / 4).max(1);
+                    let oldest = self.ring.head() + 1;
+                    self.timeline.wait_until(
+                        oldest,
+                        self.host_wait,
+                        "a submission to a full stream",
+                        || self.ring.capacity() - self.ring.tail().saturating_sub(self.ring.head()) >= want,
+                    )?;
                 }
             }
         };
