@@ -17,8 +17,8 @@
 
 use crate::device::{DeviceSpec, EMU_FLOPS_PER_UNIT, EMU_KERNEL_LAUNCH_NS};
 use hetero::{
-    Arg, Block, CompletionMode, Device, DeviceBuffer, DeviceConfig, EmuConfig, Event, Grid, Kernel,
-    KernelCost, LinkPreset, PinnedBuffer, Result, Stream, PRIORITY_HIGHEST,
+    Arg, Block, Device, DeviceBuffer, DeviceConfig, EmuConfig, Event, Grid, Kernel, KernelCost,
+    LinkPreset, PinnedBuffer, Result, Stream, PRIORITY_HIGHEST,
 };
 use serde::Serialize;
 use std::time::{Duration, Instant};

@@ -59,7 +59,10 @@ impl BackendStream for EmuStream {
                         oldest,
                         self.host_wait,
                         "a submission to a full stream",
-                        || self.ring.capacity() - self.ring.tail().saturating_sub(self.ring.head()) >= want,
+                        || {
+                            self.ring.capacity() - self.ring.tail().saturating_sub(self.ring.head())
+                                >= want
+                        },
                     )?;
                 }
             }
