@@ -207,6 +207,15 @@ impl Storage {
         }
     }
 
+    /// [`Storage::pinned`], shared.
+    pub(crate) fn pinned_arc(
+        device: u64,
+        pool: &hetero_memory::PinnedPool,
+        bytes: usize,
+    ) -> Result<Arc<Storage>> {
+        Ok(Arc::new(Self::pinned(device, pool, bytes)?))
+    }
+
     /// `bytes` of pinned host memory from `pool`; contents unspecified.
     pub(crate) fn pinned(
         device: u64,

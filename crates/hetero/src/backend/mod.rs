@@ -70,6 +70,40 @@ pub(crate) fn wait_for_room<T>(
     })
 }
 
+/// Waits for every `(timeline, value)` in turn (a device's synchronize): the
+/// first stream fault is returned after all were waited for; a wait that would
+/// never end is returned at once.
+pub(crate) fn wait_all(
+    points: impl IntoIterator<Item = (Arc<Timeline>, u64)>,
+    mode: crate::CompletionMode,
+) -> Result<()> {
+    let mut first = None;
+    for (timeline, value) in points {
+        match timeline.wait(value, mode) {
+            Err(e @ crate::Error::WouldDeadlock(_)) => return Err(e),
+            Err(e) => {
+                first.get_or_insert(e);
+            }
+            Ok(()) => {}
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+/// The pool's point for the tail of `stream` (the timeline and its last
+/// submitted value, if the stream is still listed): a stream no longer listed
+/// was released after its work completed, so its point is already reached.
+pub(crate) fn tail_point(
+    stream: u64,
+    found: Option<(Arc<Timeline>, u64)>,
+) -> Arc<dyn hetero_memory::StreamPoint> {
+    let (timeline, value) = found.unwrap_or_else(|| {
+        let done = Timeline::new(0, stream, crate::CompletionMode::auto());
+        (Arc::new(done), 0)
+    });
+    Arc::new(crate::event::TimelinePoint { timeline, value })
+}
+
 /// What a device is made of.
 #[derive(Debug, Clone)]
 pub struct DeviceProperties {

@@ -222,11 +222,7 @@ impl hetero_memory::StreamPoints for EmuPoints {
                 .find(|s| s.id == stream)
                 .map(|s| (s.timeline.clone(), s.ring.tail()))
         });
-        let (timeline, value) = found.unwrap_or_else(|| {
-            let done = Timeline::new(0, stream, CompletionMode::auto());
-            (Arc::new(done), 0)
-        });
-        Arc::new(crate::event::TimelinePoint { timeline, value })
+        super::tail_point(stream, found)
     }
 }
 
@@ -358,11 +354,7 @@ impl Backend for EmuBackend {
                 }
                 Ok(s)
             }
-            MemoryKind::Pinned => Ok(Arc::new(Storage::pinned(
-                self.shared.device,
-                &self.pinned,
-                bytes,
-            )?)),
+            MemoryKind::Pinned => Storage::pinned_arc(self.shared.device, &self.pinned, bytes),
         }
     }
 
@@ -375,23 +367,17 @@ impl Backend for EmuBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
-        let streams = self
-            .shared
-            .streams
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        let mut first = None;
-        for s in streams {
-            match s.timeline.wait(s.ring.tail(), self.shared.config.host_wait) {
-                Err(e @ Error::WouldDeadlock(_)) => return Err(e),
-                Err(e) => {
-                    first.get_or_insert(e);
-                }
-                Ok(()) => {}
-            }
-        }
-        first.map_or(Ok(()), Err)
+        let points: Vec<_> = {
+            let list = self
+                .shared
+                .streams
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            list.iter()
+                .map(|s| (s.timeline.clone(), s.ring.tail()))
+                .collect()
+        };
+        super::wait_all(points, self.shared.config.host_wait)
     }
 
     fn shutdown(&self) {

@@ -3,7 +3,7 @@
 #[allow(unused_imports)]
 use super::*;
 
-/// The pool's [`hetero_memory::StreamPoints`]: a fence at the current end of a
+/// The pool's [`hetero_memory::StreamPoints`]: the point at the current end of a
 /// stream. Lock order: the pool's lock, then `streams` (nothing holding `streams`
 /// calls into the pool).
 #[derive(Debug)]
@@ -19,11 +19,6 @@ impl hetero_memory::StreamPoints for HostPoints {
                 .find(|s| s.id == stream)
                 .map(|s| (s.timeline.clone(), s.submitted()))
         });
-        // A stream no longer listed was released after its work completed.
-        let (timeline, value) = found.unwrap_or_else(|| {
-            let done = Timeline::new(0, stream, CompletionMode::auto());
-            (Arc::new(done), 0)
-        });
-        Arc::new(crate::event::TimelinePoint { timeline, value })
+        crate::backend::tail_point(stream, found)
     }
 }

@@ -210,11 +210,7 @@ impl Backend for HostBackend {
             MemoryKind::Device => {
                 Storage::device_arc(self.shared.device, &self.pool, bytes, stream)
             }
-            MemoryKind::Pinned => Ok(Arc::new(Storage::pinned(
-                self.shared.device,
-                &self.pinned,
-                bytes,
-            )?)),
+            MemoryKind::Pinned => Storage::pinned_arc(self.shared.device, &self.pinned, bytes),
         }
     }
 
@@ -227,24 +223,17 @@ impl Backend for HostBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
-        let streams = self
-            .shared
-            .streams
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        let mut first = None;
-        for s in streams {
-            let target = s.submitted();
-            match s.timeline.wait(target, self.shared.config.host_wait) {
-                Err(e @ Error::WouldDeadlock(_)) => return Err(e),
-                Err(e) => {
-                    first.get_or_insert(e);
-                }
-                Ok(()) => {}
-            }
-        }
-        first.map_or(Ok(()), Err)
+        let points: Vec<_> = {
+            let list = self
+                .shared
+                .streams
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            list.iter()
+                .map(|s| (s.timeline.clone(), s.submitted()))
+                .collect()
+        };
+        super::wait_all(points, self.shared.config.host_wait)
     }
 
     fn shutdown(&self) {
