@@ -102,9 +102,9 @@ pub(crate) struct Sim {
     tick: u64,
     hash: u64,
     order: Vec<(u8, u64, u64, usize)>,
-    /// Ops completing at the current event (kept: the sim allocates nothing in
-    /// steady state).
-    finished: Vec<Running>,
+    /// Sequence numbers of the ops completing at the current event (kept: the
+    /// sim allocates nothing in steady state).
+    finished: Vec<u64>,
 }
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -412,13 +412,21 @@ impl Sim {
     /// When the next op completes or a transfer's data phase begins.
     pub(crate) fn next_event(&self, link: &LinkPreset) -> Option<u64> {
         let wire = self.on_wire();
+        // A lone transfer's rate never changes: its setup end is no event (the
+        // common case of one stream copying, at one event per copy).
+        let alone = self.running.iter().filter(|r| r.transfer.is_some()).count() == 1;
         self.running
             .iter()
             .map(|r| match &r.transfer {
-                Some(t) if t.setup_until > self.now => t.setup_until,
+                Some(t) if t.setup_until > self.now && !alone => t.setup_until,
                 Some(t) => {
-                    let rate = Self::rate(link, t.dir, wire);
-                    self.now + (t.remaining / rate).ceil().max(0.0) as u64
+                    let on_wire = [
+                        usize::from(t.dir == Dir::H2D),
+                        usize::from(t.dir == Dir::D2H),
+                    ];
+                    let rate = Self::rate(link, t.dir, if alone { on_wire } else { wire });
+                    let from = t.setup_until.max(self.now);
+                    from + (t.remaining / rate).ceil().max(0.0) as u64
                 }
                 None => r.end,
             })
@@ -431,36 +439,43 @@ impl Sim {
         let wire = self.on_wire();
         let dt = t.saturating_sub(self.now) as f64;
         let now = self.now;
+        let _ = dt;
         for r in &mut self.running {
             if let Some(tr) = &mut r.transfer {
-                if tr.setup_until <= now {
-                    tr.remaining -= Self::rate(link, tr.dir, wire) * dt;
+                // Only a lone transfer enters the wire between events (see
+                // `next_event`): it runs alone from its setup end.
+                let from = tr.setup_until.max(now);
+                if from < t {
+                    let mut w = wire;
+                    w[tr.dir as usize] = w[tr.dir as usize].max(1);
+                    tr.remaining -= Self::rate(link, tr.dir, w) * (t - from) as f64;
                 }
             }
         }
         self.now = self.now.max(t);
         sh.publish_now(self.now);
         let now = self.now;
+        // What ends now, completed in start order (deterministic): sequence
+        // numbers first, so each op moves once, out of `running` into `complete`.
         let mut done = std::mem::take(&mut self.finished);
-        let mut i = 0;
-        while i < self.running.len() {
-            let r = &self.running[i];
+        done.extend(self.running.iter().filter_map(|r| {
             let finished = match &r.transfer {
                 Some(tr) => tr.setup_until <= now && tr.remaining < 0.5,
                 None => r.end <= now,
             };
-            if finished {
-                done.push(self.running.swap_remove(i));
-            } else {
-                i += 1;
-            }
-        }
-        done.sort_by_key(|r| r.seq);
-        for r in done.drain(..) {
+            finished.then_some(r.seq)
+        }));
+        done.sort_unstable();
+        for &seq in &done {
+            let Some(i) = self.running.iter().position(|r| r.seq == seq) else {
+                continue;
+            };
+            let r = self.running.swap_remove(i);
             self.mark(r.engine, true);
             r.stream.in_flight.store(false, Ordering::Relaxed);
             self.complete(sh, r);
         }
+        done.clear();
         self.finished = done;
     }
 
