@@ -437,9 +437,7 @@ impl Sim {
     pub(crate) fn advance_to(&mut self, sh: &EmuShared, t: u64) {
         let link = &sh.emu.link;
         let wire = self.on_wire();
-        let dt = t.saturating_sub(self.now) as f64;
         let now = self.now;
-        let _ = dt;
         for r in &mut self.running {
             if let Some(tr) = &mut r.transfer {
                 // Only a lone transfer enters the wire between events (see
