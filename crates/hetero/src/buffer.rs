@@ -452,13 +452,14 @@ impl Storage {
         };
         s.release_backing();
         // What an op, a use elsewhere or a reuse left behind.
-        *s.access.get_mut() = 0;
-        *s.pending_writes.get_mut() = 0;
-        *s.shared.get_mut() = false;
-        for e in &mut s.used_on {
-            *e.get_mut() = 0;
+        // (Stores, not `get_mut`: the loom atomics have no `get_mut`.)
+        s.access.store(0, Ordering::Relaxed);
+        s.pending_writes.store(0, Ordering::Relaxed);
+        s.shared.store(false, Ordering::Relaxed);
+        for e in &s.used_on {
+            e.store(0, Ordering::Relaxed);
         }
-        *s.used_on_more.get_mut() = false;
+        s.used_on_more.store(false, Ordering::Relaxed);
         s.ready = None;
         let _ = SPARE.try_with(|spare| {
             let mut spare = spare.borrow_mut();
