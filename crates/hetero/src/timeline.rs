@@ -204,19 +204,21 @@ impl Timeline {
             return Ok(());
         }
         if let Some(d) = self.driver() {
-            // Nothing can happen while no thread drives: a stall long after the
-            // last progress is work that can never run.
-            for _ in 0..1_000_000 {
+            // When nothing can progress, what the wait needs may come from another
+            // thread (a submission still being published, a host event): drive
+            // again after a yield, then after short sleeps.
+            let mut idle = 0u32;
+            loop {
                 if d.drive(&mut ready)? || ready() {
                     return Ok(());
                 }
-                crate::loom::yield_now();
+                idle = idle.saturating_add(1);
+                if idle < 1000 {
+                    crate::loom::yield_now();
+                } else {
+                    self.park_briefly(&mut ready, Duration::from_micros(500));
+                }
             }
-            return Err(crate::Error::WouldDeadlock(format!(
-                "{what} on stream {} of a device in virtual time: nothing in flight and \
-                 nothing can start, so the point waited for is never reached",
-                self.stream
-            )));
         }
         match engine_wait() {
             Some(wait) => wait(self, value, what, &mut ready),

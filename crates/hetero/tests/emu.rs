@@ -171,3 +171,25 @@ fn write_and_read_slice_stage_through_bounce_buffers() {
     assert_eq!(&out[..10], &[3; 10]);
     assert_eq!(&out[10..], &[7; 20]);
 }
+
+/// In virtual time a host wait for work that only another thread can release (a
+/// host event it signals later) keeps driving until it can run, rather than
+/// failing or hanging.
+#[test]
+fn a_virtual_wait_for_work_another_thread_releases_completes() {
+    let dev = emu(TimeMode::Virtual);
+    let s = dev.create_stream().expect("stream");
+    let go = std::sync::Arc::new(dev.host_event());
+    let b = s.alloc::<u32>(16).expect("alloc");
+    s.wait_event(go.event()).expect("wait");
+    s.fill(&b, 9).expect("fill");
+    let g = go.clone();
+    let signaller = std::thread::spawn(move || {
+        // Usually after the wait below has begun; either order must work.
+        std::thread::sleep(Duration::from_millis(20));
+        g.signal();
+    });
+    s.synchronize().expect("released by the other thread");
+    assert_eq!(s.read_to_vec(&b).expect("read"), vec![9; 16]);
+    signaller.join().expect("signaller");
+}
