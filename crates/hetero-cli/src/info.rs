@@ -10,15 +10,6 @@ fn gib(b: Option<u64>) -> String {
     })
 }
 
-/// The backends the CLI can run on: the probe's, and the emulated device.
-fn backends(s: &SystemInfo) -> Vec<&'static str> {
-    let mut b = s.backends.clone();
-    if !b.contains(&"emu") {
-        b.push("emu");
-    }
-    b
-}
-
 fn preset_json(p: &LinkPreset) -> Value {
     json!({
         "name": p.name,
@@ -47,7 +38,7 @@ pub fn to_json(s: &SystemInfo) -> Value {
         "memlock_limit_bytes": s.memlock_limit_bytes,
         "mlock_works": s.mlock.is_ok(),
         "mlock_error": s.mlock.as_ref().err(),
-        "backends": backends(s),
+        "backends": s.backends,
         "emu_presets": LinkPreset::all().iter().map(preset_json).collect::<Vec<_>>(),
     })
 }
@@ -93,7 +84,7 @@ pub fn print(json_out: bool) {
             "  mlock                 refused ({e}); pinned memory falls back to unpinned pages"
         ),
     }
-    println!("  backends              {}", backends(&s).join(", "));
+    println!("  backends              {}", s.backends.join(", "));
     println!("  emu presets           (--device emu:PRESET; GB/s alone, both at once)");
     for p in LinkPreset::all() {
         println!(

@@ -84,7 +84,7 @@ impl SystemInfo {
             hugepage_size_bytes: meminfo("Hugepagesize"),
             memlock_limit_bytes: memlock,
             mlock: try_mlock(),
-            backends: vec!["host"],
+            backends: vec!["host", "emu"],
         }
     }
 }
@@ -98,6 +98,6 @@ mod tests {
         let s = SystemInfo::probe();
         assert!(s.cores >= 1);
         assert!(s.mem_total_bytes.unwrap_or(1) > 0);
-        assert_eq!(s.backends, vec!["host"]);
+        assert_eq!(s.backends, vec!["host", "emu"]);
     }
 }
