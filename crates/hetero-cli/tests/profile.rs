@@ -103,6 +103,38 @@ fn pipeline_profile_shows_overlap_and_consistent_outputs() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 
+    // The same on the emulated device in virtual time: its engines overlap by
+    // the model (deterministically), its records carry device times, and the
+    // report fills "of link peak" from the preset.
+    let emu =
+        hetero_cli::device::DeviceSpec::Emu(hetero::EmuConfig::new(hetero::LinkPreset::pcie4x16()));
+    let out = profile::run_on("pipeline", &dir, &emu, small(), |_| {}).expect("emu profile");
+    assert!(out.verified);
+    let trace: Value =
+        serde_json::from_str(&std::fs::read_to_string(&out.paths.trace_json).unwrap()).unwrap();
+    let slices = engine_slices(&trace);
+    assert!(
+        overlaps(&slices["H2D"], &slices["Kernel"]),
+        "emu: H2D beside kernels"
+    );
+    assert!(
+        overlaps(&slices["Kernel"], &slices["D2H"]),
+        "emu: kernels beside D2H"
+    );
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(&out.paths.report_json).unwrap()).unwrap();
+    let engines = report["engines"].as_array().expect("engines in report");
+    let h2d = engines
+        .iter()
+        .find(|e| e.to_string().contains("H2D"))
+        .expect("an H2D engine in the emu report");
+    let peak = h2d["peak_fraction"].as_f64().expect("of link peak on emu");
+    assert!(
+        peak > 0.1 && peak <= 1.0,
+        "H2D at {peak} of the link's peak"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+
     // Unknown workloads are an error naming the valid ones.
     let err = profile::run("nope", &dir, small(), |_| {})
         .err()
