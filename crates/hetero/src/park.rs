@@ -105,6 +105,13 @@ impl Parker {
     #[inline]
     pub(crate) fn wake(&self, n: u32) {
         crate::loom::fence(Ordering::SeqCst);
+        self.wake_fenced(n);
+    }
+
+    /// [`Parker::wake`] for a caller that has already issued a SeqCst fence after
+    /// making the condition true.
+    #[inline]
+    pub(crate) fn wake_fenced(&self, n: u32) {
         if self.sleepers.load(Ordering::Relaxed) != 0 {
             self.wake_slow(n);
         }

@@ -8,6 +8,13 @@
 //!   reaches `v`, so a reader that sees `completed >= v` (Acquire) also sees the fault.
 //! - Every operation at or after `fault_at` is failed: it does not run, its resources
 //!   are released, and the timeline still advances past it (nobody waits forever).
+//! - No lost wake-up, and no wake-up for nothing: a host thread that parks first
+//!   records the value it waits for (`waiting`, whose minimum is `wake_at`), then
+//!   registers as a sleeper, fences and checks; a completion stores `completed`,
+//!   fences, and wakes only if its value reached `wake_at`. Either the waiter sees
+//!   its value completed, or the completer of that value sees `wake_at` at or
+//!   below it. (Without `wake_at` a host thread parked for the end of a long
+//!   stream cost every completion a futex wake, a syscall on the engine's path.)
 
 use crate::config::CompletionMode;
 use crate::loom::{AtomicU64, Ordering};
@@ -59,6 +66,10 @@ pub(crate) struct Timeline {
     fault_at: AtomicU64,
     fault: OnceLock<Arc<str>>,
     parker: Parker,
+    /// The smallest value a parked host thread waits for (`u64::MAX`: none).
+    wake_at: AtomicU64,
+    /// The values parked host threads wait for (one entry per waiter).
+    waiting: std::sync::Mutex<Vec<u64>>,
     pub(crate) stream: u64,
     pub(crate) device: u64,
     /// How host threads wait on this timeline by default (the device's mode).
@@ -74,6 +85,9 @@ impl Timeline {
             fault_at: AtomicU64::new(u64::MAX),
             fault: OnceLock::new(),
             parker: Parker::new(),
+            wake_at: AtomicU64::new(u64::MAX),
+            // Room for a few waiters up front: parking allocates nothing.
+            waiting: std::sync::Mutex::new(Vec::with_capacity(4)),
             stream,
             device,
             host_wait,
@@ -122,7 +136,10 @@ impl Timeline {
     pub(crate) fn complete(&self, value: u64) {
         debug_assert_eq!(self.completed.load(Ordering::Relaxed) + 1, value);
         self.completed.store(value, Ordering::Release);
-        self.parker.wake(u32::MAX);
+        crate::loom::fence(Ordering::SeqCst);
+        if value >= self.wake_at.load(Ordering::Relaxed) {
+            self.parker.wake_fenced(u32::MAX);
+        }
     }
 
     /// Records that the operation at `value` failed with `message` (first fault wins),
@@ -220,13 +237,36 @@ impl Timeline {
                 }
             }
         }
-        match engine_wait() {
-            Some(wait) => wait(self, value, what, &mut ready),
-            None => {
-                self.parker.wait(mode, ready);
-                Ok(())
+        if let Some(wait) = engine_wait() {
+            return wait(self, value, what, &mut ready);
+        }
+        match mode {
+            CompletionMode::Spin | CompletionMode::Yield => self.parker.wait(mode, ready),
+            CompletionMode::Block | CompletionMode::Auto { .. } => {
+                if let CompletionMode::Auto { spin } = mode {
+                    if crate::park::spin_for(spin, &mut ready) {
+                        return Ok(());
+                    }
+                }
+                self.set_waiting(value, true);
+                self.parker.park_until(&mut ready, None);
+                self.set_waiting(value, false);
             }
         }
+        Ok(())
+    }
+
+    /// Adds (or removes) one parked waiter for `value` and republishes the
+    /// minimum (see the module invariants).
+    fn set_waiting(&self, value: u64, add: bool) {
+        let mut w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        if add {
+            w.push(value);
+        } else if let Some(i) = w.iter().position(|&v| v == value) {
+            w.swap_remove(i);
+        }
+        let min = w.iter().copied().min().unwrap_or(u64::MAX);
+        self.wake_at.store(min, Ordering::SeqCst);
     }
 
     /// Parks for at most `timeout` unless `ready()` holds (an engine thread that
