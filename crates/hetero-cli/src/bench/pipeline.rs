@@ -12,7 +12,7 @@
 use super::BenchReport;
 use crate::demo::{self, reference, DemoConfig};
 use crossbeam_channel::{bounded, Receiver, Sender};
-use hetero::{Arg, Device, DeviceBuffer, Event, Grid, Kernel, PinnedBuffer, Stream};
+use hetero::Device;
 use std::time::Instant;
 
 /// Buffers in flight between two threads' stages (the channels' bound).
@@ -36,97 +36,6 @@ fn threads_serial_ms(input: &[Vec<f32>], out: &mut [Vec<f32>], iters: u32) -> f6
 fn kernel(src: &[f32], dst: &mut [f32], iters: u32) {
     dst.copy_from_slice(src);
     demo::scale_in_place(dst, iters);
-}
-
-/// hetero on the same work as the threads: each tile's input and output are its
-/// own (pinned, as the threads' are their own `Vec`s), the device buffers between
-/// the stages are `IN_FLIGHT` slots recycled in stream order (a tile reuses a slot
-/// once the D2H of the tile that used it before is done, by an event). With
-/// `streams` = one stream per stage, else all on one stream (serial).
-struct HeteroRecycled {
-    input: Vec<PinnedBuffer<f32>>,
-    output: Vec<PinnedBuffer<f32>>,
-    dev_in: Vec<DeviceBuffer<f32>>,
-    dev_out: Vec<DeviceBuffer<f32>>,
-    /// Per slot: the D2H of the tile that last used it.
-    freed: Vec<Event>,
-    /// Per slot: H2D done, kernel done.
-    copied: Vec<Event>,
-    computed: Vec<Event>,
-    kernel: Kernel,
-}
-
-impl HeteroRecycled {
-    fn new(dev: &Device, input: &[Vec<f32>], iters: u32) -> hetero::Result<Self> {
-        let n = input[0].len();
-        let slot = || dev.alloc::<f32>(n);
-        Ok(HeteroRecycled {
-            input: input
-                .iter()
-                .map(|v| dev.pinned_from_slice(v))
-                .collect::<hetero::Result<_>>()?,
-            output: (0..input.len())
-                .map(|_| dev.alloc_pinned(n))
-                .collect::<hetero::Result<_>>()?,
-            dev_in: (0..IN_FLIGHT)
-                .map(|_| slot())
-                .collect::<hetero::Result<_>>()?,
-            dev_out: (0..IN_FLIGHT)
-                .map(|_| slot())
-                .collect::<hetero::Result<_>>()?,
-            freed: (0..IN_FLIGHT).map(|_| Event::new()).collect(),
-            copied: (0..IN_FLIGHT).map(|_| Event::new()).collect(),
-            computed: (0..IN_FLIGHT).map(|_| Event::new()).collect(),
-            kernel: Kernel::new("scale", move |b| {
-                let x = b.read::<f32>(0);
-                let off = b.write_offset(0);
-                let y = b.write::<f32>(0);
-                kernel(&x[off..off + y.len()], y, iters);
-            }),
-        })
-    }
-
-    /// One round over every tile on `[h2d, compute, d2h]` (the same stream
-    /// three times for the serial run); ms.
-    fn round(&mut self, s: [&Stream; 3]) -> hetero::Result<f64> {
-        let [h2d, compute, d2h] = s;
-        let t = Instant::now();
-        for c in 0..self.input.len() {
-            let k = c % IN_FLIGHT;
-            if c >= IN_FLIGHT {
-                h2d.wait_event(&self.freed[k])?;
-            }
-            h2d.copy_h2d(&self.input[c], &self.dev_in[k])?;
-            h2d.record(&mut self.copied[k])?;
-            compute.wait_event(&self.copied[k])?;
-            compute.launch(
-                &self.kernel,
-                Grid::new(1),
-                &[Arg::read(&self.dev_in[k]), Arg::write(&self.dev_out[k])],
-            )?;
-            compute.record(&mut self.computed[k])?;
-            d2h.wait_event(&self.computed[k])?;
-            d2h.copy_d2h(&self.dev_out[k], &mut self.output[c])?;
-            d2h.record(&mut self.freed[k])?;
-        }
-        for st in s {
-            st.synchronize()?;
-        }
-        Ok(t.elapsed().as_secs_f64() * 1e3)
-    }
-
-    fn verified(&self, iters: u32) -> bool {
-        self.input
-            .iter()
-            .zip(&self.output)
-            .all(|(i, o)| match (i.as_slice(), o.as_slice()) {
-                (Ok(i), Ok(o)) => i
-                    .iter()
-                    .zip(o)
-                    .all(|(x, y)| y.to_bits() == reference(*x, iters).to_bits()),
-                _ => false,
-            })
-    }
 }
 
 /// A tile's index and its buffer, handed from stage to stage.
@@ -264,34 +173,6 @@ pub fn run(quick: bool) -> BenchReport {
             peer_speedup.push(serial / piped);
         }
     });
-    // hetero on the same work: recycled device slots, pipelined on three
-    // streams (the kernel stream first, as the demo) and serial on one.
-    let (mut rec_pipe, mut rec_serial) = (Vec::new(), Vec::new());
-    {
-        let mut h = HeteroRecycled::new(&dev, &input, iters).expect("hetero buffers");
-        let stages = [
-            dev.create_stream_with_priority(4).expect("h2d"),
-            dev.create_stream_with_priority(hetero::PRIORITY_HIGHEST)
-                .expect("compute"),
-            dev.create_stream_with_priority(4).expect("d2h"),
-        ];
-        let one = dev.create_stream().expect("serial");
-        let piped = [&stages[0], &stages[1], &stages[2]];
-        h.round(piped).expect("warm-up");
-        for _ in 0..rounds {
-            let (mut p, mut s1) = (Vec::new(), Vec::new());
-            for _ in 0..cfg.reps {
-                s1.push(h.round([&one, &one, &one]).expect("serial round"));
-                p.push(h.round(piped).expect("pipelined round"));
-            }
-            rec_pipe.push(median(p));
-            rec_serial.push(median(s1));
-        }
-        assert!(
-            h.verified(iters),
-            "hetero output differs from the CPU reference"
-        );
-    }
     let ok = out.iter().zip(&input).all(|(o, i)| {
         o.iter()
             .zip(i)
@@ -299,16 +180,11 @@ pub fn run(quick: bool) -> BenchReport {
     });
     assert!(ok, "threads pipeline output differs from the CPU reference");
 
-    // Head to head: the same work (own inputs and outputs per tile, recycled
-    // buffers between the stages), absolute time.
-    rep.push_samples("hetero/pipeline-ms", "ms", &mut rec_pipe);
+    // Head to head: the same work, absolute time.
+    rep.push_samples("hetero/pipeline-ms", "ms", &mut pipe_ms);
     rep.push_samples("threads-channels/pipeline-ms", "ms", &mut peer_pipe);
-    rep.push_samples("hetero/serial-ms", "ms", &mut rec_serial);
+    rep.push_samples("hetero/serial-ms", "ms", &mut serial_ms);
     rep.push_samples("threads-channels/serial-ms", "ms", &mut peer_serial);
-    // The demo's own runs (a device buffer pair per tile: 64 MiB touched, against
-    // the recycled slots above), for reference.
-    rep.push_samples("hetero/demo-pipeline-ms", "ms", &mut pipe_ms);
-    rep.push_samples("hetero/demo-serial-ms", "ms", &mut serial_ms);
     rep.ratio(
         "hetero/pipeline-ms / threads-channels/pipeline-ms",
         "hetero/pipeline-ms",
