@@ -253,11 +253,18 @@ pub fn reference(x: f32, iters: u32) -> f32 {
     (0..iters).fold(x, |v, _| step(v))
 }
 
+/// Device buffers between the stages: this many slots, reused tile after tile
+/// (quad buffering), as a real pipeline does; each tile's input and output are its
+/// own pinned buffers.
+const SLOTS: usize = 4;
+
 struct Buffers {
     input: Vec<PinnedBuffer<f32>>,
     output: Vec<PinnedBuffer<f32>>,
     dev_in: Vec<DeviceBuffer<f32>>,
     dev_out: Vec<DeviceBuffer<f32>>,
+    /// Per slot, in the pipelined run: the D2H of the tile that used it last.
+    freed: Vec<Event>,
 }
 
 impl Buffers {
@@ -271,11 +278,14 @@ impl Buffers {
             output: Vec::new(),
             dev_in: Vec::new(),
             dev_out: Vec::new(),
+            freed: (0..SLOTS).map(|_| Event::new()).collect(),
         };
         for c in 0..tiles {
             let data: Vec<f32> = (0..n).map(|i| ((c * n + i) % 1000) as f32).collect();
             b.input.push(dev.pinned_from_slice(&data)?);
             b.output.push(dev.alloc_pinned(n)?);
+        }
+        for _ in 0..SLOTS.min(tiles) {
             b.dev_in.push(dev.alloc(n)?);
             b.dev_out.push(dev.alloc(n)?);
         }
@@ -299,19 +309,21 @@ fn run_serial(
         if stages {
             s.record(&mut ev[0])?;
         }
-        s.copy_h2d(&b.input[c], &b.dev_in[c])?;
+        // One stream: its order already puts a slot's old use before its new one.
+        let k_slot = c % SLOTS;
+        s.copy_h2d(&b.input[c], &b.dev_in[k_slot])?;
         if stages {
             s.record(&mut ev[1])?;
         }
         s.launch(
             k,
             Grid::new(1),
-            &[Arg::read(&b.dev_in[c]), Arg::write(&b.dev_out[c])],
+            &[Arg::read(&b.dev_in[k_slot]), Arg::write(&b.dev_out[k_slot])],
         )?;
         if stages {
             s.record(&mut ev[2])?;
         }
-        s.copy_d2h(&b.dev_out[c], &mut b.output[c])?;
+        s.copy_d2h(&b.dev_out[k_slot], &mut b.output[c])?;
         if stages {
             s.record(&mut ev[3])?;
             marks.push(ev);
@@ -338,17 +350,23 @@ fn run_pipelined(
     let [h2d, compute, d2h] = streams;
     let t0 = clock.mark();
     for c in 0..b.input.len() {
-        h2d.copy_h2d(&b.input[c], &b.dev_in[c])?;
+        let slot = c % SLOTS;
+        if c >= SLOTS {
+            // The slot's last tile is out (its kernel done before its D2H): reuse.
+            h2d.wait_event(&b.freed[slot])?;
+        }
+        h2d.copy_h2d(&b.input[c], &b.dev_in[slot])?;
         let copied = h2d.record_event()?;
         compute.wait_event(&copied)?;
         compute.launch(
             k,
             Grid::new(1),
-            &[Arg::read(&b.dev_in[c]), Arg::write(&b.dev_out[c])],
+            &[Arg::read(&b.dev_in[slot]), Arg::write(&b.dev_out[slot])],
         )?;
         let computed = compute.record_event()?;
         d2h.wait_event(&computed)?;
-        d2h.copy_d2h(&b.dev_out[c], &mut b.output[c])?;
+        d2h.copy_d2h(&b.dev_out[slot], &mut b.output[c])?;
+        d2h.record(&mut b.freed[slot])?;
     }
     for s in streams {
         s.synchronize()?;

@@ -1,7 +1,8 @@
-//! `hetero bench pipeline`: the demo's work (H2D → kernel → D2H over its tiles,
-//! buffers allocated once and recycled) on hetero's three streams beside the same
-//! work on three OS threads joined by crossbeam channels, in absolute time:
-//! `hetero/pipeline-ms` vs `threads-channels/pipeline-ms` is the head-to-head.
+//! `hetero bench pipeline`: the demo's work (H2D → kernel → D2H over its tiles:
+//! each tile's own input and output, a few buffers between the stages recycled)
+//! on hetero's three streams beside the same work on three OS threads joined by
+//! crossbeam channels, in absolute time: `hetero/pipeline-ms` vs
+//! `threads-channels/pipeline-ms` is the head-to-head.
 //!
 //! Each side's speedup over its own serial run is reported too, but the two
 //! speedups do not compare the runtimes: each divides by a different serial time
