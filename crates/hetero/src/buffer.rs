@@ -117,6 +117,16 @@ impl Storage {
 
     /// Fences of other streams' work that may still use the memory: its first use
     /// must be ordered after them.
+    /// Whether [`Storage::take_reuse_points`] would return any (the common case
+    /// has none: no vector is built or dropped for it).
+    #[inline]
+    pub(crate) fn has_reuse_points(&mut self) -> bool {
+        match self.backing.get_mut().unwrap_or_else(|p| p.into_inner()) {
+            Backing::Device { alloc, .. } => !alloc.wait_for().is_empty(),
+            _ => false,
+        }
+    }
+
     pub(crate) fn take_reuse_points(&mut self) -> Vec<Arc<dyn hetero_memory::StreamPoint>> {
         match self.backing.get_mut().unwrap_or_else(|p| p.into_inner()) {
             Backing::Device { alloc, .. } => alloc.take_wait_for(),

@@ -103,8 +103,8 @@ impl Stream {
         let mut arc = self.inner.device.device_storage::<T>(len, self.id())?;
         let s = Arc::get_mut(&mut arc).expect("a new storage has no other owner");
         let mut ordered = s.reused_in_stream_order();
-        let fences = s.take_reuse_points();
-        if !fences.is_empty() {
+        if s.has_reuse_points() {
+            let fences = s.take_reuse_points();
             match self.wait_for_points(fences) {
                 Ok(o) => ordered |= o,
                 Err((e, pending)) => {
