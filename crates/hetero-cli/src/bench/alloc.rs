@@ -526,21 +526,17 @@ fn fragmentation_churn(rep: &mut BenchReport, quick: bool) {
     );
 }
 
+/// The growth trace's weights (bytes): allocated first, kept to the end.
+pub(super) const WEIGHTS: [usize; 6] = [96 << 20, 48 << 20, 7 << 20, 7 << 20, 300 << 10, 300 << 10];
+
 /// Replay (b): an inference-like trace on the whole pool. Weights stay; each
 /// step allocates activations for batch N, frees them, and N grows by one.
 fn growth(rep: &mut BenchReport, quick: bool) {
     let pool = DevicePool::new(PoolConfig::default()).expect("host pool");
-    let weights: Vec<_> = [
-        96usize << 20,
-        48 << 20,
-        7 << 20,
-        7 << 20,
-        300 << 10,
-        300 << 10,
-    ]
-    .iter()
-    .map(|&s| pool.alloc(s, 256, 0).expect("weights"))
-    .collect();
+    let weights: Vec<_> = WEIGHTS
+        .iter()
+        .map(|&s| pool.alloc(s, 256, 0).expect("weights"))
+        .collect();
     let base_live: usize = weights.iter().map(|a| a.size()).sum();
     let mut peak_live = base_live;
     let max_batch = if quick { 32 } else { 64 };

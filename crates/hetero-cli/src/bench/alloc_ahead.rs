@@ -34,17 +34,10 @@ fn replay(pool: PoolConfig, max_batch: usize, two_streams: bool) -> Replay {
                 .expect("fill on the second stream");
         }
     };
-    let weights: Vec<_> = [
-        96usize << 20,
-        48 << 20,
-        7 << 20,
-        7 << 20,
-        300 << 10,
-        300 << 10,
-    ]
-    .iter()
-    .map(|&n| s.alloc::<u8>(n).expect("weights"))
-    .collect();
+    let weights: Vec<_> = super::alloc::WEIGHTS
+        .iter()
+        .map(|&n| s.alloc::<u8>(n).expect("weights"))
+        .collect();
     for w in &weights {
         fill(w);
     }

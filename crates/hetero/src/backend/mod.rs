@@ -6,6 +6,9 @@
 
 pub(crate) mod emu;
 pub(crate) mod host;
+mod streams;
+
+pub(crate) use streams::StreamList;
 
 use crate::buffer::{MemoryKind, Storage};
 use crate::op::Op;

@@ -47,8 +47,7 @@ pub(crate) struct EmuShared {
     pub(crate) emu: EmuConfig,
     config: DeviceConfig,
     sim: Mutex<Sim>,
-    pub(crate) streams: Mutex<Vec<Arc<EmuStream>>>,
-    pub(crate) generation: AtomicU64,
+    pub(crate) streams: super::StreamList<EmuStream>,
     next_stream: AtomicU64,
     /// The device clock: virtual ns, or wall ns since `start`.
     clock: AtomicU64,
@@ -176,8 +175,7 @@ impl EmuShared {
     }
 
     fn drained(&self) -> bool {
-        let list = self.streams.lock().unwrap_or_else(|p| p.into_inner());
-        list.iter().all(|s| s.ring.is_empty())
+        self.streams.all(|s| s.ring.is_empty())
     }
 }
 
@@ -217,10 +215,8 @@ struct EmuPoints {
 impl hetero_memory::StreamPoints for EmuPoints {
     fn record(&self, stream: u64) -> Arc<dyn hetero_memory::StreamPoint> {
         let found = self.shared.upgrade().and_then(|sh| {
-            let list = sh.streams.lock().unwrap_or_else(|p| p.into_inner());
-            list.iter()
-                .find(|s| s.id == stream)
-                .map(|s| (s.timeline.clone(), s.ring.tail()))
+            sh.streams
+                .find_map(|s| (s.id == stream).then(|| (s.timeline.clone(), s.ring.tail())))
         });
         super::tail_point(stream, found)
     }
@@ -255,8 +251,7 @@ impl EmuBackend {
         let shared = Arc::new(EmuShared {
             device,
             sim: Mutex::new(Sim::new(config.copy_engines, config.compute_units)),
-            streams: Mutex::new(Vec::new()),
-            generation: AtomicU64::new(0),
+            streams: super::StreamList::new(),
             next_stream: AtomicU64::new(1),
             clock: AtomicU64::new(0),
             start: Instant::now(),
@@ -338,9 +333,7 @@ impl Backend for EmuBackend {
             shared: Arc::downgrade(sh),
             host_wait: sh.config.host_wait,
         });
-        let mut list = sh.streams.lock().unwrap_or_else(|p| p.into_inner());
-        list.push(stream.clone());
-        sh.generation.fetch_add(1, Ordering::Release);
+        sh.streams.add(stream.clone());
         Ok(stream)
     }
 
@@ -367,16 +360,10 @@ impl Backend for EmuBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
-        let points: Vec<_> = {
-            let list = self
-                .shared
-                .streams
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            list.iter()
-                .map(|s| (s.timeline.clone(), s.ring.tail()))
-                .collect()
-        };
+        let points = self
+            .shared
+            .streams
+            .map(|s| (s.timeline.clone(), s.ring.tail()));
         super::wait_all(points, self.shared.config.host_wait)
     }
 

@@ -143,13 +143,7 @@ impl Sim {
     }
 
     fn refresh(&mut self, sh: &EmuShared) {
-        let g = sh.generation.load(Ordering::Acquire);
-        if g != self.generation {
-            let list = sh.streams.lock().unwrap_or_else(|p| p.into_inner());
-            self.streams.clear();
-            self.streams.extend(list.iter().cloned());
-            self.generation = g;
-        }
+        sh.streams.refresh(&mut self.streams, &mut self.generation);
     }
 
     /// Starts every op that can start now; zero-time ops (waits, records, host

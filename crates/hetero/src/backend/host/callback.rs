@@ -146,8 +146,7 @@ fn waits_for_itself(sh: &Shared, timeline: &Timeline, value: u64, what: &str) ->
 }
 
 fn stream_by_id(sh: &Shared, id: u64) -> Option<Arc<HostStream>> {
-    let list = sh.streams.lock().unwrap_or_else(|p| p.into_inner());
-    list.iter().find(|s| s.id == id).cloned()
+    sh.streams.find_map(|s| (s.id == id).then(|| s.clone()))
 }
 
 /// Follows what `(stream, value)` waits for (a stream's op blocked in a callback,

@@ -362,13 +362,7 @@ impl EngineThread {
     }
 
     pub(super) fn refresh(&mut self, sh: &Shared) {
-        let g = sh.generation.load(Ordering::Acquire);
-        if g != self.generation {
-            let list = sh.streams.lock().unwrap_or_else(|p| p.into_inner());
-            self.streams.clear();
-            self.streams.extend(list.iter().cloned());
-            self.generation = g;
-        }
+        sh.streams.refresh(&mut self.streams, &mut self.generation);
     }
 
     /// Finds and takes one unit of work: blocks of a running kernel, or the oldest op

@@ -14,10 +14,8 @@ pub(super) struct HostPoints {
 impl hetero_memory::StreamPoints for HostPoints {
     fn record(&self, stream: u64) -> Arc<dyn hetero_memory::StreamPoint> {
         let found = self.shared.upgrade().and_then(|sh| {
-            let list = sh.streams.lock().unwrap_or_else(|p| p.into_inner());
-            list.iter()
-                .find(|s| s.id == stream)
-                .map(|s| (s.timeline.clone(), s.submitted()))
+            sh.streams
+                .find_map(|s| (s.id == stream).then(|| (s.timeline.clone(), s.submitted())))
         });
         crate::backend::tail_point(stream, found)
     }

@@ -57,8 +57,7 @@ struct Shared {
     device: u64,
     config: DeviceConfig,
     queues: Box<[HwQueue]>,
-    streams: Mutex<Vec<Arc<HostStream>>>,
-    generation: AtomicU64,
+    streams: super::StreamList<HostStream>,
     /// Free copy engines per direction, one bit each.
     copy_free: [CachePadded<AtomicU32>; 3],
     idle: Arc<Parker>,
@@ -99,8 +98,7 @@ impl HostBackend {
                     streams: AtomicUsize::new(0),
                 })
                 .collect(),
-            streams: Mutex::new(Vec::new()),
-            generation: AtomicU64::new(0),
+            streams: super::StreamList::new(),
             copy_free: [
                 mask(config.copy_engines[0]),
                 mask(config.copy_engines[1]),
@@ -199,9 +197,7 @@ impl Backend for HostBackend {
             shared: Arc::downgrade(sh),
             host_wait: sh.config.host_wait,
         });
-        let mut list = sh.streams.lock().unwrap_or_else(|p| p.into_inner());
-        list.push(stream.clone());
-        sh.generation.fetch_add(1, Ordering::Release);
+        sh.streams.add(stream.clone());
         Ok(stream)
     }
 
@@ -223,16 +219,10 @@ impl Backend for HostBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
-        let points: Vec<_> = {
-            let list = self
-                .shared
-                .streams
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            list.iter()
-                .map(|s| (s.timeline.clone(), s.submitted()))
-                .collect()
-        };
+        let points = self
+            .shared
+            .streams
+            .map(|s| (s.timeline.clone(), s.submitted()));
         super::wait_all(points, self.shared.config.host_wait)
     }
 

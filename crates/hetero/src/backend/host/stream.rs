@@ -83,9 +83,7 @@ impl BackendStream for HostStream {
     fn release(&self) {
         let _ = self.timeline.wait(self.submitted(), self.host_wait);
         if let Some(sh) = self.shared.upgrade() {
-            let mut list = sh.streams.lock().unwrap_or_else(|p| p.into_inner());
-            list.retain(|s| s.id != self.id);
-            sh.generation.fetch_add(1, Ordering::Release);
+            sh.streams.remove(|s| s.id == self.id);
             sh.queues[self.queue]
                 .streams
                 .fetch_sub(1, Ordering::Relaxed);
