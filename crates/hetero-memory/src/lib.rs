@@ -11,6 +11,7 @@
 
 mod config;
 mod error;
+pub mod arena_plan;
 pub mod os;
 mod sync;
 pub mod thread_role;

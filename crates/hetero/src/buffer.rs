@@ -90,6 +90,10 @@ pub(crate) struct Storage {
     /// The pool device memory came from. Kept when the storage is recycled for
     /// memory of the same pool: no reference count changes per buffer.
     pool: Option<Arc<hetero_memory::DevicePool>>,
+    /// Non-zero for a stand-in of a graph: a buffer allocated inside it or a
+    /// slot bound at launch (`graph::GraphRef`). It has no memory; only a graph
+    /// being recorded may take it, any other use is refused.
+    pub(crate) graph_ref: u64,
 }
 
 // SAFETY: the bytes are plain memory owned by this storage; concurrent access to them
@@ -279,7 +283,19 @@ impl Storage {
             ready: None,
             backing: Mutex::new(backing),
             pool: None,
+            graph_ref: 0,
         }
+    }
+
+    /// A stand-in for a graph's buffer of `bytes` (see `graph_ref`): no memory,
+    /// a pointer nothing dereferences.
+    pub(crate) fn stand_in(device: u64, kind: MemoryKind, bytes: usize, graph_ref: u64) -> Storage {
+        let mut s = Self::empty(device, kind);
+        s.bytes = bytes;
+        s.host_visible = false;
+        s.device_addr = 0;
+        s.graph_ref = graph_ref;
+        s
     }
 
     /// Marks the memory as the device's own, known to it as `addr`: host code
@@ -451,6 +467,7 @@ impl Storage {
         self.device = device;
         self.kind = MemoryKind::Device;
         self.home = stream;
+        self.graph_ref = 0;
         *self.backing.get_mut().unwrap_or_else(|p| p.into_inner()) = backing;
     }
 
@@ -628,9 +645,17 @@ buffer_common!(DeviceBuffer, ManuallyDrop::new);
 buffer_common!(PinnedBuffer, std::convert::identity);
 
 impl<T: Pod> PinnedBuffer<T> {
+    fn check_not_stand_in(&self, op: &'static str) -> Result<()> {
+        if self.storage.graph_ref != 0 {
+            return Err(crate::graph::stand_in_error(op));
+        }
+        Ok(())
+    }
+
     /// The contents, for reading on the host. Fails while an enqueued operation still
     /// writes into the buffer (synchronize its stream first).
     pub fn as_slice(&self) -> Result<&[T]> {
+        self.check_not_stand_in("PinnedBuffer::as_slice")?;
         if self.storage.has_pending_writes() {
             return Err(Error::BufferBusy {
                 op: "PinnedBuffer::as_slice",
@@ -646,6 +671,7 @@ impl<T: Pod> PinnedBuffer<T> {
     /// The contents, for writing on the host. Fails while any enqueued operation still
     /// uses the buffer.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        self.check_not_stand_in("PinnedBuffer::as_mut_slice")?;
         let len = self.len;
         match Arc::get_mut(&mut self.storage) {
             // SAFETY: `get_mut` proved no operation holds the storage, and `&mut self`

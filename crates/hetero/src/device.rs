@@ -189,7 +189,7 @@ impl Device {
         Ok(Stream::new(q, self.clone()))
     }
 
-    fn bytes_for<T: Pod>(len: usize) -> Result<usize> {
+    pub(crate) fn bytes_for<T: Pod>(len: usize) -> Result<usize> {
         if std::mem::align_of::<T>() > Storage::ALIGN {
             return Err(Error::InvalidArgument(format!(
                 "{} needs {}-byte alignment; buffers are aligned to {} bytes: use a type with \

@@ -102,6 +102,13 @@ pub enum Error {
     #[error("would deadlock: {0}")]
     WouldDeadlock(String),
 
+    /// A graph, command buffer or stream capture was used wrongly: a cycle, a
+    /// node of another graph, a buffer used outside the graph it belongs to, an
+    /// unbound slot, a capture left unjoined, or an update that changes the
+    /// graph's shape (re-instantiate for that).
+    #[error("{op}: {detail}")]
+    Graph { op: &'static str, detail: String },
+
     /// A backend could not start (threads, OS resources).
     #[error("device setup failed: {0}")]
     Setup(String),

@@ -178,8 +178,23 @@ impl Event {
         self.point.is_some()
     }
 
-    pub(crate) fn point(&self, op: &'static str) -> Result<&EventPoint> {
+    /// The point, for a wait; it may be a capture's (see `point`).
+    pub(crate) fn point_any(&self, op: &'static str) -> Result<&EventPoint> {
         self.point.as_ref().ok_or(Error::EventNotRecorded { op })
+    }
+
+    /// The point, for the host: an event recorded during a stream capture has
+    /// no point on any timeline the host could wait for.
+    pub(crate) fn point(&self, op: &'static str) -> Result<&EventPoint> {
+        let p = self.point_any(op)?;
+        if crate::graph::capture::is_capture_timeline(&p.timeline) {
+            return Err(Error::Graph {
+                op,
+                detail: "the event was recorded during a stream capture: it marks a point of                          the graph being recorded, which only streams recording into that                          capture can wait on; record an event after launching the graph"
+                    .into(),
+            });
+        }
+        Ok(p)
     }
 
     /// The stream and timeline value this event marks.

@@ -145,9 +145,9 @@ pub const INLINE_KERNEL_ARGS: usize = 4;
 
 /// The element type of a buffer argument, as one static per type (a pointer wide).
 pub(crate) struct ElemInfo {
-    id: fn() -> TypeId,
-    name: fn() -> &'static str,
-    size: usize,
+    pub(crate) id: fn() -> TypeId,
+    pub(crate) name: fn() -> &'static str,
+    pub(crate) size: usize,
 }
 
 impl ElemInfo {
@@ -209,23 +209,69 @@ impl ArgList {
     }
 }
 
-/// What one block of a kernel sees: its index and the launch's buffers.
+/// A buffer as one block sees it in a graph node: resolved at run time from a
+/// fixed buffer, a bound slot or the graph's arena.
+#[derive(Clone, Copy)]
+pub(crate) struct KView {
+    pub(crate) ptr: *mut u8,
+    /// Elements.
+    pub(crate) len: usize,
+    pub(crate) elem: &'static ElemInfo,
+    pub(crate) write: bool,
+}
+
+/// The buffers a block reaches: an op's argument list, or a graph node's views.
+#[derive(Clone, Copy)]
+pub(crate) enum Args<'a> {
+    List(&'a ArgList),
+    Views(&'a [KView]),
+}
+
+impl<'a> Args<'a> {
+    /// The `n`-th argument with the given direction: its position among all
+    /// arguments, base pointer, length and element type.
+    fn nth(self, n: usize, write: bool) -> Option<(usize, *mut u8, usize, &'static ElemInfo)> {
+        match self {
+            Args::List(list) => list
+                .as_slice_iter()
+                .enumerate()
+                .filter(|(_, a)| a.write == write)
+                .nth(n)
+                .map(|(i, a)| (i, a.storage.ptr(), a.len(), a.elem)),
+            Args::Views(views) => views
+                .iter()
+                .enumerate()
+                .filter(|(_, a)| a.write == write)
+                .nth(n)
+                .map(|(i, a)| (i, a.ptr, a.len, a.elem)),
+        }
+    }
+}
+
+/// What one block of a kernel sees: its index, the launch's buffers and, in a
+/// graph node, its scalars.
 ///
 /// Arguments are numbered separately for reads and writes, in launch order:
 /// `read::<T>(0)` is the first `Arg::read`, `write::<T>(0)` the first `Arg::write`.
 pub struct Block<'a> {
     index: u32,
     blocks: u32,
-    args: &'a ArgList,
+    args: Args<'a>,
+    scalars: &'a [u64],
     taken: u16,
 }
 
 impl<'a> Block<'a> {
     pub(crate) fn new(index: u32, blocks: u32, args: &'a ArgList) -> Self {
+        Self::with(index, blocks, Args::List(args), &[])
+    }
+
+    pub(crate) fn with(index: u32, blocks: u32, args: Args<'a>, scalars: &'a [u64]) -> Self {
         Block {
             index,
             blocks,
             args,
+            scalars,
             taken: 0,
         }
     }
@@ -240,20 +286,45 @@ impl<'a> Block<'a> {
         self.blocks
     }
 
-    fn nth(&self, n: usize, write: bool) -> Option<(usize, &'a KArg)> {
-        self.args
-            .as_slice_iter()
-            .enumerate()
-            .filter(|(_, a)| a.write == write)
-            .nth(n)
+    /// The scalars of a graph's kernel node (set with
+    /// [`GraphExec::set_scalars`](crate::GraphExec::set_scalars), changed in place
+    /// between replays); empty for a launch on a stream.
+    pub fn scalars(&self) -> &'a [u64] {
+        self.scalars
     }
 
-    fn check<T: Pod>(a: &KArg, what: &str, n: usize) -> Result<(), String> {
-        if (a.elem.id)() != TypeId::of::<T>() {
+    /// Scalar `n` as a `T` of at most 8 bytes (the low bytes of its word), or a
+    /// message saying what is wrong.
+    pub fn try_scalar<T: Pod>(&self, n: usize) -> Result<T, String> {
+        let size = std::mem::size_of::<T>();
+        if size > 8 {
+            return Err(format!(
+                "kernel asked for scalar::<{}>({n}), which is {size} bytes; scalars are 8-byte words",
+                std::any::type_name::<T>()
+            ));
+        }
+        let word = self.scalars.get(n).ok_or_else(|| {
+            format!(
+                "kernel asked for scalar {n}, but the node has {} scalars",
+                self.scalars.len()
+            )
+        })?;
+        let bytes = word.to_ne_bytes();
+        Ok(bytemuck::pod_read_unaligned(&bytes[..size]))
+    }
+
+    /// Scalar `n`. Panics (failing the stream, not the process) if the node has
+    /// no such scalar or `T` is wider than 8 bytes.
+    pub fn scalar<T: Pod>(&self, n: usize) -> T {
+        self.try_scalar(n).unwrap_or_else(|m| panic!("{m}"))
+    }
+
+    fn check<T: Pod>(elem: &ElemInfo, what: &str, n: usize) -> Result<(), String> {
+        if (elem.id)() != TypeId::of::<T>() {
             return Err(format!(
                 "kernel asked for {what}::<{}>({n}) but the buffer holds {}",
                 std::any::type_name::<T>(),
-                (a.elem.name)()
+                (elem.name)()
             ));
         }
         Ok(())
@@ -261,13 +332,15 @@ impl<'a> Block<'a> {
 
     /// The whole of read argument `n`, or a message saying what is wrong.
     pub fn try_read<T: Pod>(&self, n: usize) -> Result<&'a [T], String> {
-        let (_, a) = self
+        let (_, ptr, len, elem) = self
+            .args
             .nth(n, false)
             .ok_or_else(|| format!("kernel asked for read argument {n}, which was not passed"))?;
-        Self::check::<T>(a, "read", n)?;
-        // SAFETY: the storage holds `len` initialised `T`s (type checked above, 256 B
-        // aligned); the launch holds a read lock on it, so nobody writes it now.
-        Ok(unsafe { std::slice::from_raw_parts(a.storage.ptr() as *const T, a.len()) })
+        Self::check::<T>(elem, "read", n)?;
+        // SAFETY: the memory holds `len` initialised `T`s (type checked above, 256 B
+        // aligned); the launch holds a read lock on it (or, in a graph, every
+        // writer of it is ordered before or after this node), so nobody writes it now.
+        Ok(unsafe { std::slice::from_raw_parts(ptr as *const T, len) })
     }
 
     /// The whole of read argument `n`. Panics (failing the stream, not the process)
@@ -285,29 +358,31 @@ impl<'a> Block<'a> {
 
     /// The index of the first element of write argument `n` this block owns.
     pub fn write_offset(&self, n: usize) -> usize {
-        self.nth(n, true)
-            .map(|(_, a)| self.part(a.len()).0)
+        self.args
+            .nth(n, true)
+            .map(|(_, _, len, _)| self.part(len).0)
             .unwrap_or(0)
     }
 
     /// This block's part of write argument `n`, or a message saying what is wrong.
     pub fn try_write<T: Pod>(&mut self, n: usize) -> Result<&'a mut [T], String> {
-        let (slot, a) = self
+        let (slot, ptr, len, elem) = self
+            .args
             .nth(n, true)
             .ok_or_else(|| format!("kernel asked for write argument {n}, which was not passed"))?;
-        Self::check::<T>(a, "write", n)?;
+        Self::check::<T>(elem, "write", n)?;
         let bit = 1u16 << slot;
         if self.taken & bit != 0 {
             return Err(format!("kernel took write argument {n} twice in one block"));
         }
         self.taken |= bit;
-        let (start, end) = self.part(a.len());
-        // SAFETY: the launch holds the write lock on this storage; blocks get disjoint
-        // `start..end` ranges and each block takes its range once (`taken`), so this is
-        // the only reference to these elements while the kernel runs.
-        Ok(unsafe {
-            std::slice::from_raw_parts_mut((a.storage.ptr() as *mut T).add(start), end - start)
-        })
+        let (start, end) = self.part(len);
+        // SAFETY: the launch holds the write lock on this memory (in a graph: every
+        // other node touching it is ordered before or after this one); blocks get
+        // disjoint `start..end` ranges and each block takes its range once
+        // (`taken`), so this is the only reference to these elements while the
+        // kernel runs.
+        Ok(unsafe { std::slice::from_raw_parts_mut((ptr as *mut T).add(start), end - start) })
     }
 
     /// This block's part of write argument `n`. Panics (failing the stream) if it does

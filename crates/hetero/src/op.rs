@@ -76,6 +76,8 @@ pub(crate) enum Body {
         off: usize,
         out: Arc<std::sync::Mutex<Vec<u8>>>,
     },
+    /// A launch of an executable graph: all its nodes, one op.
+    Graph(crate::graph::run::GraphLaunch),
 }
 
 impl Op {
@@ -99,6 +101,7 @@ impl Op {
             Body::Kernel { args, .. } => args.as_slice_iter().all(|a| f(&a.storage, a.write)),
             Body::HostWrite { dst, .. } => f(dst, true),
             Body::HostRead { src, .. } => f(src, false),
+            Body::Graph(l) => l.for_each_access(&mut f),
             Body::Host(_) | Body::Wait { .. } | Body::Record { .. } => true,
         }
     }
@@ -151,6 +154,7 @@ impl Op {
             Body::Record { .. } => "record_event",
             Body::HostWrite { .. } => "write_slice",
             Body::HostRead { .. } => "read_slice",
+            Body::Graph(_) => "graph",
         }
     }
 
@@ -159,6 +163,7 @@ impl Op {
             Body::Copy { bytes, .. } | Body::Fill { bytes, .. } => *bytes as u64,
             Body::HostWrite { data, .. } => data.len() as u64,
             Body::HostRead { out, .. } => out.lock().map_or(0, |o| o.len() as u64),
+            Body::Graph(l) => l.bytes(),
             _ => 0,
         }
     }
@@ -218,18 +223,7 @@ pub(crate) fn run_transfer(body: &Body) {
             // SAFETY: range bounds-checked at enqueue; the write lock on dst makes this
             // the only access to it.
             let out = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add(*off), *bytes) };
-            if plen == 1 {
-                out.fill(pattern[0]);
-            } else if out.len() >= plen {
-                // Seed one element, then double the filled prefix with memcpy.
-                out[..plen].copy_from_slice(&pattern[..plen]);
-                let mut done = plen;
-                while done < out.len() {
-                    let n = done.min(out.len() - done);
-                    out.copy_within(..n, done);
-                    done += n;
-                }
-            }
+            fill_pattern(out, &pattern[..plen]);
         }
         Body::HostWrite { dst, off, data } => {
             // SAFETY: range checked at enqueue; the write lock (or, on a modelled
@@ -243,6 +237,23 @@ pub(crate) fn run_transfer(body: &Body) {
             unsafe { std::ptr::copy_nonoverlapping(src.ptr().add(*off), out.as_mut_ptr(), n) }
         }
         _ => {}
+    }
+}
+
+/// Fills `out` with copies of `pattern` (`out.len()` is a multiple of its length).
+pub(crate) fn fill_pattern(out: &mut [u8], pattern: &[u8]) {
+    let plen = pattern.len();
+    if plen == 1 {
+        out.fill(pattern[0]);
+    } else if plen > 0 && out.len() >= plen {
+        // Seed one element, then double the filled prefix with memcpy.
+        out[..plen].copy_from_slice(pattern);
+        let mut done = plen;
+        while done < out.len() {
+            let n = done.min(out.len() - done);
+            out.copy_within(..n, done);
+            done += n;
+        }
     }
 }
 

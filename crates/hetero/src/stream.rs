@@ -2,6 +2,7 @@
 //! input (typed errors, never panics) and hands a self-contained `Op` to the backend.
 
 use crate::backend::BackendStream;
+use crate::graph::capture::CaptureSlot;
 use crate::buffer::{Arg, DeviceBuffer, PinnedBuffer, Storage};
 use crate::event::{Event, EventPoint};
 use crate::kernel::{ArgList, Grid, Kernel, MAX_KERNEL_ARGS};
@@ -9,7 +10,7 @@ use crate::op::{Body, CopyKind, Op, PendingWrite};
 use crate::{Device, Error, MemoryKind, Result};
 use bytemuck::Pod;
 use std::any::TypeId;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Highest (most urgent) stream priority.
@@ -30,6 +31,8 @@ pub struct Stream {
 struct StreamHandle {
     queue: Arc<dyn BackendStream>,
     device: Device,
+    /// The capture this stream records into, if any (`graph/capture.rs`).
+    capture: Arc<CaptureSlot>,
 }
 
 impl Drop for StreamHandle {
@@ -66,7 +69,11 @@ fn check_range(op: &'static str, len: usize, offset: usize, count: usize) -> Res
 impl Stream {
     pub(crate) fn new(queue: Arc<dyn BackendStream>, device: Device) -> Self {
         Stream {
-            inner: Arc::new(StreamHandle { queue, device }),
+            inner: Arc::new(StreamHandle {
+                queue,
+                device,
+                capture: Arc::default(),
+            }),
         }
     }
 
@@ -74,6 +81,90 @@ impl Stream {
         &*self.inner.queue
     }
 
+    pub(crate) fn capture_slot(&self) -> &Arc<CaptureSlot> {
+        &self.inner.capture
+    }
+
+    /// Whether work submitted now is recorded into a capture instead of run.
+    #[inline]
+    pub fn is_capturing(&self) -> bool {
+        self.inner.capture.capturing.load(Ordering::Acquire)
+    }
+
+    /// Refuses `op` while the stream records: it would wait for work that does
+    /// not run until the graph is launched.
+    fn not_capturing(&self, op: &'static str) -> Result<()> {
+        if self.is_capturing() {
+            return Err(Error::Graph {
+                op,
+                detail: "the stream is recording a capture: nothing it records runs before                          the graph is launched, so this would never complete; end the capture                          first"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Starts recording: work submitted to this stream (and to streams that
+    /// wait on events recorded here meanwhile) goes into a graph instead of
+    /// running, until [`Stream::end_capture`]. Like CUDA's stream capture;
+    /// synchronous calls on a recording stream are refused.
+    ///
+    /// ```
+    /// use hetero::Device;
+    /// let dev = Device::host().unwrap();
+    /// let s = dev.create_stream().unwrap();
+    /// let buf = dev.alloc::<u8>(64).unwrap();
+    /// s.begin_capture().unwrap();
+    /// s.fill(&buf, 7).unwrap();
+    /// let exec = s.end_capture().unwrap().instantiate().unwrap();
+    /// s.launch_graph(&exec).unwrap();
+    /// assert_eq!(s.read_to_vec(&buf).unwrap(), vec![7; 64]);
+    /// ```
+    pub fn begin_capture(&self) -> Result<()> {
+        if self.q().is_closed() {
+            return Err(Error::StreamDestroyed { stream: self.id() });
+        }
+        crate::graph::capture::begin(
+            &self.inner.capture,
+            self.id(),
+            self.inner.device.id(),
+            self.inner.device.host_wait(),
+        )
+    }
+
+    /// Ends the capture begun on this stream and returns what it recorded.
+    /// Every stream that joined it must have been joined back (this stream
+    /// waited on an event recorded after its last op), else a typed error.
+    pub fn end_capture(&self) -> Result<crate::Graph> {
+        let draft = crate::graph::capture::end(&self.inner.capture, self.id())?;
+        crate::Graph::from_draft(&self.inner.device, draft)
+    }
+
+    /// Launches an executable graph: one submission, ordered on this stream
+    /// like any op (events recorded after it complete after all its nodes). A
+    /// graph with slots needs [`Stream::launch_graph_with`].
+    pub fn launch_graph(&self, exec: &crate::GraphExec) -> Result<()> {
+        crate::graph::run::launch(self, exec, None)
+    }
+
+    /// Launches an executable graph with its slots bound by `bindings`.
+    pub fn launch_graph_with(
+        &self,
+        exec: &crate::GraphExec,
+        bindings: &crate::Bindings,
+    ) -> Result<()> {
+        crate::graph::run::launch(self, exec, Some(bindings))
+    }
+
+    /// Runs `f` on the host in stream order, like [`Stream::host_fn`], but `f`
+    /// is an `Fn`: recorded into a graph or command buffer, it runs at every
+    /// launch.
+    pub fn host_callback(&self, f: impl Fn() + Send + Sync + 'static) -> Result<()> {
+        if self.is_capturing() {
+            return crate::graph::capture::host(&self.inner.capture, self.id(), Arc::new(f));
+        }
+        self.host_fn(f)
+    }
     /// The stream's id (unique on its device).
     pub fn id(&self) -> u64 {
         self.q().id()
@@ -99,6 +190,11 @@ impl Stream {
     pub fn alloc<T: Pod>(&self, len: usize) -> Result<DeviceBuffer<T>> {
         if self.q().is_closed() {
             return Err(Error::StreamDestroyed { stream: self.id() });
+        }
+        if self.is_capturing() {
+            let bytes = crate::Device::bytes_for::<T>(len)?;
+            let s = crate::graph::capture::alloc(&self.inner.capture, bytes)?;
+            return Ok(DeviceBuffer::from_storage(s, len));
         }
         let mut arc = self.inner.device.device_storage::<T>(len, self.id())?;
         let s = Arc::get_mut(&mut arc).expect("a new storage has no other owner");
@@ -172,7 +268,7 @@ impl Stream {
     /// Orders an op on this stream that touches `s` after the work that used its
     /// memory before it, when that work ran elsewhere (see [`Stream::alloc`]).
     #[inline]
-    fn order_use(&self, s: &Storage) -> Result<()> {
+    pub(crate) fn order_use(&self, s: &Storage) -> Result<()> {
         if let Some((timeline, value)) = s.use_on(self.id()) {
             self.submit(Body::Wait {
                 timeline: timeline.clone(),
@@ -210,6 +306,9 @@ impl Stream {
     }
 
     fn check_storage(&self, op: &'static str, s: &Storage) -> Result<()> {
+        if s.graph_ref != 0 && !self.is_capturing() {
+            return Err(crate::graph::stand_in_error(op));
+        }
         let dev = self.inner.device.id();
         if s.device != dev {
             return Err(Error::WrongDevice {
@@ -222,7 +321,10 @@ impl Stream {
     }
 
     #[inline]
-    fn submit(&self, body: Body) -> Result<u64> {
+    pub(crate) fn submit(&self, body: Body) -> Result<u64> {
+        if self.is_capturing() {
+            return crate::graph::capture::submit(&self.inner.capture, self.id(), body);
+        }
         self.q().submit(Op::new(body))
     }
 
@@ -461,6 +563,9 @@ impl Stream {
     /// whose last record has completed (and that has no clones) allocates
     /// nothing: its timestamp cell is reused, like a CUDA event.
     pub fn record(&self, event: &mut Event) -> Result<()> {
+        if self.is_capturing() {
+            return crate::graph::capture::record(&self.inner.capture, self.id(), event);
+        }
         // Only this event holds the cell once its record op ran (no clones, and
         // no weak references are ever made), so nothing else can read it.
         let stamp = match event.point.take().map(|p| p.stamp) {
@@ -494,7 +599,10 @@ impl Stream {
     /// Makes work submitted after this call wait until `event` completed. Does not
     /// block the host, and never stalls other streams.
     pub fn wait_event(&self, event: &Event) -> Result<()> {
-        let p = event.point("wait_event")?;
+        let p = event.point_any("wait_event")?;
+        if crate::graph::capture::is_capture_timeline(&p.timeline) {
+            return crate::graph::capture::wait(&self.inner.capture, self.id(), p);
+        }
         if p.timeline.device != self.inner.device.id() {
             return Err(Error::EventWrongDevice {
                 op: "wait_event",
@@ -520,6 +628,7 @@ impl Stream {
     /// Blocks until all work submitted so far completed; returns the stream's fault
     /// if it failed.
     pub fn synchronize(&self) -> Result<()> {
+        self.not_capturing("Stream::synchronize")?;
         self.q()
             .timeline()
             .wait(self.q().submitted(), self.inner.device.host_wait())
@@ -528,6 +637,7 @@ impl Stream {
     /// `Ok(true)` when all submitted work completed, `Ok(false)` while some is
     /// pending, the fault if the stream failed.
     pub fn query(&self) -> Result<bool> {
+        self.not_capturing("Stream::query")?;
         self.q().timeline().poll_driver();
         match self.q().timeline().status(self.q().submitted()) {
             None => Ok(false),
@@ -553,6 +663,7 @@ impl Stream {
         write: bool,
         f: impl FnOnce(),
     ) -> Result<()> {
+        self.not_capturing(op)?;
         self.check_storage(op, storage)?;
         if self.q().is_closed() {
             return Err(Error::StreamDestroyed { stream: self.id() });
@@ -582,6 +693,7 @@ impl Stream {
         off: usize,
         dir: StageDir<'_>,
     ) -> Result<()> {
+        self.not_capturing(op)?;
         self.check_storage(op, s)?;
         if self.q().is_closed() {
             return Err(Error::StreamDestroyed { stream: self.id() });

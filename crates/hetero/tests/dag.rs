@@ -369,8 +369,20 @@ fn reference(lens: &[usize], steps: &[Step]) -> (Vec<Vec<u32>>, [u32; HOST_CELLS
     (bufs, cells)
 }
 
-/// Runs the program on the host device; returns the final buffers and host cells.
-fn execute(spec: &Spec, steps: &[Step]) -> (Vec<Vec<u32>>, [u32; HOST_CELLS]) {
+/// How a program is run.
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    /// Op by op on the streams.
+    Streams,
+    /// Captured into a graph from the same streams (each joins the capture of
+    /// stream 0 and is joined back at the end), then launched `n` times, every
+    /// launch from zeroed buffers and cells.
+    Graph(usize),
+}
+
+/// Runs the program on the device under test; returns the final buffers and
+/// host cells.
+fn execute(spec: &Spec, steps: &[Step], mode: Mode) -> (Vec<Vec<u32>>, [u32; HOST_CELLS]) {
     let dev = Device::new(
         common::config()
             .compute_units(2)
@@ -387,6 +399,13 @@ fn execute(spec: &Spec, steps: &[Step]) -> (Vec<Vec<u32>>, [u32; HOST_CELLS]) {
         .collect();
     let cells: Arc<[AtomicU32; HOST_CELLS]> = Arc::new(Default::default());
     let mut events: Vec<Event> = Vec::new();
+    if let Mode::Graph(_) = mode {
+        streams[0].begin_capture().expect("begin capture");
+        let start = streams[0].record_event().expect("record in capture");
+        for s in &streams[1..] {
+            s.wait_event(&start).expect("join the capture");
+        }
+    }
     for step in steps {
         match step {
             Step::Fill {
@@ -433,17 +452,39 @@ fn execute(spec: &Spec, steps: &[Step]) -> (Vec<Vec<u32>>, [u32; HOST_CELLS]) {
             Step::Host { s, cell, value } => {
                 let (cells, cell, value) = (cells.clone(), *cell, *value);
                 streams[*s]
-                    .host_fn(move || {
+                    .host_callback(move || {
                         let old = cells[cell].load(Ordering::Relaxed);
                         cells[cell].store(host_update(old, value), Ordering::Relaxed);
                     })
-                    .expect("host_fn");
+                    .expect("host_callback");
             }
             Step::Record { s, event } => {
                 assert_eq!(*event, events.len());
                 events.push(streams[*s].record_event().expect("record"));
             }
             Step::Wait { s, event } => streams[*s].wait_event(&events[*event]).expect("wait"),
+        }
+    }
+    if let Mode::Graph(launches) = mode {
+        for s in &streams[1..] {
+            let end = s.record_event().expect("record in capture");
+            streams[0].wait_event(&end).expect("join back");
+        }
+        let exec = streams[0]
+            .end_capture()
+            .expect("end capture")
+            .instantiate()
+            .expect("instantiate");
+        for _ in 0..launches {
+            for b in &bufs {
+                streams[0].fill(b, 0u32).expect("reset");
+            }
+            streams[0].synchronize().expect("reset completes");
+            for c in cells.iter() {
+                c.store(0, Ordering::Relaxed);
+            }
+            streams[0].launch_graph(&exec).expect("launch");
+            streams[0].synchronize().expect("launch completes");
         }
     }
     for s in &streams {
@@ -469,7 +510,17 @@ proptest! {
     fn random_dags_match_sequential_reference(spec in spec()) {
         let steps = lower(&spec);
         let expected = reference(&spec.lens, &steps);
-        let got = execute(&spec, &steps);
+        let got = execute(&spec, &steps, Mode::Streams);
+        prop_assert_eq!(got, expected, "program: {:#?}", steps);
+    }
+
+    /// The same programs captured into a graph and launched twice: a replay
+    /// equals op-by-op execution.
+    #[test]
+    fn random_dags_replayed_as_graphs_match_sequential_reference(spec in spec()) {
+        let steps = lower(&spec);
+        let expected = reference(&spec.lens, &steps);
+        let got = execute(&spec, &steps, Mode::Graph(2));
         prop_assert_eq!(got, expected, "program: {:#?}", steps);
     }
 }

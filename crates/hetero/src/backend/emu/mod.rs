@@ -60,6 +60,11 @@ pub(crate) struct EmuShared {
 }
 
 impl EmuShared {
+    /// Copy engines per direction (H2D, D2H, D2D).
+    pub(crate) fn copy_engines(&self) -> [usize; 3] {
+        self.config.copy_engines
+    }
+
     pub(crate) fn real_time(&self) -> bool {
         self.emu.time == TimeMode::Real
     }

@@ -209,6 +209,8 @@ impl Sim {
                     Body::HostRead { .. } => self.free_copy(CopyKind::D2H).map(Plan::Engine),
                     Body::Fill { .. } => self.free_copy(CopyKind::D2D).map(Plan::Engine),
                     Body::Kernel { blocks, .. } => self.free_units(*blocks).map(Plan::Engine),
+                    // A launch takes every compute unit free when it starts.
+                    Body::Graph(_) => self.free_units(u32::MAX).map(Plan::Engine),
                 }
             })
         };
@@ -381,6 +383,21 @@ impl Sim {
                 };
                 (None, now + KERNEL_LAUNCH_NS + modelled, result)
             }
+            Body::Graph(l) => {
+                let units = match engine {
+                    Engine::Compute(_, n) => n,
+                    _ => 1,
+                };
+                let started = std::time::Instant::now();
+                let run = crate::graph::run::RunState::take(&l.exec);
+                let result = run.run_all(l, &mut InSimUser);
+                run.give_back(&l.exec);
+                let mut modelled = model_graph(sh, l, units);
+                if sh.real_time() {
+                    modelled = modelled.max(started.elapsed().as_nanos() as u64);
+                }
+                (None, now + KERNEL_LAUNCH_NS + modelled, result)
+            }
             Body::Wait { .. } | Body::Record { .. } | Body::Host(_) => (None, now, Ok(())),
         }
     }
@@ -547,6 +564,91 @@ fn run_user(what: impl FnOnce() -> String, f: impl FnOnce()) -> Result<(), Strin
     })
 }
 
+/// User code of a graph node in the simulation.
+struct InSimUser;
+
+impl crate::graph::run::UserCode for InSimUser {
+    fn run(&mut self, what: &dyn Fn() -> String, f: &mut dyn FnMut()) -> Result<(), String> {
+        run_user(what, f)
+    }
+}
+
+/// Device-side dispatch of one graph node, ns: a launch pays
+/// `KERNEL_LAUNCH_NS` once, then each kernel node only this (the work a
+/// command processor does per node, with no host submission in between).
+pub(crate) const GRAPH_NODE_NS: u64 = 200;
+
+/// The modelled time of a graph launch on `units` compute units and the
+/// device's copy engines: nodes in topological order, each on the resource of
+/// its kind that frees first, after its predecessors (a list schedule; the
+/// launch has the link to itself).
+fn model_graph(sh: &EmuShared, l: &crate::graph::run::GraphLaunch, units: usize) -> u64 {
+    use crate::graph::NodeBody;
+    let e = &*l.exec;
+    let link = &sh.emu.link;
+    let engines = sh.copy_engines();
+    // Free times: compute units, then H2D, D2H and D2D engines.
+    let mut free: [Vec<u64>; 4] = [
+        vec![0; units.max(1)],
+        vec![0; engines[0].max(1)],
+        vec![0; engines[1].max(1)],
+        vec![0; engines[2].max(1)],
+    ];
+    let mut preds_end = vec![0u64; e.nodes.len()];
+    let mut makespan = 0;
+    for &v in &e.sched.order {
+        let v = v as usize;
+        let (resource, ns) = match &e.nodes[v] {
+            NodeBody::Kernel { args: (a, n), .. } => {
+                let p = &l.params[v];
+                let cost = match p.kernel.as_ref().and_then(|k| k.cost.as_ref()) {
+                    Some(cost) => cost(crate::Grid::new(p.blocks)),
+                    None => KernelCost {
+                        flops: 0.0,
+                        bytes: e.args[*a as usize..(*a + *n) as usize]
+                            .iter()
+                            .map(|arg| (arg.len * arg.elem.size) as f64)
+                            .sum(),
+                    },
+                };
+                (Some(0), GRAPH_NODE_NS + cost_ns(sh, cost, 1))
+            }
+            NodeBody::Copy {
+                kind: kind @ (CopyKind::H2D | CopyKind::D2H),
+                bytes,
+                ..
+            } => {
+                let dir = if *kind == CopyKind::H2D { Dir::H2D } else { Dir::D2H };
+                let wire = link.wire_bytes(*bytes as u64) / link.wire_rate(dir, false);
+                (Some(1 + *kind as usize), link.setup_ns + wire.ceil() as u64)
+            }
+            NodeBody::Copy { bytes, .. } | NodeBody::Fill { bytes, .. } => {
+                let ns = (*bytes as f64 / link.d2d_gbps).ceil() as u64;
+                (Some(3), D2D_SETUP_NS + ns)
+            }
+            NodeBody::Host(_) | NodeBody::Wait { .. } | NodeBody::Empty => (None, 0),
+        };
+        let ready = preds_end[v];
+        let finish = match resource {
+            Some(r) => {
+                let slot = free[r]
+                    .iter_mut()
+                    .min_by_key(|t| **t)
+                    .expect("every resource has an instance");
+                let start = ready.max(*slot);
+                *slot = start + ns;
+                *slot
+            }
+            None => ready,
+        };
+        makespan = makespan.max(finish);
+        for &w in e.sched.successors(v as u32) {
+            preds_end[w as usize] = preds_end[w as usize].max(finish);
+        }
+    }
+    makespan
+}
+
 fn kind_code(body: &Body) -> u64 {
     match body {
         Body::Copy { kind, .. } => 1 + *kind as u64,
@@ -557,6 +659,7 @@ fn kind_code(body: &Body) -> u64 {
         Body::Record { .. } => 8,
         Body::HostWrite { .. } => 9,
         Body::HostRead { .. } => 10,
+        Body::Graph(_) => 11,
     }
 }
 
@@ -581,7 +684,7 @@ fn record(r: &Running, end: u64) {
         Body::HostWrite { .. } => (K::H2D, None),
         Body::HostRead { .. } => (K::D2H, None),
         Body::Fill { .. } => (K::Fill, None),
-        Body::Kernel { .. } => (K::Kernel, None),
+        Body::Kernel { .. } | Body::Graph(_) => (K::Kernel, None),
         Body::Host(_) => (K::HostFn, None),
         Body::Wait {
             timeline, value, ..

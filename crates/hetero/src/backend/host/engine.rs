@@ -21,6 +21,8 @@ pub(super) enum Work {
     /// Blocks of a running multi-block kernel.
     /// (The index of the hardware queue whose job slot holds it.)
     Help(usize),
+    /// Ready chains of a running graph launch.
+    Graph(Arc<GraphJob>),
 }
 
 /// An op taken from a stream's ring, with the value it completes on the timeline;
@@ -85,7 +87,7 @@ impl Shared {
             Body::Fill { .. } => self.ready_with_engine(op, crate::CopyKind::D2D as usize),
             Body::HostWrite { .. } => self.ready_with_engine(op, crate::CopyKind::H2D as usize),
             Body::HostRead { .. } => self.ready_with_engine(op, crate::CopyKind::D2H as usize),
-            Body::Kernel { .. } => {
+            Body::Kernel { .. } | Body::Graph(_) => {
                 if op.try_acquire_access() {
                     Readiness::Ready(Engine::Compute)
                 } else {
@@ -205,6 +207,7 @@ pub(super) fn record(
             timeline, value, ..
         } => (K::Wait, E::Host, ran.unit, Some((timeline.stream, *value))),
         Body::Record { .. } => (K::Record, E::Host, ran.unit, None),
+        Body::Graph(_) => (K::Kernel, E::Compute, ran.unit, None),
     };
     let end_ns = crate::clock::now_ns();
     hetero_trace::record_op(hetero_trace::OpRecord {
@@ -358,7 +361,9 @@ impl EngineThread {
 
     pub(super) fn all_drained(&mut self, sh: &Shared) -> bool {
         self.refresh(sh);
-        self.streams.iter().all(|s| s.ring.is_empty()) && sh.job_count.load(Ordering::SeqCst) == 0
+        self.streams.iter().all(|s| s.ring.is_empty())
+            && sh.job_count.load(Ordering::SeqCst) == 0
+            && sh.graph_count.load(Ordering::SeqCst) == 0
     }
 
     pub(super) fn refresh(&mut self, sh: &Shared) {
@@ -371,6 +376,11 @@ impl EngineThread {
         if sh.job_count.load(Ordering::Acquire) > 0 {
             if let Some(slot) = find_job(sh) {
                 return Some(Work::Help(slot));
+            }
+        }
+        if sh.graph_count.load(Ordering::Acquire) > 0 {
+            if let Some(job) = find_graph_job(sh) {
+                return Some(Work::Graph(job));
             }
         }
         self.refresh(sh);
@@ -495,6 +505,7 @@ impl EngineThread {
         self.chain_wake(sh, more);
         let (stream, taken) = match work {
             Work::Help(slot) => return run_blocks(sh, &sh.jobs[slot]),
+            Work::Graph(job) => return drive(sh, &job),
             Work::Op { stream, taken } => (stream, taken),
         };
         let stream = &stream;
@@ -541,6 +552,10 @@ impl EngineThread {
                 return false;
             }
         }
+        if let Body::Graph(_) = op.body {
+            start_graph(sh, stream, op, value, ran);
+            return false;
+        }
         let callback = match &mut op.body {
             Body::Host(f) => Some(f.take()),
             _ => None,
@@ -572,6 +587,7 @@ impl EngineThread {
                 )),
                 None => Ok(()),
             },
+            (Body::Graph(_), _) => unreachable!("graph launches run as jobs"),
             (Body::Record { stamp }, _) => {
                 stamp.store(crate::clock::now_ns(), Ordering::Release);
                 Ok(())

@@ -24,6 +24,7 @@
 mod callback;
 pub(crate) use callback::storage_held_here;
 mod engine;
+mod graph_job;
 mod hw_queue;
 mod kernel_job;
 mod memory;
@@ -31,6 +32,7 @@ mod stream;
 
 use callback::*;
 use engine::*;
+use graph_job::*;
 use hw_queue::*;
 use kernel_job::*;
 use memory::*;
@@ -66,6 +68,10 @@ struct Shared {
     /// One multi-block kernel slot per hardware queue (kernel_job.rs).
     jobs: Box<[JobSlot]>,
     job_count: AtomicU32,
+    /// One graph-launch slot per hardware queue (graph_job.rs), and how many
+    /// hold a job.
+    graph_slots: Box<[GraphSlot]>,
+    graph_count: AtomicU32,
     next_stream: AtomicU64,
     /// Engines that finished starting up (`HostBackend::new` waits for all).
     started: AtomicUsize,
@@ -111,6 +117,10 @@ impl HostBackend {
                 .map(|_| JobSlot::new())
                 .collect(),
             job_count: AtomicU32::new(0),
+            graph_slots: (0..config.hardware_queues)
+                .map(|_| GraphSlot::default())
+                .collect(),
+            graph_count: AtomicU32::new(0),
             next_stream: AtomicU64::new(1),
             started: AtomicUsize::new(0),
             config: config.clone(),

@@ -1,0 +1,453 @@
+//! Executable graphs: the plan an instantiate makes (schedule, memory plan,
+//! the buffers a launch locks), the per-node parameters that change in place,
+//! and slot bindings.
+//!
+//! Invariants:
+//! - `ExecInner` never changes after instantiate; what an update may change
+//!   (each kernel node's kernel, grid and scalars) is in `Params`, shared
+//!   copy-on-write with the launches in flight: an update never touches what a
+//!   queued or running launch reads;
+//! - a `Bindings` table is shared the same way; it never binds one buffer to
+//!   two places of a launch (two slots, or a slot and a buffer the graph names)
+//!   unless neither is written, so a launch's access set has no writer twice.
+
+use super::run::RunState;
+use super::schedule::{schedule, Schedule};
+use super::{Draft, NodeArg, NodeBody, Operand, SlotInfo};
+use crate::buffer::{MemoryKind, Storage};
+use crate::kernel::KernelInner;
+use crate::timeline::Timeline;
+use crate::{DeviceBuffer, Error, PinnedBuffer, Result};
+use bytemuck::Pod;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Scalars a kernel node carries ([`crate::Block::scalars`]).
+pub const MAX_SCALARS: usize = 8;
+
+pub(crate) struct ExecInner {
+    pub(crate) device: u64,
+    pub(crate) graph: u32,
+    pub(crate) nodes: Box<[NodeBody]>,
+    pub(crate) args: Box<[NodeArg]>,
+    pub(crate) sched: Schedule,
+    /// Buffers the graph names, each once, with whether any node writes it.
+    pub(crate) fixed: Box<[(Arc<Storage>, bool)]>,
+    /// `fixed` sorted by address, for the alias check of a binding.
+    fixed_index: HashMap<usize, bool>,
+    pub(crate) slots: Box<[SlotInfo]>,
+    pub(crate) slot_write: Box<[bool]>,
+    pub(crate) slot_used: Box<[bool]>,
+    pub(crate) arena: Option<Arc<Storage>>,
+    pub(crate) offsets: Box<[usize]>,
+    /// Events recorded outside the graph that its nodes wait on: a launch waits
+    /// for them before it starts.
+    pub(crate) waits: Box<[(Arc<Timeline>, u64)]>,
+    /// Run states, reused from launch to launch.
+    pub(crate) runs: Mutex<Vec<Box<RunState>>>,
+    pub(crate) report: PlanReport,
+}
+
+/// What a kernel node runs with; changed in place by updates.
+#[derive(Clone)]
+pub(crate) struct NodeParams {
+    pub(crate) kernel: Option<Arc<KernelInner>>,
+    pub(crate) blocks: u32,
+    pub(crate) scalar_count: u8,
+    pub(crate) scalars: [u64; MAX_SCALARS],
+}
+
+pub(crate) type Params = Vec<NodeParams>;
+
+/// What instantiate made of a graph.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanReport {
+    /// Nodes.
+    pub nodes: usize,
+    /// Edges, explicit and added to order buffer accesses.
+    pub edges: usize,
+    /// Edges added because two nodes touch the same buffer, one writing.
+    pub ordering_edges: usize,
+    /// Linear chains the nodes were split into (synchronisation only between them).
+    pub chains: usize,
+    /// Lanes the chains were assigned to (at most the compute units).
+    pub lanes: usize,
+    /// The lane of each chain, in order of the chains' first nodes.
+    pub chain_lanes: Vec<u32>,
+    /// Nodes on the longest dependency path.
+    pub critical_path: usize,
+    /// Most nodes on one dependency level.
+    pub width: usize,
+    /// Buffers allocated inside the graph.
+    pub internal_buffers: usize,
+    /// Their bytes, each on its own.
+    pub internal_bytes: u64,
+    /// The arena the memory plan placed them in.
+    pub arena_bytes: u64,
+    /// Which of the planner's strategies gave the arena.
+    pub arena_strategy: &'static str,
+}
+
+/// An instantiated graph: launch it on any stream of its device with
+/// [`Stream::launch_graph`](crate::Stream::launch_graph); change kernel
+/// scalars, kernels and grids in place between launches.
+pub struct GraphExec {
+    pub(crate) inner: Arc<ExecInner>,
+    pub(crate) params: Arc<Params>,
+}
+
+impl std::fmt::Debug for GraphExec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GraphExec")
+            .field("plan", &self.inner.report)
+            .finish()
+    }
+}
+
+fn update_error(detail: String) -> Error {
+    Error::Graph {
+        op: "GraphExec update",
+        detail,
+    }
+}
+
+impl GraphExec {
+    /// The schedule and memory plan.
+    pub fn plan(&self) -> &PlanReport {
+        &self.inner.report
+    }
+
+    fn kernel_node(&self, node: crate::NodeId) -> Result<usize> {
+        if node.graph != self.inner.graph {
+            return Err(update_error(format!(
+                "node {} belongs to another graph",
+                node.index
+            )));
+        }
+        let v = node.index as usize;
+        match self.inner.nodes.get(v) {
+            Some(NodeBody::Kernel { .. }) => Ok(v),
+            Some(other) => Err(update_error(format!(
+                "node {v} is a {} node, not a kernel; only kernel nodes take scalars, kernels \
+                 and grids (to change anything else, re-instantiate)",
+                other.name()
+            ))),
+            None => Err(update_error(format!("node {v} does not exist"))),
+        }
+    }
+
+    /// Sets the scalars of kernel node `node` for later launches (launches
+    /// already submitted keep what they were given). At most [`MAX_SCALARS`].
+    pub fn set_scalars(&mut self, node: crate::NodeId, scalars: &[u64]) -> Result<()> {
+        let v = self.kernel_node(node)?;
+        if scalars.len() > MAX_SCALARS {
+            return Err(update_error(format!(
+                "{} scalars given; a node takes at most {MAX_SCALARS}",
+                scalars.len()
+            )));
+        }
+        let p = &mut Arc::make_mut(&mut self.params)[v];
+        p.scalars[..scalars.len()].copy_from_slice(scalars);
+        p.scalar_count = scalars.len() as u8;
+        Ok(())
+    }
+
+    /// Replaces the kernel and grid of kernel node `node` (its buffers stay: a
+    /// different set of buffers is a different graph; re-instantiate for that).
+    pub fn set_kernel(
+        &mut self,
+        node: crate::NodeId,
+        kernel: &crate::Kernel,
+        grid: crate::Grid,
+    ) -> Result<()> {
+        let v = self.kernel_node(node)?;
+        if grid.blocks == 0 {
+            return Err(Error::EmptyGrid {
+                kernel: kernel.inner.name,
+            });
+        }
+        let p = &mut Arc::make_mut(&mut self.params)[v];
+        p.kernel = Some(kernel.inner.clone());
+        p.blocks = grid.blocks;
+        Ok(())
+    }
+
+    /// The scalars kernel node `node` runs with.
+    pub fn scalars(&self, node: crate::NodeId) -> Result<Vec<u64>> {
+        let v = self.kernel_node(node)?;
+        let p = &self.params[v];
+        Ok(p.scalars[..p.scalar_count as usize].to_vec())
+    }
+
+    /// An empty binding table for this graph's slots.
+    pub fn bindings(&self) -> Bindings {
+        Bindings {
+            exec: self.inner.clone(),
+            table: Arc::new(vec![None; self.inner.slots.len()]),
+            bound: HashMap::new(),
+        }
+    }
+}
+
+/// The buffers bound to a graph's slots for its launches
+/// ([`Stream::launch_graph_with`](crate::Stream::launch_graph_with)). Binding
+/// costs O(1) per slot; a launch takes the table as it is then, so rebinding
+/// afterwards never changes a launch already submitted.
+#[derive(Clone)]
+pub struct Bindings {
+    pub(crate) exec: Arc<ExecInner>,
+    pub(crate) table: Arc<Vec<Option<Arc<Storage>>>>,
+    /// Bound buffers by address: how many slots hold each, whether one writes.
+    bound: HashMap<usize, (u32, bool)>,
+}
+
+impl std::fmt::Debug for Bindings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let bound = self.table.iter().filter(|s| s.is_some()).count();
+        f.debug_struct("Bindings")
+            .field("slots", &self.table.len())
+            .field("bound", &bound)
+            .finish()
+    }
+}
+
+impl Bindings {
+    fn bind_storage(
+        &mut self,
+        graph: u32,
+        index: u32,
+        storage: &Arc<Storage>,
+        len: usize,
+        elem: &'static crate::kernel::ElemInfo,
+        kind: MemoryKind,
+    ) -> Result<()> {
+        let op = "Bindings::bind";
+        let e = &self.exec;
+        if graph != e.graph {
+            return Err(Error::Graph {
+                op,
+                detail: "the slot belongs to another graph".into(),
+            });
+        }
+        if storage.graph_ref != 0 {
+            return Err(crate::graph::stand_in_error(op));
+        }
+        if storage.device != e.device {
+            return Err(Error::WrongDevice {
+                op,
+                buffer_device: storage.device,
+                stream_device: e.device,
+            });
+        }
+        let info = e.slots[index as usize];
+        if info.len != len || !std::ptr::eq(info.elem, elem) && (info.elem.id)() != (elem.id)() {
+            return Err(Error::SizeMismatch {
+                op,
+                detail: format!(
+                    "slot {index} holds {} elements of {}, the buffer {len} of {}; bind a \
+                     buffer of the slot's length and type",
+                    info.len,
+                    (info.elem.name)(),
+                    (elem.name)()
+                ),
+            });
+        }
+        debug_assert_eq!(info.kind, kind);
+        let write = e.slot_write[index as usize];
+        let key = Arc::as_ptr(storage) as usize;
+        let fixed_write = e.fixed_index.get(&key).copied();
+        let again = self.table[index as usize]
+            .as_ref()
+            .is_some_and(|s| Arc::ptr_eq(s, storage));
+        if !again {
+            let other = self.bound.get(&key).copied();
+            let clash = match (fixed_write, other) {
+                (Some(w), _) if w || write => true,
+                (_, Some((n, w))) if n > 0 && (w || write) => true,
+                _ => false,
+            };
+            if clash {
+                return Err(Error::Aliasing { op });
+            }
+            self.unbind(index);
+            let entry = self.bound.entry(key).or_insert((0, false));
+            entry.0 += 1;
+            entry.1 |= write;
+            Arc::make_mut(&mut self.table)[index as usize] = Some(storage.clone());
+        }
+        Ok(())
+    }
+
+    fn unbind(&mut self, index: u32) {
+        let Some(old) = self.table[index as usize].as_ref() else {
+            return;
+        };
+        let key = Arc::as_ptr(old) as usize;
+        if let Some(entry) = self.bound.get_mut(&key) {
+            entry.0 -= 1;
+            if entry.0 == 0 {
+                self.bound.remove(&key);
+            }
+        }
+        Arc::make_mut(&mut self.table)[index as usize] = None;
+    }
+
+    /// Binds device buffer `buffer` to `slot` (same length and type).
+    pub fn bind<T: Pod>(&mut self, slot: &crate::Slot<T>, buffer: &DeviceBuffer<T>) -> Result<()> {
+        self.bind_storage(
+            slot.graph,
+            slot.index,
+            &buffer.storage,
+            buffer.len(),
+            crate::kernel::ElemInfo::of::<T>(),
+            MemoryKind::Device,
+        )
+    }
+
+    /// Binds pinned buffer `buffer` to `slot` (same length and type).
+    pub fn bind_pinned<T: Pod>(
+        &mut self,
+        slot: &crate::PinnedSlot<T>,
+        buffer: &PinnedBuffer<T>,
+    ) -> Result<()> {
+        self.bind_storage(
+            slot.graph,
+            slot.index,
+            &buffer.storage,
+            buffer.len(),
+            crate::kernel::ElemInfo::of::<T>(),
+            MemoryKind::Pinned,
+        )
+    }
+}
+
+/// Turns a draft into an executable plan (see the module doc of `graph`).
+pub(crate) fn instantiate(device: &crate::Device, d: &Draft) -> Result<GraphExec> {
+    let units = device.properties().compute_units;
+    let sched = schedule(d, units)?;
+    let n = d.nodes.len();
+
+    // Buffers: fixed ones once each; slots and internal ones by use.
+    let mut fixed: Vec<(Arc<Storage>, bool)> = Vec::new();
+    let mut fixed_index: HashMap<usize, usize> = HashMap::new();
+    let mut slot_write = vec![false; d.slots.len()];
+    let mut slot_used = vec![false; d.slots.len()];
+    let mut uses: Vec<Vec<u32>> = vec![Vec::new(); d.internal.len()];
+    let mut waits = Vec::new();
+    for v in 0..n {
+        d.accesses(v, |o, write| match o {
+            Operand::Fixed(s) => {
+                let key = Arc::as_ptr(s) as usize;
+                match fixed_index.get(&key) {
+                    Some(&i) => fixed[i].1 |= write,
+                    None => {
+                        fixed_index.insert(key, fixed.len());
+                        fixed.push((s.clone(), write));
+                    }
+                }
+            }
+            Operand::Slot(i) => {
+                slot_used[*i as usize] = true;
+                slot_write[*i as usize] |= write;
+            }
+            Operand::Internal(i) => uses[*i as usize].push(v as u32),
+        });
+        if let NodeBody::Wait {
+            timeline, value, ..
+        } = &d.nodes[v]
+        {
+            waits.push((timeline.clone(), *value));
+        }
+    }
+    for (s, _) in &fixed {
+        if s.device != d.device {
+            return Err(Error::Graph {
+                op: "instantiate",
+                detail: format!(
+                    "a node uses a buffer of device {} in a graph of device {}; copy it to this \
+                     device first",
+                    s.device, d.device
+                ),
+            });
+        }
+    }
+
+    // The memory plan: buffers used by nodes that may run at the same time
+    // never share bytes.
+    let placed: Vec<usize> = (0..d.internal.len()).filter(|&i| !uses[i].is_empty()).collect();
+    let sizes: Vec<u64> = placed.iter().map(|&i| d.internal[i] as u64).collect();
+    let place_uses: Vec<Vec<u32>> = placed.iter().map(|&i| uses[i].clone()).collect();
+    let conflicts = hetero_memory::arena_plan::Conflicts::from_dag(n, &sched.edges, &place_uses);
+    let plan = hetero_memory::arena_plan::plan(&sizes, Storage::ALIGN as u64, &conflicts);
+    let mut offsets = vec![0usize; d.internal.len()];
+    for (k, &i) in placed.iter().enumerate() {
+        offsets[i] = plan.offsets[k] as usize;
+    }
+    let arena_bytes = usize::try_from(plan.size).map_err(|_| Error::InvalidArgument(
+        "the graph's buffers need an arena larger than the address space".into(),
+    ))?;
+    let arena = if arena_bytes > 0 {
+        Some(device.device_storage::<u8>(arena_bytes, 0)?)
+    } else {
+        None
+    };
+
+    let params: Params = d
+        .nodes
+        .iter()
+        .map(|b| match b {
+            NodeBody::Kernel { kernel, blocks, .. } => NodeParams {
+                kernel: Some(kernel.clone()),
+                blocks: *blocks,
+                scalar_count: 0,
+                scalars: [0; MAX_SCALARS],
+            },
+            _ => NodeParams {
+                kernel: None,
+                blocks: 0,
+                scalar_count: 0,
+                scalars: [0; MAX_SCALARS],
+            },
+        })
+        .collect();
+
+    let report = PlanReport {
+        nodes: n,
+        edges: sched.edges.len(),
+        ordering_edges: sched.hazard_edges,
+        chains: sched.chain_heads.len(),
+        lanes: sched.lanes as usize,
+        chain_lanes: sched.chain_lane.clone(),
+        critical_path: sched.critical_path as usize,
+        width: sched.width as usize,
+        internal_buffers: d.internal.len(),
+        internal_bytes: d.internal.iter().map(|&b| b as u64).sum(),
+        arena_bytes: plan.size,
+        arena_strategy: plan.strategy,
+    };
+    let fixed_index = fixed
+        .iter()
+        .map(|(s, w)| (Arc::as_ptr(s) as usize, *w))
+        .collect();
+    let inner = ExecInner {
+        device: d.device,
+        graph: d.id,
+        nodes: d.nodes.clone().into_boxed_slice(),
+        args: d.args.clone().into_boxed_slice(),
+        sched,
+        fixed: fixed.into_boxed_slice(),
+        fixed_index,
+        slots: d.slots.clone().into_boxed_slice(),
+        slot_write: slot_write.into_boxed_slice(),
+        slot_used: slot_used.into_boxed_slice(),
+        arena,
+        offsets: offsets.into_boxed_slice(),
+        waits: waits.into_boxed_slice(),
+        runs: Mutex::new(Vec::new()),
+        report,
+    };
+    Ok(GraphExec {
+        inner: Arc::new(inner),
+        params: Arc::new(params),
+    })
+}

@@ -1,0 +1,237 @@
+//! Graphs and command buffers: work recorded once, instantiated into a plan
+//! (a schedule of chains and a memory plan for the buffers allocated inside),
+//! then launched any number of times with one submission each.
+//!
+//! Three ways to record, one representation (`Draft`):
+//! - [`Graph`]: nodes and dependency edges, built explicitly;
+//! - [`CommandBuffer`]: a linear recording with the whole [`Stream`] API;
+//! - stream capture ([`Stream::begin_capture`] … [`Stream::end_capture`]): work
+//!   submitted to a stream goes into a graph instead of running; streams that
+//!   wait on an event recorded in the capture join it, as in CUDA.
+//!
+//! All three record through a stream in capture mode, so every operation is
+//! validated by the same code as on a stream. Buffers allocated while recording
+//! and slots bound at launch are *stand-ins*: storages without memory, tagged
+//! with their graph (`Storage::graph_ref`); any use outside that graph's
+//! recording is refused.
+//!
+//! Invariants of an instantiated graph (`exec.rs`, `run.rs`):
+//! - nodes that touch the same buffer, at least one writing, are ordered (in
+//!   recording order, among orders the explicit edges allow): every buffer has
+//!   one writer at a time inside a launch, as on a stream;
+//! - a launch holds the access locks of every buffer it touches, for its whole
+//!   run (one acquire per buffer, not per node), so other streams' work on those
+//!   buffers is ordered around it as around any op;
+//! - buffers allocated inside share bytes only when every use of one
+//!   happens-before every use of the other (the memory plan); the arena is held
+//!   with a write lock by each launch, so launches of one plan never overlap.
+//!
+//! [`Stream`]: crate::Stream
+//! [`Stream::begin_capture`]: crate::Stream::begin_capture
+//! [`Stream::end_capture`]: crate::Stream::end_capture
+
+pub(crate) mod capture;
+mod exec;
+pub(crate) mod run;
+mod schedule;
+
+pub use capture::{CommandBuffer, Graph, NodeId, PinnedSlot, Slot};
+pub(crate) use exec::ExecInner;
+pub use exec::{Bindings, GraphExec, PlanReport, MAX_SCALARS};
+
+use crate::buffer::{MemoryKind, Storage};
+use crate::kernel::{ElemInfo, KernelInner};
+use crate::op::CopyKind;
+use crate::timeline::Timeline;
+use crate::Error;
+use std::sync::Arc;
+
+/// The error for a stand-in used where real memory is needed.
+pub(crate) fn stand_in_error(op: &'static str) -> Error {
+    Error::Graph {
+        op,
+        detail: "this buffer belongs to a graph (allocated while recording it, or one of its \
+                 slots): it has memory only inside that graph's launches; use it in \
+                 operations recorded into that graph, or bind a real buffer to the slot"
+            .into(),
+    }
+}
+
+const SLOT_BIT: u64 = 1 << 63;
+
+/// What a stand-in storage stands for, packed into `Storage::graph_ref`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GraphRef {
+    pub(crate) graph: u32,
+    pub(crate) index: u32,
+    pub(crate) slot: bool,
+}
+
+impl GraphRef {
+    pub(crate) fn pack(self) -> u64 {
+        (u64::from(self.slot) << 63) | (u64::from(self.graph) << 32) | u64::from(self.index)
+    }
+
+    pub(crate) fn unpack(tag: u64) -> Option<GraphRef> {
+        (tag != 0).then(|| GraphRef {
+            graph: ((tag & !SLOT_BIT) >> 32) as u32,
+            index: tag as u32,
+            slot: tag & SLOT_BIT != 0,
+        })
+    }
+}
+
+/// A buffer as a node names it.
+#[derive(Clone)]
+pub(crate) enum Operand {
+    /// A buffer that existed when the graph was recorded.
+    Fixed(Arc<Storage>),
+    /// A slot, bound at launch.
+    Slot(u32),
+    /// A buffer allocated inside the graph: a range of the arena.
+    Internal(u32),
+}
+
+/// A kernel node's buffer argument.
+#[derive(Clone)]
+pub(crate) struct NodeArg {
+    pub(crate) operand: Operand,
+    pub(crate) elem: &'static ElemInfo,
+    pub(crate) write: bool,
+    /// Elements.
+    pub(crate) len: usize,
+}
+
+#[derive(Clone)]
+pub(crate) enum NodeBody {
+    Kernel {
+        kernel: Arc<KernelInner>,
+        blocks: u32,
+        /// Range of `Draft::args`.
+        args: (u32, u32),
+    },
+    Copy {
+        kind: CopyKind,
+        src: Operand,
+        src_off: usize,
+        dst: Operand,
+        dst_off: usize,
+        bytes: usize,
+    },
+    Fill {
+        dst: Operand,
+        off: usize,
+        bytes: usize,
+        pattern: [u8; 16],
+        pattern_len: u8,
+    },
+    Host(Arc<dyn Fn() + Send + Sync>),
+    /// A wait on an event recorded outside the graph (the launch takes on its
+    /// stream's fault). A launch waits for these before it starts.
+    Wait {
+        timeline: Arc<Timeline>,
+        value: u64,
+    },
+    /// Orders only (a join, or a wait on a capture event with nothing before it).
+    Empty,
+}
+
+impl NodeBody {
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            NodeBody::Kernel { kernel, .. } => kernel.name,
+            NodeBody::Copy { kind, .. } => match kind {
+                CopyKind::H2D => "copy_h2d",
+                CopyKind::D2H => "copy_d2h",
+                CopyKind::D2D => "copy_d2d",
+            },
+            NodeBody::Fill { .. } => "fill",
+            NodeBody::Host(_) => "host_fn",
+            NodeBody::Wait { .. } => "wait_event",
+            NodeBody::Empty => "empty",
+        }
+    }
+}
+
+/// A slot: a buffer the launch supplies.
+#[derive(Clone, Copy)]
+pub(crate) struct SlotInfo {
+    pub(crate) elem: &'static ElemInfo,
+    pub(crate) len: usize,
+    pub(crate) kind: MemoryKind,
+}
+
+/// A graph being recorded: nodes in recording order, explicit edges, the
+/// buffers allocated inside (bytes) and the slots.
+pub(crate) struct Draft {
+    pub(crate) id: u32,
+    pub(crate) device: u64,
+    pub(crate) nodes: Vec<NodeBody>,
+    pub(crate) args: Vec<NodeArg>,
+    pub(crate) edges: Vec<(u32, u32)>,
+    pub(crate) internal: Vec<usize>,
+    pub(crate) slots: Vec<SlotInfo>,
+}
+
+impl Draft {
+    pub(crate) fn new(id: u32, device: u64) -> Self {
+        Draft {
+            id,
+            device,
+            nodes: Vec::new(),
+            args: Vec::new(),
+            edges: Vec::new(),
+            internal: Vec::new(),
+            slots: Vec::new(),
+        }
+    }
+
+    /// The operand for `storage` in this graph, or an error when it stands in
+    /// for a buffer of another graph.
+    pub(crate) fn operand(&self, op: &'static str, storage: &Arc<Storage>) -> crate::Result<Operand> {
+        match GraphRef::unpack(storage.graph_ref) {
+            None => Ok(Operand::Fixed(storage.clone())),
+            Some(r) if r.graph != self.id => Err(Error::Graph {
+                op,
+                detail: format!(
+                    "the buffer belongs to another graph (graph {}, this is graph {}); \
+                     buffers allocated while recording a graph exist only in it",
+                    r.graph, self.id
+                ),
+            }),
+            Some(r) if r.slot => Ok(Operand::Slot(r.index)),
+            Some(r) => Ok(Operand::Internal(r.index)),
+        }
+    }
+
+    /// Adds a node after `deps`; returns its index.
+    pub(crate) fn push(&mut self, body: NodeBody, deps: &[u32]) -> u32 {
+        let v = self.nodes.len() as u32;
+        self.nodes.push(body);
+        for &d in deps {
+            self.edges.push((d, v));
+        }
+        v
+    }
+
+    /// The buffers node `v` touches, with whether it writes them.
+    pub(crate) fn accesses(&self, v: usize, mut f: impl FnMut(&Operand, bool)) {
+        accesses_of(&self.nodes[v], &self.args, &mut f);
+    }
+}
+
+pub(crate) fn accesses_of(body: &NodeBody, args: &[NodeArg], f: &mut impl FnMut(&Operand, bool)) {
+    match body {
+        NodeBody::Kernel { args: (a, n), .. } => {
+            for arg in &args[*a as usize..(*a + *n) as usize] {
+                f(&arg.operand, arg.write);
+            }
+        }
+        NodeBody::Copy { src, dst, .. } => {
+            f(src, false);
+            f(dst, true);
+        }
+        NodeBody::Fill { dst, .. } => f(dst, true),
+        NodeBody::Host(_) | NodeBody::Wait { .. } | NodeBody::Empty => {}
+    }
+}

@@ -1,0 +1,451 @@
+//! Launching and running an executable graph.
+//!
+//! A launch is one op (`Body::Graph`) in one ring slot. The engine that takes
+//! it runs the graph's nodes directly, chain by chain; on the host backend idle
+//! engines help with chains that became ready (`backend/host/graph_job.rs`),
+//! the emulated device runs them in topological order and models the time.
+//!
+//! Run-state invariants (one `RunState` per running launch, reused after):
+//! - a node runs once its predecessors completed: the next node of a chain
+//!   right after its predecessor on the same thread; a node with two or more
+//!   predecessors (a join) when its counter, decremented once by each
+//!   predecessor (AcqRel), reaches zero — the thread that brings it there runs
+//!   it or queues it;
+//! - a node that became ready and is not run at once by the thread that made it
+//!   ready goes into `ready` exactly once: slots are taken by `fetch_add` on
+//!   `tail`, written with Release, and popped by a CAS on `head`; a popper that
+//!   sees a taken but unwritten slot treats the queue as empty — the pusher
+//!   itself pops until the queue is empty before it stops, so nothing is left;
+//! - `remaining` counts nodes not yet finished; the thread that brings it to
+//!   zero completes the launch, after every node's effects (AcqRel);
+//! - a failed node poisons its successors before making them ready (Relaxed
+//!   store, published by the counter or queue release): a poisoned node is
+//!   skipped and poisons its own successors, so a fault fails exactly the nodes
+//!   that depend on it.
+
+use super::exec::{ExecInner, Params};
+use super::schedule::NONE;
+use super::{NodeBody, Operand};
+use crate::buffer::Storage;
+use crate::kernel::{Args, Block, KView, MAX_KERNEL_ARGS};
+use crate::op::Body;
+use crate::{Error, Result, Stream};
+use crossbeam_utils::CachePadded;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// What a launch op carries.
+pub(crate) struct GraphLaunch {
+    pub(crate) exec: Arc<ExecInner>,
+    pub(crate) params: Arc<Params>,
+    pub(crate) table: Option<Arc<Vec<Option<Arc<Storage>>>>>,
+}
+
+impl GraphLaunch {
+    /// Every buffer the launch touches, once, with whether it writes it.
+    pub(crate) fn for_each_access(&self, f: &mut impl FnMut(&Storage, bool) -> bool) -> bool {
+        let e = &*self.exec;
+        if !e.fixed.iter().all(|(s, w)| f(s, *w)) {
+            return false;
+        }
+        if let Some(t) = &self.table {
+            for (i, s) in t.iter().enumerate() {
+                if let Some(s) = s.as_ref().filter(|_| e.slot_used[i]) {
+                    if !f(s, e.slot_write[i]) {
+                        return false;
+                    }
+                }
+            }
+        }
+        e.arena.as_ref().is_none_or(|a| f(a, true))
+    }
+
+    /// Pinned buffers the launch writes: host reads wait for it.
+    fn for_each_pinned_written(&self, mut f: impl FnMut(&Storage)) {
+        self.for_each_access(&mut |s, w| {
+            if w && s.kind == crate::MemoryKind::Pinned {
+                f(s);
+            }
+            true
+        });
+    }
+
+    fn operand(&self, o: &Operand) -> *mut u8 {
+        match o {
+            Operand::Fixed(s) => s.ptr(),
+            Operand::Slot(i) => self
+                .table
+                .as_ref()
+                .and_then(|t| t[*i as usize].as_ref())
+                .map_or(std::ptr::null_mut(), |s| s.ptr()),
+            Operand::Internal(i) => match &self.exec.arena {
+                // SAFETY: the memory plan placed buffer `i` inside the arena.
+                Some(a) => unsafe { a.ptr().add(self.exec.offsets[*i as usize]) },
+                None => std::ptr::NonNull::<u64>::dangling().as_ptr().cast(),
+            },
+        }
+    }
+
+    pub(crate) fn nodes(&self) -> usize {
+        self.exec.nodes.len()
+    }
+
+    pub(crate) fn bytes(&self) -> u64 {
+        self.exec
+            .nodes
+            .iter()
+            .map(|n| match n {
+                NodeBody::Copy { bytes, .. } | NodeBody::Fill { bytes, .. } => *bytes as u64,
+                _ => 0,
+            })
+            .sum()
+    }
+}
+
+impl Drop for GraphLaunch {
+    fn drop(&mut self) {
+        self.for_each_pinned_written(|s| s.finish_pending_write());
+    }
+}
+
+/// Runs user code for a node, catching a panic as the node's failure.
+pub(crate) trait UserCode {
+    fn run(&mut self, what: &dyn Fn() -> String, f: &mut dyn FnMut()) -> Result<(), String>;
+}
+
+/// Runs node `v` of `l`: its data effect, or its user code through `user`.
+#[inline]
+pub(crate) fn run_node(l: &GraphLaunch, v: u32, user: &mut impl UserCode) -> Result<(), String> {
+    let e = &*l.exec;
+    match &e.nodes[v as usize] {
+        NodeBody::Kernel { args: (a, n), .. } => {
+            let p = &l.params[v as usize];
+            let kernel = p.kernel.as_ref().expect("a kernel node has its kernel");
+            let mut views = [KView {
+                ptr: std::ptr::null_mut(),
+                len: 0,
+                elem: crate::kernel::ElemInfo::of::<u8>(),
+                write: false,
+            }; MAX_KERNEL_ARGS];
+            let args = &e.args[*a as usize..(*a + *n) as usize];
+            for (view, arg) in views.iter_mut().zip(args) {
+                *view = KView {
+                    ptr: l.operand(&arg.operand),
+                    len: arg.len,
+                    elem: arg.elem,
+                    write: arg.write,
+                };
+            }
+            let views = &views[..args.len()];
+            let scalars = &p.scalars[..p.scalar_count as usize];
+            let (name, f) = (kernel.name, &kernel.f);
+            let mut result = Ok(());
+            for b in 0..p.blocks {
+                let mut block = Block::with(b, p.blocks, Args::Views(views), scalars);
+                let r = user.run(&|| format!("kernel '{name}' in block {b}"), &mut || {
+                    f(&mut block)
+                });
+                if result.is_ok() {
+                    result = r;
+                }
+            }
+            result
+        }
+        NodeBody::Copy {
+            src,
+            src_off,
+            dst,
+            dst_off,
+            bytes,
+            ..
+        } => {
+            if *bytes > 0 {
+                // SAFETY: ranges were checked when the node was recorded against
+                // buffers of the same lengths (slots are bound only to buffers
+                // of their length); source and destination are different
+                // buffers, and the node's order against every other node that
+                // touches them (hazard edges) plus the launch's access locks
+                // exclude every other writer.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        l.operand(src).add(*src_off),
+                        l.operand(dst).add(*dst_off),
+                        *bytes,
+                    )
+                }
+            }
+            Ok(())
+        }
+        NodeBody::Fill {
+            dst,
+            off,
+            bytes,
+            pattern,
+            pattern_len,
+        } => {
+            if *bytes > 0 {
+                // SAFETY: as for copies: checked range, sole writer.
+                let out = unsafe { std::slice::from_raw_parts_mut(l.operand(dst).add(*off), *bytes) };
+                crate::op::fill_pattern(out, &pattern[..*pattern_len as usize]);
+            }
+            Ok(())
+        }
+        NodeBody::Host(f) => user.run(&|| "host callback".into(), &mut || f()),
+        // Waited for before the launch started.
+        NodeBody::Wait { .. } | NodeBody::Empty => Ok(()),
+    }
+}
+
+/// The state of one running launch (see the module doc).
+pub(crate) struct RunState {
+    counters: Box<[AtomicU32]>,
+    poisoned: Box<[AtomicBool]>,
+    ready: Box<[AtomicU32]>,
+    head: CachePadded<AtomicUsize>,
+    tail: CachePadded<AtomicUsize>,
+    remaining: CachePadded<AtomicUsize>,
+    any_poison: AtomicBool,
+    error: Mutex<Option<String>>,
+}
+
+impl RunState {
+    fn new(n: usize) -> Box<RunState> {
+        Box::new(RunState {
+            counters: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            poisoned: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            ready: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            head: CachePadded::new(AtomicUsize::new(0)),
+            tail: CachePadded::new(AtomicUsize::new(0)),
+            remaining: CachePadded::new(AtomicUsize::new(0)),
+            any_poison: AtomicBool::new(false),
+            error: Mutex::new(None),
+        })
+    }
+
+    /// A run state for a launch of `e`, its sources queued. The caller owns it
+    /// alone until it publishes it.
+    pub(crate) fn take(e: &ExecInner) -> Box<RunState> {
+        let n = e.nodes.len();
+        let mut r = e
+            .runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop()
+            .unwrap_or_else(|| RunState::new(n));
+        let tail = *r.tail.get_mut();
+        for slot in &mut r.ready[..tail] {
+            *slot.get_mut() = 0;
+        }
+        if std::mem::take(r.any_poison.get_mut()) {
+            for p in r.poisoned.iter_mut() {
+                *p.get_mut() = false;
+            }
+        }
+        *r.error.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
+        for (v, &p) in e.sched.preds.iter().enumerate() {
+            if p >= 2 {
+                *r.counters[v].get_mut() = p;
+            }
+        }
+        *r.head.get_mut() = 0;
+        *r.tail.get_mut() = 0;
+        *r.remaining.get_mut() = n;
+        for (v, &p) in e.sched.preds.iter().enumerate() {
+            if p == 0 {
+                r.push(v as u32);
+            }
+        }
+        r
+    }
+
+    /// Gives a run state back for the next launch.
+    pub(crate) fn give_back(self: Box<Self>, e: &ExecInner) {
+        e.runs.lock().unwrap_or_else(|p| p.into_inner()).push(self);
+    }
+
+    fn push(&self, v: u32) {
+        let i = self.tail.fetch_add(1, Ordering::AcqRel);
+        self.ready[i].store(v + 1, Ordering::Release);
+    }
+
+    /// A queued node, if one is there to take.
+    pub(crate) fn pop(&self) -> Option<u32> {
+        loop {
+            let h = self.head.load(Ordering::Acquire);
+            if h >= self.tail.load(Ordering::Acquire) {
+                return None;
+            }
+            let x = self.ready[h].load(Ordering::Acquire);
+            if x == 0 {
+                return None; // its pusher pops it (module doc)
+            }
+            if self
+                .head
+                .compare_exchange(h, h + 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return Some(x - 1);
+            }
+        }
+    }
+
+    /// Whether queued nodes may be there to take (a hint).
+    pub(crate) fn has_ready(&self) -> bool {
+        self.head.load(Ordering::Relaxed) < self.tail.load(Ordering::Relaxed)
+    }
+
+    /// Counts `k` more nodes finished; true for the thread that finished the last.
+    pub(crate) fn finished(&self, k: usize) -> bool {
+        k > 0 && self.remaining.fetch_sub(k, Ordering::AcqRel) == k
+    }
+
+    /// The launch's result once every node finished.
+    pub(crate) fn result(&self) -> Result<(), String> {
+        match self.error.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some(m) => Err(m),
+            None => Ok(()),
+        }
+    }
+
+    fn fail(&self, l: &GraphLaunch, v: u32, message: String) {
+        let name = l.exec.nodes[v as usize].name();
+        self.error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert_with(|| format!("graph node {v} ({name}): {message}"));
+    }
+
+    /// Runs `v` and then its chain as far as it is ready; queues successors in
+    /// other chains that became ready (calling `pushed` for each). Returns the
+    /// nodes run.
+    pub(crate) fn run_chain(
+        &self,
+        l: &GraphLaunch,
+        mut v: u32,
+        user: &mut impl UserCode,
+        mut pushed: impl FnMut(),
+    ) -> usize {
+        let s = &l.exec.sched;
+        let mut ran = 0;
+        loop {
+            let failed = if self.poisoned[v as usize].load(Ordering::Relaxed) {
+                true
+            } else {
+                match run_node(l, v, user) {
+                    Ok(()) => false,
+                    Err(m) => {
+                        self.fail(l, v, m);
+                        true
+                    }
+                }
+            };
+            ran += 1;
+            let next = s.chain_next[v as usize];
+            for &w in s.successors(v) {
+                if failed {
+                    self.any_poison.store(true, Ordering::Relaxed);
+                    self.poisoned[w as usize].store(true, Ordering::Relaxed);
+                }
+                if w != next && self.arrive(s.preds[w as usize], w) {
+                    self.push(w);
+                    pushed();
+                }
+            }
+            if next == NONE || !self.arrive(s.preds[next as usize], next) {
+                return ran;
+            }
+            v = next;
+        }
+    }
+
+    /// One predecessor of `w` finished: whether `w` is now ready.
+    #[inline]
+    fn arrive(&self, preds: u32, w: u32) -> bool {
+        preds < 2 || self.counters[w as usize].fetch_sub(1, Ordering::AcqRel) == 1
+    }
+
+    /// Runs every node on this thread, in queue order (a device that runs a
+    /// launch alone: the emulated one).
+    pub(crate) fn run_all(&self, l: &GraphLaunch, user: &mut impl UserCode) -> Result<(), String> {
+        let mut done = 0;
+        while let Some(v) = self.pop() {
+            done += self.run_chain(l, v, user, || {});
+        }
+        debug_assert_eq!(done, l.nodes());
+        self.finished(done);
+        self.result()
+    }
+}
+
+/// `Stream::launch_graph[_with]`.
+pub(crate) fn launch(
+    stream: &Stream,
+    exec: &crate::GraphExec,
+    bindings: Option<&crate::Bindings>,
+) -> Result<()> {
+    let op = "launch_graph";
+    let e = &exec.inner;
+    if stream.is_capturing() {
+        return Err(Error::Graph {
+            op,
+            detail: "launching a graph while recording is not supported; record its work \
+                     directly, or launch it after end_capture"
+                .into(),
+        });
+    }
+    if e.device != stream.device().id() {
+        return Err(Error::WrongDevice {
+            op,
+            buffer_device: e.device,
+            stream_device: stream.device().id(),
+        });
+    }
+    let table = match bindings {
+        Some(b) => {
+            if !Arc::ptr_eq(&b.exec, e) {
+                return Err(Error::Graph {
+                    op,
+                    detail: "the bindings were made for another graph; use exec.bindings()".into(),
+                });
+            }
+            Some(b.table.clone())
+        }
+        None => None,
+    };
+    for (i, used) in e.slot_used.iter().enumerate() {
+        let bound = table.as_ref().is_some_and(|t| t[i].is_some());
+        if *used && !bound {
+            return Err(Error::Graph {
+                op,
+                detail: format!(
+                    "slot {i} is not bound; bind a buffer to it (exec.bindings(), \
+                     Bindings::bind) and launch with launch_graph_with"
+                ),
+            });
+        }
+    }
+    for (timeline, value) in e.waits.iter() {
+        if !timeline.is_reached(*value) || timeline.error_for(*value).is_some() {
+            stream.submit(Body::Wait {
+                timeline: timeline.clone(),
+                value: *value,
+                fault: true,
+            })?;
+        }
+    }
+    let launch = GraphLaunch {
+        exec: e.clone(),
+        params: exec.params.clone(),
+        table,
+    };
+    // Counted before anything can fail: the launch's drop uncounts them.
+    launch.for_each_pinned_written(|s| s.add_pending_write());
+    let mut ordered = Ok(());
+    launch.for_each_access(&mut |s, _| {
+        ordered = stream.order_use(s);
+        ordered.is_ok()
+    });
+    ordered?;
+    stream.submit(Body::Graph(launch))?;
+    Ok(())
+}
