@@ -169,7 +169,10 @@ pub fn plan(sizes: &[u64], align: u64, conflicts: &Conflicts) -> ArenaPlan {
             start = (order.to_vec(), fit);
         }
     }
-    let passes: usize = std::env::var("PASSES").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
+    let passes: usize = std::env::var("PASSES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16);
     placer.promote_tops(best, start.0, start.1, passes)
 }
 
@@ -320,14 +323,12 @@ impl<'a> Placer<'a> {
     fn new(sizes: &'a [u64], align: u64, conflicts: &Conflicts) -> Self {
         check_align(align);
         assert_eq!(sizes.len(), conflicts.len(), "one size per buffer");
-        let pairs = (0..sizes.len())
-            .filter(|&a| sizes[a] > 0)
-            .flat_map(|a| {
-                conflicts
-                    .neighbours(a)
-                    .filter(|&b| sizes[b] > 0)
-                    .map(move |b| (a, b as u32))
-            });
+        let pairs = (0..sizes.len()).filter(|&a| sizes[a] > 0).flat_map(|a| {
+            conflicts
+                .neighbours(a)
+                .filter(|&b| sizes[b] > 0)
+                .map(move |b| (a, b as u32))
+        });
         Placer {
             sizes,
             align,
@@ -340,23 +341,30 @@ impl<'a> Placer<'a> {
     fn breadth(&self) -> Vec<u64> {
         (0..self.sizes.len())
             .map(|i| {
-                self.conflicts
-                    .of(i)
-                    .iter()
-                    .fold(self.sizes[i], |w, &j| w.saturating_add(self.sizes[j as usize]))
+                self.conflicts.of(i).iter().fold(self.sizes[i], |w, &j| {
+                    w.saturating_add(self.sizes[j as usize])
+                })
             })
             .collect()
     }
 
     /// Moves the buffer that sets the arena's top to the front of `order` and places
     /// again, `passes` times, walking on from each result; keeps the smallest plan.
-    fn promote_tops(&mut self, mut best: ArenaPlan, mut order: Vec<u32>, fit: Fit, passes: usize) -> ArenaPlan {
+    fn promote_tops(
+        &mut self,
+        mut best: ArenaPlan,
+        mut order: Vec<u32>,
+        fit: Fit,
+        passes: usize,
+    ) -> ArenaPlan {
         let mut current = best.clone();
         for _ in 0..passes {
             let top = (0..self.sizes.len())
                 .max_by_key(|&i| (current.offsets[i].saturating_add(self.sizes[i]), Reverse(i)));
             let Some(top) = top else { break };
-            let Some(pos) = order.iter().position(|&i| i as usize == top) else { break };
+            let Some(pos) = order.iter().position(|&i| i as usize == top) else {
+                break;
+            };
             if pos == 0 {
                 break;
             }
@@ -439,7 +447,8 @@ fn check_align(align: u64) {
 /// `x` rounded up to `align` (a power of two); `u64::MAX` (unaligned, so the plan fails
 /// `verify`) when that would overflow.
 fn align_up(x: u64, align: u64) -> u64 {
-    x.checked_add(align - 1).map_or(u64::MAX, |v| v & !(align - 1))
+    x.checked_add(align - 1)
+        .map_or(u64::MAX, |v| v & !(align - 1))
 }
 
 /// Kahn's order of the nodes; nodes on a cycle are left out.
@@ -887,7 +896,15 @@ mod tests {
     #[test]
     #[ignore]
     fn orders() {
-        let names = ["size", "breadth", "size*deg", "size*sqrtdeg", "deg", "size*log2deg", "tflite-breadth"];
+        let names = [
+            "size",
+            "breadth",
+            "size*deg",
+            "size*sqrtdeg",
+            "deg",
+            "size*log2deg",
+            "tflite-breadth",
+        ];
         let mut worst = vec![0f64; names.len() + 1];
         let mut sum = vec![0f64; names.len() + 1];
         let mut cnt = 0;
@@ -899,32 +916,55 @@ mod tests {
                 let peak = peak_live_intervals(&c.sizes, &iv) as f64;
                 let mut pl = Placer::new(&c.sizes, 256, &ci);
                 let br = pl.breadth();
-                let deg: Vec<u64> = (0..c.sizes.len()).map(|i| pl.conflicts.of(i).len() as u64 + 1).collect();
+                let deg: Vec<u64> = (0..c.sizes.len())
+                    .map(|i| pl.conflicts.of(i).len() as u64 + 1)
+                    .collect();
                 let keys: Vec<Vec<u64>> = vec![
-                    c.sizes.clone(), br,
+                    c.sizes.clone(),
+                    br,
                     (0..c.sizes.len()).map(|i| c.sizes[i] * deg[i]).collect(),
-                    (0..c.sizes.len()).map(|i| ((c.sizes[i] as f64) * (deg[i] as f64).sqrt()) as u64).collect(),
-                    (0..c.sizes.len()).map(|i| deg[i] << 32 | c.sizes[i] >> 10).collect(),
-                    (0..c.sizes.len()).map(|i| ((c.sizes[i] as f64) * (1.0 + (deg[i] as f64).log2())) as u64).collect(),
+                    (0..c.sizes.len())
+                        .map(|i| ((c.sizes[i] as f64) * (deg[i] as f64).sqrt()) as u64)
+                        .collect(),
+                    (0..c.sizes.len())
+                        .map(|i| deg[i] << 32 | c.sizes[i] >> 10)
+                        .collect(),
+                    (0..c.sizes.len())
+                        .map(|i| ((c.sizes[i] as f64) * (1.0 + (deg[i] as f64).log2())) as u64)
+                        .collect(),
                 ];
                 // exact TFLite breadth: each buffer's heaviest step
                 let steps = iv.iter().map(|x| x.1).max().unwrap() as usize + 1;
                 let mut live = vec![0u64; steps];
-                for (i, x) in iv.iter().enumerate() { for t in x.0..=x.1 { live[t as usize] += c.sizes[i]; } }
+                for (i, x) in iv.iter().enumerate() {
+                    for t in x.0..=x.1 {
+                        live[t as usize] += c.sizes[i];
+                    }
+                }
                 let mut st: Vec<usize> = (0..steps).collect();
                 st.sort_by_key(|&t| Reverse(live[t]));
                 let mut rank = vec![0usize; steps];
-                for (r, &t) in st.iter().enumerate() { rank[t] = r; }
-                let hb: Vec<u64> = (0..c.sizes.len()).map(|i| { let r = (iv[i].0..=iv[i].1).map(|t| rank[t as usize]).min().unwrap(); ((steps - r) as u64) << 40 | c.sizes[i] >> 8 }).collect();
+                for (r, &t) in st.iter().enumerate() {
+                    rank[t] = r;
+                }
+                let hb: Vec<u64> = (0..c.sizes.len())
+                    .map(|i| {
+                        let r = (iv[i].0..=iv[i].1).map(|t| rank[t as usize]).min().unwrap();
+                        ((steps - r) as u64) << 40 | c.sizes[i] >> 8
+                    })
+                    .collect();
                 let mut keys = keys;
                 keys.push(hb);
                 let mut best = f64::MAX;
                 for (k, key) in keys.iter().enumerate() {
                     let o = order_by(c.sizes.len(), |i| key[i]);
                     let r = pl.run("x", &o, Fit::Lowest).size as f64 / peak;
-                    worst[k] = worst[k].max(r); sum[k] += r; best = best.min(r);
+                    worst[k] = worst[k].max(r);
+                    sum[k] += r;
+                    best = best.min(r);
                 }
-                worst[names.len()] = worst[names.len()].max(best); sum[names.len()] += best;
+                worst[names.len()] = worst[names.len()].max(best);
+                sum[names.len()] += best;
                 if best > 1.0 {
                     // long local search from greedy by size
                     let mut rng = SplitMix(seed);
@@ -932,27 +972,51 @@ mod tests {
                     let mut bp = pl.run("x", &order, Fit::Lowest);
                     let mut hit = [usize::MAX; 3];
                     for it in 0..3000 {
-                        let top = (0..c.sizes.len()).max_by_key(|&i| bp.offsets[i] + c.sizes[i]).unwrap();
+                        let top = (0..c.sizes.len())
+                            .max_by_key(|&i| bp.offsets[i] + c.sizes[i])
+                            .unwrap();
                         // choose top-ish buffer: random among those whose end > 0.9*size
-                        let cands: Vec<usize> = (0..c.sizes.len()).filter(|&i| c.sizes[i] > 0 && bp.offsets[i] + c.sizes[i] > bp.size - bp.size / 8).collect();
-                        let t = if rng.below(2) == 0 { top } else { cands[rng.below(cands.len() as u64) as usize] };
+                        let cands: Vec<usize> = (0..c.sizes.len())
+                            .filter(|&i| {
+                                c.sizes[i] > 0 && bp.offsets[i] + c.sizes[i] > bp.size - bp.size / 8
+                            })
+                            .collect();
+                        let t = if rng.below(2) == 0 {
+                            top
+                        } else {
+                            cands[rng.below(cands.len() as u64) as usize]
+                        };
                         let pos = order.iter().position(|&i| i as usize == t).unwrap();
-                        if pos == 0 { continue; }
+                        if pos == 0 {
+                            continue;
+                        }
                         let to = rng.below(pos as u64) as usize;
                         let mut o2 = order.clone();
                         o2[to..=pos].rotate_right(1);
                         let p2 = pl.run("x", &o2, Fit::Lowest);
-                        if p2.size <= bp.size { bp = p2; order = o2; }
+                        if p2.size <= bp.size {
+                            bp = p2;
+                            order = o2;
+                        }
                         let r = bp.size as f64 / peak;
-                        for (k, th) in [1.05, 1.02, 1.001].iter().enumerate() { if r <= *th && hit[k] == usize::MAX { hit[k] = it; } }
+                        for (k, th) in [1.05, 1.02, 1.001].iter().enumerate() {
+                            if r <= *th && hit[k] == usize::MAX {
+                                hit[k] = it;
+                            }
+                        }
                     }
                     println!("hits {hit:?}");
-                    println!("bad case n={buffers} seed={seed} min-order {best:.4} local-search {:.4}", bp.size as f64 / peak);
+                    println!(
+                        "bad case n={buffers} seed={seed} min-order {best:.4} local-search {:.4}",
+                        bp.size as f64 / peak
+                    );
                 }
                 cnt += 1;
             }
         }
-        for (k, n) in names.iter().chain(["min"].iter()).enumerate() { println!("{n}: mean {:.4} worst {:.4}", sum[k] / cnt as f64, worst[k]); }
+        for (k, n) in names.iter().chain(["min"].iter()).enumerate() {
+            println!("{n}: mean {:.4} worst {:.4}", sum[k] / cnt as f64, worst[k]);
+        }
     }
 
     #[test]
@@ -964,9 +1028,18 @@ mod tests {
         let peak = peak_live_intervals(&c.sizes, &iv);
         let p = plan(&c.sizes, 256, &ci);
         println!("peak {peak} plan {}", p.size);
-        let mut big: Vec<usize> = (0..c.sizes.len()).filter(|&i| c.sizes[i] >= 8 << 20).collect();
+        let mut big: Vec<usize> = (0..c.sizes.len())
+            .filter(|&i| c.sizes[i] >= 8 << 20)
+            .collect();
         big.sort_by_key(|&i| iv[i]);
-        for i in big { println!("buf {i} size {} MiB iv {:?} off {:.1} MiB", c.sizes[i] as f64 / (1<<20) as f64, iv[i], p.offsets[i] as f64 / (1<<20) as f64); }
+        for i in big {
+            println!(
+                "buf {i} size {} MiB iv {:?} off {:.1} MiB",
+                c.sizes[i] as f64 / (1 << 20) as f64,
+                iv[i],
+                p.offsets[i] as f64 / (1 << 20) as f64
+            );
+        }
     }
 
     #[test]
@@ -985,22 +1058,47 @@ mod tests {
                 let peak = peak_live_intervals(&c.sizes, &iv);
                 let t0 = std::time::Instant::now();
                 let p = plan(&c.sizes, 256, &ci);
-                if buffers == 1000 { tmax = tmax.max(t0.elapsed()); }
+                if buffers == 1000 {
+                    tmax = tmax.max(t0.elapsed());
+                }
                 let r = p.size as f64 / peak as f64;
                 ratios.push(r);
                 *wins.entry(p.strategy).or_insert(0) += 1;
-                if r > worst.0 { worst = (r, seed, buffers); }
-                if r > 1.001 { println!("over: n={buffers} seed={seed} r={r:.4} greedy={:.4} {}", plan_greedy_by_size(&c.sizes, 256, &ci).size as f64 / peak as f64, p.strategy); }
+                if r > worst.0 {
+                    worst = (r, seed, buffers);
+                }
+                if r > 1.001 {
+                    println!(
+                        "over: n={buffers} seed={seed} r={r:.4} greedy={:.4} {}",
+                        plan_greedy_by_size(&c.sizes, 256, &ci).size as f64 / peak as f64,
+                        p.strategy
+                    );
+                }
                 if seed < 10 {
                     let cd = Conflicts::from_dag(c.nodes, &c.edges, &c.uses);
                     let pd = plan(&c.sizes, 256, &cd);
-                    dag.push((pd.size as f64 / p.size as f64, pd.size as f64 / heaviest_clique(&c.sizes, &cd) as f64));
+                    dag.push((
+                        pd.size as f64 / p.size as f64,
+                        pd.size as f64 / heaviest_clique(&c.sizes, &cd) as f64,
+                    ));
                 }
             }
         }
         ratios.sort_by(f64::total_cmp);
-        println!("plan/peak median {:.4} p90 {:.4} worst {:?} wins {:?} tmax(1000) {:?}", ratios[ratios.len()/2], ratios[ratios.len()*9/10], worst, wins, tmax);
+        println!(
+            "plan/peak median {:.4} p90 {:.4} worst {:?} wins {:?} tmax(1000) {:?}",
+            ratios[ratios.len() / 2],
+            ratios[ratios.len() * 9 / 10],
+            worst,
+            wins,
+            tmax
+        );
         dag.sort_by(|a, b| a.0.total_cmp(&b.0));
-        println!("dag/seq {:?}", dag.iter().map(|d| format!("{:.3}/{:.3}", d.0, d.1)).collect::<Vec<_>>());
+        println!(
+            "dag/seq {:?}",
+            dag.iter()
+                .map(|d| format!("{:.3}/{:.3}", d.0, d.1))
+                .collect::<Vec<_>>()
+        );
     }
 }

@@ -45,6 +45,7 @@ fn main() -> std::io::Result<()> {
                 },
                 dep: None,
                 failed: false,
+                node: None,
             }
         };
     let threads: Vec<_> = (0..3u64)

@@ -31,6 +31,7 @@ fn op(
         bytes,
         dep: None,
         failed: false,
+        node: None,
     }
 }
 

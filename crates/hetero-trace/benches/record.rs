@@ -24,6 +24,7 @@ fn sample() -> OpRecord {
         bytes: 4096,
         dep: None,
         failed: false,
+        node: None,
     }
 }
 

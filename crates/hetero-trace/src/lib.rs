@@ -15,7 +15,7 @@
 //!     kind: OpKind::Kernel, name: "saxpy", stream: 1, queue: 0,
 //!     engine: EngineKind::Compute, engine_index: 0, seq: 1,
 //!     submit_ns: start, start_ns: start, end_ns: hetero_trace::now_ns(),
-//!     bytes: 0, dep: None, failed: false,
+//!     bytes: 0, dep: None, failed: false, node: None,
 //! });
 //! hetero_trace::set_enabled(false);
 //! let trace = hetero_trace::take();
@@ -37,7 +37,8 @@ mod record;
 mod recorder;
 
 pub use chrome::write_chrome_trace;
-pub use record::{EngineKind, MemKind, MemRecord, OpKind, OpRecord, Trace};
+pub use record::{EngineKind, GraphPlan, MemKind, MemRecord, NodeRef, OpKind, OpRecord, Trace};
 pub use recorder::{
-    enabled, now_ns, record_mem, record_op, set_device_name, set_enabled, set_stream_name, take,
+    enabled, now_ns, record_mem, record_op, set_device_name, set_enabled, set_graph_plan,
+    set_stream_name, take,
 };

@@ -21,11 +21,14 @@ pub enum OpKind {
     Wait,
     /// An event record or other zero-work marker.
     Record,
+    /// A launch of an executable graph; its nodes are records of their own
+    /// kinds with [`OpRecord::node`] set (same stream and `seq`).
+    Graph,
 }
 
 impl OpKind {
     /// Every kind, in display order.
-    pub const ALL: [OpKind; 8] = [
+    pub const ALL: [OpKind; 9] = [
         OpKind::H2D,
         OpKind::D2H,
         OpKind::D2D,
@@ -34,6 +37,7 @@ impl OpKind {
         OpKind::HostFn,
         OpKind::Wait,
         OpKind::Record,
+        OpKind::Graph,
     ];
 
     /// Short display name ("H2D", "Kernel", ...).
@@ -47,6 +51,7 @@ impl OpKind {
             OpKind::HostFn => "HostFn",
             OpKind::Wait => "Wait",
             OpKind::Record => "Record",
+            OpKind::Graph => "Graph",
         }
     }
 }
@@ -116,6 +121,41 @@ pub struct OpRecord {
     pub dep: Option<(u64, u64)>,
     /// True if it completed with an error.
     pub failed: bool,
+    /// Set on a node of a graph launch: which graph, node and lane. Its
+    /// `stream` and `seq` are the launch's, so it nests under it.
+    pub node: Option<NodeRef>,
+}
+
+/// A graph node's place, on an [`OpRecord`] of a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NodeRef {
+    /// The graph (as in [`Trace::graphs`]).
+    pub graph: u32,
+    /// The node, in recording order.
+    pub node: u32,
+    /// The lane the plan assigned the node's chain to.
+    pub lane: u32,
+}
+
+/// What instantiate planned for a graph, for the report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GraphPlan {
+    /// Nodes.
+    pub nodes: u64,
+    /// Edges, explicit and added to order buffer accesses.
+    pub edges: u64,
+    /// Linear chains.
+    pub chains: u64,
+    /// Lanes the chains were assigned to.
+    pub lanes: u64,
+    /// Nodes on the longest dependency path.
+    pub critical_path: u64,
+    /// Most nodes on one dependency level.
+    pub width: u64,
+    /// Bytes of the buffers allocated inside the graph, each on its own.
+    pub internal_bytes: u64,
+    /// The arena the memory plan placed them in.
+    pub arena_bytes: u64,
 }
 
 impl OpRecord {
@@ -178,6 +218,8 @@ pub struct Trace {
     pub device_name: String,
     /// Stream names from [`crate::set_stream_name`].
     pub stream_names: BTreeMap<u64, String>,
+    /// Plans of the graphs launched while recording, from [`crate::set_graph_plan`].
+    pub graphs: BTreeMap<u32, GraphPlan>,
 }
 
 impl Trace {

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use crate::log::{channel, Log, Writer};
 use crate::loom::Arc;
-use crate::record::{MemRecord, OpRecord, Trace};
+use crate::record::{GraphPlan, MemRecord, OpRecord, Trace};
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static EPOCH: OnceLock<Instant> = OnceLock::new();
@@ -27,6 +27,7 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     mem: Vec::new(),
     stream_names: BTreeMap::new(),
     device_name: String::new(),
+    graphs: BTreeMap::new(),
 });
 
 struct Registry {
@@ -34,6 +35,7 @@ struct Registry {
     mem: Vec<Arc<Log<MemRecord>>>,
     stream_names: BTreeMap<u64, String>,
     device_name: String,
+    graphs: BTreeMap<u32, GraphPlan>,
 }
 
 /// This thread's writers, created on its first record of each type.
@@ -130,6 +132,11 @@ pub fn set_stream_name(stream: u64, name: impl Into<String>) {
     registry().stream_names.insert(stream, name.into());
 }
 
+/// Describes the plan of graph `graph` for the report (kept across [`take`]).
+pub fn set_graph_plan(graph: u32, plan: GraphPlan) {
+    registry().graphs.insert(graph, plan);
+}
+
 /// Names the device for the trace's metadata (kept across [`take`]).
 pub fn set_device_name(name: impl Into<String>) {
     registry().device_name = name.into();
@@ -152,6 +159,7 @@ pub fn take() -> Trace {
         reg.mem.retain(|log| !log.is_finished());
         trace.device_name = reg.device_name.clone();
         trace.stream_names = reg.stream_names.clone();
+        trace.graphs = reg.graphs.clone();
     }
     trace.sort();
     trace

@@ -22,6 +22,7 @@ fn op(kind: OpKind, stream: u64, seq: u64, engine: EngineKind, start: u64, end: 
         bytes: if kind == OpKind::Kernel { 0 } else { 1 << 20 },
         dep: None,
         failed: false,
+        node: None,
     }
 }
 

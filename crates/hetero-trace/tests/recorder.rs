@@ -30,6 +30,7 @@ fn op(stream: u64, seq: u64) -> OpRecord {
         bytes: 0,
         dep: None,
         failed: false,
+        node: None,
     }
 }
 

@@ -38,7 +38,9 @@ pub use config::{BackendKind, CompletionMode, DeviceConfig};
 pub use device::Device;
 pub use error::{Error, Result};
 pub use event::{Event, HostEvent};
-pub use graph::{Bindings, CommandBuffer, Graph, GraphExec, NodeId, PinnedSlot, PlanReport, Slot, MAX_SCALARS};
+pub use graph::{
+    Bindings, CommandBuffer, Graph, GraphExec, NodeId, PinnedSlot, PlanReport, Slot, MAX_SCALARS,
+};
 pub use kernel::{Block, Grid, Kernel, KernelCost, INLINE_KERNEL_ARGS, MAX_KERNEL_ARGS};
 pub use op::CopyKind;
 pub use stream::{Stream, PRIORITY_HIGHEST, PRIORITY_LOWEST};

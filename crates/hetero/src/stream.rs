@@ -2,9 +2,9 @@
 //! input (typed errors, never panics) and hands a self-contained `Op` to the backend.
 
 use crate::backend::BackendStream;
-use crate::graph::capture::CaptureSlot;
 use crate::buffer::{Arg, DeviceBuffer, PinnedBuffer, Storage};
 use crate::event::{Event, EventPoint};
+use crate::graph::capture::CaptureSlot;
 use crate::kernel::{ArgList, Grid, Kernel, MAX_KERNEL_ARGS};
 use crate::op::{Body, CopyKind, Op, PendingWrite};
 use crate::{Device, Error, MemoryKind, Result};

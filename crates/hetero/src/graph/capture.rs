@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 pub(crate) const CAPTURE_STREAM: u64 = 1 << 62;
 
 static NEXT_GRAPH: AtomicU32 = AtomicU32::new(1);
+static NEXT_CAPTURE: AtomicU64 = AtomicU64::new(1);
 static CAPTURES: Mutex<Vec<Weak<Capture>>> = Mutex::new(Vec::new());
 
 /// A stream's view of the capture it records into.
@@ -40,7 +41,7 @@ pub(crate) struct CaptureSlot {
 pub(crate) struct Capture {
     state: Mutex<CaptureState>,
     timeline: Arc<Timeline>,
-    id: u32,
+    id: u64,
 }
 
 struct CaptureState {
@@ -74,12 +75,10 @@ fn capture_error(op: &'static str, detail: impl Into<String>) -> Error {
 
 impl Capture {
     fn start(draft: Draft, host_wait: crate::CompletionMode) -> Arc<Capture> {
-        let id = draft.id;
-        let timeline = Arc::new(Timeline::new(
-            draft.device,
-            CAPTURE_STREAM | u64::from(id),
-            host_wait,
-        ));
+        // Its own serial, not the graph's id: a graph records again after a
+        // capture ends, and that capture's events must not name the new one.
+        let id = NEXT_CAPTURE.fetch_add(1, Ordering::Relaxed);
+        let timeline = Arc::new(Timeline::new(draft.device, CAPTURE_STREAM | id, host_wait));
         let cap = Arc::new(Capture {
             state: Mutex::new(CaptureState {
                 draft,
@@ -96,7 +95,7 @@ impl Capture {
         cap
     }
 
-    fn find(id: u32) -> Option<Arc<Capture>> {
+    fn find(id: u64) -> Option<Arc<Capture>> {
         lock(&CAPTURES)
             .iter()
             .filter_map(Weak::upgrade)
@@ -312,12 +311,8 @@ pub(crate) fn record(slot: &CaptureSlot, stream: u64, event: &mut Event) -> Resu
 
 /// A stream waits on an event recorded in a capture: it depends on the
 /// event's nodes, joining the capture if it was not recording.
-pub(crate) fn wait(
-    slot: &Arc<CaptureSlot>,
-    stream: u64,
-    point: &EventPoint,
-) -> Result<()> {
-    let id = (point.timeline.stream & !CAPTURE_STREAM) as u32;
+pub(crate) fn wait(slot: &Arc<CaptureSlot>, stream: u64, point: &EventPoint) -> Result<()> {
+    let id = point.timeline.stream & !CAPTURE_STREAM;
     let ended = || {
         capture_error(
             "wait_event",
@@ -331,7 +326,9 @@ pub(crate) fn wait(
     if !st.active {
         return Err(ended());
     }
-    let nodes = st.events[point.value as usize - 1].clone();
+    let Some(nodes) = st.events.get(point.value as usize - 1).cloned() else {
+        return Err(ended());
+    };
     match &*slot_cap {
         Some(c) if Arc::ptr_eq(c, &cap) => {
             let lane = st.lane(stream);
@@ -371,7 +368,13 @@ pub(crate) fn begin(
     device: u64,
     host_wait: crate::CompletionMode,
 ) -> Result<()> {
-    begin_with(slot, stream, Draft::new(new_graph_id(), device), host_wait, None)
+    begin_with(
+        slot,
+        stream,
+        Draft::new(new_graph_id(), device),
+        host_wait,
+        None,
+    )
 }
 
 fn begin_with(
@@ -405,7 +408,10 @@ fn begin_with(
 /// been joined back (its last node an ancestor of the origin's end).
 pub(crate) fn end(slot: &CaptureSlot, stream: u64) -> Result<Draft> {
     let cap = lock(&slot.capture).clone().ok_or_else(|| {
-        capture_error("end_capture", "the stream is not recording; call begin_capture first")
+        capture_error(
+            "end_capture",
+            "the stream is not recording; call begin_capture first",
+        )
     })?;
     let mut st = lock(&cap.state);
     if st.lanes[0].stream != stream {
@@ -560,7 +566,9 @@ impl<T: Pod> std::ops::DerefMut for PinnedSlot<T> {
 
 fn slot_info<T: Pod>(len: usize, kind: MemoryKind) -> Result<SlotInfo> {
     len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
-        Error::InvalidArgument(format!("slot of {len} elements overflows the address space"))
+        Error::InvalidArgument(format!(
+            "slot of {len} elements overflows the address space"
+        ))
     })?;
     Ok(SlotInfo {
         elem: crate::kernel::ElemInfo::of::<T>(),
@@ -630,7 +638,13 @@ impl Graph {
 
     pub(crate) fn from_draft(device: &crate::Device, draft: Draft) -> Result<Graph> {
         let rec = recorder(device);
-        begin_with(rec.capture_slot(), rec.id(), draft, device.host_wait(), Some(Vec::new()))?;
+        begin_with(
+            rec.capture_slot(),
+            rec.id(),
+            draft,
+            device.host_wait(),
+            Some(Vec::new()),
+        )?;
         Ok(Graph { rec })
     }
 
@@ -739,7 +753,12 @@ impl Graph {
     }
 
     /// Sets every element of `dst` to `value` after `deps`.
-    pub fn fill<T: Pod>(&mut self, dst: &DeviceBuffer<T>, value: T, deps: &[NodeId]) -> Result<NodeId> {
+    pub fn fill<T: Pod>(
+        &mut self,
+        dst: &DeviceBuffer<T>,
+        value: T,
+        deps: &[NodeId],
+    ) -> Result<NodeId> {
         self.add(deps, |s| s.fill(dst, value))
     }
 
@@ -813,7 +832,10 @@ fn check_node(d: &Draft, n: NodeId, op: &'static str) -> Result<()> {
         ));
     }
     if n.index as usize >= d.nodes.len() {
-        return Err(capture_error(op, format!("node {} does not exist", n.index)));
+        return Err(capture_error(
+            op,
+            format!("node {} does not exist", n.index),
+        ));
     }
     Ok(())
 }

@@ -20,6 +20,7 @@ use crate::timeline::Timeline;
 use crate::{DeviceBuffer, Error, PinnedBuffer, Result};
 use bytemuck::Pod;
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 /// Scalars a kernel node carries ([`crate::Block::scalars`]).
@@ -46,6 +47,28 @@ pub(crate) struct ExecInner {
     /// Run states, reused from launch to launch.
     pub(crate) runs: Mutex<Vec<Box<RunState>>>,
     pub(crate) report: PlanReport,
+    /// The plan was given to the profiler.
+    pub(crate) plan_traced: AtomicBool,
+}
+
+impl ExecInner {
+    /// Gives the plan to the profiler, for its report.
+    pub(crate) fn trace_plan(&self) {
+        let r = &self.report;
+        hetero_trace::set_graph_plan(
+            self.graph,
+            hetero_trace::GraphPlan {
+                nodes: r.nodes as u64,
+                edges: r.edges as u64,
+                chains: r.chains as u64,
+                lanes: r.lanes as u64,
+                critical_path: r.critical_path as u64,
+                width: r.width as u64,
+                internal_bytes: r.internal_bytes,
+                arena_bytes: r.arena_bytes,
+            },
+        );
+    }
 }
 
 /// What a kernel node runs with; changed in place by updates.
@@ -374,7 +397,9 @@ pub(crate) fn instantiate(device: &crate::Device, d: &Draft) -> Result<GraphExec
 
     // The memory plan: buffers used by nodes that may run at the same time
     // never share bytes.
-    let placed: Vec<usize> = (0..d.internal.len()).filter(|&i| !uses[i].is_empty()).collect();
+    let placed: Vec<usize> = (0..d.internal.len())
+        .filter(|&i| !uses[i].is_empty())
+        .collect();
     let sizes: Vec<u64> = placed.iter().map(|&i| d.internal[i] as u64).collect();
     let place_uses: Vec<Vec<u32>> = placed.iter().map(|&i| uses[i].clone()).collect();
     let conflicts = hetero_memory::arena_plan::Conflicts::from_dag(n, &sched.edges, &place_uses);
@@ -383,9 +408,11 @@ pub(crate) fn instantiate(device: &crate::Device, d: &Draft) -> Result<GraphExec
     for (k, &i) in placed.iter().enumerate() {
         offsets[i] = plan.offsets[k] as usize;
     }
-    let arena_bytes = usize::try_from(plan.size).map_err(|_| Error::InvalidArgument(
-        "the graph's buffers need an arena larger than the address space".into(),
-    ))?;
+    let arena_bytes = usize::try_from(plan.size).map_err(|_| {
+        Error::InvalidArgument(
+            "the graph's buffers need an arena larger than the address space".into(),
+        )
+    })?;
     let arena = if arena_bytes > 0 {
         Some(device.device_storage::<u8>(arena_bytes, 0)?)
     } else {
@@ -445,7 +472,11 @@ pub(crate) fn instantiate(device: &crate::Device, d: &Draft) -> Result<GraphExec
         waits: waits.into_boxed_slice(),
         runs: Mutex::new(Vec::new()),
         report,
+        plan_traced: AtomicBool::new(hetero_trace::enabled()),
     };
+    if inner.plan_traced.load(std::sync::atomic::Ordering::Relaxed) {
+        inner.trace_plan();
+    }
     Ok(GraphExec {
         inner: Arc::new(inner),
         params: Arc::new(params),

@@ -188,7 +188,11 @@ impl Draft {
 
     /// The operand for `storage` in this graph, or an error when it stands in
     /// for a buffer of another graph.
-    pub(crate) fn operand(&self, op: &'static str, storage: &Arc<Storage>) -> crate::Result<Operand> {
+    pub(crate) fn operand(
+        &self,
+        op: &'static str,
+        storage: &Arc<Storage>,
+    ) -> crate::Result<Operand> {
         match GraphRef::unpack(storage.graph_ref) {
             None => Ok(Operand::Fixed(storage.clone())),
             Some(r) if r.graph != self.id => Err(Error::Graph {

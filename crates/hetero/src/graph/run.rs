@@ -108,9 +108,40 @@ impl Drop for GraphLaunch {
     }
 }
 
-/// Runs user code for a node, catching a panic as the node's failure.
+/// What a backend does around a node: runs its user code (catching a panic as
+/// the node's failure) and, when profiling, records it.
 pub(crate) trait UserCode {
     fn run(&mut self, what: &dyn Fn() -> String, f: &mut dyn FnMut()) -> Result<(), String>;
+    /// Node `v` ran from `start_ns` to now (called only while profiling).
+    fn record(&mut self, _l: &GraphLaunch, _v: u32, _start_ns: u64, _failed: bool) {}
+}
+
+/// The trace kind and engine of a node run on a compute unit.
+pub(crate) fn node_kind(body: &NodeBody) -> (hetero_trace::OpKind, u64) {
+    use hetero_trace::OpKind as K;
+    match body {
+        NodeBody::Kernel { .. } => (K::Kernel, 0),
+        NodeBody::Copy { kind, bytes, .. } => (
+            match kind {
+                crate::CopyKind::H2D => K::H2D,
+                crate::CopyKind::D2H => K::D2H,
+                crate::CopyKind::D2D => K::D2D,
+            },
+            *bytes as u64,
+        ),
+        NodeBody::Fill { bytes, .. } => (K::Fill, *bytes as u64),
+        NodeBody::Host(_) => (K::HostFn, 0),
+        NodeBody::Wait { .. } | NodeBody::Empty => (K::Record, 0),
+    }
+}
+
+/// The node's place for the trace.
+pub(crate) fn node_ref(e: &ExecInner, v: u32) -> hetero_trace::NodeRef {
+    hetero_trace::NodeRef {
+        graph: e.graph,
+        node: v,
+        lane: e.sched.node_lane[v as usize],
+    }
 }
 
 /// Runs node `v` of `l`: its data effect, or its user code through `user`.
@@ -185,7 +216,8 @@ pub(crate) fn run_node(l: &GraphLaunch, v: u32, user: &mut impl UserCode) -> Res
         } => {
             if *bytes > 0 {
                 // SAFETY: as for copies: checked range, sole writer.
-                let out = unsafe { std::slice::from_raw_parts_mut(l.operand(dst).add(*off), *bytes) };
+                let out =
+                    unsafe { std::slice::from_raw_parts_mut(l.operand(dst).add(*off), *bytes) };
                 crate::op::fill_pattern(out, &pattern[..*pattern_len as usize]);
             }
             Ok(())
@@ -327,7 +359,9 @@ impl RunState {
     ) -> usize {
         let s = &l.exec.sched;
         let mut ran = 0;
+        let profiling = crate::clock::profiling();
         loop {
+            let start_ns = if profiling { crate::clock::now_ns() } else { 0 };
             let failed = if self.poisoned[v as usize].load(Ordering::Relaxed) {
                 true
             } else {
@@ -339,6 +373,9 @@ impl RunState {
                     }
                 }
             };
+            if profiling {
+                user.record(l, v, start_ns, failed);
+            }
             ran += 1;
             let next = s.chain_next[v as usize];
             for &w in s.successors(v) {
@@ -440,6 +477,9 @@ pub(crate) fn launch(
     };
     // Counted before anything can fail: the launch's drop uncounts them.
     launch.for_each_pinned_written(|s| s.add_pending_write());
+    if hetero_trace::enabled() && !e.plan_traced.swap(true, Ordering::Relaxed) {
+        e.trace_plan();
+    }
     let mut ordered = Ok(());
     launch.for_each_access(&mut |s, _| {
         ordered = stream.order_use(s);

@@ -33,6 +33,8 @@ pub(crate) struct Schedule {
     pub(crate) chain_heads: Vec<u32>,
     /// The lane of each chain.
     pub(crate) chain_lane: Vec<u32>,
+    /// The lane of each node's chain.
+    pub(crate) node_lane: Vec<u32>,
     pub(crate) lanes: u32,
     /// Nodes on the longest path.
     pub(crate) critical_path: u32,
@@ -200,6 +202,7 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize) -> Result<Schedule> {
         load[lane] += u64::from(chain_len[c as usize]);
     }
 
+    let node_lane = chain_of.iter().map(|&c| chain_lane[c as usize]).collect();
     Ok(Schedule {
         order,
         succ_start,
@@ -208,6 +211,7 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize) -> Result<Schedule> {
         chain_next,
         chain_heads,
         chain_lane,
+        node_lane,
         lanes,
         critical_path,
         width,

@@ -254,7 +254,8 @@ impl Sim {
         let (transfer, end) = match engine {
             Engine::None => (None, now),
             _ => {
-                let (transfer, end, r) = self.start(sh, engine, &op, now);
+                let at = (stream.id, stream.queue as u32, pos + 1);
+                let (transfer, end, r) = self.start(sh, engine, &op, now, at);
                 result = r;
                 (transfer, end)
             }
@@ -317,13 +318,15 @@ impl Sim {
 
     /// Starts `op` on `engine` at `now`: its data effect now; returns its
     /// transfer (for copies over the link), its end (for the others) and its
-    /// result so far.
+    /// result so far. `at` is the op's stream, queue and value (for the
+    /// profile of a graph's nodes).
     fn start(
         &self,
         sh: &EmuShared,
         engine: Engine,
         op: &Op,
         now: u64,
+        at: (u64, u32, u64),
     ) -> (Option<Transfer>, u64, Result<(), String>) {
         let link = &sh.emu.link;
         let over_link = |kind, bytes: u64| (Some(transfer(link, kind, bytes, now)), now, Ok(()));
@@ -392,7 +395,12 @@ impl Sim {
                 let run = crate::graph::run::RunState::take(&l.exec);
                 let result = run.run_all(l, &mut InSimUser);
                 run.give_back(&l.exec);
-                let mut modelled = model_graph(sh, l, units);
+                let traced = crate::clock::profiling().then(|| NodeTrace {
+                    at,
+                    from: now + KERNEL_LAUNCH_NS,
+                    submit_ns: op.submit_ns,
+                });
+                let mut modelled = model_graph(sh, l, units, traced);
                 if sh.real_time() {
                     modelled = modelled.max(started.elapsed().as_nanos() as u64);
                 }
@@ -573,6 +581,14 @@ impl crate::graph::run::UserCode for InSimUser {
     }
 }
 
+/// Where a launch's node records go: its stream, queue and value, and the
+/// device time its first node may start.
+struct NodeTrace {
+    at: (u64, u32, u64),
+    from: u64,
+    submit_ns: u64,
+}
+
 /// Device-side dispatch of one graph node, ns: a launch pays
 /// `KERNEL_LAUNCH_NS` once, then each kernel node only this (the work a
 /// command processor does per node, with no host submission in between).
@@ -582,7 +598,12 @@ pub(crate) const GRAPH_NODE_NS: u64 = 200;
 /// device's copy engines: nodes in topological order, each on the resource of
 /// its kind that frees first, after its predecessors (a list schedule; the
 /// launch has the link to itself).
-fn model_graph(sh: &EmuShared, l: &crate::graph::run::GraphLaunch, units: usize) -> u64 {
+fn model_graph(
+    sh: &EmuShared,
+    l: &crate::graph::run::GraphLaunch,
+    units: usize,
+    traced: Option<NodeTrace>,
+) -> u64 {
     use crate::graph::NodeBody;
     let e = &*l.exec;
     let link = &sh.emu.link;
@@ -618,7 +639,11 @@ fn model_graph(sh: &EmuShared, l: &crate::graph::run::GraphLaunch, units: usize)
                 bytes,
                 ..
             } => {
-                let dir = if *kind == CopyKind::H2D { Dir::H2D } else { Dir::D2H };
+                let dir = if *kind == CopyKind::H2D {
+                    Dir::H2D
+                } else {
+                    Dir::D2H
+                };
                 let wire = link.wire_bytes(*bytes as u64) / link.wire_rate(dir, false);
                 (Some(1 + *kind as usize), link.setup_ns + wire.ceil() as u64)
             }
@@ -629,18 +654,47 @@ fn model_graph(sh: &EmuShared, l: &crate::graph::run::GraphLaunch, units: usize)
             NodeBody::Host(_) | NodeBody::Wait { .. } | NodeBody::Empty => (None, 0),
         };
         let ready = preds_end[v];
-        let finish = match resource {
+        let (start, finish, index) = match resource {
             Some(r) => {
-                let slot = free[r]
+                let (index, slot) = free[r]
                     .iter_mut()
-                    .min_by_key(|t| **t)
+                    .enumerate()
+                    .min_by_key(|(_, t)| **t)
                     .expect("every resource has an instance");
                 let start = ready.max(*slot);
                 *slot = start + ns;
-                *slot
+                (start, *slot, index)
             }
-            None => ready,
+            None => (ready, ready, 0),
         };
+        if let Some(t) = &traced {
+            use hetero_trace::EngineKind as E;
+            let body = &e.nodes[v];
+            let (kind, bytes) = crate::graph::run::node_kind(body);
+            let engine = match resource {
+                Some(0) => E::Compute,
+                Some(1) => E::CopyH2D,
+                Some(2) => E::CopyD2H,
+                Some(_) => E::CopyD2D,
+                None => E::Host,
+            };
+            hetero_trace::record_op(hetero_trace::OpRecord {
+                kind,
+                name: body.name(),
+                stream: t.at.0,
+                queue: t.at.1,
+                engine,
+                engine_index: index as u32,
+                seq: t.at.2,
+                submit_ns: t.submit_ns,
+                start_ns: t.from + start,
+                end_ns: t.from + finish,
+                bytes,
+                dep: None,
+                failed: false,
+                node: Some(crate::graph::run::node_ref(e, v as u32)),
+            });
+        }
         makespan = makespan.max(finish);
         for &w in e.sched.successors(v as u32) {
             preds_end[w as usize] = preds_end[w as usize].max(finish);
@@ -684,7 +738,8 @@ fn record(r: &Running, end: u64) {
         Body::HostWrite { .. } => (K::H2D, None),
         Body::HostRead { .. } => (K::D2H, None),
         Body::Fill { .. } => (K::Fill, None),
-        Body::Kernel { .. } | Body::Graph(_) => (K::Kernel, None),
+        Body::Kernel { .. } => (K::Kernel, None),
+        Body::Graph(_) => (K::Graph, None),
         Body::Host(_) => (K::HostFn, None),
         Body::Wait {
             timeline, value, ..
@@ -705,5 +760,6 @@ fn record(r: &Running, end: u64) {
         bytes: r.op.bytes(),
         dep,
         failed: r.result.is_err(),
+        node: None,
     });
 }

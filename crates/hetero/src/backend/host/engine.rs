@@ -207,7 +207,7 @@ pub(super) fn record(
             timeline, value, ..
         } => (K::Wait, E::Host, ran.unit, Some((timeline.stream, *value))),
         Body::Record { .. } => (K::Record, E::Host, ran.unit, None),
-        Body::Graph(_) => (K::Kernel, E::Compute, ran.unit, None),
+        Body::Graph(_) => (K::Graph, E::Compute, ran.unit, None),
     };
     let end_ns = crate::clock::now_ns();
     hetero_trace::record_op(hetero_trace::OpRecord {
@@ -228,6 +228,7 @@ pub(super) fn record(
         bytes: op.bytes(),
         dep,
         failed,
+        node: None,
     });
 }
 
@@ -505,7 +506,7 @@ impl EngineThread {
         self.chain_wake(sh, more);
         let (stream, taken) = match work {
             Work::Help(slot) => return run_blocks(sh, &sh.jobs[slot]),
-            Work::Graph(job) => return drive(sh, &job),
+            Work::Graph(job) => return drive(sh, &job, self.index),
             Work::Op { stream, taken } => (stream, taken),
         };
         let stream = &stream;

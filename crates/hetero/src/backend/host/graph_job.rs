@@ -45,7 +45,9 @@ impl Drop for GraphJob {
 
 impl GraphJob {
     fn run(&self) -> &RunState {
-        self.run.as_deref().expect("a job has its run state until dropped")
+        self.run
+            .as_deref()
+            .expect("a job has its run state until dropped")
     }
 }
 
@@ -58,12 +60,35 @@ pub(super) struct GraphSlot {
 struct OnEngine<'a> {
     job: &'a GraphJob,
     op: &'a Op,
+    unit: u32,
 }
 
 impl UserCode for OnEngine<'_> {
     #[inline]
     fn run(&mut self, what: &dyn Fn() -> String, f: &mut dyn FnMut()) -> Result<(), String> {
         run_user(&self.job.stream, self.job.value, self.op, what, f)
+    }
+
+    fn record(&mut self, l: &crate::graph::run::GraphLaunch, v: u32, start_ns: u64, failed: bool) {
+        let body = &l.exec.nodes[v as usize];
+        let (kind, bytes) = crate::graph::run::node_kind(body);
+        let stream = &self.job.stream;
+        hetero_trace::record_op(hetero_trace::OpRecord {
+            kind,
+            name: body.name(),
+            stream: stream.id,
+            queue: stream.queue as u32,
+            engine: hetero_trace::EngineKind::Compute,
+            engine_index: self.unit,
+            seq: self.job.value,
+            submit_ns: self.op.submit_ns,
+            start_ns,
+            end_ns: crate::clock::now_ns(),
+            bytes,
+            dep: None,
+            failed,
+            node: Some(crate::graph::run::node_ref(&l.exec, v)),
+        });
     }
 }
 
@@ -73,6 +98,10 @@ pub(super) fn start_graph(sh: &Shared, stream: &Arc<HostStream>, op: Op, value: 
     let Body::Graph(l) = &op.body else {
         unreachable!("start_graph takes graph launches")
     };
+    if l.nodes() == 0 {
+        sh.finish(stream, op, value, Engine::Compute, Ok(()), ran);
+        return;
+    }
     let run = RunState::take(&l.exec);
     // A single chain needs no helpers, so it is not published.
     let published = l.exec.sched.chain_heads.len() > 1;
@@ -94,7 +123,7 @@ pub(super) fn start_graph(sh: &Shared, stream: &Arc<HostStream>, op: Op, value: 
             sh.idle.wake(helpers as u32);
         }
     }
-    drive(sh, &job);
+    drive(sh, &job, ran.unit);
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -111,7 +140,7 @@ pub(super) fn find_graph_job(sh: &Shared) -> Option<Arc<GraphJob>> {
 
 /// Runs ready chains of `job` until none is queued; the thread that finishes
 /// the last node completes the launch.
-pub(super) fn drive(sh: &Shared, job: &Arc<GraphJob>) {
+pub(super) fn drive(sh: &Shared, job: &Arc<GraphJob>, unit: u32) {
     let run = job.run();
     while let Some(v) = run.pop() {
         // SAFETY: node `v` is unfinished, so the op is in place (module doc).
@@ -119,7 +148,7 @@ pub(super) fn drive(sh: &Shared, job: &Arc<GraphJob>) {
         let Body::Graph(l) = &op.body else {
             unreachable!("a graph job holds a graph launch")
         };
-        let mut user = OnEngine { job, op };
+        let mut user = OnEngine { job, op, unit };
         let wake = job.published;
         let k = run.run_chain(l, v, &mut user, || {
             if wake {

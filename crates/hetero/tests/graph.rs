@@ -1,0 +1,535 @@
+//! Graphs and command buffers through the public API, on the backend under test:
+//! recording (explicit, linear, stream capture across streams), instantiate
+//! (validation, schedule, memory plan), launch and replay, updates in place,
+//! slot bindings, faults inside a graph, and every misuse a typed error.
+
+mod common;
+
+use hetero::{Arg, CommandBuffer, Error, Event, Graph, Grid, Kernel};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+/// out[i] = in[i] * 2 + scalar 0 (0 on a stream).
+fn double_plus() -> Kernel {
+    Kernel::new("double_plus", |b| {
+        let add = b.scalars().first().copied().unwrap_or(0) as u32;
+        let input = b.read::<u32>(0);
+        let base = b.write_offset(0);
+        for (j, v) in b.write::<u32>(0).iter_mut().enumerate() {
+            *v = input[base + j] * 2 + add;
+        }
+    })
+}
+
+fn is_graph_error(r: Result<impl std::fmt::Debug, Error>) -> String {
+    match r {
+        Err(Error::Graph { op, detail }) => format!("{op}: {detail}"),
+        other => panic!("expected Error::Graph, got {other:?}"),
+    }
+}
+
+#[test]
+fn command_buffer_replays_with_one_submission_each() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let input = dev.pinned_from_slice(&[1u32, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+    let a = dev.alloc::<u32>(8).unwrap();
+    let b = dev.alloc::<u32>(8).unwrap();
+    let mut out = dev.alloc_pinned::<u32>(8).unwrap();
+    let count = Arc::new(AtomicU32::new(0));
+    let cb = CommandBuffer::new(&dev).unwrap();
+    cb.copy_h2d(&input, &a).unwrap();
+    cb.launch(
+        &double_plus(),
+        Grid::new(3),
+        &[Arg::read(&a), Arg::write(&b)],
+    )
+    .unwrap();
+    cb.copy_d2h(&b, &mut out).unwrap();
+    let c = count.clone();
+    cb.host_callback(move || {
+        c.fetch_add(1, Ordering::Relaxed);
+    })
+    .unwrap();
+    let exec = cb.finish().unwrap();
+    assert_eq!(exec.plan().nodes, 4);
+    assert_eq!(exec.plan().chains, 1, "a linear recording is one chain");
+    for _ in 0..5 {
+        s.launch_graph(&exec).unwrap();
+    }
+    s.synchronize().unwrap();
+    assert_eq!(count.load(Ordering::Relaxed), 5);
+    assert_eq!(out.as_slice().unwrap(), &[2, 4, 6, 8, 10, 12, 14, 16]);
+}
+
+#[test]
+fn explicit_fork_join_graph_runs_every_branch_and_reports_its_shape() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let src = dev.alloc::<u32>(64).unwrap();
+    let outs: Vec<_> = (0..6).map(|_| dev.alloc::<u32>(64).unwrap()).collect();
+    let sum = dev.alloc::<u32>(64).unwrap();
+    let mut g = Graph::new(&dev).unwrap();
+    let fill = g.fill(&src, 3u32, &[]).unwrap();
+    let k = double_plus();
+    let branches: Vec<_> = outs
+        .iter()
+        .map(|o| {
+            g.kernel(&k, Grid::new(2), &[Arg::read(&src), Arg::write(o)], &[fill])
+                .unwrap()
+        })
+        .collect();
+    let add = Kernel::new("sum", |b| {
+        let n = 6;
+        let ins: Vec<&[u32]> = (0..n).map(|i| b.read::<u32>(i)).collect();
+        for (j, v) in b.write::<u32>(0).iter_mut().enumerate() {
+            *v = ins.iter().map(|x| x[j]).sum();
+        }
+    });
+    let mut args: Vec<Arg<'_>> = outs.iter().map(Arg::read).collect();
+    args.push(Arg::write(&sum));
+    g.kernel(&add, Grid::new(1), &args, &branches).unwrap();
+    let exec = g.instantiate().unwrap();
+    let plan = exec.plan();
+    assert_eq!(plan.nodes, 8);
+    assert_eq!(plan.critical_path, 3);
+    assert_eq!(plan.width, 6);
+    assert_eq!(plan.chains, 6, "one chain continues through a branch");
+    assert!(plan.lanes >= 1 && plan.lanes <= dev.properties().compute_units);
+    s.launch_graph(&exec).unwrap();
+    s.launch_graph(&exec).unwrap();
+    assert_eq!(s.read_to_vec(&sum).unwrap(), vec![36; 64]);
+}
+
+#[test]
+fn capture_across_streams_joins_through_events() {
+    let dev = common::device();
+    let s1 = dev.create_stream().unwrap();
+    let s2 = dev.create_stream().unwrap();
+    let a = dev.alloc::<u32>(32).unwrap();
+    let b = dev.alloc::<u32>(32).unwrap();
+    let c = dev.alloc::<u32>(32).unwrap();
+    s1.begin_capture().unwrap();
+    assert!(s1.is_capturing());
+    s1.fill(&a, 5u32).unwrap();
+    let forked = s1.record_event().unwrap();
+    s2.wait_event(&forked).unwrap();
+    assert!(
+        s2.is_capturing(),
+        "waiting on a captured event joins the capture"
+    );
+    s2.launch(
+        &double_plus(),
+        Grid::new(1),
+        &[Arg::read(&a), Arg::write(&b)],
+    )
+    .unwrap();
+    s1.launch(
+        &double_plus(),
+        Grid::new(1),
+        &[Arg::read(&a), Arg::write(&c)],
+    )
+    .unwrap();
+    let joined = s2.record_event().unwrap();
+    s1.wait_event(&joined).unwrap();
+    let graph = s1.end_capture().unwrap();
+    assert!(!s1.is_capturing() && !s2.is_capturing());
+    assert_eq!(graph.len(), 3);
+    let exec = graph.instantiate().unwrap();
+    assert_eq!(exec.plan().width, 2);
+    // Nothing ran while recording.
+    s1.fill(&b, 0u32).unwrap();
+    s1.fill(&c, 0u32).unwrap();
+    s1.launch_graph(&exec).unwrap();
+    assert_eq!(s1.read_to_vec(&b).unwrap(), vec![10; 32]);
+    assert_eq!(s1.read_to_vec(&c).unwrap(), vec![10; 32]);
+    // The captured events mark points of the graph: the host cannot wait on them.
+    is_graph_error(forked.synchronize());
+    is_graph_error(s2.wait_event(&forked));
+}
+
+#[test]
+fn a_capture_left_unjoined_is_refused() {
+    let dev = common::device();
+    let s1 = dev.create_stream().unwrap();
+    let s2 = dev.create_stream().unwrap();
+    let a = dev.alloc::<u32>(8).unwrap();
+    s1.begin_capture().unwrap();
+    let e = s1.record_event().unwrap();
+    s2.wait_event(&e).unwrap();
+    s2.fill(&a, 1u32).unwrap();
+    let msg = is_graph_error(s1.end_capture());
+    assert!(msg.contains("joined back"), "{msg}");
+    // The capture stays open; joining back then ending works.
+    let back = s2.record_event().unwrap();
+    s1.wait_event(&back).unwrap();
+    is_graph_error(s2.end_capture());
+    let g = s1.end_capture().unwrap();
+    assert_eq!(g.len(), 1);
+}
+
+#[test]
+fn synchronous_calls_and_fnonce_callbacks_are_refused_while_recording() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let a = dev.alloc::<u32>(8).unwrap();
+    s.begin_capture().unwrap();
+    is_graph_error(s.synchronize());
+    is_graph_error(s.query());
+    is_graph_error(s.read_to_vec(&a));
+    is_graph_error(s.write_slice(&a, 0, &[1]));
+    is_graph_error(s.host_fn(|| {}));
+    is_graph_error(s.begin_capture());
+    let g = s.end_capture().unwrap();
+    assert!(g.is_empty());
+    is_graph_error(s.end_capture());
+    // The stream works normally again.
+    s.fill(&a, 9u32).unwrap();
+    assert_eq!(s.read_to_vec(&a).unwrap(), vec![9; 8]);
+}
+
+#[test]
+fn cycles_and_foreign_nodes_are_typed_errors() {
+    let dev = common::device();
+    let mut g = Graph::new(&dev).unwrap();
+    let x = g.empty(&[]).unwrap();
+    let y = g.empty(&[x]).unwrap();
+    let z = g.empty(&[y]).unwrap();
+    g.add_dependency(z, x).unwrap();
+    let msg = is_graph_error(g.instantiate());
+    assert!(msg.contains("cycle"), "{msg}");
+    is_graph_error(g.add_dependency(x, x));
+    let mut other = Graph::new(&dev).unwrap();
+    is_graph_error(other.empty(&[x]));
+    is_graph_error(g.node_name(other.empty(&[]).unwrap()));
+}
+
+#[test]
+fn buffers_of_a_graph_stay_in_it() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let mut g = Graph::new(&dev).unwrap();
+    let tmp = g.alloc::<u32>(16).unwrap();
+    let slot = g.slot::<u32>(16).unwrap();
+    // Outside the graph they have no memory.
+    is_graph_error(s.fill(&tmp, 1u32));
+    is_graph_error(s.read_to_vec(&slot));
+    let mut g2 = Graph::new(&dev).unwrap();
+    is_graph_error(g2.fill(&tmp, 1u32, &[]));
+    let pinned = g.pinned_slot::<u32>(4).unwrap();
+    is_graph_error(pinned.as_slice());
+}
+
+#[test]
+fn graph_internal_buffers_share_an_arena_by_lifetime() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let input = dev.alloc::<u32>(1024).unwrap();
+    let out = dev.alloc::<u32>(1024).unwrap();
+    s.fill(&input, 1u32).unwrap();
+    // A chain of temporaries: each lives across two nodes, so the plan can
+    // reuse bytes along the chain.
+    let cb = CommandBuffer::new(&dev).unwrap();
+    let k = double_plus();
+    let mut prev = cb.alloc::<u32>(1024).unwrap();
+    cb.copy_d2d(&input, &prev).unwrap();
+    for _ in 0..8 {
+        let next = cb.alloc::<u32>(1024).unwrap();
+        cb.launch(&k, Grid::new(2), &[Arg::read(&prev), Arg::write(&next)])
+            .unwrap();
+        prev = next;
+    }
+    cb.copy_d2d(&prev, &out).unwrap();
+    let exec = cb.finish().unwrap();
+    let plan = exec.plan();
+    assert_eq!(plan.internal_buffers, 9);
+    assert_eq!(plan.internal_bytes, 9 * 4096);
+    assert!(
+        plan.arena_bytes <= 2 * 4096,
+        "a chain needs two live buffers at a time: {plan:?}"
+    );
+    for _ in 0..3 {
+        s.launch_graph(&exec).unwrap();
+    }
+    assert_eq!(s.read_to_vec(&out).unwrap(), vec![256; 1024]);
+}
+
+#[test]
+fn scalars_update_in_place_like_a_reinstantiate() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let a = dev.alloc::<u32>(16).unwrap();
+    let b = dev.alloc::<u32>(16).unwrap();
+    s.fill(&a, 1u32).unwrap();
+    let mut g = Graph::new(&dev).unwrap();
+    let n = g
+        .kernel(
+            &double_plus(),
+            Grid::new(1),
+            &[Arg::read(&a), Arg::write(&b)],
+            &[],
+        )
+        .unwrap();
+    let mut exec = g.instantiate().unwrap();
+    s.launch_graph(&exec).unwrap();
+    assert_eq!(s.read_to_vec(&b).unwrap(), vec![2; 16]);
+    exec.set_scalars(n, &[40]).unwrap();
+    s.launch_graph(&exec).unwrap();
+    assert_eq!(s.read_to_vec(&b).unwrap(), vec![42; 16]);
+    assert_eq!(exec.scalars(n).unwrap(), vec![40]);
+    // A launch already submitted keeps its scalars.
+    let gate = common::Gate::hold(&s);
+    s.launch_graph(&exec).unwrap();
+    exec.set_scalars(n, &[100]).unwrap();
+    gate.open();
+    assert_eq!(s.read_to_vec(&b).unwrap(), vec![42; 16]);
+    s.launch_graph(&exec).unwrap();
+    assert_eq!(s.read_to_vec(&b).unwrap(), vec![102; 16]);
+    // The same as instantiating afresh and setting the scalar there.
+    let mut fresh = g.instantiate().unwrap();
+    fresh.set_scalars(n, &[100]).unwrap();
+    s.fill(&b, 0u32).unwrap();
+    s.launch_graph(&fresh).unwrap();
+    assert_eq!(s.read_to_vec(&b).unwrap(), vec![102; 16]);
+    // Another kernel in place.
+    let triple = Kernel::new("triple", |b| {
+        let input = b.read::<u32>(0);
+        let base = b.write_offset(0);
+        for (j, v) in b.write::<u32>(0).iter_mut().enumerate() {
+            *v = input[base + j] * 3;
+        }
+    });
+    exec.set_kernel(n, &triple, Grid::new(4)).unwrap();
+    s.launch_graph(&exec).unwrap();
+    assert_eq!(s.read_to_vec(&b).unwrap(), vec![3; 16]);
+    // Shape changes are refused.
+    let other = g.empty(&[]).unwrap();
+    assert!(matches!(
+        exec.set_scalars(other, &[1]),
+        Err(Error::Graph { .. })
+    ));
+    assert!(matches!(
+        exec.set_scalars(n, &[0; 9]),
+        Err(Error::Graph { .. })
+    ));
+    assert!(matches!(
+        exec.set_kernel(n, &triple, Grid::new(0)),
+        Err(Error::EmptyGrid { .. })
+    ));
+}
+
+#[test]
+fn slots_bind_buffers_at_launch() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let mut g = Graph::new(&dev).unwrap();
+    let input = g.pinned_slot::<u32>(8).unwrap();
+    let output = g.pinned_slot::<u32>(8).unwrap();
+    let dev_in = g.alloc::<u32>(8).unwrap();
+    let dev_out = g.alloc::<u32>(8).unwrap();
+    let a = g.copy_h2d(&input, &dev_in, &[]).unwrap();
+    let k = g
+        .kernel(
+            &double_plus(),
+            Grid::new(1),
+            &[Arg::read(&dev_in), Arg::write(&dev_out)],
+            &[a],
+        )
+        .unwrap();
+    let mut out_view = g.pinned_slot::<u32>(8).unwrap();
+    let _ = &mut out_view;
+    {
+        // Pinned slots deref mutably to a stand-in; copies into them record.
+        let mut output = output;
+        g.copy_d2h(&dev_out, &mut output, &[k]).unwrap();
+        let exec = g.instantiate().unwrap();
+        is_graph_error(s.launch_graph(&exec));
+        let mut bind = exec.bindings();
+        let x = dev.pinned_from_slice(&[1u32; 8]).unwrap();
+        let y = dev.pinned_from_slice(&[5u32; 8]).unwrap();
+        let mut r1 = dev.alloc_pinned::<u32>(8).unwrap();
+        let r2 = dev.alloc_pinned::<u32>(8).unwrap();
+        bind.bind_pinned(&input, &x).unwrap();
+        bind.bind_pinned(&output, &r1).unwrap();
+        s.launch_graph_with(&exec, &bind).unwrap();
+        bind.bind_pinned(&input, &y).unwrap();
+        bind.bind_pinned(&output, &r2).unwrap();
+        s.launch_graph_with(&exec, &bind).unwrap();
+        s.synchronize().unwrap();
+        drop(bind);
+        assert_eq!(r1.as_mut_slice().unwrap(), &[2; 8]);
+        assert_eq!(r2.as_slice().unwrap(), &[10; 8]);
+        // Wrong length, and one buffer bound to a read and a written slot.
+        let mut bind = exec.bindings();
+        let short = dev.alloc_pinned::<u32>(4).unwrap();
+        assert!(matches!(
+            bind.bind_pinned(&input, &short),
+            Err(Error::SizeMismatch { .. })
+        ));
+        bind.bind_pinned(&input, &x).unwrap();
+        assert!(matches!(
+            bind.bind_pinned(&output, &x),
+            Err(Error::Aliasing { .. })
+        ));
+        // Bindings of another graph.
+        let mut other = Graph::new(&dev).unwrap();
+        let other_exec = {
+            other.empty(&[]).unwrap();
+            other.instantiate().unwrap()
+        };
+        is_graph_error(s.launch_graph_with(&other_exec, &bind));
+    }
+}
+
+#[test]
+fn a_fault_in_a_node_fails_the_launch_and_its_dependents_only() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let ran = Arc::new(AtomicU32::new(0));
+    let mut g = Graph::new(&dev).unwrap();
+    let boom = Kernel::new("boom", |_| panic!("node failed on purpose"));
+    let bad = g.kernel(&boom, Grid::new(1), &[], &[]).unwrap();
+    let r = ran.clone();
+    let after = g
+        .host(
+            move || {
+                r.fetch_add(100, Ordering::Relaxed);
+            },
+            &[bad],
+        )
+        .unwrap();
+    let r = ran.clone();
+    g.host(
+        move || {
+            r.fetch_add(1, Ordering::Relaxed);
+        },
+        &[after],
+    )
+    .unwrap();
+    let r = ran.clone();
+    g.host(
+        move || {
+            r.fetch_add(10, Ordering::Relaxed);
+        },
+        &[],
+    )
+    .unwrap();
+    let exec = g.instantiate().unwrap();
+    s.launch_graph(&exec).unwrap();
+    let err = s.synchronize().unwrap_err();
+    match &err {
+        Error::StreamFault { message, .. } => {
+            assert!(message.contains("graph node 0 (boom)"), "{message}");
+            assert!(message.contains("node failed on purpose"), "{message}");
+        }
+        other => panic!("expected a stream fault, got {other:?}"),
+    }
+    assert_eq!(
+        ran.load(Ordering::Relaxed),
+        10,
+        "only the independent node ran"
+    );
+    // Another stream launches the same plan: the fault stays in the first.
+    let s2 = dev.create_stream().unwrap();
+    s2.launch_graph(&exec).unwrap();
+    assert!(s2.synchronize().is_err());
+    assert_eq!(ran.load(Ordering::Relaxed), 20);
+}
+
+#[test]
+fn a_graph_waits_on_events_recorded_outside_it() {
+    let dev = common::device();
+    let s1 = dev.create_stream().unwrap();
+    let s2 = dev.create_stream().unwrap();
+    let a = dev.alloc::<u32>(8).unwrap();
+    let b = dev.alloc::<u32>(8).unwrap();
+    let gate = common::Gate::hold(&s1);
+    s1.fill(&a, 7u32).unwrap();
+    let filled: Event = s1.record_event().unwrap();
+    let mut g = Graph::new(&dev).unwrap();
+    let w = g.wait_event(&filled, &[]).unwrap();
+    g.copy_d2d(&a, &b, &[w]).unwrap();
+    let exec = g.instantiate().unwrap();
+    s2.launch_graph(&exec).unwrap();
+    let done = s2.record_event().unwrap();
+    assert!(!done.query().unwrap(), "the launch waits for the event");
+    gate.open();
+    done.synchronize().unwrap();
+    assert_eq!(s2.read_to_vec(&b).unwrap(), vec![7; 8]);
+}
+
+#[test]
+fn events_and_other_streams_order_around_a_launch() {
+    let dev = common::device();
+    let s1 = dev.create_stream().unwrap();
+    let s2 = dev.create_stream().unwrap();
+    let a = dev.alloc::<u32>(4096).unwrap();
+    let b = dev.alloc::<u32>(4096).unwrap();
+    let cb = CommandBuffer::new(&dev).unwrap();
+    cb.fill(&a, 3u32).unwrap();
+    cb.launch(
+        &double_plus(),
+        Grid::new(4),
+        &[Arg::read(&a), Arg::write(&b)],
+    )
+    .unwrap();
+    let exec = cb.finish().unwrap();
+    for round in 0..20u32 {
+        s1.launch_graph(&exec).unwrap();
+        let e = s1.record_event().unwrap();
+        s2.wait_event(&e).unwrap();
+        s2.fill(&a, round).unwrap();
+        let got = s2.read_to_vec(&b).unwrap();
+        assert_eq!(got, vec![6; 4096]);
+    }
+}
+
+#[test]
+fn empty_and_zero_sized_graphs_launch() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let g = Graph::new(&dev).unwrap();
+    let exec = g.instantiate().unwrap();
+    assert_eq!(exec.plan().nodes, 0);
+    s.launch_graph(&exec).unwrap();
+    s.synchronize().unwrap();
+    let cb = CommandBuffer::new(&dev).unwrap();
+    let empty = cb.alloc::<f64>(0).unwrap();
+    let z = dev.alloc::<f64>(0).unwrap();
+    cb.copy_d2d(&empty, &z).unwrap();
+    cb.launch(
+        &Kernel::new("nothing", |_| {}),
+        Grid::new(1),
+        &[Arg::write(&empty)],
+    )
+    .unwrap();
+    let exec = cb.finish().unwrap();
+    s.launch_graph(&exec).unwrap();
+    s.synchronize().unwrap();
+}
+
+#[test]
+fn many_launches_in_flight_replay_in_order() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let acc = Arc::new(AtomicU32::new(0));
+    let cb = CommandBuffer::new(&dev).unwrap();
+    for i in 0..4u32 {
+        let acc = acc.clone();
+        cb.host_callback(move || {
+            let v = acc.load(Ordering::Relaxed);
+            acc.store(v.wrapping_mul(4).wrapping_add(i), Ordering::Relaxed);
+        })
+        .unwrap();
+    }
+    let exec = cb.finish().unwrap();
+    let mut expected = 0u32;
+    for _ in 0..500 {
+        s.launch_graph(&exec).unwrap();
+        for i in 0..4u32 {
+            expected = expected.wrapping_mul(4).wrapping_add(i);
+        }
+    }
+    s.synchronize().unwrap();
+    assert_eq!(acc.load(Ordering::Relaxed), expected);
+}
