@@ -26,6 +26,7 @@ pub(crate) fn kind_color(kind: OpKind) -> RGBColor {
         // Waits are stalls, not work: a light tint so work stands out.
         OpKind::Wait => RGBColor(242, 182, 182),
         OpKind::Record => RGBColor(0, 0, 0),
+        OpKind::Graph => RGBColor(188, 189, 34),
     }
 }
 

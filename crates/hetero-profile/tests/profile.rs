@@ -86,6 +86,7 @@ fn small() -> Trace {
         ],
         device_name: "host (test)".into(),
         stream_names: BTreeMap::from([(4, "<out&back>".to_string())]),
+        graphs: BTreeMap::new(),
     };
     trace.sort();
     trace

@@ -94,6 +94,7 @@ fn pipeline() -> Trace {
         mem,
         device_name: "host \"test\" device".into(),
         stream_names: BTreeMap::from([(2, "compute".to_string())]),
+        graphs: BTreeMap::new(),
     };
     trace.sort();
     trace

@@ -257,6 +257,27 @@ pub(crate) fn fill_pattern(out: &mut [u8], pattern: &[u8]) {
     }
 }
 
+/// Runs user code `f`, catching a panic as a failure message that names the
+/// code (`what`). The payload is dropped so that a panic in its own `Drop`
+/// cannot unwind into the runtime (that payload is leaked instead).
+#[inline]
+pub(crate) fn catch_user(what: impl FnOnce() -> String, f: impl FnOnce()) -> Result<(), String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .map_err(|payload| format!("{} panicked: {}", what(), drop_payload(payload)))
+}
+
+/// The message of a caught panic; the payload is dropped without letting a
+/// second panic out.
+pub(crate) fn drop_payload(payload: Box<dyn std::any::Any + Send>) -> String {
+    let message = panic_message(&*payload);
+    if let Err(again) =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(payload)))
+    {
+        std::mem::forget(again);
+    }
+    message
+}
+
 /// The message of a caught panic payload.
 pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {

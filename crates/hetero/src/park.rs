@@ -195,19 +195,27 @@ impl Parker {
     }
 }
 
-/// Polls `ready` for up to `budget`: busy spins for the first part (up to 50 µs),
+/// Polls `ready` for up to `budget`: busy spins for the first part (up to 2 µs),
 /// then yields the core between polls (on a 2-core machine a pure spinner can starve
 /// the thread it waits for). Returns whether `ready` became true.
 pub(crate) fn spin_for(budget: Duration, ready: &mut impl FnMut() -> bool) -> bool {
-    const PURE_SPIN: Duration = Duration::from_micros(50);
+    // Short: the thread polled for may share this core (the scheduler places a
+    // woken thread beside its waker, and engines are pinned), and then it runs
+    // only when this one yields. With 50 µs here, a launch-and-synchronize round
+    // trip took ~108 µs in about half the runs on the 2-vCPU VM, 50 µs per
+    // hand-off; with 2 µs it takes 1.5-5 µs (`examples/graph_probe.rs`).
+    const PURE_SPIN: Duration = Duration::from_micros(2);
     // Pauses between polls grow to this many: a poller that reads shared lines in a
     // tight loop slows the threads that write them (submitters, completers).
     const MAX_PAUSES: u32 = 32;
     let start = Instant::now();
     let pure = budget.min(PURE_SPIN);
     let mut pauses = 1;
+    // Polls between two looks at the clock: 8 while spinning, 1 once yielding
+    // (a yield is long enough to read the clock after each).
+    let mut polls = 8;
     loop {
-        for _ in 0..8 {
+        for _ in 0..polls {
             if ready() {
                 return true;
             }
@@ -222,6 +230,8 @@ pub(crate) fn spin_for(budget: Duration, ready: &mut impl FnMut() -> bool) -> bo
         }
         if waited >= pure {
             crate::loom::yield_now();
+            polls = 1;
+            pauses = 1;
         }
     }
 }

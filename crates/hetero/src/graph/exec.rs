@@ -15,13 +15,20 @@ use super::run::RunState;
 use super::schedule::{schedule, Schedule};
 use super::{Draft, NodeArg, NodeBody, Operand, SlotInfo};
 use crate::buffer::{MemoryKind, Storage};
-use crate::kernel::KernelInner;
+use crate::kernel::{KView, KernelInner};
 use crate::timeline::Timeline;
 use crate::{DeviceBuffer, Error, PinnedBuffer, Result};
 use bytemuck::Pod;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
+
+// SAFETY: the raw pointers in `views` point into storages the plan itself
+// holds (`fixed`, `arena`); reaching them is governed by the launch's access
+// locks and the graph's order, like any op's buffers.
+unsafe impl Send for ExecInner {}
+// SAFETY: as above; nothing in the plan changes after instantiate.
+unsafe impl Sync for ExecInner {}
 
 /// Scalars a kernel node carries ([`crate::Block::scalars`]).
 pub const MAX_SCALARS: usize = 8;
@@ -41,6 +48,11 @@ pub(crate) struct ExecInner {
     pub(crate) slot_used: Box<[bool]>,
     pub(crate) arena: Option<Arc<Storage>>,
     pub(crate) offsets: Box<[usize]>,
+    /// Each kernel argument as its blocks see it, where that is known at
+    /// instantiate (fixed buffers and the arena; a slot's view is made at run time).
+    pub(crate) views: Box<[KView]>,
+    /// Whether a kernel node has a slot among its arguments.
+    pub(crate) slot_args: Box<[bool]>,
     /// Events recorded outside the graph that its nodes wait on: a launch waits
     /// for them before it starts.
     pub(crate) waits: Box<[(Arc<Timeline>, u64)]>,
@@ -456,6 +468,34 @@ pub(crate) fn instantiate(device: &crate::Device, d: &Draft) -> Result<GraphExec
         .iter()
         .map(|(s, w)| (Arc::as_ptr(s) as usize, *w))
         .collect();
+    let views: Box<[KView]> = d
+        .args
+        .iter()
+        .map(|arg| KView {
+            ptr: match &arg.operand {
+                Operand::Fixed(s) => s.ptr(),
+                Operand::Internal(i) => match &arena {
+                    // SAFETY: the memory plan placed buffer `i` inside the arena.
+                    Some(a) => unsafe { a.ptr().add(offsets[*i as usize]) },
+                    None => std::ptr::NonNull::<u64>::dangling().as_ptr().cast(),
+                },
+                Operand::Slot(_) => std::ptr::null_mut(),
+            },
+            len: arg.len,
+            elem: arg.elem,
+            write: arg.write,
+        })
+        .collect();
+    let slot_args = d
+        .nodes
+        .iter()
+        .map(|b| match b {
+            NodeBody::Kernel { args: (a, n), .. } => d.args[*a as usize..(*a + *n) as usize]
+                .iter()
+                .any(|arg| matches!(arg.operand, Operand::Slot(_))),
+            _ => false,
+        })
+        .collect();
     let inner = ExecInner {
         device: d.device,
         graph: d.id,
@@ -469,6 +509,8 @@ pub(crate) fn instantiate(device: &crate::Device, d: &Draft) -> Result<GraphExec
         slot_used: slot_used.into_boxed_slice(),
         arena,
         offsets: offsets.into_boxed_slice(),
+        views,
+        slot_args,
         waits: waits.into_boxed_slice(),
         runs: Mutex::new(Vec::new()),
         report,

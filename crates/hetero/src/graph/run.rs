@@ -108,10 +108,8 @@ impl Drop for GraphLaunch {
     }
 }
 
-/// What a backend does around a node: runs its user code (catching a panic as
-/// the node's failure) and, when profiling, records it.
-pub(crate) trait UserCode {
-    fn run(&mut self, what: &dyn Fn() -> String, f: &mut dyn FnMut()) -> Result<(), String>;
+/// What a backend does around the nodes it runs.
+pub(crate) trait NodeHooks {
     /// Node `v` ran from `start_ns` to now (called only while profiling).
     fn record(&mut self, _l: &GraphLaunch, _v: u32, _start_ns: u64, _failed: bool) {}
 }
@@ -144,38 +142,45 @@ pub(crate) fn node_ref(e: &ExecInner, v: u32) -> hetero_trace::NodeRef {
     }
 }
 
-/// Runs node `v` of `l`: its data effect, or its user code through `user`.
+/// Runs node `v` of `l`: its data effect, or its user code (a panic is the
+/// node's failure).
 #[inline]
-pub(crate) fn run_node(l: &GraphLaunch, v: u32, user: &mut impl UserCode) -> Result<(), String> {
+pub(crate) fn run_node(l: &GraphLaunch, v: u32) -> Result<(), String> {
     let e = &*l.exec;
     match &e.nodes[v as usize] {
         NodeBody::Kernel { args: (a, n), .. } => {
             let p = &l.params[v as usize];
-            let kernel = p.kernel.as_ref().expect("a kernel node has its kernel");
-            let mut views = [KView {
-                ptr: std::ptr::null_mut(),
-                len: 0,
-                elem: crate::kernel::ElemInfo::of::<u8>(),
-                write: false,
-            }; MAX_KERNEL_ARGS];
-            let args = &e.args[*a as usize..(*a + *n) as usize];
-            for (view, arg) in views.iter_mut().zip(args) {
-                *view = KView {
-                    ptr: l.operand(&arg.operand),
-                    len: arg.len,
-                    elem: arg.elem,
-                    write: arg.write,
-                };
-            }
-            let views = &views[..args.len()];
+            let Some(kernel) = p.kernel.as_ref() else {
+                return Ok(());
+            };
+            let range = *a as usize..(*a + *n) as usize;
+            let mut resolved = [std::mem::MaybeUninit::<KView>::uninit(); MAX_KERNEL_ARGS];
+            let views: &[KView] = if e.slot_args[v as usize] {
+                let args = &e.args[range];
+                for (view, arg) in resolved.iter_mut().zip(args) {
+                    view.write(KView {
+                        ptr: l.operand(&arg.operand),
+                        len: arg.len,
+                        elem: arg.elem,
+                        write: arg.write,
+                    });
+                }
+                // SAFETY: the loop initialised the first `args.len()` entries
+                // (a launch has at most MAX_KERNEL_ARGS arguments).
+                unsafe { std::slice::from_raw_parts(resolved.as_ptr().cast::<KView>(), args.len()) }
+            } else {
+                // Fixed buffers and the arena: resolved at instantiate.
+                &e.views[range]
+            };
             let scalars = &p.scalars[..p.scalar_count as usize];
             let (name, f) = (kernel.name, &kernel.f);
             let mut result = Ok(());
             for b in 0..p.blocks {
                 let mut block = Block::with(b, p.blocks, Args::Views(views), scalars);
-                let r = user.run(&|| format!("kernel '{name}' in block {b}"), &mut || {
-                    f(&mut block)
-                });
+                let r = crate::op::catch_user(
+                    || format!("kernel '{name}' in block {b}"),
+                    || f(&mut block),
+                );
                 if result.is_ok() {
                     result = r;
                 }
@@ -222,7 +227,7 @@ pub(crate) fn run_node(l: &GraphLaunch, v: u32, user: &mut impl UserCode) -> Res
             }
             Ok(())
         }
-        NodeBody::Host(f) => user.run(&|| "host callback".into(), &mut || f()),
+        NodeBody::Host(f) => crate::op::catch_user(|| "host callback".into(), || f()),
         // Waited for before the launch started.
         NodeBody::Wait { .. } | NodeBody::Empty => Ok(()),
     }
@@ -350,22 +355,27 @@ impl RunState {
     /// Runs `v` and then its chain as far as it is ready; queues successors in
     /// other chains that became ready (calling `pushed` for each). Returns the
     /// nodes run.
+    ///
+    /// `pushed` is called once, at the first node this queues: one more
+    /// engine is enough to take what a run of a chain leaves, since every
+    /// runner keeps taking queued nodes until none is left.
     pub(crate) fn run_chain(
         &self,
         l: &GraphLaunch,
         mut v: u32,
-        user: &mut impl UserCode,
-        mut pushed: impl FnMut(),
+        hooks: &mut impl NodeHooks,
+        pushed: impl FnOnce(),
     ) -> usize {
         let s = &l.exec.sched;
         let mut ran = 0;
+        let mut pushed = Some(pushed);
         let profiling = crate::clock::profiling();
         loop {
             let start_ns = if profiling { crate::clock::now_ns() } else { 0 };
             let failed = if self.poisoned[v as usize].load(Ordering::Relaxed) {
                 true
             } else {
-                match run_node(l, v, user) {
+                match run_node(l, v) {
                     Ok(()) => false,
                     Err(m) => {
                         self.fail(l, v, m);
@@ -374,24 +384,29 @@ impl RunState {
                 }
             };
             if profiling {
-                user.record(l, v, start_ns, failed);
+                hooks.record(l, v, start_ns, failed);
             }
             ran += 1;
-            let next = s.chain_next[v as usize];
-            for &w in s.successors(v) {
-                if failed {
-                    self.any_poison.store(true, Ordering::Relaxed);
-                    self.poisoned[w as usize].store(true, Ordering::Relaxed);
-                }
-                if w != next && self.arrive(s.preds[w as usize], w) {
-                    self.push(w);
-                    pushed();
+            let h = s.hot[v as usize];
+            // Successors other than the chain's next node (none, in a chain).
+            if failed || h.succ_end - h.succ_start > u32::from(h.next != NONE) {
+                for &w in &s.succ[h.succ_start as usize..h.succ_end as usize] {
+                    if failed {
+                        self.any_poison.store(true, Ordering::Relaxed);
+                        self.poisoned[w as usize].store(true, Ordering::Relaxed);
+                    }
+                    if w != h.next && self.arrive(s.hot[w as usize].preds, w) {
+                        self.push(w);
+                        if let Some(p) = pushed.take() {
+                            p();
+                        }
+                    }
                 }
             }
-            if next == NONE || !self.arrive(s.preds[next as usize], next) {
+            if h.next == NONE || !self.arrive(s.hot[h.next as usize].preds, h.next) {
                 return ran;
             }
-            v = next;
+            v = h.next;
         }
     }
 
@@ -403,10 +418,14 @@ impl RunState {
 
     /// Runs every node on this thread, in queue order (a device that runs a
     /// launch alone: the emulated one).
-    pub(crate) fn run_all(&self, l: &GraphLaunch, user: &mut impl UserCode) -> Result<(), String> {
+    pub(crate) fn run_all(
+        &self,
+        l: &GraphLaunch,
+        hooks: &mut impl NodeHooks,
+    ) -> Result<(), String> {
         let mut done = 0;
         while let Some(v) = self.pop() {
-            done += self.run_chain(l, v, user, || {});
+            done += self.run_chain(l, v, hooks, || {});
         }
         debug_assert_eq!(done, l.nodes());
         self.finished(done);

@@ -19,6 +19,17 @@ use std::sync::Arc;
 
 pub(crate) const NONE: u32 = u32::MAX;
 
+/// What running a node needs of the schedule, in one place per node.
+#[derive(Clone, Copy)]
+pub(crate) struct Hot {
+    pub(crate) preds: u32,
+    /// The next node of its chain (`NONE` at the end).
+    pub(crate) next: u32,
+    /// Its successors: `succ[succ_start..succ_end]`.
+    pub(crate) succ_start: u32,
+    pub(crate) succ_end: u32,
+}
+
 pub(crate) struct Schedule {
     /// Nodes in a topological order (recording order where edges allow).
     pub(crate) order: Vec<u32>,
@@ -27,8 +38,8 @@ pub(crate) struct Schedule {
     pub(crate) succ: Vec<u32>,
     /// Predecessor count per node.
     pub(crate) preds: Vec<u32>,
-    /// The next node of `v`'s chain (`NONE` at its end).
-    pub(crate) chain_next: Vec<u32>,
+    /// Per node: predecessors, chain successor, successor range.
+    pub(crate) hot: Vec<Hot>,
     /// The first node of each chain.
     pub(crate) chain_heads: Vec<u32>,
     /// The lane of each chain.
@@ -203,12 +214,20 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize) -> Result<Schedule> {
     }
 
     let node_lane = chain_of.iter().map(|&c| chain_lane[c as usize]).collect();
+    let hot = (0..n)
+        .map(|v| Hot {
+            preds: preds[v],
+            next: chain_next[v],
+            succ_start: succ_start[v],
+            succ_end: succ_start[v + 1],
+        })
+        .collect();
     Ok(Schedule {
         order,
         succ_start,
         succ,
         preds,
-        chain_next,
+        hot,
         chain_heads,
         chain_lane,
         node_lane,

@@ -563,23 +563,14 @@ fn cost_ns(sh: &EmuShared, cost: KernelCost, units: usize) -> u64 {
 /// Runs user code, catching a panic (and one from its payload's drop) as the
 /// op's failure message.
 fn run_user(what: impl FnOnce() -> String, f: impl FnOnce()) -> Result<(), String> {
-    catch_unwind(AssertUnwindSafe(f)).map_err(|payload| {
-        let message = op::panic_message(&*payload);
-        if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
-            std::mem::forget(again);
-        }
-        format!("{} panicked: {message}", what())
-    })
+    op::catch_user(what, f)
 }
 
 /// User code of a graph node in the simulation.
 struct InSimUser;
 
-impl crate::graph::run::UserCode for InSimUser {
-    fn run(&mut self, what: &dyn Fn() -> String, f: &mut dyn FnMut()) -> Result<(), String> {
-        run_user(what, f)
-    }
-}
+/// (The model records the nodes, at their modelled times.)
+impl crate::graph::run::NodeHooks for InSimUser {}
 
 /// Where a launch's node records go: its stream, queue and value, and the
 /// device time its first node may start.

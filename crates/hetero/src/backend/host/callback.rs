@@ -70,19 +70,30 @@ pub(super) fn run_user(
         prev: TOP.with(|t| t.get()),
     };
     TOP.with(|t| t.set(&frame));
-    let result = catch_unwind(AssertUnwindSafe(f));
+    let result = op::catch_user(what, f);
     TOP.with(|t| t.set(frame.prev));
-    result.map_err(|payload| format!("{} panicked: {}", what(), caught(payload)))
+    result
 }
 
-/// The message of a caught panic; the payload is dropped so that a panic in its
-/// own `Drop` cannot unwind through the engine (that payload is leaked instead).
-fn caught(payload: Box<dyn Any + Send>) -> String {
-    let message = op::panic_message(&*payload);
-    if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
-        std::mem::forget(again);
+/// Runs `f`, which runs user code of the op at `value` of `stream` (catching
+/// its panics itself), with the op's frame linked: the deadlock checks of
+/// blocking calls made in that code see it.
+pub(super) fn in_frame<R>(stream: &HostStream, value: u64, op: &Op, f: impl FnOnce() -> R) -> R {
+    struct Unlink(*const Frame);
+    impl Drop for Unlink {
+        fn drop(&mut self) {
+            TOP.with(|t| t.set(self.0));
+        }
     }
-    message
+    let frame = Frame {
+        stream,
+        value,
+        op,
+        prev: TOP.with(|t| t.get()),
+    };
+    TOP.with(|t| t.set(&frame));
+    let _unlink = Unlink(frame.prev);
+    f()
 }
 
 /// Calls `f` on every frame of this thread, innermost first, until it returns

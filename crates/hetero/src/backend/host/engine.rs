@@ -324,7 +324,7 @@ impl EngineThread {
             }
             (None, _) => {
                 while !poll() {
-                    std::hint::spin_loop();
+                    crate::loom::spin_hint();
                 }
             }
         }

@@ -16,7 +16,7 @@
 
 #[allow(unused_imports)]
 use super::*;
-use crate::graph::run::{RunState, UserCode};
+use crate::graph::run::{NodeHooks, RunState};
 
 pub(super) struct GraphJob {
     stream: Arc<HostStream>,
@@ -63,12 +63,7 @@ struct OnEngine<'a> {
     unit: u32,
 }
 
-impl UserCode for OnEngine<'_> {
-    #[inline]
-    fn run(&mut self, what: &dyn Fn() -> String, f: &mut dyn FnMut()) -> Result<(), String> {
-        run_user(&self.job.stream, self.job.value, self.op, what, f)
-    }
-
+impl NodeHooks for OnEngine<'_> {
     fn record(&mut self, l: &crate::graph::run::GraphLaunch, v: u32, start_ns: u64, failed: bool) {
         let body = &l.exec.nodes[v as usize];
         let (kind, bytes) = crate::graph::run::node_kind(body);
@@ -150,10 +145,14 @@ pub(super) fn drive(sh: &Shared, job: &Arc<GraphJob>, unit: u32) {
         };
         let mut user = OnEngine { job, op, unit };
         let wake = job.published;
-        let k = run.run_chain(l, v, &mut user, || {
-            if wake {
-                sh.idle.wake_one_if_idle();
-            }
+        // The launch's frame for the deadlock checks of blocking calls its
+        // kernels and callbacks make.
+        let k = in_frame(&job.stream, job.value, op, || {
+            run.run_chain(l, v, &mut user, || {
+                if wake {
+                    sh.idle.wake_one_if_idle();
+                }
+            })
         });
         if run.finished(k) {
             complete_graph(sh, job);
