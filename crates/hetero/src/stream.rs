@@ -540,6 +540,15 @@ impl Stream {
                 }
             }
         }
+        if self.is_capturing() {
+            return crate::graph::capture::kernel(
+                &self.inner.capture,
+                self.id(),
+                &kernel.inner,
+                grid.blocks,
+                args,
+            );
+        }
         for a in args {
             self.order_use(a.storage)?;
         }

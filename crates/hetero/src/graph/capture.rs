@@ -113,16 +113,58 @@ pub(crate) fn is_capture_timeline(timeline: &Timeline) -> bool {
 }
 
 /// The capture `slot` records into, locked.
+#[inline]
 fn with_capture<R>(
     slot: &CaptureSlot,
     op: &'static str,
     f: impl FnOnce(&Capture, &mut CaptureState) -> Result<R>,
 ) -> Result<R> {
-    let cap = lock(&slot.capture)
-        .clone()
+    // Lock order: a stream's slot, then its capture's state (as in `wait`).
+    let guard = lock(&slot.capture);
+    let cap = guard
+        .as_ref()
         .ok_or_else(|| capture_error(op, "the stream is not recording"))?;
     let mut st = lock(&cap.state);
-    f(&cap, &mut st)
+    f(cap, &mut st)
+}
+
+/// Records a kernel launch (validated by the stream) straight from its
+/// arguments: the common op of a recording, without building an op first.
+pub(crate) fn kernel(
+    slot: &CaptureSlot,
+    stream: u64,
+    kernel: &Arc<crate::kernel::KernelInner>,
+    blocks: u32,
+    args: &[crate::Arg<'_>],
+) -> Result<()> {
+    with_capture(slot, "launch", |_, st| {
+        let d = &mut st.draft;
+        let start = d.args.len();
+        for a in args {
+            match d.operand("launch", a.storage) {
+                Ok(operand) => d.args.push(super::NodeArg {
+                    operand,
+                    elem: a.elem,
+                    write: a.write,
+                    len: a.storage.bytes() / a.elem.size.max(1),
+                }),
+                Err(e) => {
+                    d.args.truncate(start);
+                    return Err(e);
+                }
+            }
+        }
+        let n = (d.args.len() - start) as u32;
+        st.add(
+            stream,
+            NodeBody::Kernel {
+                kernel: kernel.clone(),
+                blocks,
+                args: (start as u32, n),
+            },
+        );
+        Ok(())
+    })
 }
 
 impl CaptureState {
@@ -136,12 +178,17 @@ impl CaptureState {
     }
 
     /// Adds a node for `stream`'s next op; returns its timeline-like value.
+    #[inline]
     fn add(&mut self, stream: u64, body: NodeBody) -> u64 {
-        let lane_index = self
-            .lanes
-            .iter()
-            .position(|l| l.stream == stream)
-            .expect("a capturing stream has its lane");
+        // The origin first: most recordings have one lane.
+        let lane_index = if self.lanes[0].stream == stream {
+            0
+        } else {
+            self.lanes
+                .iter()
+                .position(|l| l.stream == stream)
+                .expect("a capturing stream has its lane")
+        };
         let lane = &mut self.lanes[lane_index];
         let v = match &lane.explicit {
             Some(deps) => self.draft.push(body, deps),
@@ -423,7 +470,11 @@ pub(crate) fn end(slot: &CaptureSlot, stream: u64) -> Result<Draft> {
             ),
         ));
     }
-    let ancestors = st.draft.ancestors(&st.lanes[0].tail);
+    let ancestors = if st.lanes.len() > 1 {
+        st.draft.ancestors(&st.lanes[0].tail)
+    } else {
+        Vec::new()
+    };
     for lane in &st.lanes[1..] {
         if let Some(&n) = lane.tail.iter().find(|&&n| !ancestors[n as usize]) {
             return Err(capture_error(

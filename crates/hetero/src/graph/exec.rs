@@ -414,8 +414,17 @@ pub(crate) fn instantiate(device: &crate::Device, d: &Draft) -> Result<GraphExec
         .collect();
     let sizes: Vec<u64> = placed.iter().map(|&i| d.internal[i] as u64).collect();
     let place_uses: Vec<Vec<u32>> = placed.iter().map(|&i| uses[i].clone()).collect();
-    let conflicts = hetero_memory::arena_plan::Conflicts::from_dag(n, &sched.edges, &place_uses);
-    let plan = hetero_memory::arena_plan::plan(&sizes, Storage::ALIGN as u64, &conflicts);
+    let plan = if placed.is_empty() {
+        hetero_memory::arena_plan::ArenaPlan {
+            offsets: Vec::new(),
+            size: 0,
+            strategy: "none",
+        }
+    } else {
+        let conflicts =
+            hetero_memory::arena_plan::Conflicts::from_dag(n, &sched.edges, &place_uses);
+        hetero_memory::arena_plan::plan(&sizes, Storage::ALIGN as u64, &conflicts)
+    };
     let mut offsets = vec![0usize; d.internal.len()];
     for (k, &i) in placed.iter().enumerate() {
         offsets[i] = plan.offsets[k] as usize;

@@ -178,9 +178,9 @@ impl Draft {
         Draft {
             id,
             device,
-            nodes: Vec::new(),
-            args: Vec::new(),
-            edges: Vec::new(),
+            nodes: Vec::with_capacity(64),
+            args: Vec::with_capacity(64),
+            edges: Vec::with_capacity(64),
             internal: Vec::new(),
             slots: Vec::new(),
         }

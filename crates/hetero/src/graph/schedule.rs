@@ -73,8 +73,12 @@ fn key(o: &Operand) -> (u8, usize) {
     }
 }
 
-/// Kahn's algorithm, lowest index first among ready nodes.
+/// Kahn's algorithm, lowest index first among ready nodes (recording order
+/// itself when every edge points forward, as in every capture).
 fn topo(n: usize, edges: &[(u32, u32)]) -> Result<Vec<u32>> {
+    if edges.iter().all(|&(a, b)| a < b) {
+        return Ok((0..n as u32).collect());
+    }
     let mut indeg = vec![0u32; n];
     let mut out: Vec<Vec<u32>> = vec![Vec::new(); n];
     for &(a, b) in edges {
@@ -109,11 +113,19 @@ fn topo(n: usize, edges: &[(u32, u32)]) -> Result<Vec<u32>> {
     Ok(order)
 }
 
+/// Sorts and deduplicates edges; a list already in order (a capture's) is
+/// only checked.
+fn sort_dedup(edges: &mut Vec<(u32, u32)>) {
+    if !edges.windows(2).all(|w| w[0] < w[1]) {
+        edges.sort_unstable();
+        edges.dedup();
+    }
+}
+
 pub(crate) fn schedule(d: &Draft, compute_units: usize) -> Result<Schedule> {
     let n = d.nodes.len();
     let mut edges = d.edges.clone();
-    edges.sort_unstable();
-    edges.dedup();
+    sort_dedup(&mut edges);
     let explicit_order = topo(n, &edges)?;
 
     // Buffer order: readers after the last writer, a writer after the readers
@@ -123,7 +135,7 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize) -> Result<Schedule> {
         writer: Option<u32>,
         readers: Vec<u32>,
     }
-    let mut hazards: HashMap<(u8, usize), Hazard> = HashMap::new();
+    let mut hazards: HashMap<(u8, usize), Hazard> = HashMap::with_capacity(d.args.len().min(n) + 8);
     let explicit = edges.len();
     for &v in &explicit_order {
         d.accesses(v as usize, |o, write| {
@@ -141,8 +153,9 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize) -> Result<Schedule> {
             }
         });
     }
-    edges.sort_unstable();
-    edges.dedup();
+    if edges.len() > explicit {
+        sort_dedup(&mut edges);
+    }
     let hazard_edges = edges.len().saturating_sub(explicit);
     // Hazard edges follow `explicit_order`, so it stays a topological order.
     let order = explicit_order;
@@ -158,9 +171,16 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize) -> Result<Schedule> {
     }
     // `edges` is sorted by source: the successor lists are its targets.
     let succ: Vec<u32> = edges.iter().map(|&(_, b)| b).collect();
-    let mut pred_lists: Vec<Vec<u32>> = vec![Vec::new(); n];
+    // Predecessor lists, likewise flat.
+    let mut pred_start = vec![0u32; n + 1];
+    for (v, &p) in preds.iter().enumerate() {
+        pred_start[v + 1] = pred_start[v] + p;
+    }
+    let mut fill = pred_start.clone();
+    let mut pred_list = vec![0u32; edges.len()];
     for &(a, b) in &edges {
-        pred_lists[b as usize].push(a);
+        pred_list[fill[b as usize] as usize] = a;
+        fill[b as usize] += 1;
     }
 
     let mut level = vec![0u32; n];
@@ -168,7 +188,7 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize) -> Result<Schedule> {
     let mut chain_of = vec![0u32; n];
     let mut chain_heads = Vec::new();
     for &v in &order {
-        let ps = &pred_lists[v as usize];
+        let ps = &pred_list[pred_start[v as usize] as usize..pred_start[v as usize + 1] as usize];
         level[v as usize] = ps.iter().map(|&p| level[p as usize] + 1).max().unwrap_or(0);
         let cont = ps
             .iter()
