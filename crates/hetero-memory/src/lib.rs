@@ -9,6 +9,7 @@
 //! threads ([`thread_role`]) so the pool never blocks one on a fence.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod arena_plan;
 mod config;
 mod error;
 pub mod os;
