@@ -15,8 +15,8 @@ use std::collections::BinaryHeap;
 use std::ops::RangeInclusive;
 
 /// Which buffers may be live at the same time: a symmetric relation over buffer
-/// indices, stored as one bit row per buffer (n² bits). A buffer never conflicts with
-/// itself.
+/// indices, stored as one bit row per buffer (n² bits: 1.1 MiB for 3 000 buffers). A
+/// buffer never conflicts with itself.
 #[derive(Debug, Clone)]
 pub struct Conflicts {
     bits: BitMatrix,
