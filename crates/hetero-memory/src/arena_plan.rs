@@ -11,13 +11,18 @@
 //! panics.
 
 use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::ops::RangeInclusive;
 
 /// Which buffers may be live at the same time: a symmetric relation over buffer
-/// indices, stored as one bit row per buffer (n² bits). A buffer never conflicts with
-/// itself.
+/// indices, stored as one bit row per buffer (n² bits: 1.1 MiB for 3 000 buffers). A
+/// buffer never conflicts with itself.
 #[derive(Debug, Clone)]
 pub struct Conflicts {
     bits: BitMatrix,
+    /// The intervals the conflicts came from, if they did: they give [`plan`] an exact
+    /// lower bound to stop at.
+    intervals: Option<Vec<(u32, u32)>>,
 }
 
 impl Conflicts {
@@ -41,7 +46,10 @@ impl Conflicts {
                 bits.set(j, i);
             }
         }
-        Conflicts { bits }
+        Conflicts {
+            bits,
+            intervals: Some(intervals.to_vec()),
+        }
     }
 
     /// Any schedule consistent with a DAG of `nodes` nodes and `edges` (from, to): for
@@ -94,13 +102,20 @@ impl Conflicts {
             bits.clear_tail(b);
             bits.clear(b, b);
         }
-        Conflicts { bits }
+        Conflicts {
+            bits,
+            intervals: None,
+        }
     }
 
     /// Whether buffers `a` and `b` may be live at the same time. Panics if either is
     /// `>= len()`.
     pub fn conflict(&self, a: usize, b: usize) -> bool {
-        assert!(b < self.len(), "buffer {b} out of {}", self.len());
+        assert!(
+            a < self.len() && b < self.len(),
+            "buffers {a}, {b} out of {}",
+            self.len()
+        );
         self.bits.get(a, b)
     }
 
@@ -131,13 +146,22 @@ pub struct ArenaPlan {
 }
 
 /// The planner: offsets (multiples of `align`, a power of two) such that conflicting
-/// buffers never overlap. Runs several greedy heuristics — greedy-by-size itself,
-/// best-fit by size, and orders by conflict breadth — then improves the best order by
-/// moving the buffers that set the arena's top earlier; keeps the smallest plan, so the
-/// result is never above [`plan_greedy_by_size`].
+/// buffers never overlap.
 ///
-/// Cost: O(n²/64 + n·d·log d) per heuristic for n buffers of at most d conflicts each,
-/// a bounded number of heuristics.
+/// Places the buffers greedily — each at the lowest aligned offset clear of the
+/// conflicting buffers placed before it — in three orders: by size (the
+/// [`plan_greedy_by_size`] peer), by breadth (its size plus the sizes it conflicts
+/// with) and by size × √(conflicts). From each it searches locally — moves a buffer
+/// ending near the top to an earlier place in the order and places again what that
+/// changes, keeping the move unless the arena grows — and keeps the smallest plan. It
+/// stops as soon as a plan reaches the lower bound: the exact peak for
+/// [`Conflicts::from_intervals`], else [`heaviest_clique`]. A search never returns a
+/// plan larger than its start and the first start is greedy-by-size, so the result is
+/// never above [`plan_greedy_by_size`]. Deterministic.
+///
+/// Cost: O(n²/64) to read the conflicts, then O(n·d·log d) per placement for n
+/// buffers of d conflicts on average; each of the three searches is bounded at four
+/// placements' worth of work.
 ///
 /// Panics if `align` is not a power of two or `sizes` and `conflicts` differ in length.
 ///
@@ -148,32 +172,50 @@ pub struct ArenaPlan {
 /// let c = Conflicts::from_intervals(&[(0, 1), (1, 2), (2, 3)]);
 /// let p = plan(&sizes, 256, &c);
 /// assert!(verify(&sizes, 256, &c, &p).is_ok());
-/// assert_eq!(p.size, 3072 + 2048);
+/// // 0 and 2 at offset 0, 1 above the larger of them.
+/// assert_eq!(p.size, 2048 + 3000);
 /// ```
 pub fn plan(sizes: &[u64], align: u64, conflicts: &Conflicts) -> ArenaPlan {
     let mut placer = Placer::new(sizes, align, conflicts);
-    let by_size = order_by(sizes.len(), |i| sizes[i]);
-    let mut best = placer.run("greedy-by-size", &by_size, Fit::Lowest);
+    let floor = match &conflicts.intervals {
+        Some(intervals) => peak_live_intervals(sizes, intervals),
+        None => heaviest_clique(sizes, conflicts),
+    };
+    let n = sizes.len();
     let breadth = placer.breadth();
-    let by_breadth = order_by(sizes.len(), |i| breadth[i]);
-    let tries: [(&'static str, &[u32], Fit); 3] = [
-        ("best-fit-by-size", &by_size, Fit::Tightest),
-        ("greedy-by-breadth", &by_breadth, Fit::Lowest),
-        ("best-fit-by-breadth", &by_breadth, Fit::Tightest),
+    let size_and_degree = |i: usize| {
+        let degree = placer.conflicts.of(i).len() as f64 + 1.0;
+        (sizes[i] as f64 * degree.sqrt()) as u64
+    };
+    let starts = [
+        (
+            ["greedy-by-size", "greedy-by-size, searched"],
+            order_by(n, |i| sizes[i]),
+        ),
+        (
+            ["greedy-by-breadth", "greedy-by-breadth, searched"],
+            order_by(n, |i| breadth[i]),
+        ),
+        (
+            [
+                "greedy-by-size-and-degree",
+                "greedy-by-size-and-degree, searched",
+            ],
+            order_by(n, size_and_degree),
+        ),
     ];
-    let mut start = (by_size.clone(), Fit::Lowest);
-    for (name, order, fit) in tries {
-        let p = placer.run(name, order, fit);
-        if p.size < best.size {
-            best = p;
-            start = (order.to_vec(), fit);
+    let mut best: Option<Placement> = None;
+    for ([placed, searched], order) in starts {
+        if best.as_ref().is_some_and(|b| b.size <= floor) {
+            break;
+        }
+        let start = placer.place(placed, order);
+        let p = placer.search(start, floor, searched);
+        if best.as_ref().is_none_or(|b| p.size < b.size) {
+            best = Some(p);
         }
     }
-    let passes: usize = std::env::var("PASSES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(16);
-    placer.promote_tops(best, start.0, start.1, passes)
+    best.expect("the first start is always placed").into_plan()
 }
 
 /// One buffer after another in index order, no sharing.
@@ -202,11 +244,15 @@ pub fn plan_naive(sizes: &[u64], align: u64) -> ArenaPlan {
 /// lowest aligned offset that overlaps no already-placed conflicting buffer.
 pub fn plan_greedy_by_size(sizes: &[u64], align: u64, conflicts: &Conflicts) -> ArenaPlan {
     let order = order_by(sizes.len(), |i| sizes[i]);
-    Placer::new(sizes, align, conflicts).run("greedy-by-size", &order, Fit::Lowest)
+    Placer::new(sizes, align, conflicts)
+        .place("greedy-by-size", order)
+        .into_plan()
 }
 
 /// The exact lower bound for interval conflicts: the most bytes live at one step.
+/// Panics if `sizes` and `intervals` differ in length.
 pub fn peak_live_intervals(sizes: &[u64], intervals: &[(u32, u32)]) -> u64 {
+    assert_eq!(sizes.len(), intervals.len(), "one interval per buffer");
     // (step, bytes entering at it, bytes leaving after it), swept in step order.
     let mut events: Vec<(u64, bool, u64)> = Vec::with_capacity(2 * sizes.len());
     for (&s, &(a, b)) in sizes.iter().zip(intervals) {
@@ -300,40 +346,63 @@ pub fn verify(
     Ok(())
 }
 
-/// How a buffer picks among the gaps that fit it.
-#[derive(Debug, Clone, Copy)]
-enum Fit {
-    /// The lowest offset.
-    Lowest,
-    /// The smallest gap between placed conflicting buffers; the top if none fits.
-    Tightest,
+/// A plan with the order that produced it.
+#[derive(Debug, Clone)]
+struct Placement {
+    strategy: &'static str,
+    order: Vec<u32>,
+    offsets: Vec<u64>,
+    size: u64,
 }
 
-/// Places buffers one by one in a given order; holds the conflict lists of the
-/// non-empty buffers and scratch space reused across runs.
+impl Placement {
+    fn into_plan(self) -> ArenaPlan {
+        ArenaPlan {
+            offsets: self.offsets,
+            size: self.size,
+            strategy: self.strategy,
+        }
+    }
+
+    fn end(&self, sizes: &[u64], i: usize) -> u64 {
+        self.offsets[i].saturating_add(sizes[i])
+    }
+}
+
+/// Marks a buffer not placed yet.
+const UNPLACED: u64 = u64::MAX;
+
+/// The most work one [`Placer::search`] may do, in placements of every buffer.
+const SEARCH_PLACEMENTS: usize = 4;
+
+/// Places buffers greedily in a given order; holds the conflict lists of the non-empty
+/// buffers and scratch space reused across placements.
 struct Placer<'a> {
     sizes: &'a [u64],
     align: u64,
     conflicts: Csr,
-    /// The placed conflicting neighbours of the buffer being placed: (offset, end).
+    /// The conflicting neighbours placed before the buffer being placed: (offset, end).
     taken: Vec<(u64, u64)>,
+    /// Work done, all placements together: one per buffer placed plus one per
+    /// conflict it checks, and the search's bookkeeping.
+    work: usize,
 }
 
 impl<'a> Placer<'a> {
     fn new(sizes: &'a [u64], align: u64, conflicts: &Conflicts) -> Self {
         check_align(align);
         assert_eq!(sizes.len(), conflicts.len(), "one size per buffer");
-        let pairs = (0..sizes.len()).filter(|&a| sizes[a] > 0).flat_map(|a| {
-            conflicts
-                .neighbours(a)
-                .filter(|&b| sizes[b] > 0)
-                .map(move |b| (a, b as u32))
-        });
+        // Zero-sized buffers conflict with nothing.
+        let mut non_empty = BitMatrix::zeros(1, sizes.len());
+        for (i, _) in sizes.iter().enumerate().filter(|(_, &s)| s > 0) {
+            non_empty.set(0, i);
+        }
         Placer {
             sizes,
             align,
-            conflicts: Csr::from_pairs(sizes.len(), pairs),
+            conflicts: Csr::from_bits(&conflicts.bits, non_empty.row(0)),
             taken: Vec::new(),
+            work: 0,
         }
     }
 
@@ -348,93 +417,226 @@ impl<'a> Placer<'a> {
             .collect()
     }
 
-    /// Moves the buffer that sets the arena's top to the front of `order` and places
-    /// again, `passes` times, walking on from each result; keeps the smallest plan.
-    fn promote_tops(
-        &mut self,
-        mut best: ArenaPlan,
-        mut order: Vec<u32>,
-        fit: Fit,
-        passes: usize,
-    ) -> ArenaPlan {
-        let mut current = best.clone();
-        for _ in 0..passes {
-            let top = (0..self.sizes.len())
-                .max_by_key(|&i| (current.offsets[i].saturating_add(self.sizes[i]), Reverse(i)));
-            let Some(top) = top else { break };
-            let Some(pos) = order.iter().position(|&i| i as usize == top) else {
-                break;
-            };
-            if pos == 0 {
-                break;
-            }
-            order[..=pos].rotate_right(1);
-            current = self.run("promoted-tops", &order, fit);
-            if current.size < best.size {
-                best = current.clone();
-            }
-        }
-        best
-    }
-
-    fn run(&mut self, strategy: &'static str, order: &[u32], fit: Fit) -> ArenaPlan {
-        const UNPLACED: u64 = u64::MAX;
+    /// Places every buffer in `order`.
+    fn place(&mut self, strategy: &'static str, order: Vec<u32>) -> Placement {
         let mut offsets = vec![UNPLACED; self.sizes.len()];
         let mut size = 0u64;
-        for &i in order {
+        for &i in &order {
             let i = i as usize;
-            let s = self.sizes[i];
-            if s == 0 {
-                offsets[i] = 0;
-                continue;
-            }
-            self.taken.clear();
-            for &j in self.conflicts.of(i) {
-                let off = offsets[j as usize];
-                if off != UNPLACED {
-                    self.taken
-                        .push((off, off.saturating_add(self.sizes[j as usize])));
-                }
-            }
-            self.taken.sort_unstable();
-            let off = gap(&self.taken, s, self.align, fit);
-            offsets[i] = off;
-            size = size.max(off.saturating_add(s));
+            offsets[i] = self.fit(i, &offsets, |j| offsets[j] != UNPLACED);
+            size = size.max(offsets[i].saturating_add(self.sizes[i]));
         }
-        ArenaPlan {
+        Placement {
+            strategy,
+            order,
             offsets,
             size,
-            strategy,
+        }
+    }
+
+    /// The lowest aligned offset for buffer `i` clear of its conflicting neighbours
+    /// `j` for which `before(j)` holds (those placed before it).
+    fn fit(&mut self, i: usize, offsets: &[u64], before: impl Fn(usize) -> bool) -> u64 {
+        self.work += 1 + self.conflicts.of(i).len();
+        let size = self.sizes[i];
+        if size == 0 {
+            return 0;
+        }
+        self.taken.clear();
+        for &j in self.conflicts.of(i) {
+            let j = j as usize;
+            if before(j) {
+                let off = offsets[j];
+                self.taken.push((off, off.saturating_add(self.sizes[j])));
+            }
+        }
+        self.taken.sort_unstable();
+        lowest_fit(&self.taken, size, self.align)
+    }
+
+    /// Local search from `start`: move a buffer near the top — the one that sets it,
+    /// or every other time one ending in the top eighth — to a random earlier place
+    /// in the order, and place again the buffers that the move affects; keep the move
+    /// unless a buffer ends above the current size. Stops at `floor` or after
+    /// [`SEARCH_PLACEMENTS`] placements' worth of work. Names the result `searched`
+    /// if it is smaller than `start`.
+    fn search(&mut self, start: Placement, floor: u64, searched: &'static str) -> Placement {
+        let n = self.sizes.len();
+        let first = start.size;
+        let mut p = start;
+        let mut state = MoveState::new(&p.order);
+        let mut rng = SplitMix(n as u64);
+        let mut near_top = Vec::new();
+        let mut stale = true;
+        let budget = self.work + SEARCH_PLACEMENTS * (n + self.conflicts.items.len());
+        while p.size > floor && self.work < budget {
+            if stale {
+                self.work += n;
+                near_top = self.near_top(&p);
+                stale = false;
+            }
+            let pick = if rng.below(2) == 0 {
+                0
+            } else {
+                rng.below(near_top.len() as u64) as usize
+            };
+            let Some(&moved) = near_top.get(pick) else {
+                break;
+            };
+            let from = state.rank[moved] as usize;
+            self.work += 1;
+            if from == 0 {
+                continue;
+            }
+            let to = rng.below(from as u64) as usize;
+            // A rotation costs about an eighth of a placement per buffer it shifts.
+            self.work += (from - to) / 8;
+            if self.try_move(&mut p, &mut state, to..=from) {
+                p.size = (0..n).map(|i| p.end(self.sizes, i)).max().unwrap_or(0);
+                stale = true;
+            }
+        }
+        if p.size < first {
+            p.strategy = searched;
+        }
+        p
+    }
+
+    /// The non-empty buffers ending in the top eighth of the arena, the one ending
+    /// highest first.
+    fn near_top(&self, p: &Placement) -> Vec<usize> {
+        let band = p.size - p.size / 8;
+        let mut near: Vec<usize> = (0..self.sizes.len())
+            .filter(|&i| self.sizes[i] > 0 && p.end(self.sizes, i) > band)
+            .collect();
+        if let Some(top) =
+            (0..near.len()).max_by_key(|&k| (p.end(self.sizes, near[k]), Reverse(near[k])))
+        {
+            near.swap(0, top);
+        }
+        near
+    }
+
+    /// Moves the buffer at the end of `range` to its start and places again every
+    /// buffer whose set of earlier conflicting neighbours, or one of their offsets,
+    /// changed — in order, so each sees its final predecessors. Undoes it all and
+    /// returns false if a buffer would end above `p.size`; returns whether any offset
+    /// changed otherwise.
+    fn try_move(
+        &mut self,
+        p: &mut Placement,
+        s: &mut MoveState,
+        range: RangeInclusive<usize>,
+    ) -> bool {
+        let (to, from) = (*range.start(), *range.end());
+        let moved = p.order[from] as usize;
+        s.rotate(&mut p.order, range.clone(), true);
+        // The moved buffer now sees fewer buffers before it, and those it jumped over
+        // see one more.
+        s.mark(moved);
+        for &j in self.conflicts.of(moved) {
+            if range.contains(&(s.rank[j as usize] as usize)) {
+                s.mark(j as usize);
+            }
+        }
+        s.undo.clear();
+        let mut grew = false;
+        while let Some(Reverse(at)) = s.dirty.pop() {
+            let i = p.order[at as usize] as usize;
+            s.queued[i] = false;
+            let off = self.fit(i, &p.offsets, |j| s.rank[j] < at);
+            if off == p.offsets[i] {
+                continue;
+            }
+            s.undo.push((i, p.offsets[i]));
+            p.offsets[i] = off;
+            if off.saturating_add(self.sizes[i]) > p.size {
+                grew = true;
+                break;
+            }
+            for &j in self.conflicts.of(i) {
+                if s.rank[j as usize] > at {
+                    s.mark(j as usize);
+                }
+            }
+        }
+        if !grew {
+            return !s.undo.is_empty();
+        }
+        while let Some(Reverse(at)) = s.dirty.pop() {
+            s.queued[p.order[at as usize] as usize] = false;
+        }
+        for &(i, off) in s.undo.iter().rev() {
+            p.offsets[i] = off;
+        }
+        s.rotate(&mut p.order, to..=from, false);
+        false
+    }
+}
+
+/// What [`Placer::search`] keeps between moves: each buffer's position in the order,
+/// the buffers to place again (by position) and the offsets a move changed.
+struct MoveState {
+    rank: Vec<u32>,
+    dirty: BinaryHeap<Reverse<u32>>,
+    queued: Vec<bool>,
+    undo: Vec<(usize, u64)>,
+}
+
+impl MoveState {
+    fn new(order: &[u32]) -> Self {
+        let mut rank = vec![0u32; order.len()];
+        for (k, &i) in order.iter().enumerate() {
+            rank[i as usize] = k as u32;
+        }
+        MoveState {
+            rank,
+            dirty: BinaryHeap::new(),
+            queued: vec![false; order.len()],
+            undo: Vec::new(),
+        }
+    }
+
+    /// Queues buffer `i` to be placed again, once.
+    fn mark(&mut self, i: usize) {
+        if !self.queued[i] {
+            self.queued[i] = true;
+            self.dirty.push(Reverse(self.rank[i]));
+        }
+    }
+
+    /// Rotates `order[range]` by one, right (the last to the front) or left.
+    fn rotate(&mut self, order: &mut [u32], range: RangeInclusive<usize>, right: bool) {
+        let part = &mut order[range.clone()];
+        if right {
+            part.rotate_right(1);
+        } else {
+            part.rotate_left(1);
+        }
+        for k in range {
+            self.rank[order[k] as usize] = k as u32;
         }
     }
 }
 
-/// The offset for a buffer of `size` bytes among `taken` (offset, end) ranges sorted
-/// by offset, which may overlap each other.
-fn gap(taken: &[(u64, u64)], size: u64, align: u64, fit: Fit) -> u64 {
+/// The lowest offset, a multiple of `align`, for a buffer of `size` bytes clear of
+/// `taken` (offset, end) ranges sorted by offset, which may overlap each other.
+fn lowest_fit(taken: &[(u64, u64)], size: u64, align: u64) -> u64 {
     let mut free = 0u64; // the lowest aligned offset past every range seen so far
-    let mut tightest: Option<(u64, u64)> = None; // (gap length, offset)
     for &(start, end) in taken {
         if start >= free && start - free >= size {
-            let len = start - free;
-            match fit {
-                Fit::Lowest => return free,
-                Fit::Tightest if tightest.map_or(true, |(l, _)| len < l) => {
-                    tightest = Some((len, free))
-                }
-                Fit::Tightest => {}
-            }
+            return free;
         }
         free = free.max(align_up(end, align));
     }
-    tightest.map_or(free, |(_, off)| off)
+    free
 }
 
 /// Buffer indices by `key` descending, ties by index.
 fn order_by(n: usize, key: impl Fn(usize) -> u64) -> Vec<u32> {
-    let mut order: Vec<u32> = (0..n as u32).collect();
-    order.sort_by_key(|&i| Reverse(key(i as usize)));
-    order
+    let mut keyed: Vec<(Reverse<u64>, u32)> = (0..n).map(|i| (Reverse(key(i)), i as u32)).collect();
+    keyed.sort_unstable();
+    keyed.into_iter().map(|(_, i)| i).collect()
 }
 
 fn check_align(align: u64) {
@@ -500,6 +702,29 @@ impl Csr {
         Csr { start, items }
     }
 
+    /// The set columns of each row of `m` that are also set in `keep`; empty rows
+    /// where `keep` is clear.
+    fn from_bits(m: &BitMatrix, keep: &[u64]) -> Csr {
+        let mut lists = Csr {
+            start: Vec::with_capacity(m.rows + 1),
+            items: Vec::new(),
+        };
+        lists.start.push(0);
+        for r in 0..m.rows {
+            if keep[r / 64] >> (r % 64) & 1 == 1 {
+                for (w, (&x, &k)) in m.row(r).iter().zip(keep).enumerate() {
+                    let mut bits = x & k;
+                    while bits != 0 {
+                        lists.items.push((w * 64) as u32 + bits.trailing_zeros());
+                        bits &= bits - 1;
+                    }
+                }
+            }
+            lists.start.push(lists.items.len());
+        }
+        lists
+    }
+
     fn of(&self, i: usize) -> &[u32] {
         &self.items[self.start[i]..self.start[i + 1]]
     }
@@ -556,7 +781,7 @@ impl BitMatrix {
 
     /// Zeroes the bits of row `r` past `cols`.
     fn clear_tail(&mut self, r: usize) {
-        if self.cols % 64 != 0 {
+        if !self.cols.is_multiple_of(64) {
             let last = self.words - 1;
             self.row_mut(r)[last] &= (1 << (self.cols % 64)) - 1;
         }
@@ -893,212 +1118,300 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    #[test]
-    #[ignore]
-    fn orders() {
-        let names = [
-            "size",
-            "breadth",
-            "size*deg",
-            "size*sqrtdeg",
-            "deg",
-            "size*log2deg",
-            "tflite-breadth",
-        ];
-        let mut worst = vec![0f64; names.len() + 1];
-        let mut sum = vec![0f64; names.len() + 1];
-        let mut cnt = 0;
-        for buffers in [1000, 1500, 2000, 3000] {
-            for seed in 0..40 {
-                let c = random_case(seed * 7919 + buffers as u64, buffers);
-                let iv = c.intervals();
-                let ci = Conflicts::from_intervals(&iv);
-                let peak = peak_live_intervals(&c.sizes, &iv) as f64;
-                let mut pl = Placer::new(&c.sizes, 256, &ci);
-                let br = pl.breadth();
-                let deg: Vec<u64> = (0..c.sizes.len())
-                    .map(|i| pl.conflicts.of(i).len() as u64 + 1)
-                    .collect();
-                let keys: Vec<Vec<u64>> = vec![
-                    c.sizes.clone(),
-                    br,
-                    (0..c.sizes.len()).map(|i| c.sizes[i] * deg[i]).collect(),
-                    (0..c.sizes.len())
-                        .map(|i| ((c.sizes[i] as f64) * (deg[i] as f64).sqrt()) as u64)
-                        .collect(),
-                    (0..c.sizes.len())
-                        .map(|i| deg[i] << 32 | c.sizes[i] >> 10)
-                        .collect(),
-                    (0..c.sizes.len())
-                        .map(|i| ((c.sizes[i] as f64) * (1.0 + (deg[i] as f64).log2())) as u64)
-                        .collect(),
-                ];
-                // exact TFLite breadth: each buffer's heaviest step
-                let steps = iv.iter().map(|x| x.1).max().unwrap() as usize + 1;
-                let mut live = vec![0u64; steps];
-                for (i, x) in iv.iter().enumerate() {
-                    for t in x.0..=x.1 {
-                        live[t as usize] += c.sizes[i];
+    /// Strict reachability by depth-first search, for checking `from_dag`.
+    fn reaches(nodes: usize, edges: &[(u32, u32)]) -> Vec<Vec<bool>> {
+        let mut reach = vec![vec![false; nodes]; nodes];
+        for (start, row) in reach.iter_mut().enumerate() {
+            let mut stack = vec![start];
+            while let Some(v) = stack.pop() {
+                for &(f, t) in edges {
+                    if f as usize == v && !row[t as usize] {
+                        row[t as usize] = true;
+                        stack.push(t as usize);
                     }
                 }
-                let mut st: Vec<usize> = (0..steps).collect();
-                st.sort_by_key(|&t| Reverse(live[t]));
-                let mut rank = vec![0usize; steps];
-                for (r, &t) in st.iter().enumerate() {
-                    rank[t] = r;
-                }
-                let hb: Vec<u64> = (0..c.sizes.len())
-                    .map(|i| {
-                        let r = (iv[i].0..=iv[i].1).map(|t| rank[t as usize]).min().unwrap();
-                        ((steps - r) as u64) << 40 | c.sizes[i] >> 8
-                    })
-                    .collect();
-                let mut keys = keys;
-                keys.push(hb);
-                let mut best = f64::MAX;
-                for (k, key) in keys.iter().enumerate() {
-                    let o = order_by(c.sizes.len(), |i| key[i]);
-                    let r = pl.run("x", &o, Fit::Lowest).size as f64 / peak;
-                    worst[k] = worst[k].max(r);
-                    sum[k] += r;
-                    best = best.min(r);
-                }
-                worst[names.len()] = worst[names.len()].max(best);
-                sum[names.len()] += best;
-                if best > 1.0 {
-                    // long local search from greedy by size
-                    let mut rng = SplitMix(seed);
-                    let mut order = order_by(c.sizes.len(), |i| c.sizes[i]);
-                    let mut bp = pl.run("x", &order, Fit::Lowest);
-                    let mut hit = [usize::MAX; 3];
-                    for it in 0..3000 {
-                        let top = (0..c.sizes.len())
-                            .max_by_key(|&i| bp.offsets[i] + c.sizes[i])
-                            .unwrap();
-                        // choose top-ish buffer: random among those whose end > 0.9*size
-                        let cands: Vec<usize> = (0..c.sizes.len())
-                            .filter(|&i| {
-                                c.sizes[i] > 0 && bp.offsets[i] + c.sizes[i] > bp.size - bp.size / 8
-                            })
-                            .collect();
-                        let t = if rng.below(2) == 0 {
-                            top
-                        } else {
-                            cands[rng.below(cands.len() as u64) as usize]
-                        };
-                        let pos = order.iter().position(|&i| i as usize == t).unwrap();
-                        if pos == 0 {
-                            continue;
-                        }
-                        let to = rng.below(pos as u64) as usize;
-                        let mut o2 = order.clone();
-                        o2[to..=pos].rotate_right(1);
-                        let p2 = pl.run("x", &o2, Fit::Lowest);
-                        if p2.size <= bp.size {
-                            bp = p2;
-                            order = o2;
-                        }
-                        let r = bp.size as f64 / peak;
-                        for (k, th) in [1.05, 1.02, 1.001].iter().enumerate() {
-                            if r <= *th && hit[k] == usize::MAX {
-                                hit[k] = it;
-                            }
-                        }
-                    }
-                    println!("hits {hit:?}");
-                    println!(
-                        "bad case n={buffers} seed={seed} min-order {best:.4} local-search {:.4}",
-                        bp.size as f64 / peak
-                    );
-                }
-                cnt += 1;
             }
         }
-        for (k, n) in names.iter().chain(["min"].iter()).enumerate() {
-            println!("{n}: mean {:.4} worst {:.4}", sum[k] / cnt as f64, worst[k]);
+        reach
+    }
+
+    fn check_all_plans(sizes: &[u64], align: u64, c: &Conflicts) -> (ArenaPlan, ArenaPlan) {
+        let p = plan(sizes, align, c);
+        let g = plan_greedy_by_size(sizes, align, c);
+        let naive = plan_naive(sizes, align);
+        for q in [&p, &g, &naive] {
+            if let Err(e) = verify(sizes, align, c, q) {
+                panic!("{}: {e}", q.strategy);
+            }
+        }
+        assert!(p.size <= g.size, "plan {} above greedy {}", p.size, g.size);
+        (p, g)
+    }
+
+    fn interval_case() -> impl Strategy<Value = (Vec<u64>, Vec<(u32, u32)>, u64)> {
+        let buffer = (
+            prop_oneof![Just(0u64), 1u64..5_000, 1u64..(1 << 26)],
+            0u32..64,
+            0u32..16,
+        );
+        (
+            prop::collection::vec(buffer, 0..48),
+            prop::sample::select(vec![1u64, 8, 256, 4096]),
+        )
+            .prop_map(|(bufs, align)| {
+                let sizes = bufs.iter().map(|b| b.0).collect();
+                let intervals = bufs.iter().map(|b| (b.1, b.1 + b.2)).collect();
+                (sizes, intervals, align)
+            })
+    }
+
+    /// A small DAG with shuffled labels, any uses and sizes.
+    fn dag_case() -> impl Strategy<Value = RandomCase> {
+        (1usize..24)
+            .prop_flat_map(|nodes| {
+                let labels = Just((0..nodes as u32).collect::<Vec<u32>>()).prop_shuffle();
+                let pairs = prop::collection::vec((0..nodes, 0..nodes), 0..3 * nodes);
+                let uses =
+                    prop::collection::vec(prop::collection::vec(0..nodes as u32, 1..4), 0..20);
+                let sizes = prop::collection::vec(prop_oneof![Just(0u64), 1u64..100_000], 20);
+                (Just(nodes), labels, pairs, uses, sizes)
+            })
+            .prop_map(|(nodes, labels, pairs, uses, sizes)| {
+                // Edges only go forward in a hidden order, so the graph is acyclic.
+                let edges = pairs
+                    .into_iter()
+                    .filter(|(a, b)| a < b)
+                    .map(|(a, b)| (labels[a], labels[b]))
+                    .collect();
+                let sizes = sizes[..uses.len()].to_vec();
+                RandomCase {
+                    nodes,
+                    edges,
+                    order: labels,
+                    uses,
+                    sizes,
+                }
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn plans_are_valid_on_intervals((sizes, intervals, align) in interval_case()) {
+            let c = Conflicts::from_intervals(&intervals);
+            let (p, _) = check_all_plans(&sizes, align, &c);
+            prop_assert!(p.size >= peak_live_intervals(&sizes, &intervals));
+            for (i, &s) in sizes.iter().enumerate() {
+                if s == 0 {
+                    prop_assert_eq!(p.offsets[i], 0);
+                }
+            }
+        }
+
+        #[test]
+        fn from_dag_matches_reachability(case in dag_case()) {
+            let RandomCase { nodes, edges, uses, sizes, .. } = &case;
+            let c = Conflicts::from_dag(*nodes, edges, uses);
+            let reach = reaches(*nodes, edges);
+            let before = |a: &[u32], b: &[u32]| {
+                a.iter().all(|&u| b.iter().all(|&v| reach[u as usize][v as usize]))
+            };
+            for a in 0..uses.len() {
+                for b in 0..uses.len() {
+                    let apart = a == b || before(&uses[a], &uses[b]) || before(&uses[b], &uses[a]);
+                    prop_assert_eq!(c.conflict(a, b), !apart, "buffers {} {}", a, b);
+                }
+            }
+            let (p, _) = check_all_plans(sizes, 256, &c);
+            prop_assert!(p.size >= heaviest_clique(sizes, &c));
+            // The hidden order is one schedule of the DAG: a plan for any schedule
+            // holds for it.
+            let seq = Conflicts::from_intervals(&case.intervals());
+            prop_assert_eq!(verify(sizes, 256, &seq, &p), Ok(()));
+        }
+
+        #[test]
+        fn transpose_matches_bits(rows in 0usize..150, cols in 0usize..150, seed: u64) {
+            let mut rng = SplitMix(seed);
+            let mut m = BitMatrix::zeros(rows, cols);
+            for r in 0..rows {
+                for c in 0..cols {
+                    if rng.below(3) == 0 {
+                        m.set(r, c);
+                    }
+                }
+            }
+            let t = m.transpose();
+            for r in 0..rows {
+                for c in 0..cols {
+                    prop_assert_eq!(m.get(r, c), t.get(c, r));
+                }
+            }
         }
     }
 
     #[test]
-    #[ignore]
-    fn debug12() {
-        let c = random_case(12, 1000);
-        let iv = c.intervals();
-        let ci = Conflicts::from_intervals(&iv);
-        let peak = peak_live_intervals(&c.sizes, &iv);
-        let p = plan(&c.sizes, 256, &ci);
-        println!("peak {peak} plan {}", p.size);
-        let mut big: Vec<usize> = (0..c.sizes.len())
-            .filter(|&i| c.sizes[i] >= 8 << 20)
-            .collect();
-        big.sort_by_key(|&i| iv[i]);
-        for i in big {
-            println!(
-                "buf {i} size {} MiB iv {:?} off {:.1} MiB",
-                c.sizes[i] as f64 / (1 << 20) as f64,
-                iv[i],
-                p.offsets[i] as f64 / (1 << 20) as f64
+    fn random_cases_are_graphs() {
+        for seed in 0..6 {
+            let c = random_case(seed, 400);
+            assert_eq!((c.sizes.len(), c.uses.len()), (400, 400));
+            assert!((400..=800).contains(&c.nodes), "{} nodes", c.nodes);
+            let mut position = vec![usize::MAX; c.nodes];
+            for (k, &v) in c.order.iter().enumerate() {
+                position[v as usize] = k;
+            }
+            assert!(
+                position.iter().all(|&k| k != usize::MAX),
+                "order is a permutation"
             );
+            assert!(c
+                .edges
+                .iter()
+                .all(|&(f, t)| position[f as usize] < position[t as usize]));
+            assert!(c.uses.iter().all(|u| !u.is_empty()));
+            assert!(c
+                .sizes
+                .iter()
+                .all(|&s| (MIN_CASE_SIZE..=MAX_CASE_SIZE).contains(&s)));
+            assert!(
+                c.order != (0..c.nodes as u32).collect::<Vec<_>>(),
+                "labels are shuffled"
+            );
+            // A sequential schedule is one of the DAG's: its conflicts are a subset.
+            let seq = Conflicts::from_intervals(&c.intervals());
+            let dag = Conflicts::from_dag(c.nodes, &c.edges, &c.uses);
+            for a in 0..400 {
+                for b in seq.neighbours(a) {
+                    assert!(dag.conflict(a, b), "{a} and {b} overlap in the order only");
+                }
+            }
         }
     }
 
     #[test]
-    #[ignore = "prints figures; run with --release -- --ignored --nocapture"]
-    fn figures() {
-        let mut worst = (0.0f64, 0u64, 0usize);
-        let mut wins = std::collections::BTreeMap::new();
-        let mut ratios = Vec::new();
-        let mut dag = Vec::new();
-        let mut tmax = std::time::Duration::ZERO;
-        for buffers in [1000, 1500, 2000, 3000] {
-            for seed in 0..40 {
-                let c = random_case(seed, buffers);
-                let iv = c.intervals();
-                let ci = Conflicts::from_intervals(&iv);
-                let peak = peak_live_intervals(&c.sizes, &iv);
-                let t0 = std::time::Instant::now();
-                let p = plan(&c.sizes, 256, &ci);
-                if buffers == 1000 {
-                    tmax = tmax.max(t0.elapsed());
-                }
-                let r = p.size as f64 / peak as f64;
-                ratios.push(r);
-                *wins.entry(p.strategy).or_insert(0) += 1;
-                if r > worst.0 {
-                    worst = (r, seed, buffers);
-                }
-                if r > 1.001 {
-                    println!(
-                        "over: n={buffers} seed={seed} r={r:.4} greedy={:.4} {}",
-                        plan_greedy_by_size(&c.sizes, 256, &ci).size as f64 / peak as f64,
-                        p.strategy
-                    );
-                }
-                if seed < 10 {
-                    let cd = Conflicts::from_dag(c.nodes, &c.edges, &c.uses);
-                    let pd = plan(&c.sizes, 256, &cd);
-                    dag.push((
-                        pd.size as f64 / p.size as f64,
-                        pd.size as f64 / heaviest_clique(&c.sizes, &cd) as f64,
-                    ));
-                }
+    fn plans_are_valid_on_random_cases() {
+        for seed in 0..4 {
+            let c = random_case(seed, 1000);
+            let intervals = c.intervals();
+            let seq = Conflicts::from_intervals(&intervals);
+            let (p, _) = check_all_plans(&c.sizes, 256, &seq);
+            assert!(p.size >= peak_live_intervals(&c.sizes, &intervals));
+            let dag = Conflicts::from_dag(c.nodes, &c.edges, &c.uses);
+            let (d, _) = check_all_plans(&c.sizes, 256, &dag);
+            assert!(d.size >= heaviest_clique(&c.sizes, &dag));
+            assert_eq!(plan(&c.sizes, 256, &dag), d, "deterministic");
+        }
+    }
+
+    #[test]
+    fn verify_rejects_bad_plans() {
+        let sizes = [1024, 1024, 512];
+        let c = Conflicts::from_intervals(&[(0, 2), (1, 3), (4, 5)]);
+        let good = ArenaPlan {
+            offsets: vec![0, 1024, 0],
+            size: 2048,
+            strategy: "hand-made",
+        };
+        assert_eq!(verify(&sizes, 256, &c, &good), Ok(()));
+        let overlap = ArenaPlan {
+            offsets: vec![0, 512, 0],
+            ..good.clone()
+        };
+        let err = verify(&sizes, 256, &c, &overlap).expect_err("0 and 1 overlap");
+        assert!(err.contains("buffers 0") && err.contains("and 1"), "{err}");
+        let misaligned = ArenaPlan {
+            offsets: vec![0, 1100, 0],
+            size: 4096,
+            ..good.clone()
+        };
+        assert!(verify(&sizes, 256, &c, &misaligned).is_err());
+        let short = ArenaPlan {
+            size: 2000,
+            ..good.clone()
+        };
+        assert!(verify(&sizes, 256, &c, &short).is_err());
+        let missing = ArenaPlan {
+            offsets: vec![0, 1024],
+            ..good
+        };
+        assert!(verify(&sizes, 256, &c, &missing).is_err());
+    }
+
+    #[test]
+    fn no_buffers() {
+        for c in [
+            Conflicts::from_intervals(&[]),
+            Conflicts::from_dag(0, &[], &[]),
+        ] {
+            assert!(c.is_empty());
+            for p in [
+                plan(&[], 64, &c),
+                plan_greedy_by_size(&[], 64, &c),
+                plan_naive(&[], 64),
+            ] {
+                assert_eq!((p.offsets.len(), p.size), (0, 0));
+                assert_eq!(verify(&[], 64, &c, &p), Ok(()));
             }
         }
-        ratios.sort_by(f64::total_cmp);
-        println!(
-            "plan/peak median {:.4} p90 {:.4} worst {:?} wins {:?} tmax(1000) {:?}",
-            ratios[ratios.len() / 2],
-            ratios[ratios.len() * 9 / 10],
-            worst,
-            wins,
-            tmax
+        assert_eq!(peak_live_intervals(&[], &[]), 0);
+        assert_eq!(random_case(7, 0).nodes, 0);
+    }
+
+    #[test]
+    fn zero_sized_buffers_take_no_room() {
+        let sizes = [0, 100, 0, 50];
+        let c = Conflicts::from_intervals(&[(0, 3); 4]);
+        let (p, _) = check_all_plans(&sizes, 16, &c);
+        assert_eq!((p.offsets[0], p.offsets[2]), (0, 0));
+        assert_eq!(p.size, 112 + 50);
+        assert_eq!(plan_naive(&sizes, 16).size, 112 + 50);
+        // A buffer nobody uses conflicts with nothing.
+        let d = Conflicts::from_dag(2, &[(0, 1)], &[vec![0], vec![], vec![0, 1]]);
+        assert!(!d.conflict(1, 0) && !d.conflict(1, 2) && d.conflict(0, 2));
+    }
+
+    #[test]
+    fn huge_buffers_do_not_overflow() {
+        let half = u64::MAX / 2;
+        let c = Conflicts::from_intervals(&[(0, 1), (1, 2), (2, 3)]);
+        for align in [1, 4096] {
+            // Two halves fit side by side; with a third on top the arena passes u64::MAX.
+            let fits = [half, half - 5000];
+            let c2 = Conflicts::from_intervals(&[(0, 1), (1, 2)]);
+            let (p, _) = check_all_plans(&fits, align, &c2);
+            assert!(p.size > half);
+            let sizes = [half, half, half];
+            let all = Conflicts::from_intervals(&[(0, 3); 3]);
+            for q in [
+                plan(&sizes, align, &all),
+                plan_greedy_by_size(&sizes, align, &all),
+                plan_naive(&sizes, align),
+            ] {
+                assert_eq!(q.size, u64::MAX);
+                assert!(verify(&sizes, align, &all, &q).is_err());
+            }
+            // Sharing makes them fit where one after another cannot.
+            let p = plan(&sizes, align, &c);
+            assert_eq!(verify(&sizes, align, &c, &p), Ok(()));
+            assert_eq!(p.offsets[0], p.offsets[2], "0 and 2 share bytes");
+            assert!(verify(&sizes, align, &c, &plan_naive(&sizes, align)).is_err());
+        }
+        assert_eq!(
+            peak_live_intervals(&[half, half, half], &[(0, 3); 3]),
+            u64::MAX
         );
-        dag.sort_by(|a, b| a.0.total_cmp(&b.0));
-        println!(
-            "dag/seq {:?}",
-            dag.iter()
-                .map(|d| format!("{:.3}/{:.3}", d.0, d.1))
-                .collect::<Vec<_>>()
+        assert_eq!(
+            peak_live_intervals(&[half, half], &[(0, u32::MAX); 2]),
+            2 * half
         );
+    }
+
+    #[test]
+    fn offsets_follow_alignment() {
+        let c = random_case(11, 200);
+        let conflicts = Conflicts::from_intervals(&c.intervals());
+        for align in [1, 4096] {
+            let (p, g) = check_all_plans(&c.sizes, align, &conflicts);
+            assert!(p.offsets.iter().chain(&g.offsets).all(|&o| o % align == 0));
+        }
     }
 }

@@ -5,6 +5,7 @@
 pub mod alloc;
 mod alloc_ahead;
 pub mod events;
+pub mod graph_arena;
 pub mod link;
 pub mod pipeline;
 pub mod profile;
