@@ -160,17 +160,7 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize) -> Result<Schedule> {
     // Hazard edges follow `explicit_order`, so it stays a topological order.
     let order = explicit_order;
 
-    let mut preds = vec![0u32; n];
-    let mut succ_start = vec![0u32; n + 1];
-    for &(a, b) in &edges {
-        succ_start[a as usize + 1] += 1;
-        preds[b as usize] += 1;
-    }
-    for i in 0..n {
-        succ_start[i + 1] += succ_start[i];
-    }
-    // `edges` is sorted by source: the successor lists are its targets.
-    let succ: Vec<u32> = edges.iter().map(|&(_, b)| b).collect();
+    let (preds, _, _) = successors_of(n, &edges);
     // Predecessor lists, likewise flat.
     let mut pred_start = vec![0u32; n + 1];
     for (v, &p) in preds.iter().enumerate() {
@@ -213,31 +203,64 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize) -> Result<Schedule> {
     }
     let width = per_level.iter().copied().max().unwrap_or(0);
 
-    // Lanes: chains by the level they start at, each to the least loaded lane.
+    // Lanes, the plan's hardware queues: at most one per compute unit, each a
+    // sequence of nodes run in order. Nodes are placed in topological order,
+    // each on the lane where it can start first under unit cost (ties: the
+    // lane of a predecessor that ends just then, so chains stay together;
+    // then the lowest lane). A lane's nodes start in increasing (unit) time,
+    // as do the two ends of every edge, so the edges that chain each lane
+    // cannot close a cycle. Only edges between lanes cost an atomic at run
+    // time, and the memory plan sees at most `lanes` nodes at once.
     let lanes = (chain_heads.len().min(compute_units.max(1))) as u32;
-    let mut chain_len = vec![0u32; chain_heads.len()];
-    for &c in &chain_of {
-        chain_len[c as usize] += 1;
+    let mut lane_free = vec![0u64; lanes as usize];
+    let mut lane_last = vec![NONE; lanes as usize];
+    let mut finish = vec![0u64; n];
+    let mut node_lane = vec![0u32; n];
+    let mut lane_edges = Vec::new();
+    for &v in order.iter().filter(|_| lanes > 1) {
+        let ps = &pred_list[pred_start[v as usize] as usize..pred_start[v as usize + 1] as usize];
+        let ready = ps.iter().map(|&p| finish[p as usize]).max().unwrap_or(0);
+        let (lane, start) = (0..lanes as usize)
+            .map(|l| {
+                let start = lane_free[l].max(ready);
+                let continues = lane_last[l] != NONE && ps.contains(&lane_last[l]);
+                (l, start, !continues)
+            })
+            .min_by_key(|&(l, start, other)| (start, other, l))
+            .map(|(l, start, _)| (l, start))
+            .expect("at least one lane");
+        finish[v as usize] = start + 1;
+        lane_free[lane] = start + 1;
+        if lane_last[lane] != NONE {
+            lane_edges.push((lane_last[lane], v));
+        }
+        lane_last[lane] = v;
+        node_lane[v as usize] = lane as u32;
     }
-    let mut by_level: Vec<u32> = (0..chain_heads.len() as u32).collect();
-    by_level.sort_by_key(|&c| (level[chain_heads[c as usize] as usize], c));
-    let mut load = vec![0u64; lanes as usize];
-    let mut chain_lane = vec![0u32; chain_heads.len()];
-    for c in by_level {
-        let (lane, _) = load
-            .iter()
-            .enumerate()
-            .min_by_key(|&(i, &l)| (l, i))
-            .expect("at least one lane when there is a chain");
-        chain_lane[c as usize] = lane as u32;
-        load[lane] += u64::from(chain_len[c as usize]);
+    if lanes <= 1 {
+        // One lane: the topological order itself.
+        lane_edges.extend(order.windows(2).map(|w| (w[0], w[1])));
     }
-
-    let node_lane = chain_of.iter().map(|&c| chain_lane[c as usize]).collect();
+    let chain_lane: Vec<u32> = chain_heads.iter().map(|&h| node_lane[h as usize]).collect();
+    let mut lane_next = vec![NONE; n];
+    let mut lane_prev = vec![NONE; n];
+    for &(a, b) in &lane_edges {
+        lane_next[a as usize] = b;
+        lane_prev[b as usize] = a;
+    }
+    let edges = reduce(
+        &order,
+        &pred_start,
+        &pred_list,
+        &node_lane,
+        &lane_prev,
+        lanes as usize,
+    );
+    let (preds, succ_start, succ) = successors_of(n, &edges);
     let hot = (0..n)
         .map(|v| Hot {
             preds: preds[v],
-            next: chain_next[v],
+            next: lane_next[v],
             succ_start: succ_start[v],
             succ_end: succ_start[v + 1],
         })
@@ -257,6 +280,90 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize) -> Result<Schedule> {
         edges,
         hazard_edges,
     })
+}
+
+/// The edges a run needs: each lane's chain, and of the other edges only those
+/// the chain does not already imply. A vector clock per node records, for
+/// every lane, the last position on it known to come before the node; an edge
+/// from position `p` of lane `M` is dropped when the clock already reaches `p`
+/// on `M` (always, when both ends share a lane). Reachability is unchanged, so
+/// is every order the graph promises; what remains between lanes is the forks
+/// and joins.
+fn reduce(
+    order: &[u32],
+    pred_start: &[u32],
+    pred_list: &[u32],
+    node_lane: &[u32],
+    lane_prev: &[u32],
+    lanes: usize,
+) -> Vec<(u32, u32)> {
+    let n = node_lane.len();
+    if lanes <= 1 {
+        // Every other edge is implied by the one lane's chain.
+        let mut edges: Vec<(u32, u32)> = order.windows(2).map(|w| (w[0], w[1])).collect();
+        edges.sort_unstable();
+        return edges;
+    }
+    let mut pos = vec![0u32; n];
+    let mut next_pos = vec![0u32; lanes];
+    for &v in order {
+        let l = node_lane[v as usize] as usize;
+        next_pos[l] += 1;
+        pos[v as usize] = next_pos[l];
+    }
+    let mut clock = vec![0u32; n * lanes];
+    let mut edges = Vec::with_capacity(n + 8);
+    let mut candidates: Vec<u32> = Vec::new();
+    let mut c = vec![0u32; lanes];
+    for &v in order {
+        let vi = v as usize;
+        let l = node_lane[vi] as usize;
+        let u = lane_prev[vi];
+        c.fill(0);
+        if u != NONE {
+            c.copy_from_slice(&clock[u as usize * lanes..(u as usize + 1) * lanes]);
+            edges.push((u, v));
+        }
+        c[l] = pos[vi];
+        // Latest first: a later predecessor on a lane implies the earlier ones.
+        candidates.clear();
+        candidates.extend(
+            pred_list[pred_start[vi] as usize..pred_start[vi + 1] as usize]
+                .iter()
+                .copied()
+                .filter(|&p| p != u && node_lane[p as usize] as usize != l),
+        );
+        candidates.sort_unstable_by_key(|&p| Reverse(pos[p as usize]));
+        for &p in &candidates {
+            let m = node_lane[p as usize] as usize;
+            if c[m] >= pos[p as usize] {
+                continue;
+            }
+            edges.push((p, v));
+            for (k, ck) in c.iter_mut().enumerate() {
+                *ck = (*ck).max(clock[p as usize * lanes + k]);
+            }
+        }
+        clock[vi * lanes..(vi + 1) * lanes].copy_from_slice(&c);
+    }
+    edges.sort_unstable();
+    edges
+}
+
+/// Predecessor counts and successor lists (flat) of sorted `edges`.
+fn successors_of(n: usize, edges: &[(u32, u32)]) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+    let mut preds = vec![0u32; n];
+    let mut succ_start = vec![0u32; n + 1];
+    for &(a, b) in edges {
+        succ_start[a as usize + 1] += 1;
+        preds[b as usize] += 1;
+    }
+    for i in 0..n {
+        succ_start[i + 1] += succ_start[i];
+    }
+    // `edges` is sorted by source: the successor lists are its targets.
+    let succ = edges.iter().map(|&(_, b)| b).collect();
+    (preds, succ_start, succ)
 }
 
 impl Schedule {

@@ -24,7 +24,6 @@ use crate::kernel::{Block, KernelCost};
 use crate::op::{self, Body, CopyKind, Op};
 use crate::timeline::Timeline;
 use std::cell::Cell;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 

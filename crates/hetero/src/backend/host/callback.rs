@@ -23,7 +23,6 @@
 
 #[allow(unused_imports)]
 use super::*;
-use std::any::Any;
 use std::cell::{Cell, RefCell};
 
 /// An op running user code on this thread.

@@ -49,7 +49,6 @@ use crate::timeline::Timeline;
 use crate::{Error, Result};
 use crossbeam_utils::CachePadded;
 use std::cell::UnsafeCell;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
