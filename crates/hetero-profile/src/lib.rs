@@ -1,5 +1,6 @@
 //! The profiler's outputs: turns a [`hetero_trace::Trace`] into a report
-//! (JSON and Markdown), an SVG timeline and a Chrome trace.
+//! (JSON and Markdown, with a section per graph launched), an SVG timeline
+//! and a Chrome trace.
 //!
 //! ```no_run
 //! let trace = hetero_trace::take();
@@ -12,6 +13,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod graphs;
 mod report;
 mod timeline;
 
@@ -21,6 +23,7 @@ use std::path::{Path, PathBuf};
 
 use hetero_trace::Trace;
 
+pub use graphs::{GraphPlanSummary, GraphUsage, LaneUsage, NodeKindUsage};
 pub use report::{
     AllocatorReport, AllocatorStats, EngineGaps, EngineUsage, Gap, KindLatency, MemorySummary,
     OpSummary, Percentiles, Report, ReportOptions, StreamUsage,

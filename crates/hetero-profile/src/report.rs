@@ -8,6 +8,12 @@
 //! utilization never exceeds 1; *bandwidth* is bytes over busy time (the rate
 //! while copying, 1 GB/s = 10^9 bytes/s); *idle gaps* are the holes between an
 //! engine's first and last op.
+//!
+//! Graph launches (see `graphs.rs`): the op count, streams, latency and the
+//! longest ops count a launch as one op and none of its nodes; engines and
+//! idle gaps count the nodes an engine ran and not the launch containing
+//! them. So no time or byte is counted twice in any total, and the Graphs
+//! section shows what happened inside the launches.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -15,6 +21,8 @@ use std::fmt::Write as _;
 use hdrhistogram::Histogram;
 use hetero_trace::{EngineKind, MemKind, OpKind, OpRecord, Trace};
 use serde::{Deserialize, Serialize};
+
+use crate::graphs::{self, GraphUsage, Roles};
 
 /// What the caller knows beyond the trace.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -66,22 +74,32 @@ pub struct Report {
     pub window_end_ns: u64,
     /// `window_end_ns - window_start_ns`.
     pub wall_ns: u64,
-    /// Number of ops.
+    /// Number of ops submitted: a graph launch counts once, its nodes not.
     pub ops: u64,
-    /// Ops that completed with an error.
+    /// Of those, ops that completed with an error.
     pub failed_ops: u64,
+    /// Node records of graph launches (not in `ops`).
+    pub graph_nodes: u64,
     /// The link peak the bandwidths are compared with, if given.
     pub link_peak_gbps: Option<f64>,
-    /// One entry per engine used, in (kind, index) order.
+    /// One entry per engine used, in (kind, index) order: graph nodes
+    /// counted, the launches that contain them not.
     pub engines: Vec<EngineUsage>,
-    /// One entry per stream used, by id.
+    /// One entry per stream used, by id: launches counted, their nodes not.
     pub streams: Vec<StreamUsage>,
-    /// Latency per kind of op present, in [`OpKind::ALL`] order.
+    /// Latency per kind of op present, in [`OpKind::ALL`] order: launches
+    /// under Graph, their nodes not (the Graphs section has them by kind).
     pub latency: Vec<KindLatency>,
-    /// The longest ops (waits and markers excluded), longest first.
+    /// The longest ops (waits and markers excluded), longest first: launches,
+    /// not their nodes.
     pub longest_ops: Vec<OpSummary>,
-    /// The largest idle gaps of each engine.
+    /// The largest idle gaps of each engine (as `engines` counts its work).
     pub idle_gaps: Vec<EngineGaps>,
+    /// Per graph launched, by id: its plan, launches and nodes.
+    pub graphs: Vec<GraphUsage>,
+    /// Graph launches that recorded no node (in no entry of `graphs`; counted
+    /// as work by `engines`).
+    pub launches_without_nodes: u64,
     /// Pool events in the trace, if any.
     pub memory: Option<MemorySummary>,
     /// The pool's counters, if given.
@@ -97,7 +115,7 @@ pub struct EngineUsage {
     pub kind: String,
     /// Index among engines of that kind.
     pub index: u32,
-    /// Ops it ran.
+    /// Ops it ran (graph nodes, not their launches).
     pub ops: u64,
     /// Union of its ops' intervals.
     pub busy_ns: u64,
@@ -118,7 +136,7 @@ pub struct StreamUsage {
     pub stream: u64,
     /// Display name ("stream N" or "stream N (name)").
     pub name: String,
-    /// Ops on it.
+    /// Ops on it (a graph launch once, its nodes not).
     pub ops: u64,
     /// Union of its ops' intervals.
     pub busy_ns: u64,
@@ -235,7 +253,7 @@ pub struct AllocatorReport {
 }
 
 /// Union of [start, end) intervals, merged and sorted.
-fn merge(mut spans: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+pub(crate) fn merge(mut spans: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     spans.sort_unstable();
     let mut merged: Vec<(u64, u64)> = Vec::with_capacity(spans.len());
     for (s, e) in spans {
@@ -247,11 +265,11 @@ fn merge(mut spans: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     merged
 }
 
-fn busy(merged: &[(u64, u64)]) -> u64 {
+pub(crate) fn busy(merged: &[(u64, u64)]) -> u64 {
     merged.iter().map(|(s, e)| e - s).sum()
 }
 
-fn span(op: &OpRecord) -> (u64, u64) {
+pub(crate) fn span(op: &OpRecord) -> (u64, u64) {
     (op.start_ns, op.end_ns.max(op.start_ns))
 }
 
@@ -259,7 +277,7 @@ fn engine_label(kind: EngineKind, index: u32) -> String {
     format!("{} {}", kind.as_str(), index)
 }
 
-fn percentiles(values: &[u64]) -> Percentiles {
+pub(crate) fn percentiles(values: &[u64]) -> Percentiles {
     let mut h = Histogram::<u64>::new(3).expect("3 significant digits is a valid precision");
     for &v in values {
         // `new` auto-resizes, so `record` only fails past u64 range limits.
@@ -287,6 +305,7 @@ impl Report {
     /// Builds the report from a trace.
     pub fn build(trace: &Trace, options: &ReportOptions) -> Report {
         let ops = &trace.ops;
+        let roles = Roles::new(trace);
         let window_start_ns = ops.iter().map(|o| o.start_ns).min().unwrap_or(0);
         let window_end_ns = ops.iter().map(|o| span(o).1).max().unwrap_or(0);
         let wall_ns = window_end_ns - window_start_ns;
@@ -301,12 +320,17 @@ impl Report {
         let mut by_engine: BTreeMap<(EngineKind, u32), Vec<&OpRecord>> = BTreeMap::new();
         let mut by_stream: BTreeMap<u64, Vec<&OpRecord>> = BTreeMap::new();
         for op in ops {
-            by_engine
-                .entry((op.engine, op.engine_index))
-                .or_default()
-                .push(op);
-            by_stream.entry(op.stream).or_default().push(op);
+            if roles.work(op) {
+                by_engine
+                    .entry((op.engine, op.engine_index))
+                    .or_default()
+                    .push(op);
+            }
+            if roles.submitted(op) {
+                by_stream.entry(op.stream).or_default().push(op);
+            }
         }
+        let submitted: Vec<&OpRecord> = ops.iter().filter(|o| roles.submitted(o)).collect();
 
         let mut engines = Vec::new();
         let mut idle_gaps = Vec::new();
@@ -364,7 +388,11 @@ impl Report {
         let latency = OpKind::ALL
             .iter()
             .filter_map(|&kind| {
-                let of_kind: Vec<&OpRecord> = ops.iter().filter(|o| o.kind == kind).collect();
+                let of_kind: Vec<&OpRecord> = submitted
+                    .iter()
+                    .copied()
+                    .filter(|o| o.kind == kind)
+                    .collect();
                 if of_kind.is_empty() {
                     return None;
                 }
@@ -383,8 +411,9 @@ impl Report {
             .collect();
 
         // Waits and markers are stalls, not work: the idle gaps show those.
-        let mut longest: Vec<&OpRecord> = ops
+        let mut longest: Vec<&OpRecord> = submitted
             .iter()
+            .copied()
             .filter(|o| !matches!(o.kind, OpKind::Wait | OpKind::Record))
             .collect();
         longest.sort_by_key(|o| (std::cmp::Reverse(o.duration_ns()), o.start_ns));
@@ -441,19 +470,24 @@ impl Report {
             }
         });
 
+        let (graphs, launches_without_nodes) = graphs::build(trace);
+
         Report {
             device_name: trace.device_name.clone(),
             window_start_ns,
             window_end_ns,
             wall_ns,
-            ops: ops.len() as u64,
-            failed_ops: ops.iter().filter(|o| o.failed).count() as u64,
+            ops: submitted.len() as u64,
+            failed_ops: submitted.iter().filter(|o| o.failed).count() as u64,
+            graph_nodes: (ops.len() - submitted.len()) as u64,
             link_peak_gbps: options.link_peak_gbps,
             engines,
             streams,
             latency,
             longest_ops,
             idle_gaps,
+            graphs,
+            launches_without_nodes,
             memory,
             allocator,
         }
@@ -479,9 +513,22 @@ impl Report {
             &self.device_name
         };
         writeln!(md, "# hetero profile: {device}\n")?;
+        let launches = self
+            .latency
+            .iter()
+            .find(|l| l.kind == OpKind::Graph.as_str())
+            .map_or(0, |l| l.count);
+        let graphs = if launches > 0 {
+            format!(
+                " {launches} of them graph launches, which ran {} nodes.",
+                self.graph_nodes
+            )
+        } else {
+            String::new()
+        };
         writeln!(
             md,
-            "{} ops ({} failed) over {} of wall time.\n",
+            "{} ops ({} failed) over {} of wall time.{graphs}\n",
             self.ops,
             self.failed_ops,
             fmt_ns(self.wall_ns)
@@ -491,7 +538,8 @@ impl Report {
         writeln!(
             md,
             "Utilization is busy time (the union of the engine's ops) over the wall time; \
-             bandwidth is bytes over busy time (1 GB/s = 10^9 B/s).\n"
+             bandwidth is bytes over busy time (1 GB/s = 10^9 B/s). A graph's nodes count \
+             on the engines that ran them, its launch does not.\n"
         )?;
         writeln!(
             md,
@@ -560,6 +608,8 @@ impl Report {
                 fmt_ns(l.exec.max_ns),
             )?;
         }
+
+        graphs::write_markdown(md, &self.graphs, self.launches_without_nodes)?;
 
         writeln!(md, "\n## Longest operations\n")?;
         writeln!(

@@ -2,10 +2,16 @@
 //! as bars coloured by kind, a legend of the kinds present, time in ms from
 //! the first op's start. Overlap between lanes is what it is for: copy and
 //! compute running at once show as bars stacked in time.
+//!
+//! Graph launches: a launch is a full-height bar and its nodes are drawn over
+//! it, lower by a strip, so the launch shows as their parent. On a stream the
+//! nodes of plan lane 0 lie on the stream's lane, those of lane k on a lane
+//! "stream S graph lane k" right below; on engines each node is on the engine
+//! that ran it.
 
 use std::collections::BTreeSet;
 
-use hetero_trace::{EngineKind, OpKind, Trace};
+use hetero_trace::{EngineKind, OpKind, OpRecord, Trace};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
@@ -26,7 +32,8 @@ pub(crate) fn kind_color(kind: OpKind) -> RGBColor {
         // Waits are stalls, not work: a light tint so work stands out.
         OpKind::Wait => RGBColor(242, 182, 182),
         OpKind::Record => RGBColor(0, 0, 0),
-        OpKind::Graph => RGBColor(188, 189, 34),
+        // A container: light, so its nodes stand out over it.
+        OpKind::Graph => RGBColor(219, 219, 141),
     }
 }
 
@@ -34,11 +41,19 @@ pub(crate) fn kind_color(kind: OpKind) -> RGBColor {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Lane {
     Engine(EngineKind, u32),
-    Stream(u64),
+    /// A stream (graph lane 0 and every op that is no node) or one of its
+    /// graph lanes k ≥ 1.
+    Stream(u64, u32),
+}
+
+/// The graph lane of an op: its node's plan lane, 0 for an op that is no node.
+fn graph_lane(op: &OpRecord) -> u32 {
+    op.node.map_or(0, |n| n.lane)
 }
 
 /// The lane labels of a trace, top to bottom: engines in (kind, index)
-/// order, then streams by id. These are the texts the SVG shows.
+/// order, then streams by id, each followed by its graph lanes. These are the
+/// texts the SVG shows.
 pub fn lane_labels(trace: &Trace) -> Vec<String> {
     lanes(trace)
         .into_iter()
@@ -50,7 +65,7 @@ fn lanes(trace: &Trace) -> Vec<Lane> {
     let mut set = BTreeSet::new();
     for op in &trace.ops {
         set.insert(Lane::Engine(op.engine, op.engine_index));
-        set.insert(Lane::Stream(op.stream));
+        set.insert(Lane::Stream(op.stream, graph_lane(op)));
     }
     set.into_iter().collect()
 }
@@ -58,7 +73,8 @@ fn lanes(trace: &Trace) -> Vec<Lane> {
 fn label(trace: &Trace, lane: Lane) -> String {
     match lane {
         Lane::Engine(kind, index) => format!("{} {}", kind.as_str(), index),
-        Lane::Stream(s) => trace.stream_label(s),
+        Lane::Stream(s, 0) => trace.stream_label(s),
+        Lane::Stream(s, k) => format!("{} graph lane {k}", trace.stream_label(s)),
     }
 }
 
@@ -157,24 +173,35 @@ pub fn timeline_svg(trace: &Trace) -> std::io::Result<String> {
 
         for (i, &lane) in lanes.iter().enumerate() {
             let y = band(i);
-            let bars = trace
-                .ops
-                .iter()
-                .filter(|o| match lane {
-                    Lane::Engine(kind, index) => o.engine == kind && o.engine_index == index,
-                    Lane::Stream(s) => o.stream == s,
-                })
-                .map(|o| {
-                    let x0 = ms(o.start_ns);
-                    let x1 = ms(o.end_ns.max(o.start_ns)).max(x0 + min_width);
-                    let style = if o.failed {
-                        RED.stroke_width(2)
-                    } else {
-                        kind_color(o.kind).filled()
-                    };
-                    Rectangle::new([(x0, y + 0.15), (x1, y + 0.85)], style)
-                });
+            let on_lane = trace.ops.iter().filter(|o| match lane {
+                Lane::Engine(kind, index) => o.engine == kind && o.engine_index == index,
+                Lane::Stream(s, k) => o.stream == s && graph_lane(o) == k,
+            });
+            // Launches and other ops first, then nodes over them.
+            let (nodes, ops): (Vec<&OpRecord>, Vec<&OpRecord>) =
+                on_lane.partition(|o| o.node.is_some());
+            let bar = |o: &OpRecord| {
+                let x0 = ms(o.start_ns);
+                let x1 = ms(o.end_ns.max(o.start_ns)).max(x0 + min_width);
+                // y grows upwards: a node's bar leaves the launch's top strip free.
+                let top = if o.node.is_some() { 0.65 } else { 0.85 };
+                [(x0, y + 0.15), (x1, y + top)]
+            };
+            let bars = ops.iter().chain(&nodes).map(|o| {
+                let style = if o.failed {
+                    RED.stroke_width(2)
+                } else {
+                    kind_color(o.kind).filled()
+                };
+                Rectangle::new(bar(o), style)
+            });
             chart.draw_series(bars).map_err(plot_err)?;
+            // Nodes back to back (a chain) stay apart: a white edge on each.
+            let edges = nodes
+                .iter()
+                .filter(|o| !o.failed)
+                .map(|o| Rectangle::new(bar(o), WHITE.stroke_width(1)));
+            chart.draw_series(edges).map_err(plot_err)?;
 
             let (_, py) = chart.backend_coord(&(0.0, y + 0.5));
             root.draw(&Text::new(

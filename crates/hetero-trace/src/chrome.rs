@@ -9,16 +9,31 @@
 //! complete ("X") slice on its stream track and on its engine track. Wait ops
 //! get a flow arrow ("s" → "f") from the op that reached the awaited value.
 //!
-//! Invariants of the output: slices on one track never overlap (an op that
-//! would overlap the previous one on its track goes to an extra "overlap"
-//! track beside it, so any recorder data renders); every flow has both ends,
-//! each inside its slice; counter events are in time order; every pid and
-//! tid used has a name.
+//! Graph launches: a launch (`OpKind::Graph`) is a slice like any op; the
+//! records of its nodes (`OpRecord::node` set, same stream and `seq`) are its
+//! children. On the stream side a node of plan lane 0 nests under its launch
+//! on the stream track; a node of lane k ≥ 1 goes to the track "stream S graph
+//! lane k", sorted right after the stream's own tracks, so parallel chains lie
+//! side by side under the launch's span. On the engine side a node sits on the
+//! engine that ran it, nested under its launch where the launch is on that
+//! engine too. Node slices carry `graph`, `node` and `lane` in their args; a
+//! launch carries `graph` and `nodes` (node records found for it).
+//!
+//! Invariants of the output: on one track two slices either do not overlap or
+//! one is a node's slice inside its own launch's slice (Perfetto nests "X"
+//! slices by containment); anything else that would overlap (nodes of one
+//! lane that ran at once, a node outside its launch's span, ops of other
+//! streams on an engine during a launch) goes to an extra "overlap" track
+//! beside its track, so any recorder data renders; slices are written in
+//! (start, longest first) order, a launch before its nodes, so viewers see
+//! the parent first; every flow has both ends, each inside its slice (a flow
+//! starts at the launch, never at one of its nodes); counter events are in
+//! time order; every pid and tid used has a name.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{self, Write};
 
-use crate::record::{OpRecord, Trace};
+use crate::record::{OpKind, OpRecord, Trace};
 
 const PID_STREAMS: u64 = 1;
 const PID_ENGINES: u64 = 2;
@@ -49,31 +64,82 @@ fn push_lane(tracks: &mut Vec<Track>, pid: u64, tid: u64, base: &str, lane: usiz
     });
 }
 
-/// Splits ops (indices into `ops`) into lanes of non-overlapping slices:
-/// returns the lane of each op, in the order given, and the number of lanes.
-fn assign_lanes(ops: &[OpRecord], members: &[usize]) -> (Vec<usize>, usize) {
-    let mut order: Vec<usize> = (0..members.len()).collect();
-    order.sort_by_key(|&i| {
-        let op = &ops[members[i]];
-        (op.start_ns, std::cmp::Reverse(op.end_ns))
-    });
-    let mut lane_end: Vec<u64> = Vec::new();
-    let mut lane_of = vec![0; members.len()];
-    for i in order {
-        let op = &ops[members[i]];
-        let end = op.end_ns.max(op.start_ns);
-        match lane_end.iter().position(|&e| e <= op.start_ns) {
-            Some(lane) => {
-                lane_end[lane] = end;
-                lane_of[i] = lane;
-            }
-            None => {
-                lane_of[i] = lane_end.len();
-                lane_end.push(end);
-            }
+/// The end of an op's slice (its start if the clock readings are out of order).
+fn end(op: &OpRecord) -> u64 {
+    op.end_ns.max(op.start_ns)
+}
+
+/// The order slices are placed and written in: by start, the longest first,
+/// a launch before a node of the same span.
+fn slice_key(
+    ops: &[OpRecord],
+    parent: &[Option<usize>],
+    i: usize,
+) -> (u64, std::cmp::Reverse<u64>, bool, usize) {
+    let op = &ops[i];
+    (
+        op.start_ns,
+        std::cmp::Reverse(end(op)),
+        parent[i].is_some(),
+        i,
+    )
+}
+
+/// The launch each node record belongs to: the `OpKind::Graph` op with the
+/// node's stream and `seq` (None for other ops and for nodes without one).
+fn launches_of(ops: &[OpRecord]) -> Vec<Option<usize>> {
+    let mut launch: HashMap<(u64, u64), usize> = HashMap::new();
+    for (i, op) in ops.iter().enumerate() {
+        if op.kind == OpKind::Graph && op.node.is_none() {
+            launch.entry((op.stream, op.seq)).or_insert(i);
         }
     }
-    let lanes = lane_end.len();
+    ops.iter()
+        .map(|op| {
+            op.node?;
+            launch.get(&(op.stream, op.seq)).copied()
+        })
+        .collect()
+}
+
+/// Splits ops (indices into `ops`) into lanes of one track each: returns the
+/// lane of each op, in the order given, and the number of lanes. On a lane
+/// two slices never overlap, except a node inside its own launch (`parent`).
+fn assign_lanes(
+    ops: &[OpRecord],
+    members: &[usize],
+    parent: &[Option<usize>],
+) -> (Vec<usize>, usize) {
+    let mut order: Vec<usize> = (0..members.len()).collect();
+    order.sort_by_key(|&k| slice_key(ops, parent, members[k]));
+    // Per lane, the slices still open at the current start, outermost first.
+    let mut open: Vec<Vec<usize>> = Vec::new();
+    let mut lane_of = vec![0; members.len()];
+    for k in order {
+        let i = members[k];
+        let (start, stop) = (ops[i].start_ns, end(&ops[i]));
+        // Slices are placed by start, so one that ended by `start` is closed
+        // for every later slice too: popping it while looking is final.
+        let fits = |stack: &mut Vec<usize>| {
+            while stack.last().is_some_and(|&j| end(&ops[j]) <= start) {
+                stack.pop();
+            }
+            match stack.last() {
+                None => true,
+                Some(&j) => parent[i] == Some(j) && stop <= end(&ops[j]),
+            }
+        };
+        let lane = match open.iter_mut().position(fits) {
+            Some(lane) => lane,
+            None => {
+                open.push(Vec::new());
+                open.len() - 1
+            }
+        };
+        open[lane].push(i);
+        lane_of[k] = lane;
+    }
+    let lanes = open.len();
     (lane_of, lanes)
 }
 
@@ -151,6 +217,7 @@ impl<W: Write> Events<'_, W> {
 /// Writes `trace` as Chrome Trace Event JSON (object form, `traceEvents`).
 pub fn write_chrome_trace(trace: &Trace, w: &mut impl Write) -> io::Result<()> {
     let ops = &trace.ops;
+    let parent = launches_of(ops);
     // Track (pid, tid) of each op on the stream side and the engine side.
     let mut stream_track = vec![(0u64, 0u64); ops.len()];
     let mut engine_track = vec![(0u64, 0u64); ops.len()];
@@ -159,9 +226,17 @@ pub fn write_chrome_trace(trace: &Trace, w: &mut impl Write) -> io::Result<()> {
     // Streams: the first lane keeps tid = stream id (except 0, which trace
     // viewers reserve for the idle thread); every other track takes a fresh
     // tid, so no tid appears under two pids (Perfetto would split its track).
-    let mut by_stream: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+    // Within a stream, group 0 holds its ops and the nodes of graph lane 0,
+    // group k the nodes of graph lane k.
+    let mut by_stream: BTreeMap<u64, BTreeMap<u32, Vec<usize>>> = BTreeMap::new();
     for (i, op) in ops.iter().enumerate() {
-        by_stream.entry(op.stream).or_default().push(i);
+        let group = op.node.map_or(0, |n| n.lane);
+        by_stream
+            .entry(op.stream)
+            .or_default()
+            .entry(group)
+            .or_default()
+            .push(i);
     }
     let mut tids = Tids {
         used: by_stream.keys().copied().collect(),
@@ -170,26 +245,28 @@ pub fn write_chrome_trace(trace: &Trace, w: &mut impl Write) -> io::Result<()> {
             .next_back()
             .map_or(1, |s| s.wrapping_add(1)),
     };
-    for (&stream, members) in &by_stream {
-        let (lane_of, lanes) = assign_lanes(ops, members);
-        let mut lane_tid = Vec::with_capacity(lanes);
-        for lane in 0..lanes {
-            let tid = if lane == 0 && stream != 0 {
-                stream
+    for (&stream, groups) in &by_stream {
+        let label = trace.stream_label(stream);
+        for (&group, members) in groups {
+            let (lane_of, lanes) = assign_lanes(ops, members, &parent);
+            let base = if group == 0 {
+                label.clone()
             } else {
-                tids.fresh()
+                format!("{label} graph lane {group}")
             };
-            lane_tid.push(tid);
-            push_lane(
-                &mut tracks,
-                PID_STREAMS,
-                tid,
-                &trace.stream_label(stream),
-                lane,
-            );
-        }
-        for (k, &i) in members.iter().enumerate() {
-            stream_track[i] = (PID_STREAMS, lane_tid[lane_of[k]]);
+            let mut lane_tid = Vec::with_capacity(lanes);
+            for lane in 0..lanes {
+                let tid = if group == 0 && lane == 0 && stream != 0 {
+                    stream
+                } else {
+                    tids.fresh()
+                };
+                lane_tid.push(tid);
+                push_lane(&mut tracks, PID_STREAMS, tid, &base, lane);
+            }
+            for (k, &i) in members.iter().enumerate() {
+                stream_track[i] = (PID_STREAMS, lane_tid[lane_of[k]]);
+            }
         }
     }
 
@@ -202,7 +279,7 @@ pub fn write_chrome_trace(trace: &Trace, w: &mut impl Write) -> io::Result<()> {
             .push(i);
     }
     for (&(kind, index), members) in &by_engine {
-        let (lane_of, lanes) = assign_lanes(ops, members);
+        let (lane_of, lanes) = assign_lanes(ops, members, &parent);
         let lane_tid: Vec<u64> = (0..lanes).map(|_| tids.fresh()).collect();
         let base = format!("{} {}", kind.as_str(), index);
         for (lane, &tid) in lane_tid.iter().enumerate() {
@@ -265,8 +342,20 @@ pub fn write_chrome_trace(trace: &Trace, w: &mut impl Write) -> io::Result<()> {
         ))?;
     }
 
-    // Slices: each op on its stream track and its engine track.
-    for (i, op) in ops.iter().enumerate() {
+    // Per launch: its graph and how many node records it has.
+    let mut launch_nodes: HashMap<usize, (u32, u64)> = HashMap::new();
+    for (op, p) in ops.iter().zip(&parent) {
+        if let (Some(n), Some(p)) = (op.node, p) {
+            launch_nodes.entry(*p).or_insert((n.graph, 0)).1 += 1;
+        }
+    }
+
+    // Slices: each op on its stream track and its engine track, parents
+    // before the slices they contain.
+    let mut order: Vec<usize> = (0..ops.len()).collect();
+    order.sort_by_key(|&i| slice_key(ops, &parent, i));
+    for i in order {
+        let op = &ops[i];
         let name = if op.name.is_empty() {
             op.kind.as_str()
         } else {
@@ -276,8 +365,16 @@ pub fn write_chrome_trace(trace: &Trace, w: &mut impl Write) -> io::Result<()> {
             Some((s, v)) => format!(",\"wait_stream\":{s},\"wait_value\":{v}"),
             None => String::new(),
         };
+        let graph = match (op.node, launch_nodes.get(&i)) {
+            (Some(n), _) => format!(
+                ",\"graph\":{},\"node\":{},\"lane\":{}",
+                n.graph, n.node, n.lane
+            ),
+            (None, Some(&(graph, nodes))) => format!(",\"graph\":{graph},\"nodes\":{nodes}"),
+            (None, None) => String::new(),
+        };
         let args = format!(
-            "{{\"stream\":{},\"queue\":{},\"engine\":{},\"seq\":{},\"bytes\":{},\"submit_us\":{},\"queued_us\":{},\"failed\":{}{}}}",
+            "{{\"stream\":{},\"queue\":{},\"engine\":{},\"seq\":{},\"bytes\":{},\"submit_us\":{},\"queued_us\":{},\"failed\":{}{}{}}}",
             op.stream,
             op.queue,
             json_str(&format!("{} {}", op.engine.as_str(), op.engine_index)),
@@ -286,7 +383,8 @@ pub fn write_chrome_trace(trace: &Trace, w: &mut impl Write) -> io::Result<()> {
             us(op.submit_ns),
             us(op.start_ns.saturating_sub(op.submit_ns)),
             op.failed,
-            dep
+            dep,
+            graph
         );
         for (pid, tid) in [stream_track[i], engine_track[i]] {
             ev.event(&format!(
@@ -301,10 +399,13 @@ pub fn write_chrome_trace(trace: &Trace, w: &mut impl Write) -> io::Result<()> {
     }
 
     // Flows: from the op that reached (stream, value) to the Wait that needed it.
-    // The producer is the op with that exact value, else the latest op before it.
+    // The producer is the op with that exact value, else the latest op before it;
+    // never a graph node (its launch, with the same value, reached it).
     let mut timeline: BTreeMap<u64, Vec<(u64, usize)>> = BTreeMap::new();
     for (i, op) in ops.iter().enumerate() {
-        timeline.entry(op.stream).or_default().push((op.seq, i));
+        if op.node.is_none() {
+            timeline.entry(op.stream).or_default().push((op.seq, i));
+        }
     }
     for seqs in timeline.values_mut() {
         seqs.sort_unstable();

@@ -1,10 +1,14 @@
 //! Parses the Chrome trace of synthetic traces and checks its structure:
-//! slices properly nested per track, flows with both ends inside slices,
-//! counters in time order, names for every process and track.
+//! slices per track either apart or a graph node inside its own launch,
+//! written parents first; flows with both ends inside slices, counters in
+//! time order, names for every process and track; and where a graph
+//! launch's nodes go.
 
 use std::collections::{BTreeMap, HashMap};
 
-use hetero_trace::{write_chrome_trace, EngineKind, MemKind, MemRecord, OpKind, OpRecord, Trace};
+use hetero_trace::{
+    write_chrome_trace, EngineKind, MemKind, MemRecord, NodeRef, OpKind, OpRecord, Trace,
+};
 use serde_json::Value;
 
 fn op(kind: OpKind, stream: u64, seq: u64, engine: EngineKind, start: u64, end: u64) -> OpRecord {
@@ -94,7 +98,7 @@ fn pipeline() -> Trace {
         mem,
         device_name: "host \"test\" device".into(),
         stream_names: BTreeMap::from([(2, "compute".to_string())]),
-        graphs: BTreeMap::new(),
+        ..Trace::default()
     };
     trace.sort();
     trace
@@ -114,6 +118,9 @@ fn export(trace: &Trace) -> Vec<Value> {
         .clone()
 }
 
+/// A slice as the checks see it: start, end, whether it is a graph node, the event.
+type Slice<'a> = (i64, i64, bool, &'a Value);
+
 /// Checks every structural property; returns the number of X slices.
 fn check_structure(events: &[Value]) -> usize {
     let key = |e: &Value| {
@@ -122,7 +129,8 @@ fn check_structure(events: &[Value]) -> usize {
             e["tid"].as_u64().expect("tid"),
         )
     };
-    let mut slices: HashMap<(u64, u64), Vec<(i64, i64)>> = HashMap::new();
+    // Per track: (start, end, is a node, the slice) in file order.
+    let mut slices: HashMap<(u64, u64), Vec<Slice>> = HashMap::new();
     let mut process_names = HashMap::new();
     let mut thread_names = HashMap::new();
     let mut pid_of_tid: HashMap<u64, u64> = HashMap::new();
@@ -141,7 +149,11 @@ fn check_structure(events: &[Value]) -> usize {
                 let dur = ns(&e["dur"]);
                 assert!(dur >= 0);
                 assert!(e["name"].is_string());
-                slices.entry(key(e)).or_default().push((ts, ts + dur));
+                let node = e["args"]["node"].is_u64();
+                slices
+                    .entry(key(e))
+                    .or_default()
+                    .push((ts, ts + dur, node, e));
             }
             "M" => match e["name"].as_str().expect("name") {
                 "process_name" => {
@@ -155,23 +167,38 @@ fn check_structure(events: &[Value]) -> usize {
             _ => {}
         }
     }
-    // Properly nested: sorted by (start, longest first), each slice either
-    // ends before the next starts or contains it.
+    // Written by start, the longest first; ties in file order, so a launch
+    // must come before a node of the same span for the walk below.
+    let rank = |x: &Slice| (x.0, std::cmp::Reverse(x.1));
+    for (track, list) in &slices {
+        assert!(
+            list.windows(2).all(|w| rank(&w[0]) <= rank(&w[1])),
+            "track {track:?}: slices not written in (start, longest first) order"
+        );
+    }
+    // Nested only as a node inside its own launch: in file order, each slice
+    // either starts once the open one ended or lies inside it, and then it is
+    // a node of that launch (same stream and seq).
     let mut count = 0;
-    for (track, list) in &mut slices {
-        list.sort_by_key(|&(s, e)| (s, std::cmp::Reverse(e)));
-        let mut stack: Vec<(i64, i64)> = Vec::new();
-        for &(s, e) in list.iter() {
-            while stack.last().is_some_and(|&(_, pe)| pe <= s) {
+    for (track, list) in &slices {
+        let mut stack: Vec<Slice> = Vec::new();
+        for &(s, e, node, slice) in list.iter() {
+            while stack.last().is_some_and(|&(_, pe, _, _)| pe <= s) {
                 stack.pop();
             }
-            if let Some(&(ps, pe)) = stack.last() {
+            if let Some(&(ps, pe, _, outer)) = stack.last() {
                 assert!(
                     ps <= s && e <= pe,
                     "track {track:?}: slice {s}..{e} overlaps {ps}..{pe}"
                 );
+                assert!(
+                    node && outer["cat"] == "Graph"
+                        && outer["args"]["stream"] == slice["args"]["stream"]
+                        && outer["args"]["seq"] == slice["args"]["seq"],
+                    "track {track:?}: {slice} nests in {outer}, which is not its launch"
+                );
             }
-            stack.push((s, e));
+            stack.push((s, e, node, slice));
             count += 1;
         }
         assert!(
@@ -195,7 +222,7 @@ fn check_structure(events: &[Value]) -> usize {
         let t = ns(&e["ts"]);
         let inside = slices
             .get(&key(e))
-            .is_some_and(|l| l.iter().any(|&(s, end)| s <= t && t <= end));
+            .is_some_and(|l| l.iter().any(|&(s, end, _, _)| s <= t && t <= end));
         assert!(inside, "flow {id} {ph} at {t} is not inside a slice");
         let entry = flows.entry(id).or_default();
         if ph == "s" {
@@ -354,6 +381,242 @@ fn chrome_trace_of_empty_trace_is_valid_json() {
     assert!(events.iter().all(|e| e["ph"] == "M"));
 }
 
+#[allow(clippy::too_many_arguments)]
+fn node(
+    kind: OpKind,
+    name: &'static str,
+    (stream, seq): (u64, u64),
+    (engine, index): (EngineKind, u32),
+    start: u64,
+    end: u64,
+    n: u32,
+    lane: u32,
+) -> OpRecord {
+    let mut o = op(kind, stream, seq, engine, start, end);
+    o.name = name;
+    o.engine_index = index;
+    o.node = Some(NodeRef {
+        graph: 7,
+        node: n,
+        lane,
+    });
+    o
+}
+
+/// A fork/join graph launch on stream 3 (value 2) with nodes on two lanes, an
+/// op of another stream on the launch's engine while it runs, and a wait on
+/// the launch's value.
+fn graph_launch() -> Trace {
+    let at = (3, 2);
+    let c0 = (EngineKind::Compute, 0);
+    let mut wait = op(OpKind::Wait, 4, 1, EngineKind::Host, 9_500, 50_100);
+    wait.dep = Some(at);
+    let mut other = op(OpKind::Kernel, 5, 1, EngineKind::Compute, 46_000, 48_000);
+    other.name = "other stream";
+    let mut launch = op(OpKind::Graph, 3, 2, EngineKind::Compute, 10_000, 50_000);
+    launch.name = "graph";
+    let mut trace = Trace {
+        ops: vec![
+            op(OpKind::H2D, 3, 1, EngineKind::CopyH2D, 1_000, 9_000),
+            launch,
+            node(OpKind::Kernel, "fill", at, c0, 11_000, 15_000, 0, 0),
+            node(OpKind::Kernel, "left", at, c0, 15_500, 30_000, 1, 0),
+            node(
+                OpKind::Kernel,
+                "right",
+                at,
+                (EngineKind::Compute, 1),
+                16_000,
+                28_000,
+                2,
+                1,
+            ),
+            node(
+                OpKind::H2D,
+                "upload",
+                at,
+                (EngineKind::CopyH2D, 0),
+                28_500,
+                30_500,
+                3,
+                1,
+            ),
+            node(OpKind::Kernel, "join", at, c0, 31_000, 45_000, 4, 0),
+            op(OpKind::D2H, 3, 3, EngineKind::CopyD2H, 51_000, 55_000),
+            wait,
+            other,
+        ],
+        ..Trace::default()
+    };
+    trace.sort();
+    trace
+}
+
+/// Track names by (pid, tid).
+fn track_names(events: &[Value]) -> HashMap<(u64, u64), String> {
+    events
+        .iter()
+        .filter(|e| e["ph"] == "M" && e["name"] == "thread_name")
+        .map(|e| {
+            (
+                (
+                    e["pid"].as_u64().expect("pid"),
+                    e["tid"].as_u64().expect("tid"),
+                ),
+                e["args"]["name"].as_str().expect("a name").to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The track names of the slices named `name`: (stream side, engine side).
+fn tracks_of(events: &[Value], name: &str) -> Vec<String> {
+    let names = track_names(events);
+    events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["name"] == name)
+        .map(|e| {
+            names[&(
+                e["pid"].as_u64().expect("pid"),
+                e["tid"].as_u64().expect("tid"),
+            )]
+                .clone()
+        })
+        .collect()
+}
+
+#[test]
+fn chrome_trace_nests_graph_nodes_under_their_launch() {
+    let trace = graph_launch();
+    let events = export(&trace);
+    // Nesting is only ever a node inside its own launch (checked there).
+    assert_eq!(check_structure(&events), 2 * trace.ops.len());
+
+    // Stream side: lane 0 nests under the launch on the stream's own track
+    // (tid = stream id), lane 1 goes to its graph lane track; no overlap tracks.
+    for name in ["graph", "fill", "left", "join"] {
+        assert_eq!(tracks_of(&events, name)[0], "stream 3", "{name}");
+    }
+    for name in ["right", "upload"] {
+        assert_eq!(
+            tracks_of(&events, name)[0],
+            "stream 3 graph lane 1",
+            "{name}"
+        );
+    }
+    let names = track_names(&events);
+    assert!(!names
+        .values()
+        .any(|n| n.starts_with("stream") && n.contains("overlap")));
+    let lane1 = names
+        .iter()
+        .find(|(_, n)| *n == "stream 3 graph lane 1")
+        .map(|(&(pid, tid), _)| (pid, tid))
+        .expect("a graph lane track");
+    assert_eq!(lane1.0, 1, "under the streams process");
+    assert_ne!(lane1.1, 3, "its own tid");
+    let sort_of = |tid: u64| {
+        events
+            .iter()
+            .find(|e| e["name"] == "thread_sort_index" && e["tid"] == tid)
+            .and_then(|e| e["args"]["sort_index"].as_u64())
+            .expect("a sort index")
+    };
+    assert_eq!(sort_of(lane1.1), sort_of(3) + 1, "right below its stream");
+
+    // Engine side: each node on the engine that ran it, nested under the
+    // launch where the launch ran too; the other stream's kernel, inside the
+    // launch's span but none of its nodes, on an overlap track.
+    for name in ["graph", "fill", "left", "join"] {
+        assert_eq!(tracks_of(&events, name)[1], "Compute 0", "{name}");
+    }
+    assert_eq!(tracks_of(&events, "right")[1], "Compute 1");
+    assert_eq!(tracks_of(&events, "upload")[1], "Copy H2D 0");
+    assert_eq!(tracks_of(&events, "H2D")[1], "Copy H2D 0");
+    assert_eq!(
+        tracks_of(&events, "other stream")[1],
+        "Compute 0 (overlap 1)"
+    );
+
+    // Args: the node's place, the launch's graph and node count.
+    let slice = |name: &str| {
+        events
+            .iter()
+            .find(|e| e["ph"] == "X" && e["name"] == name)
+            .expect("the slice")
+    };
+    let right = &slice("right")["args"];
+    assert_eq!(
+        (&right["graph"], &right["node"], &right["lane"]),
+        (&7.into(), &2.into(), &1.into())
+    );
+    assert_eq!(right["seq"], 2);
+    let launch = &slice("graph");
+    assert_eq!(launch["cat"], "Graph");
+    assert_eq!(
+        (&launch["args"]["graph"], &launch["args"]["nodes"]),
+        (&7.into(), &5.into())
+    );
+    assert!(launch["args"]["node"].is_null());
+    assert!(slice("H2D")["args"]["graph"].is_null());
+
+    // The wait's flow starts in the launch (the op that reached value 2),
+    // not in the node that happened to start last.
+    let starts: Vec<&Value> = events.iter().filter(|e| e["ph"] == "s").collect();
+    assert_eq!(starts.len(), 1);
+    assert_eq!(ns(&starts[0]["ts"]), 49_999);
+    assert_eq!(starts[0]["tid"], 3);
+}
+
+#[test]
+fn chrome_trace_graph_nodes_that_overlap_in_a_lane_or_leave_their_launch() {
+    let at = (1, 1);
+    let c0 = (EngineKind::Compute, 0);
+    let mut orphan = node(OpKind::Kernel, "orphan", (1, 9), c0, 20_000, 21_000, 3, 0);
+    orphan.node = Some(NodeRef {
+        graph: 8,
+        node: 0,
+        lane: 0,
+    });
+    let mut trace = Trace {
+        ops: vec![
+            op(OpKind::Graph, 1, 1, EngineKind::Compute, 0, 10_000),
+            node(OpKind::Kernel, "a", at, c0, 1_000, 5_000, 0, 0),
+            // Same lane, running at once with a (clocks or a dynamic run).
+            node(
+                OpKind::Kernel,
+                "b",
+                at,
+                (EngineKind::Compute, 1),
+                2_000,
+                6_000,
+                1,
+                0,
+            ),
+            // Ends after its launch.
+            node(OpKind::Kernel, "c", at, c0, 9_000, 12_000, 2, 0),
+            // A launch with the same span as its only node, recorded after
+            // it: written before it all the same.
+            node(OpKind::Kernel, "same", (2, 1), c0, 30_000, 31_000, 0, 0),
+            op(OpKind::Graph, 2, 1, EngineKind::Compute, 30_000, 31_000),
+            // No launch has its stream and value.
+            orphan,
+        ],
+        ..Trace::default()
+    };
+    trace.sort();
+    let events = export(&trace);
+    assert_eq!(check_structure(&events), 2 * trace.ops.len());
+    assert_eq!(tracks_of(&events, "a")[0], "stream 1");
+    assert_eq!(tracks_of(&events, "b")[0], "stream 1 (overlap 1)");
+    assert_eq!(tracks_of(&events, "c")[0], "stream 1 (overlap 1)");
+    assert_eq!(tracks_of(&events, "orphan")[0], "stream 1");
+    assert_eq!(tracks_of(&events, "same"), ["stream 2", "Compute 0"]);
+    // On Compute 0, c leaves the launch and overlaps it: an overlap track.
+    assert_eq!(tracks_of(&events, "c")[1], "Compute 0 (overlap 1)");
+    assert_eq!(tracks_of(&events, "a")[1], "Compute 0");
+}
+
 mod random {
     use super::*;
     use proptest::prelude::*;
@@ -368,32 +631,84 @@ mod random {
 
     fn any_op() -> impl Strategy<Value = OpRecord> {
         (
-            0..4u64,
-            0..5usize,
-            0..3u32,
-            0..20u64,
+            (0..4u64, 0..5usize, 0..3u32, 0..20u64),
             0..10_000u64,
             prop_oneof![Just(0u64), Just(1u64), 0..3_000u64],
             proptest::option::of((0..5u64, 0..20u64)),
+            // 0: an op, 1: a graph launch, 2..4: a node of graph 0..2, lane 0..3.
+            (0..4u8, 0..2u32, 0..3u32),
         )
-            .prop_map(|(stream, engine, index, seq, start, dur, dep)| {
-                let kind = if dep.is_some() {
-                    OpKind::Wait
-                } else {
-                    OpKind::Kernel
-                };
-                let mut o = op(kind, stream, seq, ENGINES[engine], start, start + dur);
-                o.engine_index = index;
-                o.dep = dep;
-                o
+            .prop_map(
+                |((stream, engine, index, seq), start, dur, dep, (what, graph, lane))| {
+                    let kind = match (dep, what) {
+                        (Some(_), _) => OpKind::Wait,
+                        (None, 1) => OpKind::Graph,
+                        _ => OpKind::Kernel,
+                    };
+                    let mut o = op(kind, stream, seq, ENGINES[engine], start, start + dur);
+                    o.engine_index = index;
+                    o.dep = dep;
+                    if dep.is_none() && what >= 2 {
+                        o.node = Some(NodeRef {
+                            graph,
+                            node: 0,
+                            lane,
+                        });
+                    }
+                    o
+                },
+            )
+    }
+
+    /// A launch and nodes of it that mostly lie inside it.
+    fn any_launch() -> impl Strategy<Value = Vec<OpRecord>> {
+        (
+            0..3u64,
+            0..20_000u64,
+            1..5_000u64,
+            proptest::collection::vec((0..5_500u64, 0..2_000u64, 0..3u32, 0..5usize), 0..8),
+        )
+            .prop_map(|(stream, start, dur, nodes)| {
+                let mut ops = vec![op(
+                    OpKind::Graph,
+                    stream,
+                    50,
+                    EngineKind::Compute,
+                    start,
+                    start + dur,
+                )];
+                for (k, (at, len, lane, engine)) in nodes.into_iter().enumerate() {
+                    let mut n = op(
+                        OpKind::Kernel,
+                        stream,
+                        50,
+                        ENGINES[engine],
+                        start + at,
+                        start + at + len,
+                    );
+                    n.engine_index = lane % 2;
+                    n.node = Some(NodeRef {
+                        graph: 0,
+                        node: k as u32,
+                        lane,
+                    });
+                    ops.push(n);
+                }
+                ops
             })
     }
 
     proptest! {
         /// Whatever the recorder hands over (overlaps, zero-length ops,
-        /// waits on unknown values), the export stays well formed.
+        /// waits on unknown values, nodes in, across and outside their
+        /// launches), the export stays well formed.
         #[test]
-        fn chrome_trace_structure_of_random_ops(ops in proptest::collection::vec(any_op(), 0..60)) {
+        fn chrome_trace_structure_of_random_ops(
+            ops in proptest::collection::vec(any_op(), 0..60),
+            launches in proptest::collection::vec(any_launch(), 0..4),
+        ) {
+            let mut ops = ops;
+            ops.extend(launches.into_iter().flatten());
             let mut trace = Trace { ops, ..Trace::default() };
             trace.sort();
             let events = export(&trace);
