@@ -31,7 +31,10 @@ use crate::kernel::{Args, Block, KView, MAX_KERNEL_ARGS};
 use crate::op::Body;
 use crate::{Error, Result, Stream};
 use crossbeam_utils::CachePadded;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
+
+const SKIPPED: u8 = 1;
+const FAILED: u8 = 2;
 use std::sync::{Arc, Mutex};
 
 /// What a launch op carries.
@@ -236,7 +239,9 @@ pub(crate) fn run_node(l: &GraphLaunch, v: u32) -> Result<(), String> {
 /// The state of one running launch (see the module doc).
 pub(crate) struct RunState {
     counters: Box<[AtomicU32]>,
-    poisoned: Box<[AtomicBool]>,
+    /// Per node: 0 ran or is to run, `SKIPPED` (a predecessor failed),
+    /// `FAILED` (it failed itself).
+    poisoned: Box<[AtomicU8]>,
     ready: Box<[AtomicU32]>,
     head: CachePadded<AtomicUsize>,
     tail: CachePadded<AtomicUsize>,
@@ -249,7 +254,7 @@ impl RunState {
     fn new(n: usize) -> Box<RunState> {
         Box::new(RunState {
             counters: (0..n).map(|_| AtomicU32::new(0)).collect(),
-            poisoned: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            poisoned: (0..n).map(|_| AtomicU8::new(0)).collect(),
             ready: (0..n).map(|_| AtomicU32::new(0)).collect(),
             head: CachePadded::new(AtomicUsize::new(0)),
             tail: CachePadded::new(AtomicUsize::new(0)),
@@ -275,7 +280,7 @@ impl RunState {
         }
         if std::mem::take(r.any_poison.get_mut()) {
             for p in r.poisoned.iter_mut() {
-                *p.get_mut() = false;
+                *p.get_mut() = 0;
             }
         }
         *r.error.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
@@ -326,6 +331,11 @@ impl RunState {
         }
     }
 
+    /// Whether node `v` failed or was skipped, once the launch ran.
+    pub(crate) fn node_failed(&self, v: usize) -> bool {
+        self.poisoned[v].load(Ordering::Relaxed) != 0
+    }
+
     /// Whether queued nodes may be there to take (a hint).
     pub(crate) fn has_ready(&self) -> bool {
         self.head.load(Ordering::Relaxed) < self.tail.load(Ordering::Relaxed)
@@ -372,13 +382,15 @@ impl RunState {
         let profiling = crate::clock::profiling();
         loop {
             let start_ns = if profiling { crate::clock::now_ns() } else { 0 };
-            let failed = if self.poisoned[v as usize].load(Ordering::Relaxed) {
+            let failed = if self.poisoned[v as usize].load(Ordering::Relaxed) != 0 {
                 true
             } else {
                 match run_node(l, v) {
                     Ok(()) => false,
                     Err(m) => {
                         self.fail(l, v, m);
+                        self.any_poison.store(true, Ordering::Relaxed);
+                        self.poisoned[v as usize].store(FAILED, Ordering::Relaxed);
                         true
                     }
                 }
@@ -393,7 +405,7 @@ impl RunState {
                 for &w in &s.succ[h.succ_start as usize..h.succ_end as usize] {
                     if failed {
                         self.any_poison.store(true, Ordering::Relaxed);
-                        self.poisoned[w as usize].store(true, Ordering::Relaxed);
+                        self.poisoned[w as usize].store(SKIPPED, Ordering::Relaxed);
                     }
                     if w != h.next && self.arrive(s.hot[w as usize].preds, w) {
                         self.push(w);

@@ -386,20 +386,21 @@ impl Sim {
                 (None, now + KERNEL_LAUNCH_NS + modelled, result)
             }
             Body::Graph(l) => {
-                let units = match engine {
-                    Engine::Compute(_, n) => n,
-                    _ => 1,
+                let (first, units) = match engine {
+                    Engine::Compute(first, n) => (first, n),
+                    _ => (0, 1),
                 };
                 let started = std::time::Instant::now();
                 let run = crate::graph::run::RunState::take(&l.exec);
                 let result = run.run_all(l, &mut InSimUser);
-                run.give_back(&l.exec);
                 let traced = crate::clock::profiling().then(|| NodeTrace {
                     at,
                     from: now + KERNEL_LAUNCH_NS,
                     submit_ns: op.submit_ns,
+                    first_unit: first,
                 });
-                let mut modelled = model_graph(sh, l, units, traced);
+                let mut modelled = model_graph(sh, l, units, traced, &run);
+                run.give_back(&l.exec);
                 if sh.real_time() {
                     modelled = modelled.max(started.elapsed().as_nanos() as u64);
                 }
@@ -577,6 +578,8 @@ struct NodeTrace {
     at: (u64, u32, u64),
     from: u64,
     submit_ns: u64,
+    /// The first compute unit the launch holds.
+    first_unit: usize,
 }
 
 /// Device-side dispatch of one graph node, ns: a launch pays
@@ -593,6 +596,7 @@ fn model_graph(
     l: &crate::graph::run::GraphLaunch,
     units: usize,
     traced: Option<NodeTrace>,
+    run: &crate::graph::run::RunState,
 ) -> u64 {
     use crate::graph::NodeBody;
     let e = &*l.exec;
@@ -674,14 +678,14 @@ fn model_graph(
                 stream: t.at.0,
                 queue: t.at.1,
                 engine,
-                engine_index: index as u32,
+                engine_index: (index + if resource == Some(0) { t.first_unit } else { 0 }) as u32,
                 seq: t.at.2,
                 submit_ns: t.submit_ns,
                 start_ns: t.from + start,
                 end_ns: t.from + finish,
                 bytes,
                 dep: None,
-                failed: false,
+                failed: run.node_failed(v),
                 node: Some(crate::graph::run::node_ref(e, v as u32)),
             });
         }
