@@ -5,6 +5,8 @@
 pub mod alloc;
 mod alloc_ahead;
 pub mod events;
+pub mod graph;
+mod graph_cholesky;
 pub mod link;
 pub mod pipeline;
 pub mod profile;
