@@ -288,6 +288,11 @@ fn replay(rep: &mut BenchReport, dev: &Device, s: &Stream, k: &Kernel, warm: usi
     rep.push_samples("stream/replay-host-per-node", "ns", &mut host_s_node);
     rep.push_samples("hetero/graph-vs-stream", "x", &mut e2e);
     rep.push_samples("hetero/graph-vs-stream-host", "x", &mut host);
+    rep.notes.push(
+        "hetero/graph-vs-stream and -host: the ratio stream / graph of each pair of samples \
+         taken one after the other (the ratios map holds the ratio of the medians)"
+            .into(),
+    );
     let trip = rep
         .push_samples("stream/sync-round-trip", "ns", &mut probe)
         .median;
