@@ -122,6 +122,9 @@ enum BenchCommand {
     Pipeline(BenchOpts),
     /// Submit cost with the profiler off and on.
     Profile(BenchOpts),
+    /// Graph launch, replay, update, instantiate and capture beside the same work op by op
+    /// (on the device HETERO_BACKEND names).
+    Graph(BenchOpts),
     /// Allocation latency and fragmentation beside malloc, mimalloc, jemalloc, offset-allocator.
     Alloc(BenchOpts),
     /// Modelled H2D, D2H and both-at-once bandwidth of an emulated link beside its preset's figures.
@@ -242,6 +245,7 @@ fn main() {
                 BenchCommand::Pipeline(o) => ("pipeline", o),
                 BenchCommand::Profile(o) => ("profile", o),
                 BenchCommand::Alloc(o) => ("alloc", o),
+                BenchCommand::Graph(o) => ("graph", o),
                 BenchCommand::Link { .. } => unreachable!("handled above"),
             };
             let pb = spinner(opts.json, &format!("bench {name}"));
@@ -250,6 +254,7 @@ fn main() {
                 "events" => bench::events::run(opts.quick),
                 "pipeline" => bench::pipeline::run(opts.quick),
                 "alloc" => bench::alloc::run(opts.quick),
+                "graph" => bench::graph::run(opts.quick),
                 _ => bench::profile::run(opts.quick),
             };
             pb.finish_and_clear();

@@ -5,7 +5,9 @@
 pub mod alloc;
 mod alloc_ahead;
 pub mod events;
+pub mod graph;
 pub mod graph_arena;
+mod graph_cholesky;
 pub mod link;
 pub mod pipeline;
 pub mod profile;
