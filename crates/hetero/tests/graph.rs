@@ -533,3 +533,30 @@ fn many_launches_in_flight_replay_in_order() {
     s.synchronize().unwrap();
     assert_eq!(acc.load(Ordering::Relaxed), expected);
 }
+
+#[test]
+fn dropped_graphs_and_captures_free_what_they_recorded() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let buf = dev.alloc::<u32>(64).unwrap();
+    let probe = Arc::new(());
+    for _ in 0..20 {
+        let p = probe.clone();
+        let cb = CommandBuffer::new(&dev).unwrap();
+        cb.fill(&buf, 1u32).unwrap();
+        cb.host_callback(move || drop(p.clone())).unwrap();
+        let exec = cb.finish().unwrap();
+        s.launch_graph(&exec).unwrap();
+        let p = probe.clone();
+        let mut g = Graph::new(&dev).unwrap();
+        g.host(move || drop(p.clone()), &[]).unwrap();
+        drop(g);
+        let p = probe.clone();
+        s.begin_capture().unwrap();
+        s.host_callback(move || drop(p.clone())).unwrap();
+        drop(s.end_capture().unwrap());
+    }
+    s.synchronize().unwrap();
+    // Every recording let go of its callback (and of the buffers it named).
+    assert_eq!(Arc::strong_count(&probe), 1);
+}

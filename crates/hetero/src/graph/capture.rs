@@ -54,7 +54,9 @@ struct CaptureState {
 
 struct Lane {
     stream: u64,
-    slot: Arc<CaptureSlot>,
+    /// Weak: the slot holds the capture, so a strong reference here would be
+    /// a cycle that keeps both (and every buffer recorded) alive forever.
+    slot: Weak<CaptureSlot>,
     tail: Vec<u32>,
     /// Explicit building: the next op depends on exactly these (not the tail).
     explicit: Option<Vec<u32>>,
@@ -396,7 +398,7 @@ pub(crate) fn wait(slot: &Arc<CaptureSlot>, stream: u64, point: &EventPoint) -> 
         None => {
             st.lanes.push(Lane {
                 stream,
-                slot: slot.clone(),
+                slot: Arc::downgrade(slot),
                 tail: nodes,
                 explicit: None,
                 added: None,
@@ -441,7 +443,7 @@ fn begin_with(
     let cap = Capture::start(draft, host_wait);
     lock(&cap.state).lanes.push(Lane {
         stream,
-        slot: slot.clone(),
+        slot: Arc::downgrade(slot),
         tail: Vec::new(),
         explicit,
         added: None,
@@ -490,9 +492,12 @@ pub(crate) fn end(slot: &CaptureSlot, stream: u64) -> Result<Draft> {
     }
     st.active = false;
     for lane in &st.lanes {
-        lane.slot.capturing.store(false, Ordering::Release);
-        if !std::ptr::eq(&*lane.slot, slot) {
-            *lock(&lane.slot.capture) = None;
+        let Some(other) = lane.slot.upgrade() else {
+            continue; // that stream is gone
+        };
+        other.capturing.store(false, Ordering::Release);
+        if !std::ptr::eq(&*other, slot) {
+            *lock(&other.capture) = None;
         }
     }
     *lock(&slot.capture) = None;

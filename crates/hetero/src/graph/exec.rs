@@ -56,7 +56,9 @@ pub(crate) struct ExecInner {
     /// Events recorded outside the graph that its nodes wait on: a launch waits
     /// for them before it starts.
     pub(crate) waits: Box<[(Arc<Timeline>, u64)]>,
-    /// Run states, reused from launch to launch.
+    /// Run states, reused from launch to launch (boxed: a launch holds its
+    /// own while the list changes).
+    #[allow(clippy::vec_box)]
     pub(crate) runs: Mutex<Vec<Box<RunState>>>,
     pub(crate) report: PlanReport,
     /// The plan was given to the profiler.

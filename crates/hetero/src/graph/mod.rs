@@ -73,7 +73,7 @@ impl GraphRef {
     }
 
     pub(crate) fn unpack(tag: u64) -> Option<GraphRef> {
-        (tag != 0).then(|| GraphRef {
+        (tag != 0).then_some(GraphRef {
             graph: ((tag & !SLOT_BIT) >> 32) as u32,
             index: tag as u32,
             slot: tag & SLOT_BIT != 0,
