@@ -6,14 +6,14 @@
 #[allow(unused_imports)]
 pub(crate) use loom::{
     cell::UnsafeCell,
-    sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering},
+    sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering},
     sync::Arc,
 };
 
 #[cfg(not(loom))]
 #[allow(unused_imports)]
 pub(crate) use std::sync::{
-    atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering},
+    atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering},
     Arc,
 };
 

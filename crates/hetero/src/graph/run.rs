@@ -24,14 +24,14 @@
 //!   that depend on it.
 
 use super::exec::{ExecInner, Params};
-use super::schedule::NONE;
+use super::schedule::{Hot, NONE};
 use super::{NodeBody, Operand};
 use crate::buffer::Storage;
 use crate::kernel::{Args, Block, KView, MAX_KERNEL_ARGS};
+use crate::loom::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use crate::op::Body;
 use crate::{Error, Result, Stream};
 use crossbeam_utils::CachePadded;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 
 const SKIPPED: u8 = 1;
 const FAILED: u8 = 2;
@@ -274,30 +274,36 @@ impl RunState {
             .unwrap_or_else(|p| p.into_inner())
             .pop()
             .unwrap_or_else(|| RunState::new(n));
-        let tail = *r.tail.get_mut();
-        for slot in &mut r.ready[..tail] {
-            *slot.get_mut() = 0;
-        }
-        if std::mem::take(r.any_poison.get_mut()) {
-            for p in r.poisoned.iter_mut() {
-                *p.get_mut() = 0;
-            }
-        }
-        *r.error.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
-        for (v, &p) in e.sched.preds.iter().enumerate() {
-            if p >= 2 {
-                *r.counters[v].get_mut() = p;
-            }
-        }
-        *r.head.get_mut() = 0;
-        *r.tail.get_mut() = 0;
-        *r.remaining.get_mut() = n;
-        for (v, &p) in e.sched.preds.iter().enumerate() {
-            if p == 0 {
-                r.push(v as u32);
-            }
-        }
+        r.reset(&e.sched.preds);
         r
+    }
+
+    /// Readies a run state (owned alone) for a launch: counters of the joins,
+    /// sources queued. Stores, not `get_mut`: the loom atomics have none.
+    fn reset(&mut self, preds: &[u32]) {
+        let tail = self.tail.load(Ordering::Relaxed);
+        for slot in &self.ready[..tail] {
+            slot.store(0, Ordering::Relaxed);
+        }
+        if self.any_poison.swap(false, Ordering::Relaxed) {
+            for p in self.poisoned.iter() {
+                p.store(0, Ordering::Relaxed);
+            }
+        }
+        *self.error.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
+        for (v, &p) in preds.iter().enumerate() {
+            if p >= 2 {
+                self.counters[v].store(p, Ordering::Relaxed);
+            }
+        }
+        self.head.store(0, Ordering::Relaxed);
+        self.tail.store(0, Ordering::Relaxed);
+        self.remaining.store(preds.len(), Ordering::Relaxed);
+        for (v, &p) in preds.iter().enumerate() {
+            if p == 0 {
+                self.push(v as u32);
+            }
+        }
     }
 
     /// Gives a run state back for the next launch.
@@ -355,7 +361,10 @@ impl RunState {
     }
 
     fn fail(&self, l: &GraphLaunch, v: u32, message: String) {
-        let name = l.exec.nodes[v as usize].name();
+        self.fail_with(v, l.exec.nodes[v as usize].name(), message)
+    }
+
+    fn fail_with(&self, v: u32, name: &str, message: String) {
         self.error
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -372,42 +381,54 @@ impl RunState {
     pub(crate) fn run_chain(
         &self,
         l: &GraphLaunch,
-        mut v: u32,
+        v: u32,
         hooks: &mut impl NodeHooks,
         pushed: impl FnOnce(),
     ) -> usize {
         let s = &l.exec.sched;
+        let profiling = crate::clock::profiling();
+        self.walk(&s.hot, &s.succ, v, pushed, |v| {
+            let start_ns = if profiling { crate::clock::now_ns() } else { 0 };
+            let result = run_node(l, v).map_err(|m| self.fail(l, v, m));
+            if profiling {
+                hooks.record(l, v, start_ns, result.is_err());
+            }
+            result
+        })
+    }
+
+    /// `run_chain` over any schedule (`hot`, `succ`): `run(v)` runs node `v`
+    /// and says whether it failed (it has recorded why).
+    fn walk(
+        &self,
+        hot: &[Hot],
+        succ: &[u32],
+        mut v: u32,
+        pushed: impl FnOnce(),
+        mut run: impl FnMut(u32) -> Result<(), ()>,
+    ) -> usize {
         let mut ran = 0;
         let mut pushed = Some(pushed);
-        let profiling = crate::clock::profiling();
         loop {
-            let start_ns = if profiling { crate::clock::now_ns() } else { 0 };
             let failed = if self.poisoned[v as usize].load(Ordering::Relaxed) != 0 {
                 true
+            } else if run(v).is_err() {
+                self.any_poison.store(true, Ordering::Relaxed);
+                self.poisoned[v as usize].store(FAILED, Ordering::Relaxed);
+                true
             } else {
-                match run_node(l, v) {
-                    Ok(()) => false,
-                    Err(m) => {
-                        self.fail(l, v, m);
-                        self.any_poison.store(true, Ordering::Relaxed);
-                        self.poisoned[v as usize].store(FAILED, Ordering::Relaxed);
-                        true
-                    }
-                }
+                false
             };
-            if profiling {
-                hooks.record(l, v, start_ns, failed);
-            }
             ran += 1;
-            let h = s.hot[v as usize];
+            let h = hot[v as usize];
             // Successors other than the chain's next node (none, in a chain).
             if failed || h.succ_end - h.succ_start > u32::from(h.next != NONE) {
-                for &w in &s.succ[h.succ_start as usize..h.succ_end as usize] {
+                for &w in &succ[h.succ_start as usize..h.succ_end as usize] {
                     if failed {
                         self.any_poison.store(true, Ordering::Relaxed);
                         self.poisoned[w as usize].store(SKIPPED, Ordering::Relaxed);
                     }
-                    if w != h.next && self.arrive(s.hot[w as usize].preds, w) {
+                    if w != h.next && self.arrive(hot[w as usize].preds, w) {
                         self.push(w);
                         if let Some(p) = pushed.take() {
                             p();
@@ -415,7 +436,7 @@ impl RunState {
                     }
                 }
             }
-            if h.next == NONE || !self.arrive(s.hot[h.next as usize].preds, h.next) {
+            if h.next == NONE || !self.arrive(hot[h.next as usize].preds, h.next) {
                 return ran;
             }
             v = h.next;
@@ -519,4 +540,121 @@ pub(crate) fn launch(
     ordered?;
     stream.submit(Body::Graph(launch))?;
     Ok(())
+}
+
+/// Loom models of the run protocol (`RunState::walk` with the real queue,
+/// counters and `remaining`): on a fork/join graph run by two threads every
+/// node runs exactly once, after its predecessors, and exactly one thread sees
+/// the last node finish; a failure skips exactly the nodes after it.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use crate::loom::Arc;
+
+    /// 0 -> {1, 2} -> 3, lanes: 0 -> 1 -> 3 and 2 alone.
+    fn diamond() -> (Vec<Hot>, Vec<u32>) {
+        let hot = vec![
+            Hot {
+                preds: 0,
+                next: 1,
+                succ_start: 0,
+                succ_end: 2,
+            },
+            Hot {
+                preds: 1,
+                next: 3,
+                succ_start: 2,
+                succ_end: 3,
+            },
+            Hot {
+                preds: 1,
+                next: NONE,
+                succ_start: 3,
+                succ_end: 4,
+            },
+            Hot {
+                preds: 2,
+                next: NONE,
+                succ_start: 4,
+                succ_end: 4,
+            },
+        ];
+        (hot, vec![1, 2, 3, 3])
+    }
+
+    fn runner(
+        r: &RunState,
+        hot: &[Hot],
+        succ: &[u32],
+        done: &[AtomicU32],
+        fail: Option<u32>,
+    ) -> bool {
+        let mut last = false;
+        while let Some(v) = r.pop() {
+            let k = r.walk(
+                hot,
+                succ,
+                v,
+                || {},
+                |v| {
+                    // Every predecessor finished before this node runs.
+                    for (u, h) in hot.iter().enumerate() {
+                        let s = &succ[h.succ_start as usize..h.succ_end as usize];
+                        if s.contains(&v) {
+                            assert_eq!(done[u].load(Ordering::Acquire), 1, "{u} before {v}");
+                        }
+                    }
+                    assert_eq!(done[v as usize].fetch_add(1, Ordering::AcqRel), 0);
+                    if fail == Some(v) {
+                        r.fail_with(v, "test", "failed on purpose".into());
+                        return Err(());
+                    }
+                    Ok(())
+                },
+            );
+            last |= r.finished(k);
+        }
+        last
+    }
+
+    fn model(fail: Option<u32>) {
+        loom::model(move || {
+            let (hot, succ) = diamond();
+            let preds: Vec<u32> = hot.iter().map(|h| h.preds).collect();
+            let mut r = RunState::new(4);
+            r.reset(&preds);
+            let r = Arc::new(*r);
+            let done: Arc<Vec<AtomicU32>> = Arc::new((0..4).map(|_| AtomicU32::new(0)).collect());
+            let (r2, d2, h2, s2) = (r.clone(), done.clone(), hot.clone(), succ.clone());
+            let helper = loom::thread::spawn(move || runner(&r2, &h2, &s2, &d2, fail));
+            let mine = runner(&r, &hot, &succ, &done, fail);
+            let theirs = helper.join().expect("helper");
+            // Nothing is left queued: the pusher pops what it queued itself.
+            assert_eq!(
+                r.remaining.load(Ordering::Acquire),
+                0,
+                "every node finished"
+            );
+            assert_eq!(u8::from(mine) + u8::from(theirs), 1, "one thread completes");
+            let expected: [u32; 4] = match fail {
+                None => [1, 1, 1, 1],
+                // Node 1 runs and fails; 3 (after it) is skipped, 2 is not.
+                Some(_) => [1, 1, 1, 0],
+            };
+            for (v, &want) in expected.iter().enumerate() {
+                assert_eq!(done[v].load(Ordering::Acquire), want, "node {v}");
+            }
+            assert_eq!(r.result().is_err(), fail.is_some());
+        });
+    }
+
+    #[test]
+    fn loom_graph_run_runs_every_node_once_after_its_predecessors() {
+        model(None);
+    }
+
+    #[test]
+    fn loom_graph_run_skips_exactly_what_follows_a_failure() {
+        model(Some(1));
+    }
 }
