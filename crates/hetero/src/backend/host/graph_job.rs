@@ -24,7 +24,10 @@ pub(super) struct GraphJob {
     ran: Ran,
     published: bool,
     op: UnsafeCell<Option<Op>>,
-    exec: Arc<crate::graph::ExecInner>,
+    /// Weak: an engine that cloned the job may drop it after the launch
+    /// completed, and the plan (with its buffers and callbacks) must not outlive
+    /// the launch for that.
+    exec: Weak<crate::graph::ExecInner>,
     run: Option<Box<RunState>>,
 }
 
@@ -37,8 +40,8 @@ unsafe impl Send for GraphJob {}
 
 impl Drop for GraphJob {
     fn drop(&mut self) {
-        if let Some(run) = self.run.take() {
-            run.give_back(&self.exec);
+        if let (Some(run), Some(exec)) = (self.run.take(), self.exec.upgrade()) {
+            run.give_back(&exec);
         }
     }
 }
@@ -106,7 +109,7 @@ pub(super) fn start_graph(sh: &Shared, stream: &Arc<HostStream>, op: Op, value: 
         value,
         ran,
         published,
-        exec: l.exec.clone(),
+        exec: Arc::downgrade(&l.exec),
         op: UnsafeCell::new(Some(op)),
         run: Some(run),
     });
