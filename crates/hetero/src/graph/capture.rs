@@ -144,14 +144,14 @@ pub(crate) fn kernel(
         let start = d.args.len();
         for a in args {
             match d.operand("launch", a.storage) {
-                Ok(operand) => d.args.push(super::NodeArg {
+                Ok(operand) => Arc::make_mut(&mut d.args).push(super::NodeArg {
                     operand,
                     elem: a.elem,
                     write: a.write,
                     len: a.storage.bytes() / a.elem.size.max(1),
                 }),
                 Err(e) => {
-                    d.args.truncate(start);
+                    Arc::make_mut(&mut d.args).truncate(start);
                     return Err(e);
                 }
             }
@@ -250,14 +250,14 @@ pub(crate) fn submit(slot: &CaptureSlot, stream: u64, body: Body) -> Result<u64>
                 let start = d.args.len();
                 for a in args.as_slice_iter() {
                     match d.operand("launch", &a.storage) {
-                        Ok(operand) => d.args.push(super::NodeArg {
+                        Ok(operand) => Arc::make_mut(&mut d.args).push(super::NodeArg {
                             operand,
                             elem: a.elem,
                             write: a.write,
                             len: a.len(),
                         }),
                         Err(e) => {
-                            d.args.truncate(start);
+                            Arc::make_mut(&mut d.args).truncate(start);
                             return Err(e);
                         }
                     }

@@ -36,8 +36,8 @@ pub const MAX_SCALARS: usize = 8;
 pub(crate) struct ExecInner {
     pub(crate) device: u64,
     pub(crate) graph: u32,
-    pub(crate) nodes: Box<[NodeBody]>,
-    pub(crate) args: Box<[NodeArg]>,
+    pub(crate) nodes: Arc<Vec<NodeBody>>,
+    pub(crate) args: Arc<Vec<NodeArg>>,
     pub(crate) sched: Schedule,
     /// Buffers the graph names, each once, with whether any node writes it.
     pub(crate) fixed: Box<[(Arc<Storage>, bool)]>,
@@ -85,16 +85,38 @@ impl ExecInner {
     }
 }
 
-/// What a kernel node runs with; changed in place by updates.
-#[derive(Clone)]
-pub(crate) struct NodeParams {
-    pub(crate) kernel: Option<Arc<KernelInner>>,
-    pub(crate) blocks: u32,
-    pub(crate) scalar_count: u8,
-    pub(crate) scalars: [u64; MAX_SCALARS],
+/// What kernel nodes run with; changed in place by updates. Scalars are kept
+/// only for nodes that were given some: most nodes never are, and a plan's
+/// per-node footprint stays small.
+#[derive(Clone, Default)]
+pub(crate) struct Params {
+    /// Per node: its kernel and grid (`None` for other nodes).
+    kernels: Vec<(Option<Arc<KernelInner>>, u32)>,
+    /// Per node: its entry in `scalars` plus one (0: none).
+    scalar_slot: Vec<u32>,
+    scalars: Vec<(u8, [u64; MAX_SCALARS])>,
 }
 
-pub(crate) type Params = Vec<NodeParams>;
+impl Params {
+    /// Node `v`'s kernel and number of blocks.
+    #[inline]
+    pub(crate) fn kernel(&self, v: usize) -> (Option<&Arc<KernelInner>>, u32) {
+        let (k, blocks) = &self.kernels[v];
+        (k.as_ref(), *blocks)
+    }
+
+    /// Node `v`'s scalars.
+    #[inline]
+    pub(crate) fn scalars(&self, v: usize) -> &[u64] {
+        match self.scalar_slot[v] {
+            0 => &[],
+            i => {
+                let (n, words) = &self.scalars[i as usize - 1];
+                &words[..*n as usize]
+            }
+        }
+    }
+}
 
 /// What instantiate made of a graph.
 #[derive(Debug, Clone, PartialEq)]
@@ -183,9 +205,18 @@ impl GraphExec {
                 scalars.len()
             )));
         }
-        let p = &mut Arc::make_mut(&mut self.params)[v];
-        p.scalars[..scalars.len()].copy_from_slice(scalars);
-        p.scalar_count = scalars.len() as u8;
+        let p = Arc::make_mut(&mut self.params);
+        let slot = match p.scalar_slot[v] {
+            0 => {
+                p.scalars.push((0, [0; MAX_SCALARS]));
+                p.scalar_slot[v] = p.scalars.len() as u32;
+                p.scalars.len() - 1
+            }
+            i => i as usize - 1,
+        };
+        let (n, words) = &mut p.scalars[slot];
+        words[..scalars.len()].copy_from_slice(scalars);
+        *n = scalars.len() as u8;
         Ok(())
     }
 
@@ -203,17 +234,14 @@ impl GraphExec {
                 kernel: kernel.inner.name,
             });
         }
-        let p = &mut Arc::make_mut(&mut self.params)[v];
-        p.kernel = Some(kernel.inner.clone());
-        p.blocks = grid.blocks;
+        Arc::make_mut(&mut self.params).kernels[v] = (Some(kernel.inner.clone()), grid.blocks);
         Ok(())
     }
 
     /// The scalars kernel node `node` runs with.
     pub fn scalars(&self, node: crate::NodeId) -> Result<Vec<u64>> {
         let v = self.kernel_node(node)?;
-        let p = &self.params[v];
-        Ok(p.scalars[..p.scalar_count as usize].to_vec())
+        Ok(self.params.scalars(v).to_vec())
     }
 
     /// An empty binding table for this graph's slots.
@@ -442,24 +470,18 @@ pub(crate) fn instantiate(device: &crate::Device, d: &Draft) -> Result<GraphExec
         None
     };
 
-    let params: Params = d
-        .nodes
-        .iter()
-        .map(|b| match b {
-            NodeBody::Kernel { kernel, blocks, .. } => NodeParams {
-                kernel: Some(kernel.clone()),
-                blocks: *blocks,
-                scalar_count: 0,
-                scalars: [0; MAX_SCALARS],
-            },
-            _ => NodeParams {
-                kernel: None,
-                blocks: 0,
-                scalar_count: 0,
-                scalars: [0; MAX_SCALARS],
-            },
-        })
-        .collect();
+    let params = Params {
+        kernels: d
+            .nodes
+            .iter()
+            .map(|b| match b {
+                NodeBody::Kernel { kernel, blocks, .. } => (Some(kernel.clone()), *blocks),
+                _ => (None, 0),
+            })
+            .collect(),
+        scalar_slot: vec![0; n],
+        scalars: Vec::new(),
+    };
 
     let report = PlanReport {
         nodes: n,
@@ -510,8 +532,8 @@ pub(crate) fn instantiate(device: &crate::Device, d: &Draft) -> Result<GraphExec
     let inner = ExecInner {
         device: d.device,
         graph: d.id,
-        nodes: d.nodes.clone().into_boxed_slice(),
-        args: d.args.clone().into_boxed_slice(),
+        nodes: d.nodes.clone(),
+        args: d.args.clone(),
         sched,
         fixed: fixed.into_boxed_slice(),
         fixed_index,

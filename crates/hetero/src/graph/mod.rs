@@ -166,8 +166,10 @@ pub(crate) struct SlotInfo {
 pub(crate) struct Draft {
     pub(crate) id: u32,
     pub(crate) device: u64,
-    pub(crate) nodes: Vec<NodeBody>,
-    pub(crate) args: Vec<NodeArg>,
+    /// Shared with the plans instantiated from it (copy-on-write: a plan
+    /// takes them without copying; recording more copies them once).
+    pub(crate) nodes: Arc<Vec<NodeBody>>,
+    pub(crate) args: Arc<Vec<NodeArg>>,
     pub(crate) edges: Vec<(u32, u32)>,
     pub(crate) internal: Vec<usize>,
     pub(crate) slots: Vec<SlotInfo>,
@@ -178,8 +180,8 @@ impl Draft {
         Draft {
             id,
             device,
-            nodes: Vec::with_capacity(64),
-            args: Vec::with_capacity(64),
+            nodes: Arc::new(Vec::with_capacity(64)),
+            args: Arc::new(Vec::with_capacity(64)),
             edges: Vec::with_capacity(64),
             internal: Vec::new(),
             slots: Vec::new(),
@@ -211,7 +213,7 @@ impl Draft {
     /// Adds a node after `deps`; returns its index.
     pub(crate) fn push(&mut self, body: NodeBody, deps: &[u32]) -> u32 {
         let v = self.nodes.len() as u32;
-        self.nodes.push(body);
+        Arc::make_mut(&mut self.nodes).push(body);
         for &d in deps {
             self.edges.push((d, v));
         }

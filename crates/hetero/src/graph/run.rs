@@ -152,8 +152,7 @@ pub(crate) fn run_node(l: &GraphLaunch, v: u32) -> Result<(), String> {
     let e = &*l.exec;
     match &e.nodes[v as usize] {
         NodeBody::Kernel { args: (a, n), .. } => {
-            let p = &l.params[v as usize];
-            let Some(kernel) = p.kernel.as_ref() else {
+            let (Some(kernel), blocks) = l.params.kernel(v as usize) else {
                 return Ok(());
             };
             let range = *a as usize..(*a + *n) as usize;
@@ -175,11 +174,11 @@ pub(crate) fn run_node(l: &GraphLaunch, v: u32) -> Result<(), String> {
                 // Fixed buffers and the arena: resolved at instantiate.
                 &e.views[range]
             };
-            let scalars = &p.scalars[..p.scalar_count as usize];
+            let scalars = l.params.scalars(v as usize);
             let (name, f) = (kernel.name, &kernel.f);
             let mut result = Ok(());
-            for b in 0..p.blocks {
-                let mut block = Block::with(b, p.blocks, Args::Views(views), scalars);
+            for b in 0..blocks {
+                let mut block = Block::with(b, blocks, Args::Views(views), scalars);
                 let r = crate::op::catch_user(
                     || format!("kernel '{name}' in block {b}"),
                     || f(&mut block),

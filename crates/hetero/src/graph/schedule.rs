@@ -160,7 +160,10 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize) -> Result<Schedule> {
     // Hazard edges follow `explicit_order`, so it stays a topological order.
     let order = explicit_order;
 
-    let (preds, _, _) = successors_of(n, &edges);
+    let mut preds = vec![0u32; n];
+    for &(_, b) in &edges {
+        preds[b as usize] += 1;
+    }
     // Predecessor lists, likewise flat.
     let mut pred_start = vec![0u32; n + 1];
     for (v, &p) in preds.iter().enumerate() {
@@ -214,12 +217,13 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize) -> Result<Schedule> {
     let lanes = (chain_heads.len().min(compute_units.max(1))) as u32;
     let mut lane_free = vec![0u64; lanes as usize];
     let mut lane_last = vec![NONE; lanes as usize];
-    let mut finish = vec![0u64; n];
+    // Unit times: at most one node per step, so they fit the node count.
+    let mut finish = vec![0u32; if lanes > 1 { n } else { 0 }];
     let mut node_lane = vec![0u32; n];
     let mut lane_edges = Vec::new();
     for &v in order.iter().filter(|_| lanes > 1) {
         let ps = &pred_list[pred_start[v as usize] as usize..pred_start[v as usize + 1] as usize];
-        let ready = ps.iter().map(|&p| finish[p as usize]).max().unwrap_or(0);
+        let ready = u64::from(ps.iter().map(|&p| finish[p as usize]).max().unwrap_or(0));
         let (lane, start) = (0..lanes as usize)
             .map(|l| {
                 let start = lane_free[l].max(ready);
@@ -229,7 +233,7 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize) -> Result<Schedule> {
             .min_by_key(|&(l, start, other)| (start, other, l))
             .map(|(l, start, _)| (l, start))
             .expect("at least one lane");
-        finish[v as usize] = start + 1;
+        finish[v as usize] = (start + 1) as u32;
         lane_free[lane] = start + 1;
         if lane_last[lane] != NONE {
             lane_edges.push((lane_last[lane], v));
@@ -243,10 +247,12 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize) -> Result<Schedule> {
     }
     let chain_lane: Vec<u32> = chain_heads.iter().map(|&h| node_lane[h as usize]).collect();
     let mut lane_next = vec![NONE; n];
-    let mut lane_prev = vec![NONE; n];
+    let mut lane_prev = vec![NONE; if lanes > 1 { n } else { 0 }];
     for &(a, b) in &lane_edges {
         lane_next[a as usize] = b;
-        lane_prev[b as usize] = a;
+        if lanes > 1 {
+            lane_prev[b as usize] = a;
+        }
     }
     let edges = reduce(
         &order,

@@ -615,9 +615,9 @@ fn model_graph(
         let v = v as usize;
         let (resource, ns) = match &e.nodes[v] {
             NodeBody::Kernel { args: (a, n), .. } => {
-                let p = &l.params[v];
-                let cost = match p.kernel.as_ref().and_then(|k| k.cost.as_ref()) {
-                    Some(cost) => cost(crate::Grid::new(p.blocks)),
+                let (kernel, blocks) = l.params.kernel(v);
+                let cost = match kernel.and_then(|k| k.cost.as_ref()) {
+                    Some(cost) => cost(crate::Grid::new(blocks)),
                     None => KernelCost {
                         flops: 0.0,
                         bytes: e.args[*a as usize..(*a + *n) as usize]
