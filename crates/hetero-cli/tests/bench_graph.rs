@@ -37,6 +37,11 @@ const RESULTS: &[&str] = &[
     "hetero/graph-cholesky-over-bound",
     "stream/cholesky-over-bound",
     "hetero/graph-cholesky-critical-path",
+    "hetero/graph-arena-over-peak",
+    "greedy-by-size/graph-arena-over-peak",
+    "naive/graph-arena-over-peak",
+    "hetero/graph-arena-concurrent-over-sequential",
+    "hetero/graph-arena-lanes-over-sequential",
 ];
 
 const RATIOS: &[&str] = &[

@@ -197,6 +197,7 @@ pub fn run(quick: bool) -> BenchReport {
     capture(&mut rep, &s, &k, quick);
     graph_cholesky::run(&mut rep, &dev, quick);
     super::graph_arena::run(&mut rep, quick);
+    super::graph_arena::run_lanes(&mut rep, &dev, quick);
     rep.notes.push(format!(
         "whole run: {:.1} s{}",
         load.at.elapsed().as_secs_f64(),

@@ -151,6 +151,92 @@ pub fn run(report: &mut BenchReport, quick: bool) {
     ));
 }
 
+/// Sizes scaled down for a real instantiate (the arena is allocated): the
+/// shape of the case stays, its bytes fit any machine.
+const LANE_SCALE: u64 = 1024;
+
+/// The arena hetero plans for `case` under the concurrency it chooses (at most
+/// one node per lane, a lane per compute unit), over the sequential-order plan
+/// of the same scaled sizes. The case becomes a graph through the public API:
+/// a kernel node per node in the case's order, writing the buffers it produces
+/// (their first use) and reading the others, each buffer allocated inside.
+fn lanes_over_sequential(dev: &hetero::Device, case: &RandomCase) -> Option<f64> {
+    use hetero::{Arg, Graph, Grid, Kernel};
+    let sizes: Vec<u64> = case
+        .sizes
+        .iter()
+        .map(|&b| b.div_ceil(LANE_SCALE).max(1).next_multiple_of(ALIGN))
+        .collect();
+    let mut g = Graph::new(dev).ok()?;
+    let bufs: Vec<hetero::DeviceBuffer<u8>> = sizes
+        .iter()
+        .map(|&b| g.alloc::<u8>(b as usize))
+        .collect::<hetero::Result<_>>()
+        .ok()?;
+    let rank: Vec<usize> = {
+        let mut r = vec![0; case.nodes];
+        for (i, &v) in case.order.iter().enumerate() {
+            r[v as usize] = i;
+        }
+        r
+    };
+    let mut per_node: Vec<Vec<(usize, bool)>> = vec![Vec::new(); case.nodes];
+    for (b, uses) in case.uses.iter().enumerate() {
+        let first = uses.iter().copied().min_by_key(|&u| rank[u as usize])?;
+        for &u in uses {
+            per_node[u as usize].push((b, u == first));
+        }
+    }
+    let k = Kernel::new("use", |_| {});
+    let mut ids = vec![None; case.nodes];
+    for &v in &case.order {
+        let deps: Vec<hetero::NodeId> = case
+            .edges
+            .iter()
+            .filter(|&&(_, to)| to == v)
+            .filter_map(|&(from, _)| ids[from as usize])
+            .collect();
+        let args: Vec<Arg<'_>> = per_node[v as usize]
+            .iter()
+            .take(hetero::MAX_KERNEL_ARGS)
+            .map(|&(b, w)| {
+                if w {
+                    Arg::write(&bufs[b])
+                } else {
+                    Arg::read(&bufs[b])
+                }
+            })
+            .collect();
+        ids[v as usize] = Some(g.kernel(&k, Grid::new(1), &args, &deps).ok()?);
+    }
+    let exec = g.instantiate().ok()?;
+    let sequential = plan(&sizes, ALIGN, &Conflicts::from_intervals(&case.intervals()));
+    Some(exec.plan().arena_bytes as f64 / sequential.size.max(1) as f64)
+}
+
+/// `hetero/graph-arena-lanes-over-sequential`: the planned arena of graphs
+/// instantiated on `dev` over the sequential plan (the issue's "a concurrent
+/// schedule raises the planned peak by at most 10 %").
+pub fn run_lanes(report: &mut BenchReport, dev: &hetero::Device, quick: bool) {
+    let cases = if quick { 3 } else { 12 };
+    let mut v: Vec<f64> = (0..cases)
+        .filter_map(|k| lanes_over_sequential(dev, &random_case(FIRST_SEED + k, 1000)))
+        .collect();
+    if v.is_empty() {
+        report
+            .notes
+            .push("graph arena under lanes: no case could be instantiated".into());
+        return;
+    }
+    report.push_samples("hetero/graph-arena-lanes-over-sequential", "ratio", &mut v);
+    report.notes.push(format!(
+        "graph arena under lanes: {cases} random graphs of 1000 buffers (sizes / {LANE_SCALE}) \
+         instantiated on the bench device ({} compute units, so as many lanes), their arena \
+         over the plan of the sequential order",
+        dev.properties().compute_units
+    ));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
