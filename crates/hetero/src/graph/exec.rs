@@ -123,7 +123,8 @@ impl Params {
 pub struct PlanReport {
     /// Nodes.
     pub nodes: usize,
-    /// Edges, explicit and added to order buffer accesses.
+    /// Edges a launch keeps: each lane's chain and the forks and joins between
+    /// lanes (explicit and buffer-order edges that those imply are dropped).
     pub edges: usize,
     /// Edges added because two nodes touch the same buffer, one writing.
     pub ordering_edges: usize,
