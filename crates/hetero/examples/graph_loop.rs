@@ -46,6 +46,17 @@ fn main() {
         instantiate.push(per(t, nodes));
     }
     let mut exec = exec.expect("at least one rep");
+    let mut stream_capture = Vec::new();
+    for _ in 0..reps.min(50) {
+        let t = Instant::now();
+        s.begin_capture().expect("begin");
+        for _ in 0..nodes {
+            s.launch(&k, Grid::new(1), &[]).expect("record");
+        }
+        let g = s.end_capture().expect("end");
+        stream_capture.push(per(t, nodes));
+        drop(g);
+    }
     let mut chain = Vec::new();
     let mut ops = Vec::new();
     for _ in 0..reps {
@@ -118,11 +129,12 @@ fn main() {
     }
     println!(
         "{nodes} nodes: replay chain {:.1} ns/node, op by op {:.1} ns/op, fork/join {:.1} ns/node, \
-         capture {:.1} ns/op, instantiate {:.1} ns/node, update {:.1} ns/node, launch {:.1} ns",
+         capture {:.1} ns/op (stream {:.1}), instantiate {:.1} ns/node, update {:.1} ns/node, launch {:.1} ns",
         median(chain),
         median(ops),
         median(forkjoin),
         median(capture),
+        median(stream_capture),
         median(instantiate),
         median(update),
         median(launch)

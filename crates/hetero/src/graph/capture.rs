@@ -36,6 +36,10 @@ static CAPTURES: Mutex<Vec<Weak<Capture>>> = Mutex::new(Vec::new());
 pub(crate) struct CaptureSlot {
     pub(crate) capturing: AtomicBool,
     capture: Mutex<Option<Arc<Capture>>>,
+    /// A recording stream's (a command buffer's, a graph's) own capture: set
+    /// once when it starts, and the stream never records into another, so
+    /// its ops reach the capture without taking `capture`'s lock.
+    own: std::sync::OnceLock<Arc<Capture>>,
 }
 
 pub(crate) struct Capture {
@@ -121,6 +125,13 @@ fn with_capture<R>(
     op: &'static str,
     f: impl FnOnce(&Capture, &mut CaptureState) -> Result<R>,
 ) -> Result<R> {
+    if let Some(cap) = slot.own.get() {
+        let mut st = lock(&cap.state);
+        if !st.active {
+            return Err(capture_error(op, "the stream is not recording"));
+        }
+        return f(cap, &mut st);
+    }
     // Lock order: a stream's slot, then its capture's state (as in `wait`).
     let guard = lock(&slot.capture);
     let cap = guard
@@ -144,14 +155,14 @@ pub(crate) fn kernel(
         let start = d.args.len();
         for a in args {
             match d.operand("launch", a.storage) {
-                Ok(operand) => Arc::make_mut(&mut d.args).push(super::NodeArg {
+                Ok(operand) => d.args.push(super::NodeArg {
                     operand,
                     elem: a.elem,
                     write: a.write,
                     len: a.storage.bytes() / a.elem.size.max(1),
                 }),
                 Err(e) => {
-                    Arc::make_mut(&mut d.args).truncate(start);
+                    d.args.truncate(start);
                     return Err(e);
                 }
             }
@@ -250,14 +261,14 @@ pub(crate) fn submit(slot: &CaptureSlot, stream: u64, body: Body) -> Result<u64>
                 let start = d.args.len();
                 for a in args.as_slice_iter() {
                     match d.operand("launch", &a.storage) {
-                        Ok(operand) => Arc::make_mut(&mut d.args).push(super::NodeArg {
+                        Ok(operand) => d.args.push(super::NodeArg {
                             operand,
                             elem: a.elem,
                             write: a.write,
                             len: a.len(),
                         }),
                         Err(e) => {
-                            Arc::make_mut(&mut d.args).truncate(start);
+                            d.args.truncate(start);
                             return Err(e);
                         }
                     }
@@ -423,6 +434,7 @@ pub(crate) fn begin(
         Draft::new(new_graph_id(), device),
         host_wait,
         None,
+        false,
     )
 }
 
@@ -432,6 +444,7 @@ fn begin_with(
     draft: Draft,
     host_wait: crate::CompletionMode,
     explicit: Option<Vec<u32>>,
+    recorder: bool,
 ) -> Result<()> {
     let mut slot_cap = lock(&slot.capture);
     if slot_cap.is_some() {
@@ -448,6 +461,10 @@ fn begin_with(
         explicit,
         added: None,
     });
+    if recorder {
+        // A fresh recorder's slot: nothing set it before.
+        let _ = slot.own.set(cap.clone());
+    }
     *slot_cap = Some(cap);
     slot.capturing.store(true, Ordering::Release);
     Ok(())
@@ -700,16 +717,17 @@ impl Graph {
             draft,
             device.host_wait(),
             Some(Vec::new()),
+            true,
         )?;
         Ok(Graph { rec })
     }
 
-    fn with_draft<R>(&self, f: impl FnOnce(&Draft) -> R) -> R {
+    fn with_draft<R>(&self, f: impl FnOnce(&mut Draft) -> R) -> R {
         let cap = lock(&self.rec.capture_slot().capture)
             .clone()
             .expect("a graph always records");
-        let st = lock(&cap.state);
-        f(&st.draft)
+        let mut st = lock(&cap.state);
+        f(&mut st.draft)
     }
 
     /// The number of nodes.
@@ -932,7 +950,14 @@ impl CommandBuffer {
     /// An empty command buffer of `device`.
     pub fn new(device: &crate::Device) -> Result<CommandBuffer> {
         let rec = recorder(device);
-        rec.begin_capture()?;
+        begin_with(
+            rec.capture_slot(),
+            rec.id(),
+            Draft::new(new_graph_id(), device.id()),
+            device.host_wait(),
+            None,
+            true,
+        )?;
         Ok(CommandBuffer {
             rec,
             _not_sync: PhantomData,

@@ -388,7 +388,7 @@ impl Bindings {
 }
 
 /// Turns a draft into an executable plan (see the module doc of `graph`).
-pub(crate) fn instantiate(device: &crate::Device, d: &Draft) -> Result<GraphExec> {
+pub(crate) fn instantiate(device: &crate::Device, d: &mut Draft) -> Result<GraphExec> {
     let units = device.properties().compute_units;
     let sched = schedule(d, units)?;
     let n = d.nodes.len();
@@ -533,8 +533,8 @@ pub(crate) fn instantiate(device: &crate::Device, d: &Draft) -> Result<GraphExec
     let inner = ExecInner {
         device: d.device,
         graph: d.id,
-        nodes: d.nodes.clone(),
-        args: d.args.clone(),
+        nodes: d.nodes.freeze(),
+        args: d.args.freeze(),
         sched,
         fixed: fixed.into_boxed_slice(),
         fixed_index,

@@ -161,15 +161,68 @@ pub(crate) struct SlotInfo {
     pub(crate) kind: MemoryKind,
 }
 
+/// A list a recording appends to, shared with the plans instantiated from it:
+/// a plan takes it without copying (`freeze`), and recording more after that
+/// copies it once (unless no plan holds it any more). Appending to it costs a
+/// plain `Vec` push.
+pub(crate) struct Recorded<T> {
+    vec: Vec<T>,
+    frozen: Option<Arc<Vec<T>>>,
+}
+
+impl<T: Clone> Recorded<T> {
+    fn new() -> Self {
+        Recorded {
+            vec: Vec::with_capacity(64),
+            frozen: None,
+        }
+    }
+
+    fn thaw(&mut self) {
+        if let Some(f) = self.frozen.take() {
+            self.vec = Arc::try_unwrap(f).unwrap_or_else(|a| (*a).clone());
+        }
+    }
+
+    #[inline]
+    pub(crate) fn push(&mut self, x: T) {
+        if self.frozen.is_some() {
+            self.thaw();
+        }
+        self.vec.push(x);
+    }
+
+    pub(crate) fn truncate(&mut self, len: usize) {
+        self.thaw();
+        self.vec.truncate(len);
+    }
+
+    /// The list, for a plan to share.
+    pub(crate) fn freeze(&mut self) -> Arc<Vec<T>> {
+        if self.frozen.is_none() {
+            self.frozen = Some(Arc::new(std::mem::take(&mut self.vec)));
+        }
+        self.frozen.clone().expect("just frozen")
+    }
+}
+
+impl<T> std::ops::Deref for Recorded<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match &self.frozen {
+            Some(f) => f,
+            None => &self.vec,
+        }
+    }
+}
+
 /// A graph being recorded: nodes in recording order, explicit edges, the
 /// buffers allocated inside (bytes) and the slots.
 pub(crate) struct Draft {
     pub(crate) id: u32,
     pub(crate) device: u64,
-    /// Shared with the plans instantiated from it (copy-on-write: a plan
-    /// takes them without copying; recording more copies them once).
-    pub(crate) nodes: Arc<Vec<NodeBody>>,
-    pub(crate) args: Arc<Vec<NodeArg>>,
+    pub(crate) nodes: Recorded<NodeBody>,
+    pub(crate) args: Recorded<NodeArg>,
     pub(crate) edges: Vec<(u32, u32)>,
     pub(crate) internal: Vec<usize>,
     pub(crate) slots: Vec<SlotInfo>,
@@ -180,8 +233,8 @@ impl Draft {
         Draft {
             id,
             device,
-            nodes: Arc::new(Vec::with_capacity(64)),
-            args: Arc::new(Vec::with_capacity(64)),
+            nodes: Recorded::new(),
+            args: Recorded::new(),
             edges: Vec::with_capacity(64),
             internal: Vec::new(),
             slots: Vec::new(),
@@ -213,7 +266,7 @@ impl Draft {
     /// Adds a node after `deps`; returns its index.
     pub(crate) fn push(&mut self, body: NodeBody, deps: &[u32]) -> u32 {
         let v = self.nodes.len() as u32;
-        Arc::make_mut(&mut self.nodes).push(body);
+        self.nodes.push(body);
         for &d in deps {
             self.edges.push((d, v));
         }
