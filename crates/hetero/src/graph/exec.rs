@@ -51,8 +51,6 @@ pub(crate) struct ExecInner {
     /// Each kernel argument as its blocks see it, where that is known at
     /// instantiate (fixed buffers and the arena; a slot's view is made at run time).
     pub(crate) views: Box<[KView]>,
-    /// Whether a kernel node has a slot among its arguments.
-    pub(crate) slot_args: Box<[bool]>,
     /// Events recorded outside the graph that its nodes wait on: a launch waits
     /// for them before it starts.
     pub(crate) waits: Box<[(Arc<Timeline>, u64)]>,
@@ -90,31 +88,49 @@ impl ExecInner {
 /// per-node footprint stays small.
 #[derive(Clone, Default)]
 pub(crate) struct Params {
-    /// Per node: its kernel and grid (`None` for other nodes).
-    kernels: Vec<(Option<Arc<KernelInner>>, u32)>,
-    /// Per node: its entry in `scalars` plus one (0: none).
-    scalar_slot: Vec<u32>,
+    /// Per node: what running it needs, in one place.
+    pub(crate) nodes: Vec<NodeParams>,
     scalars: Vec<(u8, [u64; MAX_SCALARS])>,
+}
+
+/// What running a node needs, kernel nodes in full (the others are `None`
+/// kernels and run from the plan's node list).
+#[derive(Clone)]
+pub(crate) struct NodeParams {
+    pub(crate) kernel: Option<Arc<KernelInner>>,
+    pub(crate) blocks: u32,
+    /// Its entry in `scalars` plus one (0: none).
+    scalar_slot: u32,
+    /// Its arguments: `ExecInner::views` (and `args`) in this range.
+    pub(crate) args: (u32, u32),
+    /// Whether a slot is among them (their views are made at run time).
+    pub(crate) slot_args: bool,
 }
 
 impl Params {
     /// Node `v`'s kernel and number of blocks.
     #[inline]
     pub(crate) fn kernel(&self, v: usize) -> (Option<&Arc<KernelInner>>, u32) {
-        let (k, blocks) = &self.kernels[v];
-        (k.as_ref(), *blocks)
+        let p = &self.nodes[v];
+        (p.kernel.as_ref(), p.blocks)
     }
 
-    /// Node `v`'s scalars.
+    /// The scalars of a node with these parameters.
     #[inline]
-    pub(crate) fn scalars(&self, v: usize) -> &[u64] {
-        match self.scalar_slot[v] {
+    pub(crate) fn scalars_of(&self, p: &NodeParams) -> &[u64] {
+        match p.scalar_slot {
             0 => &[],
             i => {
                 let (n, words) = &self.scalars[i as usize - 1];
                 &words[..*n as usize]
             }
         }
+    }
+
+    /// Node `v`'s scalars.
+    #[inline]
+    pub(crate) fn scalars(&self, v: usize) -> &[u64] {
+        self.scalars_of(&self.nodes[v])
     }
 }
 
@@ -207,10 +223,10 @@ impl GraphExec {
             )));
         }
         let p = Arc::make_mut(&mut self.params);
-        let slot = match p.scalar_slot[v] {
+        let slot = match p.nodes[v].scalar_slot {
             0 => {
                 p.scalars.push((0, [0; MAX_SCALARS]));
-                p.scalar_slot[v] = p.scalars.len() as u32;
+                p.nodes[v].scalar_slot = p.scalars.len() as u32;
                 p.scalars.len() - 1
             }
             i => i as usize - 1,
@@ -235,7 +251,9 @@ impl GraphExec {
                 kernel: kernel.inner.name,
             });
         }
-        Arc::make_mut(&mut self.params).kernels[v] = (Some(kernel.inner.clone()), grid.blocks);
+        let p = &mut Arc::make_mut(&mut self.params).nodes[v];
+        p.kernel = Some(kernel.inner.clone());
+        p.blocks = grid.blocks;
         Ok(())
     }
 
@@ -472,15 +490,32 @@ pub(crate) fn instantiate(device: &crate::Device, d: &mut Draft) -> Result<Graph
     };
 
     let params = Params {
-        kernels: d
+        nodes: d
             .nodes
             .iter()
             .map(|b| match b {
-                NodeBody::Kernel { kernel, blocks, .. } => (Some(kernel.clone()), *blocks),
-                _ => (None, 0),
+                NodeBody::Kernel {
+                    kernel,
+                    blocks,
+                    args: (a, k),
+                } => NodeParams {
+                    kernel: Some(kernel.clone()),
+                    blocks: *blocks,
+                    scalar_slot: 0,
+                    args: (*a, *a + *k),
+                    slot_args: d.args[*a as usize..(*a + *k) as usize]
+                        .iter()
+                        .any(|arg| matches!(arg.operand, Operand::Slot(_))),
+                },
+                _ => NodeParams {
+                    kernel: None,
+                    blocks: 0,
+                    scalar_slot: 0,
+                    args: (0, 0),
+                    slot_args: false,
+                },
             })
             .collect(),
-        scalar_slot: vec![0; n],
         scalars: Vec::new(),
     };
 
@@ -520,16 +555,7 @@ pub(crate) fn instantiate(device: &crate::Device, d: &mut Draft) -> Result<Graph
             write: arg.write,
         })
         .collect();
-    let slot_args = d
-        .nodes
-        .iter()
-        .map(|b| match b {
-            NodeBody::Kernel { args: (a, n), .. } => d.args[*a as usize..(*a + *n) as usize]
-                .iter()
-                .any(|arg| matches!(arg.operand, Operand::Slot(_))),
-            _ => false,
-        })
-        .collect();
+
     let inner = ExecInner {
         device: d.device,
         graph: d.id,
@@ -544,7 +570,6 @@ pub(crate) fn instantiate(device: &crate::Device, d: &mut Draft) -> Result<Graph
         arena,
         offsets: offsets.into_boxed_slice(),
         views,
-        slot_args,
         waits: waits.into_boxed_slice(),
         runs: Mutex::new(Vec::new()),
         report,

@@ -150,45 +150,50 @@ pub(crate) fn node_ref(e: &ExecInner, v: u32) -> hetero_trace::NodeRef {
 #[inline]
 pub(crate) fn run_node(l: &GraphLaunch, v: u32) -> Result<(), String> {
     let e = &*l.exec;
-    match &e.nodes[v as usize] {
-        NodeBody::Kernel { args: (a, n), .. } => {
-            let (Some(kernel), blocks) = l.params.kernel(v as usize) else {
-                return Ok(());
-            };
-            let range = *a as usize..(*a + *n) as usize;
-            let mut resolved = [std::mem::MaybeUninit::<KView>::uninit(); MAX_KERNEL_ARGS];
-            let views: &[KView] = if e.slot_args[v as usize] {
-                let args = &e.args[range];
-                for (view, arg) in resolved.iter_mut().zip(args) {
-                    view.write(KView {
-                        ptr: l.operand(&arg.operand),
-                        len: arg.len,
-                        elem: arg.elem,
-                        write: arg.write,
-                    });
-                }
-                // SAFETY: the loop initialised the first `args.len()` entries
-                // (a launch has at most MAX_KERNEL_ARGS arguments).
-                unsafe { std::slice::from_raw_parts(resolved.as_ptr().cast::<KView>(), args.len()) }
-            } else {
-                // Fixed buffers and the arena: resolved at instantiate.
-                &e.views[range]
-            };
-            let scalars = l.params.scalars(v as usize);
-            let (name, f) = (kernel.name, &kernel.f);
-            let mut result = Ok(());
-            for b in 0..blocks {
-                let mut block = Block::with(b, blocks, Args::Views(views), scalars);
-                let r = crate::op::catch_user(
-                    || format!("kernel '{name}' in block {b}"),
-                    || f(&mut block),
-                );
-                if result.is_ok() {
-                    result = r;
-                }
+    let p = &l.params.nodes[v as usize];
+    if let Some(kernel) = &p.kernel {
+        let range = p.args.0 as usize..p.args.1 as usize;
+        let mut resolved = [std::mem::MaybeUninit::<KView>::uninit(); MAX_KERNEL_ARGS];
+        let views: &[KView] = if p.slot_args {
+            let args = &e.args[range];
+            for (view, arg) in resolved.iter_mut().zip(args) {
+                view.write(KView {
+                    ptr: l.operand(&arg.operand),
+                    len: arg.len,
+                    elem: arg.elem,
+                    write: arg.write,
+                });
             }
-            result
+            // SAFETY: the loop initialised the first `args.len()` entries
+            // (a launch has at most MAX_KERNEL_ARGS arguments).
+            unsafe { std::slice::from_raw_parts(resolved.as_ptr().cast::<KView>(), args.len()) }
+        } else {
+            // Fixed buffers and the arena: resolved at instantiate.
+            &e.views[range]
+        };
+        let scalars = l.params.scalars_of(p);
+        let (name, f, blocks) = (kernel.name, &kernel.f, p.blocks);
+        if blocks == 1 {
+            let mut block = Block::with(0, 1, Args::Views(views), scalars);
+            return crate::op::catch_user(
+                || format!("kernel '{name}' in block 0"),
+                || f(&mut block),
+            );
         }
+        let mut result = Ok(());
+        for b in 0..blocks {
+            let mut block = Block::with(b, blocks, Args::Views(views), scalars);
+            let r =
+                crate::op::catch_user(|| format!("kernel '{name}' in block {b}"), || f(&mut block));
+            if result.is_ok() {
+                result = r;
+            }
+        }
+        return result;
+    }
+    match &e.nodes[v as usize] {
+        // Kernel nodes always have their kernel in the parameters.
+        NodeBody::Kernel { .. } => Ok(()),
         NodeBody::Copy {
             src,
             src_off,
