@@ -193,6 +193,24 @@ impl GraphExec {
         &self.inner.report
     }
 
+    /// The parameters, for an update: copied first if a launch still holds
+    /// them (copy-on-write), else changed in place.
+    #[inline]
+    fn params_mut(&mut self) -> &mut Params {
+        if Arc::strong_count(&self.params) == 1 {
+            // Pairs with the Release decrement of the last other owner's drop.
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+            // SAFETY: this is the only strong reference, no `Weak` of the
+            // parameters is ever made, and `&mut self` keeps this handle from
+            // being cloned (launches clone it through `&self`) while the
+            // borrow lives: nothing else can read or write them meanwhile.
+            // (`Arc::make_mut` would do the same after an atomic RMW per call.)
+            unsafe { &mut *(Arc::as_ptr(&self.params) as *mut Params) }
+        } else {
+            Arc::make_mut(&mut self.params)
+        }
+    }
+
     fn kernel_node(&self, node: crate::NodeId) -> Result<usize> {
         if node.graph != self.inner.graph {
             return Err(update_error(format!(
@@ -201,6 +219,11 @@ impl GraphExec {
             )));
         }
         let v = node.index as usize;
+        // Kernel nodes have their kernel in the parameters (the common case,
+        // without touching the node list).
+        if self.params.nodes.get(v).is_some_and(|p| p.kernel.is_some()) {
+            return Ok(v);
+        }
         match self.inner.nodes.get(v) {
             Some(NodeBody::Kernel { .. }) => Ok(v),
             Some(other) => Err(update_error(format!(
@@ -222,7 +245,7 @@ impl GraphExec {
                 scalars.len()
             )));
         }
-        let p = Arc::make_mut(&mut self.params);
+        let p = self.params_mut();
         let slot = match p.nodes[v].scalar_slot {
             0 => {
                 p.scalars.push((0, [0; MAX_SCALARS]));
@@ -251,7 +274,7 @@ impl GraphExec {
                 kernel: kernel.inner.name,
             });
         }
-        let p = &mut Arc::make_mut(&mut self.params).nodes[v];
+        let p = &mut self.params_mut().nodes[v];
         p.kernel = Some(kernel.inner.clone());
         p.blocks = grid.blocks;
         Ok(())
