@@ -203,16 +203,24 @@ impl CaptureState {
                 .expect("a capturing stream has its lane")
         };
         let lane = &mut self.lanes[lane_index];
-        let v = match &lane.explicit {
-            Some(deps) => self.draft.push(body, deps),
-            None => self.draft.push(body, &lane.tail),
-        };
-        let lane = &mut self.lanes[lane_index];
-        if lane.explicit.is_some() {
-            lane.added = Some(v);
-        } else {
-            lane.tail.clear();
-            lane.tail.push(v);
+        let d = &mut self.draft;
+        let v = d.nodes.len() as u32;
+        d.nodes.push(body);
+        match &lane.explicit {
+            Some(deps) => {
+                d.edges.extend(deps.iter().map(|&p| (p, v)));
+                lane.added = Some(v);
+            }
+            // The common case: one op after the previous one.
+            None if lane.tail.len() == 1 => {
+                d.edges.push((lane.tail[0], v));
+                lane.tail[0] = v;
+            }
+            None => {
+                d.edges.extend(lane.tail.iter().map(|&p| (p, v)));
+                lane.tail.clear();
+                lane.tail.push(v);
+            }
         }
         u64::from(v) + 1
     }
