@@ -147,6 +147,29 @@ impl Stream {
         crate::graph::run::launch(self, exec, None)
     }
 
+    /// Records `f`'s operations into a command buffer and launches it once:
+    /// one submission for all of them (a one-shot recording; for replays keep
+    /// the [`GraphExec`](crate::GraphExec) of [`CommandBuffer::finish`](crate::CommandBuffer::finish)).
+    ///
+    /// ```
+    /// use hetero::Device;
+    /// let dev = Device::host().unwrap();
+    /// let s = dev.create_stream().unwrap();
+    /// let (a, b) = (dev.alloc::<u32>(8).unwrap(), dev.alloc::<u32>(8).unwrap());
+    /// s.run_commands(|cb| {
+    ///     cb.fill(&a, 3)?;
+    ///     cb.copy_d2d(&a, &b)
+    /// })
+    /// .unwrap();
+    /// assert_eq!(s.read_to_vec(&b).unwrap(), vec![3; 8]);
+    /// ```
+    pub fn run_commands(&self, f: impl FnOnce(&crate::CommandBuffer) -> Result<()>) -> Result<()> {
+        let cb = crate::CommandBuffer::new(self.device())?;
+        f(&cb)?;
+        let exec = cb.finish()?;
+        self.launch_graph(&exec)
+    }
+
     /// Launches an executable graph with its slots bound by `bindings`.
     pub fn launch_graph_with(
         &self,

@@ -560,3 +560,28 @@ fn dropped_graphs_and_captures_free_what_they_recorded() {
     // Every recording let go of its callback (and of the buffers it named).
     assert_eq!(Arc::strong_count(&probe), 1);
 }
+
+#[test]
+fn one_shot_command_recording_runs_once_in_order() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let a = dev.alloc::<u32>(256).unwrap();
+    let b = dev.alloc::<u32>(256).unwrap();
+    s.fill(&a, 1u32).unwrap();
+    for round in 1..=3u32 {
+        s.run_commands(|cb| {
+            cb.launch(
+                &double_plus(),
+                Grid::new(4),
+                &[Arg::read(&a), Arg::write(&b)],
+            )?;
+            cb.copy_d2d(&b, &a)
+        })
+        .unwrap();
+        assert_eq!(s.read_to_vec(&a).unwrap(), vec![1 << round; 256]);
+    }
+    // An error inside the recording is returned and nothing is launched.
+    let err = s.run_commands(|cb| cb.copy_d2d(&a, &a));
+    assert!(matches!(err, Err(Error::Aliasing { .. })));
+    assert_eq!(s.read_to_vec(&a).unwrap(), vec![8; 256]);
+}
