@@ -158,6 +158,18 @@ impl Storage {
         self.pending_ready()
     }
 
+    /// A graph holds this storage (a buffer its nodes name): when the handle
+    /// drops, the memory must not go back to its stream's cache at once, as if
+    /// only queued work still used it — a launch may come any time later. It
+    /// returns when the last holder (the plan) lets go. Written while the
+    /// handle is borrowed for the recording, like `shared`.
+    pub(crate) fn hold_for_graph(&self) {
+        if self.home != 0 {
+            self.shared.store(true, Ordering::Relaxed);
+            self.used_on_more.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// Remembers that an op on `stream` (not `home`) holds this storage.
     #[inline]
     fn note_used_on(&self, stream: u64) {

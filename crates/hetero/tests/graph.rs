@@ -585,3 +585,51 @@ fn one_shot_command_recording_runs_once_in_order() {
     assert!(matches!(err, Err(Error::Aliasing { .. })));
     assert_eq!(s.read_to_vec(&a).unwrap(), vec![8; 256]);
 }
+
+#[test]
+fn a_buffer_dropped_after_recording_keeps_its_memory_for_the_plan() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let cb = CommandBuffer::new(&dev).unwrap();
+    {
+        // Stream-ordered memory, dropped while only the plan holds it.
+        let recorded = s.alloc::<u32>(4096).unwrap();
+        cb.fill(&recorded, 7u32).unwrap();
+    }
+    let exec = cb.finish().unwrap();
+    // Same size on the same stream: it would get that memory back if the
+    // drop had returned it.
+    let other = s.alloc::<u32>(4096).unwrap();
+    s.fill(&other, 1u32).unwrap();
+    for _ in 0..3 {
+        s.launch_graph(&exec).unwrap();
+    }
+    assert_eq!(s.read_to_vec(&other).unwrap(), vec![1; 4096]);
+    // A buffer of another device is refused when recorded.
+    let dev2 = common::device();
+    let foreign = dev2.alloc::<u32>(4).unwrap();
+    let cb = CommandBuffer::new(&dev).unwrap();
+    assert!(matches!(
+        cb.fill(&foreign, 1u32),
+        Err(Error::WrongDevice { .. })
+    ));
+}
+
+#[test]
+fn a_buffer_dropped_after_binding_keeps_its_memory_for_the_table() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let mut g = Graph::new(&dev).unwrap();
+    let slot = g.slot::<u32>(4096).unwrap();
+    g.fill(&slot, 7u32, &[]).unwrap();
+    let exec = g.instantiate().unwrap();
+    let mut bind = exec.bindings();
+    {
+        let bound = s.alloc::<u32>(4096).unwrap();
+        bind.bind(&slot, &bound).unwrap();
+    }
+    let other = s.alloc::<u32>(4096).unwrap();
+    s.fill(&other, 1u32).unwrap();
+    s.launch_graph_with(&exec, &bind).unwrap();
+    assert_eq!(s.read_to_vec(&other).unwrap(), vec![1; 4096]);
+}

@@ -376,6 +376,8 @@ impl Bindings {
             if clash {
                 return Err(Error::Aliasing { op });
             }
+            // The table may outlive the buffer's handle (see `hold_for_graph`).
+            storage.hold_for_graph();
             self.unbind(index);
             let entry = self.bound.entry(key).or_insert((0, false));
             entry.0 += 1;

@@ -249,7 +249,10 @@ impl Draft {
         storage: &Arc<Storage>,
     ) -> crate::Result<Operand> {
         match GraphRef::unpack(storage.graph_ref) {
-            None => Ok(Operand::Fixed(storage.clone())),
+            None => {
+                storage.hold_for_graph();
+                Ok(Operand::Fixed(storage.clone()))
+            }
             Some(r) if r.graph != self.id => Err(Error::Graph {
                 op,
                 detail: format!(
