@@ -175,7 +175,7 @@ pub fn run(quick: bool) -> BenchReport {
         ns_since(t)
     }));
     rep.notes.push(format!(
-        "device {} ({} backend, {} cores), default configuration (host waits spin 50 us, \
+        "device {} ({} backend, {} cores), default configuration (host waits spin 2 us, \
          yield to 200 us, then park); wall clock (an Instant pair costs {clock:.0} ns here, \
          inside every sample); a figure and its peer are sampled in turn",
         props.name,
