@@ -633,3 +633,69 @@ fn a_buffer_dropped_after_binding_keeps_its_memory_for_the_table() {
     s.launch_graph_with(&exec, &bind).unwrap();
     assert_eq!(s.read_to_vec(&other).unwrap(), vec![1; 4096]);
 }
+
+#[test]
+fn multi_block_kernel_nodes_run_every_block_once() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let n = 1 << 16;
+    let input = dev.alloc::<u32>(n).unwrap();
+    let outs: Vec<_> = (0..3).map(|_| dev.alloc::<u32>(n).unwrap()).collect();
+    s.fill(&input, 5u32).unwrap();
+    let blocks_seen = Arc::new(AtomicU32::new(0));
+    let seen = blocks_seen.clone();
+    let k = Kernel::new("double_counted", move |b| {
+        seen.fetch_add(1, Ordering::Relaxed);
+        let input = b.read::<u32>(0);
+        let base = b.write_offset(0);
+        for (j, v) in b.write::<u32>(0).iter_mut().enumerate() {
+            *v = input[base + j] * 2 + 1;
+        }
+    });
+    // Two independent multi-block nodes (two lanes) and one after both.
+    let mut g = Graph::new(&dev).unwrap();
+    let a = g
+        .kernel(
+            &k,
+            Grid::new(37),
+            &[Arg::read(&input), Arg::write(&outs[0])],
+            &[],
+        )
+        .unwrap();
+    let b = g
+        .kernel(
+            &k,
+            Grid::new(64),
+            &[Arg::read(&input), Arg::write(&outs[1])],
+            &[],
+        )
+        .unwrap();
+    g.kernel(
+        &k,
+        Grid::new(5),
+        &[Arg::read(&outs[0]), Arg::write(&outs[2])],
+        &[a, b],
+    )
+    .unwrap();
+    let exec = g.instantiate().unwrap();
+    for round in 1..=4u32 {
+        s.launch_graph(&exec).unwrap();
+        s.synchronize().unwrap();
+        assert_eq!(blocks_seen.load(Ordering::Relaxed), round * (37 + 64 + 5));
+    }
+    assert_eq!(s.read_to_vec(&outs[0]).unwrap(), vec![11; n]);
+    assert_eq!(s.read_to_vec(&outs[1]).unwrap(), vec![11; n]);
+    assert_eq!(s.read_to_vec(&outs[2]).unwrap(), vec![23; n]);
+    // A block that fails fails the node and the launch.
+    let boom = Kernel::new("boom_in_block", |b| {
+        if b.index() == 3 {
+            panic!("block 3 failed");
+        }
+    });
+    let mut g = Graph::new(&dev).unwrap();
+    g.kernel(&boom, Grid::new(8), &[], &[]).unwrap();
+    let exec = g.instantiate().unwrap();
+    s.launch_graph(&exec).unwrap();
+    let err = s.synchronize().unwrap_err().to_string();
+    assert!(err.contains("block 3"), "{err}");
+}

@@ -115,6 +115,27 @@ impl Drop for GraphLaunch {
 pub(crate) trait NodeHooks {
     /// Node `v` ran from `start_ns` to now (called only while profiling).
     fn record(&mut self, _l: &GraphLaunch, _v: u32, _start_ns: u64, _failed: bool) {}
+
+    /// Runs node `v` (a backend may spread a kernel's blocks over its engines).
+    fn run(&mut self, l: &GraphLaunch, v: u32) -> Result<(), String> {
+        run_node(l, v)
+    }
+}
+
+/// Runs block `b` of kernel node `v`, whose arguments are all known at
+/// instantiate (no slot among them): what another engine can run without the
+/// node's runner.
+pub(crate) fn run_block(l: &GraphLaunch, v: u32, b: u32) -> Result<(), String> {
+    let e = &*l.exec;
+    let p = &l.params.nodes[v as usize];
+    let Some(kernel) = &p.kernel else {
+        return Ok(());
+    };
+    let views = &e.views[p.args.0 as usize..p.args.1 as usize];
+    let scalars = l.params.scalars_of(p);
+    let (name, f, blocks) = (kernel.name, &kernel.f, p.blocks);
+    let mut block = Block::with(b, blocks, Args::Views(views), scalars);
+    crate::op::catch_user(|| format!("kernel '{name}' in block {b}"), || f(&mut block))
 }
 
 /// The trace kind and engine of a node run on a compute unit.
@@ -393,7 +414,7 @@ impl RunState {
         let profiling = crate::clock::profiling();
         self.walk(&s.hot, &s.succ, v, pushed, |v| {
             let start_ns = if profiling { crate::clock::now_ns() } else { 0 };
-            let result = run_node(l, v).map_err(|m| self.fail(l, v, m));
+            let result = hooks.run(l, v).map_err(|m| self.fail(l, v, m));
             if profiling {
                 hooks.record(l, v, start_ns, result.is_err());
             }

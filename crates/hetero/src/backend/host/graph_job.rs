@@ -22,7 +22,10 @@ pub(super) struct GraphJob {
     stream: Arc<HostStream>,
     value: u64,
     ran: Ran,
-    published: bool,
+    /// In its queue's graph slot (helpers can find it).
+    published: AtomicBool,
+    /// The blocks of one multi-block kernel node, for every engine to take.
+    blocks: BlockJob,
     op: UnsafeCell<Option<Op>>,
     /// Weak: an engine that cloned the job may drop it after the launch
     /// completed, and the plan (with its buffers and callbacks) must not outlive
@@ -46,6 +49,74 @@ impl Drop for GraphJob {
     }
 }
 
+/// The blocks of a kernel node spread over engines.
+///
+/// Invariants: `claim` packs `(node + 1) << 32 | next block` (0: none). The
+/// runner that takes `busy` stores `blocks` and `done`, then publishes `claim`
+/// (Release); the others run their nodes' blocks themselves meanwhile;
+/// a block is taken by a CAS `(v, b) -> (v, b + 1)` with `b < blocks`, and
+/// read only after that CAS succeeded (Acquire). The runner waits until
+/// `done == blocks` (AcqRel) before it clears `claim` and goes on, so a block is
+/// run exactly once and never after its node finished; a stale CAS fails,
+/// since each node of a launch is installed at most once.
+#[derive(Default)]
+struct BlockJob {
+    /// Taken by the runner that installs a node (one node's blocks at a time).
+    busy: AtomicBool,
+    claim: AtomicU64,
+    blocks: AtomicU32,
+    done: AtomicU32,
+    error: Mutex<Option<String>>,
+}
+
+const BLOCK_MASK: u64 = (1 << 32) - 1;
+
+impl BlockJob {
+    fn available(&self) -> bool {
+        let c = self.claim.load(Ordering::Relaxed);
+        c != 0 && (c & BLOCK_MASK) < u64::from(self.blocks.load(Ordering::Relaxed))
+    }
+
+    /// Takes and runs blocks of the installed node of `job` until none is
+    /// left. The launch op is read only with a block taken: its node is then
+    /// unfinished (its runner waits for the block), so the op is in place.
+    fn help(&self, job: &GraphJob) {
+        loop {
+            let c = self.claim.load(Ordering::Acquire);
+            if c == 0 {
+                return;
+            }
+            let (v, b) = ((c >> 32) as u32 - 1, (c & BLOCK_MASK) as u32);
+            let blocks = self.blocks.load(Ordering::Acquire);
+            if b >= blocks {
+                return;
+            }
+            if self
+                .claim
+                .compare_exchange_weak(c, c + 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            // SAFETY: this thread holds block `b` of an unfinished node (see above).
+            let op = unsafe { (*job.op.get()).as_ref() }.expect("a running job has its op");
+            let ran = match &op.body {
+                Body::Graph(l) => in_frame(&job.stream, job.value, op, || {
+                    crate::graph::run::run_block(l, v, b)
+                }),
+                _ => Ok(()),
+            };
+            if let Err(m) = ran {
+                self.error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert(m);
+            }
+            self.done.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
 impl GraphJob {
     fn run(&self) -> &RunState {
         self.run
@@ -61,12 +132,46 @@ pub(super) struct GraphSlot {
 }
 
 struct OnEngine<'a> {
-    job: &'a GraphJob,
+    sh: &'a Shared,
+    job: &'a Arc<GraphJob>,
     op: &'a Op,
     unit: u32,
 }
 
 impl NodeHooks for OnEngine<'_> {
+    fn run(&mut self, l: &crate::graph::run::GraphLaunch, v: u32) -> Result<(), String> {
+        let p = &l.params.nodes[v as usize];
+        let units = self.sh.config.compute_units as u32;
+        let bj = &self.job.blocks;
+        // Blocks whose views every engine can make, on a device with engines
+        // to spare, while no other node's blocks are out.
+        if p.kernel.is_none()
+            || p.blocks < 2
+            || p.slot_args
+            || units < 2
+            || bj.busy.swap(true, Ordering::Acquire)
+        {
+            return crate::graph::run::run_node(l, v);
+        }
+        bj.blocks.store(p.blocks, Ordering::Relaxed);
+        bj.done.store(0, Ordering::Relaxed);
+        bj.claim.store(u64::from(v + 1) << 32, Ordering::Release);
+        publish(self.sh, self.job);
+        self.sh.idle.wake((units - 1).min(p.blocks - 1));
+        bj.help(self.job);
+        let backoff = crossbeam_utils::Backoff::new();
+        while bj.done.load(Ordering::Acquire) < p.blocks {
+            // Helpers run the blocks they took; nothing else is left to run here.
+            backoff.snooze();
+        }
+        bj.claim.store(0, Ordering::Release);
+        bj.busy.store(false, Ordering::Release);
+        match bj.error.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some(m) => Err(m),
+            None => Ok(()),
+        }
+    }
+
     fn record(&mut self, l: &crate::graph::run::GraphLaunch, v: u32, start_ns: u64, failed: bool) {
         let body = &l.exec.nodes[v as usize];
         let (kind, bytes) = crate::graph::run::node_kind(body);
@@ -101,27 +206,37 @@ pub(super) fn start_graph(sh: &Shared, stream: &Arc<HostStream>, op: Op, value: 
         return;
     }
     let run = RunState::take(&l.exec);
-    // A single chain needs no helpers, so it is not published.
-    let published = l.exec.sched.chain_heads.len() > 1;
+    // A single lane needs no helpers (unless a kernel node spreads its
+    // blocks, which publishes the job then).
+    let published = l.exec.sched.lanes > 1;
     let sources = l.exec.sched.preds.iter().filter(|&&p| p == 0).count();
     let job = Arc::new(GraphJob {
         stream: stream.clone(),
         value,
         ran,
-        published,
+        published: AtomicBool::new(false),
+        blocks: BlockJob::default(),
         exec: Arc::downgrade(&l.exec),
         op: UnsafeCell::new(Some(op)),
         run: Some(run),
     });
     if published {
-        *lock(&sh.graph_slots[stream.queue].job) = Some(job.clone());
-        sh.graph_count.fetch_add(1, Ordering::Release);
+        publish(sh, &job);
         let helpers = (sh.config.compute_units - 1).min(sources.saturating_sub(1));
         if helpers > 0 {
             sh.idle.wake(helpers as u32);
         }
     }
     drive(sh, &job, ran.unit);
+}
+
+/// Puts `job` in its queue's graph slot (once), where idle engines find it.
+fn publish(sh: &Shared, job: &Arc<GraphJob>) {
+    if job.published.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    *lock(&sh.graph_slots[job.stream.queue].job) = Some(job.clone());
+    sh.graph_count.fetch_add(1, Ordering::Release);
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -132,7 +247,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub(super) fn find_graph_job(sh: &Shared) -> Option<Arc<GraphJob>> {
     sh.graph_slots.iter().find_map(|slot| {
         let guard = slot.job.try_lock().ok()?;
-        guard.as_ref().filter(|j| j.run().has_ready()).cloned()
+        guard
+            .as_ref()
+            .filter(|j| j.run().has_ready() || j.blocks.available())
+            .cloned()
     })
 }
 
@@ -140,14 +258,15 @@ pub(super) fn find_graph_job(sh: &Shared) -> Option<Arc<GraphJob>> {
 /// the last node completes the launch.
 pub(super) fn drive(sh: &Shared, job: &Arc<GraphJob>, unit: u32) {
     let run = job.run();
+    job.blocks.help(job);
     while let Some(v) = run.pop() {
         // SAFETY: node `v` is unfinished, so the op is in place (module doc).
         let op = unsafe { (*job.op.get()).as_ref() }.expect("a running job has its op");
         let Body::Graph(l) = &op.body else {
             unreachable!("a graph job holds a graph launch")
         };
-        let mut user = OnEngine { job, op, unit };
-        let wake = job.published;
+        let mut user = OnEngine { sh, job, op, unit };
+        let wake = job.published.load(Ordering::Relaxed);
         // The launch's frame for the deadlock checks of blocking calls its
         // kernels and callbacks make.
         let k = in_frame(&job.stream, job.value, op, || {
@@ -165,7 +284,7 @@ pub(super) fn drive(sh: &Shared, job: &Arc<GraphJob>, unit: u32) {
 }
 
 fn complete_graph(sh: &Shared, job: &Arc<GraphJob>) {
-    if job.published {
+    if job.published.load(Ordering::Acquire) {
         lock(&sh.graph_slots[job.stream.queue].job).take();
         sh.graph_count.fetch_sub(1, Ordering::Release);
     }
