@@ -139,7 +139,43 @@ struct OnEngine<'a> {
 }
 
 impl NodeHooks for OnEngine<'_> {
+    #[inline]
     fn run(&mut self, l: &crate::graph::run::GraphLaunch, v: u32) -> Result<(), String> {
+        let p = &l.params.nodes[v as usize];
+        if p.blocks < 2 {
+            return crate::graph::run::run_node(l, v);
+        }
+        self.run_blocks(l, v)
+    }
+
+    fn record(&mut self, l: &crate::graph::run::GraphLaunch, v: u32, start_ns: u64, failed: bool) {
+        let body = &l.exec.nodes[v as usize];
+        let (kind, bytes) = crate::graph::run::node_kind(body);
+        let stream = &self.job.stream;
+        hetero_trace::record_op(hetero_trace::OpRecord {
+            kind,
+            name: body.name(),
+            stream: stream.id,
+            queue: stream.queue as u32,
+            engine: hetero_trace::EngineKind::Compute,
+            engine_index: self.unit,
+            seq: self.job.value,
+            submit_ns: self.op.submit_ns,
+            start_ns,
+            end_ns: crate::clock::now_ns(),
+            bytes,
+            dep: None,
+            failed,
+            node: Some(crate::graph::run::node_ref(&l.exec, v)),
+        });
+    }
+}
+
+impl OnEngine<'_> {
+    /// A kernel node of several blocks: spread over the engines when they can
+    /// all make its views, else run here.
+    #[cold]
+    fn run_blocks(&mut self, l: &crate::graph::run::GraphLaunch, v: u32) -> Result<(), String> {
         let p = &l.params.nodes[v as usize];
         let units = self.sh.config.compute_units as u32;
         let bj = &self.job.blocks;
@@ -170,28 +206,6 @@ impl NodeHooks for OnEngine<'_> {
             Some(m) => Err(m),
             None => Ok(()),
         }
-    }
-
-    fn record(&mut self, l: &crate::graph::run::GraphLaunch, v: u32, start_ns: u64, failed: bool) {
-        let body = &l.exec.nodes[v as usize];
-        let (kind, bytes) = crate::graph::run::node_kind(body);
-        let stream = &self.job.stream;
-        hetero_trace::record_op(hetero_trace::OpRecord {
-            kind,
-            name: body.name(),
-            stream: stream.id,
-            queue: stream.queue as u32,
-            engine: hetero_trace::EngineKind::Compute,
-            engine_index: self.unit,
-            seq: self.job.value,
-            submit_ns: self.op.submit_ns,
-            start_ns,
-            end_ns: crate::clock::now_ns(),
-            bytes,
-            dep: None,
-            failed,
-            node: Some(crate::graph::run::node_ref(&l.exec, v)),
-        });
     }
 }
 
