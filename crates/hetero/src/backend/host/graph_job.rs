@@ -49,6 +49,8 @@ impl Drop for GraphJob {
     }
 }
 
+use crate::loom::{AtomicBool as LAtomicBool, AtomicU32 as LAtomicU32, AtomicU64 as LAtomicU64};
+
 /// The blocks of a kernel node spread over engines.
 ///
 /// Invariants: `claim` packs `(node + 1) << 32 | next block` (0: none). The
@@ -62,10 +64,10 @@ impl Drop for GraphJob {
 #[derive(Default)]
 struct BlockJob {
     /// Taken by the runner that installs a node (one node's blocks at a time).
-    busy: AtomicBool,
-    claim: AtomicU64,
-    blocks: AtomicU32,
-    done: AtomicU32,
+    busy: LAtomicBool,
+    claim: LAtomicU64,
+    blocks: LAtomicU32,
+    done: LAtomicU32,
     error: Mutex<Option<String>>,
 }
 
@@ -77,10 +79,21 @@ impl BlockJob {
         c != 0 && (c & BLOCK_MASK) < u64::from(self.blocks.load(Ordering::Relaxed))
     }
 
-    /// Takes and runs blocks of the installed node of `job` until none is
-    /// left. The launch op is read only with a block taken: its node is then
-    /// unfinished (its runner waits for the block), so the op is in place.
-    fn help(&self, job: &GraphJob) {
+    /// Installs node `v`'s `blocks` for every engine to take; false when
+    /// another node's blocks are out (the caller runs its blocks itself).
+    fn install(&self, v: u32, blocks: u32) -> bool {
+        if self.busy.swap(true, Ordering::Acquire) {
+            return false;
+        }
+        self.blocks.store(blocks, Ordering::Relaxed);
+        self.done.store(0, Ordering::Relaxed);
+        self.claim.store(u64::from(v + 1) << 32, Ordering::Release);
+        true
+    }
+
+    /// Takes blocks of the installed node and runs each with `run(node,
+    /// block)` until none is left to take.
+    fn help(&self, mut run: impl FnMut(u32, u32) -> Result<(), String>) {
         loop {
             let c = self.claim.load(Ordering::Acquire);
             if c == 0 {
@@ -98,15 +111,7 @@ impl BlockJob {
             {
                 continue;
             }
-            // SAFETY: this thread holds block `b` of an unfinished node (see above).
-            let op = unsafe { (*job.op.get()).as_ref() }.expect("a running job has its op");
-            let ran = match &op.body {
-                Body::Graph(l) => in_frame(&job.stream, job.value, op, || {
-                    crate::graph::run::run_block(l, v, b)
-                }),
-                _ => Ok(()),
-            };
-            if let Err(m) = ran {
+            if let Err(m) = run(v, b) {
                 self.error
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -114,6 +119,38 @@ impl BlockJob {
             }
             self.done.fetch_add(1, Ordering::AcqRel);
         }
+    }
+
+    /// The installer, after its own `help`: waits until every block ran, then
+    /// frees the job; returns the first block's failure.
+    fn finish(&self) -> Result<(), String> {
+        let blocks = self.blocks.load(Ordering::Relaxed);
+        let backoff = crossbeam_utils::Backoff::new();
+        while self.done.load(Ordering::Acquire) < blocks {
+            // The blocks others took are running; nothing is left to run here.
+            backoff.snooze();
+            crate::loom::model_yield();
+        }
+        self.claim.store(0, Ordering::Release);
+        self.busy.store(false, Ordering::Release);
+        match self.error.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some(m) => Err(m),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Runs block `b` of node `v` of `job`'s launch. The launch op is read only
+/// with that block taken: its node is then unfinished (its runner waits for
+/// the block), so the op is in place.
+fn run_taken_block(job: &GraphJob, v: u32, b: u32) -> Result<(), String> {
+    // SAFETY: the caller holds block `b` of an unfinished node (see above).
+    let op = unsafe { (*job.op.get()).as_ref() }.expect("a running job has its op");
+    match &op.body {
+        Body::Graph(l) => in_frame(&job.stream, job.value, op, || {
+            crate::graph::run::run_block(l, v, b)
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -181,31 +218,14 @@ impl OnEngine<'_> {
         let bj = &self.job.blocks;
         // Blocks whose views every engine can make, on a device with engines
         // to spare, while no other node's blocks are out.
-        if p.kernel.is_none()
-            || p.blocks < 2
-            || p.slot_args
-            || units < 2
-            || bj.busy.swap(true, Ordering::Acquire)
-        {
+        if p.kernel.is_none() || p.slot_args || units < 2 || !bj.install(v, p.blocks) {
             return crate::graph::run::run_node(l, v);
         }
-        bj.blocks.store(p.blocks, Ordering::Relaxed);
-        bj.done.store(0, Ordering::Relaxed);
-        bj.claim.store(u64::from(v + 1) << 32, Ordering::Release);
         publish(self.sh, self.job);
         self.sh.idle.wake((units - 1).min(p.blocks - 1));
-        bj.help(self.job);
-        let backoff = crossbeam_utils::Backoff::new();
-        while bj.done.load(Ordering::Acquire) < p.blocks {
-            // Helpers run the blocks they took; nothing else is left to run here.
-            backoff.snooze();
-        }
-        bj.claim.store(0, Ordering::Release);
-        bj.busy.store(false, Ordering::Release);
-        match bj.error.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            Some(m) => Err(m),
-            None => Ok(()),
-        }
+        let job = self.job;
+        bj.help(|v, b| run_taken_block(job, v, b));
+        bj.finish()
     }
 }
 
@@ -272,7 +292,7 @@ pub(super) fn find_graph_job(sh: &Shared) -> Option<Arc<GraphJob>> {
 /// the last node completes the launch.
 pub(super) fn drive(sh: &Shared, job: &Arc<GraphJob>, unit: u32) {
     let run = job.run();
-    job.blocks.help(job);
+    job.blocks.help(|v, b| run_taken_block(job, v, b));
     while let Some(v) = run.pop() {
         // SAFETY: node `v` is unfinished, so the op is in place (module doc).
         let op = unsafe { (*job.op.get()).as_ref() }.expect("a running job has its op");
@@ -308,4 +328,46 @@ fn complete_graph(sh: &Shared, job: &Arc<GraphJob>) {
     let result = job.run().result();
     // The run state goes back to the plan with the job's last clone.
     sh.finish(&job.stream, op, job.value, Engine::Compute, result, job.ran);
+}
+
+/// Loom model of the block job: a runner installs a node of three blocks and
+/// helps while another engine helps; every block runs exactly once, and the
+/// runner goes on only after all ran; a second node installed after reuses it.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+
+    #[test]
+    fn loom_graph_blocks_run_once_and_the_runner_waits_for_all() {
+        loom::model(|| {
+            let job = crate::loom::Arc::new(BlockJob::default());
+            let ran =
+                crate::loom::Arc::new([LAtomicU32::new(0), LAtomicU32::new(0), LAtomicU32::new(0)]);
+            assert!(job.install(7, 3));
+            let (j2, r2) = (job.clone(), ran.clone());
+            let helper = loom::thread::spawn(move || {
+                j2.help(|v, b| {
+                    assert_eq!(v, 7);
+                    r2[b as usize].fetch_add(1, Ordering::Relaxed);
+                    Ok(())
+                })
+            });
+            job.help(|_, b| {
+                ran[b as usize].fetch_add(1, Ordering::Relaxed);
+                if b == 1 {
+                    Err("block 1 failed".into())
+                } else {
+                    Ok(())
+                }
+            });
+            let result = job.finish();
+            for r in ran.iter() {
+                assert_eq!(r.load(Ordering::Relaxed), 1);
+            }
+            helper.join().expect("helper");
+            // Block 1 failed only if this thread ran it.
+            assert!(result.is_ok() || result == Err("block 1 failed".into()));
+            assert!(job.install(8, 2), "free again once the runner finished");
+        });
+    }
 }
