@@ -60,8 +60,11 @@ impl BackendStream for EmuStream {
                         self.host_wait,
                         "a submission to a full stream",
                         || {
-                            self.ring.capacity() - self.ring.tail().saturating_sub(self.ring.head())
-                                >= want
+                            // Saturating: a producer may fill a slot the consumer
+                            // freed before it moved `head`, so `tail - head` can be
+                            // one past the capacity for a moment.
+                            let used = self.ring.tail().saturating_sub(self.ring.head());
+                            self.ring.capacity().saturating_sub(used) >= want
                         },
                     )?;
                 }
