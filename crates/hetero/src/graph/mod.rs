@@ -30,12 +30,13 @@
 //! [`Stream::begin_capture`]: crate::Stream::begin_capture
 //! [`Stream::end_capture`]: crate::Stream::end_capture
 
+mod builder;
 pub(crate) mod capture;
 mod exec;
 pub(crate) mod run;
 mod schedule;
 
-pub use capture::{CommandBuffer, Graph, NodeId, PinnedSlot, Slot};
+pub use builder::{CommandBuffer, Graph, NodeId, PinnedSlot, Slot};
 pub(crate) use exec::ExecInner;
 pub use exec::{Bindings, GraphExec, PlanReport, MAX_SCALARS};
 
