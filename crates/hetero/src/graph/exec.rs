@@ -20,6 +20,31 @@ use crate::timeline::Timeline;
 use crate::{DeviceBuffer, Error, PinnedBuffer, Result};
 use bytemuck::Pod;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Hashes a storage's address (a `usize` key) with one multiply: the keys are
+/// distinct pointers, not attacker-chosen input, so SipHash's cost buys nothing
+/// on the binding path.
+#[derive(Default)]
+pub(crate) struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_usize(&mut self, x: usize) {
+        // Addresses are 256-aligned: move the varying bits up before mixing.
+        self.0 = ((x as u64) >> 8 ^ self.0).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// A map keyed by storage address.
+pub(crate) type AddressMap<V> = HashMap<usize, V, BuildHasherDefault<AddressHasher>>;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
@@ -42,7 +67,7 @@ pub(crate) struct ExecInner {
     /// Buffers the graph names, each once, with whether any node writes it.
     pub(crate) fixed: Box<[(Arc<Storage>, bool)]>,
     /// `fixed` sorted by address, for the alias check of a binding.
-    fixed_index: HashMap<usize, bool>,
+    fixed_index: AddressMap<bool>,
     pub(crate) slots: Box<[SlotInfo]>,
     pub(crate) slot_write: Box<[bool]>,
     pub(crate) slot_used: Box<[bool]>,
@@ -291,7 +316,7 @@ impl GraphExec {
         Bindings {
             exec: self.inner.clone(),
             table: Arc::new(vec![None; self.inner.slots.len()]),
-            bound: HashMap::new(),
+            bound: AddressMap::default(),
         }
     }
 }
@@ -305,7 +330,7 @@ pub struct Bindings {
     pub(crate) exec: Arc<ExecInner>,
     pub(crate) table: Arc<Vec<Option<Arc<Storage>>>>,
     /// Bound buffers by address: how many slots hold each, whether one writes.
-    bound: HashMap<usize, (u32, bool)>,
+    bound: AddressMap<(u32, bool)>,
 }
 
 impl std::fmt::Debug for Bindings {
@@ -382,9 +407,25 @@ impl Bindings {
             let entry = self.bound.entry(key).or_insert((0, false));
             entry.0 += 1;
             entry.1 |= write;
-            Arc::make_mut(&mut self.table)[index as usize] = Some(storage.clone());
+            self.table_mut()[index as usize] = Some(storage.clone());
         }
         Ok(())
+    }
+
+    /// The table, for a change: copied first if a launch (or a clone of these
+    /// bindings) still holds it, else changed in place.
+    #[inline]
+    fn table_mut(&mut self) -> &mut Vec<Option<Arc<Storage>>> {
+        if Arc::strong_count(&self.table) == 1 {
+            // Pairs with the Release decrement of the last other owner's drop.
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+            // SAFETY: this is the only strong reference, no `Weak` of the table
+            // is ever made, and `&mut self` keeps it from being cloned (launches
+            // and `clone` take `&self`) while the borrow lives.
+            unsafe { &mut *(Arc::as_ptr(&self.table) as *mut Vec<Option<Arc<Storage>>>) }
+        } else {
+            Arc::make_mut(&mut self.table)
+        }
     }
 
     fn unbind(&mut self, index: u32) {
@@ -398,7 +439,7 @@ impl Bindings {
                 self.bound.remove(&key);
             }
         }
-        Arc::make_mut(&mut self.table)[index as usize] = None;
+        self.table_mut()[index as usize] = None;
     }
 
     /// Binds device buffer `buffer` to `slot` (same length and type).
@@ -438,7 +479,7 @@ pub(crate) fn instantiate(device: &crate::Device, d: &mut Draft) -> Result<Graph
 
     // Buffers: fixed ones once each; slots and internal ones by use.
     let mut fixed: Vec<(Arc<Storage>, bool)> = Vec::new();
-    let mut fixed_index: HashMap<usize, usize> = HashMap::new();
+    let mut fixed_index: AddressMap<usize> = AddressMap::default();
     let mut slot_write = vec![false; d.slots.len()];
     let mut slot_used = vec![false; d.slots.len()];
     let mut uses: Vec<Vec<u32>> = vec![Vec::new(); d.internal.len()];
