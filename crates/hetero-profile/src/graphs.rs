@@ -64,7 +64,7 @@ impl Roles {
 pub struct GraphPlanSummary {
     /// Nodes.
     pub nodes: u64,
-    /// Edges, explicit and added to order buffer accesses.
+    /// Edges a launch keeps (each lane's chain, the forks and joins between lanes).
     pub edges: u64,
     /// Linear chains.
     pub chains: u64,

@@ -197,19 +197,10 @@ pub(crate) fn run_transfer(body: &Body) {
             bytes,
             ..
         } => {
-            if *bytes == 0 {
-                return;
-            }
             // SAFETY: ranges were bounds-checked at enqueue; src and dst are different
             // storages (aliasing rejected at enqueue); the access locks (read on src,
             // write on dst) exclude every other writer and reader of dst.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    src.ptr().add(*src_off),
-                    dst.ptr().add(*dst_off),
-                    *bytes,
-                )
-            }
+            unsafe { copy_bytes(src.ptr(), *src_off, dst.ptr(), *dst_off, *bytes) }
         }
         Body::Fill {
             dst,
@@ -219,11 +210,9 @@ pub(crate) fn run_transfer(body: &Body) {
             pattern_len,
             ..
         } => {
-            let plen = *pattern_len as usize;
             // SAFETY: range bounds-checked at enqueue; the write lock on dst makes this
             // the only access to it.
-            let out = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add(*off), *bytes) };
-            fill_pattern(out, &pattern[..plen]);
+            unsafe { fill_bytes(dst.ptr(), *off, *bytes, &pattern[..*pattern_len as usize]) }
         }
         Body::HostWrite { dst, off, data } => {
             // SAFETY: range checked at enqueue; the write lock (or, on a modelled
@@ -240,8 +229,41 @@ pub(crate) fn run_transfer(body: &Body) {
     }
 }
 
+/// A copy's effect (a copy op's, or a graph's copy node's): `bytes` from
+/// `src + src_off` to `dst + dst_off`; nothing when `bytes` is 0.
+///
+/// # Safety
+/// Both ranges lie inside their memory, do not overlap, and nothing else writes
+/// either, or reads the destination, meanwhile.
+pub(crate) unsafe fn copy_bytes(
+    src: *const u8,
+    src_off: usize,
+    dst: *mut u8,
+    dst_off: usize,
+    bytes: usize,
+) {
+    if bytes > 0 {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(src.add(src_off), dst.add(dst_off), bytes) }
+    }
+}
+
+/// A fill's effect: `bytes` at `dst + off` set to copies of `pattern`.
+///
+/// # Safety
+/// The range lies inside its memory and nothing else touches it meanwhile.
+pub(crate) unsafe fn fill_bytes(dst: *mut u8, off: usize, bytes: usize, pattern: &[u8]) {
+    if bytes > 0 {
+        // SAFETY: the caller's contract.
+        fill_pattern(
+            unsafe { std::slice::from_raw_parts_mut(dst.add(off), bytes) },
+            pattern,
+        )
+    }
+}
+
 /// Fills `out` with copies of `pattern` (`out.len()` is a multiple of its length).
-pub(crate) fn fill_pattern(out: &mut [u8], pattern: &[u8]) {
+fn fill_pattern(out: &mut [u8], pattern: &[u8]) {
     let plen = pattern.len();
     if plen == 1 {
         out.fill(pattern[0]);

@@ -326,37 +326,37 @@ pub(crate) fn host(slot: &CaptureSlot, stream: u64, f: Arc<dyn Fn() + Send + Syn
 pub(crate) fn alloc(slot: &CaptureSlot, bytes: usize) -> Result<Arc<Storage>> {
     with_capture(slot, "alloc", |_, st| {
         let d = &mut st.draft;
-        let index = d.internal.len() as u32;
         d.internal.push(bytes);
-        let tag = GraphRef {
-            graph: d.id,
-            index,
-            slot: false,
-        };
-        Ok(Arc::new(Storage::stand_in(
-            d.device,
+        Ok(stand_in(
+            d,
+            d.internal.len() - 1,
+            false,
             MemoryKind::Device,
             bytes,
-            tag.pack(),
-        )))
+        ))
     })
 }
 
-/// A slot: a stand-in bound to a real buffer at launch.
+/// A slot: a stand-in bound to a real buffer at launch. Returns it with its
+/// graph and index.
 pub(super) fn new_slot(slot: &CaptureSlot, info: SlotInfo) -> Result<(Arc<Storage>, u32, u32)> {
     with_capture(slot, "slot", |_, st| {
         let d = &mut st.draft;
-        let index = d.slots.len() as u32;
         d.slots.push(info);
-        let tag = GraphRef {
-            graph: d.id,
-            index,
-            slot: true,
-        };
-        let bytes = info.len * info.elem.size;
-        let s = Storage::stand_in(d.device, info.kind, bytes, tag.pack());
-        Ok((Arc::new(s), d.id, index))
+        let index = d.slots.len() - 1;
+        let s = stand_in(d, index, true, info.kind, info.len * info.elem.size);
+        Ok((s, d.id, index as u32))
     })
+}
+
+/// The stand-in for buffer or slot `index` of draft `d`.
+fn stand_in(d: &Draft, index: usize, slot: bool, kind: MemoryKind, bytes: usize) -> Arc<Storage> {
+    let tag = GraphRef {
+        graph: d.id,
+        index: index as u32,
+        slot,
+    };
+    Arc::new(Storage::stand_in(d.device, kind, bytes, tag.pack()))
 }
 
 /// Records an event at the capturing stream's current end.

@@ -223,21 +223,15 @@ pub(crate) fn run_node(l: &GraphLaunch, v: u32) -> Result<(), String> {
             bytes,
             ..
         } => {
-            if *bytes > 0 {
-                // SAFETY: ranges were checked when the node was recorded against
-                // buffers of the same lengths (slots are bound only to buffers
-                // of their length); source and destination are different
-                // buffers, and the node's order against every other node that
-                // touches them (hazard edges) plus the launch's access locks
-                // exclude every other writer.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        l.operand(src).add(*src_off),
-                        l.operand(dst).add(*dst_off),
-                        *bytes,
-                    )
-                }
-            }
+            // SAFETY: ranges were checked when the node was recorded against
+            // buffers of the same lengths (slots are bound only to buffers of
+            // their length); source and destination are different buffers, and
+            // the node's order against every other node that touches them
+            // (hazard edges) plus the launch's access locks exclude every other
+            // writer.
+            unsafe {
+                crate::op::copy_bytes(l.operand(src), *src_off, l.operand(dst), *dst_off, *bytes)
+            };
             Ok(())
         }
         NodeBody::Fill {
@@ -247,12 +241,9 @@ pub(crate) fn run_node(l: &GraphLaunch, v: u32) -> Result<(), String> {
             pattern,
             pattern_len,
         } => {
-            if *bytes > 0 {
-                // SAFETY: as for copies: checked range, sole writer.
-                let out =
-                    unsafe { std::slice::from_raw_parts_mut(l.operand(dst).add(*off), *bytes) };
-                crate::op::fill_pattern(out, &pattern[..*pattern_len as usize]);
-            }
+            let pattern = &pattern[..*pattern_len as usize];
+            // SAFETY: as for copies: checked range, sole writer.
+            unsafe { crate::op::fill_bytes(l.operand(dst), *off, *bytes, pattern) };
             Ok(())
         }
         NodeBody::Host(f) => crate::op::catch_user(|| "host callback".into(), || f()),
@@ -299,13 +290,13 @@ impl RunState {
             .unwrap_or_else(|p| p.into_inner())
             .pop()
             .unwrap_or_else(|| RunState::new(n));
-        r.reset(&e.sched.preds);
+        r.reset(&e.sched.hot);
         r
     }
 
     /// Readies a run state (owned alone) for a launch: counters of the joins,
     /// sources queued. Stores, not `get_mut`: the loom atomics have none.
-    fn reset(&mut self, preds: &[u32]) {
+    fn reset(&mut self, hot: &[Hot]) {
         let tail = self.tail.load(Ordering::Relaxed);
         for slot in &self.ready[..tail] {
             slot.store(0, Ordering::Relaxed);
@@ -316,16 +307,16 @@ impl RunState {
             }
         }
         *self.error.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
-        for (v, &p) in preds.iter().enumerate() {
-            if p >= 2 {
-                self.counters[v].store(p, Ordering::Relaxed);
+        for (v, h) in hot.iter().enumerate() {
+            if h.preds >= 2 {
+                self.counters[v].store(h.preds, Ordering::Relaxed);
             }
         }
         self.head.store(0, Ordering::Relaxed);
         self.tail.store(0, Ordering::Relaxed);
-        self.remaining.store(preds.len(), Ordering::Relaxed);
-        for (v, &p) in preds.iter().enumerate() {
-            if p == 0 {
+        self.remaining.store(hot.len(), Ordering::Relaxed);
+        for (v, h) in hot.iter().enumerate() {
+            if h.preds == 0 {
                 self.push(v as u32);
             }
         }
@@ -645,9 +636,8 @@ mod loom_tests {
     fn model(fail: Option<u32>) {
         loom::model(move || {
             let (hot, succ) = diamond();
-            let preds: Vec<u32> = hot.iter().map(|h| h.preds).collect();
             let mut r = RunState::new(4);
-            r.reset(&preds);
+            r.reset(&hot);
             let r = Arc::new(*r);
             let done: Arc<Vec<AtomicU32>> = Arc::new((0..4).map(|_| AtomicU32::new(0)).collect());
             let (r2, d2, h2, s2) = (r.clone(), done.clone(), hot.clone(), succ.clone());

@@ -33,11 +33,8 @@ pub(crate) struct Hot {
 pub(crate) struct Schedule {
     /// Nodes in a topological order (recording order where edges allow).
     pub(crate) order: Vec<u32>,
-    /// Successors of node `v`: `succ[succ_start[v]..succ_start[v + 1]]`.
-    pub(crate) succ_start: Vec<u32>,
+    /// Successors, in ranges `Hot::succ_start..succ_end`.
     pub(crate) succ: Vec<u32>,
-    /// Predecessor count per node.
-    pub(crate) preds: Vec<u32>,
     /// Per node: predecessors, chain successor, successor range.
     pub(crate) hot: Vec<Hot>,
     /// The first node of each chain.
@@ -273,9 +270,7 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize) -> Result<Schedule> {
         .collect();
     Ok(Schedule {
         order,
-        succ_start,
         succ,
-        preds,
         hot,
         chain_heads,
         chain_lane,
@@ -374,6 +369,7 @@ fn successors_of(n: usize, edges: &[(u32, u32)]) -> (Vec<u32>, Vec<u32>, Vec<u32
 
 impl Schedule {
     pub(crate) fn successors(&self, v: u32) -> &[u32] {
-        &self.succ[self.succ_start[v as usize] as usize..self.succ_start[v as usize + 1] as usize]
+        let h = &self.hot[v as usize];
+        &self.succ[h.succ_start as usize..h.succ_end as usize]
     }
 }

@@ -239,7 +239,7 @@ impl Sim {
                     }
                     Body::Host(f) => {
                         if let Some(f) = f.take() {
-                            result = run_user(|| "host callback".into(), f);
+                            result = op::catch_user(|| "host callback".into(), f);
                         }
                     }
                     _ => {}
@@ -365,7 +365,10 @@ impl Sim {
                 let mut result = Ok(());
                 for b in 0..*blocks {
                     let mut block = Block::new(b, *blocks, args);
-                    let r = run_user(|| format!("kernel '{name}' in block {b}"), || f(&mut block));
+                    let r = op::catch_user(
+                        || format!("kernel '{name}' in block {b}"),
+                        || f(&mut block),
+                    );
                     if result.is_ok() {
                         result = r;
                     }
@@ -558,12 +561,6 @@ fn cost_ns(sh: &EmuShared, cost: KernelCost, units: usize) -> u64 {
     let compute = cost.flops.max(0.0) / (sh.emu.flops_per_unit * units.max(1) as f64) * 1e9;
     let memory = cost.bytes.max(0.0) / sh.emu.link.memory_gbps;
     compute.max(memory).ceil() as u64
-}
-
-/// Runs user code, catching a panic (and one from its payload's drop) as the
-/// op's failure message.
-fn run_user(what: impl FnOnce() -> String, f: impl FnOnce()) -> Result<(), String> {
-    op::catch_user(what, f)
 }
 
 /// User code of a graph node in the simulation.

@@ -62,16 +62,7 @@ pub(super) fn run_user(
     what: impl FnOnce() -> String,
     f: impl FnOnce(),
 ) -> Result<(), String> {
-    let frame = Frame {
-        stream,
-        value,
-        op,
-        prev: TOP.with(|t| t.get()),
-    };
-    TOP.with(|t| t.set(&frame));
-    let result = op::catch_user(what, f);
-    TOP.with(|t| t.set(frame.prev));
-    result
+    in_frame(stream, value, op, || op::catch_user(what, f))
 }
 
 /// Runs `f`, which runs user code of the op at `value` of `stream` (catching

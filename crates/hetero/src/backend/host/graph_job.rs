@@ -243,7 +243,7 @@ pub(super) fn start_graph(sh: &Shared, stream: &Arc<HostStream>, op: Op, value: 
     // A single lane needs no helpers (unless a kernel node spreads its
     // blocks, which publishes the job then).
     let published = l.exec.sched.lanes > 1;
-    let sources = l.exec.sched.preds.iter().filter(|&&p| p == 0).count();
+    let sources = l.exec.sched.hot.iter().filter(|h| h.preds == 0).count();
     let job = Arc::new(GraphJob {
         stream: stream.clone(),
         value,
