@@ -699,3 +699,46 @@ fn multi_block_kernel_nodes_run_every_block_once() {
     let err = s.synchronize().unwrap_err().to_string();
     assert!(err.contains("block 3"), "{err}");
 }
+
+#[test]
+fn blocking_calls_inside_graph_nodes_work_or_refuse_never_hang() {
+    use std::sync::Mutex;
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let other = dev.create_stream().unwrap();
+    let buf = Arc::new(dev.alloc::<u32>(64).unwrap());
+    other.fill(&buf, 4u32).unwrap();
+    let ready = other.record_event().unwrap();
+    // Completed before the launch: every backend can answer at once.
+    ready.synchronize().unwrap();
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (s2, o2, b2, seen2) = (s.clone(), other.clone(), buf.clone(), seen.clone());
+    let k = Kernel::new("sync_inside", move |_| {
+        // Its own stream: the launch is running, so this could never end.
+        let own = s2.synchronize();
+        // Another stream's completed work: fine.
+        let elsewhere = ready.synchronize();
+        // Submitting is not a wait.
+        let submit = o2.fill(&b2, 7u32);
+        seen2
+            .lock()
+            .unwrap()
+            .push(format!("{own:?} | {elsewhere:?} | {submit:?}"));
+    });
+    let mut g = Graph::new(&dev).unwrap();
+    g.kernel(&k, Grid::new(4), &[], &[]).unwrap();
+    let exec = g.instantiate().unwrap();
+    s.launch_graph(&exec).unwrap();
+    s.synchronize().unwrap();
+    other.synchronize().unwrap();
+    let v = seen.lock().unwrap();
+    assert_eq!(v.len(), 4, "every block ran: {v:?}");
+    for line in v.iter() {
+        assert!(
+            line.starts_with("Err(WouldDeadlock("),
+            "own stream refused: {line}"
+        );
+        assert!(line.contains("| Ok(()) | Ok(())"), "{line}");
+    }
+    assert_eq!(other.read_to_vec(&buf).unwrap(), vec![7; 64]);
+}
