@@ -169,6 +169,69 @@ fn a_capture_left_unjoined_is_refused() {
 }
 
 #[test]
+fn captures_follow_one_another_on_a_stream_and_their_events_do_not_carry_over() {
+    let dev = common::device();
+    let s1 = dev.create_stream().unwrap();
+    let s2 = dev.create_stream().unwrap();
+    let a = dev.alloc::<u32>(16).unwrap();
+    let b = dev.alloc::<u32>(16).unwrap();
+    // Session 1 on s1, joined by s2.
+    s1.begin_capture().unwrap();
+    s1.fill(&a, 3u32).unwrap();
+    let old = s1.record_event().unwrap();
+    s2.wait_event(&old).unwrap();
+    s2.fill(&b, 4u32).unwrap();
+    let back = s2.record_event().unwrap();
+    s1.wait_event(&back).unwrap();
+    let g1 = s1.end_capture().unwrap();
+    assert_eq!(g1.len(), 2);
+    assert!(!s1.is_capturing() && !s2.is_capturing());
+    // Session 2 on the same stream: an event of session 1 names an ended
+    // capture, in s1's new session as in a stream that would join it.
+    s1.begin_capture().unwrap();
+    let msg = is_graph_error(s1.wait_event(&old));
+    assert!(msg.contains("ended"), "{msg}");
+    let msg = is_graph_error(s2.wait_event(&old));
+    assert!(msg.contains("ended"), "{msg}");
+    assert!(!s2.is_capturing());
+    s1.launch(
+        &double_plus(),
+        Grid::new(1),
+        &[Arg::read(&a), Arg::write(&b)],
+    )
+    .unwrap();
+    let g2 = s1.end_capture().unwrap();
+    assert_eq!(g2.len(), 1);
+    // Roles swap: s2 (which joined before) begins, s1 joins it.
+    s2.begin_capture().unwrap();
+    let fork = s2.record_event().unwrap();
+    s1.wait_event(&fork).unwrap();
+    assert!(s1.is_capturing());
+    s1.fill(&a, 7u32).unwrap();
+    let msg = is_graph_error(s1.end_capture());
+    assert!(msg.contains("end it there"), "{msg}");
+    let join = s1.record_event().unwrap();
+    s2.wait_event(&join).unwrap();
+    let g3 = s2.end_capture().unwrap();
+    assert_eq!(g3.len(), 1);
+    // Outside any capture, both streams submit normally again.
+    assert!(!s1.is_capturing() && !s2.is_capturing());
+    for g in [g1, g2, g3] {
+        let exec = g.instantiate().unwrap();
+        s1.launch_graph(&exec).unwrap();
+    }
+    assert_eq!(s1.read_to_vec(&a).unwrap(), vec![7; 16]);
+    assert_eq!(s1.read_to_vec(&b).unwrap(), vec![6; 16]);
+    // Many sessions on one stream reuse its capture: each records only its own.
+    for round in 0..50u32 {
+        s1.begin_capture().unwrap();
+        s1.fill(&a, round).unwrap();
+        let g = s1.end_capture().unwrap();
+        assert_eq!(g.len(), 1);
+    }
+}
+
+#[test]
 fn synchronous_calls_and_fnonce_callbacks_are_refused_while_recording() {
     let dev = common::device();
     let s = dev.create_stream().unwrap();

@@ -5,11 +5,19 @@
 //!   holds that capture while `capturing` is set, and the capture's `lanes`
 //!   list every stream recording into it (the origin first);
 //! - all of a capture's state is behind its one lock: the draft, each lane's
-//!   tail (the nodes the lane's next op depends on) and the events recorded in
-//!   it (each a set of nodes);
+//!   tail (the nodes the lane's next op depends on), the events recorded in
+//!   it (each a set of nodes) and whether it is active; an op records only
+//!   into an active capture, checked under that lock;
 //! - an event recorded during a capture points at the capture's own timeline
-//!   (stream id `CAPTURE_STREAM | graph id`), which never advances: it can be
-//!   waited on only by streams recording into that capture (or joining it).
+//!   (stream id `CAPTURE_STREAM | session`), which never advances: it can be
+//!   waited on only by streams recording into that capture (or joining it);
+//! - a user stream's captures reuse one `Capture` (its slot's `home`), one
+//!   session after another: each `begin` gives it a new session (id, timeline,
+//!   draft), so events of an ended session never name the next one. While the
+//!   home is active the stream records into it and into nothing else, so the
+//!   stream's ops reach it with one lock (its state's), not two;
+//! - lock order: a stream's slot, then a capture's state; nothing takes a
+//!   slot's lock while it holds a state's.
 
 use super::{Draft, GraphRef, NodeBody, SlotInfo};
 use crate::buffer::{MemoryKind, Storage};
@@ -36,12 +44,16 @@ pub(crate) struct CaptureSlot {
     /// once when it starts, and the stream never records into another, so
     /// its ops reach the capture without taking `capture`'s lock.
     own: std::sync::OnceLock<Arc<Capture>>,
+    /// The capture a user stream records into when it begins one itself,
+    /// reused by each of its captures (made at the first).
+    home: std::sync::OnceLock<Arc<Capture>>,
 }
 
 pub(crate) struct Capture {
     pub(super) state: Mutex<CaptureState>,
-    timeline: Arc<Timeline>,
-    id: u64,
+    /// The current session's id (for `find`; `CaptureState::session` is the
+    /// one to trust, under the lock).
+    session: AtomicU64,
 }
 
 pub(super) struct CaptureState {
@@ -50,6 +62,9 @@ pub(super) struct CaptureState {
     /// Events recorded in the capture: the nodes each stands for.
     events: Vec<Vec<u32>>,
     active: bool,
+    session: u64,
+    /// The session's timeline, which its events point at.
+    timeline: Arc<Timeline>,
 }
 
 pub(super) struct Lane {
@@ -76,20 +91,18 @@ pub(super) fn capture_error(op: &'static str, detail: impl Into<String>) -> Erro
 }
 
 impl Capture {
-    fn start(draft: Draft, host_wait: crate::CompletionMode) -> Arc<Capture> {
-        // Its own serial, not the graph's id: a graph records again after a
-        // capture ends, and that capture's events must not name the new one.
-        let id = NEXT_CAPTURE.fetch_add(1, Ordering::Relaxed);
-        let timeline = Arc::new(Timeline::new(draft.device, CAPTURE_STREAM | id, host_wait));
+    /// A new capture, inactive until `CaptureState::open` starts a session.
+    fn new(device: u64, host_wait: crate::CompletionMode) -> Arc<Capture> {
         let cap = Arc::new(Capture {
             state: Mutex::new(CaptureState {
-                draft,
+                draft: Draft::new(0, device),
                 lanes: Vec::new(),
                 events: Vec::new(),
-                active: true,
+                active: false,
+                session: 0,
+                timeline: Arc::new(Timeline::new(device, CAPTURE_STREAM, host_wait)),
             }),
-            timeline,
-            id,
+            session: AtomicU64::new(0),
         });
         let mut all = lock(&CAPTURES);
         all.retain(|w| w.strong_count() > 0);
@@ -97,11 +110,34 @@ impl Capture {
         cap
     }
 
-    fn find(id: u64) -> Option<Arc<Capture>> {
+    /// The capture whose current session is `session` (it may have ended since:
+    /// check `CaptureState::session` under its lock).
+    fn find(session: u64) -> Option<Arc<Capture>> {
         lock(&CAPTURES)
             .iter()
             .filter_map(Weak::upgrade)
-            .find(|c| c.id == id)
+            .find(|c| c.session.load(Ordering::Acquire) == session)
+    }
+}
+
+impl CaptureState {
+    /// Starts a session recording `draft`, with `lane` its origin.
+    fn open(&mut self, cap: &Capture, draft: Draft, lane: Lane, host_wait: crate::CompletionMode) {
+        // Its own serial, not the graph's id: a graph records again after a
+        // capture ends, and that capture's events must not name the new one.
+        let session = NEXT_CAPTURE.fetch_add(1, Ordering::Relaxed);
+        self.timeline = Arc::new(Timeline::new(
+            draft.device,
+            CAPTURE_STREAM | session,
+            host_wait,
+        ));
+        self.draft = draft;
+        self.lanes.clear();
+        self.lanes.push(lane);
+        self.events.clear();
+        self.session = session;
+        self.active = true;
+        cap.session.store(session, Ordering::Release);
     }
 }
 
@@ -121,19 +157,30 @@ pub(super) fn with_capture<R>(
     op: &'static str,
     f: impl FnOnce(&Capture, &mut CaptureState) -> Result<R>,
 ) -> Result<R> {
+    let not_recording = || capture_error(op, "the stream is not recording");
     if let Some(cap) = slot.own.get() {
         let mut st = lock(&cap.state);
         if !st.active {
-            return Err(capture_error(op, "the stream is not recording"));
+            return Err(not_recording());
         }
         return f(cap, &mut st);
     }
-    // Lock order: a stream's slot, then its capture's state (as in `wait`).
+    // A stream recording the capture it began: its home is active (and it
+    // records into nothing else meanwhile).
+    if let Some(cap) = slot.home.get() {
+        let mut st = lock(&cap.state);
+        if st.active {
+            return f(cap, &mut st);
+        }
+    }
+    // A stream that joined another's capture. Lock order: the slot, then the
+    // capture's state (as in `wait`).
     let guard = lock(&slot.capture);
-    let cap = guard
-        .as_ref()
-        .ok_or_else(|| capture_error(op, "the stream is not recording"))?;
+    let cap = guard.as_ref().ok_or_else(not_recording)?;
     let mut st = lock(&cap.state);
+    if !st.active {
+        return Err(not_recording());
+    }
     f(cap, &mut st)
 }
 
@@ -164,14 +211,13 @@ pub(crate) fn kernel(
             }
         }
         let n = (d.args.len() - start) as u32;
-        st.add(
-            stream,
-            NodeBody::Kernel {
-                kernel: kernel.clone(),
-                blocks,
-                args: (start as u32, n),
-            },
-        );
+        let node = NodeBody::Kernel {
+            kernel: d.kernel_index(kernel),
+            name: kernel.name,
+            blocks,
+            args: (start as u32, n),
+        };
+        st.add(stream, node);
         Ok(())
     })
 }
@@ -279,7 +325,8 @@ pub(crate) fn submit(slot: &CaptureSlot, stream: u64, body: Body) -> Result<u64>
                 }
                 let n = (d.args.len() - start) as u32;
                 NodeBody::Kernel {
-                    kernel,
+                    kernel: d.kernel_index(&kernel),
+                    name: kernel.name,
                     blocks,
                     args: (start as u32, n),
                 }
@@ -361,11 +408,11 @@ fn stand_in(d: &Draft, index: usize, slot: bool, kind: MemoryKind, bytes: usize)
 
 /// Records an event at the capturing stream's current end.
 pub(crate) fn record(slot: &CaptureSlot, stream: u64, event: &mut Event) -> Result<()> {
-    with_capture(slot, "record", |cap, st| {
+    with_capture(slot, "record", |_, st| {
         let tail = st.lane(stream).tail.clone();
         st.events.push(tail);
         event.point = Some(EventPoint {
-            timeline: cap.timeline.clone(),
+            timeline: st.timeline.clone(),
             value: st.events.len() as u64,
             stamp: Arc::new(AtomicU64::new(0)),
         });
@@ -387,7 +434,7 @@ pub(crate) fn wait(slot: &Arc<CaptureSlot>, stream: u64, point: &EventPoint) -> 
     let cap = Capture::find(id).ok_or_else(ended)?;
     let mut slot_cap = lock(&slot.capture);
     let mut st = lock(&cap.state);
-    if !st.active {
+    if !st.active || st.session != id {
         return Err(ended());
     }
     let Some(nodes) = st.events.get(point.value as usize - 1).cloned() else {
@@ -457,18 +504,25 @@ pub(super) fn begin_with(
             "the stream is already recording into a capture; end that capture first",
         ));
     }
-    let cap = Capture::start(draft, host_wait);
-    lock(&cap.state).lanes.push(Lane {
+    let device = draft.device;
+    let cap = if recorder {
+        // A fresh recorder's slot: nothing set it before.
+        let cap = Capture::new(device, host_wait);
+        let _ = slot.own.set(cap.clone());
+        cap
+    } else {
+        slot.home
+            .get_or_init(|| Capture::new(device, host_wait))
+            .clone()
+    };
+    let lane = Lane {
         stream,
         slot: Arc::downgrade(slot),
         tail: Vec::new(),
         explicit,
         added: None,
-    });
-    if recorder {
-        // A fresh recorder's slot: nothing set it before.
-        let _ = slot.own.set(cap.clone());
-    }
+    };
+    lock(&cap.state).open(&cap, draft, lane, host_wait);
     *slot_cap = Some(cap);
     slot.capturing.store(true, Ordering::Release);
     Ok(())
@@ -511,20 +565,26 @@ pub(crate) fn end(slot: &CaptureSlot, stream: u64) -> Result<Draft> {
             ));
         }
     }
+    // Inactive from here: no op records into it any more, whatever the slots
+    // still say, so they can be cleared after the state's lock is let go (a
+    // slot's lock is never taken under a state's).
     st.active = false;
-    for lane in &st.lanes {
-        let Some(other) = lane.slot.upgrade() else {
-            continue; // that stream is gone
-        };
-        other.capturing.store(false, Ordering::Release);
-        if !std::ptr::eq(&*other, slot) {
-            *lock(&other.capture) = None;
+    let others: Vec<Arc<CaptureSlot>> = st.lanes.iter().filter_map(|l| l.slot.upgrade()).collect();
+    st.lanes.clear();
+    st.events.clear();
+    let (id, device) = (st.draft.id, st.draft.device);
+    let draft = std::mem::replace(&mut st.draft, Draft::new(id, device));
+    drop(st);
+    for other in &others {
+        let mut c = lock(&other.capture);
+        // Cleared only if it still names this capture (a stream that was
+        // joined may have begun its own since).
+        if c.as_ref().is_some_and(|c| Arc::ptr_eq(c, &cap)) {
+            other.capturing.store(false, Ordering::Release);
+            *c = None;
         }
     }
-    *lock(&slot.capture) = None;
-    let id = st.draft.id;
-    let device = st.draft.device;
-    Ok(std::mem::replace(&mut st.draft, Draft::new(id, device)))
+    Ok(draft)
 }
 
 impl Draft {

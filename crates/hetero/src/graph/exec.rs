@@ -564,8 +564,9 @@ pub(crate) fn instantiate(device: &crate::Device, d: &mut Draft) -> Result<Graph
                     kernel,
                     blocks,
                     args: (a, k),
+                    ..
                 } => NodeParams {
-                    kernel: Some(kernel.clone()),
+                    kernel: Some(d.kernels[*kernel as usize].clone()),
                     blocks: *blocks,
                     scalar_slot: 0,
                     args: (*a, *a + *k),

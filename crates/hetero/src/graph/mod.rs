@@ -106,7 +106,10 @@ pub(crate) struct NodeArg {
 #[derive(Clone)]
 pub(crate) enum NodeBody {
     Kernel {
-        kernel: Arc<KernelInner>,
+        /// Index in `Draft::kernels` (a recording takes a reference on each
+        /// kernel once, not once per launch of it).
+        kernel: u32,
+        name: &'static str,
         blocks: u32,
         /// Range of `Draft::args`.
         args: (u32, u32),
@@ -140,7 +143,7 @@ pub(crate) enum NodeBody {
 impl NodeBody {
     pub(crate) fn name(&self) -> &'static str {
         match self {
-            NodeBody::Kernel { kernel, .. } => kernel.name,
+            NodeBody::Kernel { name, .. } => name,
             NodeBody::Copy { kind, .. } => match kind {
                 CopyKind::H2D => "copy_h2d",
                 CopyKind::D2H => "copy_d2h",
@@ -227,6 +230,8 @@ pub(crate) struct Draft {
     pub(crate) edges: Vec<(u32, u32)>,
     pub(crate) internal: Vec<usize>,
     pub(crate) slots: Vec<SlotInfo>,
+    /// The kernels kernel nodes run, each once.
+    pub(crate) kernels: Vec<Arc<KernelInner>>,
 }
 
 impl Draft {
@@ -239,7 +244,19 @@ impl Draft {
             edges: Vec::with_capacity(64),
             internal: Vec::new(),
             slots: Vec::new(),
+            kernels: Vec::new(),
         }
+    }
+
+    /// `kernel`'s index in `kernels`: the last one's when it is the same (a
+    /// recording mostly launches one kernel again and again), else a new one.
+    #[inline]
+    pub(crate) fn kernel_index(&mut self, kernel: &Arc<KernelInner>) -> u32 {
+        match self.kernels.last() {
+            Some(k) if Arc::ptr_eq(k, kernel) => {}
+            _ => self.kernels.push(kernel.clone()),
+        }
+        (self.kernels.len() - 1) as u32
     }
 
     /// The operand for `storage` in this graph, or an error when it stands in
