@@ -23,5 +23,8 @@ fn main() {
         drop(exec);
     }
     v.sort_by(|a, b| a.total_cmp(b));
-    println!("instantiate {nodes} nodes: median {:.1} ns/node", v[v.len() / 2]);
+    println!(
+        "instantiate {nodes} nodes: median {:.1} ns/node",
+        v[v.len() / 2]
+    );
 }

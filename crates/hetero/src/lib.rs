@@ -39,7 +39,8 @@ pub use device::Device;
 pub use error::{Error, Result};
 pub use event::{Event, HostEvent};
 pub use graph::{
-    Bindings, CommandBuffer, Graph, GraphExec, NodeId, PinnedSlot, PlanReport, Slot, MAX_SCALARS,
+    Bindings, CommandBuffer, Graph, GraphExec, NodeId, PinnedSlot, PlanReport, Slot,
+    GRAPH_MEMORY_SLACK, MAX_SCALARS,
 };
 pub use kernel::{Block, Grid, Kernel, KernelCost, INLINE_KERNEL_ARGS, MAX_KERNEL_ARGS};
 pub use op::CopyKind;

@@ -318,6 +318,61 @@ fn graph_internal_buffers_share_an_arena_by_lifetime() {
 }
 
 #[test]
+fn lanes_are_held_to_the_memory_budget_and_free_without_buffers() {
+    let dev = common::device_with(|c| c.compute_units(2));
+    let s = dev.create_stream().unwrap();
+    let k = double_plus();
+    const N: usize = 1 << 14;
+    let bytes = (N * 4) as u64;
+    let input = dev.alloc::<u32>(N).unwrap();
+    s.fill(&input, 1u32).unwrap();
+    let outs: Vec<_> = (0..2).map(|_| dev.alloc::<u32>(N).unwrap()).collect();
+    // Two independent chains of temporaries, recorded one after the other: one
+    // lane needs two temporaries at a time, two lanes running both chains at
+    // once would need four.
+    let mut g = Graph::new(&dev).unwrap();
+    for out in &outs {
+        let mut prev = g.alloc::<u32>(N).unwrap();
+        let mut last = g.copy_d2d(&input, &prev, &[]).unwrap();
+        for _ in 0..6 {
+            let next = g.alloc::<u32>(N).unwrap();
+            last = g
+                .kernel(
+                    &k,
+                    Grid::new(2),
+                    &[Arg::read(&prev), Arg::write(&next)],
+                    &[last],
+                )
+                .unwrap();
+            prev = next;
+        }
+        g.copy_d2d(&prev, out, &[last]).unwrap();
+    }
+    let exec = g.instantiate().unwrap();
+    let plan = exec.plan();
+    assert!(
+        plan.arena_bytes as f64 <= 2.0 * bytes as f64 * (1.0 + hetero::GRAPH_MEMORY_SLACK),
+        "the lanes raised the arena past the budget: {plan:?}"
+    );
+    assert_ne!(plan.memory_order, "free", "{plan:?}");
+    for _ in 0..2 {
+        s.launch_graph(&exec).unwrap();
+    }
+    for out in &outs {
+        assert_eq!(s.read_to_vec(out).unwrap(), vec![64; N]);
+    }
+    // Without buffers of its own, a graph's lanes run as freely as its edges allow.
+    let mut g = Graph::new(&dev).unwrap();
+    let a = g.kernel(&k, Grid::new(1), &[], &[]).unwrap();
+    for _ in 0..4 {
+        g.kernel(&k, Grid::new(1), &[], &[a]).unwrap();
+    }
+    let exec = g.instantiate().unwrap();
+    let plan = exec.plan();
+    assert_eq!((plan.memory_order, plan.lanes), ("free", 2), "{plan:?}");
+}
+
+#[test]
 fn scalars_update_in_place_like_a_reinstantiate() {
     let dev = common::device();
     let s = dev.create_stream().unwrap();

@@ -160,7 +160,7 @@ const LANE_SCALE: u64 = 1024;
 /// of the same scaled sizes. The case becomes a graph through the public API:
 /// a kernel node per node in the case's order, writing the buffers it produces
 /// (their first use) and reading the others, each buffer allocated inside.
-fn lanes_over_sequential(dev: &hetero::Device, case: &RandomCase) -> Option<f64> {
+fn lanes_over_sequential(dev: &hetero::Device, case: &RandomCase) -> Option<(f64, &'static str)> {
     use hetero::{Arg, Graph, Grid, Kernel};
     let sizes: Vec<u64> = case
         .sizes
@@ -211,7 +211,11 @@ fn lanes_over_sequential(dev: &hetero::Device, case: &RandomCase) -> Option<f64>
     }
     let exec = g.instantiate().ok()?;
     let sequential = plan(&sizes, ALIGN, &Conflicts::from_intervals(&case.intervals()));
-    Some(exec.plan().arena_bytes as f64 / sequential.size.max(1) as f64)
+    let p = exec.plan();
+    Some((
+        p.arena_bytes as f64 / sequential.size.max(1) as f64,
+        p.memory_order,
+    ))
 }
 
 /// `hetero/graph-arena-lanes-over-sequential`: the planned arena of graphs
@@ -219,9 +223,11 @@ fn lanes_over_sequential(dev: &hetero::Device, case: &RandomCase) -> Option<f64>
 /// schedule raises the planned peak by at most 10 %").
 pub fn run_lanes(report: &mut BenchReport, dev: &hetero::Device, quick: bool) {
     let cases = if quick { 3 } else { 12 };
-    let mut v: Vec<f64> = (0..cases)
+    let runs: Vec<(f64, &str)> = (0..cases)
         .filter_map(|k| lanes_over_sequential(dev, &random_case(FIRST_SEED + k, 1000)))
         .collect();
+    let mut v: Vec<f64> = runs.iter().map(|r| r.0).collect();
+    let count = |order: &str| runs.iter().filter(|r| r.1 == order).count();
     if v.is_empty() {
         report
             .notes
@@ -232,8 +238,13 @@ pub fn run_lanes(report: &mut BenchReport, dev: &hetero::Device, quick: bool) {
     report.notes.push(format!(
         "graph arena under lanes: {cases} random graphs of 1000 buffers (sizes / {LANE_SCALE}) \
          instantiated on the bench device ({} compute units, so as many lanes), their arena \
-         over the plan of the sequential order",
-        dev.properties().compute_units
+         over the plan of the sequential order; lanes held to the memory budget (+{:.0} %): \
+         {} free, {} with memory barriers, {} on one lane",
+        dev.properties().compute_units,
+        hetero::GRAPH_MEMORY_SLACK * 100.0,
+        count("free"),
+        count("barriers"),
+        count("one lane"),
     ));
 }
 

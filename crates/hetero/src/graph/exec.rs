@@ -12,13 +12,14 @@
 //!   unless neither is written, so a launch's access set has no writer twice.
 
 use super::run::RunState;
-use super::schedule::{schedule, Schedule};
+use super::schedule::{schedule, MemoryOrder, Schedule};
 use super::{Draft, NodeArg, NodeBody, Operand, SlotInfo};
 use crate::buffer::{MemoryKind, Storage};
 use crate::kernel::{KView, KernelInner};
 use crate::timeline::Timeline;
 use crate::{DeviceBuffer, Error, PinnedBuffer, Result};
 use bytemuck::Pod;
+use hetero_memory::arena_plan::ArenaPlan;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -187,6 +188,12 @@ pub struct PlanReport {
     pub arena_bytes: u64,
     /// Which of the planner's strategies gave the arena.
     pub arena_strategy: &'static str,
+    /// How the lanes were held to the memory budget
+    /// ([`GRAPH_MEMORY_SLACK`](crate::graph::GRAPH_MEMORY_SLACK) over the
+    /// one-lane plan): `"free"` (within it as scheduled), `"barriers"` (first
+    /// uses of the graph's buffers wait for what the lane schedule finished
+    /// before them) or `"one lane"` (neither was within it).
+    pub memory_order: &'static str,
 }
 
 /// An instantiated graph: launch it on any stream of its device with
@@ -471,10 +478,63 @@ impl Bindings {
     }
 }
 
+/// The schedule and memory plan to run with. Lanes may raise the arena over
+/// the one-lane plan (nodes on two lanes can overlap in any way the edges
+/// allow, and their buffers then cannot share bytes) by at most
+/// `GRAPH_MEMORY_SLACK`: past it, the schedule is made again with memory
+/// barriers, and past it still, with one lane (the one-lane plan itself).
+fn plan_memory(
+    d: &Draft,
+    units: usize,
+    sched: Schedule,
+    sizes: &[u64],
+    uses: &[Vec<u32>],
+) -> Result<(Schedule, ArenaPlan, &'static str)> {
+    use hetero_memory::arena_plan::{plan, Conflicts};
+    let align = Storage::ALIGN as u64;
+    let n = d.nodes.len();
+    if sizes.is_empty() {
+        let none = ArenaPlan {
+            offsets: Vec::new(),
+            size: 0,
+            strategy: "none",
+        };
+        return Ok((sched, none, "free"));
+    }
+    let free = plan(sizes, align, &Conflicts::from_dag(n, &sched.edges, uses));
+    if sched.lanes <= 1 {
+        return Ok((sched, free, "free"));
+    }
+    // The one-lane plan: each buffer live from its first use to its last in
+    // the schedule's order.
+    let mut pos = vec![0u32; n];
+    for (i, &v) in sched.order.iter().enumerate() {
+        pos[v as usize] = i as u32;
+    }
+    let intervals: Vec<(u32, u32)> = uses
+        .iter()
+        .map(|us| {
+            let p = us.iter().map(|&u| pos[u as usize]);
+            (p.clone().min().unwrap_or(0), p.max().unwrap_or(0))
+        })
+        .collect();
+    let one_lane = plan(sizes, align, &Conflicts::from_intervals(&intervals));
+    let budget = (one_lane.size as f64 * (1.0 + super::GRAPH_MEMORY_SLACK)) as u64;
+    if free.size <= budget {
+        return Ok((sched, free, "free"));
+    }
+    let held = schedule(d, units, MemoryOrder::Barriers)?;
+    let barriers = plan(sizes, align, &Conflicts::from_dag(n, &held.edges, uses));
+    if barriers.size <= budget {
+        return Ok((held, barriers, "barriers"));
+    }
+    Ok((schedule(d, 1, MemoryOrder::Free)?, one_lane, "one lane"))
+}
+
 /// Turns a draft into an executable plan (see the module doc of `graph`).
 pub(crate) fn instantiate(device: &crate::Device, d: &mut Draft) -> Result<GraphExec> {
     let units = device.properties().compute_units;
-    let sched = schedule(d, units)?;
+    let sched = schedule(d, units, MemoryOrder::Free)?;
     let n = d.nodes.len();
 
     // Buffers: fixed ones once each; slots and internal ones by use.
@@ -529,17 +589,7 @@ pub(crate) fn instantiate(device: &crate::Device, d: &mut Draft) -> Result<Graph
         .collect();
     let sizes: Vec<u64> = placed.iter().map(|&i| d.internal[i] as u64).collect();
     let place_uses: Vec<Vec<u32>> = placed.iter().map(|&i| uses[i].clone()).collect();
-    let plan = if placed.is_empty() {
-        hetero_memory::arena_plan::ArenaPlan {
-            offsets: Vec::new(),
-            size: 0,
-            strategy: "none",
-        }
-    } else {
-        let conflicts =
-            hetero_memory::arena_plan::Conflicts::from_dag(n, &sched.edges, &place_uses);
-        hetero_memory::arena_plan::plan(&sizes, Storage::ALIGN as u64, &conflicts)
-    };
+    let (sched, plan, memory_order) = plan_memory(d, units, sched, &sizes, &place_uses)?;
     let mut offsets = vec![0usize; d.internal.len()];
     for (k, &i) in placed.iter().enumerate() {
         offsets[i] = plan.offsets[k] as usize;
@@ -599,6 +649,7 @@ pub(crate) fn instantiate(device: &crate::Device, d: &mut Draft) -> Result<Graph
         internal_bytes: d.internal.iter().map(|&b| b as u64).sum(),
         arena_bytes: plan.size,
         arena_strategy: plan.strategy,
+        memory_order,
     };
     let fixed_index = fixed
         .iter()

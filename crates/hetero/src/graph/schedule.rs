@@ -119,7 +119,21 @@ fn sort_dedup(edges: &mut Vec<(u32, u32)>) {
     }
 }
 
-pub(crate) fn schedule(d: &Draft, compute_units: usize) -> Result<Schedule> {
+/// How the schedule treats the graph's own buffers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MemoryOrder {
+    /// Lanes run as freely as the graph's edges allow.
+    Free,
+    /// A node that is the first to use one of the graph's own buffers also
+    /// waits for the nodes the lane schedule finished before it starts (the
+    /// latest on each other lane). Those edges agree with the unit-time
+    /// schedule, so its length is unchanged, and a buffer whose uses all
+    /// ended by then may share bytes with the new one: the memory plan then
+    /// sees the schedule's own overlap, not every overlap the lanes allow.
+    Barriers,
+}
+
+pub(crate) fn schedule(d: &Draft, compute_units: usize, memory: MemoryOrder) -> Result<Schedule> {
     let n = d.nodes.len();
     let mut edges = d.edges.clone();
     sort_dedup(&mut edges);
@@ -157,21 +171,7 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize) -> Result<Schedule> {
     // Hazard edges follow `explicit_order`, so it stays a topological order.
     let order = explicit_order;
 
-    let mut preds = vec![0u32; n];
-    for &(_, b) in &edges {
-        preds[b as usize] += 1;
-    }
-    // Predecessor lists, likewise flat.
-    let mut pred_start = vec![0u32; n + 1];
-    for (v, &p) in preds.iter().enumerate() {
-        pred_start[v + 1] = pred_start[v] + p;
-    }
-    let mut fill = pred_start.clone();
-    let mut pred_list = vec![0u32; edges.len()];
-    for &(a, b) in &edges {
-        pred_list[fill[b as usize] as usize] = a;
-        fill[b as usize] += 1;
-    }
+    let (mut pred_start, mut pred_list) = predecessors_of(n, &edges);
 
     let mut level = vec![0u32; n];
     let mut chain_next = vec![NONE; n];
@@ -218,6 +218,24 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize) -> Result<Schedule> {
     let mut finish = vec![0u32; if lanes > 1 { n } else { 0 }];
     let mut node_lane = vec![0u32; n];
     let mut lane_edges = Vec::new();
+    // Barriers: the nodes that first use one of the graph's own buffers, and
+    // each lane's nodes in placement order (their finish times increase).
+    let barriers = memory == MemoryOrder::Barriers && lanes > 1 && !d.internal.is_empty();
+    let mut first_use = vec![false; if barriers { n } else { 0 }];
+    if barriers {
+        let mut seen = vec![false; d.internal.len()];
+        for &v in &order {
+            d.accesses(v as usize, |o, _| {
+                if let Operand::Internal(i) = o {
+                    if !std::mem::replace(&mut seen[*i as usize], true) {
+                        first_use[v as usize] = true;
+                    }
+                }
+            });
+        }
+    }
+    let mut on_lane: Vec<Vec<u32>> = vec![Vec::new(); if barriers { lanes as usize } else { 0 }];
+    let mut barrier_edges: Vec<(u32, u32)> = Vec::new();
     for &v in order.iter().filter(|_| lanes > 1) {
         let ps = &pred_list[pred_start[v as usize] as usize..pred_start[v as usize + 1] as usize];
         let ready = u64::from(ps.iter().map(|&p| finish[p as usize]).max().unwrap_or(0));
@@ -230,6 +248,17 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize) -> Result<Schedule> {
             .min_by_key(|&(l, start, other)| (start, other, l))
             .map(|(l, start, _)| (l, start))
             .expect("at least one lane");
+        if barriers && first_use[v as usize] {
+            for (_, nodes) in on_lane.iter().enumerate().filter(|&(l, _)| l != lane) {
+                let k = nodes.partition_point(|&u| u64::from(finish[u as usize]) <= start);
+                if k > 0 {
+                    barrier_edges.push((nodes[k - 1], v));
+                }
+            }
+        }
+        if barriers {
+            on_lane[lane].push(v);
+        }
         finish[v as usize] = (start + 1) as u32;
         lane_free[lane] = start + 1;
         if lane_last[lane] != NONE {
@@ -241,6 +270,12 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize) -> Result<Schedule> {
     if lanes <= 1 {
         // One lane: the topological order itself.
         lane_edges.extend(order.windows(2).map(|w| (w[0], w[1])));
+    }
+    if !barrier_edges.is_empty() {
+        // Each goes from a node placed earlier, so `order` stays topological.
+        edges.extend(barrier_edges);
+        sort_dedup(&mut edges);
+        (pred_start, pred_list) = predecessors_of(n, &edges);
     }
     let chain_lane: Vec<u32> = chain_heads.iter().map(|&h| node_lane[h as usize]).collect();
     let mut lane_next = vec![NONE; n];
@@ -349,6 +384,24 @@ fn reduce(
     }
     edges.sort_unstable();
     edges
+}
+
+/// Predecessor lists, flat: node `v`'s are `list[start[v]..start[v + 1]]`.
+fn predecessors_of(n: usize, edges: &[(u32, u32)]) -> (Vec<u32>, Vec<u32>) {
+    let mut start = vec![0u32; n + 1];
+    for &(_, b) in edges {
+        start[b as usize + 1] += 1;
+    }
+    for v in 0..n {
+        start[v + 1] += start[v];
+    }
+    let mut fill = start.clone();
+    let mut list = vec![0u32; edges.len()];
+    for &(a, b) in edges {
+        list[fill[b as usize] as usize] = a;
+        fill[b as usize] += 1;
+    }
+    (start, list)
 }
 
 /// Predecessor counts and successor lists (flat) of sorted `edges`.
