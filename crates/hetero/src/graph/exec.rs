@@ -190,10 +190,17 @@ pub struct PlanReport {
     pub arena_strategy: &'static str,
     /// How the lanes were held to the memory budget
     /// ([`GRAPH_MEMORY_SLACK`](crate::graph::GRAPH_MEMORY_SLACK) over the
-    /// one-lane plan): `"free"` (within it as scheduled), `"barriers"` (first
-    /// uses of the graph's buffers wait for what the lane schedule finished
-    /// before them) or `"one lane"` (neither was within it).
+    /// one-lane plan): `"free"` (within it as scheduled), `"budget"` (the lane
+    /// schedule was made again under the budget: a first use of one of the
+    /// graph's buffers waits for what the schedule finished before it, or for
+    /// everything before it where its bytes would pass the budget) or
+    /// `"one lane"` (neither was within it).
     pub memory_order: &'static str,
+    /// The lane schedule's length in unit steps (a node a step on each lane),
+    /// and what it would be with the lanes free: their ratio is what holding
+    /// the lanes to the memory budget costs in concurrency.
+    pub lane_steps: usize,
+    pub free_lane_steps: usize,
 }
 
 /// An instantiated graph: launch it on any stream of its device with
@@ -481,8 +488,9 @@ impl Bindings {
 /// The schedule and memory plan to run with. Lanes may raise the arena over
 /// the one-lane plan (nodes on two lanes can overlap in any way the edges
 /// allow, and their buffers then cannot share bytes) by at most
-/// `GRAPH_MEMORY_SLACK`: past it, the schedule is made again with memory
-/// barriers, and past it still, with one lane (the one-lane plan itself).
+/// `GRAPH_MEMORY_SLACK`: past it, the schedule is made again under a budget
+/// (`MemoryOrder::Budget`), and past it still, with one lane (the one-lane
+/// plan itself).
 fn plan_memory(
     d: &Draft,
     units: usize,
@@ -523,10 +531,10 @@ fn plan_memory(
     if free.size <= budget {
         return Ok((sched, free, "free"));
     }
-    let held = schedule(d, units, MemoryOrder::Barriers)?;
+    let held = schedule(d, units, MemoryOrder::Budget(one_lane.size))?;
     let barriers = plan(sizes, align, &Conflicts::from_dag(n, &held.edges, uses));
     if barriers.size <= budget {
-        return Ok((held, barriers, "barriers"));
+        return Ok((held, barriers, "budget"));
     }
     Ok((schedule(d, 1, MemoryOrder::Free)?, one_lane, "one lane"))
 }
@@ -589,6 +597,7 @@ pub(crate) fn instantiate(device: &crate::Device, d: &mut Draft) -> Result<Graph
         .collect();
     let sizes: Vec<u64> = placed.iter().map(|&i| d.internal[i] as u64).collect();
     let place_uses: Vec<Vec<u32>> = placed.iter().map(|&i| uses[i].clone()).collect();
+    let free_lane_steps = sched.steps as usize;
     let (sched, plan, memory_order) = plan_memory(d, units, sched, &sizes, &place_uses)?;
     let mut offsets = vec![0usize; d.internal.len()];
     for (k, &i) in placed.iter().enumerate() {
@@ -650,6 +659,8 @@ pub(crate) fn instantiate(device: &crate::Device, d: &mut Draft) -> Result<Graph
         arena_bytes: plan.size,
         arena_strategy: plan.strategy,
         memory_order,
+        lane_steps: sched.steps as usize,
+        free_lane_steps,
     };
     let fixed_index = fixed
         .iter()

@@ -33,6 +33,7 @@
 mod builder;
 pub(crate) mod capture;
 mod exec;
+mod live;
 pub(crate) mod run;
 mod schedule;
 

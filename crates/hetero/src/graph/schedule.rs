@@ -52,6 +52,8 @@ pub(crate) struct Schedule {
     pub(crate) edges: Vec<(u32, u32)>,
     /// Edges added to order buffer accesses.
     pub(crate) hazard_edges: usize,
+    /// The lane schedule's length in unit steps (one per node on one lane).
+    pub(crate) steps: u32,
 }
 
 fn graph_error(detail: String) -> Error {
@@ -124,13 +126,17 @@ fn sort_dedup(edges: &mut Vec<(u32, u32)>) {
 pub(crate) enum MemoryOrder {
     /// Lanes run as freely as the graph's edges allow.
     Free,
-    /// A node that is the first to use one of the graph's own buffers also
-    /// waits for the nodes the lane schedule finished before it starts (the
-    /// latest on each other lane). Those edges agree with the unit-time
-    /// schedule, so its length is unchanged, and a buffer whose uses all
-    /// ended by then may share bytes with the new one: the memory plan then
-    /// sees the schedule's own overlap, not every overlap the lanes allow.
-    Barriers,
+    /// At most this many bytes of the graph's buffers live at once in the
+    /// unit-time lane schedule. A node that is the first to use one of them
+    /// (it brings the buffer to life) also waits for the nodes the schedule
+    /// finished before it starts, the latest on each other lane: those edges
+    /// agree with the schedule, so its length is unchanged, and a buffer whose
+    /// uses all ended by then may share bytes with the new one (the memory plan
+    /// sees the schedule's own overlap, not every overlap the lanes allow).
+    /// Where the new bytes would pass the budget, the node starts after
+    /// everything placed before it instead (a fence): what is live then is
+    /// what the one-lane order has live there.
+    Budget(u64),
 }
 
 pub(crate) fn schedule(d: &Draft, compute_units: usize, memory: MemoryOrder) -> Result<Schedule> {
@@ -218,28 +224,25 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize, memory: MemoryOrder) -> 
     let mut finish = vec![0u32; if lanes > 1 { n } else { 0 }];
     let mut node_lane = vec![0u32; n];
     let mut lane_edges = Vec::new();
-    // Barriers: the nodes that first use one of the graph's own buffers, and
-    // each lane's nodes in placement order (their finish times increase).
-    let barriers = memory == MemoryOrder::Barriers && lanes > 1 && !d.internal.is_empty();
-    let mut first_use = vec![false; if barriers { n } else { 0 }];
-    if barriers {
-        let mut seen = vec![false; d.internal.len()];
-        for &v in &order {
-            d.accesses(v as usize, |o, _| {
-                if let Operand::Internal(i) = o {
-                    if !std::mem::replace(&mut seen[*i as usize], true) {
-                        first_use[v as usize] = true;
-                    }
-                }
-            });
-        }
-    }
-    let mut on_lane: Vec<Vec<u32>> = vec![Vec::new(); if barriers { lanes as usize } else { 0 }];
+    // Under a budget: the bytes each node brings to life (first uses, in
+    // `order`) and ends (last uses), each lane's nodes in placement order
+    // (their finish times increase), and the bytes live over unit time.
+    let budget = match memory {
+        MemoryOrder::Budget(b) if lanes > 1 && !d.internal.is_empty() => Some(b as i64),
+        _ => None,
+    };
+    let (born, ended) = match budget {
+        Some(_) => life_bytes(d, &order),
+        None => (Vec::new(), Vec::new()),
+    };
+    let mut live = super::live::LiveBytes::new(if budget.is_some() { n + 1 } else { 0 });
+    let mut on_lane: Vec<Vec<u32>> =
+        vec![Vec::new(); if budget.is_some() { lanes as usize } else { 0 }];
     let mut barrier_edges: Vec<(u32, u32)> = Vec::new();
     for &v in order.iter().filter(|_| lanes > 1) {
         let ps = &pred_list[pred_start[v as usize] as usize..pred_start[v as usize + 1] as usize];
         let ready = u64::from(ps.iter().map(|&p| finish[p as usize]).max().unwrap_or(0));
-        let (lane, start) = (0..lanes as usize)
+        let (mut lane, mut start) = (0..lanes as usize)
             .map(|l| {
                 let start = lane_free[l].max(ready);
                 let continues = lane_last[l] != NONE && ps.contains(&lane_last[l]);
@@ -248,16 +251,28 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize, memory: MemoryOrder) -> 
             .min_by_key(|&(l, start, other)| (start, other, l))
             .map(|(l, start, _)| (l, start))
             .expect("at least one lane");
-        if barriers && first_use[v as usize] {
+        if let Some(budget) = budget.filter(|_| born[v as usize] > 0) {
+            let new = born[v as usize];
+            if live.max_from(start as usize) + new > budget {
+                // A fence: after every node placed so far, on the lane that
+                // frees last (its chain edge is one of the fence's edges).
+                (lane, start) = (0..lanes as usize)
+                    .map(|l| (l, lane_free[l]))
+                    .max_by_key(|&(l, free)| (free, Reverse(l)))
+                    .expect("at least one lane");
+                start = start.max(ready);
+            }
             for (_, nodes) in on_lane.iter().enumerate().filter(|&(l, _)| l != lane) {
                 let k = nodes.partition_point(|&u| u64::from(finish[u as usize]) <= start);
                 if k > 0 {
                     barrier_edges.push((nodes[k - 1], v));
                 }
             }
+            live.add_from(start as usize, new);
         }
-        if barriers {
+        if budget.is_some() {
             on_lane[lane].push(v);
+            live.add_from(start as usize + 1, -ended[v as usize]);
         }
         finish[v as usize] = (start + 1) as u32;
         lane_free[lane] = start + 1;
@@ -315,6 +330,11 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize, memory: MemoryOrder) -> 
         width,
         edges,
         hazard_edges,
+        steps: if lanes > 1 {
+            finish.iter().copied().max().unwrap_or(0)
+        } else {
+            n as u32
+        },
     })
 }
 
@@ -384,6 +404,33 @@ fn reduce(
     }
     edges.sort_unstable();
     edges
+}
+
+/// Per node, the bytes of the graph's buffers it is the first to use and the
+/// last to use, in `order`.
+fn life_bytes(d: &Draft, order: &[u32]) -> (Vec<i64>, Vec<i64>) {
+    let n = d.nodes.len();
+    let mut first = vec![NONE; d.internal.len()];
+    let mut last = vec![NONE; d.internal.len()];
+    for &v in order {
+        d.accesses(v as usize, |o, _| {
+            if let Operand::Internal(i) = o {
+                let i = *i as usize;
+                if first[i] == NONE {
+                    first[i] = v;
+                }
+                last[i] = v;
+            }
+        });
+    }
+    let (mut born, mut ended) = (vec![0i64; n], vec![0i64; n]);
+    for (i, &bytes) in d.internal.iter().enumerate() {
+        if first[i] != NONE {
+            born[first[i] as usize] += bytes as i64;
+            ended[last[i] as usize] += bytes as i64;
+        }
+    }
+    (born, ended)
 }
 
 /// Predecessor lists, flat: node `v`'s are `list[start[v]..start[v + 1]]`.
