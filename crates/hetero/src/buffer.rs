@@ -317,6 +317,12 @@ impl Storage {
         self.host_visible = false;
     }
 
+    /// Sets the address the device knows host-visible memory by (an I/O
+    /// virtual address on a device behind an IOMMU).
+    pub(crate) fn set_device_address(&mut self, addr: u64) {
+        self.device_addr = addr;
+    }
+
     /// The address the device knows the memory by.
     pub(crate) fn device_addr(&self) -> u64 {
         self.device_addr
@@ -424,7 +430,7 @@ impl Storage {
         self.pending_writes.fetch_sub(1, Ordering::Release);
     }
 
-    fn has_pending_writes(&self) -> bool {
+    pub(crate) fn has_pending_writes(&self) -> bool {
         self.pending_writes.load(Ordering::Acquire) != 0
     }
 }

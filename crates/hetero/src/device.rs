@@ -165,6 +165,17 @@ impl Device {
         crate::HostEvent::new(self.clone(), timeline)
     }
 
+    /// The IOMMU's mappings and I/O TLB figures (per copy engine), on a device
+    /// that reaches host memory through one (the emulated device); `None` on
+    /// the host.
+    pub fn iommu_stats(&self) -> Option<crate::IommuStats> {
+        self.inner.backend().iommu_stats()
+    }
+
+    pub(crate) fn inline_copy_max(&self) -> usize {
+        self.inner.backend().inline_copy_max()
+    }
+
     pub(crate) fn kick(&self) {
         self.inner.backend().kick();
     }

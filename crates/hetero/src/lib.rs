@@ -15,6 +15,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod backend;
+mod batch;
 mod buffer;
 pub mod clock;
 mod config;
@@ -30,9 +31,11 @@ mod ring;
 mod stream;
 mod system;
 mod timeline;
+mod transfer;
 
-pub use backend::emu::{EmuConfig, LinkPreset, TimeMode};
+pub use backend::emu::{EmuConfig, IommuStats, IotlbCounts, LinkPreset, TimeMode};
 pub use backend::DeviceProperties;
+pub use batch::{Coalescing, CopyBatch};
 pub use buffer::{Arg, DeviceBuffer, MemoryKind, PinnedBuffer};
 pub use config::{BackendKind, CompletionMode, DeviceConfig};
 pub use device::Device;

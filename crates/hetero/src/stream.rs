@@ -33,6 +33,8 @@ struct StreamHandle {
     device: Device,
     /// The capture this stream records into, if any (`graph/capture.rs`).
     capture: Arc<CaptureSlot>,
+    /// H2D copies of at most this many bytes take the inline path (0: never).
+    inline_max: usize,
 }
 
 impl Drop for StreamHandle {
@@ -68,17 +70,23 @@ fn check_range(op: &'static str, len: usize, offset: usize, count: usize) -> Res
 
 impl Stream {
     pub(crate) fn new(queue: Arc<dyn BackendStream>, device: Device) -> Self {
+        let inline_max = device.inline_copy_max();
         Stream {
             inner: Arc::new(StreamHandle {
                 queue,
                 device,
                 capture: Arc::default(),
+                inline_max,
             }),
         }
     }
 
     fn q(&self) -> &dyn BackendStream {
         &*self.inner.queue
+    }
+
+    pub(crate) fn backend_stream(&self) -> &dyn BackendStream {
+        self.q()
     }
 
     pub(crate) fn capture_slot(&self) -> &Arc<CaptureSlot> {
@@ -328,7 +336,7 @@ impl Stream {
         Ok(())
     }
 
-    fn check_storage(&self, op: &'static str, s: &Storage) -> Result<()> {
+    pub(crate) fn check_storage(&self, op: &'static str, s: &Storage) -> Result<()> {
         if s.graph_ref != 0 && !self.is_capturing() {
             return Err(crate::graph::stand_in_error(op));
         }
@@ -372,6 +380,19 @@ impl Stream {
             return Err(Error::Aliasing { op });
         }
         let size = std::mem::size_of::<T>();
+        let bytes = count * size;
+        if kind == CopyKind::H2D && bytes > 0 && bytes <= self.inner.inline_max {
+            if let Some(data) = self.inline_payload(src, src_offset * size, bytes) {
+                self.order_use(dst)?;
+                self.submit(Body::HostWrite {
+                    dst: dst.clone(),
+                    off: dst_offset * size,
+                    data,
+                    inline: true,
+                })?;
+                return Ok(());
+            }
+        }
         self.order_use(src)?;
         self.order_use(dst)?;
         let host_dst = (dst.kind == MemoryKind::Pinned).then(|| PendingWrite::new(dst));
@@ -385,6 +406,27 @@ impl Stream {
             _pending: host_dst,
         })?;
         Ok(())
+    }
+
+    /// The payload of a tiny H2D copy, read now to go inside the command (as
+    /// CPU stores into mapped device memory carry tiny payloads), when that gives
+    /// the same result as reading it when the copy runs: `src` is pinned and no
+    /// queued op writes it (host writes need `&mut`, which the caller's borrow
+    /// excludes). `None` while recording (a replay must read it again) or when
+    /// a queued op still writes it.
+    fn inline_payload(&self, src: &Storage, off: usize, bytes: usize) -> Option<Box<[u8]>> {
+        if self.is_capturing()
+            || src.kind != MemoryKind::Pinned
+            || src.has_pending_writes()
+            || !src.host_visible()
+        {
+            return None;
+        }
+        // SAFETY: the range was bounds-checked by the caller; the memory is
+        // host-visible pinned memory that no queued op writes and no host code
+        // writes while the caller borrows the buffer.
+        let bytes = unsafe { std::slice::from_raw_parts(src.ptr().add(off), bytes) };
+        Some(bytes.into())
     }
 
     fn same_len(op: &'static str, a: usize, b: usize) -> Result<()> {
@@ -738,6 +780,7 @@ impl Stream {
                     dst: s.clone(),
                     off,
                     data: data.into(),
+                    inline: false,
                 })?;
                 self.q().timeline().wait(v, mode)
             }

@@ -149,6 +149,14 @@ pub(crate) trait Backend: Send + Sync {
     fn trace_hash(&self) -> Option<u64> {
         None
     }
+    /// The IOMMU's state, on a device behind one.
+    fn iommu_stats(&self) -> Option<crate::IommuStats> {
+        None
+    }
+    /// H2D copies of at most this many bytes go inline in the command (0: none).
+    fn inline_copy_max(&self) -> usize {
+        0
+    }
 }
 
 pub(crate) trait BackendStream: Send + Sync {
@@ -166,4 +174,7 @@ pub(crate) trait BackendStream: Send + Sync {
     fn is_closed(&self) -> bool;
     /// Forgets the stream once its work has completed (the last handle dropped).
     fn release(&self);
+    /// Lets the device merge consecutive small copies (`Stream::set_coalescing`);
+    /// a backend with no per-transfer setup to save ignores it.
+    fn set_coalescing(&self, _coalescing: Option<crate::Coalescing>) {}
 }

@@ -305,7 +305,15 @@ pub(crate) fn submit(slot: &CaptureSlot, stream: u64, body: Body) -> Result<u64>
                      pinned buffer instead",
                 ))
             }
-            Body::Record { .. } | Body::Graph(_) => {
+            Body::Copy2D(_) => {
+                return Err(capture_error(
+                    "copy_2d",
+                    "2-D copies are not recorded into graphs; run them on a stream, or \
+                     record flat copies",
+                ))
+            }
+            // `Stream::copy_batch` records each of its copies as a copy node.
+            Body::CopyBatch(_) | Body::Record { .. } | Body::Graph(_) => {
                 return Err(capture_error("record", "not an operation a graph records"))
             }
         };
