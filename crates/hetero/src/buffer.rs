@@ -94,6 +94,9 @@ pub(crate) struct Storage {
     /// slot bound at launch (`graph::GraphRef`). It has no memory; only a graph
     /// being recorded may take it, any other use is refused.
     pub(crate) graph_ref: u64,
+    /// A pitched buffer's row pitch in bytes (0: flat): kernels split it
+    /// between blocks by whole rows.
+    pub(crate) row_bytes: usize,
 }
 
 // SAFETY: the bytes are plain memory owned by this storage; concurrent access to them
@@ -296,6 +299,7 @@ impl Storage {
             backing: Mutex::new(backing),
             pool: None,
             graph_ref: 0,
+            row_bytes: 0,
         }
     }
 
@@ -331,6 +335,17 @@ impl Storage {
     /// Whether host code may touch the bytes directly.
     pub(crate) fn host_visible(&self) -> bool {
         self.host_visible
+    }
+
+    /// Elements of `size` bytes per partition unit: a row of a pitched
+    /// buffer, else one.
+    #[inline]
+    pub(crate) fn unit_elems(&self, size: usize) -> usize {
+        match self.row_bytes {
+            0 => 1,
+            r if size > 0 && r % size == 0 => r / size,
+            _ => 1,
+        }
     }
 
     #[inline]
@@ -486,6 +501,7 @@ impl Storage {
         self.kind = MemoryKind::Device;
         self.home = stream;
         self.graph_ref = 0;
+        self.row_bytes = 0;
         *self.backing.get_mut().unwrap_or_else(|p| p.into_inner()) = backing;
     }
 

@@ -41,6 +41,8 @@ struct DeviceInner {
     backend: Option<Box<dyn Backend>>,
     /// `HETERO_PROFILE=PATH`: where to write the trace when the device drops.
     profile_to: Option<std::path::PathBuf>,
+    /// Pitched buffers' (pitch alignment in bytes, height alignment in rows).
+    pitch_rules: (usize, usize),
 }
 
 impl DeviceInner {
@@ -109,6 +111,7 @@ impl Device {
     /// A device configured by `config`, on the backend it names.
     pub fn new(config: DeviceConfig) -> Result<Device> {
         let id = NEXT_DEVICE.fetch_add(1, Ordering::Relaxed);
+        let pitch_rules = (config.pitch_alignment, config.height_alignment);
         let backend: Box<dyn Backend> = match config.backend.clone() {
             crate::BackendKind::Host => Box::new(HostBackend::new(id, config)?),
             crate::BackendKind::Emu(emu) => Box::new(EmuBackend::new(id, config, emu)?),
@@ -125,6 +128,7 @@ impl Device {
                 id,
                 backend: Some(backend),
                 profile_to,
+                pitch_rules,
             }),
         })
     }
@@ -170,6 +174,10 @@ impl Device {
     /// the host.
     pub fn iommu_stats(&self) -> Option<crate::IommuStats> {
         self.inner.backend().iommu_stats()
+    }
+
+    pub(crate) fn pitch_rules(&self) -> (usize, usize) {
+        self.inner.pitch_rules
     }
 
     pub(crate) fn inline_copy_max(&self) -> usize {

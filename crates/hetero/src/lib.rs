@@ -27,6 +27,7 @@ mod kernel;
 pub(crate) mod loom;
 mod op;
 mod park;
+mod pitched;
 mod ring;
 mod stream;
 mod system;
@@ -46,6 +47,7 @@ pub use graph::{
 };
 pub use kernel::{Block, Grid, Kernel, KernelCost, INLINE_KERNEL_ARGS, MAX_KERNEL_ARGS};
 pub use op::CopyKind;
+pub use pitched::{PitchedBuffer, PitchedLayout, Region2D, RegionProblem, Rows, RowsMut};
 pub use stream::{Stream, PRIORITY_HIGHEST, PRIORITY_LOWEST};
 pub use system::SystemInfo;
 

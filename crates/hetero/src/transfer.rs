@@ -138,6 +138,7 @@ impl ByteRegion {
     }
 
     /// One past the last byte the region touches.
+    #[cfg(test)]
     pub(crate) fn end(&self) -> usize {
         self.offset + (self.height - 1) * self.pitch + self.width
     }

@@ -178,7 +178,10 @@ fn bad_batches_are_typed_errors() {
         matches!(b.d2d(&e, 0, &d, 8, 8), Err(Error::Aliasing { .. })),
         "e is written by the batch, so it cannot be read by it"
     );
-    assert!(matches!(b.d2d(&d, 0, &d, 8, 8), Err(Error::Aliasing { .. })));
+    assert!(matches!(
+        b.d2d(&d, 0, &d, 8, 8),
+        Err(Error::Aliasing { .. })
+    ));
     let other = Device::host().expect("other device");
     let x = other.alloc::<u8>(64).expect("x");
     let mut b = CopyBatch::new(CopyKind::D2D);

@@ -156,6 +156,7 @@ pub(crate) fn kernel(
                     elem: a.elem,
                     write: a.write,
                     len: a.storage.bytes() / a.elem.size.max(1),
+                    unit: a.storage.unit_elems(a.elem.size),
                 }),
                 Err(e) => {
                     d.args.truncate(start);
@@ -270,6 +271,7 @@ pub(crate) fn submit(slot: &CaptureSlot, stream: u64, body: Body) -> Result<u64>
                             elem: a.elem,
                             write: a.write,
                             len: a.len(),
+                            unit: a.storage.unit_elems(a.elem.size),
                         }),
                         Err(e) => {
                             d.args.truncate(start);

@@ -101,6 +101,8 @@ pub(crate) struct NodeArg {
     pub(crate) write: bool,
     /// Elements.
     pub(crate) len: usize,
+    /// Elements per partition unit between blocks (a pitched buffer's row).
+    pub(crate) unit: usize,
 }
 
 #[derive(Clone)]

@@ -181,6 +181,7 @@ pub(crate) fn run_node(l: &GraphLaunch, v: u32) -> Result<(), String> {
                 view.write(KView {
                     ptr: l.operand(&arg.operand),
                     len: arg.len,
+                    unit: arg.unit,
                     elem: arg.elem,
                     write: arg.write,
                 });
