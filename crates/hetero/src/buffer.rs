@@ -59,6 +59,25 @@ pub(crate) enum Backing {
     },
     /// From the pinned pool (returned by the allocation's own Drop).
     Pinned(hetero_memory::PinnedAllocation),
+    /// A user's host memory registered with the device (`Device::register_host`).
+    Registered(Registration),
+}
+
+/// Host memory a user handed to `Device::register_host`: the memory itself and
+/// what undoes the registration (unmap from the device's IOMMU, unlock). Its
+/// drop unregisters first, then frees the memory.
+pub(crate) struct Registration {
+    pub(crate) _memory: Box<dyn std::any::Any + Send>,
+    /// `None` once unregistered.
+    pub(crate) undo: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Some(undo) = self.undo.take() {
+            undo();
+        }
+    }
 }
 
 pub(crate) struct Storage {
@@ -552,6 +571,43 @@ impl Storage {
                 }
             }
             Backing::Pinned(alloc) => drop(alloc),
+            Backing::Registered(r) => drop(r),
+        }
+    }
+
+    /// A storage over registered host memory at `ptr` (`bytes` long, owned by
+    /// `registration`), known to the device as `device_addr`.
+    pub(crate) fn registered(
+        device: u64,
+        ptr: NonNull<u8>,
+        bytes: usize,
+        device_addr: u64,
+        registration: Registration,
+    ) -> Storage {
+        let mut s = Storage::from_parts(
+            device,
+            MemoryKind::Pinned,
+            ptr,
+            bytes,
+            Backing::Registered(registration),
+        );
+        s.device_addr = device_addr;
+        s
+    }
+
+    /// Undoes the registration of registered host memory; whether it was
+    /// registered (and not yet unregistered).
+    pub(crate) fn unregister(&self) -> bool {
+        let mut b = self.backing.lock().unwrap_or_else(|p| p.into_inner());
+        match &mut *b {
+            Backing::Registered(r) => match r.undo.take() {
+                Some(undo) => {
+                    undo();
+                    true
+                }
+                None => false,
+            },
+            _ => false,
         }
     }
 }

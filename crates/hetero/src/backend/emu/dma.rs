@@ -90,9 +90,17 @@ fn translate(
     if len == 0 {
         return Ok(0);
     }
-    let (misses, host) = sh
+    let (counts, host) = sh
         .iommu
         .translate(engine, s.device_addr() + off as u64, len)?;
+    if crate::clock::profiling() {
+        let kind = if engine.0 == 0 {
+            hetero_trace::EngineKind::CopyH2D
+        } else {
+            hetero_trace::EngineKind::CopyD2H
+        };
+        hetero_trace::record_iotlb(kind, engine.1, counts.hits, counts.misses);
+    }
     // The page table must lead to the buffer's own bytes (the data effect
     // then copies them through the storage).
     if host != s.ptr() as usize + off {
@@ -102,7 +110,7 @@ fn translate(
             s.device_addr() + off as u64
         ));
     }
-    Ok(misses * sh.emu.iotlb_miss_ns)
+    Ok(counts.misses * sh.emu.iotlb_miss_ns)
 }
 
 /// Plans the DMA of `op` on copy engine `engine` ((direction, index)) and

@@ -194,14 +194,14 @@ impl Iommu {
     }
 
     /// Translates `len` bytes at `iova` for the copy engine `engine` ((direction,
-    /// index)): the TLB misses it took and the host address, or, when some byte
-    /// is unmapped, the fault.
+    /// index)): its TLB hits and misses and the host address, or, when some
+    /// byte is unmapped, the fault.
     pub(crate) fn translate(
         &self,
         engine: (u8, u32),
         iova: u64,
         len: usize,
-    ) -> Result<(u64, usize), String> {
+    ) -> Result<(IotlbCounts, usize), String> {
         let mut t = self.lock();
         let t = &mut *t;
         let found = t.by_iova.range(..=iova).next_back().map(|(&a, &m)| (a, m));
@@ -233,7 +233,7 @@ impl Iommu {
         let c = t.counts.entry(engine).or_default();
         c.hits += counts.hits;
         c.misses += counts.misses;
-        Ok((counts.misses, m.host + (iova - base) as usize))
+        Ok((counts, m.host + (iova - base) as usize))
     }
 
     pub(crate) fn stats(&self) -> IommuStats {
@@ -292,10 +292,10 @@ mod tests {
         let buf = vec![0u8; 64 << 10];
         let iova = io.map(buf.as_ptr(), buf.len(), 4096);
         assert_eq!(io.iova_of(buf.as_ptr()), Some(iova));
-        let (misses, host) = io.translate((0, 0), iova, buf.len()).expect("mapped");
-        assert!(misses >= 16, "{misses}");
+        let (c, host) = io.translate((0, 0), iova, buf.len()).expect("mapped");
+        assert!(c.misses >= 16, "{c:?}");
         assert_eq!(host, buf.as_ptr() as usize);
-        let again = io.translate((0, 0), iova, buf.len()).map(|t| t.0);
+        let again = io.translate((0, 0), iova, buf.len()).map(|t| t.0.misses);
         assert_eq!(again, Ok(0), "now cached");
         assert!(io.translate((0, 0), iova + (1 << 20), 8).is_err());
         assert!(io.unmap(buf.as_ptr()));
@@ -309,8 +309,8 @@ mod tests {
         let len = 8 << 20;
         let a = small.map(IOVA_BASE as *const u8, len, 4096);
         let b = large.map(IOVA_BASE as *const u8, len, 2 << 20);
-        let ms = small.translate((0, 0), a, len).expect("mapped").0;
-        let ml = large.translate((0, 0), b, len).expect("mapped").0;
+        let ms = small.translate((0, 0), a, len).expect("mapped").0.misses;
+        let ml = large.translate((0, 0), b, len).expect("mapped").0.misses;
         assert_eq!((ms, ml), (2048, 4));
     }
 }

@@ -430,6 +430,19 @@ impl Backend for EmuBackend {
             .then(|| self.shared.hash.load(Ordering::Acquire))
     }
 
+    fn register_host(&self, ptr: *const u8, bytes: usize) -> (u64, Box<dyn FnOnce() + Send>) {
+        let locked = super::lock_host(ptr, bytes);
+        // Nothing says what backs a user's memory: 4 KiB pages.
+        let iova = self.shared.iommu.map(ptr, bytes, 4096);
+        let iommu = self.shared.iommu.clone();
+        let host = ptr as usize;
+        let undo = move || {
+            iommu.unmap(host as *const u8);
+            super::unlock_host(locked);
+        };
+        (iova, Box::new(undo))
+    }
+
     fn iommu_stats(&self) -> Option<crate::IommuStats> {
         Some(self.shared.iommu.stats())
     }
