@@ -191,3 +191,41 @@ fn four_kib_pages_miss_more_and_take_longer_than_large_pages() {
     assert_eq!((c.misses, c.hits), (2048, 2048), "{c:?}");
     assert!(times[1] < times[0], "{times:?}");
 }
+
+#[test]
+fn the_profile_reports_iotlb_hits_and_misses_per_engine() {
+    let dev = emu_with(|c| c.iommu_page_max(4096).iotlb_entries(16384));
+    let n = 8 << 20;
+    let h = dev.alloc_pinned::<u8>(n).expect("pinned");
+    let d = dev.alloc::<u8>(n).expect("d");
+    let mut back = dev.alloc_pinned::<u8>(n).expect("back");
+    let s = dev.create_stream().expect("stream");
+    let _ = hetero_trace::take();
+    hetero_trace::set_enabled(true);
+    s.copy_h2d(&h, &d).expect("first pass");
+    s.copy_h2d(&h, &d).expect("second pass");
+    s.copy_d2h(&d, &mut back).expect("d2h");
+    s.synchronize().expect("sync");
+    hetero_trace::set_enabled(false);
+    let trace = hetero_trace::take();
+    let report = hetero_profile::Report::build(&trace, &hetero_profile::ReportOptions::default());
+    let h2d = report
+        .iotlb
+        .iter()
+        .find(|t| t.engine == "Copy H2D 0")
+        .expect("H2D engine's lookups");
+    // Other tests of this binary may copy meanwhile: at least ours are there.
+    assert!(h2d.misses >= 2048 && h2d.hits >= 2048, "{h2d:?}");
+    assert!(h2d.hit_rate > 0.0 && h2d.hit_rate < 1.0);
+    let d2h = report
+        .iotlb
+        .iter()
+        .find(|t| t.engine == "Copy D2H 0")
+        .expect("D2H engine's lookups");
+    assert!(d2h.misses >= 2048, "{d2h:?}");
+    let md = report.to_markdown();
+    assert!(
+        md.contains("## I/O TLB") && md.contains("Copy H2D 0"),
+        "{md}"
+    );
+}
