@@ -462,8 +462,8 @@ impl<'a> Block<'a> {
         crate::pitched::check_layout(layout, len)?;
         let start = self.write_offset(n);
         let data = self.try_write::<T>(n)?;
-        if start % layout.pitch != 0
-            || ((start + data.len()) % layout.pitch != 0 && start + data.len() != len)
+        if !start.is_multiple_of(layout.pitch)
+            || (!(start + data.len()).is_multiple_of(layout.pitch) && start + data.len() != len)
         {
             return Err(format!(
                 "write argument {n} is not split between blocks by rows of {} elements; \

@@ -272,7 +272,7 @@ impl<T: Pod> PitchedBuffer<T> {
 /// `size` too.
 fn pitch_for(row_bytes: usize, alignment: usize, size: usize) -> Option<usize> {
     let mut p = row_bytes.checked_next_multiple_of(alignment)?;
-    while p % size != 0 {
+    while !p.is_multiple_of(size) {
         p = p.checked_add(alignment)?;
     }
     Some(p)
@@ -333,7 +333,7 @@ impl Device {
         Region2D::new(0, pitch, width, height).check(op, buf.len())?;
         let (align, _) = self.pitch_rules();
         let pitch_bytes = pitch * std::mem::size_of::<T>();
-        if pitch_bytes % align != 0 {
+        if !pitch_bytes.is_multiple_of(align) {
             return Err(Error::Region {
                 op,
                 problem: RegionProblem::Unaligned {
