@@ -34,7 +34,10 @@ mod system;
 mod timeline;
 mod transfer;
 
-pub use backend::emu::{EmuConfig, IommuStats, IotlbCounts, LinkPreset, TimeMode};
+pub use backend::emu::{
+    EmuConfig, IommuStats, IotlbCounts, LinkPreset, TimeMode, DEFAULT_INLINE_COPY_MAX,
+    DEFAULT_IOTLB_ENTRIES, DEFAULT_IOTLB_MISS_NS,
+};
 pub use backend::DeviceProperties;
 pub use batch::{Coalescing, CopyBatch};
 pub use buffer::{Arg, DeviceBuffer, MemoryKind, PinnedBuffer};

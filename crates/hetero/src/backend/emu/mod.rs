@@ -26,7 +26,9 @@ mod memory;
 mod sim;
 mod stream;
 
-pub use config::{EmuConfig, TimeMode};
+pub use config::{
+    EmuConfig, TimeMode, DEFAULT_INLINE_COPY_MAX, DEFAULT_IOTLB_ENTRIES, DEFAULT_IOTLB_MISS_NS,
+};
 pub use iommu::{IommuStats, IotlbCounts};
 pub use link::LinkPreset;
 pub(crate) use sim::in_sim;
