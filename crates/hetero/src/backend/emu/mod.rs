@@ -1,8 +1,10 @@
 //! The `emu` backend: an emulated discrete accelerator. It has its own memory
 //! (`memory.rs`: a reserved range of fixed capacity, device addresses that are
 //! not host pointers), DMA copy engines over a modelled link (`link.rs`: setup
-//! latency, per-direction bandwidth, packet efficiency, duplex share), compute
-//! units with rates, and one discrete-event engine model (`sim.rs`).
+//! latency, per-direction bandwidth, packet efficiency, duplex share; what each
+//! DMA costs in `dma.rs`), an IOMMU through which it reaches host memory
+//! (`iommu.rs`: a page table per device, an I/O TLB), compute units with rates,
+//! and one discrete-event engine model (`sim.rs`).
 //!
 //! Two drivers run that model:
 //! - **virtual time**: nothing runs until a host thread waits. The wait drives
