@@ -12,6 +12,7 @@
 use crate::buffer::{DeviceBuffer, PinnedBuffer, Storage};
 use crate::op::{Body, CopyKind};
 use crate::transfer::BatchOp;
+use crate::MemoryKind;
 use crate::{Error, Result, Stream};
 use bytemuck::Pod;
 use std::sync::Arc;
@@ -215,6 +216,32 @@ impl Default for Coalescing {
 }
 
 impl Stream {
+    /// The payload of a tiny H2D copy, read now to go inside the command (as
+    /// CPU stores into mapped device memory carry tiny payloads), when that gives
+    /// the same result as reading it when the copy runs: `src` is pinned and no
+    /// queued op writes it (host writes need `&mut`, which the caller's borrow
+    /// excludes). `None` while recording (a replay must read it again) or when
+    /// a queued op still writes it.
+    pub(crate) fn inline_payload(
+        &self,
+        src: &Storage,
+        off: usize,
+        bytes: usize,
+    ) -> Option<Box<[u8]>> {
+        if self.is_capturing()
+            || src.kind != MemoryKind::Pinned
+            || src.has_pending_writes()
+            || !src.host_visible()
+        {
+            return None;
+        }
+        // SAFETY: the range was bounds-checked by the caller; the memory is
+        // host-visible pinned memory that no queued op writes and no host code
+        // writes while the caller borrows the buffer.
+        let bytes = unsafe { std::slice::from_raw_parts(src.ptr().add(off), bytes) };
+        Some(bytes.into())
+    }
+
     /// Submits `batch` as one op: its copies take effect in the order they were
     /// added, after the stream's earlier work and before its later work. An empty
     /// batch submits nothing. While the stream records a capture, each copy is

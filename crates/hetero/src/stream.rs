@@ -408,27 +408,6 @@ impl Stream {
         Ok(())
     }
 
-    /// The payload of a tiny H2D copy, read now to go inside the command (as
-    /// CPU stores into mapped device memory carry tiny payloads), when that gives
-    /// the same result as reading it when the copy runs: `src` is pinned and no
-    /// queued op writes it (host writes need `&mut`, which the caller's borrow
-    /// excludes). `None` while recording (a replay must read it again) or when
-    /// a queued op still writes it.
-    fn inline_payload(&self, src: &Storage, off: usize, bytes: usize) -> Option<Box<[u8]>> {
-        if self.is_capturing()
-            || src.kind != MemoryKind::Pinned
-            || src.has_pending_writes()
-            || !src.host_visible()
-        {
-            return None;
-        }
-        // SAFETY: the range was bounds-checked by the caller; the memory is
-        // host-visible pinned memory that no queued op writes and no host code
-        // writes while the caller borrows the buffer.
-        let bytes = unsafe { std::slice::from_raw_parts(src.ptr().add(off), bytes) };
-        Some(bytes.into())
-    }
-
     fn same_len(op: &'static str, a: usize, b: usize) -> Result<()> {
         if a != b {
             return Err(Error::SizeMismatch {

@@ -22,6 +22,7 @@
 
 mod config;
 mod dma;
+mod graph_model;
 mod iommu;
 mod link;
 mod memory;
