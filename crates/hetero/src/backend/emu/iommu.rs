@@ -74,7 +74,9 @@ pub struct IommuStats {
 
 struct Tables {
     by_iova: BTreeMap<u64, Mapping>,
-    by_host: BTreeMap<usize, u64>,
+    /// The exact host address each mapping was made for (two registrations may
+    /// share a page) → (its key in `by_iova`, the bytes registered).
+    by_host: BTreeMap<usize, (u64, usize)>,
     next_iova: u64,
     next_id: u64,
     maps_total: u64,
@@ -157,7 +159,7 @@ impl Iommu {
                 id,
             },
         );
-        t.by_host.insert(start, iova);
+        t.by_host.insert(host, (iova, len));
         iova + (host - start) as u64
     }
 
@@ -165,17 +167,12 @@ impl Iommu {
     /// was one.
     pub(crate) fn unmap(&self, host: *const u8) -> bool {
         let mut t = self.lock();
-        let Some((&start, &iova)) = t.by_host.range(..=host as usize).next_back() else {
+        let Some((iova, _)) = t.by_host.remove(&(host as usize)) else {
             return false;
         };
-        let Some(m) = t.by_iova.get(&iova).copied() else {
+        let Some(m) = t.by_iova.remove(&iova) else {
             return false;
         };
-        if host as usize >= start + m.len {
-            return false;
-        }
-        t.by_host.remove(&start);
-        t.by_iova.remove(&iova);
         for e in t.tlb.iter_mut() {
             if e.0 >> 40 == m.id {
                 *e = (0, 0);
@@ -187,10 +184,9 @@ impl Iommu {
     /// The IOVA host address `p` is mapped at, if it is.
     pub(crate) fn iova_of(&self, p: *const u8) -> Option<u64> {
         let t = self.lock();
-        let (&start, &iova) = t.by_host.range(..=p as usize).next_back()?;
+        let (&host, &(iova, len)) = t.by_host.range(..=p as usize).next_back()?;
         let m = t.by_iova.get(&iova)?;
-        let off = p as usize - start;
-        (off < m.len).then_some(iova + off as u64)
+        ((p as usize) < host + len.max(1)).then(|| iova + (p as usize - m.host) as u64)
     }
 
     /// Translates `len` bytes at `iova` for the copy engine `engine` ((direction,
@@ -301,6 +297,23 @@ mod tests {
         assert!(io.unmap(buf.as_ptr()));
         assert!(io.translate((0, 0), iova, 8).is_err(), "unmapped");
         assert_eq!(io.iova_of(buf.as_ptr()), None);
+    }
+
+    #[test]
+    fn registrations_sharing_a_page_are_mapped_and_unmapped_apart() {
+        let io = Iommu::new(64, 1 << 30);
+        let buf = vec![0u8; 256];
+        let (a, b) = (buf.as_ptr(), buf[100..].as_ptr());
+        let ia = io.map(a, 100, 4096);
+        let ib = io.map(b, 156, 4096);
+        assert_eq!(io.iova_of(a), Some(ia));
+        assert_eq!(io.iova_of(b), Some(ib));
+        assert!(io.unmap(a));
+        assert_eq!(io.iova_of(a), None, "the first is gone");
+        assert_eq!(io.iova_of(b), Some(ib), "the second stays");
+        assert!(io.translate((0, 0), ib, 156).is_ok());
+        assert!(io.translate((0, 0), ia, 1).is_err());
+        assert!(!io.unmap(a), "unmapped once");
     }
 
     #[test]
