@@ -229,3 +229,17 @@ fn the_profile_reports_iotlb_hits_and_misses_per_engine() {
         "{md}"
     );
 }
+
+#[test]
+fn a_fill_of_unregistered_host_memory_faults_too() {
+    let dev = emu_with(|c| c);
+    let mut host = dev.register_host(vec![1u16; 4096]).expect("register");
+    let s = dev.create_stream().expect("stream");
+    s.fill_pinned(&mut host, 2).expect("mapped fill");
+    s.synchronize().expect("sync");
+    assert_eq!(host.as_slice().expect("host")[4095], 2);
+    dev.unregister_host(&host).expect("unregister");
+    s.fill_pinned(&mut host, 3).expect("queued");
+    assert!(fault_message(s.synchronize()).contains("DMA fault"));
+    assert!(host.as_slice().expect("host").iter().all(|&v| v == 2));
+}

@@ -14,7 +14,9 @@
 //!   the memory bandwidth, overlapped with the link: the copy takes the longer
 //!   of the two, never a cost per row on the link.
 //! - An inline write (a tiny H2D copy whose payload rode in the command) pays
-//!   `INLINE_NS` instead of a setup: no descriptor, no DMA engine to program.
+//!   `INLINE_NS` instead of a setup: no descriptor, no DMA engine to program. The
+//!   staging buffers of `write_slice` / `read_slice` are the driver's own, always
+//!   mapped: they are not translated.
 //! - Every host page a transfer touches is looked up in the I/O TLB; each miss
 //!   stalls the engine `iotlb_miss_ns`. A transfer that reaches unmapped memory
 //!   is refused before any byte moves.
@@ -94,10 +96,10 @@ fn translate(
         .iommu
         .translate(engine, s.device_addr() + off as u64, len)?;
     if crate::clock::profiling() {
-        let kind = if engine.0 == 0 {
-            hetero_trace::EngineKind::CopyH2D
-        } else {
-            hetero_trace::EngineKind::CopyD2H
+        let kind = match engine.0 {
+            0 => hetero_trace::EngineKind::CopyH2D,
+            1 => hetero_trace::EngineKind::CopyD2H,
+            _ => hetero_trace::EngineKind::CopyD2D,
         };
         hetero_trace::record_iotlb(kind, engine.1, counts.hits, counts.misses);
     }
@@ -139,6 +141,11 @@ pub(crate) fn plan(sh: &EmuShared, engine: (u8, u32), op: &Op) -> Option<Result<
                 DmaPlan::link(dir_of(*kind), link.setup_ns + stall, wire)
             })
         }
+        // A fill of pinned memory writes host memory: through the IOMMU.
+        Body::Fill {
+            dst, off, bytes, ..
+        } if dst.kind == crate::MemoryKind::Pinned => translate(sh, engine, dst, *off, *bytes)
+            .map(|stall| DmaPlan::device(d2d_ns(*bytes as f64) + stall)),
         Body::Copy { bytes, .. } | Body::Fill { bytes, .. } => {
             Ok(DmaPlan::device(d2d_ns(*bytes as f64)))
         }

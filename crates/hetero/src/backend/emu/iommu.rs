@@ -66,7 +66,8 @@ pub struct IommuStats {
     pub maps_total: u64,
     /// Live mappings by page size: (page bytes, mappings).
     pub by_page: Vec<(usize, usize)>,
-    /// I/O TLB lookups per copy engine: ("h2d" | "d2h", engine index, counts).
+    /// I/O TLB lookups per copy engine: ("h2d" | "d2h" | "d2d" (fills of pinned
+    /// memory), engine index, counts).
     pub per_engine: Vec<(&'static str, u32, IotlbCounts)>,
     /// I/O TLB entries.
     pub tlb_entries: usize,
@@ -246,7 +247,14 @@ impl Iommu {
             per_engine: t
                 .counts
                 .iter()
-                .map(|(&(dir, i), &c)| (if dir == 0 { "h2d" } else { "d2h" }, i, c))
+                .map(|(&(dir, i), &c)| {
+                    let name = match dir {
+                        0 => "h2d",
+                        1 => "d2h",
+                        _ => "d2d",
+                    };
+                    (name, i, c)
+                })
                 .collect(),
             tlb_entries: self.entries,
         }
