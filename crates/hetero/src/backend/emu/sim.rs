@@ -17,6 +17,8 @@
 //! two events rates are constant, so the remaining bytes of each transfer
 //! decrease linearly and the next completion is exact.
 
+use super::dma;
+use super::graph_model::{model_graph, NodeTrace};
 use super::link::{Dir, LinkPreset};
 use super::stream::EmuStream;
 use super::EmuShared;
@@ -29,8 +31,6 @@ use std::sync::Arc;
 
 /// Fixed cost of starting a kernel on the device, ns.
 pub(crate) const KERNEL_LAUNCH_NS: u64 = 2_000;
-use super::dma;
-use super::graph_model::{model_graph, NodeTrace};
 
 thread_local! {
     /// Set while this thread runs the simulation (and the callbacks in it).
