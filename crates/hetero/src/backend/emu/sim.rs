@@ -15,7 +15,10 @@
 //! Copies in one direction share that direction's link rate; while both
 //! directions carry data each runs at its both-at-once rate (`link.rs`). Between
 //! two events rates are constant, so the remaining bytes of each transfer
-//! decrease linearly and the next completion is exact.
+//! decrease linearly and the next completion is exact. What each DMA costs
+//! (batches, 2-D copies, inline writes, IOMMU translations, faults) is decided
+//! in `dma.rs`; on a coalescing stream the small copies queued right behind a
+//! starting one join its transfer (`merge_run`) and complete with it, in order.
 
 use super::dma;
 use super::graph_model::{model_graph, NodeTrace};
