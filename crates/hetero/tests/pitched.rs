@@ -275,3 +275,32 @@ fn on_emu_a_two_d_copy_is_one_transfer_even_for_one_byte_rows() {
     s.synchronize().expect("sync");
     assert_eq!(back.as_slice().expect("read"), &host[..]);
 }
+
+#[test]
+fn two_d_copies_record_into_graphs_and_replay() {
+    let dev = common::device();
+    let s = dev.create_stream().expect("stream");
+    let (w, h) = (5usize, 6usize);
+    let img = dev.alloc_pitched::<u16>(w, h).expect("pitched");
+    let data: Vec<u16> = (0..(w * h) as u16).collect();
+    let src = dev.pinned_from_slice(&data).expect("src");
+    let mut out = dev.alloc_pinned::<u16>(2 * 3).expect("out");
+    let cb = hetero::CommandBuffer::new(&dev).expect("command buffer");
+    cb.copy_2d_h2d(&src, Region2D::flat(w, h), &img, img.region())
+        .expect("record h2d");
+    let rect = img.rect(1, 2, 2, 3).expect("inside");
+    cb.copy_2d_d2h(&img, rect, &mut out, Region2D::flat(2, 3))
+        .expect("record d2h");
+    let exec = cb.finish().expect("instantiate");
+    let want: Vec<u16> = (2..5)
+        .flat_map(|y| (1..3).map(move |x| (y * w + x) as u16))
+        .collect();
+    for round in 0..2 {
+        // The replay copies in and out again: clear both first.
+        s.fill(&img, 0u16).expect("clear");
+        s.fill_pinned(&mut out, 0u16).expect("clear out");
+        s.launch_graph(&exec).expect("launch");
+        s.synchronize().expect("sync");
+        assert_eq!(out.as_slice().expect("out"), &want[..], "round {round}");
+    }
+}

@@ -307,13 +307,13 @@ pub(crate) fn submit(slot: &CaptureSlot, stream: u64, body: Body) -> Result<u64>
                      pinned buffer instead",
                 ))
             }
-            Body::Copy2D(_) => {
-                return Err(capture_error(
-                    "copy_2d",
-                    "2-D copies are not recorded into graphs; run them on a stream, or \
-                     record flat copies",
-                ))
-            }
+            Body::Copy2D(c) => NodeBody::Copy2D {
+                kind: c.kind,
+                src: d.operand("copy_2d", &c.src)?,
+                src_r: c.src_r,
+                dst: d.operand("copy_2d", &c.dst)?,
+                dst_r: c.dst_r,
+            },
             // `Stream::copy_batch` records each of its copies as a copy node.
             Body::CopyBatch(_) | Body::Record { .. } | Body::Graph(_) => {
                 return Err(capture_error("record", "not an operation a graph records"))

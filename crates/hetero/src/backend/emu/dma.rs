@@ -25,6 +25,7 @@ use super::link::{Dir, LinkPreset};
 use super::EmuShared;
 use crate::buffer::Storage;
 use crate::op::{Body, CopyKind, Op};
+use crate::transfer::ByteRegion;
 
 /// Fixed cost of an on-device copy or fill, ns.
 pub(crate) const D2D_SETUP_NS: u64 = 1_000;
@@ -187,13 +188,17 @@ pub(crate) fn plan(sh: &EmuShared, engine: (u8, u32), op: &Op) -> Option<Result<
         Body::Copy2D(c) => {
             let (w, h) = (c.src_r.width, c.src_r.height);
             if c.kind == CopyKind::D2D {
-                let touched = rows_ns(link, w, h) as f64 * link.memory_gbps;
-                Ok(DmaPlan::device(d2d_ns(touched)))
+                Ok(copy2d_plan(link, c.kind, c.src_r, c.dst_r, 0))
             } else {
-                let (host, host_r, dev_r) = if c.kind == CopyKind::H2D {
-                    (&c.src, c.src_r, c.dst_r)
+                let host = if c.kind == CopyKind::H2D {
+                    &c.src
                 } else {
-                    (&c.dst, c.dst_r, c.src_r)
+                    &c.dst
+                };
+                let host_r = if c.kind == CopyKind::H2D {
+                    c.src_r
+                } else {
+                    c.dst_r
                 };
                 let mut stall = Ok(0);
                 if host_r.contiguous() {
@@ -211,23 +216,60 @@ pub(crate) fn plan(sh: &EmuShared, engine: (u8, u32), op: &Op) -> Option<Result<
                         }
                     }
                 }
-                stall.map(|stall| {
-                    let wire = if host_r.contiguous() {
-                        link.wire_bytes((w * h) as u64)
-                    } else {
-                        h as f64 * link.wire_bytes(w as u64)
-                    };
-                    let mut p = DmaPlan::link(dir_of(c.kind), link.setup_ns + stall, wire);
-                    if !dev_r.contiguous() {
-                        p.floor_ns = link.setup_ns + stall + rows_ns(link, w, h);
-                    }
-                    p
-                })
+                stall.map(|stall| copy2d_plan(link, c.kind, c.src_r, c.dst_r, stall))
             }
         }
         _ => return None,
     };
     Some(planned)
+}
+
+/// The plan of a 2-D copy whose translations stalled it `stall` ns: one
+/// strided descriptor (see the module doc).
+pub(crate) fn copy2d_plan(
+    link: &LinkPreset,
+    kind: CopyKind,
+    src_r: ByteRegion,
+    dst_r: ByteRegion,
+    stall: u64,
+) -> DmaPlan {
+    let (w, h) = (src_r.width, src_r.height);
+    if kind == CopyKind::D2D {
+        let touched = rows_ns(link, w, h) as f64 * link.memory_gbps;
+        return DmaPlan::device(D2D_SETUP_NS + (touched / link.d2d_gbps).ceil() as u64);
+    }
+    let (host_r, dev_r) = if kind == CopyKind::H2D {
+        (src_r, dst_r)
+    } else {
+        (dst_r, src_r)
+    };
+    let wire = if host_r.contiguous() {
+        link.wire_bytes((w * h) as u64)
+    } else {
+        h as f64 * link.wire_bytes(w as u64)
+    };
+    let mut p = DmaPlan::link(dir_of(kind), link.setup_ns + stall, wire);
+    if !dev_r.contiguous() {
+        p.floor_ns = link.setup_ns + stall + rows_ns(link, w, h);
+    }
+    p
+}
+
+/// The modelled time of a 2-D copy alone on the link (a graph node), ns.
+pub(crate) fn copy2d_alone_ns(
+    link: &LinkPreset,
+    kind: CopyKind,
+    s: ByteRegion,
+    d: ByteRegion,
+) -> u64 {
+    let p = copy2d_plan(link, kind, s, d, 0);
+    match p.dir {
+        Some(dir) => {
+            let wire = (p.wire_bytes / link.wire_rate(dir, false)).ceil() as u64;
+            (p.setup_ns + wire).max(p.floor_ns)
+        }
+        None => p.floor_ns,
+    }
 }
 
 /// The wire bytes a copy adds to a merged run (coalescing), after its
