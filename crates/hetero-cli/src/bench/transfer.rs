@@ -220,9 +220,16 @@ fn timed(f: &mut impl FnMut() -> Result<()>) -> Result<f64> {
 /// are timed in turn, pair by pair, so a change in the machine's load moves
 /// both; each figure is the median of the pairs' ratios.
 fn copy2d_host(rep: &mut BenchReport, quick: bool) -> Result<()> {
-    // The host parks while an engine copies (a copy takes milliseconds): on a
-    // small machine a polling host thread would take the engine's core.
-    let dev = Device::new(DeviceConfig::default().host_wait(hetero::CompletionMode::Block))?;
+    // One engine, free to run on any core like the thread that runs memcpy,
+    // and a host that parks while it copies (a copy takes milliseconds): on a
+    // small, shared machine a pinned engine or a polling host thread would
+    // measure the scheduler, not the copy.
+    let dev = Device::new(
+        DeviceConfig::default()
+            .compute_units(1)
+            .pin_engines(false)
+            .host_wait(hetero::CompletionMode::Block),
+    )?;
     let s = dev.create_stream()?;
     let bytes = if quick { 8 << 20 } else { 32 << 20 };
     let reps = if quick { 7 } else { 31 };
