@@ -135,6 +135,15 @@ enum BenchCommand {
         #[arg(long, default_value = "emu:pcie4x16")]
         device: String,
     },
+    /// Copy batches, 2-D copies and IOMMU page sizes on an emulated link, and the CPU 2-D
+    /// copy beside memcpy.
+    Transfer {
+        #[command(flatten)]
+        opts: BenchOpts,
+        /// The emulated device: emu or emu:PRESET (virtual time).
+        #[arg(long, default_value = "emu:pcie4x16")]
+        device: String,
+    },
 }
 
 /// A spinner on stderr for anything that may run longer than a second; hidden when
@@ -238,6 +247,18 @@ fn main() {
                 Err(e) => fail("bench link", e),
             }
         }
+        Command::Bench {
+            which: BenchCommand::Transfer { opts, device },
+        } => {
+            let spec = DeviceSpec::parse(&device, None).unwrap_or_else(|e| fail("--device", e));
+            let pb = spinner(opts.json, "bench transfer");
+            let rep = bench::transfer::run(opts.quick, &spec);
+            pb.finish_and_clear();
+            match rep {
+                Ok(rep) => rep.print(opts.json),
+                Err(e) => fail("bench transfer", e),
+            }
+        }
         Command::Bench { which } => {
             let (name, opts): (&str, BenchOpts) = match which {
                 BenchCommand::Submit(o) => ("submit", o),
@@ -246,7 +267,9 @@ fn main() {
                 BenchCommand::Profile(o) => ("profile", o),
                 BenchCommand::Alloc(o) => ("alloc", o),
                 BenchCommand::Graph(o) => ("graph", o),
-                BenchCommand::Link { .. } => unreachable!("handled above"),
+                BenchCommand::Link { .. } | BenchCommand::Transfer { .. } => {
+                    unreachable!("handled above")
+                }
             };
             let pb = spinner(opts.json, &format!("bench {name}"));
             let rep = match name {

@@ -132,3 +132,32 @@ fn info_lists_the_emu_backend_and_presets() {
         .iter()
         .all(|p| p["source"].is_string() && p["h2d_gbps"].is_number()));
 }
+
+#[test]
+fn bench_transfer_reports_every_named_result_beside_its_peer() {
+    let v = hetero(&["bench", "transfer", "--quick", "--json"]);
+    assert_eq!(v["bench"], "transfer");
+    let results = v["results"].as_array().expect("results");
+    let median = |name: &str| {
+        results
+            .iter()
+            .find(|r| r["name"] == name)
+            .and_then(|r| r["median"].as_f64())
+            .unwrap_or_else(|| panic!("no result {name}: {v}"))
+    };
+    for name in [
+        "emu/batch-4096x8k-over-one-32m",
+        "emu/per-call-4096x8k-over-batch",
+        "hetero/batch-submit-per-descriptor",
+        "emu/copy2d-worst-over-flat",
+        "host/copy2d-over-memcpy",
+        "emu/iotlb-4k-over-2m",
+    ] {
+        assert!(median(name).is_finite() && median(name) > 0.0, "{name}");
+    }
+    // Modelled figures are deterministic: one batch costs one setup more than
+    // one copy of the same bytes, one op per copy a setup each.
+    let ratio = median("emu/batch-4096x8k-ns") / median("emu/one-32m-ns");
+    assert!((ratio - median("emu/batch-4096x8k-over-one-32m")).abs() < 1e-9);
+    assert!(median("emu/per-call-4096x8k-ns") > median("emu/batch-4096x8k-ns"));
+}

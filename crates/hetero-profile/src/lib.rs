@@ -25,8 +25,8 @@ use hetero_trace::Trace;
 
 pub use graphs::{GraphPlanSummary, GraphUsage, LaneUsage, NodeKindUsage};
 pub use report::{
-    AllocatorReport, AllocatorStats, EngineGaps, EngineUsage, Gap, KindLatency, MemorySummary,
-    OpSummary, Percentiles, Report, ReportOptions, StreamUsage,
+    AllocatorReport, AllocatorStats, EngineGaps, EngineUsage, Gap, IotlbUsage, KindLatency,
+    MemorySummary, OpSummary, Percentiles, Report, ReportOptions, StreamUsage,
 };
 pub use timeline::{lane_labels, timeline_svg};
 

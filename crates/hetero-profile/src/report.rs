@@ -104,6 +104,20 @@ pub struct Report {
     pub memory: Option<MemorySummary>,
     /// The pool's counters, if given.
     pub allocator: Option<AllocatorReport>,
+    /// I/O TLB lookups per copy engine (a device behind an IOMMU).
+    #[serde(default)]
+    pub iotlb: Vec<IotlbUsage>,
+}
+
+/// One copy engine's I/O TLB lookups: pages of host memory its DMAs translated.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct IotlbUsage {
+    /// Display name, e.g. "Copy H2D 0".
+    pub engine: String,
+    pub hits: u64,
+    pub misses: u64,
+    /// Hits over lookups.
+    pub hit_rate: f64,
 }
 
 /// What one engine did.
@@ -471,6 +485,16 @@ impl Report {
         });
 
         let (graphs, launches_without_nodes) = graphs::build(trace);
+        let iotlb = trace
+            .iotlb
+            .iter()
+            .map(|r| IotlbUsage {
+                engine: engine_label(r.engine, r.engine_index),
+                hits: r.hits,
+                misses: r.misses,
+                hit_rate: r.hits as f64 / (r.hits + r.misses).max(1) as f64,
+            })
+            .collect();
 
         Report {
             device_name: trace.device_name.clone(),
@@ -490,6 +514,7 @@ impl Report {
             launches_without_nodes,
             memory,
             allocator,
+            iotlb,
         }
     }
 
@@ -675,6 +700,21 @@ impl Report {
                 fmt_bytes(m.peak_reserved),
                 fmt_bytes(m.peak_allocated)
             )?;
+        }
+        if !self.iotlb.is_empty() {
+            writeln!(md, "\n## I/O TLB\n")?;
+            writeln!(md, "| engine | hits | misses | hit rate |")?;
+            writeln!(md, "| --- | ---: | ---: | ---: |")?;
+            for t in &self.iotlb {
+                writeln!(
+                    md,
+                    "| {} | {} | {} | {:.1} % |",
+                    t.engine,
+                    t.hits,
+                    t.misses,
+                    t.hit_rate * 100.0
+                )?;
+            }
         }
         if let Some(a) = &self.allocator {
             writeln!(md, "\n## Allocator\n")?;

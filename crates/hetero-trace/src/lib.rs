@@ -37,8 +37,10 @@ mod record;
 mod recorder;
 
 pub use chrome::write_chrome_trace;
-pub use record::{EngineKind, GraphPlan, MemKind, MemRecord, NodeRef, OpKind, OpRecord, Trace};
+pub use record::{
+    EngineKind, GraphPlan, IotlbRecord, MemKind, MemRecord, NodeRef, OpKind, OpRecord, Trace,
+};
 pub use recorder::{
-    enabled, now_ns, record_mem, record_op, set_device_name, set_enabled, set_graph_plan,
-    set_stream_name, take,
+    enabled, now_ns, record_iotlb, record_mem, record_op, set_device_name, set_enabled,
+    set_graph_plan, set_stream_name, take,
 };

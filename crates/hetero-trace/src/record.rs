@@ -220,6 +220,19 @@ pub struct Trace {
     pub stream_names: BTreeMap<u64, String>,
     /// Plans of the graphs launched while recording, from [`crate::set_graph_plan`].
     pub graphs: BTreeMap<u32, GraphPlan>,
+    /// I/O TLB lookups per copy engine while recording, from
+    /// [`crate::record_iotlb`] (a device behind an IOMMU), by engine.
+    pub iotlb: Vec<IotlbRecord>,
+}
+
+/// I/O TLB lookups one copy engine made: the pages of host memory its DMAs
+/// translated, found in the TLB (`hits`) or walked (`misses`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IotlbRecord {
+    pub engine: EngineKind,
+    pub engine_index: u32,
+    pub hits: u64,
+    pub misses: u64,
 }
 
 impl Trace {

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use crate::log::{channel, Log, Writer};
 use crate::loom::Arc;
-use crate::record::{GraphPlan, MemRecord, OpRecord, Trace};
+use crate::record::{EngineKind, GraphPlan, IotlbRecord, MemRecord, OpRecord, Trace};
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static EPOCH: OnceLock<Instant> = OnceLock::new();
@@ -28,6 +28,7 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     stream_names: BTreeMap::new(),
     device_name: String::new(),
     graphs: BTreeMap::new(),
+    iotlb: BTreeMap::new(),
 });
 
 struct Registry {
@@ -36,6 +37,23 @@ struct Registry {
     stream_names: BTreeMap<u64, String>,
     device_name: String,
     graphs: BTreeMap<u32, GraphPlan>,
+    /// (engine, index) → (hits, misses), summed until `take`.
+    iotlb: BTreeMap<(u8, u32), (EngineKind, u64, u64)>,
+}
+
+/// Adds one DMA's I/O TLB lookups on copy engine (`engine`, `index`): cheap
+/// enough per transfer (one lock), nothing when recording is off.
+pub fn record_iotlb(engine: EngineKind, index: u32, hits: u64, misses: u64) {
+    if !enabled() || hits + misses == 0 {
+        return;
+    }
+    let mut reg = registry();
+    let e = reg
+        .iotlb
+        .entry((engine as u8, index))
+        .or_insert((engine, 0, 0));
+    e.1 += hits;
+    e.2 += misses;
 }
 
 /// This thread's writers, created on its first record of each type.
@@ -160,6 +178,15 @@ pub fn take() -> Trace {
         trace.device_name = reg.device_name.clone();
         trace.stream_names = reg.stream_names.clone();
         trace.graphs = reg.graphs.clone();
+        trace.iotlb = std::mem::take(&mut reg.iotlb)
+            .into_iter()
+            .map(|((_, engine_index), (engine, hits, misses))| IotlbRecord {
+                engine,
+                engine_index,
+                hits,
+                misses,
+            })
+            .collect();
     }
     trace.sort();
     trace

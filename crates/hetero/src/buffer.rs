@@ -59,6 +59,25 @@ pub(crate) enum Backing {
     },
     /// From the pinned pool (returned by the allocation's own Drop).
     Pinned(hetero_memory::PinnedAllocation),
+    /// A user's host memory registered with the device (`Device::register_host`).
+    Registered(Registration),
+}
+
+/// Host memory a user handed to `Device::register_host`: the memory itself and
+/// what undoes the registration (unmap from the device's IOMMU, unlock). Its
+/// drop unregisters first, then frees the memory.
+pub(crate) struct Registration {
+    pub(crate) _memory: Box<dyn std::any::Any + Send>,
+    /// `None` once unregistered.
+    pub(crate) undo: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Some(undo) = self.undo.take() {
+            undo();
+        }
+    }
 }
 
 pub(crate) struct Storage {
@@ -94,6 +113,9 @@ pub(crate) struct Storage {
     /// slot bound at launch (`graph::GraphRef`). It has no memory; only a graph
     /// being recorded may take it, any other use is refused.
     pub(crate) graph_ref: u64,
+    /// A pitched buffer's row pitch in bytes (0: flat): kernels split it
+    /// between blocks by whole rows.
+    pub(crate) row_bytes: usize,
 }
 
 // SAFETY: the bytes are plain memory owned by this storage; concurrent access to them
@@ -296,6 +318,7 @@ impl Storage {
             backing: Mutex::new(backing),
             pool: None,
             graph_ref: 0,
+            row_bytes: 0,
         }
     }
 
@@ -317,6 +340,12 @@ impl Storage {
         self.host_visible = false;
     }
 
+    /// Sets the address the device knows host-visible memory by (an I/O
+    /// virtual address on a device behind an IOMMU).
+    pub(crate) fn set_device_address(&mut self, addr: u64) {
+        self.device_addr = addr;
+    }
+
     /// The address the device knows the memory by.
     pub(crate) fn device_addr(&self) -> u64 {
         self.device_addr
@@ -325,6 +354,17 @@ impl Storage {
     /// Whether host code may touch the bytes directly.
     pub(crate) fn host_visible(&self) -> bool {
         self.host_visible
+    }
+
+    /// Elements of `size` bytes per partition unit: a row of a pitched
+    /// buffer, else one.
+    #[inline]
+    pub(crate) fn unit_elems(&self, size: usize) -> usize {
+        match self.row_bytes {
+            0 => 1,
+            r if size > 0 && r % size == 0 => r / size,
+            _ => 1,
+        }
     }
 
     #[inline]
@@ -424,7 +464,7 @@ impl Storage {
         self.pending_writes.fetch_sub(1, Ordering::Release);
     }
 
-    fn has_pending_writes(&self) -> bool {
+    pub(crate) fn has_pending_writes(&self) -> bool {
         self.pending_writes.load(Ordering::Acquire) != 0
     }
 }
@@ -480,6 +520,7 @@ impl Storage {
         self.kind = MemoryKind::Device;
         self.home = stream;
         self.graph_ref = 0;
+        self.row_bytes = 0;
         *self.backing.get_mut().unwrap_or_else(|p| p.into_inner()) = backing;
     }
 
@@ -530,6 +571,43 @@ impl Storage {
                 }
             }
             Backing::Pinned(alloc) => drop(alloc),
+            Backing::Registered(r) => drop(r),
+        }
+    }
+
+    /// A storage over registered host memory at `ptr` (`bytes` long, owned by
+    /// `registration`), known to the device as `device_addr`.
+    pub(crate) fn registered(
+        device: u64,
+        ptr: NonNull<u8>,
+        bytes: usize,
+        device_addr: u64,
+        registration: Registration,
+    ) -> Storage {
+        let mut s = Storage::from_parts(
+            device,
+            MemoryKind::Pinned,
+            ptr,
+            bytes,
+            Backing::Registered(registration),
+        );
+        s.device_addr = device_addr;
+        s
+    }
+
+    /// Undoes the registration of registered host memory; whether it was
+    /// registered (and not yet unregistered).
+    pub(crate) fn unregister(&self) -> bool {
+        let mut b = self.backing.lock().unwrap_or_else(|p| p.into_inner());
+        match &mut *b {
+            Backing::Registered(r) => match r.undo.take() {
+                Some(undo) => {
+                    undo();
+                    true
+                }
+                None => false,
+            },
+            _ => false,
         }
     }
 }

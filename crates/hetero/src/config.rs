@@ -96,6 +96,8 @@ pub struct DeviceConfig {
     pub(crate) pool: Option<hetero_memory::PoolConfig>,
     pub(crate) pinned: hetero_memory::PinnedConfig,
     pub(crate) backend: BackendKind,
+    pub(crate) pitch_alignment: usize,
+    pub(crate) height_alignment: usize,
 }
 
 impl Default for DeviceConfig {
@@ -113,6 +115,8 @@ impl Default for DeviceConfig {
             pool: None,
             pinned: hetero_memory::PinnedConfig::default(),
             backend: BackendKind::Host,
+            pitch_alignment: 16,
+            height_alignment: 2,
         }
     }
 }
@@ -200,6 +204,19 @@ impl DeviceConfig {
         self
     }
 
+    /// The row pitch alignment of pitched buffers, bytes: a power of two from 1
+    /// to 4096 (image units commonly want 16, 64, 128 or 256). Default 16.
+    pub fn pitch_alignment(mut self, bytes: usize) -> Self {
+        self.pitch_alignment = bytes;
+        self
+    }
+
+    /// Pitched buffers get their rows allocated to a multiple of this. Default 2.
+    pub fn height_alignment(mut self, rows: usize) -> Self {
+        self.height_alignment = rows;
+        self
+    }
+
     /// The largest `stream_capacity`: 65 536 slots, about 9 MiB per stream.
     pub const MAX_STREAM_CAPACITY: usize = 1 << 16;
 
@@ -226,6 +243,18 @@ impl DeviceConfig {
             return bad(format!(
                 "hardware_queues is {}; use 1..=256",
                 self.hardware_queues
+            ));
+        }
+        if !self.pitch_alignment.is_power_of_two() || self.pitch_alignment > 4096 {
+            return bad(format!(
+                "pitch_alignment is {}; use a power of two from 1 to 4096 bytes",
+                self.pitch_alignment
+            ));
+        }
+        if self.height_alignment == 0 || self.height_alignment > 4096 {
+            return bad(format!(
+                "height_alignment is {}; use 1..=4096 rows",
+                self.height_alignment
             ));
         }
         if self.ring_capacity < 2 || self.ring_capacity > Self::MAX_STREAM_CAPACITY {

@@ -41,6 +41,8 @@ struct DeviceInner {
     backend: Option<Box<dyn Backend>>,
     /// `HETERO_PROFILE=PATH`: where to write the trace when the device drops.
     profile_to: Option<std::path::PathBuf>,
+    /// Pitched buffers' (pitch alignment in bytes, height alignment in rows).
+    pitch_rules: (usize, usize),
 }
 
 impl DeviceInner {
@@ -109,6 +111,7 @@ impl Device {
     /// A device configured by `config`, on the backend it names.
     pub fn new(config: DeviceConfig) -> Result<Device> {
         let id = NEXT_DEVICE.fetch_add(1, Ordering::Relaxed);
+        let pitch_rules = (config.pitch_alignment, config.height_alignment);
         let backend: Box<dyn Backend> = match config.backend.clone() {
             crate::BackendKind::Host => Box::new(HostBackend::new(id, config)?),
             crate::BackendKind::Emu(emu) => Box::new(EmuBackend::new(id, config, emu)?),
@@ -125,6 +128,7 @@ impl Device {
                 id,
                 backend: Some(backend),
                 profile_to,
+                pitch_rules,
             }),
         })
     }
@@ -163,6 +167,78 @@ impl Device {
             self.host_wait(),
         ));
         crate::HostEvent::new(self.clone(), timeline)
+    }
+
+    /// Registers a user's existing host memory with the device (like
+    /// `cudaHostRegister`): it is page-locked and, on a device behind an IOMMU,
+    /// mapped into the device's I/O address space, and comes back as a
+    /// [`PinnedBuffer`] that async copies take. Dropping the buffer unregisters
+    /// it and frees the memory.
+    ///
+    /// ```
+    /// use hetero::Device;
+    /// let dev = Device::host().unwrap();
+    /// let s = dev.create_stream().unwrap();
+    /// let host = dev.register_host(vec![5u32; 1024]).unwrap();
+    /// let d = dev.alloc::<u32>(1024).unwrap();
+    /// s.copy_h2d(&host, &d).unwrap();
+    /// assert_eq!(s.read_to_vec(&d).unwrap(), vec![5; 1024]);
+    /// ```
+    pub fn register_host<T: Pod + Send>(&self, data: Vec<T>) -> Result<PinnedBuffer<T>> {
+        let len = data.len();
+        let bytes = Self::bytes_for::<T>(len)?;
+        if bytes == 0 {
+            return Err(Error::InvalidArgument(
+                "register_host: the range is empty; register at least one element".into(),
+            ));
+        }
+        let mut data = data.into_boxed_slice();
+        let ptr = std::ptr::NonNull::new(data.as_mut_ptr().cast::<u8>())
+            .expect("a non-empty boxed slice has a non-null pointer");
+        let (addr, undo) = self.inner.backend().register_host(ptr.as_ptr(), bytes);
+        let registration = crate::buffer::Registration {
+            _memory: Box::new(data),
+            undo: Some(undo),
+        };
+        let s = Storage::registered(self.id(), ptr, bytes, addr, registration);
+        Ok(PinnedBuffer::from_storage(Arc::new(s), len))
+    }
+
+    /// Undoes [`Device::register_host`] for `buf` now: the device no longer
+    /// reaches the memory (on the emulated device a DMA to it then faults its
+    /// stream, touching nothing), while the host still may. An error if `buf`
+    /// is not registered memory of this device, or was unregistered already.
+    pub fn unregister_host<T: Pod>(&self, buf: &PinnedBuffer<T>) -> Result<()> {
+        if buf.device_id() != self.id() {
+            return Err(Error::WrongDevice {
+                op: "unregister_host",
+                buffer_device: buf.device_id(),
+                stream_device: self.id(),
+            });
+        }
+        if buf.storage.unregister() {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(
+                "unregister_host: the buffer is not registered host memory (it comes from                  the pinned pool, or was unregistered already); only buffers from                  Device::register_host can be unregistered"
+                    .into(),
+            ))
+        }
+    }
+
+    /// The IOMMU's mappings and I/O TLB figures (per copy engine), on a device
+    /// that reaches host memory through one (the emulated device); `None` on
+    /// the host.
+    pub fn iommu_stats(&self) -> Option<crate::IommuStats> {
+        self.inner.backend().iommu_stats()
+    }
+
+    pub(crate) fn pitch_rules(&self) -> (usize, usize) {
+        self.inner.pitch_rules
+    }
+
+    pub(crate) fn inline_copy_max(&self) -> usize {
+        self.inner.backend().inline_copy_max()
     }
 
     pub(crate) fn kick(&self) {

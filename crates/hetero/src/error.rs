@@ -109,6 +109,14 @@ pub enum Error {
     #[error("{op}: {detail}")]
     Graph { op: &'static str, detail: String },
 
+    /// A 2-D region or pitched layout is wrong: empty, a pitch below its width,
+    /// out of bounds, a pitch the device's alignment refuses, or two shapes.
+    #[error("{op}: {problem}")]
+    Region {
+        op: &'static str,
+        problem: crate::RegionProblem,
+    },
+
     /// A backend could not start (threads, OS resources).
     #[error("device setup failed: {0}")]
     Setup(String),

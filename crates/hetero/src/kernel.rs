@@ -216,6 +216,8 @@ pub(crate) struct KView {
     pub(crate) ptr: *mut u8,
     /// Elements.
     pub(crate) len: usize,
+    /// Elements per partition unit between blocks (a pitched buffer's row).
+    pub(crate) unit: usize,
     pub(crate) elem: &'static ElemInfo,
     pub(crate) write: bool,
 }
@@ -229,23 +231,44 @@ pub(crate) enum Args<'a> {
 
 impl<'a> Args<'a> {
     /// The `n`-th argument with the given direction: its position among all
-    /// arguments, base pointer, length and element type.
-    fn nth(self, n: usize, write: bool) -> Option<(usize, *mut u8, usize, &'static ElemInfo)> {
+    /// arguments, base pointer, length, element type and partition unit.
+    fn nth(self, n: usize, write: bool) -> Option<Nth> {
         match self {
             Args::List(list) => list
                 .as_slice_iter()
                 .enumerate()
                 .filter(|(_, a)| a.write == write)
                 .nth(n)
-                .map(|(i, a)| (i, a.storage.ptr(), a.len(), a.elem)),
+                .map(|(i, a)| Nth {
+                    slot: i,
+                    ptr: a.storage.ptr(),
+                    len: a.len(),
+                    elem: a.elem,
+                    unit: a.storage.unit_elems(a.elem.size),
+                }),
             Args::Views(views) => views
                 .iter()
                 .enumerate()
                 .filter(|(_, a)| a.write == write)
                 .nth(n)
-                .map(|(i, a)| (i, a.ptr, a.len, a.elem)),
+                .map(|(i, a)| Nth {
+                    slot: i,
+                    ptr: a.ptr,
+                    len: a.len,
+                    elem: a.elem,
+                    unit: a.unit.max(1),
+                }),
         }
     }
+}
+
+/// One argument as a block looks it up.
+struct Nth {
+    slot: usize,
+    ptr: *mut u8,
+    len: usize,
+    elem: &'static ElemInfo,
+    unit: usize,
 }
 
 /// What one block of a kernel sees: its index, the launch's buffers and, in a
@@ -332,7 +355,7 @@ impl<'a> Block<'a> {
 
     /// The whole of read argument `n`, or a message saying what is wrong.
     pub fn try_read<T: Pod>(&self, n: usize) -> Result<&'a [T], String> {
-        let (_, ptr, len, elem) = self
+        let Nth { ptr, len, elem, .. } = self
             .args
             .nth(n, false)
             .ok_or_else(|| format!("kernel asked for read argument {n}, which was not passed"))?;
@@ -349,9 +372,11 @@ impl<'a> Block<'a> {
         self.try_read(n).unwrap_or_else(|m| panic!("{m}"))
     }
 
-    /// The element range of write argument `n` given to this block.
-    fn part(&self, len: usize) -> (usize, usize) {
-        let per = len.div_ceil(self.blocks as usize);
+    /// The element range of an argument of `len` elements given to this block:
+    /// whole units (a pitched buffer's rows), split evenly between blocks.
+    pub(crate) fn part(&self, len: usize, unit: usize) -> (usize, usize) {
+        let unit = unit.max(1);
+        let per = len.div_ceil(unit).div_ceil(self.blocks as usize) * unit;
         let start = (per * self.index as usize).min(len);
         (start, (start + per).min(len))
     }
@@ -360,13 +385,19 @@ impl<'a> Block<'a> {
     pub fn write_offset(&self, n: usize) -> usize {
         self.args
             .nth(n, true)
-            .map(|(_, _, len, _)| self.part(len).0)
+            .map(|a| self.part(a.len, a.unit).0)
             .unwrap_or(0)
     }
 
     /// This block's part of write argument `n`, or a message saying what is wrong.
     pub fn try_write<T: Pod>(&mut self, n: usize) -> Result<&'a mut [T], String> {
-        let (slot, ptr, len, elem) = self
+        let Nth {
+            slot,
+            ptr,
+            len,
+            elem,
+            unit,
+        } = self
             .args
             .nth(n, true)
             .ok_or_else(|| format!("kernel asked for write argument {n}, which was not passed"))?;
@@ -376,7 +407,7 @@ impl<'a> Block<'a> {
             return Err(format!("kernel took write argument {n} twice in one block"));
         }
         self.taken |= bit;
-        let (start, end) = self.part(len);
+        let (start, end) = self.part(len, unit);
         // SAFETY: the launch holds the write lock on this memory (in a graph: every
         // other node touching it is ordered before or after this one); blocks get
         // disjoint `start..end` ranges and each block takes its range once
@@ -389,5 +420,72 @@ impl<'a> Block<'a> {
     /// not exist, holds another type, or was already taken.
     pub fn write<T: Pod>(&mut self, n: usize) -> &'a mut [T] {
         self.try_write(n).unwrap_or_else(|m| panic!("{m}"))
+    }
+}
+
+impl<'a> Block<'a> {
+    /// Read argument `n` as the rows of `layout` (a pitched buffer's
+    /// [`layout`](crate::PitchedBuffer::layout)), or a message saying what is wrong.
+    pub fn try_read_rows<T: Pod>(
+        &self,
+        n: usize,
+        layout: crate::PitchedLayout,
+    ) -> Result<crate::pitched::Rows<'a, T>, String> {
+        let data = self.try_read::<T>(n)?;
+        crate::pitched::Rows::new(data, layout)
+    }
+
+    /// Read argument `n` as the rows of `layout`. Panics (failing the stream) where
+    /// [`Block::try_read_rows`] returns a message.
+    pub fn read_rows<T: Pod>(
+        &self,
+        n: usize,
+        layout: crate::PitchedLayout,
+    ) -> crate::pitched::Rows<'a, T> {
+        self.try_read_rows(n, layout)
+            .unwrap_or_else(|m| panic!("{m}"))
+    }
+
+    /// This block's rows of write argument `n` under `layout`: a pitched buffer is
+    /// split between blocks by whole rows. A message if the argument is not split
+    /// by rows (a flat buffer written by several blocks), or as for
+    /// [`Block::try_write`].
+    pub fn try_write_rows<T: Pod>(
+        &mut self,
+        n: usize,
+        layout: crate::PitchedLayout,
+    ) -> Result<crate::pitched::RowsMut<'a, T>, String> {
+        let Nth { len, .. } = self
+            .args
+            .nth(n, true)
+            .ok_or_else(|| format!("kernel asked for write argument {n}, which was not passed"))?;
+        crate::pitched::check_layout(layout, len)?;
+        let start = self.write_offset(n);
+        let data = self.try_write::<T>(n)?;
+        if !start.is_multiple_of(layout.pitch)
+            || (!(start + data.len()).is_multiple_of(layout.pitch) && start + data.len() != len)
+        {
+            return Err(format!(
+                "write argument {n} is not split between blocks by rows of {} elements; \
+                 allocate it with Device::alloc_pitched, or launch one block",
+                layout.pitch
+            ));
+        }
+        Ok(crate::pitched::RowsMut::new(
+            data,
+            layout,
+            start / layout.pitch,
+        ))
+    }
+
+    /// This block's rows of write argument `n`. Panics (failing the stream) where
+    /// [`Block::try_write_rows`] returns a message.
+    pub fn write_rows<T: Pod>(
+        &mut self,
+        n: usize,
+        layout: crate::PitchedLayout,
+    ) -> crate::pitched::RowsMut<'a, T> {
+        self.try_write_rows(n, layout)
+            .unwrap_or_else(|m| panic!("{m}"))
     }
 }

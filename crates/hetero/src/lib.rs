@@ -15,6 +15,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod backend;
+mod batch;
 mod buffer;
 pub mod clock;
 mod config;
@@ -26,13 +27,19 @@ mod kernel;
 pub(crate) mod loom;
 mod op;
 mod park;
+mod pitched;
 mod ring;
 mod stream;
 mod system;
 mod timeline;
+mod transfer;
 
-pub use backend::emu::{EmuConfig, LinkPreset, TimeMode};
+pub use backend::emu::{
+    EmuConfig, IommuStats, IotlbCounts, LinkPreset, TimeMode, DEFAULT_INLINE_COPY_MAX,
+    DEFAULT_IOTLB_ENTRIES, DEFAULT_IOTLB_MISS_NS,
+};
 pub use backend::DeviceProperties;
+pub use batch::{Coalescing, CopyBatch};
 pub use buffer::{Arg, DeviceBuffer, MemoryKind, PinnedBuffer};
 pub use config::{BackendKind, CompletionMode, DeviceConfig};
 pub use device::Device;
@@ -44,6 +51,7 @@ pub use graph::{
 };
 pub use kernel::{Block, Grid, Kernel, KernelCost, INLINE_KERNEL_ARGS, MAX_KERNEL_ARGS};
 pub use op::CopyKind;
+pub use pitched::{PitchedBuffer, PitchedLayout, Region2D, RegionProblem, Rows, RowsMut};
 pub use stream::{Stream, PRIORITY_HIGHEST, PRIORITY_LOWEST};
 pub use system::SystemInfo;
 

@@ -69,6 +69,9 @@ pub(crate) enum Body {
         dst: Arc<Storage>,
         off: usize,
         data: Box<[u8]>,
+        /// A tiny H2D copy whose payload was read at submit and rides in the
+        /// command (no DMA setup on a device behind a link), not a staged write.
+        inline: bool,
     },
     /// A synchronous read into a bounce buffer the caller then copies out.
     HostRead {
@@ -78,6 +81,10 @@ pub(crate) enum Body {
     },
     /// A launch of an executable graph: all its nodes, one op.
     Graph(crate::graph::run::GraphLaunch),
+    /// Many copies of one direction, one op (`Stream::copy_batch`).
+    CopyBatch(Box<crate::transfer::BatchOp>),
+    /// A 2-D copy: rows at a pitch, one op (`Stream::copy_2d_*`).
+    Copy2D(Box<crate::transfer::Copy2DOp>),
 }
 
 impl Op {
@@ -102,6 +109,8 @@ impl Op {
             Body::HostWrite { dst, .. } => f(dst, true),
             Body::HostRead { src, .. } => f(src, false),
             Body::Graph(l) => l.for_each_access(&mut f),
+            Body::CopyBatch(b) => b.storages.iter().all(|(s, w)| f(s, *w)),
+            Body::Copy2D(c) => f(&c.src, false) && f(&c.dst, true),
             Body::Host(_) | Body::Wait { .. } | Body::Record { .. } => true,
         }
     }
@@ -152,9 +161,20 @@ impl Op {
             Body::Wait { fault: true, .. } => "wait_event",
             Body::Wait { fault: false, .. } => "wait_memory",
             Body::Record { .. } => "record_event",
+            Body::HostWrite { inline: true, .. } => "copy_h2d_inline",
             Body::HostWrite { .. } => "write_slice",
             Body::HostRead { .. } => "read_slice",
             Body::Graph(_) => "graph",
+            Body::CopyBatch(b) => match b.kind {
+                CopyKind::H2D => "copy_batch_h2d",
+                CopyKind::D2H => "copy_batch_d2h",
+                CopyKind::D2D => "copy_batch_d2d",
+            },
+            Body::Copy2D(c) => match c.kind {
+                CopyKind::H2D => "copy_2d_h2d",
+                CopyKind::D2H => "copy_2d_d2h",
+                CopyKind::D2D => "copy_2d_d2d",
+            },
         }
     }
 
@@ -164,6 +184,8 @@ impl Op {
             Body::HostWrite { data, .. } => data.len() as u64,
             Body::HostRead { out, .. } => out.lock().map_or(0, |o| o.len() as u64),
             Body::Graph(l) => l.bytes(),
+            Body::CopyBatch(b) => b.bytes,
+            Body::Copy2D(c) => c.bytes(),
             _ => 0,
         }
     }
@@ -214,7 +236,7 @@ pub(crate) fn run_transfer(body: &Body) {
             // the only access to it.
             unsafe { fill_bytes(dst.ptr(), *off, *bytes, &pattern[..*pattern_len as usize]) }
         }
-        Body::HostWrite { dst, off, data } => {
+        Body::HostWrite { dst, off, data, .. } => {
             // SAFETY: range checked at enqueue; the write lock (or, on a modelled
             // device, the stream's order) excludes every other access to dst.
             unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst.ptr().add(*off), data.len()) }
@@ -225,6 +247,8 @@ pub(crate) fn run_transfer(body: &Body) {
             // SAFETY: range checked at enqueue; only readers touch src meanwhile.
             unsafe { std::ptr::copy_nonoverlapping(src.ptr().add(*off), out.as_mut_ptr(), n) }
         }
+        Body::CopyBatch(b) => b.run(),
+        Body::Copy2D(c) => c.run(),
         _ => {}
     }
 }

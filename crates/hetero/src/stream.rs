@@ -33,6 +33,8 @@ struct StreamHandle {
     device: Device,
     /// The capture this stream records into, if any (`graph/capture.rs`).
     capture: Arc<CaptureSlot>,
+    /// H2D copies of at most this many bytes take the inline path (0: never).
+    inline_max: usize,
 }
 
 impl Drop for StreamHandle {
@@ -68,17 +70,23 @@ fn check_range(op: &'static str, len: usize, offset: usize, count: usize) -> Res
 
 impl Stream {
     pub(crate) fn new(queue: Arc<dyn BackendStream>, device: Device) -> Self {
+        let inline_max = device.inline_copy_max();
         Stream {
             inner: Arc::new(StreamHandle {
                 queue,
                 device,
                 capture: Arc::default(),
+                inline_max,
             }),
         }
     }
 
     fn q(&self) -> &dyn BackendStream {
         &*self.inner.queue
+    }
+
+    pub(crate) fn backend_stream(&self) -> &dyn BackendStream {
+        self.q()
     }
 
     pub(crate) fn capture_slot(&self) -> &Arc<CaptureSlot> {
@@ -328,7 +336,7 @@ impl Stream {
         Ok(())
     }
 
-    fn check_storage(&self, op: &'static str, s: &Storage) -> Result<()> {
+    pub(crate) fn check_storage(&self, op: &'static str, s: &Storage) -> Result<()> {
         if s.graph_ref != 0 && !self.is_capturing() {
             return Err(crate::graph::stand_in_error(op));
         }
@@ -372,6 +380,19 @@ impl Stream {
             return Err(Error::Aliasing { op });
         }
         let size = std::mem::size_of::<T>();
+        let bytes = count * size;
+        if kind == CopyKind::H2D && bytes > 0 && bytes <= self.inner.inline_max {
+            if let Some(data) = self.inline_payload(src, src_offset * size, bytes) {
+                self.order_use(dst)?;
+                self.submit(Body::HostWrite {
+                    dst: dst.clone(),
+                    off: dst_offset * size,
+                    data,
+                    inline: true,
+                })?;
+                return Ok(());
+            }
+        }
         self.order_use(src)?;
         self.order_use(dst)?;
         let host_dst = (dst.kind == MemoryKind::Pinned).then(|| PendingWrite::new(dst));
@@ -738,6 +759,7 @@ impl Stream {
                     dst: s.clone(),
                     off,
                     data: data.into(),
+                    inline: false,
                 })?;
                 self.q().timeline().wait(v, mode)
             }

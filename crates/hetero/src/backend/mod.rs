@@ -149,6 +149,21 @@ pub(crate) trait Backend: Send + Sync {
     fn trace_hash(&self) -> Option<u64> {
         None
     }
+    /// Registers `bytes` of host memory at `ptr` with the device (page-locks it,
+    /// maps it where the device has an IOMMU): its device address and what
+    /// undoes that. The caller keeps the memory alive until then.
+    fn register_host(&self, ptr: *const u8, bytes: usize) -> (u64, Box<dyn FnOnce() + Send>) {
+        let locked = lock_host(ptr, bytes);
+        (ptr as u64, Box::new(move || unlock_host(locked)))
+    }
+    /// The IOMMU's state, on a device behind one.
+    fn iommu_stats(&self) -> Option<crate::IommuStats> {
+        None
+    }
+    /// H2D copies of at most this many bytes go inline in the command (0: none).
+    fn inline_copy_max(&self) -> usize {
+        0
+    }
 }
 
 pub(crate) trait BackendStream: Send + Sync {
@@ -166,4 +181,32 @@ pub(crate) trait BackendStream: Send + Sync {
     fn is_closed(&self) -> bool;
     /// Forgets the stream once its work has completed (the last handle dropped).
     fn release(&self);
+    /// Lets the device merge consecutive small copies (`Stream::set_coalescing`);
+    /// a backend with no per-transfer setup to save ignores it.
+    fn set_coalescing(&self, _coalescing: Option<crate::Coalescing>) {}
+}
+
+/// Page-locks `bytes` at `ptr` (like `cudaHostRegister`); the range, if the
+/// kernel agreed (a refusal, such as RLIMIT_MEMLOCK, leaves it pageable: the
+/// copies stay correct, only not page-locked).
+pub(crate) fn lock_host(ptr: *const u8, bytes: usize) -> Option<(usize, usize)> {
+    // SAFETY: the range is the caller's live allocation; mlock changes only
+    // whether its pages may be swapped out.
+    let r = unsafe { rustix::mm::mlock(ptr as *mut std::ffi::c_void, bytes) };
+    match r {
+        Ok(()) => Some((ptr as usize, bytes)),
+        Err(e) => {
+            tracing::debug!("hetero: register_host could not mlock {bytes} bytes: {e}");
+            None
+        }
+    }
+}
+
+/// Undoes [`lock_host`].
+pub(crate) fn unlock_host(locked: Option<(usize, usize)>) {
+    if let Some((p, n)) = locked {
+        // SAFETY: the range was locked by `lock_host` and is still mapped (the
+        // registration is undone before its memory is freed).
+        let _ = unsafe { rustix::mm::munlock(p as *mut std::ffi::c_void, n) };
+    }
 }

@@ -203,6 +203,7 @@ pub(crate) fn kernel(
                     elem: a.elem,
                     write: a.write,
                     len: a.storage.bytes() / a.elem.size.max(1),
+                    unit: a.storage.unit_elems(a.elem.size),
                 }),
                 Err(e) => {
                     d.args.truncate(start);
@@ -316,6 +317,7 @@ pub(crate) fn submit(slot: &CaptureSlot, stream: u64, body: Body) -> Result<u64>
                             elem: a.elem,
                             write: a.write,
                             len: a.len(),
+                            unit: a.storage.unit_elems(a.elem.size),
                         }),
                         Err(e) => {
                             d.args.truncate(start);
@@ -352,7 +354,15 @@ pub(crate) fn submit(slot: &CaptureSlot, stream: u64, body: Body) -> Result<u64>
                      pinned buffer instead",
                 ))
             }
-            Body::Record { .. } | Body::Graph(_) => {
+            Body::Copy2D(c) => NodeBody::Copy2D {
+                kind: c.kind,
+                src: d.operand("copy_2d", &c.src)?,
+                src_r: c.src_r,
+                dst: d.operand("copy_2d", &c.dst)?,
+                dst_r: c.dst_r,
+            },
+            // `Stream::copy_batch` records each of its copies as a copy node.
+            Body::CopyBatch(_) | Body::Record { .. } | Body::Graph(_) => {
                 return Err(capture_error("record", "not an operation a graph records"))
             }
         };

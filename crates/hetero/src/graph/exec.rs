@@ -680,6 +680,7 @@ pub(crate) fn instantiate(device: &crate::Device, d: &mut Draft) -> Result<Graph
                 Operand::Slot(_) => std::ptr::null_mut(),
             },
             len: arg.len,
+            unit: arg.unit,
             elem: arg.elem,
             write: arg.write,
         })

@@ -108,6 +108,8 @@ pub(crate) struct NodeArg {
     pub(crate) write: bool,
     /// Elements.
     pub(crate) len: usize,
+    /// Elements per partition unit between blocks (a pitched buffer's row).
+    pub(crate) unit: usize,
 }
 
 #[derive(Clone)]
@@ -136,6 +138,15 @@ pub(crate) enum NodeBody {
         pattern: [u8; 16],
         pattern_len: u8,
     },
+    /// A 2-D copy (`Stream::copy_2d_*` while capturing): byte regions checked
+    /// against the buffers' lengths when recorded.
+    Copy2D {
+        kind: CopyKind,
+        src: Operand,
+        src_r: crate::transfer::ByteRegion,
+        dst: Operand,
+        dst_r: crate::transfer::ByteRegion,
+    },
     Host(Arc<dyn Fn() + Send + Sync>),
     /// A wait on an event recorded outside the graph (the launch takes on its
     /// stream's fault). A launch waits for these before it starts.
@@ -157,6 +168,11 @@ impl NodeBody {
                 CopyKind::D2D => "copy_d2d",
             },
             NodeBody::Fill { .. } => "fill",
+            NodeBody::Copy2D { kind, .. } => match kind {
+                CopyKind::H2D => "copy_2d_h2d",
+                CopyKind::D2H => "copy_2d_d2h",
+                CopyKind::D2D => "copy_2d_d2d",
+            },
             NodeBody::Host(_) => "host_fn",
             NodeBody::Wait { .. } => "wait_event",
             NodeBody::Empty => "empty",
@@ -314,7 +330,7 @@ pub(crate) fn accesses_of(body: &NodeBody, args: &[NodeArg], f: &mut impl FnMut(
                 f(&arg.operand, arg.write);
             }
         }
-        NodeBody::Copy { src, dst, .. } => {
+        NodeBody::Copy { src, dst, .. } | NodeBody::Copy2D { src, dst, .. } => {
             f(src, false);
             f(dst, true);
         }

@@ -1,8 +1,10 @@
 //! The `emu` backend: an emulated discrete accelerator. It has its own memory
 //! (`memory.rs`: a reserved range of fixed capacity, device addresses that are
 //! not host pointers), DMA copy engines over a modelled link (`link.rs`: setup
-//! latency, per-direction bandwidth, packet efficiency, duplex share), compute
-//! units with rates, and one discrete-event engine model (`sim.rs`).
+//! latency, per-direction bandwidth, packet efficiency, duplex share; what each
+//! DMA costs in `dma.rs`), an IOMMU through which it reaches host memory
+//! (`iommu.rs`: a page table per device, an I/O TLB), compute units with rates,
+//! and one discrete-event engine model (`sim.rs`).
 //!
 //! Two drivers run that model:
 //! - **virtual time**: nothing runs until a host thread waits. The wait drives
@@ -19,12 +21,18 @@
 //! would wait for the device gets `Error::WouldDeadlock`, never a hang.
 
 mod config;
+mod dma;
+mod graph_model;
+mod iommu;
 mod link;
 mod memory;
 mod sim;
 mod stream;
 
-pub use config::{EmuConfig, TimeMode};
+pub use config::{
+    EmuConfig, TimeMode, DEFAULT_INLINE_COPY_MAX, DEFAULT_IOTLB_ENTRIES, DEFAULT_IOTLB_MISS_NS,
+};
+pub use iommu::{IommuStats, IotlbCounts};
 pub use link::LinkPreset;
 pub(crate) use sim::in_sim;
 
@@ -57,6 +65,8 @@ pub(crate) struct EmuShared {
     wake: Parker,
     pending: AtomicU64,
     shutdown: AtomicBool,
+    /// This device context's page table and I/O TLB.
+    pub(crate) iommu: Arc<iommu::Iommu>,
 }
 
 impl EmuShared {
@@ -252,7 +262,21 @@ impl EmuBackend {
             pool_config.max_reserved(limit),
             Arc::new(ArenaChunks(arena.clone())),
         )?);
-        let pinned = hetero_memory::PinnedPool::new(config.pinned.clone())?;
+        // Pinned chunks are mapped into the device's IOMMU once, when pinned.
+        let iommu = Arc::new(iommu::Iommu::new(emu.iotlb_entries, emu.iommu_page_max));
+        let os = hetero_memory::HostChunkSource::new(hetero_memory::HostOptions {
+            huge_pages: config.pinned.huge_pages,
+            pin: true,
+            refuse_mlock: config.pinned.refuse_mlock,
+            ..hetero_memory::HostOptions::default()
+        });
+        let pinned = hetero_memory::PinnedPool::with_source(
+            config.pinned.clone(),
+            Arc::new(iommu::IommuChunks {
+                os: Arc::new(os),
+                iommu: iommu.clone(),
+            }),
+        )?;
         let shared = Arc::new(EmuShared {
             device,
             sim: Mutex::new(Sim::new(config.copy_engines, config.compute_units)),
@@ -264,6 +288,7 @@ impl EmuBackend {
             wake: Parker::new(),
             pending: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
+            iommu,
             emu: emu.clone(),
             config: config.clone(),
         });
@@ -337,6 +362,8 @@ impl Backend for EmuBackend {
             last_served: AtomicU64::new(0),
             shared: Arc::downgrade(sh),
             host_wait: sh.config.host_wait,
+            coalesce_max: AtomicU64::new(0),
+            coalesce_window: AtomicU64::new(0),
         });
         sh.streams.add(stream.clone());
         Ok(stream)
@@ -352,7 +379,15 @@ impl Backend for EmuBackend {
                 }
                 Ok(s)
             }
-            MemoryKind::Pinned => Storage::pinned_arc(self.shared.device, &self.pinned, bytes),
+            MemoryKind::Pinned => {
+                let mut s = Storage::pinned(self.shared.device, &self.pinned, bytes)?;
+                // The device reaches it by its I/O virtual address (its chunk
+                // was mapped when pinned); an empty buffer is never reached.
+                if let Some(iova) = self.shared.iommu.iova_of(s.ptr()) {
+                    s.set_device_address(iova);
+                }
+                Ok(Arc::new(s))
+            }
         }
     }
 
@@ -398,5 +433,26 @@ impl Backend for EmuBackend {
     fn trace_hash(&self) -> Option<u64> {
         (self.shared.emu.time == TimeMode::Virtual)
             .then(|| self.shared.hash.load(Ordering::Acquire))
+    }
+
+    fn register_host(&self, ptr: *const u8, bytes: usize) -> (u64, Box<dyn FnOnce() + Send>) {
+        let locked = super::lock_host(ptr, bytes);
+        // Nothing says what backs a user's memory: 4 KiB pages.
+        let iova = self.shared.iommu.map(ptr, bytes, 4096);
+        let iommu = self.shared.iommu.clone();
+        let host = ptr as usize;
+        let undo = move || {
+            iommu.unmap(host as *const u8);
+            super::unlock_host(locked);
+        };
+        (iova, Box::new(undo))
+    }
+
+    fn iommu_stats(&self) -> Option<crate::IommuStats> {
+        Some(self.shared.iommu.stats())
+    }
+
+    fn inline_copy_max(&self) -> usize {
+        self.shared.emu.inline_copy_max
     }
 }

@@ -15,8 +15,13 @@
 //! Copies in one direction share that direction's link rate; while both
 //! directions carry data each runs at its both-at-once rate (`link.rs`). Between
 //! two events rates are constant, so the remaining bytes of each transfer
-//! decrease linearly and the next completion is exact.
+//! decrease linearly and the next completion is exact. What each DMA costs
+//! (batches, 2-D copies, inline writes, IOMMU translations, faults) is decided
+//! in `dma.rs`; on a coalescing stream the small copies queued right behind a
+//! starting one join its transfer (`merge_run`) and complete with it, in order.
 
+use super::dma;
+use super::graph_model::{model_graph, NodeTrace};
 use super::link::{Dir, LinkPreset};
 use super::stream::EmuStream;
 use super::EmuShared;
@@ -29,8 +34,6 @@ use std::sync::Arc;
 
 /// Fixed cost of starting a kernel on the device, ns.
 pub(crate) const KERNEL_LAUNCH_NS: u64 = 2_000;
-/// Fixed cost of an on-device copy or fill, ns.
-const D2D_SETUP_NS: u64 = 1_000;
 
 thread_local! {
     /// Set while this thread runs the simulation (and the callbacks in it).
@@ -75,6 +78,8 @@ struct Transfer {
     setup_until: u64,
     /// Bytes left on the wire.
     remaining: f64,
+    /// It completes no earlier than this (a 2-D copy's device side).
+    floor: u64,
 }
 
 struct Running {
@@ -88,6 +93,9 @@ struct Running {
     transfer: Option<Transfer>,
     result: Result<(), String>,
     seq: u64,
+    /// Copies merged into this one's descriptor chain (coalescing), with their
+    /// values: they complete with it, in order.
+    merged: Vec<(Op, u64)>,
 }
 
 pub(crate) struct Sim {
@@ -206,6 +214,8 @@ impl Sim {
                     Body::Copy { kind, .. } => self.free_copy(*kind).map(Plan::Engine),
                     Body::HostWrite { .. } => self.free_copy(CopyKind::H2D).map(Plan::Engine),
                     Body::HostRead { .. } => self.free_copy(CopyKind::D2H).map(Plan::Engine),
+                    Body::CopyBatch(b) => self.free_copy(b.kind).map(Plan::Engine),
+                    Body::Copy2D(c) => self.free_copy(c.kind).map(Plan::Engine),
                     Body::Fill { .. } => self.free_copy(CopyKind::D2D).map(Plan::Engine),
                     Body::Kernel { blocks, .. } => self.free_units(*blocks).map(Plan::Engine),
                     // A launch takes every compute unit free when it starts.
@@ -250,7 +260,7 @@ impl Sim {
                 engine = e;
             }
         }
-        let (transfer, end) = match engine {
+        let (mut transfer, end) = match engine {
             Engine::None => (None, now),
             _ => {
                 let at = (stream.id, stream.queue as u32, pos + 1);
@@ -259,6 +269,10 @@ impl Sim {
                 (transfer, end)
             }
         };
+        let mut merged = Vec::new();
+        if let (Some(t), Engine::Copy(k, i), true) = (&mut transfer, engine, result.is_ok()) {
+            merge_run(sh, stream, &op, (k, i), t, &mut merged);
+        }
         let run = Running {
             stream: stream.clone(),
             op,
@@ -269,6 +283,7 @@ impl Sim {
             transfer,
             result,
             seq,
+            merged,
         };
         if engine == Engine::None {
             self.complete(sh, run);
@@ -327,30 +342,29 @@ impl Sim {
         now: u64,
         at: (u64, u32, u64),
     ) -> (Option<Transfer>, u64, Result<(), String>) {
-        let link = &sh.emu.link;
-        let over_link = |kind, bytes: u64| (Some(transfer(link, kind, bytes, now)), now, Ok(()));
+        if let Engine::Copy(k, i) = engine {
+            match dma::plan(sh, (k as u8, i as u32), op) {
+                // A fault: refused before any byte moved.
+                Some(Err(fault)) => return (None, now, Err(fault)),
+                Some(Ok(p)) => {
+                    op::run_transfer(&op.body);
+                    return match p.dir {
+                        Some(dir) => {
+                            let t = Transfer {
+                                dir,
+                                setup_until: now + p.setup_ns,
+                                remaining: p.wire_bytes,
+                                floor: now + p.floor_ns,
+                            };
+                            (Some(t), now, Ok(()))
+                        }
+                        None => (None, now + p.floor_ns, Ok(())),
+                    };
+                }
+                None => {}
+            }
+        }
         match &op.body {
-            Body::Copy {
-                kind: kind @ (CopyKind::H2D | CopyKind::D2H),
-                bytes,
-                ..
-            } => {
-                op::run_transfer(&op.body);
-                over_link(*kind, *bytes as u64)
-            }
-            Body::HostWrite { data, .. } => {
-                op::run_transfer(&op.body);
-                over_link(CopyKind::H2D, data.len() as u64)
-            }
-            Body::HostRead { .. } => {
-                op::run_transfer(&op.body);
-                over_link(CopyKind::D2H, op.bytes())
-            }
-            Body::Copy { bytes, .. } | Body::Fill { bytes, .. } => {
-                op::run_transfer(&op.body);
-                let ns = (*bytes as f64 / link.d2d_gbps).ceil() as u64;
-                (None, now + D2D_SETUP_NS + ns, Ok(()))
-            }
             Body::Kernel {
                 kernel,
                 blocks,
@@ -409,7 +423,7 @@ impl Sim {
                 }
                 (None, now + KERNEL_LAUNCH_NS + modelled, result)
             }
-            Body::Wait { .. } | Body::Record { .. } | Body::Host(_) => (None, now, Ok(())),
+            _ => (None, now, Ok(())),
         }
     }
 
@@ -448,7 +462,8 @@ impl Sim {
                     ];
                     let rate = Self::rate(link, t.dir, if alone { on_wire } else { wire });
                     let from = t.setup_until.max(self.now);
-                    from + (t.remaining / rate).ceil().max(0.0) as u64
+                    let end = from + (t.remaining / rate).ceil().max(0.0) as u64;
+                    end.max(t.floor)
                 }
                 None => r.end,
             })
@@ -480,7 +495,7 @@ impl Sim {
         let mut done = std::mem::take(&mut self.finished);
         done.extend(self.running.iter().filter_map(|r| {
             let finished = match &r.transfer {
-                Some(tr) => tr.setup_until <= now && tr.remaining < 0.5,
+                Some(tr) => tr.setup_until <= now && tr.remaining < 0.5 && tr.floor <= now,
                 None => r.end <= now,
             };
             finished.then_some(r.seq)
@@ -523,15 +538,25 @@ impl Sim {
         if crate::clock::profiling() {
             record(&r, end);
         }
+        for (m, v) in &r.merged {
+            if crate::clock::profiling() {
+                record_merged(&r, m, *v, end);
+            }
+        }
         let Running {
             stream,
             op,
             value,
             result,
+            merged,
             ..
         } = r;
         drop(op);
         complete_on(&stream.timeline, value, result);
+        for (m, v) in merged {
+            drop(m);
+            stream.timeline.complete(v);
+        }
         self.tick += 1;
         stream.last_served.store(self.tick, Ordering::Relaxed);
     }
@@ -544,20 +569,47 @@ fn complete_on(timeline: &Timeline, value: u64, result: Result<(), String>) {
     }
 }
 
-fn transfer(link: &LinkPreset, kind: CopyKind, bytes: u64, now: u64) -> Transfer {
-    Transfer {
-        dir: if kind == CopyKind::D2H {
-            Dir::D2H
-        } else {
-            Dir::H2D
-        },
-        setup_until: now + link.setup_ns,
-        remaining: link.wire_bytes(bytes),
+/// Coalescing: takes the copies queued right behind `first` on `stream` that
+/// may join its descriptor chain (same direction, small, within the stream's
+/// window), runs their effects in order and adds their bytes to `t`.
+fn merge_run(
+    sh: &EmuShared,
+    stream: &EmuStream,
+    first: &Op,
+    (k, i): (usize, usize),
+    t: &mut Transfer,
+    merged: &mut Vec<(Op, u64)>,
+) {
+    let Some((max_bytes, window)) = stream.coalescing() else {
+        return;
+    };
+    let kind = match &first.body {
+        Body::Copy { kind, bytes, .. } if *bytes <= max_bytes => *kind,
+        _ => return,
+    };
+    while merged.len() + 1 < window {
+        // SAFETY: the holder of the sim lock is the only consumer of every ring.
+        let joins = unsafe {
+            stream
+                .ring
+                .peek_with(|op, _| dma::joins_run(sh, (k as u8, i as u32), op, kind, max_bytes))
+        };
+        let Some(Some((wire, stall))) = joins else {
+            return;
+        };
+        // SAFETY: as above; `peek_with` saw the op.
+        let Some((op, pos)) = (unsafe { stream.ring.pop() }) else {
+            return;
+        };
+        op::run_transfer(&op.body);
+        t.remaining += wire;
+        t.setup_until += stall;
+        merged.push((op, pos + 1));
     }
 }
 
 /// Modelled duration of a kernel on `units` compute units, ns.
-fn cost_ns(sh: &EmuShared, cost: KernelCost, units: usize) -> u64 {
+pub(super) fn cost_ns(sh: &EmuShared, cost: KernelCost, units: usize) -> u64 {
     let compute = cost.flops.max(0.0) / (sh.emu.flops_per_unit * units.max(1) as f64) * 1e9;
     let memory = cost.bytes.max(0.0) / sh.emu.link.memory_gbps;
     compute.max(memory).ceil() as u64
@@ -568,131 +620,6 @@ struct InSimUser;
 
 /// (The model records the nodes, at their modelled times.)
 impl crate::graph::run::NodeHooks for InSimUser {}
-
-/// Where a launch's node records go: its stream, queue and value, and the
-/// device time its first node may start.
-struct NodeTrace {
-    at: (u64, u32, u64),
-    from: u64,
-    submit_ns: u64,
-    /// The first compute unit the launch holds.
-    first_unit: usize,
-}
-
-/// Device-side dispatch of one graph node, ns: a launch pays
-/// `KERNEL_LAUNCH_NS` once, then each kernel node only this (the work a
-/// command processor does per node, with no host submission in between).
-pub(crate) const GRAPH_NODE_NS: u64 = 200;
-
-/// The modelled time of a graph launch on `units` compute units and the
-/// device's copy engines: nodes in topological order, each on the resource of
-/// its kind that frees first, after its predecessors (a list schedule; the
-/// launch has the link to itself).
-fn model_graph(
-    sh: &EmuShared,
-    l: &crate::graph::run::GraphLaunch,
-    units: usize,
-    traced: Option<NodeTrace>,
-    run: &crate::graph::run::RunState,
-) -> u64 {
-    use crate::graph::NodeBody;
-    let e = &*l.exec;
-    let link = &sh.emu.link;
-    let engines = sh.copy_engines();
-    // Free times: compute units, then H2D, D2H and D2D engines.
-    let mut free: [Vec<u64>; 4] = [
-        vec![0; units.max(1)],
-        vec![0; engines[0].max(1)],
-        vec![0; engines[1].max(1)],
-        vec![0; engines[2].max(1)],
-    ];
-    let mut preds_end = vec![0u64; e.nodes.len()];
-    let mut makespan = 0;
-    for &v in &e.sched.order {
-        let v = v as usize;
-        let (resource, ns) = match &e.nodes[v] {
-            NodeBody::Kernel { args: (a, n), .. } => {
-                let (kernel, blocks) = l.params.kernel(v);
-                let cost = match kernel.and_then(|k| k.cost.as_ref()) {
-                    Some(cost) => cost(crate::Grid::new(blocks)),
-                    None => KernelCost {
-                        flops: 0.0,
-                        bytes: e.args[*a as usize..(*a + *n) as usize]
-                            .iter()
-                            .map(|arg| (arg.len * arg.elem.size) as f64)
-                            .sum(),
-                    },
-                };
-                (Some(0), GRAPH_NODE_NS + cost_ns(sh, cost, 1))
-            }
-            NodeBody::Copy {
-                kind: kind @ (CopyKind::H2D | CopyKind::D2H),
-                bytes,
-                ..
-            } => {
-                let dir = if *kind == CopyKind::H2D {
-                    Dir::H2D
-                } else {
-                    Dir::D2H
-                };
-                let wire = link.wire_bytes(*bytes as u64) / link.wire_rate(dir, false);
-                (Some(1 + *kind as usize), link.setup_ns + wire.ceil() as u64)
-            }
-            NodeBody::Copy { bytes, .. } | NodeBody::Fill { bytes, .. } => {
-                let ns = (*bytes as f64 / link.d2d_gbps).ceil() as u64;
-                (Some(3), D2D_SETUP_NS + ns)
-            }
-            NodeBody::Host(_) | NodeBody::Wait { .. } | NodeBody::Empty => (None, 0),
-        };
-        let ready = preds_end[v];
-        let (start, finish, index) = match resource {
-            Some(r) => {
-                let (index, slot) = free[r]
-                    .iter_mut()
-                    .enumerate()
-                    .min_by_key(|(_, t)| **t)
-                    .expect("every resource has an instance");
-                let start = ready.max(*slot);
-                *slot = start + ns;
-                (start, *slot, index)
-            }
-            None => (ready, ready, 0),
-        };
-        if let Some(t) = &traced {
-            use hetero_trace::EngineKind as E;
-            let body = &e.nodes[v];
-            let (kind, bytes) = crate::graph::run::node_kind(body);
-            let engine = match resource {
-                Some(0) => E::Compute,
-                Some(1) => E::CopyH2D,
-                Some(2) => E::CopyD2H,
-                Some(_) => E::CopyD2D,
-                None => E::Host,
-            };
-            hetero_trace::record_op(hetero_trace::OpRecord {
-                kind,
-                name: body.name(),
-                stream: t.at.0,
-                queue: t.at.1,
-                engine,
-                engine_index: (index + if resource == Some(0) { t.first_unit } else { 0 }) as u32,
-                seq: t.at.2,
-                submit_ns: t.submit_ns,
-                start_ns: t.from + start,
-                end_ns: t.from + finish,
-                bytes,
-                dep: None,
-                failed: run.node_failed(v),
-                node: Some(crate::graph::run::node_ref(e, v as u32)),
-            });
-        }
-        makespan = makespan.max(finish);
-        for &w in e.sched.successors(v as u32) {
-            preds_end[w as usize] = preds_end[w as usize].max(finish);
-        }
-    }
-    makespan
-}
 
 fn kind_code(body: &Body) -> u64 {
     match body {
@@ -705,7 +632,47 @@ fn kind_code(body: &Body) -> u64 {
         Body::HostWrite { .. } => 9,
         Body::HostRead { .. } => 10,
         Body::Graph(_) => 11,
+        Body::CopyBatch(b) => 12 + b.kind as u64,
+        Body::Copy2D(c) => 15 + c.kind as u64,
     }
+}
+
+fn op_kind(kind: CopyKind) -> hetero_trace::OpKind {
+    use hetero_trace::OpKind as K;
+    match kind {
+        CopyKind::H2D => K::H2D,
+        CopyKind::D2H => K::D2H,
+        CopyKind::D2D => K::D2D,
+    }
+}
+
+/// The profile record of a copy merged into `r`'s chain: it ran with it.
+fn record_merged(r: &Running, op: &Op, value: u64, end: u64) {
+    let (engine, index) = match r.engine {
+        Engine::Copy(0, i) => (hetero_trace::EngineKind::CopyH2D, i),
+        Engine::Copy(_, i) => (hetero_trace::EngineKind::CopyD2H, i),
+        _ => (hetero_trace::EngineKind::Host, 0),
+    };
+    let kind = match &op.body {
+        Body::Copy { kind, .. } => op_kind(*kind),
+        _ => hetero_trace::OpKind::H2D,
+    };
+    hetero_trace::record_op(hetero_trace::OpRecord {
+        kind,
+        name: op.name(),
+        stream: r.stream.id,
+        queue: r.stream.queue as u32,
+        engine,
+        engine_index: index as u32,
+        seq: value,
+        submit_ns: op.submit_ns,
+        start_ns: r.start,
+        end_ns: end,
+        bytes: op.bytes(),
+        dep: None,
+        failed: false,
+        node: None,
+    });
 }
 
 fn record(r: &Running, end: u64) {
@@ -728,6 +695,8 @@ fn record(r: &Running, end: u64) {
         ),
         Body::HostWrite { .. } => (K::H2D, None),
         Body::HostRead { .. } => (K::D2H, None),
+        Body::CopyBatch(b) => (op_kind(b.kind), None),
+        Body::Copy2D(c) => (op_kind(c.kind), None),
         Body::Fill { .. } => (K::Fill, None),
         Body::Kernel { .. } => (K::Kernel, None),
         Body::Graph(_) => (K::Graph, None),

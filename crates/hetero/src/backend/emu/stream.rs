@@ -26,6 +26,23 @@ pub(crate) struct EmuStream {
     pub(crate) last_served: AtomicU64,
     pub(crate) shared: Weak<EmuShared>,
     pub(crate) host_wait: CompletionMode,
+    /// Coalescing (`Stream::set_coalescing`): the largest copy merged (0: off)
+    /// and the most copies in one chain.
+    pub(crate) coalesce_max: AtomicU64,
+    pub(crate) coalesce_window: AtomicU64,
+}
+
+impl EmuStream {
+    /// `(max_bytes, window)` while coalescing is on.
+    pub(crate) fn coalescing(&self) -> Option<(usize, usize)> {
+        match self.coalesce_max.load(Ordering::Relaxed) {
+            0 => None,
+            max => Some((
+                max as usize,
+                self.coalesce_window.load(Ordering::Relaxed) as usize,
+            )),
+        }
+    }
 }
 
 impl BackendStream for EmuStream {
@@ -98,6 +115,12 @@ impl BackendStream for EmuStream {
 
     fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Relaxed)
+    }
+
+    fn set_coalescing(&self, c: Option<crate::Coalescing>) {
+        let (max, window) = c.map_or((0, 0), |c| (c.max_bytes as u64, c.window as u64));
+        self.coalesce_window.store(window, Ordering::Relaxed);
+        self.coalesce_max.store(max, Ordering::Relaxed);
     }
 
     fn release(&self) {

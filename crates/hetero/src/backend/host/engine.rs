@@ -87,6 +87,8 @@ impl Shared {
             Body::Fill { .. } => self.ready_with_engine(op, crate::CopyKind::D2D as usize),
             Body::HostWrite { .. } => self.ready_with_engine(op, crate::CopyKind::H2D as usize),
             Body::HostRead { .. } => self.ready_with_engine(op, crate::CopyKind::D2H as usize),
+            Body::CopyBatch(b) => self.ready_with_engine(op, b.kind as usize),
+            Body::Copy2D(c) => self.ready_with_engine(op, c.kind as usize),
             Body::Kernel { .. } | Body::Graph(_) => {
                 if op.try_acquire_access() {
                     Readiness::Ready(Engine::Compute)
@@ -179,6 +181,24 @@ pub(super) struct Ran {
     pub(super) start_ns: u64,
 }
 
+/// The profile's op and engine kinds of a copy in direction `kind`.
+fn copy_kinds(
+    kind: crate::CopyKind,
+    index: u32,
+) -> (
+    hetero_trace::OpKind,
+    hetero_trace::EngineKind,
+    u32,
+    Option<(u64, u64)>,
+) {
+    use hetero_trace::{EngineKind as E, OpKind as K};
+    match kind {
+        crate::CopyKind::H2D => (K::H2D, E::CopyH2D, index, None),
+        crate::CopyKind::D2H => (K::D2H, E::CopyD2H, index, None),
+        crate::CopyKind::D2D => (K::D2D, E::CopyD2D, index, None),
+    }
+}
+
 pub(super) fn record(
     stream: &HostStream,
     op: &Op,
@@ -201,6 +221,8 @@ pub(super) fn record(
         Body::Fill { .. } => (K::Fill, E::CopyD2D, copy_index, None),
         Body::HostWrite { .. } => (K::H2D, E::CopyH2D, copy_index, None),
         Body::HostRead { .. } => (K::D2H, E::CopyD2H, copy_index, None),
+        Body::CopyBatch(b) => copy_kinds(b.kind, copy_index),
+        Body::Copy2D(c) => copy_kinds(c.kind, copy_index),
         Body::Kernel { .. } => (K::Kernel, E::Compute, ran.unit, None),
         Body::Host(_) => (K::HostFn, E::Host, ran.unit, None),
         Body::Wait {
@@ -568,7 +590,9 @@ impl EngineThread {
                 Body::Copy { .. }
                 | Body::Fill { .. }
                 | Body::HostWrite { .. }
-                | Body::HostRead { .. },
+                | Body::HostRead { .. }
+                | Body::CopyBatch(_)
+                | Body::Copy2D(_),
                 _,
             ) => {
                 op::run_transfer(&op.body);

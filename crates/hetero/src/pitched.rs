@@ -1,0 +1,585 @@
+//! Pitched 2-D memory and 2-D copies: [`PitchedBuffer`] (rows padded to the
+//! device's pitch alignment, like `cudaMallocPitch`), [`Region2D`] (a rectangle
+//! of any buffer: offset, pitch, width, height in elements) and the
+//! `Stream::copy_2d_*` copies between any two regions, flat or pitched, whole or
+//! sub-rectangles — one op each (one strided descriptor on a device behind a
+//! link, never one per row).
+//!
+//! Invariants: a pitched buffer's pitch is a multiple of the device's
+//! `pitch_alignment` and of the element size, and its rows are allocated to a
+//! multiple of `height_alignment`; kernels split a pitched buffer between blocks
+//! by whole rows (`Storage::row_bytes`). Every region is checked before an op is
+//! built (empty, pitch below width, out of bounds, shapes that differ: a typed
+//! [`RegionProblem`]).
+
+use crate::buffer::{DeviceBuffer, PinnedBuffer, Storage};
+use crate::op::{Body, CopyKind, PendingWrite};
+use crate::transfer::{ByteRegion, Copy2DOp};
+use crate::{Device, Error, MemoryKind, Result, Stream};
+use bytemuck::Pod;
+use std::sync::Arc;
+
+/// What is wrong with a 2-D region or layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RegionProblem {
+    /// The rectangle has no elements.
+    Empty { width: usize, height: usize },
+    /// Rows would overlap: the pitch is smaller than the width.
+    PitchBelowWidth { pitch: usize, width: usize },
+    /// The last row ends past the buffer.
+    OutOfBounds { end: usize, len: usize },
+    /// A rectangle (x, y, width, height) reaches past its image (width, height).
+    OutsideImage {
+        rect: (usize, usize, usize, usize),
+        image: (usize, usize),
+    },
+    /// The pitch is not a multiple of the alignment the device requires.
+    Unaligned {
+        pitch_bytes: usize,
+        alignment: usize,
+    },
+    /// Source and destination rectangles differ in shape.
+    ShapeMismatch {
+        src: (usize, usize),
+        dst: (usize, usize),
+    },
+}
+
+impl std::fmt::Display for RegionProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RegionProblem::Empty { width, height } => write!(
+                f,
+                "the rectangle is {width} x {height}: it has no elements; give it a width and a height of at least 1"
+            ),
+            RegionProblem::PitchBelowWidth { pitch, width } => write!(
+                f,
+                "pitch {pitch} is smaller than width {width} (elements): rows would overlap; use a pitch of at least the width"
+            ),
+            RegionProblem::OutOfBounds { end, len } => write!(
+                f,
+                "the last row ends at element {end}, past the buffer's {len} elements; shrink the rectangle or move it inside"
+            ),
+            RegionProblem::OutsideImage { rect, image } => write!(
+                f,
+                "the rectangle {} x {} at ({}, {}) reaches past the {} x {} image; keep x + width and y + height inside it",
+                rect.2, rect.3, rect.0, rect.1, image.0, image.1
+            ),
+            RegionProblem::Unaligned { pitch_bytes, alignment } => write!(
+                f,
+                "a pitch of {pitch_bytes} bytes is not a multiple of the device's {alignment}-byte pitch alignment; use Device::alloc_pitched or round the pitch up"
+            ),
+            RegionProblem::ShapeMismatch { src, dst } => write!(
+                f,
+                "the source rectangle is {} x {}, the destination {} x {}; copy rectangles of one shape",
+                src.0, src.1, dst.0, dst.1
+            ),
+        }
+    }
+}
+
+/// A rectangle of a buffer: `height` rows of `width` elements, `pitch` elements
+/// apart, the first row at element `offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region2D {
+    /// The first element of the first row.
+    pub offset: usize,
+    /// Elements from one row's start to the next.
+    pub pitch: usize,
+    /// Elements per row.
+    pub width: usize,
+    /// Rows.
+    pub height: usize,
+}
+
+impl Region2D {
+    /// A rectangle of `height` rows of `width` elements, `pitch` apart, from `offset`.
+    pub fn new(offset: usize, pitch: usize, width: usize, height: usize) -> Self {
+        Region2D {
+            offset,
+            pitch,
+            width,
+            height,
+        }
+    }
+
+    /// A flat buffer seen as `height` rows of `width` elements, back to back.
+    pub fn flat(width: usize, height: usize) -> Self {
+        Region2D::new(0, width, width, height)
+    }
+
+    /// The sub-rectangle of `width` x `height` at column `x`, row `y` of this one.
+    pub fn sub(&self, x: usize, y: usize, width: usize, height: usize) -> Self {
+        Region2D::new(self.offset + y * self.pitch + x, self.pitch, width, height)
+    }
+
+    fn check(&self, op: &'static str, len: usize) -> Result<()> {
+        let bad = |problem| Err(Error::Region { op, problem });
+        if self.width == 0 || self.height == 0 {
+            return bad(RegionProblem::Empty {
+                width: self.width,
+                height: self.height,
+            });
+        }
+        if self.pitch < self.width {
+            return bad(RegionProblem::PitchBelowWidth {
+                pitch: self.pitch,
+                width: self.width,
+            });
+        }
+        let end = (self.height - 1)
+            .checked_mul(self.pitch)
+            .and_then(|r| r.checked_add(self.offset))
+            .and_then(|r| r.checked_add(self.width));
+        match end {
+            Some(end) if end <= len => Ok(()),
+            end => bad(RegionProblem::OutOfBounds {
+                end: end.unwrap_or(usize::MAX),
+                len,
+            }),
+        }
+    }
+
+    fn bytes(&self, size: usize) -> ByteRegion {
+        ByteRegion {
+            offset: self.offset * size,
+            pitch: self.pitch * size,
+            width: self.width * size,
+            height: self.height,
+        }
+    }
+}
+
+/// The shape of a pitched buffer, for kernels ([`Block::read_rows`](crate::Block::read_rows)):
+/// `height` rows of `width` elements, `pitch` elements apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PitchedLayout {
+    pub width: usize,
+    pub height: usize,
+    pub pitch: usize,
+}
+
+/// A device buffer of `height` rows of `width` elements whose rows start
+/// `pitch` elements apart (`pitch_bytes` a multiple of the device's pitch
+/// alignment), like `cudaMallocPitch`. It derefs to its [`DeviceBuffer`]
+/// (`pitch * rows` elements), so every buffer operation takes it.
+///
+/// ```
+/// use hetero::{Device, Region2D};
+/// let dev = Device::host().unwrap();
+/// let s = dev.create_stream().unwrap();
+/// let img = dev.alloc_pitched::<u8>(3, 2).unwrap(); // 3 x 2, rows 16 bytes apart
+/// assert_eq!(img.pitch_bytes(), 16);
+/// let src = dev.pinned_from_slice(&[1u8, 2, 3, 4, 5, 6]).unwrap();
+/// s.copy_2d_h2d(&src, Region2D::flat(3, 2), &img, img.region()).unwrap();
+/// let mut out = dev.alloc_pinned::<u8>(6).unwrap();
+/// s.copy_2d_d2h(&img, img.region(), &mut out, Region2D::flat(3, 2)).unwrap();
+/// s.synchronize().unwrap();
+/// assert_eq!(out.as_slice().unwrap(), &[1, 2, 3, 4, 5, 6]);
+/// ```
+pub struct PitchedBuffer<T: Pod> {
+    buf: DeviceBuffer<T>,
+    layout: PitchedLayout,
+}
+
+impl<T: Pod> std::ops::Deref for PitchedBuffer<T> {
+    type Target = DeviceBuffer<T>;
+    fn deref(&self) -> &DeviceBuffer<T> {
+        &self.buf
+    }
+}
+
+impl<T: Pod> std::fmt::Debug for PitchedBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PitchedBuffer")
+            .field("layout", &self.layout)
+            .field("elem", &std::any::type_name::<T>())
+            .finish()
+    }
+}
+
+impl<T: Pod> PitchedBuffer<T> {
+    /// Elements per row.
+    pub fn width(&self) -> usize {
+        self.layout.width
+    }
+
+    /// Rows asked for.
+    pub fn height(&self) -> usize {
+        self.layout.height
+    }
+
+    /// Elements from one row's start to the next.
+    pub fn pitch(&self) -> usize {
+        self.layout.pitch
+    }
+
+    /// Bytes from one row's start to the next.
+    pub fn pitch_bytes(&self) -> usize {
+        self.layout.pitch * std::mem::size_of::<T>()
+    }
+
+    /// Rows allocated (the height rounded up to the device's height alignment).
+    pub fn rows(&self) -> usize {
+        self.buf.len() / self.layout.pitch.max(1)
+    }
+
+    /// The shape, for kernels.
+    pub fn layout(&self) -> PitchedLayout {
+        self.layout
+    }
+
+    /// The whole `width` x `height` rectangle.
+    pub fn region(&self) -> Region2D {
+        Region2D::new(0, self.layout.pitch, self.layout.width, self.layout.height)
+    }
+
+    /// The sub-rectangle of `width` x `height` at column `x`, row `y`; a typed
+    /// error if it is empty or reaches past the image's width or height.
+    pub fn rect(&self, x: usize, y: usize, width: usize, height: usize) -> Result<Region2D> {
+        let op = "PitchedBuffer::rect";
+        if width == 0 || height == 0 {
+            return Err(Error::Region {
+                op,
+                problem: RegionProblem::Empty { width, height },
+            });
+        }
+        let (right, bottom) = (x.saturating_add(width), y.saturating_add(height));
+        if right > self.layout.width || bottom > self.layout.height {
+            return Err(Error::Region {
+                op,
+                problem: RegionProblem::OutsideImage {
+                    rect: (x, y, width, height),
+                    image: (self.layout.width, self.layout.height),
+                },
+            });
+        }
+        Ok(self.region().sub(x, y, width, height))
+    }
+
+    /// The flat buffer behind it.
+    pub fn buffer(&self) -> &DeviceBuffer<T> {
+        &self.buf
+    }
+
+    /// Gives the flat buffer back.
+    pub fn into_buffer(self) -> DeviceBuffer<T> {
+        self.buf
+    }
+}
+
+/// The pitch, in bytes, of rows of `row_bytes` under `alignment`, a multiple of
+/// `size` too.
+fn pitch_for(row_bytes: usize, alignment: usize, size: usize) -> Option<usize> {
+    let mut p = row_bytes.checked_next_multiple_of(alignment)?;
+    while !p.is_multiple_of(size) {
+        p = p.checked_add(alignment)?;
+    }
+    Some(p)
+}
+
+impl Device {
+    /// A pitched buffer of `height` rows of `width` elements: each row padded to
+    /// a multiple of the device's pitch alignment
+    /// ([`DeviceConfig::pitch_alignment`](crate::DeviceConfig::pitch_alignment),
+    /// 16 bytes by default), rows allocated to a multiple of its height alignment
+    /// (2 by default). Contents are unspecified.
+    pub fn alloc_pitched<T: Pod>(&self, width: usize, height: usize) -> Result<PitchedBuffer<T>> {
+        let op = "alloc_pitched";
+        if width == 0 || height == 0 {
+            return Err(Error::Region {
+                op,
+                problem: RegionProblem::Empty { width, height },
+            });
+        }
+        let (align, height_align) = self.pitch_rules();
+        let size = std::mem::size_of::<T>().max(1);
+        let overflow = || {
+            Error::InvalidArgument(format!(
+                "alloc_pitched: {width} x {height} elements of {} overflow the address space",
+                std::any::type_name::<T>()
+            ))
+        };
+        let pitch_bytes = width
+            .checked_mul(size)
+            .and_then(|w| pitch_for(w, align, size))
+            .ok_or_else(overflow)?;
+        let rows = height
+            .checked_next_multiple_of(height_align)
+            .ok_or_else(overflow)?;
+        let pitch = pitch_bytes / size;
+        let len = pitch.checked_mul(rows).ok_or_else(overflow)?;
+        let buf = self.alloc::<T>(len)?;
+        self.pitched(buf, width, height, pitch)
+    }
+
+    /// `buf` seen as a pitched buffer of `height` rows of `width` elements,
+    /// `pitch` elements apart; the pitch must meet the device's alignment.
+    pub fn pitched_from<T: Pod>(
+        &self,
+        buf: DeviceBuffer<T>,
+        width: usize,
+        height: usize,
+        pitch: usize,
+    ) -> Result<PitchedBuffer<T>> {
+        let op = "pitched_from";
+        if buf.device_id() != self.id() {
+            return Err(Error::WrongDevice {
+                op,
+                buffer_device: buf.device_id(),
+                stream_device: self.id(),
+            });
+        }
+        Region2D::new(0, pitch, width, height).check(op, buf.len())?;
+        let (align, _) = self.pitch_rules();
+        let pitch_bytes = pitch * std::mem::size_of::<T>();
+        if !pitch_bytes.is_multiple_of(align) {
+            return Err(Error::Region {
+                op,
+                problem: RegionProblem::Unaligned {
+                    pitch_bytes,
+                    alignment: align,
+                },
+            });
+        }
+        self.pitched(buf, width, height, pitch)
+    }
+
+    fn pitched<T: Pod>(
+        &self,
+        mut buf: DeviceBuffer<T>,
+        width: usize,
+        height: usize,
+        pitch: usize,
+    ) -> Result<PitchedBuffer<T>> {
+        let row_bytes = pitch * std::mem::size_of::<T>();
+        match Arc::get_mut(&mut buf.storage) {
+            Some(s) => s.row_bytes = row_bytes,
+            None => {
+                return Err(Error::BufferBusy {
+                    op: "pitched_from",
+                    detail: "pending work still uses the buffer",
+                })
+            }
+        }
+        Ok(PitchedBuffer {
+            buf,
+            layout: PitchedLayout {
+                width,
+                height,
+                pitch,
+            },
+        })
+    }
+}
+
+impl Stream {
+    #[allow(clippy::too_many_arguments)]
+    fn copy_2d<T: Pod>(
+        &self,
+        op: &'static str,
+        kind: CopyKind,
+        src: &Arc<Storage>,
+        src_len: usize,
+        src_r: Region2D,
+        dst: &Arc<Storage>,
+        dst_len: usize,
+        dst_r: Region2D,
+    ) -> Result<()> {
+        self.check_storage(op, src)?;
+        self.check_storage(op, dst)?;
+        src_r.check(op, src_len)?;
+        dst_r.check(op, dst_len)?;
+        if (src_r.width, src_r.height) != (dst_r.width, dst_r.height) {
+            return Err(Error::Region {
+                op,
+                problem: RegionProblem::ShapeMismatch {
+                    src: (src_r.width, src_r.height),
+                    dst: (dst_r.width, dst_r.height),
+                },
+            });
+        }
+        if Arc::ptr_eq(src, dst) {
+            return Err(Error::Aliasing { op });
+        }
+        let size = std::mem::size_of::<T>();
+        self.order_use(src)?;
+        self.order_use(dst)?;
+        let pending = (dst.kind == MemoryKind::Pinned).then(|| PendingWrite::new(dst));
+        self.submit(Body::Copy2D(Box::new(Copy2DOp {
+            kind,
+            src: src.clone(),
+            src_r: src_r.bytes(size),
+            dst: dst.clone(),
+            dst_r: dst_r.bytes(size),
+            _pending: pending,
+        })))?;
+        Ok(())
+    }
+
+    /// Copies rectangle `src_r` of pinned `src` into rectangle `dst_r` of device
+    /// buffer `dst` (a [`PitchedBuffer`] derefs to one): one op, like
+    /// `cudaMemcpy2DAsync`. Rectangles have one shape; pitches are free.
+    pub fn copy_2d_h2d<T: Pod>(
+        &self,
+        src: &PinnedBuffer<T>,
+        src_r: Region2D,
+        dst: &DeviceBuffer<T>,
+        dst_r: Region2D,
+    ) -> Result<()> {
+        self.copy_2d::<T>(
+            "copy_2d_h2d",
+            CopyKind::H2D,
+            &src.storage,
+            src.len(),
+            src_r,
+            &dst.storage,
+            dst.len(),
+            dst_r,
+        )
+    }
+
+    /// Copies rectangle `src_r` of device buffer `src` into rectangle `dst_r` of
+    /// pinned `dst`: one op.
+    pub fn copy_2d_d2h<T: Pod>(
+        &self,
+        src: &DeviceBuffer<T>,
+        src_r: Region2D,
+        dst: &mut PinnedBuffer<T>,
+        dst_r: Region2D,
+    ) -> Result<()> {
+        let len = dst.len();
+        self.copy_2d::<T>(
+            "copy_2d_d2h",
+            CopyKind::D2H,
+            &src.storage,
+            src.len(),
+            src_r,
+            &dst.storage,
+            len,
+            dst_r,
+        )
+    }
+
+    /// Copies rectangle `src_r` of device buffer `src` into rectangle `dst_r` of
+    /// device buffer `dst`: one op.
+    pub fn copy_2d_d2d<T: Pod>(
+        &self,
+        src: &DeviceBuffer<T>,
+        src_r: Region2D,
+        dst: &DeviceBuffer<T>,
+        dst_r: Region2D,
+    ) -> Result<()> {
+        self.copy_2d::<T>(
+            "copy_2d_d2d",
+            CopyKind::D2D,
+            &src.storage,
+            src.len(),
+            src_r,
+            &dst.storage,
+            dst.len(),
+            dst_r,
+        )
+    }
+}
+
+/// Whether `layout` fits a buffer of `len` elements.
+pub(crate) fn check_layout(l: PitchedLayout, len: usize) -> std::result::Result<(), String> {
+    let r = Region2D::new(0, l.pitch, l.width, l.height);
+    r.check("rows view", len).map_err(|e| e.to_string())
+}
+
+/// The rows of a pitched kernel argument, read ([`Block::read_rows`](crate::Block::read_rows)).
+#[derive(Debug, Clone, Copy)]
+pub struct Rows<'a, T> {
+    data: &'a [T],
+    layout: PitchedLayout,
+}
+
+impl<'a, T: Pod> Rows<'a, T> {
+    pub(crate) fn new(data: &'a [T], layout: PitchedLayout) -> std::result::Result<Self, String> {
+        check_layout(layout, data.len())?;
+        Ok(Rows { data, layout })
+    }
+
+    /// Rows.
+    pub fn height(&self) -> usize {
+        self.layout.height
+    }
+
+    /// Elements per row.
+    pub fn width(&self) -> usize {
+        self.layout.width
+    }
+
+    /// Row `y` (its `width` elements), or `None` past the last row.
+    pub fn get(&self, y: usize) -> Option<&'a [T]> {
+        (y < self.layout.height).then(|| {
+            let at = y * self.layout.pitch;
+            &self.data[at..at + self.layout.width]
+        })
+    }
+
+    /// Row `y`. Panics (failing the stream) past the last row.
+    pub fn row(&self, y: usize) -> &'a [T] {
+        self.get(y)
+            .unwrap_or_else(|| panic!("row {y} of {} rows", self.layout.height))
+    }
+}
+
+/// A block's rows of a pitched kernel argument, written
+/// ([`Block::write_rows`](crate::Block::write_rows)): rows `first_row()..` up to
+/// `first_row() + len()`.
+#[derive(Debug)]
+pub struct RowsMut<'a, T> {
+    data: &'a mut [T],
+    layout: PitchedLayout,
+    first: usize,
+}
+
+impl<'a, T: Pod> RowsMut<'a, T> {
+    pub(crate) fn new(data: &'a mut [T], layout: PitchedLayout, first: usize) -> Self {
+        RowsMut {
+            data,
+            layout,
+            first,
+        }
+    }
+
+    /// The first row this block owns.
+    pub fn first_row(&self) -> usize {
+        self.first
+    }
+
+    /// The rows this block owns (of the layout's `height`).
+    pub fn len(&self) -> usize {
+        let owned = self.data.len().div_ceil(self.layout.pitch.max(1));
+        owned.min(self.layout.height.saturating_sub(self.first))
+    }
+
+    /// Whether this block owns no row.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Elements per row.
+    pub fn width(&self) -> usize {
+        self.layout.width
+    }
+
+    /// Row `y` (counted from the buffer's first row), or `None` if this block
+    /// does not own it.
+    pub fn get_mut(&mut self, y: usize) -> Option<&mut [T]> {
+        let k = y.checked_sub(self.first).filter(|&k| k < self.len())?;
+        let at = k * self.layout.pitch;
+        Some(&mut self.data[at..at + self.layout.width])
+    }
+
+    /// Row `y` (counted from the buffer's first row). Panics (failing the
+    /// stream) if this block does not own it.
+    pub fn row_mut(&mut self, y: usize) -> &mut [T] {
+        let (first, n) = (self.first, self.len());
+        self.get_mut(y)
+            .unwrap_or_else(|| panic!("row {y} is not this block's (rows {first}..{})", first + n))
+    }
+}
