@@ -16,6 +16,7 @@ pub mod os;
 mod sync;
 pub mod thread_role;
 pub mod tlsf;
+pub mod vmm;
 
 pub use config::{HugePagePolicy, PoolConfig, ReusePolicy, DEFAULT_WAIT_BEFORE_GROW_RATIO};
 pub use error::{Bytes, MemoryError};
