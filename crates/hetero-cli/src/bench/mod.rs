@@ -12,6 +12,7 @@ pub mod link;
 pub mod pipeline;
 pub mod profile;
 pub mod submit;
+pub mod vmm;
 
 use serde::Serialize;
 use std::collections::BTreeMap;

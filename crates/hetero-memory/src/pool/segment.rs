@@ -284,14 +284,8 @@ impl Segments {
         for (start, n) in &done {
             self.mapped += n * GRANULE;
             if self.prefault {
-                let base = seg.range.ptr();
-                for p in (start * GRANULE..(start + n) * GRANULE).step_by(4096) {
-                    // SAFETY: the granule was just mapped read-write; writing
-                    // back the byte it holds faults the page in unchanged.
-                    unsafe {
-                        let q = base.add(p);
-                        q.write_volatile(q.read_volatile());
-                    }
+                if let Err(e) = seg.range.populate(start * GRANULE, n * GRANULE) {
+                    tracing::warn!(error = %e, "pre-faulting granules failed; they fault on first touch");
                 }
             }
         }

@@ -342,6 +342,48 @@ impl VirtualRange {
         Ok(())
     }
 
+    /// Faults in every page of `[offset, offset + len)` now, in one call
+    /// (`MADV_POPULATE_WRITE`), rather than page by page on first touch.
+    /// Every page must be mapped read-write.
+    pub fn populate(&mut self, offset: usize, len: usize) -> Result<(), MemoryError> {
+        let end = self.check_span("populate", offset, len)?;
+        if let Some(first_unmapped) = self.first_unmapped(offset, end) {
+            return Err(MemoryError::NotMapped {
+                what: "populate",
+                offset,
+                len,
+                first_unmapped,
+            });
+        }
+        if let Some((&at, _)) = self
+            .runs
+            .range(..end)
+            .find(|(&s, r)| s + r.len > offset && r.access != Access::ReadWrite)
+        {
+            return Err(MemoryError::InvalidRequest {
+                what: format!(
+                    "populate of [{offset:#x}, {end:#x}): the run at {at:#x} is not read-write"
+                ),
+                hint: "set_access(…, Access::ReadWrite) first, or populate only read-write pages",
+            });
+        }
+        self.calls += 1;
+        // SAFETY: the pages are mapped read-write in this range (checked
+        // above); populating them changes no contents.
+        unsafe {
+            rustix::mm::madvise(
+                self.base.as_ptr().add(offset).cast::<c_void>(),
+                len,
+                rustix::mm::Advice::LinuxPopulateWrite,
+            )
+        }
+        .map_err(|e| MemoryError::Os {
+            what: "madvise(MADV_POPULATE_WRITE)".into(),
+            source: e.into(),
+            hint: "the kernel lacks MADV_POPULATE_WRITE (Linux 5.14+) or is out of memory",
+        })
+    }
+
     /// Whether every page of `[offset, offset + len)` is mapped.
     pub fn is_mapped(&self, offset: usize, len: usize) -> bool {
         offset
