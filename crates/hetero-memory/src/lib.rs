@@ -12,6 +12,7 @@
 pub mod arena_plan;
 mod config;
 mod error;
+pub mod ipc;
 pub mod os;
 mod sync;
 pub mod thread_role;

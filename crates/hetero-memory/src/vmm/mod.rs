@@ -19,7 +19,7 @@
 
 mod context;
 mod map;
-mod physical;
+pub(crate) mod physical;
 mod reserve;
 
 pub use context::{contexts, ContextStats, MemoryContext};

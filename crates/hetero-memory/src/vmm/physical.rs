@@ -44,6 +44,9 @@ pub(crate) const SEALS: SealFlags = SealFlags::SHRINK
     .union(SealFlags::GROW)
     .union(SealFlags::SEAL);
 
+/// The seals an importer requires: the size cannot change under it.
+pub(crate) const SEALS_REQUIRED: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW);
+
 static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
 
 pub(crate) struct PhysInner {

@@ -383,7 +383,9 @@ fn quota_is_checked_at_map_time() {
 fn populate_faults_pages_in_and_checks_its_input() {
     let c = ctx();
     let mut r = c.reserve(8 * K4, Granularity::Page4K).expect("reserve");
-    let p = c.create_physical(4 * K4, Granularity::Page4K).expect("physical");
+    let p = c
+        .create_physical(4 * K4, Granularity::Page4K)
+        .expect("physical");
     r.map(0, &p, 0, 4 * K4, Access::ReadWrite).expect("map");
     let resident = |r: &VirtualRange| {
         let mut v = [0u8; 4];
@@ -397,7 +399,16 @@ fn populate_faults_pages_in_and_checks_its_input() {
     r.populate(0, 4 * K4).expect("populate");
     assert_eq!(resident(&r), 4);
     let e = r.populate(0, 8 * K4).unwrap_err();
-    assert!(matches!(e, MemoryError::NotMapped { what: "populate", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            MemoryError::NotMapped {
+                what: "populate",
+                ..
+            }
+        ),
+        "{e}"
+    );
     r.set_access(0, K4, Access::Read).expect("read-only");
     let e = r.populate(0, 2 * K4).unwrap_err();
     assert!(matches!(e, MemoryError::InvalidRequest { .. }), "{e}");
