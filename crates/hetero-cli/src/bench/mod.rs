@@ -13,6 +13,7 @@ pub mod pipeline;
 pub mod profile;
 pub mod submit;
 pub mod vmm;
+mod vmm_ipc;
 
 use serde::Serialize;
 use std::collections::BTreeMap;

@@ -14,6 +14,8 @@
 //!   churn replay of `hetero bench alloc` on a whole pool with expandable
 //!   segments, beside the chunked pool on the same sequence; the growth trace
 //!   likewise.
+//! - `hetero/ipc-import-first`, `hetero/ipc-import-cached`,
+//!   `hetero/ipc-read-over-local`: see `vmm_ipc.rs`.
 
 use super::alloc::{churn_sequence, growth_ratio};
 use super::BenchReport;
@@ -347,6 +349,7 @@ pub fn run(quick: bool) -> BenchReport {
     grow_cached(&mut rep, samples);
     grow_cold(&mut rep, if quick { 200 } else { 2000 });
     map_ten(&mut rep, if quick { 50 } else { 500 });
+    super::vmm_ipc::ipc(&mut rep, quick);
     churn(&mut rep, quick);
     rep
 }
