@@ -5,7 +5,7 @@
 //!
 //! Physical memory is one sealed memfd per pool cut into granule *slots*. A
 //! granule no block covers any more stays mapped (*idle*), so a block placed
-//! there again costs no system call, up to a budget (1/16 of the mapped
+//! there again costs no system call, up to a budget (1/64 of the mapped
 //! bytes, at least 8 MiB); past it the oldest idle granules are unmapped and
 //! their slots kept (*cached*). Growing takes a cached slot (one `mmap` of
 //! pages that exist), else moves an idle granule's slot (unmap there, map
@@ -105,7 +105,7 @@ impl Segments {
     }
 
     fn idle_budget(&self) -> usize {
-        (self.mapped / GRANULE / 16).max(4)
+        (self.mapped / GRANULE / 64).max(4)
     }
 
     /// Unmaps the oldest idle granule and returns its slot.
