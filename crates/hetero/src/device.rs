@@ -267,8 +267,8 @@ impl Device {
     /// address ranges, create physical handles of 4 KiB / 2 MiB / 1 GiB
     /// granularity and map them, at most `quota` bytes mapped at once (see
     /// [`vmm`](crate::vmm); share them with other processes through
-    /// [`ipc`](crate::ipc)). The memory is host memory, as the host backend's
-    /// is; the emulated device's pool does not map through it.
+    /// [`ipc`](crate::ipc)). The memory is host memory (the emulated device
+    /// maps its own device memory through the same API, in its own context).
     ///
     /// ```
     /// use hetero::vmm::{Access, Granularity};
