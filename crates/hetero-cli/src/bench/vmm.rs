@@ -320,6 +320,21 @@ fn churn(rep: &mut BenchReport, quick: bool) {
             1,
         );
     }
+    // The same replay without the per-stream block caches (which hold up to
+    // 64 MiB of freed small blocks, mapped but not live): how much of the
+    // figure they are.
+    let (_, peak, _) = churn_on_pool(
+        PoolConfig::default()
+            .expandable_segments(true)
+            .stream_cache_bytes(0),
+        quick,
+    );
+    rep.push_value(
+        "hetero/reserved-over-live-churn-stream-cache-0",
+        "ratio",
+        peak,
+        1,
+    );
     rep.ratio(
         "reserved-over-live-churn hetero/chunked",
         "hetero/reserved-over-live-churn",
