@@ -187,7 +187,15 @@ impl Segments {
         let idle_inside = (lo..hi).filter(|&g| seg.idle[g]).count();
         let spare = self.cached.len() + self.idle_count - idle_inside;
         let cold = need.saturating_sub(spare);
-        if cold > 0 && (!may_grow || self.reserved() + cold * GRANULE > limit) {
+        // Slots past the store's end would fault when touched: never hand
+        // them out (reserved stays below the store's size, so this is a guard).
+        let store_slots = self.store.as_ref().map_or(0, |p| p.size() / GRANULE);
+        let fresh_slots = cold.saturating_sub(self.cold.len());
+        if cold > 0
+            && (!may_grow
+                || self.reserved() + cold * GRANULE > limit
+                || self.next as usize + fresh_slots > store_slots)
+        {
             return Ok(false);
         }
         // Idle granules under the block serve as they are.
