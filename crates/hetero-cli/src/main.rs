@@ -127,6 +127,9 @@ enum BenchCommand {
     Graph(BenchOpts),
     /// Allocation latency and fragmentation beside malloc, mimalloc, jemalloc, offset-allocator.
     Alloc(BenchOpts),
+    /// Virtual memory: growing by cached and new granules, ten maps against one, churn
+    /// with expandable segments, beside plain mmap.
+    Vmm(BenchOpts),
     /// Modelled H2D, D2H and both-at-once bandwidth of an emulated link beside its preset's figures.
     Link {
         #[command(flatten)]
@@ -266,6 +269,7 @@ fn main() {
                 BenchCommand::Pipeline(o) => ("pipeline", o),
                 BenchCommand::Profile(o) => ("profile", o),
                 BenchCommand::Alloc(o) => ("alloc", o),
+                BenchCommand::Vmm(o) => ("vmm", o),
                 BenchCommand::Graph(o) => ("graph", o),
                 BenchCommand::Link { .. } | BenchCommand::Transfer { .. } => {
                     unreachable!("handled above")
@@ -277,6 +281,7 @@ fn main() {
                 "events" => bench::events::run(opts.quick),
                 "pipeline" => bench::pipeline::run(opts.quick),
                 "alloc" => bench::alloc::run(opts.quick),
+                "vmm" => bench::vmm::run(opts.quick),
                 "graph" => bench::graph::run(opts.quick),
                 _ => bench::profile::run(opts.quick),
             };

@@ -63,6 +63,12 @@ pub struct PoolConfig {
     /// makes the pool reserve. `None`: never wait, map at once. Engine threads
     /// never wait.
     pub wait_before_grow_ratio: Option<f64>,
+    /// One reserved virtual range per size class that grows and shrinks by
+    /// whole 2 MiB granules of physical memory (PyTorch's
+    /// `expandable_segments`), instead of chunks. Applies to the host chunk
+    /// source ([`DevicePool::new`](crate::DevicePool::new)); a pool over
+    /// another source maps chunks and says so in its stats.
+    pub expandable_segments: bool,
 }
 
 impl Default for PoolConfig {
@@ -76,6 +82,7 @@ impl Default for PoolConfig {
             stream_cache_bytes: 64 << 20,
             prefault: false,
             wait_before_grow_ratio: Some(DEFAULT_WAIT_BEFORE_GROW_RATIO),
+            expandable_segments: false,
         }
     }
 }
@@ -86,7 +93,7 @@ pub const DEFAULT_WAIT_BEFORE_GROW_RATIO: f64 = 1.25;
 const VALID_KEYS: &str = "huge_pages:{huge_first|huge_only|normal_only}, \
 reuse:{follow_event_dependencies|opportunistic|internal_dependencies}, max_reserved_mb:N, \
 max_split_size_mb:N, release_threshold_mb:N, stream_cache_mb:N, prefault:{true|false}, \
-wait_before_grow_ratio:{R >= 1.0|off} (default 1.25)";
+wait_before_grow_ratio:{R >= 1.0|off} (default 1.25), expandable_segments:{true|false}";
 
 const ENV: &str = "HETERO_ALLOC_CONF";
 
@@ -122,6 +129,12 @@ impl PoolConfig {
     /// See [`PoolConfig::wait_before_grow_ratio`]; `None` turns the wait off.
     pub fn wait_before_grow_ratio(mut self, ratio: Option<f64>) -> Self {
         self.wait_before_grow_ratio = ratio;
+        self
+    }
+
+    /// See [`PoolConfig::expandable_segments`].
+    pub fn expandable_segments(mut self, on: bool) -> Self {
+        self.expandable_segments = on;
         self
     }
 
@@ -203,6 +216,13 @@ impl PoolConfig {
                         .parse()
                         .map_err(|_| err(format!("prefault wants true or false, got {value:?}")))?
                 }
+                "expandable_segments" => {
+                    c.expandable_segments = value.parse().map_err(|_| {
+                        err(format!(
+                            "expandable_segments wants true or false, got {value:?}"
+                        ))
+                    })?
+                }
                 "wait_before_grow_ratio" => {
                     c.wait_before_grow_ratio = match value {
                         "off" => None,
@@ -232,7 +252,7 @@ mod tests {
         let c = PoolConfig::parse(
             "huge_pages:normal_only, reuse:internal_dependencies,max_reserved_mb:8,\
              max_split_size_mb:4,release_threshold_mb:2,stream_cache_mb:1,prefault:true,\
-             wait_before_grow_ratio:1.5",
+             wait_before_grow_ratio:1.5,expandable_segments:true",
         )
         .expect("valid");
         assert_eq!(c.huge_pages, HugePagePolicy::NormalOnly);
@@ -243,6 +263,7 @@ mod tests {
         assert_eq!(c.stream_cache_bytes, 1 << 20);
         assert!(c.prefault);
         assert_eq!(c.wait_before_grow_ratio, Some(1.5));
+        assert!(c.expandable_segments);
         assert_eq!(PoolConfig::parse("").expect("empty"), PoolConfig::default());
         let off = PoolConfig::parse("wait_before_grow_ratio:off").expect("off");
         assert_eq!(off.wait_before_grow_ratio, None);
@@ -267,6 +288,7 @@ mod tests {
             "wait_before_grow_ratio:0.5",
             "wait_before_grow_ratio:NaN",
             "wait_before_grow_ratio:never",
+            "expandable_segments:yes",
         ] {
             let e = PoolConfig::parse(bad).unwrap_err();
             assert!(matches!(e, MemoryError::Config { .. }), "{bad}: {e}");

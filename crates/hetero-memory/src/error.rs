@@ -57,6 +57,78 @@ pub enum MemoryError {
     /// Huge pages were required (`huge_pages:huge_only`) but none could be had.
     #[error("huge pages required but unavailable for {len}: {reason}; reserve some with `echo N > /proc/sys/vm/nr_hugepages` or use huge_pages:huge_first")]
     HugePagesUnavailable { len: Bytes, reason: String },
+    /// A virtual memory call got an offset or length that is not a multiple
+    /// of the granularity it needs.
+    #[error("{what} {value:#x} is not a multiple of the granularity {granularity}; round it to a multiple of {granularity}")]
+    Unaligned {
+        what: &'static str,
+        value: usize,
+        granularity: Bytes,
+    },
+    /// A virtual memory call reached past the end of a range or handle.
+    #[error("{what} [{offset:#x}, {offset:#x} + {len:#x}) reaches past the end ({size}); keep offset + len within {size}")]
+    OutOfRange {
+        what: &'static str,
+        offset: usize,
+        len: usize,
+        size: Bytes,
+    },
+    /// A map over pages that are already mapped.
+    #[error("map of [{offset:#x}, {offset:#x} + {len:#x}) overlaps the mapping at [{existing:#x}, {existing:#x} + {existing_len:#x}); unmap it first or map elsewhere")]
+    Overlap {
+        offset: usize,
+        len: usize,
+        existing: usize,
+        existing_len: usize,
+    },
+    /// An unmap or set-access over pages that are not mapped.
+    #[error("{what} of [{offset:#x}, {offset:#x} + {len:#x}) covers unmapped pages from {first_unmapped:#x}; map them first or shorten the range")]
+    NotMapped {
+        what: &'static str,
+        offset: usize,
+        len: usize,
+        first_unmapped: usize,
+    },
+    /// A physical handle of a coarser granularity than the range it is mapped into.
+    #[error("a physical handle of granularity {physical} cannot be mapped into a range reserved at {range}; reserve the range at {physical} or more")]
+    GranularityMismatch { physical: Bytes, range: Bytes },
+    /// A call reached memory of another memory context.
+    #[error("{what}: the handle belongs to memory context {owner}, the call was made in context {caller}; import it into context {caller} first")]
+    ForeignContext {
+        what: &'static str,
+        owner: String,
+        caller: String,
+    },
+    /// A map that would take a memory context past its quota.
+    #[error("memory context {context}: mapping {requested} would make {would_be} of quota {quota} ({mapped} mapped); unmap memory of this context or raise its quota")]
+    QuotaExceeded {
+        context: String,
+        requested: Bytes,
+        mapped: Bytes,
+        would_be: Bytes,
+        quota: Bytes,
+    },
+    /// A system call of the virtual memory or sharing layer failed.
+    #[error("{what} failed: {source}; {hint}")]
+    Os {
+        what: String,
+        #[source]
+        source: std::io::Error,
+        hint: &'static str,
+    },
+    /// Imported memory failed a check (seals, size, revocation, protocol).
+    #[error("import of export {export} from process {exporter}: {problem}; {hint}")]
+    Import {
+        exporter: u32,
+        export: u64,
+        problem: String,
+        hint: &'static str,
+    },
+    /// The export was revoked by its process: stale handles no longer import.
+    #[error(
+        "export {export} of process {exporter} was revoked; ask the exporter for a fresh handle"
+    )]
+    Revoked { exporter: u32, export: u64 },
     /// A configuration key or value was not understood.
     #[error("bad allocator configuration {input:?}: {problem}; valid keys: {valid}")]
     Config {

@@ -1,7 +1,10 @@
 //! hetero's memory layers, bottom up: the OS layer ([`os`]: mappings, huge
 //! pages, mlock), the buffer level ([`tlsf`]: O(1) sub-allocation), the pinned
 //! host pool ([`PinnedPool`]) and the three-level device pool ([`DevicePool`]:
-//! chunk / block / buffer with stream-ordered reuse).
+//! chunk / block / buffer with stream-ordered reuse, or expandable segments).
+//! Beside them: virtual memory management ([`vmm`]: reserved ranges, physical
+//! handles, memory contexts with quotas) and memory shared between processes
+//! ([`ipc`]).
 //!
 //! This crate sits below the execution layer and knows nothing of it: streams
 //! are plain [`StreamId`]s and completion is the [`StreamPoint`] trait, which the
@@ -12,10 +15,12 @@
 pub mod arena_plan;
 mod config;
 mod error;
+pub mod ipc;
 pub mod os;
 mod sync;
 pub mod thread_role;
 pub mod tlsf;
+pub mod vmm;
 
 pub use config::{HugePagePolicy, PoolConfig, ReusePolicy, DEFAULT_WAIT_BEFORE_GROW_RATIO};
 pub use error::{Bytes, MemoryError};

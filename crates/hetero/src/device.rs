@@ -339,6 +339,31 @@ impl Device {
         self.inner.backend().pool().trim()
     }
 
+    /// A memory context for virtual memory management on this device: reserve
+    /// address ranges, create physical handles of 4 KiB / 2 MiB / 1 GiB
+    /// granularity and map them, at most `quota` bytes mapped at once (see
+    /// [`vmm`](crate::vmm); share them with other processes through
+    /// [`ipc`](crate::ipc)). The memory is host memory (the emulated device
+    /// maps its own device memory through the same API, in its own context).
+    ///
+    /// ```
+    /// use hetero::vmm::{Access, Granularity};
+    /// let d = hetero::Device::host().unwrap();
+    /// let ctx = d.create_memory_context("weights", 64 << 20);
+    /// let mut range = ctx.reserve(1 << 30, Granularity::Huge2M).unwrap();
+    /// let phys = ctx.create_physical(4 << 20, Granularity::Huge2M).unwrap();
+    /// range.map(0, &phys, 0, 4 << 20, Access::ReadWrite).unwrap();
+    /// assert!(d.memory_contexts().iter().any(|c| c.id == ctx.id() && c.mapped == 4 << 20));
+    /// ```
+    pub fn create_memory_context(&self, name: &str, quota: usize) -> crate::vmm::MemoryContext {
+        crate::vmm::MemoryContext::new(&format!("device {}: {name}", self.id()), quota)
+    }
+
+    /// The figures of every live memory context of this process.
+    pub fn memory_contexts(&self) -> Vec<crate::vmm::ContextStats> {
+        crate::vmm::contexts()
+    }
+
     /// The pinned pool's counters.
     pub fn pinned_stats(&self) -> hetero_memory::PinnedStats {
         self.inner.backend().pinned_pool().stats()

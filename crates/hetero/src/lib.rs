@@ -60,6 +60,10 @@ pub use system::SystemInfo;
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
 
+/// Virtual memory management and memory shared between processes
+/// ([`Device::create_memory_context`]).
+pub use hetero_memory::{ipc, vmm};
+
 /// The memory layer's configuration and figures, as the device exposes them.
 pub use hetero_memory::{
     HugePagePolicy, MemoryError, PinnedConfig, PinnedStats, PoolConfig, PoolStats, ReusePolicy,

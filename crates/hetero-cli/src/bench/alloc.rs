@@ -467,13 +467,15 @@ fn report_replay<A: Replayed>(
     );
 }
 
-/// Replay (a): one 1 GiB region, sizes log-uniform 256 B–64 MiB, held at 60 %
-/// occupancy: free a random live buffer, refill to 60 %, measure. hetero, the
-/// offset-allocator crate and three exact reference policies (first-fit,
-/// best-fit, two-ended fit) get the same sequence; a failed allocation is
-/// skipped by model and allocator alike (its slot frees as a no-op).
-fn fragmentation_churn(rep: &mut BenchReport, quick: bool) {
-    const CAP: u64 = 1 << 30;
+/// The capacity the churn replay holds 60 % of.
+pub(super) const CHURN_CAP: u64 = 1 << 30;
+
+/// The churn replay's sequence: (slot to free first, or `usize::MAX`; sizes
+/// to allocate after it). Sizes are log-uniform 256 B–64 MiB, refilled to
+/// 60 % of [`CHURN_CAP`] after each free. `hetero bench vmm` replays it on
+/// the whole pool.
+pub(super) fn churn_sequence(quick: bool) -> Vec<(usize, Vec<u64>)> {
+    const CAP: u64 = CHURN_CAP;
     let steps = if quick { 3000 } else { 20_000 };
     let mut rng = Rng(0xF4A6_0001);
     // The driver's sequence: (alloc sizes to push after freeing index).
@@ -501,7 +503,17 @@ fn fragmentation_churn(rep: &mut BenchReport, quick: bool) {
         }
         seq.push((victim, add));
     }
+    seq
+}
 
+/// Replay (a): one 1 GiB region, sizes log-uniform 256 B–64 MiB, held at 60 %
+/// occupancy: free a random live buffer, refill to 60 %, measure. hetero, the
+/// offset-allocator crate and three exact reference policies (first-fit,
+/// best-fit, two-ended fit) get the same sequence; a failed allocation is
+/// skipped by model and allocator alike (its slot frees as a no-op).
+fn fragmentation_churn(rep: &mut BenchReport, quick: bool) {
+    let seq = churn_sequence(quick);
+    const CAP: u64 = CHURN_CAP;
     let mut t = Tlsf::new();
     t.add_region(0, CAP);
     report_replay(rep, "hetero", &seq, &mut TlsfReplay(t), CAP);
@@ -532,7 +544,18 @@ pub(super) const WEIGHTS: [usize; 6] = [96 << 20, 48 << 20, 7 << 20, 7 << 20, 30
 /// Replay (b): an inference-like trace on the whole pool. Weights stay; each
 /// step allocates activations for batch N, frees them, and N grows by one.
 fn growth(rep: &mut BenchReport, quick: bool) {
-    let pool = DevicePool::new(PoolConfig::default()).expect("host pool");
+    let ratio = growth_ratio(PoolConfig::default(), quick);
+    rep.push_value(
+        "hetero/reserved-over-live-growth",
+        "ratio",
+        ratio,
+        if quick { 32 } else { 64 },
+    );
+}
+
+/// Peak reserved over peak live bytes of the growth trace on a pool of `config`.
+pub(super) fn growth_ratio(config: PoolConfig, quick: bool) -> f64 {
+    let pool = DevicePool::new(config).expect("host pool");
     let weights: Vec<_> = WEIGHTS
         .iter()
         .map(|&s| pool.alloc(s, 256, 0).expect("weights"))
@@ -559,16 +582,10 @@ fn growth(rep: &mut BenchReport, quick: bool) {
         }
     }
     let st = pool.stats();
-    let ratio = st.peak_reserved as f64 / peak_live as f64;
-    rep.push_value(
-        "hetero/reserved-over-live-growth",
-        "ratio",
-        ratio,
-        max_batch as u64,
-    );
     for a in weights {
         pool.free(a, 0, Vec::new());
     }
+    st.peak_reserved as f64 / peak_live as f64
 }
 
 /// Runs every series; `quick` finishes in well under 20 s.

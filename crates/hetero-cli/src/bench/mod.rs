@@ -13,6 +13,8 @@ pub mod pipeline;
 pub mod profile;
 pub mod submit;
 pub mod transfer;
+pub mod vmm;
+mod vmm_ipc;
 
 use serde::Serialize;
 use std::collections::BTreeMap;

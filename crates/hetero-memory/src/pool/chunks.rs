@@ -24,6 +24,7 @@
 
 use super::allocation::Allocation;
 use super::entry::{class_for_block, FRONT_MAX};
+use super::segment::GRANULE;
 use super::{Shared, Slow, StreamId};
 #[cfg(doc)]
 use crate::config::PoolConfig;
@@ -47,9 +48,11 @@ pub(super) enum Kind {
     Huge = 2,
 }
 
+pub(super) const KIND_NAMES: [&str; 3] = ["small", "large", "huge"];
+
 impl Kind {
     pub(super) fn name(self) -> &'static str {
-        ["small", "large", "huge"][self as usize]
+        KIND_NAMES[self as usize]
     }
 }
 
@@ -209,7 +212,11 @@ impl Shared {
             return false;
         }
         let in_use = g.out - g.pending_bytes + rounded;
-        let grown = g.reserved + chunk_size(kind, need);
+        let grows_by = match g.segments {
+            Some(_) => need.next_multiple_of(GRANULE),
+            None => chunk_size(kind, need),
+        };
+        let grown = g.reserved + grows_by;
         grown as f64 > ratio * in_use as f64
     }
 
@@ -225,7 +232,8 @@ impl Shared {
         // Huge blocks are never split: a freed one serves a later request only
         // when it wastes at most 1/8, otherwise it is released and a chunk of
         // the right size mapped (keeps reserved close to live as sizes grow).
-        let no_split = if kind == Kind::Huge && !fresh {
+        // In a segment, splitting costs no physical memory: always split.
+        let no_split = if kind == Kind::Huge && !fresh && g.segments.is_none() {
             0
         } else {
             u64::MAX
@@ -235,6 +243,26 @@ impl Shared {
         let t = &mut g.tlsf[kind as usize];
         t.set_tag(node, stream);
         let block = t.size_of(node) as usize;
+        if let Some(segs) = g.segments.as_mut() {
+            // Physical memory under the block: cached granules always, new
+            // ones only when growing (`fresh`) within max_reserved.
+            let limit = self.config.max_reserved;
+            match segs.back(kind, addr as usize, block, fresh, limit) {
+                Ok(true) => {
+                    g.reserved = segs.reserved();
+                    g.peak_reserved = g.peak_reserved.max(g.reserved);
+                }
+                Ok(false) => {
+                    g.tlsf[kind as usize].free(node);
+                    return None;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "mapping granules under a block failed");
+                    g.tlsf[kind as usize].free(node);
+                    return None;
+                }
+            }
+        }
         g.out += block;
         g.peak_active = g.peak_active.max(g.out - g.pending_bytes);
         Some(Allocation {
@@ -274,8 +302,28 @@ impl Shared {
         released
     }
 
+    /// Returns cached granules of the segments to the system until reserved
+    /// is at most `target`; the bytes released.
+    pub(super) fn release_granules(&self, g: &mut Slow, target: usize) -> usize {
+        let Some(segs) = g.segments.as_mut() else {
+            return 0;
+        };
+        let released = segs.release(target);
+        g.reserved = segs.reserved();
+        if released > 0 {
+            record_chunk(hetero_trace::MemKind::ChunkUnmap, released, g);
+        }
+        released
+    }
+
     /// Maps a chunk for `kind`; `Ok(false)` when that would exceed `max_reserved`.
     fn map_chunk(&self, g: &mut Slow, kind: Kind, need: usize) -> Result<bool, MemoryError> {
+        if let Some(segs) = g.segments.as_mut() {
+            // The segment holds the whole range already: growing is mapping
+            // granules under the block (`tlsf_alloc` with `fresh`).
+            segs.ensure(kind, &mut g.tlsf[kind as usize])?;
+            return Ok(true);
+        }
         let size = chunk_size(kind, need);
         if g.reserved.saturating_add(size) > self.config.max_reserved {
             return Ok(false);
@@ -298,8 +346,8 @@ impl Shared {
     }
 
     fn oom(&self, g: &Slow, requested: usize) -> MemoryError {
-        let free: u64 = g.tlsf.iter().map(Tlsf::free_bytes).sum();
-        let largest = g.tlsf.iter().map(Tlsf::largest_free).max().unwrap_or(0);
+        let (free, largest) = g.free_figures();
+        let (free, largest) = (free as u64, largest as u64);
         let hint = if free as usize >= requested {
             "enough bytes are free but fragmented: call trim(), allocate long-lived buffers first, or set max_split_size_mb"
         } else if g.pending_bytes > 0 {
@@ -330,6 +378,26 @@ fn record_chunk(kind: hetero_trace::MemKind, bytes: usize, g: &Slow) {
             reserved: g.reserved as u64,
             allocated: g.out.saturating_sub(g.pending_bytes) as u64,
         });
+    }
+}
+
+impl Slow {
+    /// Bytes free and the largest request they could serve. In segments,
+    /// physical memory is free when it backs no block handed out; cached and
+    /// idle granules can back any address, so together they serve a request
+    /// of their size, while the free bytes inside mapped granules serve only
+    /// what fits beside the blocks there.
+    pub(super) fn free_figures(&self) -> (usize, usize) {
+        match &self.segments {
+            Some(segs) => {
+                let free = segs.reserved().saturating_sub(self.out);
+                (free, (segs.cached_bytes() + segs.idle_bytes()).min(free))
+            }
+            None => (
+                self.tlsf.iter().map(Tlsf::free_bytes).sum::<u64>() as usize,
+                self.tlsf.iter().map(Tlsf::largest_free).max().unwrap_or(0) as usize,
+            ),
+        }
     }
 }
 

@@ -33,6 +33,7 @@ mod chunks;
 mod entry;
 mod pending;
 mod point;
+mod segment;
 mod snapshot;
 mod stream_cache;
 mod thread_cache;
@@ -85,6 +86,8 @@ struct Slow {
     slow_allocs: u64,
     pending_hits: u64,
     grow_waits: u64,
+    /// The expandable segments, when the pool maps granules rather than chunks.
+    segments: Option<segment::Segments>,
 }
 
 /// The three-level device pool. `Send + Sync`; share it with `Arc`.
@@ -145,14 +148,33 @@ impl DevicePool {
             prefault: config.prefault,
             ..HostOptions::default()
         });
-        Self::with_source(config, Arc::new(source))
+        let expandable = config.expandable_segments;
+        Self::build(config, Arc::new(source), expandable)
     }
 
     /// A pool over another chunk source (another backend, or fault injection).
+    /// Such a pool maps chunks even with
+    /// [`PoolConfig::expandable_segments`] set (the source hands out chunks,
+    /// not granules); [`PoolStats::expandable`] says which a pool does.
     pub fn with_source(
         config: PoolConfig,
         source: Arc<dyn ChunkSource>,
     ) -> Result<Self, MemoryError> {
+        if config.expandable_segments {
+            tracing::info!(
+                ?source,
+                "expandable_segments applies to host memory; this pool's source maps chunks"
+            );
+        }
+        Self::build(config, source, false)
+    }
+
+    fn build(
+        config: PoolConfig,
+        source: Arc<dyn ChunkSource>,
+        expandable: bool,
+    ) -> Result<Self, MemoryError> {
+        let segments = expandable.then(|| segment::Segments::new(&config));
         let slots = (0..1usize << SLOT_BITS)
             .map(|_| CachePadded::new(TryLock::new(Slot::new())))
             .collect();
@@ -170,8 +192,10 @@ impl DevicePool {
                     // chunks); large ones favour packing (bounded address order).
                     tlsf: [
                         {
+                            // With segments every kind packs low: mapped
+                            // granules follow the buffers handed out.
                             let mut t = Tlsf::new();
-                            t.set_address_bins(0);
+                            t.set_address_bins(if expandable { 8 } else { 0 });
                             t
                         },
                         Tlsf::new(),
@@ -188,6 +212,7 @@ impl DevicePool {
                     slow_allocs: 0,
                     pending_hits: 0,
                     grow_waits: 0,
+                    segments,
                 }),
             }),
         })
@@ -416,6 +441,7 @@ impl Shared {
         let mut g = self.lock();
         self.flush_slots(&mut g);
         self.reap(&mut g);
-        self.release_free_chunks(&mut g, None)
+        let chunks = self.release_free_chunks(&mut g, None);
+        chunks + self.release_granules(&mut g, 0)
     }
 }

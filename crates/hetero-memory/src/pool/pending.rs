@@ -80,6 +80,7 @@ impl Shared {
         self.reap(&mut g);
         if g.reserved > self.config.release_threshold {
             self.release_free_chunks(&mut g, None);
+            self.release_granules(&mut g, self.config.release_threshold);
         }
     }
 
@@ -114,6 +115,10 @@ impl Shared {
                 g.out -= p.block;
                 poison(p.addr as *const u8, p.block);
                 g.tlsf[p.kind as usize].free(p.node);
+                if let Some(segs) = g.segments.as_mut() {
+                    segs.unback(usize::from(p.kind), p.addr, p.block);
+                    g.reserved = segs.reserved();
+                }
             } else {
                 i += 1;
             }

@@ -5,7 +5,6 @@
 use super::{Shared, StreamId};
 use crate::config::PoolConfig;
 use crate::os::{OsCalls, PageKind};
-use crate::tlsf::Tlsf;
 use serde::Serialize;
 use std::sync::atomic::Ordering;
 
@@ -34,6 +33,24 @@ pub struct PoolStats {
     /// Times a host thread waited for queued frees instead of mapping a chunk
     /// ([`PoolConfig::wait_before_grow_ratio`]).
     pub grow_waits: u64,
+    /// Whether the pool maps granules under expandable segments
+    /// ([`PoolConfig::expandable_segments`]) rather than chunks.
+    pub expandable: bool,
+    /// Physical bytes mapped: with segments, the granules under blocks handed
+    /// out; with chunks, every chunk.
+    pub mapped: usize,
+    /// With segments: bytes of `mapped` under no block handed out (idle
+    /// granules, kept mapped so reuse makes no system call).
+    pub mapped_idle: usize,
+    /// With segments: physical bytes kept unmapped for the next growth
+    /// (part of `reserved`).
+    pub physical_cached: usize,
+    /// With segments: granules mapped from cached physical memory, from new
+    /// physical memory, granules unmapped, granules returned to the system.
+    pub granule_maps_cached: u64,
+    pub granule_maps_cold: u64,
+    pub granule_unmaps: u64,
+    pub granule_releases: u64,
 }
 
 /// State of one block in a [`Snapshot`].
@@ -82,8 +99,9 @@ impl Shared {
         cached_slots += slot_bytes;
         hits += slot_hits;
         let g = self.lock();
-        let free: u64 = g.tlsf.iter().map(Tlsf::free_bytes).sum();
-        let largest = g.tlsf.iter().map(Tlsf::largest_free).max().unwrap_or(0);
+        let (free, largest) = g.free_figures();
+        let (free, largest) = (free as u64, largest as u64);
+        let segs = g.segments.as_ref();
         let allocations = g.slow_allocs + hits;
         let cache_hits = hits + g.pending_hits;
         PoolStats {
@@ -106,9 +124,18 @@ impl Shared {
             } else {
                 cache_hits as f64 / allocations as f64
             },
-            chunks: g.chunks.iter().flatten().count(),
+            chunks: g.chunks.iter().flatten().count()
+                + segs.map_or(0, |s| s.segs.iter().flatten().count()),
             os_calls: self.source.os_calls(),
             grow_waits: g.grow_waits,
+            expandable: segs.is_some(),
+            mapped: segs.map_or(g.reserved, |s| s.mapped),
+            mapped_idle: segs.map_or(0, |s| s.idle_bytes()),
+            physical_cached: segs.map_or(0, |s| s.cached_bytes()),
+            granule_maps_cached: segs.map_or(0, |s| s.cached_maps),
+            granule_maps_cold: segs.map_or(0, |s| s.cold_maps),
+            granule_unmaps: segs.map_or(0, |s| s.unmaps),
+            granule_releases: segs.map_or(0, |s| s.releases),
         }
     }
 
@@ -127,7 +154,22 @@ impl Shared {
         for (addr, home) in g.pending_blocks() {
             owner_of.insert(addr as u64, (BlockState::PendingFree, home));
         }
-        let chunks = g
+        let block_of = |(address, size, free, tag): (u64, u64, bool, u64)| {
+            let (state, stream) = if free {
+                (BlockState::Free, None)
+            } else if let Some(&(st, s)) = owner_of.get(&address) {
+                (st, Some(s))
+            } else {
+                (BlockState::Live, Some(tag))
+            };
+            BlockSnapshot {
+                address,
+                size,
+                state,
+                stream,
+            }
+        };
+        let mut chunks: Vec<ChunkSnapshot> = g
             .chunks
             .iter()
             .flatten()
@@ -158,6 +200,27 @@ impl Shared {
                     .collect(),
             })
             .collect();
+        if let Some(segs) = &g.segments {
+            for (kind, seg) in segs.segs.iter().enumerate() {
+                let Some(seg) = seg else { continue };
+                let store = segs.store();
+                let mut notes = vec![format!(
+                    "expandable segment: {} of {} mapped in 2 MiB granules",
+                    crate::error::Bytes(seg.range.mapped_bytes()),
+                    crate::error::Bytes(seg.range.size())
+                )];
+                notes.extend(store.into_iter().flat_map(|p| p.notes().iter().cloned()));
+                chunks.push(ChunkSnapshot {
+                    address: seg.range.ptr() as u64,
+                    size: seg.range.size(),
+                    kind: super::chunks::KIND_NAMES[kind],
+                    page: store.map_or(PageKind::Normal, |p| p.page_kind()),
+                    pinned: false,
+                    notes,
+                    blocks: g.tlsf[kind].region_blocks(seg.head).map(block_of).collect(),
+                });
+            }
+        }
         Snapshot {
             config: self.config.clone(),
             stats,

@@ -1,15 +1,20 @@
-//! The emulated device's memory: one reserved range of `capacity` bytes (its
-//! backing store), handed to the device pool chunk by chunk. Device addresses are
-//! offsets into that range above `DEVICE_BASE`, not host pointers: host code
-//! reaches device memory only through copies, and kernels through the views the
-//! backend gives them.
+//! The emulated device's memory: one range of `capacity` bytes reserved
+//! through hetero-memory's virtual memory API, with a physical handle of the
+//! same size (a sealed memfd, its pages allocated when touched) mapped under
+//! each chunk the device pool takes, at the chunk's own offset. Device
+//! addresses are offsets into that range above `DEVICE_BASE`, not host
+//! pointers: host code reaches device memory only through copies, and kernels
+//! through the views the backend gives them.
 //!
-//! Invariants: chunks never overlap (a first-fit free list under one lock); a
-//! chunk's pages are given back to the OS when it is unmapped (`MADV_DONTNEED`),
-//! so device memory costs host RAM only while it is mapped in the pool. Past
-//! `capacity` the pool's own limit (`max_reserved = capacity`) reports an
-//! out-of-memory error with the figures: there is no fallback to host memory.
+//! Invariants: chunks never overlap (a first-fit free list under one lock);
+//! only chunks are mapped (the rest of the range is `PROT_NONE`, so a stray
+//! access faults); a chunk's pages are given back to the OS when it is
+//! unmapped (unmap, then `fallocate(PUNCH_HOLE)` on the handle), so device
+//! memory costs host RAM only while it is mapped in the pool. Past `capacity`
+//! the pool's own limit (`max_reserved = capacity`) reports an out-of-memory
+//! error with the figures: there is no fallback to host memory.
 
+use hetero_memory::vmm::{Access, Granularity, MemoryContext, PhysicalMemory, VirtualRange};
 use hetero_memory::{Bytes, Chunk, ChunkSource, MemoryError, PageKind};
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
@@ -25,42 +30,37 @@ pub(crate) struct Arena {
     capacity: usize,
     /// Free ranges: offset → length.
     free: Mutex<BTreeMap<usize, usize>>,
+    /// The reserved range; chunks are mapped into it from `store`.
+    range: Mutex<VirtualRange>,
+    store: PhysicalMemory,
 }
 
-// SAFETY: the arena owns its mapping; chunk ranges are handed out exclusively
-// under the `free` lock.
+// SAFETY: the arena owns its range; chunk ranges are handed out exclusively
+// under the `free` lock, and the range's table changes under its own lock.
 unsafe impl Send for Arena {}
 // SAFETY: as above.
 unsafe impl Sync for Arena {}
 
+const PAGE: usize = 4096;
+
 impl Arena {
-    /// Reserves `capacity` bytes of address space (pages are backed when touched).
+    /// Reserves `capacity` bytes of address space and a physical handle of
+    /// that size (pages are allocated when touched).
     pub(crate) fn new(capacity: usize) -> Result<Arena, MemoryError> {
-        use rustix::mm::{MapFlags, ProtFlags};
-        let capacity = capacity.next_multiple_of(4096);
-        // SAFETY: a fresh anonymous private mapping at an address of the kernel's
-        // choosing aliases no existing memory.
-        let p = unsafe {
-            rustix::mm::mmap_anonymous(
-                std::ptr::null_mut(),
-                capacity,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::PRIVATE | MapFlags::NORESERVE,
-            )
-        }
-        .map_err(|e| MemoryError::Map {
-            len: Bytes(capacity),
-            source: e.into(),
-            hint: "the emulated device reserves its capacity as address space; lower EmuConfig::capacity",
-        })?;
-        let base = NonNull::new(p.cast::<u8>()).ok_or_else(|| MemoryError::InvalidRequest {
-            what: "mmap returned a null mapping".into(),
+        let capacity = capacity.max(1).next_multiple_of(PAGE);
+        let ctx = MemoryContext::unlimited("emulated device memory");
+        let range = ctx.reserve(capacity, Granularity::Page4K)?;
+        let store = ctx.create_physical(capacity, Granularity::Page4K)?;
+        let base = NonNull::new(range.ptr()).ok_or_else(|| MemoryError::InvalidRequest {
+            what: "the reserved range starts at null".into(),
             hint: "retry",
         })?;
         Ok(Arena {
             base,
             capacity,
             free: Mutex::new(BTreeMap::from([(0, capacity)])),
+            range: Mutex::new(range),
+            store,
         })
     }
 
@@ -75,14 +75,6 @@ impl Arena {
     }
 }
 
-impl Drop for Arena {
-    fn drop(&mut self) {
-        // SAFETY: the range was mapped by `new` and every chunk of it has been
-        // returned (the pool, which holds the chunks, is dropped first).
-        let _ = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.capacity) };
-    }
-}
-
 /// The pool's chunk source for the emulated device.
 #[derive(Debug)]
 pub(crate) struct ArenaChunks(pub(crate) std::sync::Arc<Arena>);
@@ -90,6 +82,7 @@ pub(crate) struct ArenaChunks(pub(crate) std::sync::Arc<Arena>);
 impl ChunkSource for ArenaChunks {
     fn map(&self, size: usize) -> Result<Chunk, MemoryError> {
         let a = &self.0;
+        let size = size.max(1).next_multiple_of(PAGE);
         let mut free = a.free.lock().unwrap_or_else(|p| p.into_inner());
         let found = free
             .iter()
@@ -107,6 +100,13 @@ impl ChunkSource for ArenaChunks {
                 hint: "the emulated device's memory is full: free buffers, call Device::trim, or raise EmuConfig::capacity",
             });
         };
+        a.range.lock().unwrap_or_else(|p| p.into_inner()).map(
+            off,
+            &a.store,
+            off,
+            size,
+            Access::ReadWrite,
+        )?;
         free.remove(&off);
         if len > size {
             free.insert(off + size, len - size);
@@ -125,15 +125,17 @@ impl ChunkSource for ArenaChunks {
     fn unmap(&self, chunk: Chunk) {
         let a = &self.0;
         let off = chunk.ptr.as_ptr() as usize - a.base.as_ptr() as usize;
-        // SAFETY: the chunk's range lies in the mapping and nothing uses it any
-        // more (the pool unmaps only free chunks); its pages read as zero after.
-        let _ = unsafe {
-            rustix::mm::madvise(
-                chunk.ptr.as_ptr().cast(),
-                chunk.size,
-                rustix::mm::Advice::LinuxDontNeed,
-            )
-        };
+        // Nothing uses the chunk any more (the pool unmaps only free chunks):
+        // unmap it and give its pages back; they read as zero when mapped again.
+        let unmapped = a
+            .range
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .unmap(off, chunk.size)
+            .and_then(|()| a.store.release(off, chunk.size));
+        if let Err(e) = unmapped {
+            tracing::error!(error = %e, "returning an emulated device chunk failed");
+        }
         let mut free = a.free.lock().unwrap_or_else(|p| p.into_inner());
         let (mut start, mut len) = (off, chunk.size);
         // Merge with the neighbours.
@@ -170,5 +172,25 @@ mod tests {
         let all = src.map(1 << 20).expect("merged back to one range");
         assert_eq!(a.device_address(all.ptr.as_ptr()), DEVICE_BASE);
         src.unmap(all);
+    }
+
+    #[test]
+    fn chunks_are_mapped_through_the_vmm_and_released() {
+        let a = Arc::new(Arena::new(4 << 20).expect("arena"));
+        let src = ArenaChunks(a.clone());
+        let c = src.map(1 << 20).expect("chunk");
+        // SAFETY: the chunk is 1 MiB of mapped, writable device memory.
+        unsafe { c.ptr.as_ptr().add(100).write(7) };
+        {
+            let r = a.range.lock().expect("lock");
+            assert!(r.is_mapped(0, 1 << 20));
+            assert!(!r.is_mapped(1 << 20, 4096), "only chunks are mapped");
+        }
+        src.unmap(c);
+        assert_eq!(a.range.lock().expect("lock").mapped_bytes(), 0);
+        let again = src.map(1 << 20).expect("chunk");
+        // SAFETY: mapped again; the released pages read as zero.
+        assert_eq!(unsafe { again.ptr.as_ptr().add(100).read() }, 0);
+        src.unmap(again);
     }
 }

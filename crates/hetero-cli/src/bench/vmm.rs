@@ -1,0 +1,370 @@
+//! `hetero bench vmm`: the virtual memory API and expandable segments beside
+//! plain mappings in the same run.
+//!
+//! - `hetero/vmm-grow-cached`: ns to grow a reserved range by one 2 MiB
+//!   granule whose physical pages exist (one `map`); `…-touched` adds the
+//!   first touch of its pages. Peer: an anonymous 2 MiB `mmap`.
+//! - `hetero/vmm-grow-cold`: a new 2 MiB handle (sealed memfd), mapped and
+//!   populated in one call (`…-touched`: faulted in page by page). Peers: anonymous `mmap` + touch, `MAP_HUGETLB` + touch (or a note
+//!   saying why it could not run).
+//! - `hetero/vmm-map-10-granules-over-one-run`: ten 2 MiB maps over one 20 MiB
+//!   map of the same cached handle, each touched (`…-map-only`: the calls
+//!   alone).
+//! - `hetero/stranded-over-live-churn`, `hetero/reserved-over-live-churn`: the
+//!   churn replay of `hetero bench alloc` on a whole pool with expandable
+//!   segments, beside the chunked pool on the same sequence; the growth trace
+//!   likewise.
+//! - `hetero/ipc-import-first`, `hetero/ipc-import-cached`,
+//!   `hetero/ipc-read-over-local`: see `vmm_ipc.rs`.
+
+use super::alloc::{churn_sequence, growth_ratio};
+use super::BenchReport;
+use hetero_memory::vmm::{Access, Granularity, MemoryContext, PhysicalMemory, VirtualRange};
+use hetero_memory::{DevicePool, PoolConfig};
+use std::ffi::c_void;
+use std::time::Instant;
+
+const G: usize = 2 << 20;
+const PAGE: usize = 4096;
+
+/// Writes one byte per page of `[p, p + len)`.
+///
+/// # Safety
+/// The range must be mapped writable and owned by the caller.
+unsafe fn touch(p: *mut u8, len: usize) {
+    for off in (0..len).step_by(PAGE) {
+        // SAFETY: inside the caller's writable range.
+        unsafe { p.add(off).write_volatile(1) };
+    }
+}
+
+fn ns(t: Instant) -> f64 {
+    t.elapsed().as_nanos() as f64
+}
+
+fn populated(ctx: &MemoryContext, granules: usize) -> PhysicalMemory {
+    let h = ctx
+        .create_physical(granules * G, Granularity::Huge2M)
+        .expect("physical memory");
+    let mut r = ctx
+        .reserve(granules * G, Granularity::Huge2M)
+        .expect("reserve");
+    r.map(0, &h, 0, granules * G, Access::ReadWrite)
+        .expect("map");
+    // SAFETY: just mapped read-write.
+    unsafe { touch(r.ptr(), granules * G) };
+    h
+}
+
+fn grow_cached(rep: &mut BenchReport, samples: usize) {
+    let ctx = MemoryContext::unlimited("bench");
+    let handle = populated(&ctx, 8);
+    const R: usize = 256;
+    let mut range = ctx.reserve(R * G, Granularity::Huge2M).expect("reserve");
+    let (mut map, mut touched) = (Vec::new(), Vec::new());
+    let mut i = 0;
+    while map.len() < samples {
+        let at = (i % R) * G;
+        let t = Instant::now();
+        range
+            .map(at, &handle, (i % 8) * G, G, Access::ReadWrite)
+            .expect("map");
+        map.push(ns(t));
+        if i % 8 == 0 {
+            // Now and then, the first touch of the granule's 512 pages too.
+            range.unmap(at, G).expect("unmap");
+            let t = Instant::now();
+            range
+                .map(at, &handle, (i % 8) * G, G, Access::ReadWrite)
+                .expect("map");
+            // SAFETY: mapped read-write just now.
+            unsafe { touch(range.ptr().add(at), G) };
+            touched.push(ns(t));
+        }
+        i += 1;
+        if i % R == 0 {
+            range.unmap(0, R * G).expect("unmap all");
+        }
+    }
+    rep.push_samples("hetero/vmm-grow-cached", "ns", &mut map);
+    rep.push_samples("hetero/vmm-grow-cached-touched", "ns", &mut touched);
+    let mut anon = Vec::new();
+    for _ in 0..samples {
+        let t = Instant::now();
+        let p = anon_map(G, rustix::mm::MapFlags::empty()).expect("anonymous mmap");
+        anon.push(ns(t));
+        unmap(p, G);
+    }
+    rep.push_samples("mmap/anon-map-2m", "ns", &mut anon);
+    rep.ratio(
+        "vmm-grow-cached hetero/mmap",
+        "hetero/vmm-grow-cached",
+        "mmap/anon-map-2m",
+    );
+}
+
+fn anon_map(len: usize, extra: rustix::mm::MapFlags) -> std::io::Result<*mut u8> {
+    use rustix::mm::{MapFlags, ProtFlags};
+    // SAFETY: a fresh private anonymous mapping aliases nothing.
+    let p = unsafe {
+        rustix::mm::mmap_anonymous(
+            std::ptr::null_mut(),
+            len,
+            ProtFlags::READ | ProtFlags::WRITE,
+            MapFlags::PRIVATE | extra,
+        )
+    }?;
+    Ok(p.cast())
+}
+
+fn unmap(p: *mut u8, len: usize) {
+    // SAFETY: `p` is a mapping of `len` bytes this bench made and no longer uses.
+    let _ = unsafe { rustix::mm::munmap(p.cast::<c_void>(), len) };
+}
+
+fn grow_cold(rep: &mut BenchReport, samples: usize) {
+    let ctx = MemoryContext::unlimited("bench");
+    let mut range = ctx.reserve(G, Granularity::Huge2M).expect("reserve");
+    let (mut cold, mut cold_touched) = (Vec::new(), Vec::new());
+    let mut note = None;
+    for _ in 0..samples {
+        let t = Instant::now();
+        let h = ctx
+            .create_physical(G, Granularity::Huge2M)
+            .expect("physical");
+        range.map(0, &h, 0, G, Access::ReadWrite).expect("map");
+        range.populate(0, G).expect("populate");
+        cold.push(ns(t));
+        range.unmap(0, G).expect("unmap");
+        let t = Instant::now();
+        let h = ctx
+            .create_physical(G, Granularity::Huge2M)
+            .expect("physical");
+        range.map(0, &h, 0, G, Access::ReadWrite).expect("map");
+        // SAFETY: mapped read-write just now.
+        unsafe { touch(range.ptr(), G) };
+        cold_touched.push(ns(t));
+        range.unmap(0, G).expect("unmap");
+        if note.is_none() {
+            note = Some(format!("{:?}: {}", h.page_kind(), h.notes().join("; ")));
+        }
+    }
+    rep.push_samples("hetero/vmm-grow-cold", "ns", &mut cold);
+    rep.push_samples("hetero/vmm-grow-cold-touched", "ns", &mut cold_touched);
+    if let Some(n) = note {
+        rep.notes.push(format!("vmm 2 MiB handles are {n}"));
+    }
+    let mut anon = Vec::new();
+    for _ in 0..samples {
+        let t = Instant::now();
+        let p = anon_map(G, rustix::mm::MapFlags::empty()).expect("anonymous mmap");
+        // SAFETY: fresh writable mapping of G bytes.
+        unsafe { touch(p, G) };
+        anon.push(ns(t));
+        unmap(p, G);
+    }
+    rep.push_samples("mmap/anon-map-touch-2m", "ns", &mut anon);
+    let mut anon_pop = Vec::new();
+    for _ in 0..samples {
+        let t = Instant::now();
+        let p = anon_map(G, rustix::mm::MapFlags::POPULATE).expect("anonymous mmap");
+        anon_pop.push(ns(t));
+        unmap(p, G);
+    }
+    rep.push_samples("mmap/anon-map-populate-2m", "ns", &mut anon_pop);
+    rep.ratio(
+        "vmm-grow-cold hetero/anon-mmap-populate",
+        "hetero/vmm-grow-cold",
+        "mmap/anon-map-populate-2m",
+    );
+    rep.ratio(
+        "vmm-grow-cold hetero/anon-mmap",
+        "hetero/vmm-grow-cold",
+        "mmap/anon-map-touch-2m",
+    );
+    use rustix::mm::MapFlags;
+    match anon_map(G, MapFlags::HUGETLB | MapFlags::HUGE_2MB) {
+        Err(e) => rep.notes.push(format!(
+            "MAP_HUGETLB peer not run: mmap(MAP_HUGETLB) failed ({e}); vm.nr_hugepages = {}",
+            std::fs::read_to_string("/proc/sys/vm/nr_hugepages")
+                .unwrap_or_default()
+                .trim()
+        )),
+        Ok(p) => {
+            unmap(p, G);
+            let mut huge = Vec::new();
+            for _ in 0..samples {
+                let t = Instant::now();
+                let Ok(p) = anon_map(G, MapFlags::HUGETLB | MapFlags::HUGE_2MB) else {
+                    break;
+                };
+                // SAFETY: fresh writable mapping of G bytes.
+                unsafe { touch(p, G) };
+                huge.push(ns(t));
+                unmap(p, G);
+            }
+            rep.push_samples("mmap/hugetlb-map-touch-2m", "ns", &mut huge);
+        }
+    }
+}
+
+fn map_ten(rep: &mut BenchReport, samples: usize) {
+    let ctx = MemoryContext::unlimited("bench");
+    let handle = populated(&ctx, 10);
+    let mut range = ctx.reserve(10 * G, Granularity::Huge2M).expect("reserve");
+    let (mut ten, mut one, mut ten_calls, mut one_call) = (vec![], vec![], vec![], vec![]);
+    let run = |range: &mut VirtualRange, pieces: usize, touch_it: bool| -> f64 {
+        let len = 10 * G / pieces;
+        let t = Instant::now();
+        for k in 0..pieces {
+            range
+                .map(k * len, &handle, k * len, len, Access::ReadWrite)
+                .expect("map");
+        }
+        if touch_it {
+            // SAFETY: all ten granules were mapped read-write above.
+            unsafe { touch(range.ptr(), 10 * G) };
+        }
+        let dt = ns(t);
+        range.unmap(0, 10 * G).expect("unmap");
+        dt
+    };
+    for _ in 0..samples {
+        ten.push(run(&mut range, 10, true));
+        one.push(run(&mut range, 1, true));
+        ten_calls.push(run(&mut range, 10, false));
+        one_call.push(run(&mut range, 1, false));
+    }
+    rep.push_samples("hetero/vmm-map-10-granules", "ns", &mut ten);
+    rep.push_samples("hetero/vmm-map-one-20m-run", "ns", &mut one);
+    rep.push_samples("hetero/vmm-map-10-granules-map-only", "ns", &mut ten_calls);
+    rep.push_samples("hetero/vmm-map-one-20m-run-map-only", "ns", &mut one_call);
+    for (name, a, b) in [
+        (
+            "hetero/vmm-map-10-granules-over-one-run",
+            "hetero/vmm-map-10-granules",
+            "hetero/vmm-map-one-20m-run",
+        ),
+        (
+            "hetero/vmm-map-10-granules-over-one-run-map-only",
+            "hetero/vmm-map-10-granules-map-only",
+            "hetero/vmm-map-one-20m-run-map-only",
+        ),
+    ] {
+        if let (Some(x), Some(y)) = (rep.median_of(a), rep.median_of(b)) {
+            rep.push_value(name, "ratio", x / y, samples as u64);
+        }
+    }
+}
+
+/// Replays the churn sequence on a whole pool: per step, mapped physical
+/// bytes no live buffer covers over live bytes; and peak reserved over peak
+/// live; and the mean ns per alloc or free.
+fn churn_on_pool(config: PoolConfig, quick: bool) -> (Vec<f64>, f64, f64) {
+    let seq = churn_sequence(quick);
+    let pool = DevicePool::new(config).expect("pool");
+    let mut live: Vec<Option<hetero_memory::Allocation>> = Vec::new();
+    let (mut live_bytes, mut peak_live) = (0usize, 0usize);
+    let mut stranded = Vec::with_capacity(seq.len());
+    let (mut ops, mut op_ns) = (0u64, 0f64);
+    for (victim, add) in &seq {
+        let t = Instant::now();
+        if *victim != usize::MAX {
+            if let Some(a) = live.swap_remove(*victim) {
+                live_bytes -= a.size();
+                pool.free(a, 0, Vec::new());
+            }
+            ops += 1;
+        }
+        for &s in add {
+            let a = pool.alloc(s as usize, 256, 0).ok();
+            live_bytes += a.as_ref().map_or(0, |a| a.size());
+            live.push(a);
+            ops += 1;
+        }
+        op_ns += ns(t);
+        peak_live = peak_live.max(live_bytes);
+        let st = pool.stats();
+        stranded.push(st.mapped.saturating_sub(live_bytes) as f64 / live_bytes as f64);
+    }
+    let peak = pool.stats().peak_reserved as f64 / peak_live as f64;
+    for a in live.into_iter().flatten() {
+        pool.free(a, 0, Vec::new());
+    }
+    (stranded, peak, op_ns / ops as f64)
+}
+
+fn churn(rep: &mut BenchReport, quick: bool) {
+    for (name, config) in [
+        ("hetero", PoolConfig::default().expandable_segments(true)),
+        ("chunked", PoolConfig::default().expandable_segments(false)),
+    ] {
+        let (mut stranded, peak, per_op) = churn_on_pool(config.clone(), quick);
+        rep.push_samples(
+            &format!("{name}/stranded-over-live-churn"),
+            "ratio",
+            &mut stranded,
+        );
+        rep.push_value(
+            &format!("{name}/reserved-over-live-churn"),
+            "ratio",
+            peak,
+            1,
+        );
+        rep.push_value(&format!("{name}/pool-churn-replay-op"), "ns", per_op, 1);
+        let growth = growth_ratio(config, quick);
+        rep.push_value(
+            &format!("{name}/reserved-over-live-growth"),
+            "ratio",
+            growth,
+            1,
+        );
+    }
+    // The same replay without the per-stream block caches (which hold up to
+    // 64 MiB of freed small blocks, mapped but not live): how much of the
+    // figure they are.
+    let (_, peak, _) = churn_on_pool(
+        PoolConfig::default()
+            .expandable_segments(true)
+            .stream_cache_bytes(0),
+        quick,
+    );
+    rep.push_value(
+        "hetero/reserved-over-live-churn-stream-cache-0",
+        "ratio",
+        peak,
+        1,
+    );
+    rep.ratio(
+        "reserved-over-live-churn hetero/chunked",
+        "hetero/reserved-over-live-churn",
+        "chunked/reserved-over-live-churn",
+    );
+    rep.ratio(
+        "stranded-over-live-churn hetero/chunked",
+        "hetero/stranded-over-live-churn",
+        "chunked/stranded-over-live-churn",
+    );
+    rep.ratio(
+        "pool-churn-replay-op hetero/chunked",
+        "hetero/pool-churn-replay-op",
+        "chunked/pool-churn-replay-op",
+    );
+    rep.notes.push(
+        "hetero/… churn and growth figures are the pool with expandable_segments:true, \
+         chunked/… the default chunked pool on the same sequence"
+            .into(),
+    );
+}
+
+/// Runs every series; `quick` finishes in a few seconds.
+pub fn run(quick: bool) -> BenchReport {
+    let mut rep = BenchReport::new("vmm");
+    let samples = if quick { 2000 } else { 20_000 };
+    grow_cached(&mut rep, samples);
+    grow_cold(&mut rep, if quick { 200 } else { 2000 });
+    map_ten(&mut rep, if quick { 50 } else { 500 });
+    super::vmm_ipc::ipc(&mut rep, quick);
+    churn(&mut rep, quick);
+    rep
+}

@@ -1,0 +1,365 @@
+//! Expandable segments (`expandable_segments:true`): one reserved virtual
+//! range per size class ([`Kind`]), handed whole to the kind's TLSF, with
+//! physical memory mapped under it 2 MiB granule by granule as blocks are
+//! handed out, and unmapped as soon as no block handed out covers a granule.
+//!
+//! Physical memory is one sealed memfd per pool cut into granule *slots*. A
+//! granule no block covers any more stays mapped (*idle*), so a block placed
+//! there again costs no system call, up to a budget (1/64 of the mapped
+//! bytes, at least 8 MiB); past it the oldest idle granules are unmapped and
+//! their slots kept (*cached*). Growing takes a cached slot (one `mmap` of
+//! pages that exist), else moves an idle granule's slot (unmap there, map
+//! here), and only then a new (*cold*) slot: physical memory held grows only
+//! when the buffers handed out need more. Past the release threshold (and on
+//! `trim`), cached and idle slots are punched (`fallocate(PUNCH_HOLE)`) and
+//! their pages go back to the system. Reserved bytes are mapped plus cached
+//! slots; they never exceed `max_reserved`.
+//!
+//! Invariants: a granule is mapped iff a block handed out (live, cached in a
+//! stream or thread cache, or pending) covers part of it (`refs > 0`) or it is
+//! idle; a slot is in exactly one of {mapped under one granule, cached, cold};
+//! runs of granules with consecutive slots are mapped with one call.
+
+use super::chunks::Kind;
+use crate::config::PoolConfig;
+use crate::error::MemoryError;
+use crate::tlsf::Tlsf;
+use crate::vmm::{Access, Granularity, MemoryContext, PhysicalMemory, VirtualRange};
+use std::collections::VecDeque;
+
+/// The physical granule of a segment.
+pub(super) const GRANULE: usize = 2 << 20;
+const NONE: u32 = u32::MAX;
+/// Address space per kind when `max_reserved` does not bound it.
+const MAX_SEGMENT: usize = 64 << 30;
+
+pub(super) struct Segment {
+    pub(super) range: VirtualRange,
+    /// The segment's TLSF region.
+    pub(super) head: u32,
+    /// Blocks handed out that cover each granule.
+    refs: Vec<u32>,
+    /// The slot mapped under each granule, or NONE.
+    slot: Vec<u32>,
+    /// Whether each granule is idle (mapped, no block over it).
+    idle: Vec<bool>,
+}
+
+/// The segments of a pool and their physical slots.
+pub(super) struct Segments {
+    ctx: MemoryContext,
+    store: Option<PhysicalMemory>,
+    seg_size: usize,
+    pub(super) segs: [Option<Segment>; 3],
+    cached: Vec<u32>,
+    cold: Vec<u32>,
+    /// Idle granules, oldest first, as (kind, granule); an entry whose
+    /// granule is no longer idle is skipped.
+    idle: VecDeque<(u8, u32)>,
+    idle_count: usize,
+    next: u32,
+    pub(super) mapped: usize,
+    prefault: bool,
+    /// Granules mapped from cached slots / from cold ones; granules unmapped;
+    /// slots punched.
+    pub(super) cached_maps: u64,
+    pub(super) cold_maps: u64,
+    pub(super) unmaps: u64,
+    pub(super) releases: u64,
+}
+
+impl Segments {
+    pub(super) fn new(config: &PoolConfig) -> Self {
+        let bound = config.max_reserved.saturating_mul(2).max(64 << 20);
+        Segments {
+            ctx: MemoryContext::unlimited("device pool"),
+            store: None,
+            seg_size: bound.min(MAX_SEGMENT).next_multiple_of(GRANULE),
+            segs: [None, None, None],
+            cached: Vec::new(),
+            cold: Vec::new(),
+            idle: VecDeque::new(),
+            idle_count: 0,
+            next: 0,
+            mapped: 0,
+            prefault: config.prefault,
+            cached_maps: 0,
+            cold_maps: 0,
+            unmaps: 0,
+            releases: 0,
+        }
+    }
+
+    /// Mapped bytes plus cached slots: the physical memory the pool holds.
+    pub(super) fn reserved(&self) -> usize {
+        self.mapped + self.cached.len() * GRANULE
+    }
+
+    pub(super) fn cached_bytes(&self) -> usize {
+        self.cached.len() * GRANULE
+    }
+
+    /// Bytes mapped with no block over them.
+    pub(super) fn idle_bytes(&self) -> usize {
+        self.idle_count * GRANULE
+    }
+
+    fn idle_budget(&self) -> usize {
+        (self.mapped / GRANULE / 64).max(4)
+    }
+
+    /// Unmaps the oldest idle granule and returns its slot.
+    fn steal_idle(&mut self) -> Option<u32> {
+        while let Some((k, g)) = self.idle.pop_front() {
+            let seg = self.segs[k as usize]
+                .as_mut()
+                .expect("idle granules are in segments");
+            let g = g as usize;
+            if !seg.idle[g] {
+                continue;
+            }
+            if let Err(e) = seg.range.unmap(g * GRANULE, GRANULE) {
+                tracing::error!(error = %e, "unmapping an idle granule failed; it stays mapped");
+                continue;
+            }
+            seg.idle[g] = false;
+            self.idle_count -= 1;
+            self.unmaps += 1;
+            self.mapped -= GRANULE;
+            let s = seg.slot[g];
+            seg.slot[g] = NONE;
+            return Some(s);
+        }
+        None
+    }
+
+    /// What backs the slots, and why, once the store exists.
+    pub(super) fn store(&self) -> Option<&PhysicalMemory> {
+        self.store.as_ref()
+    }
+
+    /// Creates the segment of `kind` (and the slot store) if it is missing.
+    pub(super) fn ensure(&mut self, kind: Kind, tlsf: &mut Tlsf) -> Result<(), MemoryError> {
+        if self.segs[kind as usize].is_some() {
+            return Ok(());
+        }
+        if self.store.is_none() {
+            let store = self
+                .ctx
+                .create_physical(3 * self.seg_size, Granularity::Page4K)?;
+            self.store = Some(store);
+        }
+        let range = self.ctx.reserve(self.seg_size, Granularity::Huge2M)?;
+        let head = tlsf.add_region(range.ptr() as u64, self.seg_size as u64);
+        let granules = self.seg_size / GRANULE;
+        self.segs[kind as usize] = Some(Segment {
+            range,
+            head,
+            refs: vec![0; granules],
+            slot: vec![NONE; granules],
+            idle: vec![false; granules],
+        });
+        Ok(())
+    }
+
+    fn span(seg: &Segment, addr: usize, len: usize) -> (usize, usize) {
+        let off = addr - seg.range.ptr() as usize;
+        (off / GRANULE, (off + len).div_ceil(GRANULE))
+    }
+
+    /// Backs `[addr, addr + len)` of `kind`'s segment: maps the granules no
+    /// block covers yet. Without `may_grow` only cached slots and idle
+    /// granules may serve; with it, cold slots too while reserved stays within
+    /// `limit`. `Ok(false)` (nothing changed) when that is not enough.
+    pub(super) fn back(
+        &mut self,
+        kind: Kind,
+        addr: usize,
+        len: usize,
+        may_grow: bool,
+        limit: usize,
+    ) -> Result<bool, MemoryError> {
+        let Some(seg) = self.segs[kind as usize].as_ref() else {
+            return Ok(false);
+        };
+        let (lo, hi) = Self::span(seg, addr, len);
+        let need = (lo..hi).filter(|&g| seg.slot[g] == NONE).count();
+        let idle_inside = (lo..hi).filter(|&g| seg.idle[g]).count();
+        let spare = self.cached.len() + self.idle_count - idle_inside;
+        let cold = need.saturating_sub(spare);
+        // Slots past the store's end would fault when touched: never hand
+        // them out (reserved stays below the store's size, so this is a guard).
+        let store_slots = self.store.as_ref().map_or(0, |p| p.size() / GRANULE);
+        let fresh_slots = cold.saturating_sub(self.cold.len());
+        if cold > 0
+            && (!may_grow
+                || self.reserved() + cold * GRANULE > limit
+                || self.next as usize + fresh_slots > store_slots)
+        {
+            return Ok(false);
+        }
+        // Idle granules under the block serve as they are.
+        let seg = self.segs[kind as usize].as_mut().expect("checked above");
+        for g in lo..hi {
+            if seg.idle[g] {
+                seg.idle[g] = false;
+                self.idle_count -= 1;
+            }
+        }
+        // Slots for the rest: cached, then moved from idle granules, then cold.
+        let mut supply: Vec<(u32, bool)> = Vec::with_capacity(need);
+        while supply.len() < need {
+            if let Some(s) = self.cached.pop() {
+                self.cached_maps += 1;
+                supply.push((s, false));
+            } else if let Some(s) = self.steal_idle() {
+                self.cached_maps += 1;
+                supply.push((s, false));
+            } else {
+                self.cold_maps += 1;
+                let s = self.cold.pop().unwrap_or_else(|| {
+                    self.next += 1;
+                    self.next - 1
+                });
+                supply.push((s, true));
+            }
+        }
+        // Consecutive slots for neighbouring granules map in one call.
+        supply.sort_unstable_by_key(|&(s, _)| std::cmp::Reverse(s));
+        let seg = self.segs[kind as usize].as_mut().expect("checked above");
+        let mut fresh: Vec<usize> = Vec::with_capacity(need);
+        let mut origin: Vec<bool> = Vec::with_capacity(need);
+        for g in lo..hi {
+            if seg.slot[g] == NONE {
+                let (s, cold) = supply.pop().expect("one slot per granule");
+                seg.slot[g] = s;
+                fresh.push(g);
+                origin.push(cold);
+            }
+        }
+        let store = self.store.as_ref().expect("created with the segment");
+        let mut done: Vec<(usize, usize)> = Vec::new();
+        let mut failed = None;
+        let mut i = 0;
+        while i < fresh.len() {
+            let start = fresh[i];
+            let mut n = 1;
+            while i + n < fresh.len()
+                && fresh[i + n] == start + n
+                && seg.slot[start + n] == seg.slot[start] + n as u32
+            {
+                n += 1;
+            }
+            i += n;
+            let r = seg.range.map(
+                start * GRANULE,
+                store,
+                seg.slot[start] as usize * GRANULE,
+                n * GRANULE,
+                Access::ReadWrite,
+            );
+            match r {
+                Ok(()) => done.push((start, n)),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        if let Some(e) = failed {
+            for (start, n) in done {
+                let _ = seg.range.unmap(start * GRANULE, n * GRANULE);
+            }
+            for (g, cold) in fresh.into_iter().zip(origin) {
+                if cold {
+                    self.cold.push(seg.slot[g]);
+                } else {
+                    self.cached.push(seg.slot[g]);
+                }
+                seg.slot[g] = NONE;
+            }
+            // Idle granules under the block went back to use above: put them
+            // back as idle.
+            for g in lo..hi {
+                if seg.slot[g] != NONE && seg.refs[g] == 0 {
+                    seg.idle[g] = true;
+                    self.idle_count += 1;
+                    self.idle.push_back((kind as u8, g as u32));
+                }
+            }
+            return Err(e);
+        }
+        for (start, n) in &done {
+            self.mapped += n * GRANULE;
+            if self.prefault {
+                if let Err(e) = seg.range.populate(start * GRANULE, n * GRANULE) {
+                    tracing::warn!(error = %e, "pre-faulting granules failed; they fault on first touch");
+                }
+            }
+        }
+        for r in &mut seg.refs[lo..hi] {
+            *r += 1;
+        }
+        Ok(true)
+    }
+
+    /// A block of `[addr, addr + len)` went back to the TLSF: granules no
+    /// block covers any more become idle; idle granules past the budget are
+    /// unmapped and their slots cached.
+    pub(super) fn unback(&mut self, kind: usize, addr: usize, len: usize) {
+        let Some(seg) = self.segs[kind].as_mut() else {
+            return;
+        };
+        let (lo, hi) = Self::span(seg, addr, len);
+        for g in lo..hi {
+            seg.refs[g] -= 1;
+            if seg.refs[g] == 0 {
+                seg.idle[g] = true;
+                self.idle_count += 1;
+                self.idle.push_back((kind as u8, g as u32));
+            }
+        }
+        while self.idle_count > self.idle_budget() {
+            match self.steal_idle() {
+                Some(s) => self.cached.push(s),
+                None => break,
+            }
+        }
+        if self.idle.len() > 4 * self.idle_count + 64 {
+            let segs = &self.segs;
+            self.idle.retain(|&(k, g)| {
+                segs[k as usize]
+                    .as_ref()
+                    .is_some_and(|s| s.idle[g as usize])
+            });
+        }
+    }
+
+    /// Punches cached slots, then idle granules, until reserved is at most
+    /// `target`; the bytes returned to the system.
+    pub(super) fn release(&mut self, target: usize) -> usize {
+        if self.store.is_none() {
+            return 0;
+        }
+        let mut released = 0;
+        while self.reserved() > target {
+            let Some(s) = self.cached.pop().or_else(|| self.steal_idle()) else {
+                break;
+            };
+            let store = self.store.as_ref().expect("checked above");
+            match store.release(s as usize * GRANULE, GRANULE) {
+                Ok(()) => {
+                    released += GRANULE;
+                    self.releases += 1;
+                    self.cold.push(s);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "releasing a cached granule failed");
+                    self.cached.push(s);
+                    break;
+                }
+            }
+        }
+        released
+    }
+}

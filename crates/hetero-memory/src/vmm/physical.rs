@@ -1,0 +1,316 @@
+//! Physical memory handles: sealed memfds of a chosen granularity.
+//!
+//! 2 MiB and 1 GiB handles are hugetlb memfds when the machine has enough
+//! hugetlb pages reserved (checked by `fallocate`, so a later touch cannot
+//! SIGBUS); otherwise normal memfds, advised for transparent huge pages where
+//! the kernel allows them for shared memory, the handle's notes saying which.
+//! Every handle is sealed against shrinking and growing (and further sealing)
+//! once sized: a process it is shared with can rely on its size.
+
+use super::context::ContextInner;
+use crate::error::{Bytes, MemoryError};
+use crate::os::PageKind;
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::fs::{MemfdFlags, SealFlags};
+use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// The page size a handle (and a range) works in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Granularity {
+    /// 4 KiB pages.
+    Page4K,
+    /// 2 MiB pages.
+    Huge2M,
+    /// 1 GiB pages.
+    Huge1G,
+}
+
+impl Granularity {
+    /// The granularity in bytes.
+    pub const fn bytes(self) -> usize {
+        match self {
+            Granularity::Page4K => 4 << 10,
+            Granularity::Huge2M => 2 << 20,
+            Granularity::Huge1G => 1 << 30,
+        }
+    }
+}
+
+/// The seals every handle carries.
+pub(crate) const SEALS: SealFlags = SealFlags::SHRINK
+    .union(SealFlags::GROW)
+    .union(SealFlags::SEAL);
+
+/// The seals an importer requires: the size cannot change under it.
+pub(crate) const SEALS_REQUIRED: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW);
+
+static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
+
+pub(crate) struct PhysInner {
+    pub(crate) fd: OwnedFd,
+    pub(crate) size: usize,
+    pub(crate) granularity: Granularity,
+    pub(crate) page: PageKind,
+    pub(crate) notes: Vec<String>,
+    pub(crate) id: u64,
+    /// The context that may map it.
+    pub(crate) context: u64,
+}
+
+/// A handle to physical memory: `size` bytes in pages of one granularity.
+/// Cloning shares the memory; it is returned when the last clone and the
+/// last mapping of it are gone.
+#[derive(Clone)]
+pub struct PhysicalMemory {
+    pub(crate) inner: Arc<PhysInner>,
+}
+
+impl std::fmt::Debug for PhysicalMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PhysicalMemory")
+            .field("id", &self.inner.id)
+            .field("size", &self.inner.size)
+            .field("granularity", &self.inner.granularity)
+            .field("page", &self.inner.page)
+            .field("notes", &self.inner.notes)
+            .finish()
+    }
+}
+
+fn os(what: impl Into<String>, e: rustix::io::Errno, hint: &'static str) -> MemoryError {
+    MemoryError::Os {
+        what: what.into(),
+        source: e.into(),
+        hint,
+    }
+}
+
+/// Why a normal memfd gets no transparent huge pages, when it gets none.
+pub(crate) fn shmem_huge_note() -> Option<String> {
+    let path = "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
+    let s = std::fs::read_to_string(path).ok()?;
+    let chosen = s
+        .split_whitespace()
+        .find(|w| w.starts_with('['))?
+        .trim_matches(|c| c == '[' || c == ']')
+        .to_string();
+    match chosen.as_str() {
+        "always" | "within_size" | "advise" | "force" => None,
+        other => Some(format!(
+            "transparent huge pages for shared memory are off ({path} = {other}): 4 KiB pages; \
+             set it to advise for MADV_HUGEPAGE to take effect"
+        )),
+    }
+}
+
+fn nr_hugepages(g: Granularity) -> String {
+    let kb = g.bytes() >> 10;
+    std::fs::read_to_string(format!(
+        "/sys/kernel/mm/hugepages/hugepages-{kb}kB/free_hugepages"
+    ))
+    .map(|s| s.trim().to_string())
+    .unwrap_or_else(|_| "unknown".into())
+}
+
+impl PhysicalMemory {
+    pub(crate) fn create(
+        size: usize,
+        granularity: Granularity,
+        ctx: &ContextInner,
+    ) -> Result<Self, MemoryError> {
+        let g = granularity.bytes();
+        if size == 0 || !size.is_multiple_of(g) {
+            return Err(MemoryError::Unaligned {
+                what: "physical size",
+                value: size,
+                granularity: Bytes(g),
+            });
+        }
+        let mut notes = Vec::new();
+        let name = c"hetero-physical";
+        let base = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
+        let mut made = None;
+        if granularity != Granularity::Page4K {
+            let huge = match granularity {
+                Granularity::Huge1G => MemfdFlags::HUGE_1GB,
+                _ => MemfdFlags::HUGE_2MB,
+            };
+            match rustix::fs::memfd_create(name, base | MemfdFlags::HUGETLB | huge) {
+                Ok(fd) => {
+                    // fallocate takes the pages now: a later touch of a page
+                    // the pool cannot supply would otherwise be SIGBUS.
+                    let r = rustix::fs::ftruncate(&fd, size as u64).and_then(|()| {
+                        rustix::fs::fallocate(
+                            &fd,
+                            rustix::fs::FallocateFlags::empty(),
+                            0,
+                            size as u64,
+                        )
+                    });
+                    match r {
+                        Ok(()) => made = Some((fd, huge_kind(granularity))),
+                        Err(e) => notes.push(format!(
+                            "hugetlb memfd of {}: {e} (free hugetlb pages of {}: {})",
+                            Bytes(size),
+                            Bytes(g),
+                            nr_hugepages(granularity)
+                        )),
+                    }
+                }
+                Err(e) => notes.push(format!("hugetlb memfd: {e}")),
+            }
+        }
+        let (fd, page) = match made {
+            Some(x) => x,
+            None => {
+                let fd = rustix::fs::memfd_create(name, base).map_err(|e| {
+                    os(
+                        "memfd_create",
+                        e,
+                        "the process is out of file descriptors or memory",
+                    )
+                })?;
+                rustix::fs::ftruncate(&fd, size as u64).map_err(|e| {
+                    os(
+                        format!("ftruncate of a memfd to {}", Bytes(size)),
+                        e,
+                        "lower the size",
+                    )
+                })?;
+                let page = if granularity == Granularity::Page4K {
+                    PageKind::Normal
+                } else {
+                    match shmem_huge_note() {
+                        Some(n) => {
+                            notes.push(n);
+                            PageKind::Normal
+                        }
+                        None => PageKind::Transparent,
+                    }
+                };
+                (fd, page)
+            }
+        };
+        rustix::fs::fcntl_add_seals(&fd, SEALS).map_err(|e| {
+            os(
+                "sealing a memfd",
+                e,
+                "the kernel lacks memfd seals (Linux 3.17+)",
+            )
+        })?;
+        Ok(PhysicalMemory {
+            inner: Arc::new(PhysInner {
+                fd,
+                size,
+                granularity,
+                page,
+                notes,
+                id: NEXT_HANDLE.fetch_add(1, Ordering::Relaxed),
+                context: ctx.id,
+            }),
+        })
+    }
+
+    /// A handle over an fd another process (or context) shared, after its
+    /// seals and size were checked.
+    pub(crate) fn from_shared(
+        fd: OwnedFd,
+        size: usize,
+        granularity: Granularity,
+        page: PageKind,
+        context: u64,
+    ) -> Self {
+        PhysicalMemory {
+            inner: Arc::new(PhysInner {
+                fd,
+                size,
+                granularity,
+                page,
+                notes: Vec::new(),
+                id: NEXT_HANDLE.fetch_add(1, Ordering::Relaxed),
+                context,
+            }),
+        }
+    }
+
+    /// Bytes of memory.
+    pub fn size(&self) -> usize {
+        self.inner.size
+    }
+
+    /// The page size it is mapped in.
+    pub fn granularity(&self) -> Granularity {
+        self.inner.granularity
+    }
+
+    /// What backs it.
+    pub fn page_kind(&self) -> PageKind {
+        self.inner.page
+    }
+
+    /// Why it got less than was asked (no hugetlb pages, THP off for shmem).
+    pub fn notes(&self) -> &[String] {
+        &self.inner.notes
+    }
+
+    /// A number unique in this process.
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// The memfd, to share with another process (see `crate::ipc`).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.inner.fd.as_fd()
+    }
+
+    /// Gives the pages of `[offset, offset + len)` back to the system
+    /// (`fallocate(PUNCH_HOLE)`): they read as zero afterwards, mapped or not.
+    pub fn release(&self, offset: usize, len: usize) -> Result<(), MemoryError> {
+        let g = self.inner.granularity.bytes();
+        check_aligned("release offset", offset, g)?;
+        check_aligned("release length", len, g)?;
+        if offset.checked_add(len).is_none_or(|e| e > self.inner.size) {
+            return Err(MemoryError::OutOfRange {
+                what: "release",
+                offset,
+                len,
+                size: Bytes(self.inner.size),
+            });
+        }
+        rustix::fs::fallocate(
+            &self.inner.fd,
+            rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
+            offset as u64,
+            len as u64,
+        )
+        .map_err(|e| {
+            os(
+                "fallocate(PUNCH_HOLE)",
+                e,
+                "the kernel cannot punch holes in this memfd",
+            )
+        })
+    }
+}
+
+fn huge_kind(g: Granularity) -> PageKind {
+    match g {
+        Granularity::Huge1G => PageKind::Hugetlb1G,
+        _ => PageKind::Hugetlb2M,
+    }
+}
+
+pub(crate) fn check_aligned(what: &'static str, value: usize, g: usize) -> Result<(), MemoryError> {
+    if value.is_multiple_of(g) {
+        Ok(())
+    } else {
+        Err(MemoryError::Unaligned {
+            what,
+            value,
+            granularity: Bytes(g),
+        })
+    }
+}
