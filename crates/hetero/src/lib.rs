@@ -14,6 +14,7 @@
 //!   the work that waits on it.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod async_op;
 mod backend;
 mod buffer;
 pub mod clock;
@@ -31,6 +32,7 @@ mod stream;
 mod system;
 mod timeline;
 
+pub use async_op::{AsyncArg, AsyncContext, AsyncOp};
 pub use backend::emu::{EmuConfig, LinkPreset, TimeMode};
 pub use backend::DeviceProperties;
 pub use buffer::{Arg, DeviceBuffer, MemoryKind, PinnedBuffer};

@@ -78,6 +78,8 @@ pub(crate) enum Body {
     },
     /// A launch of an executable graph: all its nodes, one op.
     Graph(crate::graph::run::GraphLaunch),
+    /// Work outside the device, started and then polled (`async_op.rs`).
+    Async(Box<crate::async_op::AsyncBody>),
 }
 
 impl Op {
@@ -102,6 +104,7 @@ impl Op {
             Body::HostWrite { dst, .. } => f(dst, true),
             Body::HostRead { src, .. } => f(src, false),
             Body::Graph(l) => l.for_each_access(&mut f),
+            Body::Async(a) => a.args.iter().all(|(s, w)| f(s, *w)),
             Body::Host(_) | Body::Wait { .. } | Body::Record { .. } => true,
         }
     }
@@ -155,6 +158,7 @@ impl Op {
             Body::HostWrite { .. } => "write_slice",
             Body::HostRead { .. } => "read_slice",
             Body::Graph(_) => "graph",
+            Body::Async(a) => a.name,
         }
     }
 
@@ -164,6 +168,7 @@ impl Op {
             Body::HostWrite { data, .. } => data.len() as u64,
             Body::HostRead { out, .. } => out.lock().map_or(0, |o| o.len() as u64),
             Body::Graph(l) => l.bytes(),
+            Body::Async(a) => a.args.iter().map(|(s, _)| s.bytes() as u64).sum(),
             _ => 0,
         }
     }

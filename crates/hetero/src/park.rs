@@ -152,7 +152,19 @@ impl Parker {
 
     /// Parks until `claim()` returns something, which it returns. The caller counts
     /// as a sleeper only while `claim` looks; it should not do long work inside it.
-    pub(crate) fn park_for<W>(&self, mut claim: impl FnMut() -> Option<W>) -> W {
+    #[allow(dead_code)] // the wake-up models (hw_queue.rs) park this way
+    pub(crate) fn park_for<W>(&self, claim: impl FnMut() -> Option<W>) -> W {
+        self.park_for_polling(claim, || None)
+    }
+
+    /// [`Parker::park_for`], but each park lasts at most `bound()` (when it
+    /// says so): the caller then looks again (`claim`) without being woken,
+    /// for work that completes without anyone waking it (async ops).
+    pub(crate) fn park_for_polling<W>(
+        &self,
+        mut claim: impl FnMut() -> Option<W>,
+        mut bound: impl FnMut() -> Option<Duration>,
+    ) -> W {
         self.sleepers.fetch_add(1, Ordering::SeqCst);
         // Pairs with the waker's fence: our later look at the condition cannot be
         // ordered before the registration.
@@ -162,7 +174,7 @@ impl Parker {
             if let Some(w) = claim() {
                 break w;
             }
-            self.futex_wait(seen, None);
+            self.futex_wait(seen, bound());
         };
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
         got

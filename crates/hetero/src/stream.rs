@@ -328,7 +328,7 @@ impl Stream {
         Ok(())
     }
 
-    fn check_storage(&self, op: &'static str, s: &Storage) -> Result<()> {
+    pub(crate) fn check_storage(&self, op: &'static str, s: &Storage) -> Result<()> {
         if s.graph_ref != 0 && !self.is_capturing() {
             return Err(crate::graph::stand_in_error(op));
         }

@@ -305,7 +305,7 @@ pub(crate) fn submit(slot: &CaptureSlot, stream: u64, body: Body) -> Result<u64>
                      pinned buffer instead",
                 ))
             }
-            Body::Record { .. } | Body::Graph(_) => {
+            Body::Record { .. } | Body::Graph(_) | Body::Async(_) => {
                 return Err(capture_error("record", "not an operation a graph records"))
             }
         };

@@ -2,12 +2,15 @@
 
 #[allow(unused_imports)]
 use super::*;
+use crate::async_op::AsyncPoll;
 
 #[derive(Clone, Copy)]
 pub(super) enum Engine {
     None,
     Copy(usize, u32),
     Compute,
+    /// An async op, done: its access locks were taken when it started.
+    Async,
 }
 
 /// Work a engine has claimed (moved, never boxed: claiming must not allocate).
@@ -95,6 +98,29 @@ impl Shared {
                 }
             }
             Body::Host(_) | Body::Record { .. } => Readiness::Ready(Engine::None),
+            Body::Async(a) => self.async_readiness(op, a),
+        }
+    }
+
+    /// Polls the async op at the head of a stream (started by its first poll,
+    /// its access locks taken then and kept until it completes).
+    fn async_readiness(&self, op: &Op, a: &crate::async_op::AsyncBody) -> Readiness {
+        if !a.started() && !op.try_acquire_access() {
+            return Readiness::NotReady;
+        }
+        match a.poll(crate::clock::now_ns()) {
+            AsyncPoll::Pending { started } => {
+                if started {
+                    self.async_in_flight.fetch_add(1, Ordering::SeqCst);
+                }
+                Readiness::NotReady
+            }
+            AsyncPoll::Ready { was_pending } => {
+                if was_pending {
+                    self.async_in_flight.fetch_sub(1, Ordering::SeqCst);
+                }
+                Readiness::Ready(Engine::Async)
+            }
         }
     }
 
@@ -208,6 +234,7 @@ pub(super) fn record(
         } => (K::Wait, E::Host, ran.unit, Some((timeline.stream, *value))),
         Body::Record { .. } => (K::Record, E::Host, ran.unit, None),
         Body::Graph(_) => (K::Graph, E::Compute, ran.unit, None),
+        Body::Async(_) => (K::HostFn, E::Host, ran.unit, None),
     };
     let end_ns = crate::clock::now_ns();
     hetero_trace::record_op(hetero_trace::OpRecord {
@@ -336,17 +363,24 @@ impl EngineThread {
     /// only while it looks for work, never while it runs it: submitters and
     /// completers then pay the futex wake only when someone really sleeps.
     pub(super) fn park(&mut self, sh: &Shared) {
-        let claimed = sh.idle.park_for(|| loop {
-            match self.claim(sh) {
-                Some(w) => return Some(Some(w)),
-                // Another engine was looking at a queue we skipped: it may have
-                // judged an op not ready just before the op it waits for completed
-                // (and the completer skipped that queue as held). Look again once
-                // it let go rather than sleep on a stale verdict.
-                None if self.contended => crate::loom::spin_hint(),
-                None => return sh.shutdown.load(Ordering::SeqCst).then_some(None),
-            }
-        });
+        // Async ops in flight complete without waking anyone: park for at most
+        // `async_poll` at a time and poll them again (claim looks at them).
+        let bound =
+            || (sh.async_in_flight.load(Ordering::SeqCst) > 0).then_some(sh.config.async_poll);
+        let claimed = sh.idle.park_for_polling(
+            || loop {
+                match self.claim(sh) {
+                    Some(w) => return Some(Some(w)),
+                    // Another engine was looking at a queue we skipped: it may have
+                    // judged an op not ready just before the op it waits for completed
+                    // (and the completer skipped that queue as held). Look again once
+                    // it let go rather than sleep on a stale verdict.
+                    None if self.contended => crate::loom::spin_hint(),
+                    None => return sh.shutdown.load(Ordering::SeqCst).then_some(None),
+                }
+            },
+            bound,
+        );
         if let Some(work) = claimed {
             self.execute(sh, work);
         }
@@ -589,6 +623,7 @@ impl EngineThread {
                 None => Ok(()),
             },
             (Body::Graph(_), _) => unreachable!("graph launches run as jobs"),
+            (Body::Async(a), _) => a.take_result(),
             (Body::Record { stamp }, _) => {
                 stamp.store(crate::clock::now_ns(), Ordering::Release);
                 Ok(())

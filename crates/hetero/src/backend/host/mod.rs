@@ -74,6 +74,9 @@ struct Shared {
     next_stream: AtomicU64,
     /// Engines that finished starting up (`HostBackend::new` waits for all).
     started: AtomicUsize,
+    /// Async ops started and not yet done: while any are, parked engines wake
+    /// every `async_poll` to poll them (engine.rs).
+    async_in_flight: AtomicUsize,
 }
 
 pub(crate) struct HostBackend {
@@ -122,6 +125,7 @@ impl HostBackend {
             graph_count: AtomicU32::new(0),
             next_stream: AtomicU64::new(1),
             started: AtomicUsize::new(0),
+            async_in_flight: AtomicUsize::new(0),
             config: config.clone(),
         });
         // The pool learns where streams stand from their timelines; weakly, so
