@@ -60,3 +60,30 @@ impl ClusterConfig {
         self.latency_ns + (bytes as f64 / self.gbps.max(1e-9)).ceil() as u64
     }
 }
+
+/// A device configuration for one of several ranks on a node, on the backend
+/// `HETERO_BACKEND` names. On the host backend the node's cores are shared
+/// among its ranks (`OMPI_COMM_WORLD_LOCAL_SIZE`) as compute units, and
+/// engines stay unpinned when ranks share the node (their engine 0s would all
+/// be pinned to the first CPU). An emulated device models an accelerator of
+/// the rank's own and keeps its defaults.
+pub fn rank_device_config() -> hetero::Result<hetero::DeviceConfig> {
+    let config = hetero::DeviceConfig::from_env()?;
+    if !matches!(config.backend_kind(), hetero::BackendKind::Host) {
+        return Ok(config);
+    }
+    let local: usize = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1);
+    // Under a binding (mpirun binds each of up to 2 ranks to a core) this is
+    // the rank's own share already.
+    let avail = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let units = if local > 1 && avail > 1 {
+        (avail / local).max(1)
+    } else {
+        avail
+    };
+    Ok(config.compute_units(units).pin_engines(local == 1))
+}

@@ -23,13 +23,15 @@
 mod config;
 mod error;
 
-pub use config::ClusterConfig;
+pub use config::{rank_device_config, ClusterConfig};
 pub use error::{MpiError, Result};
 
 #[cfg(feature = "mpi")]
 mod cluster;
 #[cfg(feature = "mpi")]
 mod events;
+#[cfg(feature = "mpi")]
+pub mod stencil;
 #[cfg(feature = "mpi")]
 mod transfer;
 

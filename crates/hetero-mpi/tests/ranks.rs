@@ -12,38 +12,51 @@ use std::time::Duration;
 /// Runs `body` on each of `n` ranks: outside MPI, launches this test under
 /// mpirun and checks that every rank passed.
 fn on_ranks(n: usize, name: &str, config: ClusterConfig, body: impl FnOnce(&Cluster)) {
+    on_sizes(&[n], name, config, body)
+}
+
+/// Runs `body` on every rank, once per size in `sizes` (one mpirun launch each).
+fn on_sizes(sizes: &[usize], name: &str, config: ClusterConfig, body: impl FnOnce(&Cluster)) {
     if std::env::var_os("OMPI_COMM_WORLD_SIZE").is_none() && std::env::var_os("PMI_RANK").is_none()
     {
-        let launcher = std::env::var("HETERO_MPIRUN")
-            .unwrap_or_else(|_| "mpirun --allow-run-as-root --oversubscribe".into());
-        let mut words = launcher.split_whitespace();
-        let exe = std::env::current_exe().expect("test binary path");
-        let out = Command::new(words.next().expect("a launcher"))
-            .args(words)
-            .args(["-np", &n.to_string()])
-            .arg(exe)
-            .args(["--exact", name, "--test-threads=1", "--nocapture"])
-            .output()
-            .expect("mpirun runs (install openmpi-bin, or set HETERO_MPIRUN)");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        eprintln!("{text}");
-        assert!(out.status.success(), "ranks failed: {text}");
-        assert_eq!(
-            text.matches("1 passed").count(),
-            n,
-            "every rank ran the test"
-        );
+        for &n in sizes {
+            launch(n, name);
+        }
         return;
     }
-    let device = Device::from_env().expect("device");
+    let config_dev = hetero_mpi::rank_device_config().expect("device config");
+    let device = Device::new(config_dev).expect("device");
     let cluster = Cluster::init(&device, config).expect("cluster");
-    assert_eq!(cluster.size() as usize, n);
+    assert!(sizes.contains(&(cluster.size() as usize)));
     body(&cluster);
     cluster.barrier();
+}
+
+/// Runs this test binary's test `name` on `n` ranks under mpirun.
+fn launch(n: usize, name: &str) {
+    let launcher = std::env::var("HETERO_MPIRUN")
+        .unwrap_or_else(|_| "mpirun --allow-run-as-root --oversubscribe".into());
+    let mut words = launcher.split_whitespace();
+    let exe = std::env::current_exe().expect("test binary path");
+    let out = Command::new(words.next().expect("a launcher"))
+        .args(words)
+        .args(["-np", &n.to_string()])
+        .arg(exe)
+        .args(["--exact", name, "--test-threads=1", "--nocapture"])
+        .output()
+        .expect("mpirun runs (install openmpi-bin, or set HETERO_MPIRUN)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{text}");
+    assert!(out.status.success(), "ranks failed: {text}");
+    assert_eq!(
+        text.matches("1 passed").count(),
+        n,
+        "every rank ran the test"
+    );
 }
 
 fn fill_kernel(rank: u32) -> Kernel {
@@ -266,6 +279,27 @@ fn failed_remote_copies_fault_their_stream_naming_the_peer() {
                     Some(Err(MpiError::NotRun { peer: 0, .. }))
                 ));
             }
+        },
+    );
+}
+
+#[test]
+fn the_stencil_matches_the_single_process_run_on_1_2_and_4_ranks() {
+    on_sizes(
+        &[1, 2, 4],
+        "the_stencil_matches_the_single_process_run_on_1_2_and_4_ranks",
+        ClusterConfig::default(),
+        |c| {
+            use hetero_mpi::stencil::{self, StencilConfig};
+            let cfg = StencilConfig {
+                n: 96,
+                iters: 12,
+                check: true,
+            };
+            let rep = stencil::run(c, &cfg).expect("stencil");
+            assert_eq!(rep.ranks, c.size());
+            assert_eq!(rep.matches_reference, Some(true));
+            assert_eq!(rep.checksum, stencil::checksum(&stencil::reference(96, 12)));
         },
     );
 }
