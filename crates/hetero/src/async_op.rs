@@ -3,13 +3,15 @@
 //! front of its stream and then polled by the device until it is done.
 //!
 //! The device's own engines poll, while they look for work: no thread of its
-//! own makes progress. On the host backend an engine that finds a stream whose
-//! head is a started async op polls it at each look; an engine that would park
-//! while async ops are in flight parks for at most `DeviceConfig::async_poll`
-//! at a time and looks again, so the polling rate is bounded by the engines'
-//! search pace (spin with pauses, then yields, then that timeout). The emulated
-//! device polls them in its model's dispatch (the driving thread, or its
-//! real-time driver thread, which then sleeps at most `async_poll`).
+//! own makes progress. On the host backend an engine that looks for work
+//! polls the async op at the head of each stream it considers; while any async
+//! op is queued, an engine that parks wakes after at most
+//! `DeviceConfig::async_poll` to look again, and an engine running the blocks
+//! of a kernel polls them between blocks (at most every 5 µs), so a transfer
+//! progresses even while every engine computes. The polling rate is bounded by
+//! those paces. The emulated device polls them in its model's dispatch (on the
+//! driving thread, or its real-time driver thread, which then sleeps at most
+//! `async_poll`).
 //!
 //! Invariants:
 //! - An async op is polled only when everything before it on its stream has
@@ -152,11 +154,10 @@ impl AsyncContext<'_> {
 
 /// What a backend learns from polling an async op.
 pub(crate) enum AsyncPoll {
-    /// Not done; `started` on the poll that started it.
-    Pending { started: bool },
-    /// Done (the result is kept for `take_result`); `was_pending` if earlier
-    /// polls returned `Pending` (it was counted in flight).
-    Ready { was_pending: bool },
+    /// Not done.
+    Pending,
+    /// Done; the result is kept for `take_result`.
+    Ready,
 }
 
 struct AsyncState {
@@ -179,9 +180,7 @@ impl AsyncBody {
     pub(crate) fn poll(&self, now_ns: u64) -> AsyncPoll {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if st.result.is_some() {
-            return AsyncPoll::Ready {
-                was_pending: st.polls > 1,
-            };
+            return AsyncPoll::Ready;
         }
         st.polls += 1;
         let AsyncState { op, end_ns, .. } = &mut *st;
@@ -202,14 +201,10 @@ impl AsyncBody {
             (Ok(()), Poll::Pending) => None,
         };
         match outcome {
-            None => AsyncPoll::Pending {
-                started: st.polls == 1,
-            },
+            None => AsyncPoll::Pending,
             Some(r) => {
                 st.result = Some(r);
-                AsyncPoll::Ready {
-                    was_pending: st.polls > 1,
-                }
+                AsyncPoll::Ready
             }
         }
     }

@@ -206,3 +206,55 @@ fn in_virtual_time_an_async_op_completes_at_the_time_it_asks() {
     let ms = start.elapsed_ms(&end).unwrap();
     assert!((3.0..3.1).contains(&ms), "{ms} ms");
 }
+
+#[test]
+fn async_ops_progress_between_the_blocks_of_a_running_kernel() {
+    // One engine, busy with a long kernel of many blocks: the async ops of
+    // another stream still start and complete between its blocks.
+    if !common::on_host() {
+        return;
+    }
+    let dev = common::device_with(|c| c.compute_units(1));
+    let (busy, other) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let first_done = Arc::new(AtomicBool::new(false));
+    let second_started = Arc::new(AtomicBool::new(false));
+    let seen_in_kernel = Arc::new(AtomicBool::new(false));
+    let d = first_done.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(2));
+        d.store(true, Ordering::Release);
+    });
+    let d = first_done.clone();
+    other
+        .enqueue_async("first", &[], move |_: &mut AsyncContext<'_>| {
+            if d.load(Ordering::Acquire) {
+                Poll::Ready(Ok(()))
+            } else {
+                Poll::Pending
+            }
+        })
+        .unwrap();
+    let st = second_started.clone();
+    other
+        .enqueue_async("second", &[], move |_: &mut AsyncContext<'_>| {
+            st.store(true, Ordering::Release);
+            Poll::Ready(Ok(()))
+        })
+        .unwrap();
+    let (st, seen) = (second_started.clone(), seen_in_kernel.clone());
+    let k = hetero::Kernel::new("long", move |b| {
+        std::thread::sleep(Duration::from_micros(300));
+        if b.index() + 1 == b.grid() {
+            seen.store(st.load(Ordering::Acquire), Ordering::Release);
+        }
+    });
+    let buf = dev.alloc::<u8>(64).unwrap();
+    busy.launch(&k, hetero::Grid::new(64), &[hetero::Arg::write(&buf)])
+        .unwrap();
+    busy.synchronize().unwrap();
+    other.synchronize().unwrap();
+    assert!(
+        seen_in_kernel.load(Ordering::Acquire),
+        "the second async op started only after the kernel"
+    );
+}

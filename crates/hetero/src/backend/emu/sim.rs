@@ -224,11 +224,11 @@ impl Sim {
                     // A launch takes every compute unit free when it starts.
                     Body::Graph(_) => self.free_units(u32::MAX).map(Plan::Engine),
                     Body::Async(a) => match a.poll(sh.now_ns()) {
-                        crate::async_op::AsyncPoll::Pending { .. } => {
+                        crate::async_op::AsyncPoll::Pending => {
                             polling = true;
                             None
                         }
-                        crate::async_op::AsyncPoll::Ready { .. } => Some(Plan::Async(a.end_ns())),
+                        crate::async_op::AsyncPoll::Ready => Some(Plan::Async(a.end_ns())),
                     },
                 }
             })

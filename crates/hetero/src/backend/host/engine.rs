@@ -109,19 +109,72 @@ impl Shared {
             return Readiness::NotReady;
         }
         match a.poll(crate::clock::now_ns()) {
-            AsyncPoll::Pending { started } => {
-                if started {
-                    self.async_in_flight.fetch_add(1, Ordering::SeqCst);
-                }
-                Readiness::NotReady
-            }
-            AsyncPoll::Ready { was_pending } => {
-                if was_pending {
-                    self.async_in_flight.fetch_sub(1, Ordering::SeqCst);
-                }
-                Readiness::Ready(Engine::Async)
-            }
+            AsyncPoll::Pending => Readiness::NotReady,
+            AsyncPoll::Ready => Readiness::Ready(Engine::Async),
         }
+    }
+
+    /// Between the blocks of a kernel: starts or polls the async ops at the
+    /// heads of their streams, at most once per `BLOCK_PROGRESS_NS` on this
+    /// thread and only while any are queued, and completes those that are
+    /// done. This is how a transfer progresses while every engine computes.
+    pub(super) fn progress_async(&self) {
+        if self.async_queued.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let now = crate::clock::now_ns();
+        if LAST_PROGRESS.with(|l| now.saturating_sub(l.replace(now)) < BLOCK_PROGRESS_NS) {
+            return;
+        }
+        self.streams.find_map(|stream| {
+            let q = &self.queues[stream.queue].state;
+            if q.may_claim(!stream.ring.is_empty()).is_err() {
+                return None::<()>;
+            }
+            let Ok((op, value)) = q.claim_with(|| self.take_done_async(stream)) else {
+                return None;
+            };
+            let ran = Ran {
+                unit: 0,
+                start_ns: 0,
+            };
+            let result = match &op.body {
+                Body::Async(a) => a.take_result(),
+                _ => Ok(()),
+            };
+            self.complete(stream, op, value, Engine::Async, result, ran);
+            self.queues[stream.queue].state.finish();
+            // This thread goes back to its kernel: if the stream has more work,
+            // an idle engine should look (a submitter may have skipped the wake
+            // while the queue was held).
+            self.idle.wake_one_if_idle();
+            None
+        });
+    }
+
+    /// With the stream's queue claimed: polls its head if it is an async op
+    /// (starting it on the first poll) and takes it if it is done.
+    fn take_done_async(&self, stream: &HostStream) -> Option<(Op, u64)> {
+        if stream.timeline.fault_at().is_some() {
+            return None;
+        }
+        // SAFETY: the caller holds the stream's hardware-queue claim, which makes
+        // this thread the ring's only consumer.
+        let ready = unsafe {
+            stream.ring.peek_with(|op, _| match &op.body {
+                Body::Async(a) => {
+                    matches!(self.async_readiness(op, a), Readiness::Ready(_))
+                }
+                _ => false,
+            })
+        };
+        if ready != Some(true) {
+            return None;
+        }
+        // SAFETY: as above; `peek_with` saw the op.
+        let (op, pos) = unsafe { stream.ring.pop() }.expect("peeked op is still there");
+        stream.wait_hint.store(0, Ordering::Relaxed);
+        Some((op, pos + 1))
     }
 
     pub(super) fn ready_with_engine(&self, op: &Op, kind: usize) -> Readiness {
@@ -169,6 +222,9 @@ impl Shared {
             op.release_access();
         }
         self.release_engine(engine);
+        if let Body::Async(_) = op.body {
+            self.async_queued.fetch_sub(1, Ordering::SeqCst);
+        }
         drop(op);
         match result {
             Ok(()) => stream.timeline.complete(value),
@@ -192,7 +248,12 @@ impl Shared {
     }
 }
 
+/// How often an engine running kernel blocks polls async ops in flight, ns.
+const BLOCK_PROGRESS_NS: u64 = 5_000;
+
 thread_local! {
+    /// When this thread last polled async ops between kernel blocks.
+    static LAST_PROGRESS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     /// Set by `Shared::finish`: this engine counts as searching until its next look
     /// for work (`EngineThread::run`).
     pub(super) static LOOKING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -365,8 +426,7 @@ impl EngineThread {
     pub(super) fn park(&mut self, sh: &Shared) {
         // Async ops in flight complete without waking anyone: park for at most
         // `async_poll` at a time and poll them again (claim looks at them).
-        let bound =
-            || (sh.async_in_flight.load(Ordering::SeqCst) > 0).then_some(sh.config.async_poll);
+        let bound = || (sh.async_queued.load(Ordering::SeqCst) > 0).then_some(sh.config.async_poll);
         let claimed = sh.idle.park_for_polling(
             || loop {
                 match self.claim(sh) {
