@@ -117,7 +117,9 @@ impl<T: Pod> DeviceBuffer<T> {
 /// device's clock.
 pub struct AsyncContext<'a> {
     args: &'a [(Arc<Storage>, bool)],
-    now_ns: u64,
+    /// The device clock, when the backend has one of its own (emu); else the
+    /// host clock, read only if asked.
+    now_ns: Option<u64>,
     end_ns: &'a mut u64,
 }
 
@@ -141,7 +143,7 @@ impl AsyncContext<'_> {
 
     /// The device clock when polled (virtual ns on a device in virtual time).
     pub fn now_ns(&self) -> u64 {
-        self.now_ns
+        self.now_ns.unwrap_or_else(crate::clock::now_ns)
     }
 
     /// Asks that the op complete no earlier than device time `t` ns. A device
@@ -177,10 +179,16 @@ pub(crate) struct AsyncBody {
 
 impl AsyncBody {
     /// Polls the op once (see `AsyncOp::poll`); a panic in it is its failure.
-    pub(crate) fn poll(&self, now_ns: u64) -> AsyncPoll {
+    /// Before the first poll `start()` must agree (the backend takes the op's
+    /// access locks there), else the op stays not started. `now_ns` is the
+    /// device clock for a device with its own (`None`: the host clock).
+    pub(crate) fn poll(&self, now_ns: Option<u64>, start: impl FnOnce() -> bool) -> AsyncPoll {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if st.result.is_some() {
             return AsyncPoll::Ready;
+        }
+        if st.polls == 0 && !start() {
+            return AsyncPoll::Pending;
         }
         st.polls += 1;
         let AsyncState { op, end_ns, .. } = &mut *st;
@@ -207,11 +215,6 @@ impl AsyncBody {
                 AsyncPoll::Ready
             }
         }
-    }
-
-    /// Whether the op was polled (started) already.
-    pub(crate) fn started(&self) -> bool {
-        self.state.lock().map_or(true, |st| st.polls > 0)
     }
 
     /// The result of a completed op (once).

@@ -211,15 +211,26 @@ impl Parker {
 /// then yields the core between polls (on a 2-core machine a pure spinner can starve
 /// the thread it waits for). Returns whether `ready` became true.
 pub(crate) fn spin_for(budget: Duration, ready: &mut impl FnMut() -> bool) -> bool {
+    spin_for_pausing(budget, 32, ready)
+}
+
+/// [`spin_for`] with at most `max_pauses` spin hints between two polls (an
+/// engine polling async ops keeps them short: a message's arrival is seen
+/// within one poll).
+pub(crate) fn spin_for_pausing(
+    budget: Duration,
+    max_pauses: u32,
+    ready: &mut impl FnMut() -> bool,
+) -> bool {
     // Short: the thread polled for may share this core (the scheduler places a
     // woken thread beside its waker, and engines are pinned), and then it runs
     // only when this one yields. With 50 µs here, a launch-and-synchronize round
     // trip took ~108 µs in about half the runs on the 2-vCPU VM, 50 µs per
     // hand-off; with 2 µs it takes 1.5-5 µs (`examples/graph_probe.rs`).
     const PURE_SPIN: Duration = Duration::from_micros(2);
-    // Pauses between polls grow to this many: a poller that reads shared lines in a
-    // tight loop slows the threads that write them (submitters, completers).
-    const MAX_PAUSES: u32 = 32;
+    // Pauses between polls grow to `max_pauses` (32 for plain waits): a poller
+    // that reads shared lines in a tight loop slows the threads that write them
+    // (submitters, completers).
     let start = Instant::now();
     let pure = budget.min(PURE_SPIN);
     let mut pauses = 1;
@@ -234,7 +245,7 @@ pub(crate) fn spin_for(budget: Duration, ready: &mut impl FnMut() -> bool) -> bo
             for _ in 0..pauses {
                 crate::loom::spin_hint();
             }
-            pauses = (pauses * 2).min(MAX_PAUSES);
+            pauses = (pauses * 2).min(max_pauses.max(1));
         }
         let waited = start.elapsed();
         if waited >= budget {

@@ -223,7 +223,7 @@ impl Sim {
                     Body::Kernel { blocks, .. } => self.free_units(*blocks).map(Plan::Engine),
                     // A launch takes every compute unit free when it starts.
                     Body::Graph(_) => self.free_units(u32::MAX).map(Plan::Engine),
-                    Body::Async(a) => match a.poll(sh.now_ns()) {
+                    Body::Async(a) => match a.poll(Some(sh.now_ns()), || true) {
                         crate::async_op::AsyncPoll::Pending => {
                             polling = true;
                             None

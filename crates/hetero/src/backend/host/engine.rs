@@ -105,10 +105,7 @@ impl Shared {
     /// Polls the async op at the head of a stream (started by its first poll,
     /// its access locks taken then and kept until it completes).
     fn async_readiness(&self, op: &Op, a: &crate::async_op::AsyncBody) -> Readiness {
-        if !a.started() && !op.try_acquire_access() {
-            return Readiness::NotReady;
-        }
-        match a.poll(crate::clock::now_ns()) {
+        match a.poll(None, || op.try_acquire_access()) {
             AsyncPoll::Pending => Readiness::NotReady,
             AsyncPoll::Ready => Readiness::Ready(Engine::Async),
         }
@@ -401,9 +398,16 @@ impl EngineThread {
             found = self.claim(sh);
             found.is_some() || sh.shutdown.load(Ordering::SeqCst)
         };
+        // While async ops are queued each poll may be the one that sees a
+        // message arrive: keep the pauses between polls short.
+        let pauses = if sh.async_queued.load(Ordering::Relaxed) > 0 {
+            1
+        } else {
+            32
+        };
         match (budget, sh.config.engine_idle) {
             (Some(b), _) => {
-                spin_for(b, &mut poll);
+                crate::park::spin_for_pausing(b, pauses, &mut poll);
             }
             (None, CompletionMode::Yield) => {
                 while !poll() {

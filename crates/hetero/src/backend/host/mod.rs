@@ -43,7 +43,7 @@ use crate::buffer::{MemoryKind, Storage};
 use crate::config::{CompletionMode, DeviceConfig};
 use crate::kernel::Block;
 use crate::op::{self, Body, Op};
-use crate::park::{spin_for, Parker};
+use crate::park::Parker;
 use crate::ring::Ring;
 use crate::timeline::Timeline;
 use crate::{Error, Result};
