@@ -46,6 +46,16 @@ impl Signal {
     }
 }
 
+/// Records [`MpiError::NotRun`] if the op is dropped unfinished (its stream
+/// failed before it).
+struct Finish(Transfer);
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        self.0.not_run();
+    }
+}
+
 fn call_error(call: &'static str, peer: i32, code: i32) -> MpiError {
     MpiError::Call {
         call,
@@ -93,7 +103,7 @@ impl Cluster {
         }
         let (inner, event) = (self.inner.clone(), event.clone());
         let transfer = Transfer::new(peer, tag);
-        let t = transfer.clone();
+        let t = Finish(transfer.clone());
         let mut s = Signal::new();
         self.signal
             .enqueue_async("mpi_send_event", &[], move |cx: &mut AsyncContext<'_>| {
@@ -113,13 +123,13 @@ impl Cluster {
                     }
                     s.started = Some(Instant::now());
                     if let Err(e) = start_signal(&mut s, Dir::Send, peer, tag, inner.events) {
-                        return t.finish(Err(e));
+                        return t.0.finish(Err(e));
                     }
                 }
                 match s.call.test() {
-                    Ok(true) => t.finish(Ok(())),
+                    Ok(true) => t.0.finish(Ok(())),
                     Ok(false) => match s.timed_out(inner.config.timeout) {
-                        Some(waited) => t.finish(Err(MpiError::PeerTimeout {
+                        Some(waited) => t.0.finish(Err(MpiError::PeerTimeout {
                             op: "send_event",
                             peer,
                             tag,
@@ -127,7 +137,7 @@ impl Cluster {
                         })),
                         None => Poll::Pending,
                     },
-                    Err(code) => t.finish(Err(call_error("MPI_Test", peer, code))),
+                    Err(code) => t.0.finish(Err(call_error("MPI_Test", peer, code))),
                 }
             })?;
         Ok(transfer)
@@ -140,13 +150,13 @@ impl Cluster {
         self.inner.check_peer(peer, tag)?;
         let inner = self.inner.clone();
         let transfer = Transfer::new(peer, tag);
-        let t = transfer.clone();
+        let t = Finish(transfer.clone());
         let mut s = Signal::new();
         stream.enqueue_async("mpi_wait_event", &[], move |cx: &mut AsyncContext<'_>| {
             if s.started.is_none() {
                 s.started = Some(Instant::now());
                 if let Err(e) = start_signal(&mut s, Dir::Recv, peer, tag, inner.events) {
-                    return t.finish(Err(e));
+                    return t.0.finish(Err(e));
                 }
             }
             match s.call.test() {
@@ -160,16 +170,18 @@ impl Cluster {
                         let n = u16::from_le_bytes([s.msg[16], s.msg[17]]) as usize;
                         let n = n.min(SIGNAL - 18);
                         let message = String::from_utf8_lossy(&s.msg[18..18 + n]).into_owned();
-                        return t.finish(Err(MpiError::RemoteEventFailed { peer, tag, message }));
+                        return t
+                            .0
+                            .finish(Err(MpiError::RemoteEventFailed { peer, tag, message }));
                     }
                     // (Honoured in virtual time: the peer's clock when it signalled.)
                     cx.complete_at_ns(word(8) + inner.config.wire_ns(SIGNAL));
-                    t.finish(Ok(()))
+                    t.0.finish(Ok(()))
                 }
                 Ok(false) => match s.timed_out(inner.config.timeout) {
                     Some(waited) => {
                         s.call.cancel_recv();
-                        t.finish(Err(MpiError::PeerTimeout {
+                        t.0.finish(Err(MpiError::PeerTimeout {
                             op: "wait_event",
                             peer,
                             tag,
@@ -178,7 +190,7 @@ impl Cluster {
                     }
                     None => Poll::Pending,
                 },
-                Err(code) => t.finish(Err(call_error("MPI_Test", peer, code))),
+                Err(code) => t.0.finish(Err(call_error("MPI_Test", peer, code))),
             }
         })?;
         Ok(transfer)
