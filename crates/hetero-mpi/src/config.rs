@@ -70,7 +70,9 @@ impl ClusterConfig {
 pub fn rank_device_config() -> hetero::Result<hetero::DeviceConfig> {
     let config = hetero::DeviceConfig::from_env()?;
     if !matches!(config.backend_kind(), hetero::BackendKind::Host) {
-        return Ok(config);
+        // Its compute units are a model's, the same whatever CPUs mpirun
+        // bound this rank to: the node's online CPUs.
+        return Ok(config.compute_units(online_cpus()));
     }
     let local: usize = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE")
         .ok()
@@ -86,4 +88,24 @@ pub fn rank_device_config() -> hetero::Result<hetero::DeviceConfig> {
         avail
     };
     Ok(config.compute_units(units).pin_engines(local == 1))
+}
+
+/// The node's online CPUs (`/sys/devices/system/cpu/online`, e.g. `0-3,6`),
+/// whatever this process is bound to; the CPUs it may use if that is unreadable.
+fn online_cpus() -> usize {
+    let parsed = std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|text| {
+            text.trim().split(',').try_fold(0usize, |n, part| {
+                let mut ends = part.splitn(2, '-').map(|x| x.parse::<usize>().ok());
+                match (ends.next().flatten(), ends.next()) {
+                    (Some(_), None) => Some(n + 1),
+                    (Some(a), Some(Some(b))) if b >= a => Some(n + b - a + 1),
+                    _ => None,
+                }
+            })
+        });
+    parsed
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }

@@ -4,11 +4,13 @@
 //!
 //! The `n × n` grid is split into bands of rows, one per rank; each rank's band
 //! is computed in tiles (kernel blocks of about [`TILE_ROWS`] rows) on its
-//! device. Per iteration a rank computes its band from the previous one and
-//! its two halo rows, then four streams exchange halos with its neighbours
-//! (send up, receive from up, send down, receive from down: on separate
-//! streams so that no transfer waits behind another), each after an event of
-//! the kernel; the next kernel waits on the four. The result is gathered on
+//! device. Per iteration a rank first computes the new band's first and last
+//! rows into row buffers of their own (one small kernel), then four streams
+//! exchange them with its neighbours (send up, receive from up, send down,
+//! receive from down: on separate streams so that no transfer waits behind
+//! another) while the band kernel computes the whole new band; the halos are
+//! double-buffered, so the receives never touch what that kernel reads. The
+//! next iteration waits on the four transfers. The result is gathered on
 //! rank 0 and compared bit for bit with a single-thread run of the same
 //! arithmetic ([`reference`]).
 
@@ -114,47 +116,72 @@ fn band(n: usize, p: usize, r: usize) -> (usize, usize) {
     (r * n / p, (r + 1) * n / p)
 }
 
+/// Columns `c0..c1` of local row `r` of the new band into `dst`, from the
+/// band `cur` (`rows` rows from global row `first`) and its halos.
+#[allow(clippy::too_many_arguments)]
+fn new_row(
+    n: usize,
+    first: usize,
+    rows: usize,
+    r: usize,
+    (cur, top, bot): (&[f32], &[f32], &[f32]),
+    dst: &mut [f32],
+    c0: usize,
+    c1: usize,
+) {
+    let g = first + r;
+    let mid = &cur[r * n..(r + 1) * n];
+    if g == 0 || g == n - 1 {
+        dst.copy_from_slice(&mid[c0..c1]);
+        return;
+    }
+    let up = if r == 0 {
+        top
+    } else {
+        &cur[(r - 1) * n..r * n]
+    };
+    let down = if r + 1 == rows {
+        bot
+    } else {
+        &cur[(r + 1) * n..(r + 2) * n]
+    };
+    row_cols(up, mid, down, dst, c0, c1);
+}
+
+fn cost(cells: f64) -> impl Fn(Grid) -> KernelCost + Send + Sync + 'static {
+    move |_| KernelCost {
+        flops: 4.0 * cells,
+        bytes: 8.0 * cells,
+    }
+}
+
 /// The band kernel: reads the band (`cur`) and its halos, writes the new band;
 /// each block writes its share of elements, row segment by row segment.
-fn band_kernel(n: usize, first_row: usize, rows: usize) -> Kernel {
-    let cells = (rows * n) as f64;
-    Kernel::with_cost(
-        "stencil-band",
-        move |_| KernelCost {
-            flops: 4.0 * cells,
-            bytes: 8.0 * cells,
-        },
-        move |b| {
-            let cur = b.read::<f32>(0);
-            let (top, bot) = (b.read::<f32>(1), b.read::<f32>(2));
-            let off = b.write_offset(0);
-            let out = b.write::<f32>(0);
-            let (mut e, end) = (off, off + out.len());
-            while e < end {
-                let (r, c0) = (e / n, e % n);
-                let c1 = n.min(c0 + (end - e));
-                let g = first_row + r;
-                let mid = &cur[r * n..(r + 1) * n];
-                let dst = &mut out[e - off..e - off + (c1 - c0)];
-                if g == 0 || g == n - 1 {
-                    dst.copy_from_slice(&mid[c0..c1]);
-                } else {
-                    let up = if r == 0 {
-                        top
-                    } else {
-                        &cur[(r - 1) * n..r * n]
-                    };
-                    let down = if r + 1 == rows {
-                        bot
-                    } else {
-                        &cur[(r + 1) * n..(r + 2) * n]
-                    };
-                    row_cols(up, mid, down, dst, c0, c1);
-                }
-                e += c1 - c0;
-            }
-        },
-    )
+fn band_kernel(n: usize, first: usize, rows: usize) -> Kernel {
+    Kernel::with_cost("stencil-band", cost((rows * n) as f64), move |b| {
+        let args = (b.read::<f32>(0), b.read::<f32>(1), b.read::<f32>(2));
+        let off = b.write_offset(0);
+        let out = b.write::<f32>(0);
+        let (mut e, end) = (off, off + out.len());
+        while e < end {
+            let (r, c0) = (e / n, e % n);
+            let c1 = n.min(c0 + (end - e));
+            let dst = &mut out[e - off..e - off + (c1 - c0)];
+            new_row(n, first, rows, r, args, dst, c0, c1);
+            e += c1 - c0;
+        }
+    })
+}
+
+/// The edge kernel (one block): the new band's first and last rows into two
+/// row buffers of their own, which the sends read while the band kernel
+/// computes the whole band (those rows again) beside them.
+fn edge_kernel(n: usize, first: usize, rows: usize) -> Kernel {
+    Kernel::with_cost("stencil-edges", cost((2 * n) as f64), move |b| {
+        let args = (b.read::<f32>(0), b.read::<f32>(1), b.read::<f32>(2));
+        new_row(n, first, rows, 0, args, b.write::<f32>(0), 0, n);
+        new_row(n, first, rows, rows - 1, args, b.write::<f32>(1), 0, n);
+    })
 }
 
 /// Message tags: a row going to the rank above, going to the rank below, and
@@ -179,21 +206,28 @@ pub fn run(cluster: &Cluster, cfg: &StencilConfig) -> Result<StencilReport> {
     let mut a = dev.alloc::<f32>(rows * n)?;
     let mut b = dev.alloc::<f32>(rows * n)?;
     compute.write_slice(&a, 0, &init[first * n..last * n])?;
-    let top = dev.alloc::<f32>(n)?;
-    let bot = dev.alloc::<f32>(n)?;
+    // Halos, double-buffered: iteration t reads pair t % 2 while the
+    // receives for t + 1 fill the other.
+    let top = [dev.alloc::<f32>(n)?, dev.alloc::<f32>(n)?];
+    let bot = [dev.alloc::<f32>(n)?, dev.alloc::<f32>(n)?];
+    let (send_top, send_bot) = (dev.alloc::<f32>(n)?, dev.alloc::<f32>(n)?);
     // The halos start as the neighbours' first rows.
     if r > 0 {
-        compute.write_slice(&top, 0, &init[(first - 1) * n..first * n])?;
+        compute.write_slice(&top[0], 0, &init[(first - 1) * n..first * n])?;
     } else {
-        compute.fill(&top, 0.0)?;
+        compute.fill(&top[0], 0.0)?;
     }
     if r + 1 < p {
-        compute.write_slice(&bot, 0, &init[last * n..(last + 1) * n])?;
+        compute.write_slice(&bot[0], 0, &init[last * n..(last + 1) * n])?;
     } else {
-        compute.fill(&bot, 0.0)?;
+        compute.fill(&bot[0], 0.0)?;
+    }
+    for buf in [&top[1], &bot[1], &send_top, &send_bot] {
+        compute.fill(buf, 0.0)?;
     }
     compute.synchronize()?;
     let kernel = band_kernel(n, first, rows);
+    let edges = edge_kernel(n, first, rows);
     let blocks = rows.div_ceil(TILE_ROWS) as u32;
     let (up, down) = (r.checked_sub(1), (r + 1 < p).then_some(r + 1));
     let lanes: Vec<Stream> = (0..4)
@@ -203,43 +237,55 @@ pub fn run(cluster: &Cluster, cfg: &StencilConfig) -> Result<StencilReport> {
     let t0 = Instant::now();
     let start = compute.record_event()?;
     for it in 0..cfg.iters {
-        compute.launch(
-            &kernel,
-            Grid::new(blocks),
-            &[
-                Arg::read(&a),
-                Arg::read(&top),
-                Arg::read(&bot),
-                Arg::write(&b),
-            ],
-        )?;
-        if it + 1 < cfg.iters {
-            let k = compute.record_event()?;
-            let mut done: Vec<Event> = Vec::with_capacity(4);
+        let (h, next) = (it % 2, (it + 1) % 2);
+        let exchange = it + 1 < cfg.iters && (up.is_some() || down.is_some());
+        let mut done: Vec<Event> = Vec::with_capacity(4);
+        if exchange {
+            // The rows the neighbours need first, then their transfers beside
+            // the band kernel (which never touches what they read or write).
+            compute.launch(
+                &edges,
+                Grid::new(1),
+                &[
+                    Arg::read(&a),
+                    Arg::read(&top[h]),
+                    Arg::read(&bot[h]),
+                    Arg::write(&send_top),
+                    Arg::write(&send_bot),
+                ],
+            )?;
+            let e = compute.record_event()?;
             let mut lane = |i: usize, f: &dyn Fn(&Stream) -> Result<()>| -> Result<()> {
                 let s = &lanes[i];
-                s.wait_event(&k)?;
+                s.wait_event(&e)?;
                 f(s)?;
                 done.push(s.record_event()?);
                 Ok(())
             };
             if let Some(u) = up {
                 let u = u as i32;
-                lane(0, &|s| cluster.send_range(s, &b, 0, n, u, UP).map(drop))?;
-                lane(1, &|s| cluster.recv(s, &top, u, DOWN).map(drop))?;
+                lane(0, &|s| cluster.send(s, &send_top, u, UP).map(drop))?;
+                lane(1, &|s| cluster.recv(s, &top[next], u, DOWN).map(drop))?;
             }
             if let Some(d) = down {
                 let d = d as i32;
-                lane(2, &|s| {
-                    cluster
-                        .send_range(s, &b, (rows - 1) * n, n, d, DOWN)
-                        .map(drop)
-                })?;
-                lane(3, &|s| cluster.recv(s, &bot, d, UP).map(drop))?;
+                lane(2, &|s| cluster.send(s, &send_bot, d, DOWN).map(drop))?;
+                lane(3, &|s| cluster.recv(s, &bot[next], d, UP).map(drop))?;
             }
-            for e in &done {
-                compute.wait_event(e)?;
-            }
+        }
+        compute.launch(
+            &kernel,
+            Grid::new(blocks),
+            &[
+                Arg::read(&a),
+                Arg::read(&top[h]),
+                Arg::read(&bot[h]),
+                Arg::write(&b),
+            ],
+        )?;
+        // The next edges read the new halos and rewrite the rows just sent.
+        for e in &done {
+            compute.wait_event(e)?;
         }
         std::mem::swap(&mut a, &mut b);
     }
