@@ -5,8 +5,10 @@
 //! The device's own engines poll, while they look for work: no thread of its
 //! own makes progress. On the host backend an engine that looks for work
 //! polls the async op at the head of each stream it considers; while any async
-//! op is queued, an engine that parks wakes after at most
-//! `DeviceConfig::async_poll` to look again, and an engine running the blocks
+//! op is queued, the searching engine (at most half of them search) keeps
+//! polling, yielding its core between polls, instead of parking; an engine
+//! that parks wakes after at most `DeviceConfig::async_poll` to look again,
+//! and an engine running the blocks
 //! of a kernel polls them between blocks (at most every 5 µs), so a transfer
 //! progresses even while every engine computes. The polling rate is bounded by
 //! those paces. The emulated device polls them in its model's dispatch (on the

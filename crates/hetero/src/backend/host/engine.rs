@@ -406,8 +406,15 @@ impl EngineThread {
             32
         };
         match (budget, sh.config.engine_idle) {
+            // A searcher does not park while async ops are queued: their
+            // completion wakes nobody, and a parked engine would see it only
+            // at its next `async_poll` timeout (a 4 MiB transfer would lose a
+            // quarter of its bandwidth). It keeps polling, yielding the core
+            // between polls, in rounds of its budget.
             (Some(b), _) => {
-                crate::park::spin_for_pausing(b, pauses, &mut poll);
+                while !crate::park::spin_for_pausing(b, pauses, &mut poll)
+                    && sh.async_queued.load(Ordering::Relaxed) > 0
+                {}
             }
             (None, CompletionMode::Yield) => {
                 while !poll() {
