@@ -72,6 +72,18 @@ enum Command {
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
+        /// The distributed demo instead (run under `mpirun -np N`; needs a
+        /// build with `--features mpi`): a 2-D stencil with halo exchange,
+        /// checked bit for bit against a single-process run. The device is
+        /// the one HETERO_BACKEND names.
+        #[arg(long)]
+        distributed: bool,
+        /// The distributed stencil's grid side.
+        #[arg(long, default_value_t = 1024)]
+        grid: usize,
+        /// The distributed stencil's iterations.
+        #[arg(long, default_value_t = 50)]
+        iters: usize,
     },
     /// Benchmarks, each beside a peer in the same run.
     Bench {
@@ -130,6 +142,9 @@ enum BenchCommand {
     /// Virtual memory: growing by cached and new granules, ten maps against one, churn
     /// with expandable segments, beside plain mmap.
     Vmm(BenchOpts),
+    /// Remote copies through streams beside raw MPI ping-pong, and overlap with compute
+    /// (run under `mpirun -np 2`; needs a build with `--features mpi`).
+    Mpi(BenchOpts),
     /// Modelled H2D, D2H and both-at-once bandwidth of an emulated link beside its preset's figures.
     Link {
         #[command(flatten)]
@@ -172,9 +187,17 @@ fn main() {
     let cli = Cli::parse();
     match cli.command {
         Command::Demo {
+            distributed: true,
+            grid,
+            iters,
+            json,
+            ..
+        } => distributed_demo(grid, iters, json),
+        Command::Demo {
             workload,
             device,
             json,
+            ..
         } => {
             let spec = device.spec();
             let pb = spinner(json, "demo");
@@ -262,6 +285,9 @@ fn main() {
                 Err(e) => fail("bench transfer", e),
             }
         }
+        Command::Bench {
+            which: BenchCommand::Mpi(opts),
+        } => bench_mpi(opts),
         Command::Bench { which } => {
             let (name, opts): (&str, BenchOpts) = match which {
                 BenchCommand::Submit(o) => ("submit", o),
@@ -271,7 +297,9 @@ fn main() {
                 BenchCommand::Alloc(o) => ("alloc", o),
                 BenchCommand::Vmm(o) => ("vmm", o),
                 BenchCommand::Graph(o) => ("graph", o),
-                BenchCommand::Link { .. } | BenchCommand::Transfer { .. } => {
+                BenchCommand::Link { .. }
+                | BenchCommand::Transfer { .. }
+                | BenchCommand::Mpi(_) => {
                     unreachable!("handled above")
                 }
             };
@@ -289,4 +317,82 @@ fn main() {
             rep.print(opts.json);
         }
     }
+}
+
+#[cfg(not(feature = "mpi"))]
+const NO_MPI: &str = "this hetero was built without MPI: build it with \
+    `cargo build --release -p hetero-cli --features mpi` (needs libopenmpi-dev, \
+    openmpi-bin, libclang-dev) and run it under mpirun";
+
+#[cfg(feature = "mpi")]
+fn distributed_demo(grid: usize, iters: usize, json: bool) {
+    use hetero_mpi::stencil::{self, StencilConfig};
+    let run = || -> Result<(i32, String, stencil::StencilReport), String> {
+        let config = hetero_mpi::rank_device_config().map_err(|e| e.to_string())?;
+        let dev = hetero::Device::new(config).map_err(|e| e.to_string())?;
+        let cfg = hetero_mpi::ClusterConfig::from_env().map_err(|e| e.to_string())?;
+        let cluster = hetero_mpi::Cluster::init(&dev, cfg).map_err(|e| e.to_string())?;
+        let cfg = StencilConfig {
+            n: grid,
+            iters,
+            check: true,
+        };
+        let rep = stencil::run(&cluster, &cfg).map_err(|e| e.to_string())?;
+        Ok((cluster.rank(), dev.properties().name.clone(), rep))
+    };
+    match run() {
+        Ok((rank, _, rep)) if rank != 0 => {
+            if rep.matches_reference == Some(false) {
+                std::process::exit(1);
+            }
+        }
+        Ok((_, _, rep)) if json => {
+            println!("{}", serde_json::to_string(&rep).expect("serialise"));
+            if rep.matches_reference == Some(false) {
+                std::process::exit(1);
+            }
+        }
+        Ok((_, device, rep)) => {
+            println!(
+                "distributed stencil {g}x{g}, {it} iterations on {} ranks ({device})",
+                rep.ranks,
+                g = rep.n,
+                it = rep.iters
+            );
+            println!("  wall   {:>10.2} ms (slowest rank)", rep.wall_ms);
+            println!(
+                "  device {:>10.3} ms (slowest rank; the model's in virtual time)",
+                rep.device_ms
+            );
+            println!("  checksum {:016x}", rep.checksum);
+            match rep.matches_reference {
+                Some(true) => println!("  result matches the single-process run bit for bit"),
+                Some(false) => fail(
+                    "demo --distributed",
+                    "the result differs from the single-process run",
+                ),
+                None => println!("  result not checked"),
+            }
+        }
+        Err(e) => fail("demo --distributed", e),
+    }
+}
+
+#[cfg(not(feature = "mpi"))]
+fn distributed_demo(_grid: usize, _iters: usize, _json: bool) {
+    fail("demo --distributed", NO_MPI)
+}
+
+#[cfg(feature = "mpi")]
+fn bench_mpi(opts: BenchOpts) {
+    match bench::mpi::run(opts.quick) {
+        Ok(Some(rep)) => rep.print(opts.json),
+        Ok(None) => {}
+        Err(e) => fail("bench mpi", e),
+    }
+}
+
+#[cfg(not(feature = "mpi"))]
+fn bench_mpi(_opts: BenchOpts) {
+    fail("bench mpi", NO_MPI)
 }

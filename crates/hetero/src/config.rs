@@ -91,6 +91,7 @@ pub struct DeviceConfig {
     pub(crate) hardware_queues: usize,
     pub(crate) host_wait: CompletionMode,
     pub(crate) engine_idle: CompletionMode,
+    pub(crate) async_poll: std::time::Duration,
     pub(crate) ring_capacity: usize,
     pub(crate) pin_engines: bool,
     pub(crate) pool: Option<hetero_memory::PoolConfig>,
@@ -110,6 +111,7 @@ impl Default for DeviceConfig {
             hardware_queues: 8,
             host_wait: CompletionMode::default(),
             engine_idle: CompletionMode::default(),
+            async_poll: std::time::Duration::from_micros(50),
             ring_capacity: 1024,
             pin_engines: true,
             pool: None,
@@ -172,6 +174,15 @@ impl DeviceConfig {
     /// How idle engines wait for work. Default `Auto`.
     pub fn engine_idle(mut self, mode: CompletionMode) -> Self {
         self.engine_idle = mode;
+        self
+    }
+
+    /// While async ops ([`crate::AsyncOp`]) are in flight, an engine that
+    /// found no work parks for at most this long before it polls them again
+    /// (the bound on their polling rate when the device is otherwise idle).
+    /// Default 50 µs.
+    pub fn async_poll(mut self, interval: std::time::Duration) -> Self {
+        self.async_poll = interval;
         self
     }
 
@@ -238,6 +249,9 @@ impl DeviceConfig {
                 "copy_engines is {:?}; each direction needs 1..=32",
                 self.copy_engines
             ));
+        }
+        if self.async_poll.is_zero() {
+            return bad("async_poll is 0; use at least 1 µs (50 µs by default)".into());
         }
         if self.hardware_queues == 0 || self.hardware_queues > 256 {
             return bad(format!(

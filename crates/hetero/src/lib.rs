@@ -14,6 +14,7 @@
 //!   the work that waits on it.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod async_op;
 mod backend;
 mod batch;
 mod buffer;
@@ -34,6 +35,7 @@ mod system;
 mod timeline;
 mod transfer;
 
+pub use async_op::{AsyncArg, AsyncContext, AsyncOp};
 pub use backend::emu::{
     EmuConfig, IommuStats, IotlbCounts, LinkPreset, TimeMode, DEFAULT_INLINE_COPY_MAX,
     DEFAULT_IOTLB_ENTRIES, DEFAULT_IOTLB_MISS_NS,

@@ -85,6 +85,8 @@ pub(crate) enum Body {
     CopyBatch(Box<crate::transfer::BatchOp>),
     /// A 2-D copy: rows at a pitch, one op (`Stream::copy_2d_*`).
     Copy2D(Box<crate::transfer::Copy2DOp>),
+    /// Work outside the device, started and then polled (`async_op.rs`).
+    Async(Box<crate::async_op::AsyncBody>),
 }
 
 impl Op {
@@ -111,6 +113,7 @@ impl Op {
             Body::Graph(l) => l.for_each_access(&mut f),
             Body::CopyBatch(b) => b.storages.iter().all(|(s, w)| f(s, *w)),
             Body::Copy2D(c) => f(&c.src, false) && f(&c.dst, true),
+            Body::Async(a) => a.args.iter().all(|(s, w)| f(s, *w)),
             Body::Host(_) | Body::Wait { .. } | Body::Record { .. } => true,
         }
     }
@@ -175,6 +178,7 @@ impl Op {
                 CopyKind::D2H => "copy_2d_d2h",
                 CopyKind::D2D => "copy_2d_d2d",
             },
+            Body::Async(a) => a.name,
         }
     }
 
@@ -186,6 +190,7 @@ impl Op {
             Body::Graph(l) => l.bytes(),
             Body::CopyBatch(b) => b.bytes,
             Body::Copy2D(c) => c.bytes(),
+            Body::Async(a) => a.args.iter().map(|(s, _)| s.bytes() as u64).sum(),
             _ => 0,
         }
     }

@@ -152,7 +152,19 @@ impl Parker {
 
     /// Parks until `claim()` returns something, which it returns. The caller counts
     /// as a sleeper only while `claim` looks; it should not do long work inside it.
-    pub(crate) fn park_for<W>(&self, mut claim: impl FnMut() -> Option<W>) -> W {
+    #[allow(dead_code)] // the wake-up models (hw_queue.rs) park this way
+    pub(crate) fn park_for<W>(&self, claim: impl FnMut() -> Option<W>) -> W {
+        self.park_for_polling(claim, || None)
+    }
+
+    /// [`Parker::park_for`], but each park lasts at most `bound()` (when it
+    /// says so): the caller then looks again (`claim`) without being woken,
+    /// for work that completes without anyone waking it (async ops).
+    pub(crate) fn park_for_polling<W>(
+        &self,
+        mut claim: impl FnMut() -> Option<W>,
+        mut bound: impl FnMut() -> Option<Duration>,
+    ) -> W {
         self.sleepers.fetch_add(1, Ordering::SeqCst);
         // Pairs with the waker's fence: our later look at the condition cannot be
         // ordered before the registration.
@@ -162,7 +174,7 @@ impl Parker {
             if let Some(w) = claim() {
                 break w;
             }
-            self.futex_wait(seen, None);
+            self.futex_wait(seen, bound());
         };
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
         got
@@ -199,15 +211,26 @@ impl Parker {
 /// then yields the core between polls (on a 2-core machine a pure spinner can starve
 /// the thread it waits for). Returns whether `ready` became true.
 pub(crate) fn spin_for(budget: Duration, ready: &mut impl FnMut() -> bool) -> bool {
+    spin_for_pausing(budget, 32, ready)
+}
+
+/// [`spin_for`] with at most `max_pauses` spin hints between two polls (an
+/// engine polling async ops keeps them short: a message's arrival is seen
+/// within one poll).
+pub(crate) fn spin_for_pausing(
+    budget: Duration,
+    max_pauses: u32,
+    ready: &mut impl FnMut() -> bool,
+) -> bool {
     // Short: the thread polled for may share this core (the scheduler places a
     // woken thread beside its waker, and engines are pinned), and then it runs
     // only when this one yields. With 50 µs here, a launch-and-synchronize round
     // trip took ~108 µs in about half the runs on the 2-vCPU VM, 50 µs per
     // hand-off; with 2 µs it takes 1.5-5 µs (`examples/graph_probe.rs`).
     const PURE_SPIN: Duration = Duration::from_micros(2);
-    // Pauses between polls grow to this many: a poller that reads shared lines in a
-    // tight loop slows the threads that write them (submitters, completers).
-    const MAX_PAUSES: u32 = 32;
+    // Pauses between polls grow to `max_pauses` (32 for plain waits): a poller
+    // that reads shared lines in a tight loop slows the threads that write them
+    // (submitters, completers).
     let start = Instant::now();
     let pure = budget.min(PURE_SPIN);
     let mut pauses = 1;
@@ -222,7 +245,7 @@ pub(crate) fn spin_for(budget: Duration, ready: &mut impl FnMut() -> bool) -> bo
             for _ in 0..pauses {
                 crate::loom::spin_hint();
             }
-            pauses = (pauses * 2).min(MAX_PAUSES);
+            pauses = (pauses * 2).min(max_pauses.max(1));
         }
         let waited = start.elapsed();
         if waited >= budget {

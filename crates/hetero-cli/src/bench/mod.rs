@@ -9,6 +9,8 @@ pub mod graph;
 pub mod graph_arena;
 mod graph_cholesky;
 pub mod link;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod pipeline;
 pub mod profile;
 pub mod submit;

@@ -362,7 +362,7 @@ pub(crate) fn submit(slot: &CaptureSlot, stream: u64, body: Body) -> Result<u64>
                 dst_r: c.dst_r,
             },
             // `Stream::copy_batch` records each of its copies as a copy node.
-            Body::CopyBatch(_) | Body::Record { .. } | Body::Graph(_) => {
+            Body::CopyBatch(_) | Body::Record { .. } | Body::Graph(_) | Body::Async(_) => {
                 return Err(capture_error("record", "not an operation a graph records"))
             }
         };

@@ -169,9 +169,17 @@ impl EmuShared {
                 if self.shutdown.load(Ordering::Acquire) && sim.idle() && self.drained() {
                     return;
                 }
-                sim.next_event(&self.emu.link)
+                (sim.next_event(&self.emu.link), sim.polling())
             };
+            let (next, polling) = next;
             let now = self.now_ns();
+            // An async op polled and not done completes without a submission:
+            // look again after at most `async_poll`.
+            let next = match (next, polling) {
+                (Some(t), true) => Some(t.min(now + self.config.async_poll.as_nanos() as u64)),
+                (None, true) => Some(now + self.config.async_poll.as_nanos() as u64),
+                (next, false) => next,
+            };
             match next {
                 Some(t) if t <= now => continue,
                 Some(t) => self.wake.park_until(

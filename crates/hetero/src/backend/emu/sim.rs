@@ -112,6 +112,9 @@ pub(crate) struct Sim {
     /// Sequence numbers of the ops completing at the current event (kept: the
     /// sim allocates nothing in steady state).
     finished: Vec<u64>,
+    /// The last dispatch polled an async op that is not done: whoever drives
+    /// the model must poll again without being woken.
+    polling: bool,
 }
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -141,12 +144,18 @@ impl Sim {
             hash: FNV_OFFSET,
             order: Vec::new(),
             finished: Vec::new(),
+            polling: false,
         }
     }
 
     /// Whether nothing is in flight.
     pub(crate) fn idle(&self) -> bool {
         self.running.is_empty()
+    }
+
+    /// Whether the last dispatch left an async op polled but not done.
+    pub(crate) fn polling(&self) -> bool {
+        self.polling
     }
 
     fn refresh(&mut self, sh: &EmuShared) {
@@ -157,6 +166,7 @@ impl Sim {
     /// callbacks, skips) complete at once. Returns whether anything happened.
     pub(crate) fn dispatch(&mut self, sh: &EmuShared) -> bool {
         self.refresh(sh);
+        self.polling = false;
         let mut any = false;
         loop {
             let mut progressed = false;
@@ -189,7 +199,10 @@ impl Sim {
             Skip,
             Now(Result<(), String>),
             Engine(Engine),
+            /// An async op that is done, completing at this device time or later.
+            Async(u64),
         }
+        let mut polling = false;
         // SAFETY: the holder of the sim lock is the only consumer of every ring.
         let plan = unsafe {
             stream.ring.peek_with(|op, _| {
@@ -220,9 +233,17 @@ impl Sim {
                     Body::Kernel { blocks, .. } => self.free_units(*blocks).map(Plan::Engine),
                     // A launch takes every compute unit free when it starts.
                     Body::Graph(_) => self.free_units(u32::MAX).map(Plan::Engine),
+                    Body::Async(a) => match a.poll(Some(sh.now_ns()), || true) {
+                        crate::async_op::AsyncPoll::Pending => {
+                            polling = true;
+                            None
+                        }
+                        crate::async_op::AsyncPoll::Ready => Some(Plan::Async(a.end_ns())),
+                    },
                 }
             })
         };
+        self.polling |= polling;
         let Some(Some(plan)) = plan else {
             return false;
         };
@@ -232,6 +253,12 @@ impl Sim {
         self.next_seq += 1;
         let now = self.now;
         let (mut result, mut engine) = (Ok(()), Engine::None);
+        // In virtual time an async op that asked for a later device time
+        // completes then (its stream in flight until), like a fixed-length op.
+        let async_end = match &plan {
+            Plan::Async(t) if !sh.real_time() && *t > now => Some(*t),
+            _ => None,
+        };
         match plan {
             Plan::Skip => result = Err(String::new()),
             Plan::Now(r) => {
@@ -259,9 +286,14 @@ impl Sim {
                 self.take(e);
                 engine = e;
             }
+            Plan::Async(_) => {
+                if let Body::Async(a) = &op.body {
+                    result = a.take_result();
+                }
+            }
         }
         let (mut transfer, end) = match engine {
-            Engine::None => (None, now),
+            Engine::None => (None, async_end.unwrap_or(now)),
             _ => {
                 let at = (stream.id, stream.queue as u32, pos + 1);
                 let (transfer, end, r) = self.start(sh, engine, &op, now, at);
@@ -285,7 +317,7 @@ impl Sim {
             seq,
             merged,
         };
-        if engine == Engine::None {
+        if engine == Engine::None && async_end.is_none() {
             self.complete(sh, run);
         } else {
             stream.in_flight.store(true, Ordering::Relaxed);
@@ -634,6 +666,7 @@ fn kind_code(body: &Body) -> u64 {
         Body::Graph(_) => 11,
         Body::CopyBatch(b) => 12 + b.kind as u64,
         Body::Copy2D(c) => 15 + c.kind as u64,
+        Body::Async(_) => 18,
     }
 }
 
@@ -705,6 +738,7 @@ fn record(r: &Running, end: u64) {
             timeline, value, ..
         } => (K::Wait, Some((timeline.stream, *value))),
         Body::Record { .. } => (K::Record, None),
+        Body::Async(_) => (K::HostFn, None),
     };
     hetero_trace::record_op(hetero_trace::OpRecord {
         kind,

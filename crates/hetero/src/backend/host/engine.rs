@@ -2,12 +2,15 @@
 
 #[allow(unused_imports)]
 use super::*;
+use crate::async_op::AsyncPoll;
 
 #[derive(Clone, Copy)]
 pub(super) enum Engine {
     None,
     Copy(usize, u32),
     Compute,
+    /// An async op, done: its access locks were taken when it started.
+    Async,
 }
 
 /// Work a engine has claimed (moved, never boxed: claiming must not allocate).
@@ -97,7 +100,80 @@ impl Shared {
                 }
             }
             Body::Host(_) | Body::Record { .. } => Readiness::Ready(Engine::None),
+            Body::Async(a) => self.async_readiness(op, a),
         }
+    }
+
+    /// Polls the async op at the head of a stream (started by its first poll,
+    /// its access locks taken then and kept until it completes).
+    fn async_readiness(&self, op: &Op, a: &crate::async_op::AsyncBody) -> Readiness {
+        match a.poll(None, || op.try_acquire_access()) {
+            AsyncPoll::Pending => Readiness::NotReady,
+            AsyncPoll::Ready => Readiness::Ready(Engine::Async),
+        }
+    }
+
+    /// Between the blocks of a kernel: starts or polls the async ops at the
+    /// heads of their streams, at most once per `BLOCK_PROGRESS_NS` on this
+    /// thread and only while any are queued, and completes those that are
+    /// done. This is how a transfer progresses while every engine computes.
+    pub(super) fn progress_async(&self) {
+        if self.async_queued.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let now = crate::clock::now_ns();
+        if LAST_PROGRESS.with(|l| now.saturating_sub(l.replace(now)) < BLOCK_PROGRESS_NS) {
+            return;
+        }
+        self.streams.find_map(|stream| {
+            let q = &self.queues[stream.queue].state;
+            if q.may_claim(!stream.ring.is_empty()).is_err() {
+                return None::<()>;
+            }
+            let Ok((op, value)) = q.claim_with(|| self.take_done_async(stream)) else {
+                return None;
+            };
+            let ran = Ran {
+                unit: 0,
+                start_ns: 0,
+            };
+            let result = match &op.body {
+                Body::Async(a) => a.take_result(),
+                _ => Ok(()),
+            };
+            self.complete(stream, op, value, Engine::Async, result, ran);
+            self.queues[stream.queue].state.finish();
+            // This thread goes back to its kernel: if the stream has more work,
+            // an idle engine should look (a submitter may have skipped the wake
+            // while the queue was held).
+            self.idle.wake_one_if_idle();
+            None
+        });
+    }
+
+    /// With the stream's queue claimed: polls its head if it is an async op
+    /// (starting it on the first poll) and takes it if it is done.
+    fn take_done_async(&self, stream: &HostStream) -> Option<(Op, u64)> {
+        if stream.timeline.fault_at().is_some() {
+            return None;
+        }
+        // SAFETY: the caller holds the stream's hardware-queue claim, which makes
+        // this thread the ring's only consumer.
+        let ready = unsafe {
+            stream.ring.peek_with(|op, _| match &op.body {
+                Body::Async(a) => {
+                    matches!(self.async_readiness(op, a), Readiness::Ready(_))
+                }
+                _ => false,
+            })
+        };
+        if ready != Some(true) {
+            return None;
+        }
+        // SAFETY: as above; `peek_with` saw the op.
+        let (op, pos) = unsafe { stream.ring.pop() }.expect("peeked op is still there");
+        stream.wait_hint.store(0, Ordering::Relaxed);
+        Some((op, pos + 1))
     }
 
     pub(super) fn ready_with_engine(&self, op: &Op, kind: usize) -> Readiness {
@@ -145,6 +221,9 @@ impl Shared {
             op.release_access();
         }
         self.release_engine(engine);
+        if let Body::Async(_) = op.body {
+            self.async_queued.fetch_sub(1, Ordering::SeqCst);
+        }
         drop(op);
         match result {
             Ok(()) => stream.timeline.complete(value),
@@ -168,7 +247,12 @@ impl Shared {
     }
 }
 
+/// How often an engine running kernel blocks polls async ops in flight, ns.
+const BLOCK_PROGRESS_NS: u64 = 5_000;
+
 thread_local! {
+    /// When this thread last polled async ops between kernel blocks.
+    static LAST_PROGRESS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     /// Set by `Shared::finish`: this engine counts as searching until its next look
     /// for work (`EngineThread::run`).
     pub(super) static LOOKING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -230,6 +314,7 @@ pub(super) fn record(
         } => (K::Wait, E::Host, ran.unit, Some((timeline.stream, *value))),
         Body::Record { .. } => (K::Record, E::Host, ran.unit, None),
         Body::Graph(_) => (K::Graph, E::Compute, ran.unit, None),
+        Body::Async(_) => (K::HostFn, E::Host, ran.unit, None),
     };
     let end_ns = crate::clock::now_ns();
     hetero_trace::record_op(hetero_trace::OpRecord {
@@ -335,9 +420,23 @@ impl EngineThread {
             found = self.claim(sh);
             found.is_some() || sh.shutdown.load(Ordering::SeqCst)
         };
+        // While async ops are queued each poll may be the one that sees a
+        // message arrive: keep the pauses between polls short.
+        let pauses = if sh.async_queued.load(Ordering::Relaxed) > 0 {
+            1
+        } else {
+            32
+        };
         match (budget, sh.config.engine_idle) {
+            // A searcher does not park while async ops are queued: their
+            // completion wakes nobody, and a parked engine would see it only
+            // at its next `async_poll` timeout (a 4 MiB transfer would lose a
+            // quarter of its bandwidth). It keeps polling, yielding the core
+            // between polls, in rounds of its budget.
             (Some(b), _) => {
-                spin_for(b, &mut poll);
+                while !crate::park::spin_for_pausing(b, pauses, &mut poll)
+                    && sh.async_queued.load(Ordering::Relaxed) > 0
+                {}
             }
             (None, CompletionMode::Yield) => {
                 while !poll() {
@@ -358,17 +457,23 @@ impl EngineThread {
     /// only while it looks for work, never while it runs it: submitters and
     /// completers then pay the futex wake only when someone really sleeps.
     pub(super) fn park(&mut self, sh: &Shared) {
-        let claimed = sh.idle.park_for(|| loop {
-            match self.claim(sh) {
-                Some(w) => return Some(Some(w)),
-                // Another engine was looking at a queue we skipped: it may have
-                // judged an op not ready just before the op it waits for completed
-                // (and the completer skipped that queue as held). Look again once
-                // it let go rather than sleep on a stale verdict.
-                None if self.contended => crate::loom::spin_hint(),
-                None => return sh.shutdown.load(Ordering::SeqCst).then_some(None),
-            }
-        });
+        // Async ops in flight complete without waking anyone: park for at most
+        // `async_poll` at a time and poll them again (claim looks at them).
+        let bound = || (sh.async_queued.load(Ordering::SeqCst) > 0).then_some(sh.config.async_poll);
+        let claimed = sh.idle.park_for_polling(
+            || loop {
+                match self.claim(sh) {
+                    Some(w) => return Some(Some(w)),
+                    // Another engine was looking at a queue we skipped: it may have
+                    // judged an op not ready just before the op it waits for completed
+                    // (and the completer skipped that queue as held). Look again once
+                    // it let go rather than sleep on a stale verdict.
+                    None if self.contended => crate::loom::spin_hint(),
+                    None => return sh.shutdown.load(Ordering::SeqCst).then_some(None),
+                }
+            },
+            bound,
+        );
         if let Some(work) = claimed {
             self.execute(sh, work);
         }
@@ -613,6 +718,7 @@ impl EngineThread {
                 None => Ok(()),
             },
             (Body::Graph(_), _) => unreachable!("graph launches run as jobs"),
+            (Body::Async(a), _) => a.take_result(),
             (Body::Record { stamp }, _) => {
                 stamp.store(crate::clock::now_ns(), Ordering::Release);
                 Ok(())

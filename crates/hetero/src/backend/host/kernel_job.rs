@@ -163,6 +163,8 @@ pub(super) fn run_blocks(sh: &Shared, slot: &JobSlot) {
             complete_job(sh, slot);
             return;
         }
+        // Transfers in flight progress between blocks (rate-limited).
+        sh.progress_async();
     }
 }
 

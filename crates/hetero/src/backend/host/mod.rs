@@ -43,7 +43,7 @@ use crate::buffer::{MemoryKind, Storage};
 use crate::config::{CompletionMode, DeviceConfig};
 use crate::kernel::Block;
 use crate::op::{self, Body, Op};
-use crate::park::{spin_for, Parker};
+use crate::park::Parker;
 use crate::ring::Ring;
 use crate::timeline::Timeline;
 use crate::{Error, Result};
@@ -74,6 +74,10 @@ struct Shared {
     next_stream: AtomicU64,
     /// Engines that finished starting up (`HostBackend::new` waits for all).
     started: AtomicUsize,
+    /// Async ops submitted and not yet completed: while any are, parked engines
+    /// wake every `async_poll` to poll them, and engines running kernel blocks
+    /// poll them between blocks (engine.rs).
+    async_queued: AtomicUsize,
 }
 
 pub(crate) struct HostBackend {
@@ -122,6 +126,7 @@ impl HostBackend {
             graph_count: AtomicU32::new(0),
             next_stream: AtomicU64::new(1),
             started: AtomicUsize::new(0),
+            async_queued: AtomicUsize::new(0),
             config: config.clone(),
         });
         // The pool learns where streams stand from their timelines; weakly, so

@@ -48,12 +48,22 @@ impl BackendStream for HostStream {
         if self.closed.load(Ordering::Relaxed) {
             return Err(Error::StreamDestroyed { stream: self.id });
         }
+        // Counted before it is visible, so that its completion never sees the
+        // count at zero (engines poll async ops while the count is not zero).
+        let is_async = matches!(op.body, Body::Async(_));
+        if is_async {
+            self.count_async(true);
+        }
         // The first try moves `op` straight into the ring (no copy kept for a
         // retry); a full ring hands it back to the slow path.
-        match self.ring.try_push(op) {
+        let r = match self.ring.try_push(op) {
             Ok(pos) => Ok(self.published(pos)),
             Err(back) => self.submit_when_full(back),
+        };
+        if is_async && r.is_err() {
+            self.count_async(false);
         }
+        r
     }
 
     fn submitted(&self) -> u64 {
@@ -92,6 +102,17 @@ impl BackendStream for HostStream {
 }
 
 impl HostStream {
+    /// One more (or one fewer) async op queued on the device.
+    fn count_async(&self, more: bool) {
+        if let Some(sh) = self.shared.upgrade() {
+            if more {
+                sh.async_queued.fetch_add(1, Ordering::SeqCst);
+            } else {
+                sh.async_queued.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+
     /// After the op at ring position `pos` is published: wakes an engine if none
     /// is bound to look; returns the op's timeline value.
     #[inline(always)]

@@ -1,0 +1,292 @@
+//! Asynchronous operations: work that runs outside the device's engines (a
+//! network transfer, a job of another thread), started when it reaches the
+//! front of its stream and then polled by the device until it is done.
+//!
+//! The device's own engines poll, while they look for work: no thread of its
+//! own makes progress. On the host backend an engine that looks for work
+//! polls the async op at the head of each stream it considers; while any async
+//! op is queued, the searching engine (at most half of them search) keeps
+//! polling, yielding its core between polls, instead of parking; an engine
+//! that parks wakes after at most `DeviceConfig::async_poll` to look again,
+//! and an engine running the blocks
+//! of a kernel polls them between blocks (at most every 5 µs), so a transfer
+//! progresses even while every engine computes. The polling rate is bounded by
+//! those paces. The emulated device polls them in its model's dispatch (on the
+//! driving thread, or its real-time driver thread, which then sleeps at most
+//! `async_poll`).
+//!
+//! Invariants:
+//! - An async op is polled only when everything before it on its stream has
+//!   completed, by one thread at a time (the holder of the stream's hardware
+//!   queue on the host, of the model's lock on emu); its first poll starts it.
+//! - Its buffers stay alive, and their access locks held (host backend), from
+//!   its first poll until it completes.
+//! - Only host-visible memory is handed out (pinned buffers; device buffers of
+//!   a device whose memory is host memory): on a device with its own memory,
+//!   stage through a pinned buffer with a copy first.
+
+use crate::buffer::{DeviceBuffer, PinnedBuffer, Storage};
+use crate::op::{Body, PendingWrite};
+use crate::{Error, Result, Stream};
+use bytemuck::Pod;
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+
+/// Work a device starts and then polls until it completes (see the module
+/// docs). Implemented for closures `FnMut(&mut AsyncContext) -> Poll<Result<(), String>>`.
+///
+/// ```
+/// use std::task::Poll;
+/// let dev = hetero::Device::from_env()?;
+/// let s = dev.create_stream()?;
+/// let mut polls = 0;
+/// s.enqueue_async("count-to-3", &[], move |_: &mut hetero::AsyncContext<'_>| {
+///     polls += 1;
+///     if polls < 3 { Poll::Pending } else { Poll::Ready(Ok(())) }
+/// })?;
+/// s.synchronize()?;
+/// # Ok::<(), hetero::Error>(())
+/// ```
+pub trait AsyncOp: Send + 'static {
+    /// Called when everything before it on the stream completed (the first
+    /// call starts the work), then again until it returns `Ready`. It must not
+    /// block: it runs on the device's engines. `Ready(Err(message))` fails the
+    /// stream with that message.
+    fn poll(&mut self, cx: &mut AsyncContext<'_>) -> Poll<std::result::Result<(), String>>;
+}
+
+impl<F> AsyncOp for F
+where
+    F: FnMut(&mut AsyncContext<'_>) -> Poll<std::result::Result<(), String>> + Send + 'static,
+{
+    fn poll(&mut self, cx: &mut AsyncContext<'_>) -> Poll<std::result::Result<(), String>> {
+        self(cx)
+    }
+}
+
+/// A buffer an async op uses, with whether it writes it.
+#[derive(Clone, Copy)]
+pub struct AsyncArg<'a> {
+    storage: &'a Arc<Storage>,
+    write: bool,
+}
+
+impl<'a> AsyncArg<'a> {
+    /// The op reads this device buffer (its memory must be host memory, see
+    /// [`DeviceBuffer::is_host_visible`]).
+    pub fn read<T: Pod>(buf: &'a DeviceBuffer<T>) -> Self {
+        AsyncArg {
+            storage: &buf.storage,
+            write: false,
+        }
+    }
+
+    /// The op writes this device buffer.
+    pub fn write<T: Pod>(buf: &'a DeviceBuffer<T>) -> Self {
+        AsyncArg {
+            storage: &buf.storage,
+            write: true,
+        }
+    }
+
+    /// The op reads this pinned buffer.
+    pub fn read_pinned<T: Pod>(buf: &'a PinnedBuffer<T>) -> Self {
+        AsyncArg {
+            storage: &buf.storage,
+            write: false,
+        }
+    }
+
+    /// The op writes this pinned buffer (host reads of it wait until it completes).
+    pub fn write_pinned<T: Pod>(buf: &'a mut PinnedBuffer<T>) -> Self {
+        AsyncArg {
+            storage: &buf.storage,
+            write: true,
+        }
+    }
+}
+
+impl<T: Pod> DeviceBuffer<T> {
+    /// Whether the host can reach this buffer's memory directly (the host
+    /// backend), so that an async op may take it; otherwise stage it through a
+    /// pinned buffer.
+    pub fn is_host_visible(&self) -> bool {
+        self.storage.host_visible()
+    }
+}
+
+/// What an async op sees when it is polled: its buffers' host memory and the
+/// device's clock.
+pub struct AsyncContext<'a> {
+    args: &'a [(Arc<Storage>, bool)],
+    /// The device clock, when the backend has one of its own (emu); else the
+    /// host clock, read only if asked.
+    now_ns: Option<u64>,
+    end_ns: &'a mut u64,
+}
+
+impl AsyncContext<'_> {
+    /// The host address of buffer `i` (in the order enqueued), valid until the
+    /// op completes. Writing through it is allowed only for a buffer enqueued
+    /// as written. `None` past the last buffer.
+    pub fn ptr(&self, i: usize) -> Option<*mut u8> {
+        self.args.get(i).map(|(s, _)| s.ptr())
+    }
+
+    /// The size of buffer `i` in bytes.
+    pub fn len(&self, i: usize) -> Option<usize> {
+        self.args.get(i).map(|(s, _)| s.bytes())
+    }
+
+    /// The number of buffers.
+    pub fn buffers(&self) -> usize {
+        self.args.len()
+    }
+
+    /// The device clock when polled (virtual ns on a device in virtual time).
+    pub fn now_ns(&self) -> u64 {
+        self.now_ns.unwrap_or_else(crate::clock::now_ns)
+    }
+
+    /// Asks that the op complete no earlier than device time `t` ns. A device
+    /// in virtual time honours it (a remote copy arriving at the time its
+    /// sender's clock says); devices in real time complete when the op is done.
+    pub fn complete_at_ns(&mut self, t: u64) {
+        *self.end_ns = (*self.end_ns).max(t);
+    }
+}
+
+/// What a backend learns from polling an async op.
+pub(crate) enum AsyncPoll {
+    /// Not done.
+    Pending,
+    /// Done; the result is kept for `take_result`.
+    Ready,
+}
+
+struct AsyncState {
+    op: Box<dyn AsyncOp>,
+    polls: u64,
+    result: Option<std::result::Result<(), String>>,
+    end_ns: u64,
+}
+
+/// An async op inside a stream (`Body::Async`).
+pub(crate) struct AsyncBody {
+    state: Mutex<AsyncState>,
+    pub(crate) args: Vec<(Arc<Storage>, bool)>,
+    pub(crate) name: &'static str,
+    _pending: Vec<PendingWrite>,
+}
+
+impl AsyncBody {
+    /// Polls the op once (see `AsyncOp::poll`); a panic in it is its failure.
+    /// Before the first poll `start()` must agree (the backend takes the op's
+    /// access locks there), else the op stays not started. `now_ns` is the
+    /// device clock for a device with its own (`None`: the host clock).
+    pub(crate) fn poll(&self, now_ns: Option<u64>, start: impl FnOnce() -> bool) -> AsyncPoll {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.result.is_some() {
+            return AsyncPoll::Ready;
+        }
+        if st.polls == 0 && !start() {
+            return AsyncPoll::Pending;
+        }
+        st.polls += 1;
+        let AsyncState { op, end_ns, .. } = &mut *st;
+        let mut cx = AsyncContext {
+            args: &self.args,
+            now_ns,
+            end_ns,
+        };
+        let name = self.name;
+        let mut polled = Poll::Pending;
+        let caught = crate::op::catch_user(
+            || format!("async op '{name}'"),
+            || polled = op.poll(&mut cx),
+        );
+        let outcome = match (caught, polled) {
+            (Err(m), _) => Some(Err(m)),
+            (Ok(()), Poll::Ready(r)) => Some(r),
+            (Ok(()), Poll::Pending) => None,
+        };
+        match outcome {
+            None => AsyncPoll::Pending,
+            Some(r) => {
+                st.result = Some(r);
+                AsyncPoll::Ready
+            }
+        }
+    }
+
+    /// The result of a completed op (once).
+    pub(crate) fn take_result(&self) -> std::result::Result<(), String> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.result.take().unwrap_or(Ok(()))
+    }
+
+    /// The device time the op asked to complete no earlier than (0: none).
+    pub(crate) fn end_ns(&self) -> u64 {
+        self.state.lock().map_or(0, |st| st.end_ns)
+    }
+}
+
+impl Stream {
+    /// Enqueues `op` (see [`AsyncOp`]): it starts once everything before it on
+    /// the stream completed, and later work waits until it reports done. It may
+    /// use `args` (host-visible buffers only) through its [`AsyncContext`].
+    /// Async ops cannot be recorded into a graph.
+    pub fn enqueue_async(
+        &self,
+        name: &'static str,
+        args: &[AsyncArg<'_>],
+        op: impl AsyncOp,
+    ) -> Result<()> {
+        if self.is_capturing() {
+            return Err(Error::Graph {
+                op: "enqueue_async",
+                detail: "an async op cannot be recorded: it runs outside the device, once; \
+                         enqueue it on a stream that is not capturing"
+                    .into(),
+            });
+        }
+        for (i, a) in args.iter().enumerate() {
+            self.check_storage("enqueue_async", a.storage)?;
+            if !a.storage.host_visible() {
+                return Err(Error::InvalidArgument(format!(
+                    "enqueue_async '{name}': buffer {i} is device memory the host cannot reach \
+                     (device {}); copy it into a pinned buffer and pass that",
+                    a.storage.device
+                )));
+            }
+            for b in &args[..i] {
+                if Arc::ptr_eq(a.storage, b.storage) && (a.write || b.write) {
+                    return Err(Error::Aliasing {
+                        op: "enqueue_async",
+                    });
+                }
+            }
+        }
+        for a in args {
+            self.order_use(a.storage)?;
+        }
+        let pending = args
+            .iter()
+            .filter(|a| a.write && a.storage.kind == crate::MemoryKind::Pinned)
+            .map(|a| PendingWrite::new(a.storage))
+            .collect();
+        let body = AsyncBody {
+            state: Mutex::new(AsyncState {
+                op: Box::new(op),
+                polls: 0,
+                result: None,
+                end_ns: 0,
+            }),
+            args: args.iter().map(|a| (a.storage.clone(), a.write)).collect(),
+            name,
+            _pending: pending,
+        };
+        self.submit(Body::Async(Box::new(body)))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,260 @@
+//! Async ops (`Stream::enqueue_async`): work outside the device, started when it
+//! reaches the front of its stream and polled by the device's own engines until
+//! another thread finishes it. Runs on every backend (`HETERO_BACKEND`).
+
+mod common;
+
+use hetero::{AsyncArg, AsyncContext, CompletionMode, Error};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+/// An op whose work another thread does: the first poll hands the buffer's
+/// address to a thread that waits for `go`, writes `value` into every byte and
+/// then says it is done; later polls report that.
+fn by_thread(
+    go: Arc<AtomicBool>,
+    value: u8,
+    started_after: Arc<AtomicBool>,
+    before: Arc<AtomicBool>,
+) -> impl FnMut(&mut AsyncContext<'_>) -> Poll<Result<(), String>> + Send + 'static {
+    let done = Arc::new(AtomicBool::new(false));
+    let mut worker = None;
+    move |cx| {
+        if worker.is_none() {
+            started_after.store(before.load(Ordering::Acquire), Ordering::Release);
+            let (ptr, len) = (
+                cx.ptr(0).expect("one buffer") as usize,
+                cx.len(0).expect("one buffer"),
+            );
+            let (go, done) = (go.clone(), done.clone());
+            worker = Some(std::thread::spawn(move || {
+                while !go.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                // SAFETY: the buffer stays alive and untouched by anyone else
+                // until the op completes, which waits for `done`.
+                unsafe { std::ptr::write_bytes(ptr as *mut u8, value, len) };
+                done.store(true, Ordering::Release);
+            }));
+        }
+        if done.load(Ordering::Acquire) {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+#[test]
+fn another_thread_completes_an_async_op_in_stream_order() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let mut pinned = dev.alloc_pinned::<u8>(4096).unwrap();
+    let before = Arc::new(AtomicBool::new(false));
+    let started_after = Arc::new(AtomicBool::new(false));
+    let go = Arc::new(AtomicBool::new(false));
+    let b = before.clone();
+    s.host_fn(move || b.store(true, Ordering::Release)).unwrap();
+    s.enqueue_async(
+        "by-thread",
+        &[AsyncArg::write_pinned(&mut pinned)],
+        by_thread(go.clone(), 7, started_after.clone(), before.clone()),
+    )
+    .unwrap();
+    // Later work waits for it: a copy of what the thread wrote, and a stream
+    // that waits on an event recorded after it.
+    let dst = dev.alloc::<u8>(4096).unwrap();
+    s.copy_h2d(&pinned, &dst).unwrap();
+    let after = s.record_event().unwrap();
+    let other = dev.create_stream().unwrap();
+    other.wait_event(&after).unwrap();
+    let mut out = dev.alloc_pinned::<u8>(4096).unwrap();
+    other.copy_d2h(&dst, &mut out).unwrap();
+    for _ in 0..20 {
+        assert!(!s.query().unwrap(), "done before the thread was let go");
+        assert!(
+            pinned.as_slice().is_err(),
+            "host reads of a buffer an async op writes wait for it"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    go.store(true, Ordering::Release);
+    other.synchronize().unwrap();
+    s.synchronize().unwrap();
+    assert!(
+        started_after.load(Ordering::Acquire),
+        "polled before earlier work completed"
+    );
+    assert!(out.as_slice().unwrap().iter().all(|&b| b == 7));
+    assert!(pinned.as_slice().unwrap().iter().all(|&b| b == 7));
+}
+
+#[test]
+fn parked_engines_still_poll_async_ops() {
+    // Engines that park at once (Block) wake every `async_poll` while an async
+    // op is in flight: the op completes though nobody wakes them.
+    let dev = common::device_with(|c| {
+        c.engine_idle(CompletionMode::Block)
+            .async_poll(Duration::from_micros(200))
+    });
+    let s = dev.create_stream().unwrap();
+    let polls = Arc::new(AtomicU32::new(0));
+    let (p, t0) = (polls.clone(), std::time::Instant::now());
+    s.enqueue_async("timer", &[], move |_: &mut AsyncContext<'_>| {
+        p.fetch_add(1, Ordering::Relaxed);
+        if t0.elapsed() >= Duration::from_millis(20) {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
+    })
+    .unwrap();
+    let e = s.record_event().unwrap();
+    e.synchronize().unwrap();
+    assert!(polls.load(Ordering::Relaxed) >= 2);
+}
+
+#[test]
+fn a_failed_async_op_faults_its_stream_and_skips_later_work() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let mut n = 0;
+    s.enqueue_async("remote", &[], move |_: &mut AsyncContext<'_>| {
+        n += 1;
+        if n < 3 {
+            Poll::Pending
+        } else {
+            Poll::Ready(Err("peer rank 3 went away".into()))
+        }
+    })
+    .unwrap();
+    let ran = Arc::new(AtomicBool::new(false));
+    let r = ran.clone();
+    s.host_fn(move || r.store(true, Ordering::Release)).unwrap();
+    match s.synchronize() {
+        Err(Error::StreamFault { message, .. }) => {
+            assert!(message.contains("peer rank 3"), "{message}")
+        }
+        other => panic!("expected a stream fault, got {other:?}"),
+    }
+    assert!(!ran.load(Ordering::Acquire), "work after the fault ran");
+
+    let s2 = dev.create_stream().unwrap();
+    s2.enqueue_async(
+        "panics",
+        &[],
+        |_: &mut AsyncContext<'_>| -> Poll<Result<(), String>> { panic!("poll blew up") },
+    )
+    .unwrap();
+    let err = s2.synchronize().unwrap_err().to_string();
+    assert!(
+        err.contains("async op 'panics'") && err.contains("poll blew up"),
+        "{err}"
+    );
+}
+
+#[test]
+fn async_ops_refuse_unreachable_memory_and_capture() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let buf = dev.alloc::<u32>(16).unwrap();
+    let ready = |_: &mut AsyncContext<'_>| Poll::Ready(Ok(()));
+    let r = s.enqueue_async("dev", &[AsyncArg::read(&buf)], ready);
+    if buf.is_host_visible() {
+        r.unwrap();
+    } else {
+        assert!(
+            matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("pinned")),
+            "{r:?}"
+        );
+    }
+    let p = dev.alloc_pinned::<u32>(16).unwrap();
+    let r = s.enqueue_async(
+        "twice",
+        &[AsyncArg::read_pinned(&p), AsyncArg::read_pinned(&p)],
+        ready,
+    );
+    r.unwrap();
+    s.synchronize().unwrap();
+    s.begin_capture().unwrap();
+    assert!(matches!(
+        s.enqueue_async("captured", &[], ready),
+        Err(Error::Graph { .. })
+    ));
+    s.end_capture().unwrap();
+}
+
+#[test]
+fn in_virtual_time_an_async_op_completes_at_the_time_it_asks() {
+    let dev = common::device();
+    if dev.trace_hash().is_none() {
+        eprintln!("(virtual time only: not checked on this backend)");
+        return;
+    }
+    let s = dev.create_stream().unwrap();
+    let start = s.record_event().unwrap();
+    s.enqueue_async("arrives-later", &[], |cx: &mut AsyncContext<'_>| {
+        let t = cx.now_ns() + 3_000_000;
+        cx.complete_at_ns(t);
+        Poll::Ready(Ok(()))
+    })
+    .unwrap();
+    let end = s.record_event().unwrap();
+    end.synchronize().unwrap();
+    let ms = start.elapsed_ms(&end).unwrap();
+    assert!((3.0..3.1).contains(&ms), "{ms} ms");
+}
+
+#[test]
+fn async_ops_progress_between_the_blocks_of_a_running_kernel() {
+    // One engine, busy with a long kernel of many blocks: the async ops of
+    // another stream still start and complete between its blocks.
+    if !common::on_host() {
+        return;
+    }
+    let dev = common::device_with(|c| c.compute_units(1));
+    let (busy, other) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let first_done = Arc::new(AtomicBool::new(false));
+    let second_started = Arc::new(AtomicBool::new(false));
+    let seen_in_kernel = Arc::new(AtomicBool::new(false));
+    let d = first_done.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(2));
+        d.store(true, Ordering::Release);
+    });
+    let d = first_done.clone();
+    other
+        .enqueue_async("first", &[], move |_: &mut AsyncContext<'_>| {
+            if d.load(Ordering::Acquire) {
+                Poll::Ready(Ok(()))
+            } else {
+                Poll::Pending
+            }
+        })
+        .unwrap();
+    let st = second_started.clone();
+    other
+        .enqueue_async("second", &[], move |_: &mut AsyncContext<'_>| {
+            st.store(true, Ordering::Release);
+            Poll::Ready(Ok(()))
+        })
+        .unwrap();
+    let (st, seen) = (second_started.clone(), seen_in_kernel.clone());
+    let k = hetero::Kernel::new("long", move |b| {
+        std::thread::sleep(Duration::from_micros(300));
+        if b.index() + 1 == b.grid() {
+            seen.store(st.load(Ordering::Acquire), Ordering::Release);
+        }
+    });
+    let buf = dev.alloc::<u8>(64).unwrap();
+    busy.launch(&k, hetero::Grid::new(64), &[hetero::Arg::write(&buf)])
+        .unwrap();
+    busy.synchronize().unwrap();
+    other.synchronize().unwrap();
+    assert!(
+        seen_in_kernel.load(Ordering::Acquire),
+        "the second async op started only after the kernel"
+    );
+}
