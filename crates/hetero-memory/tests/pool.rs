@@ -570,3 +570,30 @@ fn a_dropped_pool_does_not_pin_the_thread_cache() {
     b.trim();
     assert_eq!(b.stats().reserved, 0);
 }
+
+/// The work behind a queued free may wait for the allocating thread itself (a
+/// host event it signals after allocating): a request past the grow ratio
+/// waits for that free only a bounded time, then grows, in both pool layouts.
+#[test]
+fn a_free_that_never_comes_does_not_hold_a_growing_request() {
+    // Chunks: 18 MiB do not fit beside the pending 3 MiB in its 20 MiB chunk.
+    // Segments: 3 MiB more granules. Either way growing takes reserved past
+    // 1.25x what is in use, so the pool first waits for the free, in vain.
+    for (expandable, second) in [(false, 18 << 20), (true, 3 << 20)] {
+        let p = pool(
+            PoolConfig::default()
+                .reuse(ReusePolicy::Opportunistic)
+                .expandable_segments(expandable),
+        );
+        let a = p.alloc(3 << 20, 0, S).expect("a");
+        let never = ManualFence::new();
+        p.free(a, S, vec![never.clone() as Arc<dyn StreamPoint>]);
+        let b = p.alloc(second, 0, S).expect("grows after a bounded wait");
+        assert!(
+            p.stats().grow_waits >= 1,
+            "expandable {expandable}: it waited first"
+        );
+        never.complete();
+        p.free(b, S, Vec::new());
+    }
+}

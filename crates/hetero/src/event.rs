@@ -37,6 +37,10 @@ impl hetero_memory::StreamPoint for TimelinePoint {
     fn wait(&self) {
         let _ = self.wait_here();
     }
+    fn wait_within(&self, limit: std::time::Duration) -> bool {
+        self.timeline
+            .reached_within(self.value, self.timeline.host_wait, limit)
+    }
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
     }

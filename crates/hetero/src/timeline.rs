@@ -271,6 +271,58 @@ impl Timeline {
 
     /// Parks for at most `timeout` unless `ready()` holds (an engine thread that
     /// found nothing else to run while it waits).
+    /// Waits at most `limit` (host time) for `value`, as `mode` says; whether it
+    /// was reached. For waits that must not hang when the work never comes
+    /// (the pool's waits for queued frees). Engine threads do not wait.
+    pub(crate) fn reached_within(&self, value: u64, mode: CompletionMode, limit: Duration) -> bool {
+        let start = std::time::Instant::now();
+        let mut ready = || self.is_reached(value);
+        if ready() {
+            return true;
+        }
+        if let Some(d) = self.driver() {
+            let mut idle = 0u32;
+            loop {
+                match d.drive(&mut ready) {
+                    Ok(true) => return true,
+                    Ok(false) => {}
+                    Err(_) => return ready(),
+                }
+                if ready() {
+                    return true;
+                }
+                let left = limit.saturating_sub(start.elapsed());
+                if left.is_zero() {
+                    return false;
+                }
+                idle = idle.saturating_add(1);
+                if idle < 1000 {
+                    crate::loom::yield_now();
+                } else {
+                    self.park_briefly(&mut ready, left.min(Duration::from_micros(500)));
+                }
+            }
+        }
+        if engine_wait().is_some() {
+            return false;
+        }
+        if let CompletionMode::Auto { spin } = mode {
+            if crate::park::spin_for(spin.min(limit), &mut ready) {
+                return true;
+            }
+        }
+        self.set_waiting(value, true);
+        loop {
+            let left = limit.saturating_sub(start.elapsed());
+            if ready() || left.is_zero() {
+                break;
+            }
+            self.parker.park_until(&mut ready, Some(left));
+        }
+        self.set_waiting(value, false);
+        ready()
+    }
+
     pub(crate) fn park_briefly(&self, ready: impl FnMut() -> bool, timeout: Duration) {
         self.parker.park_until(ready, Some(timeout));
     }

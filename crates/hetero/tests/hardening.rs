@@ -468,3 +468,29 @@ fn huge_stream_capacity_is_refused_with_the_limit() {
         Device::new(common::config().stream_capacity(DeviceConfig::MAX_STREAM_CAPACITY)).is_ok()
     );
 }
+
+/// A buffer freed behind work that waits for a host event the allocating
+/// thread signals only afterwards: an allocation that would grow the pool
+/// waits for that free a bounded time, then goes on; it never hangs.
+#[test]
+fn an_allocation_does_not_wait_for_frees_held_behind_this_thread() {
+    within(30, "allocating past a free held behind this thread", || {
+        allocate_past_a_held_free(common::device())
+    });
+}
+
+fn allocate_past_a_held_free(dev: Device) {
+    let held = dev.create_stream().unwrap();
+    let other = dev.create_stream().unwrap();
+    let go = dev.host_event();
+    held.wait_event(go.event()).unwrap();
+    let a = held.alloc::<u8>(3 << 20).unwrap();
+    held.fill(&a, 1u8).unwrap();
+    drop(a);
+    // Does not fit beside the pending 3 MiB without growing.
+    let b = other.alloc::<u8>(18 << 20).unwrap();
+    other.fill(&b, 2u8).unwrap();
+    go.signal();
+    held.synchronize().unwrap();
+    assert_eq!(other.read_to_vec(&b).unwrap()[(18 << 20) - 1], 2);
+}

@@ -18,7 +18,10 @@
 //! map. Engine threads never wait (the work may be queued behind the op they
 //! run, [`crate::thread_role`]); they map, as does every thread when the ratio
 //! is off. PyTorch's caching allocator likewise frees and retries before it
-//! fails; here the retry also comes before growing.
+//! fails; here the retry also comes before growing. Every such wait is
+//! bounded ([`GROW_WAIT`], [`OOM_WAIT`]): the work may itself wait for this
+//! thread (a host event it signals after allocating), and then the request
+//! grows, or fails, instead of hanging.
 //!
 //! Invariant: a chunk is unmapped only when wholly free in the TLSF.
 
@@ -35,6 +38,22 @@ use crate::poison::{poison, unpoison};
 use crate::thread_role;
 use crate::tlsf::{Placement, Tlsf, GRAN};
 use std::ptr::NonNull;
+
+/// The longest a request waits for queued frees before it grows instead.
+pub const GROW_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+/// The longest a request waits for queued frees before it reports out of memory.
+pub const OOM_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Waits for every point within `limit` in all; whether all completed.
+fn wait_all_within(
+    points: &[std::sync::Arc<dyn crate::StreamPoint>],
+    limit: std::time::Duration,
+) -> bool {
+    let start = std::time::Instant::now();
+    points
+        .iter()
+        .all(|f| f.wait_within(limit.saturating_sub(start.elapsed())))
+}
 
 const SMALL_CHUNK: usize = 2 << 20;
 const LARGE_CHUNK: usize = 20 << 20;
@@ -93,6 +112,8 @@ impl Shared {
         let need = rounded + align.saturating_sub(GRAN as usize);
         let kind = kind_of(need, self.config.max_split_size);
         let mut waited = false;
+        // Cleared when a wait before growing ran out: grow from then on.
+        let mut may_wait = true;
         let mut counted = false;
         let found = loop {
             let mut g = self.lock();
@@ -128,14 +149,12 @@ impl Shared {
             // that work finishes without us (it is already submitted), so wait
             // for the earliest of it and retry from what it freed, rather than
             // map memory that exists only because the host ran ahead.
-            if self.wait_before_grow(&g, kind, need, rounded) {
+            if may_wait && self.wait_before_grow(&g, kind, need, rounded) {
                 if let Some(fences) = self.earliest_pending_points(&g) {
                     g.grow_waits += 1;
                     // Never under the lock: the engines we wait for free into it.
                     drop(g);
-                    for f in fences {
-                        f.wait();
-                    }
+                    may_wait = wait_all_within(&fences, GROW_WAIT);
                     continue;
                 }
             }
@@ -178,9 +197,7 @@ impl Shared {
             if !waited && !g.pending.is_empty() && !thread_role::on_engine_thread() {
                 let fences = self.all_pending_points(&mut g);
                 drop(g);
-                for f in fences {
-                    f.wait();
-                }
+                wait_all_within(&fences, OOM_WAIT);
                 waited = true;
                 continue;
             }

@@ -12,6 +12,23 @@ use std::sync::Arc;
 pub trait StreamPoint: Send + Sync + fmt::Debug {
     fn is_complete(&self) -> bool;
     fn wait(&self);
+    /// Waits at most `limit` for completion; whether it completed. The pool
+    /// waits this way only: the work behind a point may itself wait for
+    /// something the waiting thread would do after the allocation (signal a
+    /// host event), and an allocation must then go on without it, not hang.
+    /// The default polls [`StreamPoint::is_complete`] with short sleeps; an
+    /// execution layer whose points need the waiter to make progress (a
+    /// simulation driven by host waits) overrides it.
+    fn wait_within(&self, limit: std::time::Duration) -> bool {
+        let start = std::time::Instant::now();
+        while !self.is_complete() {
+            if start.elapsed() >= limit {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+        true
+    }
     /// The concrete point, for an execution layer that turns its own points
     /// into device-side waits instead of host waits.
     fn as_any(&self) -> Option<&dyn std::any::Any> {

@@ -49,6 +49,20 @@ impl StreamPoint for ManualFence {
             st = self.cv.wait(st).expect("wait");
         }
     }
+    fn wait_within(&self, limit: std::time::Duration) -> bool {
+        let start = std::time::Instant::now();
+        let mut st = self.state.lock().expect("lock");
+        st.waiters += 1;
+        self.cv.notify_all();
+        while !st.done {
+            let left = limit.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                return false;
+            }
+            st = self.cv.wait_timeout(st, left).expect("wait").0;
+        }
+        true
+    }
 }
 
 /// Completes its fence when dropped: a test that fails before completing a
