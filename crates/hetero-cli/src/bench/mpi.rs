@@ -87,6 +87,40 @@ fn raw_pingpong(c: &Cluster, bytes: usize, k: usize) -> Result<f64, String> {
     Ok((now_ns() - t0) as f64 / 1e3 / (2 * k) as f64)
 }
 
+/// One-way µs of a raw ping-pong with the calls hetero makes: `MPI_Isend` /
+/// `MPI_Irecv` polled with `MPI_Test` (what non-blocking MPI itself costs,
+/// apart from the runtime).
+fn raw_nonblocking_pingpong(c: &Cluster, bytes: usize, k: usize) -> Result<f64, String> {
+    use hetero_mpi::mpi::request::{scope, Request};
+    let world = c.world();
+    let (me, peer) = (c.rank(), 1 - c.rank());
+    let other = world.process_at_rank(peer);
+    let out = vec![me as u8; bytes];
+    let mut back = vec![0u8; bytes];
+    fn done<'a, S: hetero_mpi::mpi::request::Scope<'a>>(mut r: Request<'a, [u8], S>) {
+        loop {
+            match r.test() {
+                Ok(_) => return,
+                Err(again) => r = again,
+            }
+        }
+    }
+    c.barrier();
+    let t0 = now_ns();
+    for _ in 0..k {
+        scope(|sc| {
+            if me == 0 {
+                done(other.immediate_send(sc, &out[..]));
+                done(other.immediate_receive_into(sc, &mut back[..]));
+            } else {
+                done(other.immediate_receive_into(sc, &mut back[..]));
+                done(other.immediate_send(sc, &out[..]));
+            }
+        });
+    }
+    Ok((now_ns() - t0) as f64 / 1e3 / (2 * k) as f64)
+}
+
 fn spin_kernel(block_ns: u64) -> Kernel {
     Kernel::new("compute", move |_| {
         let t = now_ns();
@@ -166,6 +200,7 @@ pub fn run(quick: bool) -> Result<Option<BenchReport>, String> {
     let s = dev.create_stream().map_err(fail)?;
     let mut rep = BenchReport::new("mpi");
     let (mut h8, mut m8, mut h4, mut m4) = (vec![], vec![], vec![], vec![]);
+    let mut n8 = vec![];
     const BIG: usize = 4 << 20;
     // Warm-up, then interleaved rounds (hetero and raw share the conditions).
     hetero_pingpong(&c, &s, 8, 100)?;
@@ -175,6 +210,7 @@ pub fn run(quick: bool) -> Result<Option<BenchReport>, String> {
     for _ in 0..rounds {
         h8.push(hetero_pingpong(&c, &s, 8, k_small)?);
         m8.push(raw_pingpong(&c, 8, k_small)?);
+        n8.push(raw_nonblocking_pingpong(&c, 8, k_small)?);
         let gbps = |us: f64| BIG as f64 / (us * 1e3);
         h4.push(gbps(hetero_pingpong(&c, &s, BIG, k_big)?));
         m4.push(gbps(raw_pingpong(&c, BIG, k_big)?));
@@ -198,6 +234,7 @@ pub fn run(quick: bool) -> Result<Option<BenchReport>, String> {
     }
     rep.push_samples("hetero/mpi-latency-8b", "us", &mut h8);
     rep.push_samples("mpi/latency-8b", "us", &mut m8);
+    rep.push_samples("mpi/latency-8b-nonblocking", "us", &mut n8);
     rep.push_samples("hetero/mpi-bandwidth-4m", "GB/s", &mut h4);
     rep.push_samples("mpi/bandwidth-4m", "GB/s", &mut m4);
     rep.push_samples("hetero/mpi-overlap", "frac", &mut ov);
@@ -212,6 +249,10 @@ pub fn run(quick: bool) -> Result<Option<BenchReport>, String> {
         rep.median_of("mpi/latency-8b"),
     ) {
         rep.ratios.insert("added latency 8b (us)".into(), a - b);
+        if let Some(n) = rep.median_of("mpi/latency-8b-nonblocking") {
+            rep.ratios
+                .insert("added latency 8b over non-blocking MPI (us)".into(), a - n);
+        }
     }
     rep.ratio(
         "hetero/mpi-latency-8b / mpi/latency-8b",
