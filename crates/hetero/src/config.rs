@@ -99,6 +99,7 @@ pub struct DeviceConfig {
     pub(crate) backend: BackendKind,
     pub(crate) pitch_alignment: usize,
     pub(crate) height_alignment: usize,
+    pub(crate) graph_memory_slack: f64,
 }
 
 impl Default for DeviceConfig {
@@ -119,6 +120,7 @@ impl Default for DeviceConfig {
             backend: BackendKind::Host,
             pitch_alignment: 16,
             height_alignment: 2,
+            graph_memory_slack: crate::GRAPH_MEMORY_SLACK,
         }
     }
 }
@@ -186,6 +188,17 @@ impl DeviceConfig {
         self
     }
 
+    /// How much a graph's lanes may raise its arena over the plan of running it
+    /// on one lane, as a fraction (default [`crate::GRAPH_MEMORY_SLACK`], 0.10):
+    /// past it, instantiate schedules the lanes again under that budget, and
+    /// runs the graph on one lane if that is not enough
+    /// ([`crate::PlanReport::memory_order`]). 0 holds lanes to the one-lane
+    /// arena; `f64::INFINITY` never holds them.
+    pub fn graph_memory_slack(mut self, fraction: f64) -> Self {
+        self.graph_memory_slack = fraction;
+        self
+    }
+
     /// Operations a stream can hold in flight before submission waits (rounded up to
     /// a power of two). Default 1024, at most [`DeviceConfig::MAX_STREAM_CAPACITY`]:
     /// each slot takes memory (about 140 bytes) for the stream's whole life.
@@ -248,6 +261,13 @@ impl DeviceConfig {
             return bad(format!(
                 "copy_engines is {:?}; each direction needs 1..=32",
                 self.copy_engines
+            ));
+        }
+        if self.graph_memory_slack.is_nan() || self.graph_memory_slack < 0.0 {
+            return bad(format!(
+                "graph_memory_slack is {}; use a fraction of at least 0 (0.10 by default, \
+                 f64::INFINITY to never hold lanes back)",
+                self.graph_memory_slack
             ));
         }
         if self.async_poll.is_zero() {

@@ -43,6 +43,8 @@ struct DeviceInner {
     profile_to: Option<std::path::PathBuf>,
     /// Pitched buffers' (pitch alignment in bytes, height alignment in rows).
     pitch_rules: (usize, usize),
+    /// [`DeviceConfig::graph_memory_slack`].
+    graph_memory_slack: f64,
 }
 
 impl DeviceInner {
@@ -112,6 +114,7 @@ impl Device {
     pub fn new(config: DeviceConfig) -> Result<Device> {
         let id = NEXT_DEVICE.fetch_add(1, Ordering::Relaxed);
         let pitch_rules = (config.pitch_alignment, config.height_alignment);
+        let graph_memory_slack = config.graph_memory_slack;
         let backend: Box<dyn Backend> = match config.backend.clone() {
             crate::BackendKind::Host => Box::new(HostBackend::new(id, config)?),
             crate::BackendKind::Emu(emu) => Box::new(EmuBackend::new(id, config, emu)?),
@@ -129,6 +132,7 @@ impl Device {
                 backend: Some(backend),
                 profile_to,
                 pitch_rules,
+                graph_memory_slack,
             }),
         })
     }
@@ -231,6 +235,10 @@ impl Device {
     /// the host.
     pub fn iommu_stats(&self) -> Option<crate::IommuStats> {
         self.inner.backend().iommu_stats()
+    }
+
+    pub(crate) fn graph_memory_slack(&self) -> f64 {
+        self.inner.graph_memory_slack
     }
 
     pub(crate) fn pitch_rules(&self) -> (usize, usize) {

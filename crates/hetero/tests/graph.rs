@@ -361,6 +361,23 @@ fn lanes_are_held_to_the_memory_budget_and_free_without_buffers() {
     for out in &outs {
         assert_eq!(s.read_to_vec(out).unwrap(), vec![64; N]);
     }
+    // The budget is the device's: with no limit the lanes stay free.
+    let unlimited = common::device_with(|c| c.compute_units(2).graph_memory_slack(f64::INFINITY));
+    let mut g = Graph::new(&unlimited).unwrap();
+    let (x, y) = (g.alloc::<u32>(N).unwrap(), g.alloc::<u32>(N).unwrap());
+    g.kernel(&k, Grid::new(1), &[Arg::write(&x)], &[]).unwrap();
+    g.kernel(&k, Grid::new(1), &[Arg::write(&y)], &[]).unwrap();
+    let exec = g.instantiate().unwrap();
+    assert_eq!(exec.plan().memory_order, "free");
+    assert_eq!(
+        exec.plan().arena_bytes,
+        2 * bytes,
+        "two buffers written at once"
+    );
+    for bad in [-0.5, f64::NAN] {
+        let e = hetero::Device::new(common::config().graph_memory_slack(bad)).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    }
     // Without buffers of its own, a graph's lanes run as freely as its edges allow.
     let mut g = Graph::new(&dev).unwrap();
     let a = g.kernel(&k, Grid::new(1), &[], &[]).unwrap();

@@ -189,7 +189,7 @@ pub struct PlanReport {
     /// Which of the planner's strategies gave the arena.
     pub arena_strategy: &'static str,
     /// How the lanes were held to the memory budget
-    /// ([`GRAPH_MEMORY_SLACK`](crate::graph::GRAPH_MEMORY_SLACK) over the
+    /// ([`DeviceConfig::graph_memory_slack`](crate::DeviceConfig::graph_memory_slack) over the
     /// one-lane plan): `"free"` (within it as scheduled), `"budget"` (the lane
     /// schedule was made again under the budget: a first use of one of the
     /// graph's buffers waits for what the schedule finished before it, or for
@@ -488,12 +488,13 @@ impl Bindings {
 /// The schedule and memory plan to run with. Lanes may raise the arena over
 /// the one-lane plan (nodes on two lanes can overlap in any way the edges
 /// allow, and their buffers then cannot share bytes) by at most
-/// `GRAPH_MEMORY_SLACK`: past it, the schedule is made again under a budget
+/// the device's `graph_memory_slack`: past it, the schedule is made again under a budget
 /// (`MemoryOrder::Budget`), and past it still, with one lane (the one-lane
 /// plan itself).
 fn plan_memory(
     d: &Draft,
     units: usize,
+    slack: f64,
     sched: Schedule,
     sizes: &[u64],
     uses: &[Vec<u32>],
@@ -527,8 +528,8 @@ fn plan_memory(
         })
         .collect();
     let one_lane = plan(sizes, align, &Conflicts::from_intervals(&intervals));
-    let budget = (one_lane.size as f64 * (1.0 + super::GRAPH_MEMORY_SLACK)) as u64;
-    if free.size <= budget {
+    let budget = (one_lane.size as f64 * (1.0 + slack)).min(u64::MAX as f64) as u64;
+    if slack.is_infinite() || free.size <= budget {
         return Ok((sched, free, "free"));
     }
     let held = schedule(d, units, MemoryOrder::Budget(one_lane.size))?;
@@ -598,7 +599,8 @@ pub(crate) fn instantiate(device: &crate::Device, d: &mut Draft) -> Result<Graph
     let sizes: Vec<u64> = placed.iter().map(|&i| d.internal[i] as u64).collect();
     let place_uses: Vec<Vec<u32>> = placed.iter().map(|&i| uses[i].clone()).collect();
     let free_lane_steps = sched.steps as usize;
-    let (sched, plan, memory_order) = plan_memory(d, units, sched, &sizes, &place_uses)?;
+    let slack = device.graph_memory_slack();
+    let (sched, plan, memory_order) = plan_memory(d, units, slack, sched, &sizes, &place_uses)?;
     let mut offsets = vec![0usize; d.internal.len()];
     for (k, &i) in placed.iter().enumerate() {
         offsets[i] = plan.offsets[k] as usize;
