@@ -122,7 +122,7 @@ impl StreamPoint for FakeFence {
     }
 
     /// The fake device finishes whatever is waited for, at once.
-    fn wait_within(&self, _limit: std::time::Duration) -> bool {
+    fn wait_progressing(&self, _idle: std::time::Duration) -> bool {
         self.wait();
         true
     }

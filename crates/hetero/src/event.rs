@@ -37,9 +37,21 @@ impl hetero_memory::StreamPoint for TimelinePoint {
     fn wait(&self) {
         let _ = self.wait_here();
     }
-    fn wait_within(&self, limit: std::time::Duration) -> bool {
-        self.timeline
-            .reached_within(self.value, self.timeline.host_wait, limit)
+    /// Waits while the stream completes work, giving up after `idle` without
+    /// a completion on it.
+    fn wait_progressing(&self, idle: std::time::Duration) -> bool {
+        let t = &self.timeline;
+        let mut seen = t.completed();
+        loop {
+            if t.reached_within(self.value, t.host_wait, idle) {
+                return true;
+            }
+            let now = t.completed();
+            if now == seen {
+                return false;
+            }
+            seen = now;
+        }
     }
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)

@@ -18,10 +18,11 @@
 //! map. Engine threads never wait (the work may be queued behind the op they
 //! run, [`crate::thread_role`]); they map, as does every thread when the ratio
 //! is off. PyTorch's caching allocator likewise frees and retries before it
-//! fails; here the retry also comes before growing. Every such wait is
-//! bounded ([`GROW_WAIT`], [`OOM_WAIT`]): the work may itself wait for this
-//! thread (a host event it signals after allocating), and then the request
-//! grows, or fails, instead of hanging.
+//! fails; here the retry also comes before growing. Every such wait gives up
+//! once the work behind it made no progress for [`GROW_WAIT`] ([`OOM_WAIT`]
+//! before out of memory): the work may itself wait for this thread (a host
+//! event it signals after allocating), and then the request grows, or fails,
+//! instead of hanging.
 //!
 //! Invariant: a chunk is unmapped only when wholly free in the TLSF.
 
@@ -39,20 +40,19 @@ use crate::thread_role;
 use crate::tlsf::{Placement, Tlsf, GRAN};
 use std::ptr::NonNull;
 
-/// The longest a request waits for queued frees before it grows instead.
-pub const GROW_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
-/// The longest a request waits for queued frees before it reports out of memory.
+/// How long the work behind a queued free may make no progress before a
+/// request that waits for it grows instead.
+pub const GROW_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+/// The same before a request reports out of memory.
 pub const OOM_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Waits for every point within `limit` in all; whether all completed.
-fn wait_all_within(
+/// Waits for every point while its work progresses (see
+/// [`crate::StreamPoint::wait_progressing`]); whether all completed.
+fn wait_all_progressing(
     points: &[std::sync::Arc<dyn crate::StreamPoint>],
-    limit: std::time::Duration,
+    idle: std::time::Duration,
 ) -> bool {
-    let start = std::time::Instant::now();
-    points
-        .iter()
-        .all(|f| f.wait_within(limit.saturating_sub(start.elapsed())))
+    points.iter().all(|f| f.wait_progressing(idle))
 }
 
 const SMALL_CHUNK: usize = 2 << 20;
@@ -154,7 +154,7 @@ impl Shared {
                     g.grow_waits += 1;
                     // Never under the lock: the engines we wait for free into it.
                     drop(g);
-                    may_wait = wait_all_within(&fences, GROW_WAIT);
+                    may_wait = wait_all_progressing(&fences, GROW_WAIT);
                     continue;
                 }
             }
@@ -197,7 +197,7 @@ impl Shared {
             if !waited && !g.pending.is_empty() && !thread_role::on_engine_thread() {
                 let fences = self.all_pending_points(&mut g);
                 drop(g);
-                wait_all_within(&fences, OOM_WAIT);
+                wait_all_progressing(&fences, OOM_WAIT);
                 waited = true;
                 continue;
             }

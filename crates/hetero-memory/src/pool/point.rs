@@ -12,14 +12,18 @@ use std::sync::Arc;
 pub trait StreamPoint: Send + Sync + fmt::Debug {
     fn is_complete(&self) -> bool;
     fn wait(&self);
-    /// Waits at most `limit` for completion; whether it completed. The pool
+    /// Waits for completion while the work behind the point makes progress,
+    /// giving up once it made none for `idle`; whether it completed. The pool
     /// waits this way only: the work behind a point may itself wait for
     /// something the waiting thread would do after the allocation (signal a
-    /// host event), and an allocation must then go on without it, not hang.
-    /// The default polls [`StreamPoint::is_complete`] with short sleeps; an
-    /// execution layer whose points need the waiter to make progress (a
-    /// simulation driven by host waits) overrides it.
-    fn wait_within(&self, limit: std::time::Duration) -> bool {
+    /// host event), and an allocation must then go on without it, not hang,
+    /// while slow work that keeps completing is still waited for. The default
+    /// knows no progress: it polls [`StreamPoint::is_complete`] with short
+    /// sleeps for `idle` in all. An execution layer overrides it (hetero's
+    /// points watch their stream's timeline, and drive a simulation in
+    /// virtual time).
+    fn wait_progressing(&self, idle: std::time::Duration) -> bool {
+        let limit = idle;
         let start = std::time::Instant::now();
         while !self.is_complete() {
             if start.elapsed() >= limit {

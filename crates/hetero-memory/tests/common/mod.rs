@@ -49,7 +49,7 @@ impl StreamPoint for ManualFence {
             st = self.cv.wait(st).expect("wait");
         }
     }
-    fn wait_within(&self, limit: std::time::Duration) -> bool {
+    fn wait_progressing(&self, limit: std::time::Duration) -> bool {
         let start = std::time::Instant::now();
         let mut st = self.state.lock().expect("lock");
         st.waiters += 1;
