@@ -8,7 +8,9 @@ use std::collections::{BTreeMap, BTreeSet};
 fn small() -> DemoConfig {
     DemoConfig {
         tiles: 32,
-        tile_bytes: 128 * 1024,
+        // Stages long enough (hundreds of µs) that engines woken ~100 µs late
+        // on this VM still overlap.
+        tile_bytes: 512 * 1024,
         reps: 2,
         iters: None,
     }
@@ -48,7 +50,7 @@ fn pipeline_profile_shows_overlap_and_consistent_outputs() {
     // Overlap needs both compute units running at once; on a loaded machine the OS
     // may serialise a run (one engine left unwoken for a while), so allow several.
     let mut found = None;
-    for _ in 0..6 {
+    for _ in 0..12 {
         let out = profile::run("pipeline", &dir, small(), |_| {}).expect("profile run");
         assert!(out.verified);
         let trace: Value =
@@ -78,7 +80,10 @@ fn pipeline_profile_shows_overlap_and_consistent_outputs() {
         .find(|e| e.to_string().contains("H2D"))
         .expect("an H2D engine in the report");
     assert_eq!(h2d["ops"].as_u64(), Some(h2d_ops), "report: {text:.400}");
-    assert_eq!(h2d["bytes"].as_u64(), Some(h2d_ops * 128 * 1024));
+    assert_eq!(
+        h2d["bytes"].as_u64(),
+        Some(h2d_ops * small().tile_bytes as u64)
+    );
 
     // The timeline: valid XML with a lane label per engine and stream used.
     let svg = std::fs::read_to_string(&out.paths.timeline_svg).unwrap();
