@@ -220,11 +220,6 @@ fn async_ops_progress_between_the_blocks_of_a_running_kernel() {
     let second_started = Arc::new(AtomicBool::new(false));
     let seen_in_kernel = Arc::new(AtomicBool::new(false));
     let d = first_done.clone();
-    std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(2));
-        d.store(true, Ordering::Release);
-    });
-    let d = first_done.clone();
     other
         .enqueue_async("first", &[], move |_: &mut AsyncContext<'_>| {
             if d.load(Ordering::Acquire) {
@@ -241,10 +236,22 @@ fn async_ops_progress_between_the_blocks_of_a_running_kernel() {
             Poll::Ready(Ok(()))
         })
         .unwrap();
-    let (st, seen) = (second_started.clone(), seen_in_kernel.clone());
+    // The first async op becomes done in the kernel's first block to run (no
+    // timer: the machine's load cannot move it past the kernel); the block
+    // that runs last looks whether the second has started meanwhile.
+    let (st, seen, done) = (
+        second_started.clone(),
+        seen_in_kernel.clone(),
+        first_done.clone(),
+    );
+    let blocks_run = Arc::new(AtomicU32::new(0));
     let k = hetero::Kernel::new("long", move |b| {
+        let n = blocks_run.fetch_add(1, Ordering::AcqRel);
+        if n == 0 {
+            done.store(true, Ordering::Release);
+        }
         std::thread::sleep(Duration::from_micros(300));
-        if b.index() + 1 == b.grid() {
+        if n + 1 == b.grid() {
             seen.store(st.load(Ordering::Acquire), Ordering::Release);
         }
     });
