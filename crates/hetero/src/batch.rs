@@ -11,6 +11,7 @@
 
 use crate::buffer::{DeviceBuffer, PinnedBuffer, Storage};
 use crate::op::{Body, CopyKind};
+use crate::stream::check_range;
 use crate::transfer::BatchOp;
 use crate::MemoryKind;
 use crate::{Error, Result, Stream};
@@ -44,18 +45,6 @@ impl std::fmt::Debug for CopyBatch {
             .field("copies", &self.op.segs.len())
             .field("bytes", &self.op.bytes)
             .finish()
-    }
-}
-
-fn range(op: &'static str, len: usize, offset: usize, count: usize) -> Result<()> {
-    match offset.checked_add(count) {
-        Some(end) if end <= len => Ok(()),
-        _ => Err(Error::OutOfBounds {
-            op,
-            offset,
-            end: offset.saturating_add(count),
-            len,
-        }),
     }
 }
 
@@ -111,8 +100,8 @@ impl CopyBatch {
                 self.op.kind
             )));
         }
-        range(op, src_len, src_offset, count)?;
-        range(op, dst_len, dst_offset, count)?;
+        check_range(op, src_len, src_offset, count)?;
+        check_range(op, dst_len, dst_offset, count)?;
         if count == 0 {
             return Ok(self);
         }

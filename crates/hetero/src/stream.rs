@@ -56,7 +56,7 @@ impl std::fmt::Debug for Stream {
     }
 }
 
-fn check_range(op: &'static str, len: usize, offset: usize, count: usize) -> Result<()> {
+pub(crate) fn check_range(op: &'static str, len: usize, offset: usize, count: usize) -> Result<()> {
     match offset.checked_add(count) {
         Some(end) if end <= len => Ok(()),
         _ => Err(Error::OutOfBounds {

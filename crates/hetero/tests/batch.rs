@@ -219,16 +219,6 @@ fn emu(cfg: EmuConfig) -> Device {
     Device::new(DeviceConfig::default().emu(cfg.capacity(1 << 30))).expect("emu")
 }
 
-/// Virtual time of `f` on a fresh stream of `dev`.
-fn modelled(dev: &Device, f: impl FnOnce(&hetero::Stream)) -> u64 {
-    let s = dev.create_stream().expect("stream");
-    s.synchronize().expect("idle");
-    let t0 = dev.now_ns();
-    f(&s);
-    s.synchronize().expect("sync");
-    dev.now_ns() - t0
-}
-
 #[test]
 fn on_emu_a_batch_pays_one_setup_and_coalescing_merges_small_copies() {
     let link = LinkPreset::pcie4x16();
@@ -237,7 +227,7 @@ fn on_emu_a_batch_pays_one_setup_and_coalescing_merges_small_copies() {
     let piece = 8 << 10;
     let h = dev.alloc_pinned::<u8>(n * piece).expect("pinned");
     let d = dev.alloc::<u8>(n * piece).expect("d");
-    let batch = modelled(&dev, |s| {
+    let batch = common::modelled(&dev, |s| {
         let mut b = CopyBatch::new(CopyKind::H2D);
         for i in 0..n {
             b.h2d(&h, i * piece, &d, (n - 1 - i) * piece, piece)
@@ -245,13 +235,13 @@ fn on_emu_a_batch_pays_one_setup_and_coalescing_merges_small_copies() {
         }
         s.copy_batch(b).expect("batch");
     });
-    let per_call = modelled(&dev, |s| {
+    let per_call = common::modelled(&dev, |s| {
         for i in 0..n {
             s.copy_h2d_range(&h, i * piece, &d, (n - 1 - i) * piece, piece)
                 .expect("copy");
         }
     });
-    let one = modelled(&dev, |s| s.copy_h2d(&h, &d).expect("one copy"));
+    let one = common::modelled(&dev, |s| s.copy_h2d(&h, &d).expect("one copy"));
     assert!(
         per_call as f64 > 1.5 * batch as f64,
         "{n} copies one by one: {per_call} ns, one batch: {batch} ns"
@@ -260,7 +250,7 @@ fn on_emu_a_batch_pays_one_setup_and_coalescing_merges_small_copies() {
         (batch as f64) < 1.2 * one as f64,
         "batch {batch} ns, one copy of the same bytes {one} ns"
     );
-    let coalesced = modelled(&dev, |s| {
+    let coalesced = common::modelled(&dev, |s| {
         s.set_coalescing(Some(Coalescing::default())).expect("on");
         for i in 0..n {
             s.copy_h2d_range(&h, i * piece, &d, (n - 1 - i) * piece, piece)
@@ -272,7 +262,7 @@ fn on_emu_a_batch_pays_one_setup_and_coalescing_merges_small_copies() {
         "coalesced {coalesced} ns, one by one {per_call} ns"
     );
     // An event between two copies ends the run: each pays its setup.
-    let split = modelled(&dev, |s| {
+    let split = common::modelled(&dev, |s| {
         s.set_coalescing(Some(Coalescing::default())).expect("on");
         s.copy_h2d_range(&h, 0, &d, 0, piece).expect("a");
         s.record_event().expect("event");
@@ -310,6 +300,6 @@ fn tiny_h2d_copies_go_inline_on_emu_and_read_the_source_at_submit() {
     let dev = emu(EmuConfig::new(link.clone()).inline_copy_max(0));
     let h = dev.pinned_from_slice(&[1u8; 1024]).expect("pinned");
     let d = dev.alloc::<u8>(1024).expect("d");
-    let t = modelled(&dev, |s| s.copy_h2d(&h, &d).expect("dma"));
+    let t = common::modelled(&dev, |s| s.copy_h2d(&h, &d).expect("dma"));
     assert!(t >= link.setup_ns, "{t}");
 }

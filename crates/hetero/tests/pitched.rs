@@ -234,16 +234,6 @@ fn kernels_read_and_write_pitched_buffers_by_rows() {
     assert!(err.to_string().contains("rows"), "{err}");
 }
 
-/// Virtual time of `f` on a fresh stream.
-fn modelled(dev: &Device, f: impl FnOnce(&hetero::Stream)) -> u64 {
-    let s = dev.create_stream().expect("stream");
-    s.synchronize().expect("idle");
-    let t0 = dev.now_ns();
-    f(&s);
-    s.synchronize().expect("sync");
-    dev.now_ns() - t0
-}
-
 #[test]
 fn on_emu_a_two_d_copy_is_one_transfer_even_for_one_byte_rows() {
     let cfg = EmuConfig::new(LinkPreset::pcie4x16()).capacity(1 << 30);
@@ -256,9 +246,9 @@ fn on_emu_a_two_d_copy_is_one_transfer_even_for_one_byte_rows() {
     let host: Vec<u8> = (0..rows).map(|i| i as u8).collect();
     let src = dev.pinned_from_slice(&host).expect("pinned");
     let flat_dst = dev.alloc::<u8>(rows).expect("flat");
-    let flat = modelled(&dev, |s| s.copy_h2d(&src, &flat_dst).expect("flat"));
+    let flat = common::modelled(&dev, |s| s.copy_h2d(&src, &flat_dst).expect("flat"));
     for dst in [&img, &odd] {
-        let two_d = modelled(&dev, |s| {
+        let two_d = common::modelled(&dev, |s| {
             s.copy_2d_h2d(&src, Region2D::flat(1, rows), dst, dst.region())
                 .expect("2-D")
         });

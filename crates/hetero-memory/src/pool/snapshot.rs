@@ -182,21 +182,7 @@ impl Shared {
                 notes: rec.chunk.notes.clone(),
                 blocks: g.tlsf[rec.kind as usize]
                     .region_blocks(rec.head)
-                    .map(|(address, size, free, tag)| {
-                        let (state, stream) = if free {
-                            (BlockState::Free, None)
-                        } else if let Some(&(st, s)) = owner_of.get(&address) {
-                            (st, Some(s))
-                        } else {
-                            (BlockState::Live, Some(tag))
-                        };
-                        BlockSnapshot {
-                            address,
-                            size,
-                            state,
-                            stream,
-                        }
-                    })
+                    .map(block_of)
                     .collect(),
             })
             .collect();

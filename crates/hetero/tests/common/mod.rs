@@ -118,3 +118,14 @@ pub fn settle(d: &Device) {
         probe.synchronize().expect("probe");
     }
 }
+
+/// Device time `f` takes on a fresh stream of `dev` (virtual time on an
+/// emulated device in virtual mode): from an idle stream to its completion.
+pub fn modelled(dev: &Device, f: impl FnOnce(&Stream)) -> u64 {
+    let s = dev.create_stream().expect("stream");
+    s.synchronize().expect("idle");
+    let t0 = dev.now_ns();
+    f(&s);
+    s.synchronize().expect("sync");
+    dev.now_ns() - t0
+}
