@@ -265,3 +265,43 @@ fn async_ops_progress_between_the_blocks_of_a_running_kernel() {
         "the second async op started only after the kernel"
     );
 }
+
+/// From inside a host callback (on an engine), an async op and a copy batch
+/// enqueue on another stream like any submission; waiting there on the
+/// callback's own stream is a typed error, never a hang.
+#[test]
+fn async_ops_and_copy_batches_enqueue_from_a_host_callback() {
+    let dev = common::device();
+    let (a, b) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let src = Arc::new(dev.pinned_from_slice(&[7u32; 16]).unwrap());
+    let dst = Arc::new(dev.alloc::<u32>(16).unwrap());
+    let polled = Arc::new(AtomicBool::new(false));
+    let (b2, a2, p) = (b.clone(), a.clone(), polled.clone());
+    let (src2, dst2) = (src.clone(), dst.clone());
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let seen2 = seen.clone();
+    a.host_fn(move || {
+        let r = (|| {
+            let mut batch = hetero::CopyBatch::new(hetero::CopyKind::H2D);
+            batch.h2d(&src2, 0, &dst2, 0, 16)?;
+            b2.copy_batch(batch)?;
+            b2.enqueue_async("from a callback", &[], move |_: &mut AsyncContext<'_>| {
+                p.store(true, Ordering::Release);
+                Poll::Ready(Ok(()))
+            })?;
+            Ok::<_, Error>(a2.synchronize().err())
+        })();
+        *seen2.lock().unwrap() = Some(r);
+    })
+    .unwrap();
+    a.synchronize().unwrap();
+    b.synchronize().unwrap();
+    let r = seen.lock().unwrap().take().expect("the callback ran");
+    let waited = r.expect("submissions from the callback");
+    assert!(
+        matches!(waited, Some(Error::WouldDeadlock { .. })),
+        "a wait on the callback's own stream: {waited:?}"
+    );
+    assert!(polled.load(Ordering::Acquire));
+    assert_eq!(b.read_to_vec(&dst).unwrap(), vec![7; 16]);
+}
