@@ -179,8 +179,25 @@ impl KArg {
 
 /// A launch's buffers: inline up to `INLINE_KERNEL_ARGS`, on the heap beyond.
 pub(crate) enum ArgList {
-    Inline([Option<KArg>; INLINE_KERNEL_ARGS]),
+    /// Filled in order; dropped by hand (`Drop` below) so that an empty launch
+    /// does not pay a check per slot.
+    Inline(std::mem::ManuallyDrop<[Option<KArg>; INLINE_KERNEL_ARGS]>),
     Heap(Box<[KArg]>),
+}
+
+impl Drop for ArgList {
+    #[inline]
+    fn drop(&mut self) {
+        if let ArgList::Inline(a) = self {
+            // The slots are filled in order: stop at the first empty one. Taking
+            // each leaves `None` behind, so nothing is dropped twice.
+            for slot in a.iter_mut() {
+                if slot.take().is_none() {
+                    break;
+                }
+            }
+        }
+    }
 }
 
 impl ArgList {
@@ -192,17 +209,28 @@ impl ArgList {
             write: a.write,
         };
         if args.is_empty() {
-            ArgList::Inline([const { None }; INLINE_KERNEL_ARGS])
+            ArgList::Inline(std::mem::ManuallyDrop::new(
+                [const { None }; INLINE_KERNEL_ARGS],
+            ))
         } else if args.len() <= INLINE_KERNEL_ARGS {
-            ArgList::Inline(std::array::from_fn(|i| args.get(i).map(karg)))
+            ArgList::Inline(std::mem::ManuallyDrop::new(std::array::from_fn(|i| {
+                args.get(i).map(karg)
+            })))
         } else {
             ArgList::Heap(args.iter().map(karg).collect())
         }
     }
 
+    /// Whether the launch has no buffers (`from_args` fills the inline slots in
+    /// order, so the first one tells).
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        matches!(self, ArgList::Inline(a) if a[0].is_none())
+    }
+
     pub(crate) fn as_slice_iter(&self) -> impl Iterator<Item = &KArg> {
         let (inline, heap): (&[Option<KArg>], &[KArg]) = match self {
-            ArgList::Inline(a) => (a, &[]),
+            ArgList::Inline(a) => (&a[..], &[]),
             ArgList::Heap(b) => (&[], b),
         };
         inline.iter().flatten().chain(heap.iter())

@@ -102,6 +102,13 @@ impl Op {
         }
     }
 
+    /// Whether the op is a kernel launch without buffers (the common empty
+    /// launch then takes and releases no access locks in a few instructions).
+    #[inline(always)]
+    fn touches_nothing(&self) -> bool {
+        matches!(&self.body, Body::Kernel { args, .. } if args.is_empty())
+    }
+
     /// The storages this op touches, with whether it writes them.
     pub(crate) fn for_each_access(&self, mut f: impl FnMut(&Storage, bool) -> bool) -> bool {
         match &self.body {
@@ -120,6 +127,9 @@ impl Op {
 
     /// Takes every access lock the op needs, or none.
     pub(crate) fn try_acquire_access(&self) -> bool {
+        if self.touches_nothing() {
+            return true;
+        }
         let mut taken = 0usize;
         let ok = self.for_each_access(|s, w| {
             if s.try_acquire(w) {
@@ -145,6 +155,9 @@ impl Op {
     }
 
     pub(crate) fn release_access(&self) {
+        if self.touches_nothing() {
+            return;
+        }
         self.for_each_access(|s, w| {
             s.release(w);
             true

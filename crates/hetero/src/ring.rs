@@ -152,6 +152,26 @@ impl<T> Ring<T> {
         )
     }
 
+    /// Removes the oldest value, which the caller saw published (`peek_with`),
+    /// returning it by value without the `Option` of [`Ring::pop`] (one move of
+    /// the value, straight into the caller's local).
+    ///
+    /// # Safety
+    /// The caller must be the only consumer since it saw the value published.
+    #[inline(always)]
+    pub(crate) unsafe fn take_head(&self) -> T {
+        let pos = self.head.load(Ordering::Relaxed);
+        let slot = &self.slots[(pos & self.mask) as usize];
+        debug_assert_eq!(slot.seq.load(Ordering::Acquire), pos + 1);
+        // SAFETY: the caller saw `seq == pos + 1` (Acquire) and has been the only
+        // consumer since, so the value is written and not yet taken; it is moved
+        // out exactly once, then the slot goes to the producer of `pos + capacity`.
+        let value = slot.value.with_mut(|p| unsafe { (*p).assume_init_read() });
+        slot.seq.store(pos + self.mask + 1, Ordering::Release);
+        self.head.store(pos + 1, Ordering::Release);
+        value
+    }
+
     /// Removes the oldest value.
     ///
     /// # Safety
