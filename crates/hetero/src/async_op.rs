@@ -17,8 +17,13 @@
 //!
 //! Invariants:
 //! - An async op is polled only when everything before it on its stream has
-//!   completed, by one thread at a time (the holder of the stream's hardware
+//!   finished, by one thread at a time (the holder of the stream's hardware
 //!   queue on the host, of the model's lock on emu); its first poll starts it.
+//!   On the host an op that follows a finished async op is started before
+//!   that one is retired (its locks released, its end published on the
+//!   timeline), which takes the retirement off a chain of remote copies' round
+//!   trips; an op whose buffers conflict with it waits for the retirement, and
+//!   a failed op's successor is never started.
 //! - Its buffers stay alive, and their access locks held (host backend), from
 //!   its first poll until it completes.
 //! - Only host-visible memory is handed out (pinned buffers; device buffers of
@@ -118,7 +123,7 @@ impl<T: Pod> DeviceBuffer<T> {
 /// What an async op sees when it is polled: its buffers' host memory and the
 /// device's clock.
 pub struct AsyncContext<'a> {
-    args: &'a [(Arc<Storage>, bool)],
+    args: &'a Few<(Arc<Storage>, bool)>,
     /// The device clock, when the backend has one of its own (emu); else the
     /// host clock, read only if asked.
     now_ns: Option<u64>,
@@ -164,19 +169,61 @@ pub(crate) enum AsyncPoll {
     Ready,
 }
 
-struct AsyncState {
-    op: Box<dyn AsyncOp>,
+/// Up to two values inline, the rest on the heap: an async op's buffers and
+/// pending writes (a remote copy has one of each) then take no allocation of
+/// their own.
+pub(crate) struct Few<T> {
+    first: [Option<T>; 2],
+    more: Vec<T>,
+}
+
+impl<T> Few<T> {
+    fn collect(items: impl IntoIterator<Item = T>) -> Self {
+        let mut few = Few {
+            first: [None, None],
+            more: Vec::new(),
+        };
+        for item in items {
+            match few.first.iter_mut().find(|slot| slot.is_none()) {
+                Some(slot) => *slot = Some(item),
+                None => few.more.push(item),
+            }
+        }
+        few
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
+        self.first.iter().flatten().chain(self.more.iter())
+    }
+
+    fn get(&self, i: usize) -> Option<&T> {
+        match self.first.get(i) {
+            Some(slot) => slot.as_ref(),
+            None => self.more.get(i - self.first.len()),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.first.iter().flatten().count() + self.more.len()
+    }
+}
+
+/// The polled part of an async op; the op itself is its last field, unsized
+/// in a stream's `AsyncBody`, so the whole body is one allocation.
+struct AsyncState<O: ?Sized> {
     polls: u64,
     result: Option<std::result::Result<(), String>>,
     end_ns: u64,
+    op: O,
 }
 
-/// An async op inside a stream (`Body::Async`).
-pub(crate) struct AsyncBody {
-    state: Mutex<AsyncState>,
-    pub(crate) args: Vec<(Arc<Storage>, bool)>,
+/// An async op inside a stream (`Body::Async`): one allocation holding the
+/// op, its buffers and its pending writes.
+pub(crate) struct AsyncBody<O: ?Sized = dyn AsyncOp> {
+    pub(crate) args: Few<(Arc<Storage>, bool)>,
     pub(crate) name: &'static str,
-    _pending: Vec<PendingWrite>,
+    _pending: Few<PendingWrite>,
+    state: Mutex<AsyncState<O>>,
 }
 
 impl AsyncBody {
@@ -193,7 +240,8 @@ impl AsyncBody {
             return AsyncPoll::Pending;
         }
         st.polls += 1;
-        let AsyncState { op, end_ns, .. } = &mut *st;
+        let st = &mut *st;
+        let (op, end_ns) = (&mut st.op, &mut st.end_ns);
         let mut cx = AsyncContext {
             args: &self.args,
             now_ns,
@@ -270,23 +318,23 @@ impl Stream {
         for a in args {
             self.order_use(a.storage)?;
         }
-        let pending = args
-            .iter()
-            .filter(|a| a.write && a.storage.kind == crate::MemoryKind::Pinned)
-            .map(|a| PendingWrite::new(a.storage))
-            .collect();
-        let body = AsyncBody {
+        let pending = Few::collect(
+            args.iter()
+                .filter(|a| a.write && a.storage.kind == crate::MemoryKind::Pinned)
+                .map(|a| PendingWrite::new(a.storage)),
+        );
+        let body: Box<AsyncBody> = Box::new(AsyncBody {
             state: Mutex::new(AsyncState {
-                op: Box::new(op),
                 polls: 0,
                 result: None,
                 end_ns: 0,
+                op,
             }),
-            args: args.iter().map(|a| (a.storage.clone(), a.write)).collect(),
+            args: Few::collect(args.iter().map(|a| (a.storage.clone(), a.write))),
             name,
             _pending: pending,
-        };
-        self.submit(Body::Async(Box::new(body)))?;
+        });
+        self.submit(Body::Async(body))?;
         Ok(())
     }
 }

@@ -305,3 +305,78 @@ fn async_ops_and_copy_batches_enqueue_from_a_host_callback() {
     assert!(polled.load(Ordering::Acquire));
     assert_eq!(b.read_to_vec(&dst).unwrap(), vec![7; 16]);
 }
+
+/// A chain of async ops, as a ping-pong of remote copies is: each one's first
+/// poll sees every op before it finished (the engine may start an op before it
+/// retires the one before, never before that one reported done), ops that
+/// write the same buffer still run one after another, and a failed op's
+/// successor is never polled.
+#[test]
+fn chained_async_ops_start_only_after_the_op_before_finished() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let mut own = [
+        dev.alloc_pinned::<u8>(64).unwrap(),
+        dev.alloc_pinned::<u8>(64).unwrap(),
+    ];
+    let mut shared = dev.alloc_pinned::<u8>(64).unwrap();
+    let finished = Arc::new(AtomicU32::new(0));
+    let misordered = Arc::new(AtomicU32::new(0));
+    const N: u32 = 2_000;
+    for i in 0..N {
+        // Every third op writes the shared buffer (its locks conflict with the
+        // op before whenever that one wrote it too); the others alternate.
+        let arg = if i % 3 == 0 {
+            AsyncArg::write_pinned(&mut shared)
+        } else {
+            AsyncArg::write_pinned(&mut own[(i % 2) as usize])
+        };
+        let (finished, misordered) = (finished.clone(), misordered.clone());
+        let mut polls = 0u32;
+        s.enqueue_async("chain", &[arg], move |cx: &mut AsyncContext<'_>| {
+            if polls == 0 && finished.load(Ordering::Acquire) != i {
+                misordered.fetch_add(1, Ordering::Relaxed);
+            }
+            polls += 1;
+            // Some finish at their first poll, some after a few.
+            if polls <= i % 4 {
+                return Poll::Pending;
+            }
+            let (ptr, len) = (cx.ptr(0).expect("one buffer"), cx.len(0).expect("len"));
+            // SAFETY: the op holds the buffer, written by no one else, until it
+            // completes.
+            unsafe { std::ptr::write_bytes(ptr, i as u8, len) };
+            finished.fetch_add(1, Ordering::Release);
+            Poll::Ready(Ok(()))
+        })
+        .unwrap();
+    }
+    s.synchronize().unwrap();
+    assert_eq!(finished.load(Ordering::Acquire), N);
+    assert_eq!(misordered.load(Ordering::Relaxed), 0, "an op started early");
+    let last = |pred: &dyn Fn(u32) -> bool| (0..N).rev().find(|&i| pred(i)).unwrap() as u8;
+    assert!(shared
+        .as_slice()
+        .unwrap()
+        .iter()
+        .all(|&b| b == last(&|i| i % 3 == 0)));
+    for (k, buf) in own.iter().enumerate() {
+        let want = last(&|i| i % 3 != 0 && i % 2 == k as u32);
+        assert!(buf.as_slice().unwrap().iter().all(|&b| b == want));
+    }
+
+    // A failed op: the one after it is never polled.
+    let polled_after = Arc::new(AtomicBool::new(false));
+    s.enqueue_async("fails", &[], |_: &mut AsyncContext<'_>| {
+        Poll::Ready(Err("refused".to_string()))
+    })
+    .unwrap();
+    let p = polled_after.clone();
+    s.enqueue_async("after", &[], move |_: &mut AsyncContext<'_>| {
+        p.store(true, Ordering::Release);
+        Poll::Ready(Ok(()))
+    })
+    .unwrap();
+    assert!(matches!(s.synchronize(), Err(Error::StreamFault { .. })));
+    assert!(!polled_after.load(Ordering::Acquire));
+}

@@ -109,7 +109,7 @@ impl Shared {
 
     /// Polls the async op at the head of a stream (started by its first poll,
     /// its access locks taken then and kept until it completes).
-    fn async_readiness(&self, op: &Op, a: &crate::async_op::AsyncBody) -> Readiness {
+    pub(super) fn async_readiness(&self, op: &Op, a: &crate::async_op::AsyncBody) -> Readiness {
         match a.poll(None, || op.try_acquire_access()) {
             AsyncPoll::Pending => Readiness::NotReady,
             AsyncPoll::Ready => Readiness::Ready(Engine::Async),
@@ -658,6 +658,32 @@ impl EngineThread {
         sh.release_queue(stream);
     }
 
+    /// After an async op of `stream` finished (its queue held, the op taken
+    /// but not yet retired): starts the stream's next op if it is an async op,
+    /// before this one's bookkeeping (access locks, drop, timeline). A chain of
+    /// remote copies, as in a ping-pong, then issues its next MPI call one
+    /// retirement earlier: the retirement (a free and several atomics) leaves
+    /// each message's round trip. The next op sees everything before it
+    /// finished; only the publication of the last one's end follows its start.
+    /// If its access locks conflict with the finished op's, it is not started
+    /// here, and starts at its usual poll after the retirement.
+    fn start_next_async(&self, sh: &Shared, stream: &HostStream) {
+        if !stream.ring.has_next() {
+            return;
+        }
+        // SAFETY: the caller holds the stream's queue, which makes this thread the
+        // ring's only consumer.
+        unsafe {
+            stream.ring.peek_with(|op, _| {
+                if let Body::Async(a) = &op.body {
+                    if stream.timeline.fault_at().is_none() {
+                        let _ = sh.async_readiness(op, a);
+                    }
+                }
+            });
+        }
+    }
+
     /// Runs one op of `stream` (the queue held) and completes it on the timeline;
     /// false when it became a multi-block kernel job, which completes later.
     /// Inlined into `execute`'s loop, so the op is never copied again after it
@@ -728,7 +754,13 @@ impl EngineThread {
                 None => Ok(()),
             },
             (Body::Graph(_), _) => unreachable!("graph launches run as jobs"),
-            (Body::Async(a), _) => a.take_result(),
+            (Body::Async(a), _) => {
+                let result = a.take_result();
+                if result.is_ok() {
+                    self.start_next_async(sh, stream);
+                }
+                result
+            }
             (Body::Record { stamp }, _) => {
                 stamp.store(crate::clock::now_ns(), Ordering::Release);
                 Ok(())
