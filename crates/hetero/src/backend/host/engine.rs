@@ -252,6 +252,9 @@ impl Shared {
     }
 }
 
+/// While polling a pending async op, one look in this many sees every stream.
+const FULL_LOOK_EVERY: u32 = 8;
+
 /// How often an engine running kernel blocks polls async ops in flight, ns.
 const BLOCK_PROGRESS_NS: u64 = 5_000;
 
@@ -359,6 +362,9 @@ pub(super) struct EngineThread {
     /// This run of continued ops has already woken another engine for the ready
     /// work it leaves behind.
     pub(super) woke: bool,
+    /// The stream whose oldest op, an async op, was not done at this engine's
+    /// last look at it (`search` polls it alone between full looks).
+    pub(super) async_head: Option<u64>,
 }
 
 impl EngineThread {
@@ -374,6 +380,7 @@ impl EngineThread {
             more: false,
             contended: false,
             woke: false,
+            async_head: None,
         }
     }
 
@@ -421,8 +428,20 @@ impl EngineThread {
             return None;
         }
         let mut found = None;
+        let mut polls = 0u32;
         let mut poll = || {
-            found = self.claim(sh);
+            // While a stream's head is an async op that was not done, most
+            // polls look at that stream alone; every `FULL_LOOK_EVERY`th is a
+            // full look, which also sees other streams' new work.
+            polls = polls.wrapping_add(1);
+            let full = polls.is_multiple_of(FULL_LOOK_EVERY);
+            found = match self.async_head {
+                Some(id) if !full => self.claim_stream(sh, id),
+                _ => None,
+            };
+            if found.is_none() && (self.async_head.is_none() || full) {
+                found = self.claim(sh);
+            }
             found.is_some() || sh.shutdown.load(Ordering::SeqCst)
         };
         // While async ops are queued each poll may be the one that sees a
@@ -559,14 +578,35 @@ impl EngineThread {
         None
     }
 
+    /// A look at one stream only (the one whose async head was not done at the
+    /// last look): its oldest op if it is ready now. A message's arrival is
+    /// then seen within a poll of that op, not a poll of every stream; the
+    /// stream is forgotten once its head is no longer a pending async op.
+    fn claim_stream(&mut self, sh: &Shared, id: u64) -> Option<Work> {
+        self.async_head = None;
+        let stream = self.streams.iter().find(|s| s.id == id)?.clone();
+        let taken = sh.queues[stream.queue]
+            .state
+            .claim_with(|| self.try_claim(sh, &stream))
+            .ok()?;
+        // Work was taken; whether other streams have any is unknown here:
+        // let the next look be a full one.
+        self.more = false;
+        Some(Work::Op { stream, taken })
+    }
+
     /// With the stream's queue claimed: takes its oldest op if it is ready.
     pub(super) fn try_claim(&mut self, sh: &Shared, stream: &HostStream) -> Option<Taken> {
         // SAFETY: the caller holds the stream's hardware-queue claim, which makes this
         // thread the ring's only consumer.
         let decision = unsafe {
-            stream
-                .ring
-                .peek_with(|op, _| (sh.readiness(stream, op), wait_hint_of(op)))
+            stream.ring.peek_with(|op, _| {
+                let ready = sh.readiness(stream, op);
+                if matches!(ready, Readiness::NotReady) && matches!(op.body, Body::Async(_)) {
+                    self.async_head = Some(stream.id);
+                }
+                (ready, wait_hint_of(op))
+            })
         };
         let engine = match decision {
             None => return None,
