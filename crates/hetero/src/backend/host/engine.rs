@@ -175,7 +175,7 @@ impl Shared {
         }
         // SAFETY: as above; `peek_with` saw the op.
         let (op, pos) = unsafe { stream.ring.pop() }.expect("peeked op is still there");
-        stream.wait_hint.store(0, Ordering::Relaxed);
+        stream.clear_wait_hint();
         Some((op, pos + 1))
     }
 
@@ -622,7 +622,7 @@ impl EngineThread {
             Some((Readiness::Ready(e), _)) => Some(e),
         };
         // The op stays at the head; the queue's holder takes it (`execute`).
-        stream.wait_hint.store(0, Ordering::Relaxed);
+        stream.clear_wait_hint();
         Some(Taken {
             value: stream.ring.head() + 1,
             engine,

@@ -102,6 +102,17 @@ impl BackendStream for HostStream {
 }
 
 impl HostStream {
+    /// Forgets what the oldest op waited for (it is taken). Stores only when a
+    /// hint is set: `wait_hint` shares a line with fields every submission
+    /// reads (`closed`, the queue's state), and a store per op would take that
+    /// line from the submitter at each op.
+    #[inline]
+    pub(super) fn clear_wait_hint(&self) {
+        if self.wait_hint.load(Ordering::Relaxed) != 0 {
+            self.wait_hint.store(0, Ordering::Relaxed);
+        }
+    }
+
     /// One more (or one fewer) async op queued on the device.
     fn count_async(&self, more: bool) {
         if let Some(sh) = self.shared.upgrade() {
