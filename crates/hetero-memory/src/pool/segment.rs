@@ -33,6 +33,19 @@ const NONE: u32 = u32::MAX;
 /// Address space per kind when `max_reserved` does not bound it.
 const MAX_SEGMENT: usize = 64 << 30;
 
+/// Where the physical memory under a block placed in a segment may come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Backing {
+    /// Granules mapped already (under other blocks, or idle under the block):
+    /// no system call, no granule taken from elsewhere.
+    Mapped,
+    /// Also cached slots and idle granules elsewhere (moved here): reserved
+    /// bytes stay as they are.
+    Spare,
+    /// Also cold slots: reserved bytes grow.
+    Cold,
+}
+
 pub(super) struct Segment {
     pub(super) range: VirtualRange,
     /// The segment's TLSF region.
@@ -167,16 +180,49 @@ impl Segments {
         (off / GRANULE, (off + len).div_ceil(GRANULE))
     }
 
+    /// Where in the free block `[start, end)` of `kind`'s segment to place
+    /// `len` bytes aligned to `align`, and the bytes of granules not mapped
+    /// yet that placement covers: at the block's low end or its high end,
+    /// whichever covers fewer (the low end on a tie), so that a block is
+    /// placed against the granules its neighbours keep mapped.
+    pub(super) fn place(
+        &self,
+        kind: Kind,
+        start: u64,
+        end: u64,
+        len: u64,
+        align: u64,
+    ) -> (u64, u64) {
+        let low = start.next_multiple_of(align);
+        let Some(seg) = self.segs[kind as usize].as_ref() else {
+            return (0, low);
+        };
+        let unmapped = |addr: u64| -> u64 {
+            let (lo, hi) = Self::span(seg, addr as usize, len as usize);
+            (lo..hi.min(seg.slot.len()))
+                .filter(|&g| seg.slot[g] == NONE)
+                .count() as u64
+                * GRANULE as u64
+        };
+        let high = (end - len) / align * align;
+        let (cl, ch) = (unmapped(low), unmapped(high.max(low)));
+        if ch < cl {
+            (ch, high)
+        } else {
+            (cl, low)
+        }
+    }
+
     /// Backs `[addr, addr + len)` of `kind`'s segment: maps the granules no
-    /// block covers yet. Without `may_grow` only cached slots and idle
-    /// granules may serve; with it, cold slots too while reserved stays within
-    /// `limit`. `Ok(false)` (nothing changed) when that is not enough.
+    /// block covers yet, from the sources `allow` names (cold slots only
+    /// while reserved stays within `limit`). `Ok(false)` (nothing changed)
+    /// when that is not enough.
     pub(super) fn back(
         &mut self,
         kind: Kind,
         addr: usize,
         len: usize,
-        may_grow: bool,
+        allow: Backing,
         limit: usize,
     ) -> Result<bool, MemoryError> {
         let Some(seg) = self.segs[kind as usize].as_ref() else {
@@ -184,6 +230,10 @@ impl Segments {
         };
         let (lo, hi) = Self::span(seg, addr, len);
         let need = (lo..hi).filter(|&g| seg.slot[g] == NONE).count();
+        if need > 0 && allow == Backing::Mapped {
+            return Ok(false);
+        }
+        let may_grow = allow == Backing::Cold;
         let idle_inside = (lo..hi).filter(|&g| seg.idle[g]).count();
         let spare = self.cached.len() + self.idle_count - idle_inside;
         let cold = need.saturating_sub(spare);
