@@ -593,6 +593,50 @@ mod tests {
     }
 
     #[test]
+    fn alloc_scored_takes_the_cheapest_candidate_and_its_address() {
+        let mut t = Tlsf::new();
+        t.add_region(0, 1 << 20);
+        let (a, _) = t.alloc(4096, 256, Placement::Low, u64::MAX).expect("a");
+        let (_b, _) = t.alloc(4096, 256, Placement::Low, u64::MAX).expect("b");
+        let (c, _) = t.alloc(4096, 256, Placement::Low, u64::MAX).expect("c");
+        t.free(a);
+        t.free(c);
+        // Free: [0, 4096) and [8192, 1 MiB). Costing the low block more, the
+        // request goes to the high end of the other.
+        let (n, addr) = t
+            .alloc_scored(
+                1024,
+                256,
+                |s, e| {
+                    if s == 0 {
+                        (1, s)
+                    } else {
+                        (0, e - 1024)
+                    }
+                },
+            )
+            .expect("fits");
+        assert_eq!(addr, (1 << 20) - 1024);
+        assert_eq!(t.size_of(n), 1024);
+        // On equal cost, the lowest address; an address outside the block
+        // or unaligned is not taken.
+        let (_, addr) = t.alloc_scored(1024, 256, |s, _| (0, s)).expect("fits");
+        assert_eq!(addr, 0);
+        let (_, addr) = t
+            .alloc_scored(
+                1024,
+                256,
+                |s, _| if s == 1024 { (0, s + 1) } else { (5, s) },
+            )
+            .expect("fits");
+        assert_eq!(
+            addr, 8192,
+            "the unaligned choice in [1024, 4096) is skipped"
+        );
+        assert!(t.alloc_scored(2 << 20, 256, |s, _| (0, s)).is_none());
+    }
+
+    #[test]
     fn alloc_free_coalesces_back_to_one_block() {
         let mut t = Tlsf::new();
         let head = t.add_region(1 << 20, 1 << 20);

@@ -112,6 +112,11 @@ impl Segments {
         self.cached.len() * GRANULE
     }
 
+    /// `mmap`/`mprotect` calls the segments' ranges made.
+    pub(super) fn os_calls(&self) -> u64 {
+        self.segs.iter().flatten().map(|s| s.range.os_calls()).sum()
+    }
+
     /// Bytes mapped with no block over them.
     pub(super) fn idle_bytes(&self) -> usize {
         self.idle_count * GRANULE
@@ -123,6 +128,15 @@ impl Segments {
 
     /// Unmaps the oldest idle granule and returns its slot.
     fn steal_idle(&mut self) -> Option<u32> {
+        let mut one = Vec::with_capacity(1);
+        self.steal_idle_run(1, &mut one);
+        one.pop()
+    }
+
+    /// Unmaps the oldest idle granule and up to `max - 1` idle granules
+    /// after it in the same segment, in one call; pushes their slots to
+    /// `out`, in address order.
+    fn steal_idle_run(&mut self, max: usize, out: &mut Vec<u32>) {
         while let Some((k, g)) = self.idle.pop_front() {
             let seg = self.segs[k as usize]
                 .as_mut()
@@ -131,19 +145,25 @@ impl Segments {
             if !seg.idle[g] {
                 continue;
             }
-            if let Err(e) = seg.range.unmap(g * GRANULE, GRANULE) {
-                tracing::error!(error = %e, "unmapping an idle granule failed; it stays mapped");
+            let mut n = 1;
+            while n < max && g + n < seg.idle.len() && seg.idle[g + n] {
+                n += 1;
+            }
+            if let Err(e) = seg.range.unmap(g * GRANULE, n * GRANULE) {
+                tracing::error!(error = %e, "unmapping idle granules failed; they stay mapped");
                 continue;
             }
-            seg.idle[g] = false;
-            self.idle_count -= 1;
-            self.unmaps += 1;
-            self.mapped -= GRANULE;
-            let s = seg.slot[g];
-            seg.slot[g] = NONE;
-            return Some(s);
+            for x in g..g + n {
+                seg.idle[x] = false;
+                out.push(seg.slot[x]);
+                seg.slot[x] = NONE;
+            }
+            // Their later entries in `idle` are skipped as no longer idle.
+            self.idle_count -= n;
+            self.unmaps += n as u64;
+            self.mapped -= n * GRANULE;
+            return;
         }
-        None
     }
 
     /// What backs the slots, and why, once the store exists.
@@ -262,9 +282,16 @@ impl Segments {
             if let Some(s) = self.cached.pop() {
                 self.cached_maps += 1;
                 supply.push((s, false));
-            } else if let Some(s) = self.steal_idle() {
-                self.cached_maps += 1;
-                supply.push((s, false));
+                continue;
+            }
+            // A run of idle granules moves here with one unmap call.
+            let mut moved = Vec::new();
+            if self.idle_count > 0 {
+                self.steal_idle_run(need - supply.len(), &mut moved);
+            }
+            if !moved.is_empty() {
+                self.cached_maps += moved.len() as u64;
+                supply.extend(moved.into_iter().map(|s| (s, false)));
             } else {
                 self.cold_maps += 1;
                 let s = self.cold.pop().unwrap_or_else(|| {
@@ -370,9 +397,13 @@ impl Segments {
             }
         }
         while self.idle_count > self.idle_budget() {
-            match self.steal_idle() {
-                Some(s) => self.cached.push(s),
-                None => break,
+            let over = self.idle_count - self.idle_budget();
+            let before = self.cached.len();
+            let mut cached = std::mem::take(&mut self.cached);
+            self.steal_idle_run(over, &mut cached);
+            self.cached = cached;
+            if self.cached.len() == before {
+                break;
             }
         }
         if self.idle.len() > 4 * self.idle_count + 64 {
