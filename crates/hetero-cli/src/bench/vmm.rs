@@ -4,16 +4,22 @@
 //! - `hetero/vmm-grow-cached`: ns to grow a reserved range by one 2 MiB
 //!   granule whose physical pages exist (one `map`); `…-touched` adds the
 //!   first touch of its pages. Peer: an anonymous 2 MiB `mmap`.
-//! - `hetero/vmm-grow-cold`: a new 2 MiB handle (sealed memfd), mapped and
-//!   populated in one call (`…-touched`: faulted in page by page). Peers: anonymous `mmap` + touch, `MAP_HUGETLB` + touch (or a note
-//!   saying why it could not run).
+//! - `hetero/vmm-grow-cold`: a new 2 MiB handle (sealed memfd), its pages
+//!   allocated in one call (`commit`, `fallocate`) and mapped: backed, the
+//!   page tables fill on first touch (`…-committed-touched` adds touching
+//!   every page). `…-populate`: mapped and faulted in with one
+//!   `MADV_POPULATE_WRITE`; `…-touched`: faulted in page by page. Peers:
+//!   anonymous `mmap` + touch, `MAP_POPULATE`, anonymous memory with
+//!   transparent huge pages (what one 2 MiB page costs), `MAP_HUGETLB` + touch
+//!   (or a note saying why it could not run).
 //! - `hetero/vmm-map-10-granules-over-one-run`: ten 2 MiB maps over one 20 MiB
 //!   map of the same cached handle, each touched (`…-map-only`: the calls
 //!   alone).
 //! - `hetero/stranded-over-live-churn`, `hetero/reserved-over-live-churn`: the
 //!   churn replay of `hetero bench alloc` on a whole pool with expandable
-//!   segments, beside the chunked pool on the same sequence; the growth trace
-//!   likewise.
+//!   segments, beside the chunked pool on the same sequence, with where
+//!   reserved stands at its peak (a note) and the map/unmap system calls per
+//!   alloc or free; the growth trace likewise.
 //! - `hetero/ipc-import-first`, `hetero/ipc-import-cached`,
 //!   `hetero/ipc-read-over-local`: see `vmm_ipc.rs`.
 
