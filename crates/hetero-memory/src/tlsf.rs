@@ -360,6 +360,83 @@ impl Tlsf {
         Some((self.carve(block, addr, size), addr))
     }
 
+    /// Allocates like [`Tlsf::alloc`] (always splitting), but the caller
+    /// chooses: among the free blocks the search looks at (the first few of
+    /// the request's own bin and of the first address bins at or above it,
+    /// each one that fits), `score(start, end)` gives the cost of the block
+    /// `[start, end)` and the address in it to place the request at (aligned,
+    /// `size` bytes inside the block); the lowest cost wins, then the lowest
+    /// address. Returns (node, address).
+    pub fn alloc_scored(
+        &mut self,
+        size: u64,
+        align: u64,
+        mut score: impl FnMut(u64, u64) -> (u64, u64),
+    ) -> Option<(u32, u64)> {
+        let size = size.max(1).checked_add(GRAN - 1)? & !(GRAN - 1);
+        let align = align.max(GRAN);
+        let need = size.checked_add(align - GRAN)?;
+        let mut best: Option<(u64, u64, u32)> = None;
+        let mut consider = |t: &Self, i: u32| {
+            if t.fits(i, size, align).is_none() {
+                return;
+            }
+            let n = &t.nodes[i as usize];
+            let (cost, addr) = score(n.addr, n.addr + n.size);
+            let inside = addr.is_multiple_of(align)
+                && addr >= n.addr
+                && addr.checked_add(size).is_some_and(|e| e <= n.addr + n.size);
+            if inside && best.is_none_or(|(c, a, _)| (cost, addr) < (c, a)) {
+                best = Some((cost, addr, i));
+            }
+        };
+        let own = mapping(need);
+        let mut i = self.heads[own.0][own.1];
+        for _ in 0..FALLBACK_SCAN {
+            if i == NIL {
+                break;
+            }
+            consider(self, i);
+            i = self.nodes[i as usize].next_free;
+        }
+        let (mut fl, mut sl) = mapping(round_size(need));
+        for _ in 0..self.address_bins.max(1) {
+            let sl_map = self.sl_bitmap[fl] & (!0u32).checked_shl(sl as u32).unwrap_or(0);
+            let (f, s) = if sl_map != 0 {
+                (fl, sl_map.trailing_zeros() as usize)
+            } else {
+                let fl_map = if fl + 1 >= FL {
+                    0
+                } else {
+                    self.fl_bitmap & (!0u64 << (fl + 1))
+                };
+                if fl_map == 0 {
+                    break;
+                }
+                let f = fl_map.trailing_zeros() as usize;
+                (f, self.sl_bitmap[f].trailing_zeros() as usize)
+            };
+            let mut i = self.heads[f][s];
+            for _ in 0..4 {
+                if i == NIL {
+                    break;
+                }
+                consider(self, i);
+                i = self.nodes[i as usize].next_free;
+            }
+            (fl, sl) = if s + 1 < SL {
+                (f, s + 1)
+            } else if f + 1 < FL {
+                (f + 1, 0)
+            } else {
+                break;
+            };
+        }
+        let (_, addr, block) = best?;
+        self.remove_free(block);
+        Some((self.carve(block, addr, size), addr))
+    }
+
     /// Splits the (unlisted) block `b` so `[addr, addr + size)` is one used node;
     /// the rest goes back to the bins. `b` stays the front-most piece.
     fn carve(&mut self, b: u32, addr: u64, size: u64) -> u32 {
@@ -513,6 +590,50 @@ mod tests {
         }
         assert_eq!(round_size(1), 256);
         assert_eq!(round_size(4096), 4096);
+    }
+
+    #[test]
+    fn alloc_scored_takes_the_cheapest_candidate_and_its_address() {
+        let mut t = Tlsf::new();
+        t.add_region(0, 1 << 20);
+        let (a, _) = t.alloc(4096, 256, Placement::Low, u64::MAX).expect("a");
+        let (_b, _) = t.alloc(4096, 256, Placement::Low, u64::MAX).expect("b");
+        let (c, _) = t.alloc(4096, 256, Placement::Low, u64::MAX).expect("c");
+        t.free(a);
+        t.free(c);
+        // Free: [0, 4096) and [8192, 1 MiB). Costing the low block more, the
+        // request goes to the high end of the other.
+        let (n, addr) = t
+            .alloc_scored(
+                1024,
+                256,
+                |s, e| {
+                    if s == 0 {
+                        (1, s)
+                    } else {
+                        (0, e - 1024)
+                    }
+                },
+            )
+            .expect("fits");
+        assert_eq!(addr, (1 << 20) - 1024);
+        assert_eq!(t.size_of(n), 1024);
+        // On equal cost, the lowest address; an address outside the block
+        // or unaligned is not taken.
+        let (_, addr) = t.alloc_scored(1024, 256, |s, _| (0, s)).expect("fits");
+        assert_eq!(addr, 0);
+        let (_, addr) = t
+            .alloc_scored(
+                1024,
+                256,
+                |s, _| if s == 1024 { (0, s + 1) } else { (5, s) },
+            )
+            .expect("fits");
+        assert_eq!(
+            addr, 8192,
+            "the unaligned choice in [1024, 4096) is skipped"
+        );
+        assert!(t.alloc_scored(2 << 20, 256, |s, _| (0, s)).is_none());
     }
 
     #[test]

@@ -116,6 +116,83 @@ fn a_partly_used_granule_stays_mapped_until_its_last_block_goes() {
 }
 
 #[test]
+fn a_block_goes_against_the_granules_its_neighbours_keep_mapped() {
+    const M: usize = 1 << 20;
+    let p = pool(PoolConfig::default().stream_cache_bytes(0));
+    // a: [0, 3.5 MiB), b: [3.5, 7.5 MiB), c: [7.5, 9.5 MiB) of the segment
+    // for 1-10 MiB buffers: granules 0-4.
+    let a = p.alloc(7 * M / 2, 0, 0).expect("a");
+    let b = p.alloc(4 * M, 0, 0).expect("b");
+    let c = p.alloc(2 * M, 0, 0).expect("c");
+    let b_at = b.ptr().as_ptr() as usize;
+    assert_eq!(b_at, a.ptr().as_ptr() as usize + 7 * M / 2);
+    assert_eq!(p.stats().mapped, 5 * G);
+    // Freeing b leaves granule 2 ([4, 6 MiB)) under no block; a large
+    // buffer then takes its physical memory.
+    p.free(b, 0, Vec::new());
+    let huge = p.alloc(20 * M, 0, 0).expect("huge");
+    let st = p.stats();
+    assert_eq!(
+        st.mapped_idle, 0,
+        "the idle granule moved under the new buffer"
+    );
+    // 1.25 MiB fits in the free part of granule 3 ([6, 7.5 MiB), mapped for
+    // c), not in that of granule 1 ([3.5, 4 MiB)): it goes at the hole's
+    // high end and maps nothing.
+    let x = p.alloc(5 * M / 4, 0, 0).expect("x");
+    assert_eq!(x.ptr().as_ptr() as usize, b_at + 4 * M - 5 * M / 4);
+    let st2 = p.stats();
+    assert_eq!(
+        (st2.mapped, st2.granule_maps_cached, st2.granule_maps_cold),
+        (st.mapped, st.granule_maps_cached, st.granule_maps_cold),
+        "no granule mapped for x"
+    );
+    for z in [a, c, huge, x] {
+        p.free(z, 0, Vec::new());
+    }
+}
+
+#[test]
+fn new_blocks_fill_granules_that_cached_blocks_hold_before_spare_ones() {
+    let p = pool(PoolConfig::default());
+    // Spare physical memory: a freed 20 MiB buffer leaves cached and idle
+    // granules.
+    let spare = p.alloc(20 << 20, 0, 0).expect("spare");
+    p.free(spare, 0, Vec::new());
+    // 64 small blocks of 8 size classes (8 each, which the stream's caches
+    // hold) fill the first granules of the small segment, then go to the
+    // caches.
+    let sizes: Vec<usize> = (0..64).map(|i| (33 + 4 * (i % 8)) << 10).collect();
+    let small: Vec<_> = sizes
+        .iter()
+        .map(|&s| p.alloc(s, 0, 0).expect("small"))
+        .collect();
+    let used: usize = small.iter().map(|a| a.size()).sum();
+    let granules = used.div_ceil(G);
+    let st = p.stats();
+    assert_eq!(st.mapped - st.mapped_idle, granules * G);
+    assert_eq!(st.reserved, 20 << 20, "from the spare memory");
+    for a in small {
+        p.free(a, 0, Vec::new());
+    }
+    assert!(p.stats().cached >= used, "the caches hold the small blocks");
+    // Blocks of another class: the cached blocks go back and the new ones
+    // take their place, rather than granules from the spare memory.
+    let other: Vec<_> = (0..used / (128 << 10))
+        .map(|_| p.alloc(128 << 10, 0, 0).expect("other"))
+        .collect();
+    let st = p.stats();
+    assert_eq!(
+        st.mapped - st.mapped_idle,
+        granules * G,
+        "the new blocks lie in the granules the cached ones held"
+    );
+    for a in other {
+        p.free(a, 0, Vec::new());
+    }
+}
+
+#[test]
 fn max_reserved_bounds_mapped_and_cached_granules() {
     let p = pool(PoolConfig::default().max_reserved(32 << 20));
     let mut live = Vec::new();

@@ -4,16 +4,22 @@
 //! - `hetero/vmm-grow-cached`: ns to grow a reserved range by one 2 MiB
 //!   granule whose physical pages exist (one `map`); `…-touched` adds the
 //!   first touch of its pages. Peer: an anonymous 2 MiB `mmap`.
-//! - `hetero/vmm-grow-cold`: a new 2 MiB handle (sealed memfd), mapped and
-//!   populated in one call (`…-touched`: faulted in page by page). Peers: anonymous `mmap` + touch, `MAP_HUGETLB` + touch (or a note
-//!   saying why it could not run).
+//! - `hetero/vmm-grow-cold`: a new 2 MiB handle (sealed memfd), its pages
+//!   allocated in one call (`commit`, `fallocate`) and mapped: backed, the
+//!   page tables fill on first touch (`…-committed-touched` adds touching
+//!   every page). `…-populate`: mapped and faulted in with one
+//!   `MADV_POPULATE_WRITE`; `…-touched`: faulted in page by page. Peers:
+//!   anonymous `mmap` + touch, `MAP_POPULATE`, anonymous memory with
+//!   transparent huge pages (what one 2 MiB page costs), `MAP_HUGETLB` + touch
+//!   (or a note saying why it could not run).
 //! - `hetero/vmm-map-10-granules-over-one-run`: ten 2 MiB maps over one 20 MiB
 //!   map of the same cached handle, each touched (`…-map-only`: the calls
 //!   alone).
 //! - `hetero/stranded-over-live-churn`, `hetero/reserved-over-live-churn`: the
 //!   churn replay of `hetero bench alloc` on a whole pool with expandable
-//!   segments, beside the chunked pool on the same sequence; the growth trace
-//!   likewise.
+//!   segments, beside the chunked pool on the same sequence, with where
+//!   reserved stands at its peak (a note) and the map/unmap system calls per
+//!   alloc or free; the growth trace likewise.
 //! - `hetero/ipc-import-first`, `hetero/ipc-import-cached`,
 //!   `hetero/ipc-read-over-local`: see `vmm_ipc.rs`.
 
@@ -125,35 +131,61 @@ fn unmap(p: *mut u8, len: usize) {
 fn grow_cold(rep: &mut BenchReport, samples: usize) {
     let ctx = MemoryContext::unlimited("bench");
     let mut range = ctx.reserve(G, Granularity::Huge2M).expect("reserve");
-    let (mut cold, mut cold_touched) = (Vec::new(), Vec::new());
+    let (mut committed, mut populated, mut touched, mut committed_touched) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut note = None;
+    let handle = |ctx: &MemoryContext| {
+        ctx.create_physical(G, Granularity::Huge2M)
+            .expect("physical")
+    };
     for _ in 0..samples {
+        // The chosen way: the pages are allocated in one call and mapped;
+        // page tables fill on first touch.
         let t = Instant::now();
-        let h = ctx
-            .create_physical(G, Granularity::Huge2M)
-            .expect("physical");
+        let h = handle(&ctx);
+        h.commit(0, G).expect("commit");
+        range.map(0, &h, 0, G, Access::ReadWrite).expect("map");
+        committed.push(ns(t));
+        // SAFETY: mapped read-write just now.
+        unsafe { touch(range.ptr(), G) };
+        committed_touched.push(ns(t));
+        range.unmap(0, G).expect("unmap");
+        // Allocating and filling page tables in one call.
+        let t = Instant::now();
+        let h = handle(&ctx);
         range.map(0, &h, 0, G, Access::ReadWrite).expect("map");
         range.populate(0, G).expect("populate");
-        cold.push(ns(t));
+        populated.push(ns(t));
         range.unmap(0, G).expect("unmap");
+        // Allocating page by page, on first touch.
         let t = Instant::now();
-        let h = ctx
-            .create_physical(G, Granularity::Huge2M)
-            .expect("physical");
+        let h = handle(&ctx);
         range.map(0, &h, 0, G, Access::ReadWrite).expect("map");
         // SAFETY: mapped read-write just now.
         unsafe { touch(range.ptr(), G) };
-        cold_touched.push(ns(t));
+        touched.push(ns(t));
         range.unmap(0, G).expect("unmap");
         if note.is_none() {
             note = Some(format!("{:?}: {}", h.page_kind(), h.notes().join("; ")));
         }
     }
-    rep.push_samples("hetero/vmm-grow-cold", "ns", &mut cold);
-    rep.push_samples("hetero/vmm-grow-cold-touched", "ns", &mut cold_touched);
+    rep.push_samples("hetero/vmm-grow-cold", "ns", &mut committed);
+    rep.push_samples("hetero/vmm-grow-cold-populate", "ns", &mut populated);
+    rep.push_samples("hetero/vmm-grow-cold-touched", "ns", &mut touched);
+    rep.push_samples(
+        "hetero/vmm-grow-cold-committed-touched",
+        "ns",
+        &mut committed_touched,
+    );
     if let Some(n) = note {
         rep.notes.push(format!("vmm 2 MiB handles are {n}"));
     }
+    rep.notes.push(
+        "hetero/vmm-grow-cold: a new handle, its pages allocated with one fallocate (commit) and mapped; \
+         page tables fill on first touch (…-committed-touched adds touching every page). \
+         …-populate: mapped and faulted in with MADV_POPULATE_WRITE; …-touched: faulted in page by page"
+            .into(),
+    );
     let mut anon = Vec::new();
     for _ in 0..samples {
         let t = Instant::now();
@@ -172,6 +204,41 @@ fn grow_cold(rep: &mut BenchReport, samples: usize) {
         unmap(p, G);
     }
     rep.push_samples("mmap/anon-map-populate-2m", "ns", &mut anon_pop);
+    // What one 2 MiB page costs: anonymous memory with transparent huge
+    // pages (shared memory, which handles are, has them only where
+    // shmem_enabled allows).
+    let mut thp = Vec::new();
+    for _ in 0..samples {
+        let p = anon_map(2 * G, rustix::mm::MapFlags::NORESERVE).expect("anonymous mmap");
+        let at = (p as usize).next_multiple_of(G) as *mut u8;
+        let t = Instant::now();
+        // SAFETY: [at, at + G) lies inside the fresh 4 MiB mapping.
+        let r = unsafe {
+            rustix::mm::madvise(at.cast(), G, rustix::mm::Advice::LinuxHugepage).and_then(|()| {
+                rustix::mm::madvise(at.cast(), G, rustix::mm::Advice::LinuxPopulateWrite)
+            })
+        };
+        let dt = ns(t);
+        unmap(p, 2 * G);
+        if r.is_err() {
+            break;
+        }
+        thp.push(dt);
+    }
+    if !thp.is_empty() {
+        rep.push_samples("mmap/anon-thp-populate-2m", "ns", &mut thp);
+        rep.ratio(
+            "vmm-grow-cold hetero/anon-thp-populate",
+            "hetero/vmm-grow-cold",
+            "mmap/anon-thp-populate-2m",
+        );
+        let thp_mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+            .unwrap_or_default();
+        rep.notes.push(format!(
+            "mmap/anon-thp-populate-2m: anonymous memory with MADV_HUGEPAGE (transparent_hugepage/enabled = {})",
+            thp_mode.trim()
+        ));
+    }
     rep.ratio(
         "vmm-grow-cold hetero/anon-mmap-populate",
         "hetero/vmm-grow-cold",
@@ -257,17 +324,30 @@ fn map_ten(rep: &mut BenchReport, samples: usize) {
     }
 }
 
-/// Replays the churn sequence on a whole pool: per step, mapped physical
-/// bytes no live buffer covers over live bytes; and peak reserved over peak
-/// live; and the mean ns per alloc or free.
-fn churn_on_pool(config: PoolConfig, quick: bool) -> (Vec<f64>, f64, f64) {
+/// What the churn replay measured on one pool.
+struct Churn {
+    /// Per step, mapped physical bytes no live buffer covers over live bytes.
+    stranded: Vec<f64>,
+    /// Peak reserved physical over peak live.
+    peak: f64,
+    /// Mean ns per alloc or free.
+    per_op: f64,
+    /// Where reserved stood, part by part, at the step it peaked.
+    at_peak: String,
+    /// System calls the pool made to map and unmap memory, per alloc or free.
+    os_calls_per_op: f64,
+}
+
+/// Replays the churn sequence on a whole pool.
+fn churn_on_pool(config: PoolConfig, quick: bool) -> Churn {
     let seq = churn_sequence(quick);
     let pool = DevicePool::new(config).expect("pool");
     let mut live: Vec<Option<hetero_memory::Allocation>> = Vec::new();
     let (mut live_bytes, mut peak_live) = (0usize, 0usize);
     let mut stranded = Vec::with_capacity(seq.len());
     let (mut ops, mut op_ns) = (0u64, 0f64);
-    for (victim, add) in &seq {
+    let (mut top, mut at_peak) = (0usize, String::new());
+    for (step, (victim, add)) in seq.iter().enumerate() {
         let t = Instant::now();
         if *victim != usize::MAX {
             if let Some(a) = live.swap_remove(*victim) {
@@ -286,12 +366,48 @@ fn churn_on_pool(config: PoolConfig, quick: bool) -> (Vec<f64>, f64, f64) {
         peak_live = peak_live.max(live_bytes);
         let st = pool.stats();
         stranded.push(st.mapped.saturating_sub(live_bytes) as f64 / live_bytes as f64);
+        if st.reserved > top {
+            top = st.reserved;
+            let mib = |b: usize| b as f64 / (1 << 20) as f64;
+            // Mapped bytes under blocks handed out that are neither live nor
+            // cached: the free bytes of granules a block covers in part.
+            let partial = st
+                .mapped
+                .saturating_sub(st.mapped_idle + st.allocated + st.cached);
+            at_peak = format!(
+                "step {step}: reserved {:.1} MiB = live {:.1} + rounding {:.1} + block caches {:.1} \
+                 + idle granules {:.1} + cached granules {:.1} + free in mapped granules {:.1}",
+                mib(st.reserved),
+                mib(live_bytes),
+                mib(st.allocated.saturating_sub(live_bytes)),
+                mib(st.cached),
+                mib(st.mapped_idle),
+                mib(st.physical_cached),
+                mib(partial),
+            );
+        }
     }
     let peak = pool.stats().peak_reserved as f64 / peak_live as f64;
+    let st = pool.stats();
+    let os_calls = if st.expandable {
+        st.granule_os_calls
+    } else {
+        st.os_calls.mmap + st.os_calls.munmap + st.os_calls.madvise
+    };
+    at_peak.push_str(&format!(
+        "; peak live {:.1} MiB",
+        peak_live as f64 / (1 << 20) as f64
+    ));
     for a in live.into_iter().flatten() {
         pool.free(a, 0, Vec::new());
     }
-    (stranded, peak, op_ns / ops as f64)
+    Churn {
+        stranded,
+        peak,
+        per_op: op_ns / ops as f64,
+        at_peak,
+        os_calls_per_op: os_calls as f64 / ops as f64,
+    }
 }
 
 fn churn(rep: &mut BenchReport, quick: bool) {
@@ -299,12 +415,20 @@ fn churn(rep: &mut BenchReport, quick: bool) {
         ("hetero", PoolConfig::default().expandable_segments(true)),
         ("chunked", PoolConfig::default().expandable_segments(false)),
     ] {
-        let (mut stranded, peak, per_op) = churn_on_pool(config.clone(), quick);
+        let Churn {
+            mut stranded,
+            peak,
+            per_op,
+            at_peak,
+            os_calls_per_op,
+        } = churn_on_pool(config.clone(), quick);
         rep.push_samples(
             &format!("{name}/stranded-over-live-churn"),
             "ratio",
             &mut stranded,
         );
+        rep.notes
+            .push(format!("{name} churn, reserved at its peak: {at_peak}"));
         rep.push_value(
             &format!("{name}/reserved-over-live-churn"),
             "ratio",
@@ -312,6 +436,12 @@ fn churn(rep: &mut BenchReport, quick: bool) {
             1,
         );
         rep.push_value(&format!("{name}/pool-churn-replay-op"), "ns", per_op, 1);
+        rep.push_value(
+            &format!("{name}/pool-churn-replay-os-calls-per-op"),
+            "calls",
+            os_calls_per_op,
+            1,
+        );
         let growth = growth_ratio(config, quick);
         rep.push_value(
             &format!("{name}/reserved-over-live-growth"),
@@ -323,12 +453,13 @@ fn churn(rep: &mut BenchReport, quick: bool) {
     // The same replay without the per-stream block caches (which hold up to
     // 64 MiB of freed small blocks, mapped but not live): how much of the
     // figure they are.
-    let (_, peak, _) = churn_on_pool(
+    let peak = churn_on_pool(
         PoolConfig::default()
             .expandable_segments(true)
             .stream_cache_bytes(0),
         quick,
-    );
+    )
+    .peak;
     rep.push_value(
         "hetero/reserved-over-live-churn-stream-cache-0",
         "ratio",
@@ -349,6 +480,11 @@ fn churn(rep: &mut BenchReport, quick: bool) {
         "pool-churn-replay-op hetero/chunked",
         "hetero/pool-churn-replay-op",
         "chunked/pool-churn-replay-op",
+    );
+    rep.ratio(
+        "pool-churn-replay-os-calls-per-op hetero/chunked",
+        "hetero/pool-churn-replay-os-calls-per-op",
+        "chunked/pool-churn-replay-os-calls-per-op",
     );
     rep.notes.push(
         "hetero/… churn and growth figures are the pool with expandable_segments:true, \

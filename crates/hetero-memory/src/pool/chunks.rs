@@ -28,7 +28,7 @@
 
 use super::allocation::Allocation;
 use super::entry::{class_for_block, FRONT_MAX};
-use super::segment::GRANULE;
+use super::segment::{Backing, GRANULE};
 use super::{Shared, Slow, StreamId};
 #[cfg(doc)]
 use crate::config::PoolConfig;
@@ -125,7 +125,8 @@ impl Shared {
                 break a;
             }
             self.reap(&mut g);
-            if let Some(a) = self.tlsf_alloc(&mut g, kind, rounded, align, stream, false) {
+            if let Some(a) = self.tlsf_alloc(&mut g, kind, rounded, align, stream, Backing::Mapped)
+            {
                 break a;
             }
             if self.config.reuse != ReusePolicy::Opportunistic {
@@ -135,13 +136,25 @@ impl Shared {
             }
             // Before growing, this stream's cached blocks go back so they can
             // coalesce (a batch that grows N -> N+1 needs no new chunks for
-            // the sizes it just freed).
+            // the sizes it just freed). In a segment, mapping a granule under
+            // the block is growing too, even from spare physical memory: the
+            // cached blocks are tried first, so that new blocks fill the
+            // granules mapped already rather than spread over new ones.
             if self.flush_stream(&mut g, stream) {
                 self.reap(&mut g);
-                if let Some(a) = self.tlsf_alloc(&mut g, kind, rounded, align, stream, false) {
+                if let Some(a) =
+                    self.tlsf_alloc(&mut g, kind, rounded, align, stream, Backing::Mapped)
+                {
                     break a;
                 }
                 if let Some(a) = self.take_pending(&mut g, stream, rounded, align, false) {
+                    break a;
+                }
+            }
+            if g.segments.is_some() {
+                if let Some(a) =
+                    self.tlsf_alloc(&mut g, kind, rounded, align, stream, Backing::Spare)
+                {
                     break a;
                 }
             }
@@ -164,14 +177,16 @@ impl Shared {
             self.release_free_chunks(&mut g, None);
             let mut mapped = self.map_chunk(&mut g, kind, need);
             if let Ok(true) = mapped {
-                if let Some(a) = self.tlsf_alloc(&mut g, kind, rounded, align, stream, true) {
+                if let Some(a) =
+                    self.tlsf_alloc(&mut g, kind, rounded, align, stream, Backing::Cold)
+                {
                     break a;
                 }
             }
             // Out of memory: free cached blocks not in use, release unused chunks, retry.
             self.flush_slots(&mut g);
             self.reap(&mut g);
-            if let Some(a) = self.tlsf_alloc(&mut g, kind, rounded, align, stream, false) {
+            if let Some(a) = self.tlsf_alloc(&mut g, kind, rounded, align, stream, Backing::Spare) {
                 break a;
             }
             if let Some(a) = self.take_pending(&mut g, stream, rounded, align, false) {
@@ -186,7 +201,9 @@ impl Shared {
             if !matches!(mapped, Err(MemoryError::HugePagesUnavailable { .. })) {
                 mapped = self.map_chunk(&mut g, kind, need);
                 if let Ok(true) = mapped {
-                    if let Some(a) = self.tlsf_alloc(&mut g, kind, rounded, align, stream, true) {
+                    if let Some(a) =
+                        self.tlsf_alloc(&mut g, kind, rounded, align, stream, Backing::Cold)
+                    {
                         break a;
                     }
                 }
@@ -244,8 +261,10 @@ impl Shared {
         rounded: usize,
         align: usize,
         stream: StreamId,
-        fresh: bool,
+        allow: Backing,
     ) -> Option<Allocation> {
+        // A chunk mapped for this request.
+        let fresh = allow == Backing::Cold;
         // Huge blocks are never split: a freed one serves a later request only
         // when it wastes at most 1/8, otherwise it is released and a chunk of
         // the right size mapped (keeps reserved close to live as sizes grow).
@@ -255,8 +274,21 @@ impl Shared {
         } else {
             u64::MAX
         };
-        let (node, addr) =
-            g.tlsf[kind as usize].alloc(rounded as u64, align as u64, Placement::Low, no_split)?;
+        let (node, addr) = match g.segments.as_ref() {
+            // In a segment, the block goes where it maps the fewest new
+            // granules.
+            Some(segs) => {
+                g.tlsf[kind as usize].alloc_scored(rounded as u64, align as u64, |start, end| {
+                    segs.place(kind, start, end, rounded as u64, align as u64)
+                })?
+            }
+            None => g.tlsf[kind as usize].alloc(
+                rounded as u64,
+                align as u64,
+                Placement::Low,
+                no_split,
+            )?,
+        };
         let t = &mut g.tlsf[kind as usize];
         t.set_tag(node, stream);
         let block = t.size_of(node) as usize;
@@ -264,7 +296,7 @@ impl Shared {
             // Physical memory under the block: cached granules always, new
             // ones only when growing (`fresh`) within max_reserved.
             let limit = self.config.max_reserved;
-            match segs.back(kind, addr as usize, block, fresh, limit) {
+            match segs.back(kind, addr as usize, block, allow, limit) {
                 Ok(true) => {
                     g.reserved = segs.reserved();
                     g.peak_reserved = g.peak_reserved.max(g.reserved);

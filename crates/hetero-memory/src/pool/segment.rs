@@ -33,6 +33,19 @@ const NONE: u32 = u32::MAX;
 /// Address space per kind when `max_reserved` does not bound it.
 const MAX_SEGMENT: usize = 64 << 30;
 
+/// Where the physical memory under a block placed in a segment may come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Backing {
+    /// Granules mapped already (under other blocks, or idle under the block):
+    /// no system call, no granule taken from elsewhere.
+    Mapped,
+    /// Also cached slots and idle granules elsewhere (moved here): reserved
+    /// bytes stay as they are.
+    Spare,
+    /// Also cold slots: reserved bytes grow.
+    Cold,
+}
+
 pub(super) struct Segment {
     pub(super) range: VirtualRange,
     /// The segment's TLSF region.
@@ -99,6 +112,11 @@ impl Segments {
         self.cached.len() * GRANULE
     }
 
+    /// `mmap`/`mprotect` calls the segments' ranges made.
+    pub(super) fn os_calls(&self) -> u64 {
+        self.segs.iter().flatten().map(|s| s.range.os_calls()).sum()
+    }
+
     /// Bytes mapped with no block over them.
     pub(super) fn idle_bytes(&self) -> usize {
         self.idle_count * GRANULE
@@ -110,6 +128,15 @@ impl Segments {
 
     /// Unmaps the oldest idle granule and returns its slot.
     fn steal_idle(&mut self) -> Option<u32> {
+        let mut one = Vec::with_capacity(1);
+        self.steal_idle_run(1, &mut one);
+        one.pop()
+    }
+
+    /// Unmaps the oldest idle granule and up to `max - 1` idle granules
+    /// after it in the same segment, in one call; pushes their slots to
+    /// `out`, in address order.
+    fn steal_idle_run(&mut self, max: usize, out: &mut Vec<u32>) {
         while let Some((k, g)) = self.idle.pop_front() {
             let seg = self.segs[k as usize]
                 .as_mut()
@@ -118,19 +145,25 @@ impl Segments {
             if !seg.idle[g] {
                 continue;
             }
-            if let Err(e) = seg.range.unmap(g * GRANULE, GRANULE) {
-                tracing::error!(error = %e, "unmapping an idle granule failed; it stays mapped");
+            let mut n = 1;
+            while n < max && g + n < seg.idle.len() && seg.idle[g + n] {
+                n += 1;
+            }
+            if let Err(e) = seg.range.unmap(g * GRANULE, n * GRANULE) {
+                tracing::error!(error = %e, "unmapping idle granules failed; they stay mapped");
                 continue;
             }
-            seg.idle[g] = false;
-            self.idle_count -= 1;
-            self.unmaps += 1;
-            self.mapped -= GRANULE;
-            let s = seg.slot[g];
-            seg.slot[g] = NONE;
-            return Some(s);
+            for x in g..g + n {
+                seg.idle[x] = false;
+                out.push(seg.slot[x]);
+                seg.slot[x] = NONE;
+            }
+            // Their later entries in `idle` are skipped as no longer idle.
+            self.idle_count -= n;
+            self.unmaps += n as u64;
+            self.mapped -= n * GRANULE;
+            return;
         }
-        None
     }
 
     /// What backs the slots, and why, once the store exists.
@@ -167,16 +200,49 @@ impl Segments {
         (off / GRANULE, (off + len).div_ceil(GRANULE))
     }
 
+    /// Where in the free block `[start, end)` of `kind`'s segment to place
+    /// `len` bytes aligned to `align`, and the bytes of granules not mapped
+    /// yet that placement covers: at the block's low end or its high end,
+    /// whichever covers fewer (the low end on a tie), so that a block is
+    /// placed against the granules its neighbours keep mapped.
+    pub(super) fn place(
+        &self,
+        kind: Kind,
+        start: u64,
+        end: u64,
+        len: u64,
+        align: u64,
+    ) -> (u64, u64) {
+        let low = start.next_multiple_of(align);
+        let Some(seg) = self.segs[kind as usize].as_ref() else {
+            return (0, low);
+        };
+        let unmapped = |addr: u64| -> u64 {
+            let (lo, hi) = Self::span(seg, addr as usize, len as usize);
+            (lo..hi.min(seg.slot.len()))
+                .filter(|&g| seg.slot[g] == NONE)
+                .count() as u64
+                * GRANULE as u64
+        };
+        let high = (end - len) / align * align;
+        let (cl, ch) = (unmapped(low), unmapped(high.max(low)));
+        if ch < cl {
+            (ch, high)
+        } else {
+            (cl, low)
+        }
+    }
+
     /// Backs `[addr, addr + len)` of `kind`'s segment: maps the granules no
-    /// block covers yet. Without `may_grow` only cached slots and idle
-    /// granules may serve; with it, cold slots too while reserved stays within
-    /// `limit`. `Ok(false)` (nothing changed) when that is not enough.
+    /// block covers yet, from the sources `allow` names (cold slots only
+    /// while reserved stays within `limit`). `Ok(false)` (nothing changed)
+    /// when that is not enough.
     pub(super) fn back(
         &mut self,
         kind: Kind,
         addr: usize,
         len: usize,
-        may_grow: bool,
+        allow: Backing,
         limit: usize,
     ) -> Result<bool, MemoryError> {
         let Some(seg) = self.segs[kind as usize].as_ref() else {
@@ -184,6 +250,10 @@ impl Segments {
         };
         let (lo, hi) = Self::span(seg, addr, len);
         let need = (lo..hi).filter(|&g| seg.slot[g] == NONE).count();
+        if need > 0 && allow == Backing::Mapped {
+            return Ok(false);
+        }
+        let may_grow = allow == Backing::Cold;
         let idle_inside = (lo..hi).filter(|&g| seg.idle[g]).count();
         let spare = self.cached.len() + self.idle_count - idle_inside;
         let cold = need.saturating_sub(spare);
@@ -212,9 +282,16 @@ impl Segments {
             if let Some(s) = self.cached.pop() {
                 self.cached_maps += 1;
                 supply.push((s, false));
-            } else if let Some(s) = self.steal_idle() {
-                self.cached_maps += 1;
-                supply.push((s, false));
+                continue;
+            }
+            // A run of idle granules moves here with one unmap call.
+            let mut moved = Vec::new();
+            if self.idle_count > 0 {
+                self.steal_idle_run(need - supply.len(), &mut moved);
+            }
+            if !moved.is_empty() {
+                self.cached_maps += moved.len() as u64;
+                supply.extend(moved.into_iter().map(|s| (s, false)));
             } else {
                 self.cold_maps += 1;
                 let s = self.cold.pop().unwrap_or_else(|| {
@@ -320,9 +397,13 @@ impl Segments {
             }
         }
         while self.idle_count > self.idle_budget() {
-            match self.steal_idle() {
-                Some(s) => self.cached.push(s),
-                None => break,
+            let over = self.idle_count - self.idle_budget();
+            let before = self.cached.len();
+            let mut cached = std::mem::take(&mut self.cached);
+            self.steal_idle_run(over, &mut cached);
+            self.cached = cached;
+            if self.cached.len() == before {
+                break;
             }
         }
         if self.idle.len() > 4 * self.idle_count + 64 {

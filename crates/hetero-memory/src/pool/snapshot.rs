@@ -51,6 +51,9 @@ pub struct PoolStats {
     pub granule_maps_cold: u64,
     pub granule_unmaps: u64,
     pub granule_releases: u64,
+    /// With segments: `mmap`/`mprotect` calls made to map and unmap granules
+    /// (a run of granules maps or unmaps in one).
+    pub granule_os_calls: u64,
 }
 
 /// State of one block in a [`Snapshot`].
@@ -136,6 +139,7 @@ impl Shared {
             granule_maps_cold: segs.map_or(0, |s| s.cold_maps),
             granule_unmaps: segs.map_or(0, |s| s.unmaps),
             granule_releases: segs.map_or(0, |s| s.releases),
+            granule_os_calls: segs.map_or(0, |s| s.os_calls()),
         }
     }
 

@@ -266,20 +266,58 @@ impl PhysicalMemory {
         self.inner.fd.as_fd()
     }
 
-    /// Gives the pages of `[offset, offset + len)` back to the system
-    /// (`fallocate(PUNCH_HOLE)`): they read as zero afterwards, mapped or not.
-    pub fn release(&self, offset: usize, len: usize) -> Result<(), MemoryError> {
+    fn check_pages(
+        &self,
+        what: &'static str,
+        offset: usize,
+        len: usize,
+    ) -> Result<(), MemoryError> {
         let g = self.inner.granularity.bytes();
-        check_aligned("release offset", offset, g)?;
-        check_aligned("release length", len, g)?;
+        let (at, length) = match what {
+            "commit" => ("commit offset", "commit length"),
+            _ => ("release offset", "release length"),
+        };
+        check_aligned(at, offset, g)?;
+        check_aligned(length, len, g)?;
         if offset.checked_add(len).is_none_or(|e| e > self.inner.size) {
             return Err(MemoryError::OutOfRange {
-                what: "release",
+                what,
                 offset,
                 len,
                 size: Bytes(self.inner.size),
             });
         }
+        Ok(())
+    }
+
+    /// Allocates the pages of `[offset, offset + len)` now (`fallocate`),
+    /// keeping what they hold: from then on a mapping of them is backed (its
+    /// first touch of a page only fills the page table, it cannot run out of
+    /// memory), like `cuMemCreate`'s memory before `cuMemMap`. One call for
+    /// the whole range, cheaper than faulting the pages in through a mapping
+    /// ([`VirtualRange::populate`](super::VirtualRange::populate)), which
+    /// also fills the page tables.
+    pub fn commit(&self, offset: usize, len: usize) -> Result<(), MemoryError> {
+        self.check_pages("commit", offset, len)?;
+        rustix::fs::fallocate(
+            &self.inner.fd,
+            rustix::fs::FallocateFlags::empty(),
+            offset as u64,
+            len as u64,
+        )
+        .map_err(|e| {
+            os(
+                format!("fallocate of {} of a memfd", Bytes(len)),
+                e,
+                "the system is out of memory (or the memfd's tmpfs is full): free memory or commit less",
+            )
+        })
+    }
+
+    /// Gives the pages of `[offset, offset + len)` back to the system
+    /// (`fallocate(PUNCH_HOLE)`): they read as zero afterwards, mapped or not.
+    pub fn release(&self, offset: usize, len: usize) -> Result<(), MemoryError> {
+        self.check_pages("release", offset, len)?;
         rustix::fs::fallocate(
             &self.inner.fd,
             rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,

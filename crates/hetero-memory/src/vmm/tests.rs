@@ -317,6 +317,40 @@ fn released_pages_read_as_zero() {
 }
 
 #[test]
+fn committed_pages_are_allocated_and_keep_their_contents() {
+    let c = ctx();
+    let p = c
+        .create_physical(4 * K4, Granularity::Page4K)
+        .expect("physical");
+    let allocated = |p: &crate::vmm::PhysicalMemory| {
+        rustix::fs::fstat(p.fd()).expect("fstat").st_blocks as usize * 512
+    };
+    assert_eq!(allocated(&p), 0, "a new handle holds no pages");
+    let mut r = c.reserve(4 * K4, Granularity::Page4K).expect("reserve");
+    r.map(0, &p, 0, 4 * K4, Access::ReadWrite).expect("map");
+    // SAFETY: mapped read-write.
+    unsafe { r.ptr().write(7) };
+    p.commit(0, 2 * K4).expect("commit");
+    assert_eq!(allocated(&p), 2 * K4, "the touched page and the next one");
+    // SAFETY: still mapped read-write.
+    unsafe {
+        assert_eq!(r.ptr().read_volatile(), 7, "commit keeps the contents");
+        assert_eq!(r.ptr().add(K4).read_volatile(), 0);
+    }
+    assert!(matches!(
+        p.commit(K4, 1),
+        Err(MemoryError::Unaligned {
+            what: "commit length",
+            ..
+        })
+    ));
+    assert!(matches!(
+        p.commit(2 * K4, 4 * K4),
+        Err(MemoryError::OutOfRange { what: "commit", .. })
+    ));
+}
+
+#[test]
 fn huge_handles_say_what_backs_them() {
     let c = ctx();
     let p = c
