@@ -313,13 +313,14 @@ impl RunState {
             .unwrap_or_else(|p| p.into_inner())
             .pop()
             .unwrap_or_else(|| RunState::new(n));
-        r.reset(&e.sched.hot);
+        r.reset(&e.sched);
         r
     }
 
     /// Readies a run state (owned alone) for a launch: counters of the joins,
     /// sources queued. Stores, not `get_mut`: the loom atomics have none.
-    fn reset(&mut self, hot: &[Hot]) {
+    fn reset(&mut self, sched: &crate::graph::schedule::Schedule) {
+        let hot = &sched.hot;
         let tail = self.tail.load(Ordering::Relaxed);
         for slot in &self.ready[..tail] {
             slot.store(0, Ordering::Relaxed);
@@ -330,18 +331,14 @@ impl RunState {
             }
         }
         *self.error.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
-        for (v, h) in hot.iter().enumerate() {
-            if h.preds >= 2 {
-                self.counters[v].store(h.preds, Ordering::Relaxed);
-            }
+        for &v in &sched.joins {
+            self.counters[v as usize].store(hot[v as usize].preds, Ordering::Relaxed);
         }
         self.head.store(0, Ordering::Relaxed);
         self.tail.store(0, Ordering::Relaxed);
         self.remaining.store(hot.len(), Ordering::Relaxed);
-        for (v, h) in hot.iter().enumerate() {
-            if h.preds == 0 {
-                self.push(v as u32);
-            }
+        for &v in &sched.sources {
+            self.push(v);
         }
     }
 

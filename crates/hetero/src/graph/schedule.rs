@@ -54,6 +54,11 @@ pub(crate) struct Schedule {
     pub(crate) hazard_edges: usize,
     /// The lane schedule's length in unit steps (one per node on one lane).
     pub(crate) steps: u32,
+    /// Nodes without predecessors, in node order (queued at each launch).
+    pub(crate) sources: Vec<u32>,
+    /// Nodes with two or more predecessors (their counters are reset at each
+    /// launch): a launch readies its run state in O(sources + joins), not O(nodes).
+    pub(crate) joins: Vec<u32>,
 }
 
 fn graph_error(detail: String) -> Error {
@@ -310,7 +315,7 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize, memory: MemoryOrder) -> 
         lanes as usize,
     );
     let (preds, succ_start, succ) = successors_of(n, &edges);
-    let hot = (0..n)
+    let hot: Vec<Hot> = (0..n)
         .map(|v| Hot {
             preds: preds[v],
             next: lane_next[v],
@@ -318,7 +323,15 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize, memory: MemoryOrder) -> 
             succ_end: succ_start[v + 1],
         })
         .collect();
+    let sources = (0..n as u32)
+        .filter(|&v| hot[v as usize].preds == 0)
+        .collect();
+    let joins = (0..n as u32)
+        .filter(|&v| hot[v as usize].preds >= 2)
+        .collect();
     Ok(Schedule {
+        sources,
+        joins,
         order,
         succ,
         hot,
