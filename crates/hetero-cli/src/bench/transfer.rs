@@ -9,7 +9,8 @@
 //! - `emu/batch-4096x8k-over-one-32m`: 4096 scattered 8 KiB H2D copies in one
 //!   batch over one 32 MiB copy (target ≤ 1.2);
 //! - `emu/per-call-4096x8k-over-batch`: the same copies one op each over the
-//!   batch (target ≥ 20);
+//!   batch (target ≥ 20), and the same two figures for the 32 MiB as 8192
+//!   copies of 4 KiB (`emu/…-8192x4k-…`);
 //! - `hetero/batch-submit-per-descriptor`: ns to add a descriptor and submit
 //!   (target ≤ 50), beside `hetero/per-call-submit` (one op per copy);
 //! - `emu/copy2d-worst-over-flat`: the worst 2-D copy over a flat copy of the
@@ -72,6 +73,51 @@ fn modelled(dev: &Device, f: impl FnOnce(&hetero::Stream) -> Result<()>) -> Resu
     Ok((dev.now_ns() - t0) as f64)
 }
 
+/// The batch figures for the same bytes as 8 192 scattered 4 KiB copies
+/// (`emu/…-8192x4k-…`), modelled.
+fn small_pieces(
+    rep: &mut BenchReport,
+    dev: &Device,
+    h: &hetero::PinnedBuffer<u8>,
+    d: &hetero::DeviceBuffer<u8>,
+) -> Result<()> {
+    const SMALL: usize = 4 << 10;
+    let pieces = PIECE * PIECES / SMALL;
+    let (src, dst) = (
+        scatter(pieces),
+        scatter(pieces).into_iter().rev().collect::<Vec<_>>(),
+    );
+    let one = modelled(dev, |s| s.copy_h2d(h, d))?;
+    let batch = modelled(dev, |s| {
+        let mut b = CopyBatch::with_capacity(CopyKind::H2D, pieces);
+        for (a, z) in src.iter().zip(&dst) {
+            b.h2d(h, a * SMALL, d, z * SMALL, SMALL)?;
+        }
+        s.copy_batch(b)
+    })?;
+    let per_call = modelled(dev, |s| {
+        for (a, z) in src.iter().zip(&dst) {
+            s.copy_h2d_range(h, a * SMALL, d, z * SMALL, SMALL)?;
+        }
+        Ok(())
+    })?;
+    rep.push_value("emu/batch-8192x4k-ns", "ns", batch, 1);
+    rep.push_value("emu/per-call-8192x4k-ns", "ns", per_call, 1);
+    rep.push_value("emu/batch-8192x4k-over-one-32m", "x", batch / one, 1);
+    rep.push_value("emu/per-call-8192x4k-over-batch", "x", per_call / batch, 1);
+    rep.ratio(
+        "emu/batch-8192x4k-over-one-32m",
+        "emu/batch-8192x4k-ns",
+        "emu/one-32m-ns",
+    );
+    rep.ratio(
+        "emu/per-call-8192x4k-over-batch",
+        "emu/per-call-8192x4k-ns",
+        "emu/batch-8192x4k-ns",
+    );
+    Ok(())
+}
+
 /// Batch against one copy and against one call per copy (modelled), and the
 /// real submission cost per descriptor beside one op per copy.
 fn batches(rep: &mut BenchReport, cfg: &EmuConfig, reps: usize) -> Result<()> {
@@ -131,6 +177,9 @@ fn batches(rep: &mut BenchReport, cfg: &EmuConfig, reps: usize) -> Result<()> {
          ({} ns) each time; the ratio is about 1 + setup x bandwidth / 8 KiB",
         cfg.link().setup_ns
     ));
+    // The same 32 MiB in 4 KiB pieces (pages, the size of many small images):
+    // the ratio grows as the per-copy setup weighs more against the bytes.
+    small_pieces(rep, &dev, &h, &d)?;
 
     // Real time to submit, per descriptor (building the batch included) and per
     // op; the model runs only at the synchronize after the timed part.
