@@ -313,14 +313,15 @@ impl RunState {
             .unwrap_or_else(|p| p.into_inner())
             .pop()
             .unwrap_or_else(|| RunState::new(n));
-        r.reset(&e.sched);
+        r.reset(&e.sched.hot, &e.sched.sources, &e.sched.joins);
         r
     }
 
     /// Readies a run state (owned alone) for a launch: counters of the joins,
     /// sources queued. Stores, not `get_mut`: the loom atomics have none.
-    fn reset(&mut self, sched: &crate::graph::schedule::Schedule) {
-        let hot = &sched.hot;
+    /// `sources` and `joins` are the nodes without and with two or more
+    /// predecessors (`Schedule::sources`, `Schedule::joins`).
+    fn reset(&mut self, hot: &[Hot], sources: &[u32], joins: &[u32]) {
         let tail = self.tail.load(Ordering::Relaxed);
         for slot in &self.ready[..tail] {
             slot.store(0, Ordering::Relaxed);
@@ -331,13 +332,13 @@ impl RunState {
             }
         }
         *self.error.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
-        for &v in &sched.joins {
+        for &v in joins {
             self.counters[v as usize].store(hot[v as usize].preds, Ordering::Relaxed);
         }
         self.head.store(0, Ordering::Relaxed);
         self.tail.store(0, Ordering::Relaxed);
         self.remaining.store(hot.len(), Ordering::Relaxed);
-        for &v in &sched.sources {
+        for &v in sources {
             self.push(v);
         }
     }
@@ -657,7 +658,12 @@ mod loom_tests {
         loom::model(move || {
             let (hot, succ) = diamond();
             let mut r = RunState::new(4);
-            r.reset(&hot);
+            let of = |keep: fn(u32) -> bool| -> Vec<u32> {
+                (0..hot.len() as u32)
+                    .filter(|&v| keep(hot[v as usize].preds))
+                    .collect()
+            };
+            r.reset(&hot, &of(|p| p == 0), &of(|p| p >= 2));
             let r = Arc::new(*r);
             let done: Arc<Vec<AtomicU32>> = Arc::new((0..4).map(|_| AtomicU32::new(0)).collect());
             let (r2, d2, h2, s2) = (r.clone(), done.clone(), hot.clone(), succ.clone());
