@@ -11,9 +11,11 @@
 //!   the simulation on the waiting thread (`Driver`): dispatch, jump the clock to
 //!   the next completion, complete, repeat, until the point waited for is
 //!   reached. The same program gives the same trace (`trace_hash`).
-//! - **real time**: a driver thread runs the model against the wall clock and
-//!   sleeps (parked, burning no core) until the next modelled completion or a
-//!   submission. Host waits park on the timelines as on the host backend.
+//! - **real time**: a driver thread runs the model against the wall clock. It
+//!   waits for a modelled completion less than `SPIN_NS` away awake (spinning,
+//!   then yielding), for a farther one parked until shortly before it, and for
+//!   a submission parked (burning no core). Host waits park on the timelines as
+//!   on the host backend.
 //!
 //! Data moves and kernels run in both modes (on the driving thread), so results
 //! are checked as on any device. Invariants: only the holder of the `sim` lock
@@ -49,6 +51,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use stream::EmuStream;
+
+/// Real time: the driver waits for a modelled completion nearer than this
+/// awake (spinning, then yielding its core), not parked. Waking a parked
+/// thread costs about 100 µs on a busy 2-core VM (scheduler latency; timer
+/// slack without `set_current_timer_slack`), more than a whole pipeline stage
+/// of a small transfer; a spin hand-off costs well under a microsecond. A
+/// farther completion is slept for until `SPIN_NS / 2` before it.
+const SPIN_NS: u64 = 200_000;
+/// The first part of such a wait only spins (see `spin_until`).
+const SPIN_ONLY_NS: u64 = 50_000;
 
 pub(crate) struct EmuShared {
     device: u64,
@@ -150,6 +162,9 @@ impl EmuShared {
         crate::backend::mark_engine_thread();
         let _inside = sim::InSim::enter();
         crate::timeline::set_engine_wait(refuse_wait);
+        // Its long waits end close to their deadline: without this a timed
+        // park may oversleep by the default 50 µs of timer slack.
+        let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1_000));
         loop {
             let seen = self.pending.load(Ordering::Acquire);
             let next = {
@@ -171,28 +186,53 @@ impl EmuShared {
                 }
                 (sim.next_event(&self.emu.link), sim.polling())
             };
-            let (next, polling) = next;
             let now = self.now_ns();
-            // An async op polled and not done completes without a submission:
-            // look again after at most `async_poll`.
-            let next = match (next, polling) {
-                (Some(t), true) => Some(t.min(now + self.config.async_poll.as_nanos() as u64)),
-                (None, true) => Some(now + self.config.async_poll.as_nanos() as u64),
-                (next, false) => next,
-            };
             match next {
-                Some(t) if t <= now => continue,
-                Some(t) => self.wake.park_until(
-                    || self.pending.load(Ordering::Acquire) != seen,
-                    Some(Duration::from_nanos(t - now)),
-                ),
-                None => self.wake.park_until(
-                    || {
-                        self.pending.load(Ordering::Acquire) != seen
-                            || self.shutdown.load(Ordering::Acquire)
-                    },
-                    Some(Duration::from_millis(50)),
-                ),
+                (Some(t), _) if t <= now => continue,
+                // A modelled completion soon: wait for it awake (see `SPIN_NS`).
+                (Some(t), _) if t - now <= SPIN_NS => self.spin_until(t, seen),
+                // A far one: sleep until shortly before it, then wait awake. An
+                // async op polled and not done completes without a submission:
+                // look again after at most `async_poll`.
+                (next, polling) => {
+                    let far = next.map(|t| t - now - SPIN_NS / 2);
+                    let poll = polling.then(|| self.config.async_poll.as_nanos() as u64);
+                    match far.into_iter().chain(poll).min() {
+                        Some(ns) => self.wake.park_until(
+                            || self.pending.load(Ordering::Acquire) != seen,
+                            Some(Duration::from_nanos(ns)),
+                        ),
+                        None => self.wake.park_until(
+                            || {
+                                self.pending.load(Ordering::Acquire) != seen
+                                    || self.shutdown.load(Ordering::Acquire)
+                            },
+                            Some(Duration::from_millis(50)),
+                        ),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits awake until the wall clock reaches `t` or a submission comes:
+    /// spins for up to `SPIN_ONLY_NS`, then yields the core between looks (a
+    /// yield on a busy machine may hand the core away for a whole time slice,
+    /// longer than a short wait itself).
+    fn spin_until(&self, t: u64, seen: u64) {
+        let from = self.now_ns();
+        loop {
+            let now = self.now_ns();
+            if now >= t
+                || self.pending.load(Ordering::Acquire) != seen
+                || self.shutdown.load(Ordering::Acquire)
+            {
+                return;
+            }
+            if now - from < SPIN_ONLY_NS {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
             }
         }
     }
