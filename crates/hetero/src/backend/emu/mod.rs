@@ -61,6 +61,11 @@ use stream::EmuStream;
 const SPIN_NS: u64 = 200_000;
 /// The first part of such a wait only spins (see `spin_until`).
 const SPIN_ONLY_NS: u64 = 50_000;
+/// Real time: an idle driver waits awake this long for the next submission
+/// before it parks (the host backend's engines and waits do the same with
+/// `CompletionMode::DEFAULT_SPIN`): a program that waits and then submits its
+/// next step finds the device awake.
+const IDLE_SPIN_NS: u64 = 200_000;
 
 pub(crate) struct EmuShared {
     device: u64,
@@ -165,6 +170,10 @@ impl EmuShared {
         // Its long waits end close to their deadline: without this a timed
         // park may oversleep by the default 50 µs of timer slack.
         let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1_000));
+        // When the model last had work or a submission came: an idle driver
+        // stays awake `IDLE_SPIN_NS` after it, so the next op submitted right
+        // after a wait (a program's next step) does not wait for a wake-up.
+        let (mut busy_at, mut last_seen) = (0u64, u64::MAX);
         loop {
             let seen = self.pending.load(Ordering::Acquire);
             let next = {
@@ -187,8 +196,14 @@ impl EmuShared {
                 (sim.next_event(&self.emu.link), sim.polling())
             };
             let now = self.now_ns();
+            if next.0.is_some() || seen != last_seen {
+                (busy_at, last_seen) = (now, seen);
+            }
             match next {
                 (Some(t), _) if t <= now => continue,
+                (None, false) if now - busy_at < IDLE_SPIN_NS => {
+                    self.spin_until(busy_at + IDLE_SPIN_NS, seen)
+                }
                 // A modelled completion soon: wait for it awake (see `SPIN_NS`).
                 (Some(t), _) if t - now <= SPIN_NS => self.spin_until(t, seen),
                 // A far one: sleep until shortly before it, then wait awake. An

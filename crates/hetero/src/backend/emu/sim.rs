@@ -168,23 +168,33 @@ impl Sim {
         self.refresh(sh);
         self.polling = false;
         let mut any = false;
+        // Out of `self` while ops start: borrowed, not cloned, per look (an
+        // `Arc` clone is an atomic add on a line the submitters read).
+        // (Should a panic unwind through here, the next `refresh` sees a stale
+        // generation and lists the streams again.)
+        let streams = std::mem::take(&mut self.streams);
+        let generation = std::mem::replace(&mut self.generation, u64::MAX);
         loop {
             let mut progressed = false;
             self.order.clear();
-            for (i, s) in self.streams.iter().enumerate() {
+            for (i, s) in streams.iter().enumerate() {
                 let served = s.last_served.load(Ordering::Relaxed);
                 let prio = s.priority.load(Ordering::Relaxed);
                 self.order.push((prio, served, s.id, i));
             }
-            self.order.sort_unstable();
+            if self.order.len() > 1 {
+                self.order.sort_unstable();
+            }
             for k in 0..self.order.len() {
-                let stream = self.streams[self.order[k].3].clone();
-                while self.try_start(sh, &stream) {
+                let stream = &streams[self.order[k].3];
+                while self.try_start(sh, stream) {
                     progressed = true;
                 }
             }
             any |= progressed;
             if !progressed {
+                self.streams = streams;
+                self.generation = generation;
                 return any;
             }
         }
