@@ -45,6 +45,7 @@ use crate::park::Parker;
 use crate::ring::Ring;
 use crate::timeline::{Driver, Timeline};
 use crate::{Error, Result};
+use crossbeam_utils::CachePadded;
 use memory::{Arena, ArenaChunks};
 use sim::Sim;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -67,6 +68,39 @@ const SPIN_ONLY_NS: u64 = 50_000;
 /// next step finds the device awake.
 const IDLE_SPIN_NS: u64 = 200_000;
 
+/// What a submitting thread touches of its device: the device clock and the
+/// driver's doorbell. Kept apart from `EmuShared` (and its `Arc` counts), whose
+/// fields the simulation reads on every step, so that a submitter on another
+/// core never writes a cache line the driver reads.
+pub(crate) struct Doorbell {
+    time: TimeMode,
+    start: Instant,
+    /// The device clock in virtual time, ns.
+    clock: CachePadded<AtomicU64>,
+    /// Submissions so far (real time: the driver looks when it changes).
+    pending: CachePadded<AtomicU64>,
+    /// The real-time driver parks here between events.
+    wake: Parker,
+}
+
+impl Doorbell {
+    /// The device clock, ns: virtual, or wall ns since the device started.
+    pub(crate) fn now_ns(&self) -> u64 {
+        match self.time {
+            TimeMode::Virtual => self.clock.load(Ordering::Acquire),
+            TimeMode::Real => self.start.elapsed().as_nanos() as u64,
+        }
+    }
+
+    /// A submission happened: the real-time driver looks.
+    pub(crate) fn ring(&self) {
+        if self.time == TimeMode::Real {
+            self.pending.fetch_add(1, Ordering::Release);
+            self.wake.wake(1);
+        }
+    }
+}
+
 pub(crate) struct EmuShared {
     device: u64,
     pub(crate) emu: EmuConfig,
@@ -74,13 +108,9 @@ pub(crate) struct EmuShared {
     sim: Mutex<Sim>,
     pub(crate) streams: super::StreamList<EmuStream>,
     next_stream: AtomicU64,
-    /// The device clock: virtual ns, or wall ns since `start`.
-    clock: AtomicU64,
-    start: Instant,
+    /// The device clock and the driver's doorbell (see `Doorbell`).
+    pub(crate) bell: Arc<Doorbell>,
     hash: AtomicU64,
-    /// The real-time driver parks here between events.
-    wake: Parker,
-    pending: AtomicU64,
     shutdown: AtomicBool,
     /// This device context's page table and I/O TLB.
     pub(crate) iommu: Arc<iommu::Iommu>,
@@ -98,14 +128,13 @@ impl EmuShared {
 
     /// The device clock, ns.
     pub(crate) fn now_ns(&self) -> u64 {
-        match self.emu.time {
-            TimeMode::Virtual => self.clock.load(Ordering::Acquire),
-            TimeMode::Real => self.start.elapsed().as_nanos() as u64,
-        }
+        self.bell.now_ns()
     }
 
     pub(crate) fn publish_now(&self, now: u64) {
-        self.clock.store(now, Ordering::Release);
+        if self.bell.time == TimeMode::Virtual {
+            self.bell.clock.store(now, Ordering::Release);
+        }
     }
 
     pub(crate) fn publish_hash(&self, h: u64) {
@@ -114,10 +143,7 @@ impl EmuShared {
 
     /// A submission happened: the real-time driver looks.
     pub(crate) fn submitted(&self) {
-        if self.real_time() {
-            self.pending.fetch_add(1, Ordering::Release);
-            self.wake.wake(1);
-        }
+        self.bell.ring();
     }
 
     /// Runs the model (virtual time) until `ready()` or nothing more can happen.
@@ -175,21 +201,27 @@ impl EmuShared {
         // after a wait (a program's next step) does not wait for a wake-up.
         let (mut busy_at, mut last_seen) = (0u64, u64::MAX);
         loop {
-            let seen = self.pending.load(Ordering::Acquire);
+            let seen = self.bell.pending.load(Ordering::Acquire);
             let next = {
                 let mut sim = self.sim.lock().unwrap_or_else(|p| p.into_inner());
                 // Catch the model up with the wall clock, event by event (rates
                 // change only at events), starting what became ready on the way.
                 let wall = self.now_ns();
+                let mut dispatched = false;
                 while let Some(t) = sim.next_event(&self.emu.link) {
                     if t > wall {
                         break;
                     }
                     sim.advance_to(self, t);
                     sim.dispatch(self);
+                    dispatched = true;
                 }
-                sim.advance_to(self, wall);
-                sim.dispatch(self);
+                // Ops submitted since the last look start now (the ones that
+                // became ready at an event started then, above).
+                if !dispatched || self.bell.pending.load(Ordering::Acquire) != seen {
+                    sim.advance_to(self, wall);
+                    sim.dispatch(self);
+                }
                 if self.shutdown.load(Ordering::Acquire) && sim.idle() && self.drained() {
                     return;
                 }
@@ -213,13 +245,13 @@ impl EmuShared {
                     let far = next.map(|t| t - now - SPIN_NS / 2);
                     let poll = polling.then(|| self.config.async_poll.as_nanos() as u64);
                     match far.into_iter().chain(poll).min() {
-                        Some(ns) => self.wake.park_until(
-                            || self.pending.load(Ordering::Acquire) != seen,
+                        Some(ns) => self.bell.wake.park_until(
+                            || self.bell.pending.load(Ordering::Acquire) != seen,
                             Some(Duration::from_nanos(ns)),
                         ),
-                        None => self.wake.park_until(
+                        None => self.bell.wake.park_until(
                             || {
-                                self.pending.load(Ordering::Acquire) != seen
+                                self.bell.pending.load(Ordering::Acquire) != seen
                                     || self.shutdown.load(Ordering::Acquire)
                             },
                             Some(Duration::from_millis(50)),
@@ -239,7 +271,7 @@ impl EmuShared {
         loop {
             let now = self.now_ns();
             if now >= t
-                || self.pending.load(Ordering::Acquire) != seen
+                || self.bell.pending.load(Ordering::Acquire) != seen
                 || self.shutdown.load(Ordering::Acquire)
             {
                 return;
@@ -345,11 +377,14 @@ impl EmuBackend {
             sim: Mutex::new(Sim::new(config.copy_engines, config.compute_units)),
             streams: super::StreamList::new(),
             next_stream: AtomicU64::new(1),
-            clock: AtomicU64::new(0),
-            start: Instant::now(),
+            bell: Arc::new(Doorbell {
+                time: emu.time,
+                start: Instant::now(),
+                clock: CachePadded::new(AtomicU64::new(0)),
+                pending: CachePadded::new(AtomicU64::new(0)),
+                wake: Parker::new(),
+            }),
             hash: AtomicU64::new(0),
-            wake: Parker::new(),
-            pending: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
             iommu,
             emu: emu.clone(),
@@ -424,6 +459,7 @@ impl Backend for EmuBackend {
             in_flight: AtomicBool::new(false),
             last_served: AtomicU64::new(0),
             shared: Arc::downgrade(sh),
+            bell: sh.bell.clone(),
             host_wait: sh.config.host_wait,
             coalesce_max: AtomicU64::new(0),
             coalesce_window: AtomicU64::new(0),
@@ -473,7 +509,7 @@ impl Backend for EmuBackend {
     fn shutdown(&self) {
         let _ = self.synchronize();
         self.shared.shutdown.store(true, Ordering::Release);
-        self.shared.wake.wake(u32::MAX);
+        self.shared.bell.wake.wake(u32::MAX);
         let driver = self.driver.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(d) = driver {
             let _ = d.join();

@@ -115,6 +115,10 @@ pub(crate) struct Sim {
     /// The last dispatch polled an async op that is not done: whoever drives
     /// the model must poll again without being woken.
     polling: bool,
+    /// An op completed the moment it started (a record, a wait, a host
+    /// callback, a skip) in this dispatch pass: a stream waiting on it may
+    /// start now. Ops that only took an engine unblock nobody.
+    completed_at_start: bool,
 }
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -145,6 +149,7 @@ impl Sim {
             order: Vec::new(),
             finished: Vec::new(),
             polling: false,
+            completed_at_start: false,
         }
     }
 
@@ -176,6 +181,7 @@ impl Sim {
         let generation = std::mem::replace(&mut self.generation, u64::MAX);
         loop {
             let mut progressed = false;
+            self.completed_at_start = false;
             self.order.clear();
             for (i, s) in streams.iter().enumerate() {
                 let served = s.last_served.load(Ordering::Relaxed);
@@ -192,7 +198,9 @@ impl Sim {
                 }
             }
             any |= progressed;
-            if !progressed {
+            // Another pass can start something only if an op completed in
+            // this one (engines only got busier otherwise).
+            if !progressed || !self.completed_at_start {
                 self.streams = streams;
                 self.generation = generation;
                 return any;
@@ -328,6 +336,7 @@ impl Sim {
             merged,
         };
         if engine == Engine::None && async_end.is_none() {
+            self.completed_at_start = true;
             self.complete(sh, run);
         } else {
             stream.in_flight.store(true, Ordering::Relaxed);
