@@ -225,32 +225,78 @@ type Times = (Duration, Duration);
 
 /// Where the demo reads time: the wall clock on the host; the device clock on an
 /// emulated device (virtual ns in virtual time), with the wall clock beside it.
+/// In real time a run is timed by events recorded on the device before its
+/// first op and after each stream's last (as `cudaEventElapsedTime` times GPU
+/// work): the device clock read after `synchronize` would add the host's own
+/// wake-up from its wait (~100 µs here once it parks) to the device's time.
 #[derive(Clone, Copy)]
-struct Clock<'a>(Option<&'a Device>);
+struct Clock<'a> {
+    device: Option<&'a Device>,
+    events: bool,
+}
 
 struct Mark {
     wall: Instant,
     device: u64,
+    /// In real time: recorded before the run's first op.
+    start: Option<Event>,
 }
 
-impl Clock<'_> {
-    fn mark(&self) -> Mark {
-        Mark {
-            wall: Instant::now(),
-            device: self.0.map_or(0, Device::now_ns),
+impl<'a> Clock<'a> {
+    fn wall() -> Self {
+        Clock {
+            device: None,
+            events: false,
         }
     }
 
-    /// Time since `m` on the demo's clock, and on the wall clock.
-    fn since(&self, m: &Mark) -> Times {
+    fn device(dev: &'a Device, real_time: bool) -> Self {
+        Clock {
+            device: Some(dev),
+            events: real_time,
+        }
+    }
+
+    /// Marks the start of a run whose first op goes to `first`.
+    fn mark(&self, first: &Stream) -> Result<Mark> {
+        Ok(Mark {
+            wall: Instant::now(),
+            device: self.device.map_or(0, Device::now_ns),
+            start: if self.events {
+                Some(first.record_event()?)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// Events after the last op of each of `streams` (real time), before the
+    /// caller synchronizes them.
+    fn ends(&self, streams: &[&Stream]) -> Result<Vec<Event>> {
+        if !self.events {
+            return Ok(Vec::new());
+        }
+        streams.iter().map(|s| s.record_event()).collect()
+    }
+
+    /// Time since `m` on the demo's clock (to the last of `ends`, once they
+    /// completed), and on the wall clock.
+    fn since(&self, m: &Mark, ends: &[Event]) -> Result<Times> {
         let wall = m.wall.elapsed();
-        match self.0 {
-            None => (wall, wall),
-            Some(d) => (
+        Ok(match (self.device, &m.start) {
+            (None, _) => (wall, wall),
+            (Some(_), Some(start)) => {
+                let mut ms = 0.0f64;
+                for end in ends {
+                    ms = ms.max(start.elapsed_ms(end)?);
+                }
+                (Duration::from_secs_f64(ms / 1e3), wall)
+            }
+            (Some(d), None) => (
                 Duration::from_nanos(d.now_ns().saturating_sub(m.device)),
                 wall,
             ),
-        }
+        })
     }
 }
 
@@ -324,7 +370,7 @@ fn run_serial(
     k: &Kernel,
     stages: bool,
 ) -> Result<(Times, [Vec<f64>; 3])> {
-    let t0 = clock.mark();
+    let t0 = clock.mark(s)?;
     let mut marks: Vec<[Event; 4]> = Vec::new();
     for c in 0..b.input.len() {
         let mut ev: [Event; 4] = Default::default();
@@ -351,8 +397,9 @@ fn run_serial(
             marks.push(ev);
         }
     }
+    let ends = clock.ends(&[s])?;
     s.synchronize()?;
-    let wall = clock.since(&t0);
+    let wall = clock.since(&t0, &ends)?;
     let mut times: [Vec<f64>; 3] = Default::default();
     for ev in &marks {
         for (st, t) in times.iter_mut().enumerate() {
@@ -370,7 +417,7 @@ fn run_pipelined(
     k: &Kernel,
 ) -> Result<Times> {
     let [h2d, compute, d2h] = streams;
-    let t0 = clock.mark();
+    let t0 = clock.mark(h2d)?;
     for c in 0..b.input.len() {
         let slot = c % SLOTS;
         if c >= SLOTS {
@@ -390,10 +437,11 @@ fn run_pipelined(
         d2h.copy_d2h(&b.dev_out[slot], &mut b.output[c])?;
         d2h.record(&mut b.freed[slot])?;
     }
+    let ends = clock.ends(&[h2d, compute, d2h])?;
     for s in streams {
         s.synchronize()?;
     }
-    Ok(clock.since(&t0))
+    clock.since(&t0, &ends)
 }
 
 /// One stream per stage. The kernel stage is the pipeline's critical path (it is the
@@ -454,13 +502,14 @@ fn demo_kernel<'a>(
                 Some(i) => i,
                 None => calibrate(dev, b)?,
             };
-            Ok((scale_kernel(iters), iters, Clock(None), None))
+            Ok((scale_kernel(iters), iters, Clock::wall(), None))
         }
         DeviceSpec::Emu(emu) => {
             let model = EmuModel::new(emu, b.tile_bytes());
             let iters = cfg.iters.unwrap_or(EMU_KERNEL_ITERS);
             let k = scale_kernel_with_cost(iters, model.cost);
-            Ok((k, iters, Clock(Some(dev)), Some(model)))
+            let real = emu.time_mode() == hetero::TimeMode::Real;
+            Ok((k, iters, Clock::device(dev, real), Some(model)))
         }
     }
 }
@@ -497,7 +546,7 @@ fn calibrate(dev: &Device, b: &mut Buffers) -> Result<u32> {
     s.set_name("calibration");
     let mut stage = |passes: u32| -> Result<(f64, f64)> {
         // Medians per tile: one preempted tile must not skew the sizing.
-        let [h2d, kernel, d2h] = run_serial(Clock(None), &s, b, &scale_kernel(passes), true)?.1;
+        let [h2d, kernel, d2h] = run_serial(Clock::wall(), &s, b, &scale_kernel(passes), true)?.1;
         Ok(((median(h2d) + median(d2h)) / 2.0, median(kernel)))
     };
     stage(0)?; // warm the buffers

@@ -184,6 +184,11 @@ impl Sim {
             self.completed_at_start = false;
             self.order.clear();
             for (i, s) in streams.iter().enumerate() {
+                // A stream with an op in flight or nothing queued starts
+                // nothing (`try_start` would return at once): not ordered.
+                if s.in_flight.load(Ordering::Relaxed) || s.ring.is_empty() {
+                    continue;
+                }
                 let served = s.last_served.load(Ordering::Relaxed);
                 let prio = s.priority.load(Ordering::Relaxed);
                 self.order.push((prio, served, s.id, i));
