@@ -24,19 +24,21 @@ struct WorkloadArgs {
     /// Number of tiles.
     #[arg(long, default_value_t = 64)]
     tiles: usize,
-    /// Tile size in KiB.
-    #[arg(long, default_value_t = 256)]
-    tile_kib: usize,
+    /// Tile size in KiB [default: 256; 4 on an emulated device in real time].
+    #[arg(long)]
+    tile_kib: Option<usize>,
     /// Timed repetitions of each mode (the median is reported).
     #[arg(long, default_value_t = 7)]
     reps: usize,
 }
 
 impl WorkloadArgs {
-    fn config(self) -> demo::DemoConfig {
+    fn config(self, spec: &DeviceSpec) -> demo::DemoConfig {
         demo::DemoConfig {
             tiles: self.tiles.max(1),
-            tile_bytes: self.tile_kib.max(1) * 1024,
+            tile_bytes: self
+                .tile_kib
+                .map_or_else(|| demo::default_tile_bytes(spec), |k| k.max(1) * 1024),
             reps: self.reps.max(1),
             iters: None,
         }
@@ -202,7 +204,7 @@ fn main() {
             let spec = device.spec();
             let pb = spinner(json, "demo");
             let result = spec.open().and_then(|dev| {
-                demo::run_on(&dev, &spec, workload.config(), |m| {
+                demo::run_on(&dev, &spec, workload.config(&spec), |m| {
                     pb.set_message(m.to_string())
                 })
             });
@@ -223,7 +225,7 @@ fn main() {
         } => {
             let spec = device.spec();
             let pb = spinner(json, &format!("profiling {workload}"));
-            let result = profile::run_on(&workload, &out, &spec, args.config(), |m| {
+            let result = profile::run_on(&workload, &out, &spec, args.config(&spec), |m| {
                 pb.set_message(m.to_string())
             });
             pb.finish_and_clear();

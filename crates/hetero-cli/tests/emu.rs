@@ -67,6 +67,38 @@ fn emu_demo_in_virtual_time_is_verified_deterministic_and_pipelined() {
 }
 
 #[test]
+fn emu_demo_in_real_time_uses_small_tiles_and_reports_the_modelled_serial_run() {
+    let v = hetero(&[
+        "demo",
+        "--device",
+        "emu:pcie4x16,time=real",
+        "--json",
+        "--tiles",
+        "8",
+        "--reps",
+        "1",
+    ]);
+    assert_eq!(v["verified"], true, "{v}");
+    assert_eq!(v["time"], "real");
+    assert!(v["trace_hash"].is_null(), "{v}");
+    // The default tile in real time is one the host can move as fast as the
+    // model says the link does (see `demo::default_tile_bytes`).
+    assert_eq!(v["tile_bytes"], 4096, "{v}");
+    // The serial run on the models: 8 tiles of three modelled stages.
+    let m = &v["model"];
+    let stages = f(m, "h2d_us") + f(m, "kernel_us") + f(m, "d2h_us");
+    assert!(
+        (f(&v, "serial_model_ms") - 8.0 * stages / 1e3).abs() < 1e-9,
+        "{v}"
+    );
+    let over = f(&v, "serial_model_ms") / f(&v, "pipelined_ms");
+    assert!(
+        (f(&v, "speedup_over_model_serial") - over).abs() < 1e-9,
+        "{v}"
+    );
+}
+
+#[test]
 fn the_host_demo_reports_the_wall_clock() {
     let v = hetero(&[
         "demo",
@@ -116,6 +148,22 @@ fn bench_link_reaches_the_presets_figures_for_large_transfers() {
     }
     // Small transfers pay the setup latency.
     assert!(value("emu/h2d-gbps-4k") < 0.1 * value("preset/h2d-gbps"));
+    // Virtual time's speedup over the modelled time, on inline copies and on
+    // DMA copies: 10 000 of 4 KiB take 10 000 setups and their bytes.
+    let link = hetero::LinkPreset::pcie4x16();
+    let dma = value("emu/modelled-ms-10k-copies-4k");
+    let each = link.transfer_ns(4096, false);
+    assert!(
+        (dma / (1e4 * each / 1e6) - 1.0).abs() < 0.01,
+        "{dma} vs {each}"
+    );
+    assert!(dma > 4.0 * value("emu/modelled-ms-10k-copies-256b"));
+    for name in ["256b", "4k"] {
+        let key = format!(
+            "virtual speedup: emu/modelled-ms-10k-copies-{name} / emu/virtual-wall-ms-10k-copies-{name}"
+        );
+        assert!(ratios[&key].as_f64().is_some_and(|r| r > 0.0), "{key}");
+    }
 }
 
 #[test]

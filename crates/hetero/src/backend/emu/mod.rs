@@ -11,9 +11,11 @@
 //!   the simulation on the waiting thread (`Driver`): dispatch, jump the clock to
 //!   the next completion, complete, repeat, until the point waited for is
 //!   reached. The same program gives the same trace (`trace_hash`).
-//! - **real time**: a driver thread runs the model against the wall clock and
-//!   sleeps (parked, burning no core) until the next modelled completion or a
-//!   submission. Host waits park on the timelines as on the host backend.
+//! - **real time**: a driver thread runs the model against the wall clock. It
+//!   waits for a modelled completion less than `SPIN_NS` away awake (spinning,
+//!   then yielding), for a farther one parked until shortly before it, and for
+//!   a submission parked (burning no core). Host waits park on the timelines as
+//!   on the host backend.
 //!
 //! Data moves and kernels run in both modes (on the driving thread), so results
 //! are checked as on any device. Invariants: only the holder of the `sim` lock
@@ -43,12 +45,61 @@ use crate::park::Parker;
 use crate::ring::Ring;
 use crate::timeline::{Driver, Timeline};
 use crate::{Error, Result};
+use crossbeam_utils::CachePadded;
 use memory::{Arena, ArenaChunks};
 use sim::Sim;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use stream::EmuStream;
+
+/// Real time: the driver waits for a modelled completion nearer than this
+/// awake (spinning, then yielding its core), not parked. Waking a parked
+/// thread costs about 100 µs on a busy 2-core VM (scheduler latency; timer
+/// slack without `set_current_timer_slack`), more than a whole pipeline stage
+/// of a small transfer; a spin hand-off costs well under a microsecond. A
+/// farther completion is slept for until `SPIN_NS / 2` before it.
+const SPIN_NS: u64 = 200_000;
+/// The first part of such a wait only spins (see `spin_until`).
+const SPIN_ONLY_NS: u64 = 50_000;
+/// Real time: an idle driver waits awake this long for the next submission
+/// before it parks (the host backend's engines and waits do the same with
+/// `CompletionMode::DEFAULT_SPIN`): a program that waits and then submits its
+/// next step finds the device awake.
+const IDLE_SPIN_NS: u64 = 200_000;
+
+/// What a submitting thread touches of its device: the device clock and the
+/// driver's doorbell. Kept apart from `EmuShared` (and its `Arc` counts), whose
+/// fields the simulation reads on every step, so that a submitter on another
+/// core never writes a cache line the driver reads.
+pub(crate) struct Doorbell {
+    time: TimeMode,
+    start: Instant,
+    /// The device clock in virtual time, ns.
+    clock: CachePadded<AtomicU64>,
+    /// Submissions so far (real time: the driver looks when it changes).
+    pending: CachePadded<AtomicU64>,
+    /// The real-time driver parks here between events.
+    wake: Parker,
+}
+
+impl Doorbell {
+    /// The device clock, ns: virtual, or wall ns since the device started.
+    pub(crate) fn now_ns(&self) -> u64 {
+        match self.time {
+            TimeMode::Virtual => self.clock.load(Ordering::Acquire),
+            TimeMode::Real => self.start.elapsed().as_nanos() as u64,
+        }
+    }
+
+    /// A submission happened: the real-time driver looks.
+    pub(crate) fn ring(&self) {
+        if self.time == TimeMode::Real {
+            self.pending.fetch_add(1, Ordering::Release);
+            self.wake.wake(1);
+        }
+    }
+}
 
 pub(crate) struct EmuShared {
     device: u64,
@@ -57,13 +108,9 @@ pub(crate) struct EmuShared {
     sim: Mutex<Sim>,
     pub(crate) streams: super::StreamList<EmuStream>,
     next_stream: AtomicU64,
-    /// The device clock: virtual ns, or wall ns since `start`.
-    clock: AtomicU64,
-    start: Instant,
+    /// The device clock and the driver's doorbell (see `Doorbell`).
+    pub(crate) bell: Arc<Doorbell>,
     hash: AtomicU64,
-    /// The real-time driver parks here between events.
-    wake: Parker,
-    pending: AtomicU64,
     shutdown: AtomicBool,
     /// This device context's page table and I/O TLB.
     pub(crate) iommu: Arc<iommu::Iommu>,
@@ -81,14 +128,13 @@ impl EmuShared {
 
     /// The device clock, ns.
     pub(crate) fn now_ns(&self) -> u64 {
-        match self.emu.time {
-            TimeMode::Virtual => self.clock.load(Ordering::Acquire),
-            TimeMode::Real => self.start.elapsed().as_nanos() as u64,
-        }
+        self.bell.now_ns()
     }
 
     pub(crate) fn publish_now(&self, now: u64) {
-        self.clock.store(now, Ordering::Release);
+        if self.bell.time == TimeMode::Virtual {
+            self.bell.clock.store(now, Ordering::Release);
+        }
     }
 
     pub(crate) fn publish_hash(&self, h: u64) {
@@ -97,10 +143,7 @@ impl EmuShared {
 
     /// A submission happened: the real-time driver looks.
     pub(crate) fn submitted(&self) {
-        if self.real_time() {
-            self.pending.fetch_add(1, Ordering::Release);
-            self.wake.wake(1);
-        }
+        self.bell.ring();
     }
 
     /// Runs the model (virtual time) until `ready()` or nothing more can happen.
@@ -150,49 +193,93 @@ impl EmuShared {
         crate::backend::mark_engine_thread();
         let _inside = sim::InSim::enter();
         crate::timeline::set_engine_wait(refuse_wait);
+        // Its long waits end close to their deadline: without this a timed
+        // park may oversleep by the default 50 µs of timer slack.
+        let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1_000));
+        // When the model last had work or a submission came: an idle driver
+        // stays awake `IDLE_SPIN_NS` after it, so the next op submitted right
+        // after a wait (a program's next step) does not wait for a wake-up.
+        let (mut busy_at, mut last_seen) = (0u64, u64::MAX);
         loop {
-            let seen = self.pending.load(Ordering::Acquire);
+            let seen = self.bell.pending.load(Ordering::Acquire);
             let next = {
                 let mut sim = self.sim.lock().unwrap_or_else(|p| p.into_inner());
                 // Catch the model up with the wall clock, event by event (rates
                 // change only at events), starting what became ready on the way.
                 let wall = self.now_ns();
+                let mut dispatched = false;
                 while let Some(t) = sim.next_event(&self.emu.link) {
                     if t > wall {
                         break;
                     }
                     sim.advance_to(self, t);
                     sim.dispatch(self);
+                    dispatched = true;
                 }
-                sim.advance_to(self, wall);
-                sim.dispatch(self);
+                // Ops submitted since the last look start now (the ones that
+                // became ready at an event started then, above).
+                if !dispatched || self.bell.pending.load(Ordering::Acquire) != seen {
+                    sim.advance_to(self, wall);
+                    sim.dispatch(self);
+                }
                 if self.shutdown.load(Ordering::Acquire) && sim.idle() && self.drained() {
                     return;
                 }
                 (sim.next_event(&self.emu.link), sim.polling())
             };
-            let (next, polling) = next;
             let now = self.now_ns();
-            // An async op polled and not done completes without a submission:
-            // look again after at most `async_poll`.
-            let next = match (next, polling) {
-                (Some(t), true) => Some(t.min(now + self.config.async_poll.as_nanos() as u64)),
-                (None, true) => Some(now + self.config.async_poll.as_nanos() as u64),
-                (next, false) => next,
-            };
+            if next.0.is_some() || seen != last_seen {
+                (busy_at, last_seen) = (now, seen);
+            }
             match next {
-                Some(t) if t <= now => continue,
-                Some(t) => self.wake.park_until(
-                    || self.pending.load(Ordering::Acquire) != seen,
-                    Some(Duration::from_nanos(t - now)),
-                ),
-                None => self.wake.park_until(
-                    || {
-                        self.pending.load(Ordering::Acquire) != seen
-                            || self.shutdown.load(Ordering::Acquire)
-                    },
-                    Some(Duration::from_millis(50)),
-                ),
+                (Some(t), _) if t <= now => continue,
+                (None, false) if now - busy_at < IDLE_SPIN_NS => {
+                    self.spin_until(busy_at + IDLE_SPIN_NS, seen)
+                }
+                // A modelled completion soon: wait for it awake (see `SPIN_NS`).
+                (Some(t), _) if t - now <= SPIN_NS => self.spin_until(t, seen),
+                // A far one: sleep until shortly before it, then wait awake. An
+                // async op polled and not done completes without a submission:
+                // look again after at most `async_poll`.
+                (next, polling) => {
+                    let far = next.map(|t| t - now - SPIN_NS / 2);
+                    let poll = polling.then(|| self.config.async_poll.as_nanos() as u64);
+                    match far.into_iter().chain(poll).min() {
+                        Some(ns) => self.bell.wake.park_until(
+                            || self.bell.pending.load(Ordering::Acquire) != seen,
+                            Some(Duration::from_nanos(ns)),
+                        ),
+                        None => self.bell.wake.park_until(
+                            || {
+                                self.bell.pending.load(Ordering::Acquire) != seen
+                                    || self.shutdown.load(Ordering::Acquire)
+                            },
+                            Some(Duration::from_millis(50)),
+                        ),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits awake until the wall clock reaches `t` or a submission comes:
+    /// spins for up to `SPIN_ONLY_NS`, then yields the core between looks (a
+    /// yield on a busy machine may hand the core away for a whole time slice,
+    /// longer than a short wait itself).
+    fn spin_until(&self, t: u64, seen: u64) {
+        let from = self.now_ns();
+        loop {
+            let now = self.now_ns();
+            if now >= t
+                || self.bell.pending.load(Ordering::Acquire) != seen
+                || self.shutdown.load(Ordering::Acquire)
+            {
+                return;
+            }
+            if now - from < SPIN_ONLY_NS {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
             }
         }
     }
@@ -290,11 +377,14 @@ impl EmuBackend {
             sim: Mutex::new(Sim::new(config.copy_engines, config.compute_units)),
             streams: super::StreamList::new(),
             next_stream: AtomicU64::new(1),
-            clock: AtomicU64::new(0),
-            start: Instant::now(),
+            bell: Arc::new(Doorbell {
+                time: emu.time,
+                start: Instant::now(),
+                clock: CachePadded::new(AtomicU64::new(0)),
+                pending: CachePadded::new(AtomicU64::new(0)),
+                wake: Parker::new(),
+            }),
             hash: AtomicU64::new(0),
-            wake: Parker::new(),
-            pending: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
             iommu,
             emu: emu.clone(),
@@ -369,6 +459,7 @@ impl Backend for EmuBackend {
             in_flight: AtomicBool::new(false),
             last_served: AtomicU64::new(0),
             shared: Arc::downgrade(sh),
+            bell: sh.bell.clone(),
             host_wait: sh.config.host_wait,
             coalesce_max: AtomicU64::new(0),
             coalesce_window: AtomicU64::new(0),
@@ -418,7 +509,7 @@ impl Backend for EmuBackend {
     fn shutdown(&self) {
         let _ = self.synchronize();
         self.shared.shutdown.store(true, Ordering::Release);
-        self.shared.wake.wake(u32::MAX);
+        self.shared.bell.wake.wake(u32::MAX);
         let driver = self.driver.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(d) = driver {
             let _ = d.join();

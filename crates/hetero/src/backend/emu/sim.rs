@@ -115,6 +115,10 @@ pub(crate) struct Sim {
     /// The last dispatch polled an async op that is not done: whoever drives
     /// the model must poll again without being woken.
     polling: bool,
+    /// An op completed the moment it started (a record, a wait, a host
+    /// callback, a skip) in this dispatch pass: a stream waiting on it may
+    /// start now. Ops that only took an engine unblock nobody.
+    completed_at_start: bool,
 }
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -145,6 +149,7 @@ impl Sim {
             order: Vec::new(),
             finished: Vec::new(),
             polling: false,
+            completed_at_start: false,
         }
     }
 
@@ -168,23 +173,41 @@ impl Sim {
         self.refresh(sh);
         self.polling = false;
         let mut any = false;
+        // Out of `self` while ops start: borrowed, not cloned, per look (an
+        // `Arc` clone is an atomic add on a line the submitters read).
+        // (Should a panic unwind through here, the next `refresh` sees a stale
+        // generation and lists the streams again.)
+        let streams = std::mem::take(&mut self.streams);
+        let generation = std::mem::replace(&mut self.generation, u64::MAX);
         loop {
             let mut progressed = false;
+            self.completed_at_start = false;
             self.order.clear();
-            for (i, s) in self.streams.iter().enumerate() {
+            for (i, s) in streams.iter().enumerate() {
+                // A stream with an op in flight or nothing queued starts
+                // nothing (`try_start` would return at once): not ordered.
+                if s.in_flight.load(Ordering::Relaxed) || s.ring.is_empty() {
+                    continue;
+                }
                 let served = s.last_served.load(Ordering::Relaxed);
                 let prio = s.priority.load(Ordering::Relaxed);
                 self.order.push((prio, served, s.id, i));
             }
-            self.order.sort_unstable();
+            if self.order.len() > 1 {
+                self.order.sort_unstable();
+            }
             for k in 0..self.order.len() {
-                let stream = self.streams[self.order[k].3].clone();
-                while self.try_start(sh, &stream) {
+                let stream = &streams[self.order[k].3];
+                while self.try_start(sh, stream) {
                     progressed = true;
                 }
             }
             any |= progressed;
-            if !progressed {
+            // Another pass can start something only if an op completed in
+            // this one (engines only got busier otherwise).
+            if !progressed || !self.completed_at_start {
+                self.streams = streams;
+                self.generation = generation;
                 return any;
             }
         }
@@ -318,6 +341,7 @@ impl Sim {
             merged,
         };
         if engine == Engine::None && async_end.is_none() {
+            self.completed_at_start = true;
             self.complete(sh, run);
         } else {
             stream.in_flight.store(true, Ordering::Relaxed);

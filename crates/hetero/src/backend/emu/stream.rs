@@ -3,7 +3,7 @@
 //! Invariants: producers only push (any thread); only the holder of the sim lock
 //! pops; `in_flight` and `last_served` are written only by that holder.
 
-use super::EmuShared;
+use super::{Doorbell, EmuShared};
 use crate::backend::BackendStream;
 use crate::config::CompletionMode;
 use crate::op::Op;
@@ -25,6 +25,8 @@ pub(crate) struct EmuStream {
     /// The sim's completion count when the stream last completed an op.
     pub(crate) last_served: AtomicU64,
     pub(crate) shared: Weak<EmuShared>,
+    /// The device clock and the driver's doorbell: all a submission touches.
+    pub(crate) bell: Arc<Doorbell>,
     pub(crate) host_wait: CompletionMode,
     /// Coalescing (`Stream::set_coalescing`): the largest copy merged (0: off)
     /// and the most copies in one chain.
@@ -58,10 +60,7 @@ impl BackendStream for EmuStream {
         if self.closed.load(Ordering::Relaxed) {
             return Err(Error::StreamDestroyed { stream: self.id });
         }
-        let sh = self.shared.upgrade();
-        if let Some(sh) = &sh {
-            op.submit_ns = sh.now_ns();
-        }
+        op.submit_ns = self.bell.now_ns();
         let pos = loop {
             match self.ring.try_push(op) {
                 Ok(pos) => break pos,
@@ -87,9 +86,7 @@ impl BackendStream for EmuStream {
                 }
             }
         };
-        if let Some(sh) = &sh {
-            sh.submitted();
-        }
+        self.bell.ring();
         Ok(pos + 1)
     }
 
