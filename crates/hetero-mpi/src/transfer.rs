@@ -232,7 +232,6 @@ impl Wire {
 
     fn poll(&mut self, cx: &mut AsyncContext<'_>) -> Poll<std::result::Result<(), String>> {
         if self.started.is_none() {
-            self.started = Some(Instant::now());
             let Some(base) = cx.ptr(0) else {
                 return self
                     .transfer
@@ -255,6 +254,9 @@ impl Wire {
                 Ok(r) => self.data = Call::Pending(r),
                 Err(code) => return self.transfer.finish(Err(self.call_error(call, code))),
             }
+            // The timeout's clock starts once the call is out: reading the
+            // clock first would put it on every message's round trip.
+            self.started = Some(Instant::now());
             if let Some((stamp, c)) = &mut self.stamp {
                 if self.dir == Dir::Send {
                     let arrive = cx.now_ns() + self.inner.config.wire_ns(self.bytes);

@@ -34,7 +34,8 @@ use crate::buffer::{DeviceBuffer, PinnedBuffer, Storage};
 use crate::op::{Body, PendingWrite};
 use crate::{Error, Result, Stream};
 use bytemuck::Pod;
-use std::sync::{Arc, Mutex};
+use std::cell::UnsafeCell;
+use std::sync::Arc;
 use std::task::Poll;
 
 /// Work a device starts and then polls until it completes (see the module
@@ -223,16 +224,40 @@ pub(crate) struct AsyncBody<O: ?Sized = dyn AsyncOp> {
     pub(crate) args: Few<(Arc<Storage>, bool)>,
     pub(crate) name: &'static str,
     _pending: Few<PendingWrite>,
-    state: Mutex<AsyncState<O>>,
+    /// Reached only by the thread that holds the op's stream (see the module
+    /// invariants): the holder of its hardware queue on the host, of the
+    /// model's lock on emu. Those hand-offs (the queue's claiming CAS and
+    /// releasing store; the lock) order one holder's accesses before the
+    /// next's, so the state needs no lock of its own: a lock here cost three
+    /// lock/unlock pairs on every hop of a remote-copy ping-pong.
+    state: UnsafeCell<AsyncState<O>>,
 }
+
+// SAFETY: `state` is reached only through `poll`, `take_result` and `end_ns`,
+// whose callers hold the op's stream: one thread at a time, each holder's
+// accesses ordered before the next's by the hand-off. The op itself moves
+// between threads with its stream's holder (`AsyncOp: Send`); the other
+// fields are read-only.
+unsafe impl<O: ?Sized + Send> Sync for AsyncBody<O> {}
 
 impl AsyncBody {
     /// Polls the op once (see `AsyncOp::poll`); a panic in it is its failure.
     /// Before the first poll `start()` must agree (the backend takes the op's
     /// access locks there), else the op stays not started. `now_ns` is the
     /// device clock for a device with its own (`None`: the host clock).
-    pub(crate) fn poll(&self, now_ns: Option<u64>, start: impl FnOnce() -> bool) -> AsyncPoll {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+    ///
+    /// # Safety
+    /// The caller holds the op's stream (its hardware queue on the host, the
+    /// model's lock on emu) for the whole call.
+    pub(crate) unsafe fn poll(
+        &self,
+        now_ns: Option<u64>,
+        start: impl FnOnce() -> bool,
+    ) -> AsyncPoll {
+        // SAFETY: the caller holds the stream, so no other reference to the
+        // state exists (the user's poll cannot reach this op again: its stream
+        // stays held, and a held stream is never polled by anyone else).
+        let st = unsafe { &mut *self.state.get() };
         if st.result.is_some() {
             return AsyncPoll::Ready;
         }
@@ -240,7 +265,6 @@ impl AsyncBody {
             return AsyncPoll::Pending;
         }
         st.polls += 1;
-        let st = &mut *st;
         let (op, end_ns) = (&mut st.op, &mut st.end_ns);
         let mut cx = AsyncContext {
             args: &self.args,
@@ -268,14 +292,21 @@ impl AsyncBody {
     }
 
     /// The result of a completed op (once).
-    pub(crate) fn take_result(&self) -> std::result::Result<(), String> {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.result.take().unwrap_or(Ok(()))
+    ///
+    /// # Safety
+    /// As [`AsyncBody::poll`].
+    pub(crate) unsafe fn take_result(&self) -> std::result::Result<(), String> {
+        // SAFETY: the caller holds the stream (see `poll`).
+        unsafe { (*self.state.get()).result.take() }.unwrap_or(Ok(()))
     }
 
     /// The device time the op asked to complete no earlier than (0: none).
-    pub(crate) fn end_ns(&self) -> u64 {
-        self.state.lock().map_or(0, |st| st.end_ns)
+    ///
+    /// # Safety
+    /// As [`AsyncBody::poll`].
+    pub(crate) unsafe fn end_ns(&self) -> u64 {
+        // SAFETY: the caller holds the stream (see `poll`).
+        unsafe { (*self.state.get()).end_ns }
     }
 }
 
@@ -324,7 +355,7 @@ impl Stream {
                 .map(|a| PendingWrite::new(a.storage)),
         );
         let body: Box<AsyncBody> = Box::new(AsyncBody {
-            state: Mutex::new(AsyncState {
+            state: UnsafeCell::new(AsyncState {
                 polls: 0,
                 result: None,
                 end_ns: 0,

@@ -226,7 +226,8 @@ impl Sim {
             Async(u64),
         }
         let mut polling = false;
-        // SAFETY: the holder of the sim lock is the only consumer of every ring.
+        // SAFETY: the holder of the sim lock is the only consumer of every ring,
+        // and it holds every stream (as polling an async op requires).
         let plan = unsafe {
             stream.ring.peek_with(|op, _| {
                 if stream.timeline.fault_at().is_some() {
@@ -256,6 +257,8 @@ impl Sim {
                     Body::Kernel { blocks, .. } => self.free_units(*blocks).map(Plan::Engine),
                     // A launch takes every compute unit free when it starts.
                     Body::Graph(_) => self.free_units(u32::MAX).map(Plan::Engine),
+                    // (In the block's unsafe: the holder of the sim lock holds
+                    // every stream, as `AsyncBody::poll` and `end_ns` require.)
                     Body::Async(a) => match a.poll(Some(sh.now_ns()), || true) {
                         crate::async_op::AsyncPoll::Pending => {
                             polling = true;
@@ -311,7 +314,8 @@ impl Sim {
             }
             Plan::Async(_) => {
                 if let Body::Async(a) = &op.body {
-                    result = a.take_result();
+                    // SAFETY: the holder of the sim lock holds every stream.
+                    result = unsafe { a.take_result() };
                 }
             }
         }

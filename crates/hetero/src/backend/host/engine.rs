@@ -110,7 +110,9 @@ impl Shared {
     /// Polls the async op at the head of a stream (started by its first poll,
     /// its access locks taken then and kept until it completes).
     pub(super) fn async_readiness(&self, op: &Op, a: &crate::async_op::AsyncBody) -> Readiness {
-        match a.poll(None, || op.try_acquire_access()) {
+        // SAFETY: every caller holds the op's stream's hardware queue (claimed
+        // for `try_claim` / `take_done_async`, kept for `start_next_async`).
+        match unsafe { a.poll(None, || op.try_acquire_access()) } {
             AsyncPoll::Pending => Readiness::NotReady,
             AsyncPoll::Ready => Readiness::Ready(Engine::Async),
         }
@@ -141,7 +143,8 @@ impl Shared {
                 start_ns: 0,
             };
             let result = match &op.body {
-                Body::Async(a) => a.take_result(),
+                // SAFETY: the queue is held (claimed above, let go below).
+                Body::Async(a) => unsafe { a.take_result() },
                 _ => Ok(()),
             };
             self.complete(stream, op, value, Engine::Async, result, ran);
@@ -795,7 +798,8 @@ impl EngineThread {
             },
             (Body::Graph(_), _) => unreachable!("graph launches run as jobs"),
             (Body::Async(a), _) => {
-                let result = a.take_result();
+                // SAFETY: this engine holds the stream's queue.
+                let result = unsafe { a.take_result() };
                 if result.is_ok() {
                     self.start_next_async(sh, stream);
                 }
