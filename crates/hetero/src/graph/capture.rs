@@ -354,13 +354,13 @@ pub(crate) fn submit(slot: &CaptureSlot, stream: u64, body: Body) -> Result<u64>
                      pinned buffer instead",
                 ))
             }
-            Body::Copy2D(c) => NodeBody::Copy2D {
+            Body::Copy2D(c) => NodeBody::Copy2D(Box::new(super::Copy2DNode {
                 kind: c.kind,
                 src: d.operand("copy_2d", &c.src)?,
                 src_r: c.src_r,
                 dst: d.operand("copy_2d", &c.dst)?,
                 dst_r: c.dst_r,
-            },
+            })),
             // `Stream::copy_batch` records each of its copies as a copy node.
             Body::CopyBatch(_) | Body::Record { .. } | Body::Graph(_) | Body::Async(_) => {
                 return Err(capture_error("record", "not an operation a graph records"))

@@ -113,6 +113,16 @@ pub(crate) struct NodeArg {
     pub(crate) unit: usize,
 }
 
+/// A 2-D copy node's operands and regions (`NodeBody::Copy2D`).
+#[derive(Clone)]
+pub(crate) struct Copy2DNode {
+    pub(crate) kind: CopyKind,
+    pub(crate) src: Operand,
+    pub(crate) src_r: crate::transfer::ByteRegion,
+    pub(crate) dst: Operand,
+    pub(crate) dst_r: crate::transfer::ByteRegion,
+}
+
 #[derive(Clone)]
 pub(crate) enum NodeBody {
     Kernel {
@@ -140,14 +150,9 @@ pub(crate) enum NodeBody {
         pattern_len: u8,
     },
     /// A 2-D copy (`Stream::copy_2d_*` while capturing): byte regions checked
-    /// against the buffers' lengths when recorded.
-    Copy2D {
-        kind: CopyKind,
-        src: Operand,
-        src_r: crate::transfer::ByteRegion,
-        dst: Operand,
-        dst_r: crate::transfer::ByteRegion,
-    },
+    /// against the buffers' lengths when recorded. Boxed: its two regions would
+    /// make every node (the kernels of a capture above all) half again larger.
+    Copy2D(Box<Copy2DNode>),
     Host(Arc<dyn Fn() + Send + Sync>),
     /// A wait on an event recorded outside the graph (the launch takes on its
     /// stream's fault). A launch waits for these before it starts.
@@ -169,7 +174,7 @@ impl NodeBody {
                 CopyKind::D2D => "copy_d2d",
             },
             NodeBody::Fill { .. } => "fill",
-            NodeBody::Copy2D { kind, .. } => match kind {
+            NodeBody::Copy2D(c) => match c.kind {
                 CopyKind::H2D => "copy_2d_h2d",
                 CopyKind::D2H => "copy_2d_d2h",
                 CopyKind::D2D => "copy_2d_d2d",
@@ -331,9 +336,13 @@ pub(crate) fn accesses_of(body: &NodeBody, args: &[NodeArg], f: &mut impl FnMut(
                 f(&arg.operand, arg.write);
             }
         }
-        NodeBody::Copy { src, dst, .. } | NodeBody::Copy2D { src, dst, .. } => {
+        NodeBody::Copy { src, dst, .. } => {
             f(src, false);
             f(dst, true);
+        }
+        NodeBody::Copy2D(c) => {
+            f(&c.src, false);
+            f(&c.dst, true);
         }
         NodeBody::Fill { dst, .. } => f(dst, true),
         NodeBody::Host(_) | NodeBody::Wait { .. } | NodeBody::Empty => {}

@@ -99,7 +99,7 @@ impl GraphLaunch {
             .iter()
             .map(|n| match n {
                 NodeBody::Copy { bytes, .. } | NodeBody::Fill { bytes, .. } => *bytes as u64,
-                NodeBody::Copy2D { src_r, .. } => (src_r.width * src_r.height) as u64,
+                NodeBody::Copy2D(c) => (c.src_r.width * c.src_r.height) as u64,
                 _ => 0,
             })
             .sum()
@@ -153,13 +153,13 @@ pub(crate) fn node_kind(body: &NodeBody) -> (hetero_trace::OpKind, u64) {
             *bytes as u64,
         ),
         NodeBody::Fill { bytes, .. } => (K::Fill, *bytes as u64),
-        NodeBody::Copy2D { kind, src_r, .. } => (
-            match kind {
+        NodeBody::Copy2D(c) => (
+            match c.kind {
                 crate::CopyKind::H2D => K::H2D,
                 crate::CopyKind::D2H => K::D2H,
                 crate::CopyKind::D2D => K::D2D,
             },
-            (src_r.width * src_r.height) as u64,
+            (c.src_r.width * c.src_r.height) as u64,
         ),
         NodeBody::Host(_) => (K::HostFn, 0),
         NodeBody::Wait { .. } | NodeBody::Empty => (K::Record, 0),
@@ -256,17 +256,13 @@ pub(crate) fn run_node(l: &GraphLaunch, v: u32) -> Result<(), String> {
             unsafe { crate::op::fill_bytes(l.operand(dst), *off, *bytes, pattern) };
             Ok(())
         }
-        NodeBody::Copy2D {
-            src,
-            src_r,
-            dst,
-            dst_r,
-            ..
-        } => {
+        NodeBody::Copy2D(c) => {
             // SAFETY: as for copies: both regions were checked against buffers
             // of these lengths when recorded, they are different buffers, and
             // the node is the sole writer of dst.
-            unsafe { crate::transfer::copy_rows(l.operand(src), *src_r, l.operand(dst), *dst_r) };
+            unsafe {
+                crate::transfer::copy_rows(l.operand(&c.src), c.src_r, l.operand(&c.dst), c.dst_r)
+            };
             Ok(())
         }
         NodeBody::Host(f) => crate::op::catch_user(|| "host callback".into(), || f()),

@@ -82,11 +82,9 @@ pub(super) fn model_graph(
                 let ns = (*bytes as f64 / link.d2d_gbps).ceil() as u64;
                 (Some(3), D2D_SETUP_NS + ns)
             }
-            NodeBody::Copy2D {
-                kind, src_r, dst_r, ..
-            } => (
-                Some(1 + *kind as usize),
-                super::dma::copy2d_alone_ns(link, *kind, *src_r, *dst_r),
+            NodeBody::Copy2D(c) => (
+                Some(1 + c.kind as usize),
+                super::dma::copy2d_alone_ns(link, c.kind, c.src_r, c.dst_r),
             ),
             NodeBody::Host(_) | NodeBody::Wait { .. } | NodeBody::Empty => (None, 0),
         };
