@@ -56,8 +56,10 @@ use std::task::Poll;
 pub trait AsyncOp: Send + 'static {
     /// Called when everything before it on the stream completed (the first
     /// call starts the work), then again until it returns `Ready`. It must not
-    /// block: it runs on the device's engines. `Ready(Err(message))` fails the
-    /// stream with that message.
+    /// block: it runs on the device's engines. A wait it makes on its own
+    /// stream's work (`synchronize`, an event recorded after it) returns
+    /// `Error::WouldDeadlock`, as from a host callback. `Ready(Err(message))`
+    /// fails the stream with that message.
     fn poll(&mut self, cx: &mut AsyncContext<'_>) -> Poll<std::result::Result<(), String>>;
 }
 

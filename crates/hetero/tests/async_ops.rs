@@ -380,3 +380,37 @@ fn chained_async_ops_start_only_after_the_op_before_finished() {
     assert!(matches!(s.synchronize(), Err(Error::StreamFault { .. })));
     assert!(!polled_after.load(Ordering::Acquire));
 }
+
+/// An async op's poll is user code on the device: a wait there for its own
+/// stream is refused with `WouldDeadlock` (it could only end after the poll
+/// returns), while a wait for another stream's finished work succeeds. Before
+/// the host backend ran polls in the op's frame, the first wait hung.
+#[test]
+fn a_wait_inside_an_async_poll_on_its_own_stream_is_refused_not_hung() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let other = dev.create_stream().unwrap();
+    other.synchronize().unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (me, o, sn) = (s.clone(), other.clone(), seen.clone());
+    s.enqueue_async("waits", &[], move |_: &mut AsyncContext<'_>| {
+        let own = me.synchronize();
+        let theirs = o.synchronize();
+        sn.lock().unwrap().push((own, theirs));
+        Poll::Ready(Ok(()))
+    })
+    .unwrap();
+    let s2 = s.clone();
+    common::within(30, "the stream of a poll that waits", move || {
+        s2.synchronize()
+    })
+    .unwrap();
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 1);
+    assert!(
+        matches!(seen[0].0, Err(Error::WouldDeadlock(_))),
+        "own stream: {:?}",
+        seen[0].0
+    );
+    assert!(seen[0].1.is_ok(), "other stream: {:?}", seen[0].1);
+}

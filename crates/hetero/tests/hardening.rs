@@ -12,15 +12,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Runs `f` on its own thread; fails the test if it has not returned in `secs`.
-fn within<R: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> R + Send + 'static) -> R {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(Duration::from_secs(secs))
-        .unwrap_or_else(|_| panic!("{what}: still running after {secs} s (hung)"))
-}
+use common::within;
 
 fn device(cfg: DeviceConfig) -> Device {
     Device::new(cfg).expect("device")

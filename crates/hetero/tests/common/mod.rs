@@ -129,3 +129,17 @@ pub fn modelled(dev: &Device, f: impl FnOnce(&Stream)) -> u64 {
     s.synchronize().expect("sync");
     dev.now_ns() - t0
 }
+
+/// Runs `f` on its own thread; fails the test if it has not returned in `secs`.
+pub fn within<R: Send + 'static>(
+    secs: u64,
+    what: &str,
+    f: impl FnOnce() -> R + Send + 'static,
+) -> R {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(secs))
+        .unwrap_or_else(|_| panic!("{what}: still running after {secs} s (hung)"))
+}

@@ -73,9 +73,9 @@ impl Shared {
         }
     }
 
-    /// Decides whether the stream's oldest op can start, taking its engine and buffer
-    /// locks if so.
-    pub(super) fn readiness(&self, stream: &HostStream, op: &Op) -> Readiness {
+    /// Decides whether the stream's oldest op (at timeline `value`) can start,
+    /// taking its engine and buffer locks if so.
+    pub(super) fn readiness(&self, stream: &HostStream, op: &Op, value: u64) -> Readiness {
         if stream.timeline.fault_at().is_some() {
             return Readiness::Skip;
         }
@@ -103,16 +103,28 @@ impl Shared {
                 }
             }
             Body::Host(_) | Body::Record { .. } => Readiness::Ready(Engine::None),
-            Body::Async(a) => self.async_readiness(op, a),
+            Body::Async(a) => self.async_readiness(stream, op, value, a),
         }
     }
 
-    /// Polls the async op at the head of a stream (started by its first poll,
-    /// its access locks taken then and kept until it completes).
-    pub(super) fn async_readiness(&self, op: &Op, a: &crate::async_op::AsyncBody) -> Readiness {
+    /// Polls the async op at the head of a stream, at timeline `value`
+    /// (started by its first poll, its access locks taken then and kept until
+    /// it completes). The poll is user code: it runs in the op's frame, so a
+    /// blocking call it makes on its own stream is refused (`WouldDeadlock`)
+    /// as it is from a callback, not waited on forever.
+    pub(super) fn async_readiness(
+        &self,
+        stream: &HostStream,
+        op: &Op,
+        value: u64,
+        a: &crate::async_op::AsyncBody,
+    ) -> Readiness {
         // SAFETY: every caller holds the op's stream's hardware queue (claimed
         // for `try_claim` / `take_done_async`, kept for `start_next_async`).
-        match unsafe { a.poll(None, || op.try_acquire_access()) } {
+        let polled = in_frame(stream, value, op, || unsafe {
+            a.poll(None, || op.try_acquire_access())
+        });
+        match polled {
             AsyncPoll::Pending => Readiness::NotReady,
             AsyncPoll::Ready => Readiness::Ready(Engine::Async),
         }
@@ -166,9 +178,12 @@ impl Shared {
         // SAFETY: the caller holds the stream's hardware-queue claim, which makes
         // this thread the ring's only consumer.
         let ready = unsafe {
-            stream.ring.peek_with(|op, _| match &op.body {
+            stream.ring.peek_with(|op, pos| match &op.body {
                 Body::Async(a) => {
-                    matches!(self.async_readiness(op, a), Readiness::Ready(_))
+                    matches!(
+                        self.async_readiness(stream, op, pos + 1, a),
+                        Readiness::Ready(_)
+                    )
                 }
                 _ => false,
             })
@@ -629,8 +644,8 @@ impl EngineThread {
         // SAFETY: the caller holds the stream's hardware-queue claim, which makes this
         // thread the ring's only consumer.
         let decision = unsafe {
-            stream.ring.peek_with(|op, _| {
-                let ready = sh.readiness(stream, op);
+            stream.ring.peek_with(|op, pos| {
+                let ready = sh.readiness(stream, op, pos + 1);
                 if matches!(ready, Readiness::NotReady) && matches!(op.body, Body::Async(_)) {
                     self.async_head = Some(stream.id);
                 }
@@ -743,10 +758,10 @@ impl EngineThread {
         // SAFETY: the caller holds the stream's queue, which makes this thread the
         // ring's only consumer.
         unsafe {
-            stream.ring.peek_with(|op, _| {
+            stream.ring.peek_with(|op, pos| {
                 if let Body::Async(a) = &op.body {
                     if stream.timeline.fault_at().is_none() {
-                        let _ = sh.async_readiness(op, a);
+                        let _ = sh.async_readiness(stream, op, pos + 1, a);
                     }
                 }
             });
