@@ -22,7 +22,10 @@
 
 use super::BenchReport;
 use crate::device::DeviceSpec;
-use hetero::{CopyBatch, CopyKind, Device, DeviceConfig, EmuConfig, Region2D, Result, TimeMode};
+use hetero::{
+    CopyBatch, CopyKind, Device, DeviceBuffer, DeviceConfig, EmuConfig, PinnedBuffer, Region2D,
+    Result, Stream, TimeMode,
+};
 use std::time::Instant;
 
 const PIECE: usize = 8 << 10;
@@ -73,113 +76,106 @@ fn modelled(dev: &Device, f: impl FnOnce(&hetero::Stream) -> Result<()>) -> Resu
     Ok((dev.now_ns() - t0) as f64)
 }
 
-/// The batch figures for the same bytes as 8 192 scattered 4 KiB copies
-/// (`emu/…-8192x4k-…`), modelled.
-fn small_pieces(
-    rep: &mut BenchReport,
-    dev: &Device,
-    h: &hetero::PinnedBuffer<u8>,
-    d: &hetero::DeviceBuffer<u8>,
-) -> Result<()> {
-    const SMALL: usize = 4 << 10;
-    let pieces = PIECE * PIECES / SMALL;
-    let (src, dst) = (
-        scatter(pieces),
-        scatter(pieces).into_iter().rev().collect::<Vec<_>>(),
-    );
-    let one = modelled(dev, |s| s.copy_h2d(h, d))?;
-    let batch = modelled(dev, |s| {
-        let mut b = CopyBatch::with_capacity(CopyKind::H2D, pieces);
-        for (a, z) in src.iter().zip(&dst) {
-            b.h2d(h, a * SMALL, d, z * SMALL, SMALL)?;
+/// `n` scattered copies of `piece` bytes between two buffers of `n * piece`
+/// bytes (pieces in one order on the host, reversed on the device).
+struct Pieces {
+    piece: usize,
+    src: Vec<usize>,
+    dst: Vec<usize>,
+}
+
+impl Pieces {
+    fn new(piece: usize, n: usize) -> Self {
+        let src = scatter(n);
+        let dst = src.iter().rev().copied().collect();
+        Pieces { piece, src, dst }
+    }
+
+    /// The copies as one batch.
+    fn batch(&self, h: &PinnedBuffer<u8>, d: &DeviceBuffer<u8>) -> Result<CopyBatch> {
+        let mut b = CopyBatch::with_capacity(CopyKind::H2D, self.src.len());
+        for (a, z) in self.src.iter().zip(&self.dst) {
+            b.h2d(h, a * self.piece, d, z * self.piece, self.piece)?;
         }
-        s.copy_batch(b)
-    })?;
-    let per_call = modelled(dev, |s| {
-        for (a, z) in src.iter().zip(&dst) {
-            s.copy_h2d_range(h, a * SMALL, d, z * SMALL, SMALL)?;
+        Ok(b)
+    }
+
+    /// The copies one op each on `s`.
+    fn per_call(&self, s: &Stream, h: &PinnedBuffer<u8>, d: &DeviceBuffer<u8>) -> Result<()> {
+        for (a, z) in self.src.iter().zip(&self.dst) {
+            s.copy_h2d_range(h, a * self.piece, d, z * self.piece, self.piece)?;
         }
         Ok(())
-    })?;
-    rep.push_value("emu/batch-8192x4k-ns", "ns", batch, 1);
-    rep.push_value("emu/per-call-8192x4k-ns", "ns", per_call, 1);
-    rep.push_value("emu/batch-8192x4k-over-one-32m", "x", batch / one, 1);
-    rep.push_value("emu/per-call-8192x4k-over-batch", "x", per_call / batch, 1);
-    rep.ratio(
-        "emu/batch-8192x4k-over-one-32m",
-        "emu/batch-8192x4k-ns",
-        "emu/one-32m-ns",
+    }
+}
+
+/// Modelled ns of `p` as one batch and one op per copy, pushed as
+/// `emu/{batch,per-call}-{tag}-ns` with their ratios over one copy of all the
+/// bytes (`emu/one-32m-ns`, pushed before) and over each other.
+fn piece_figures(
+    rep: &mut BenchReport,
+    dev: &Device,
+    (h, d): (&PinnedBuffer<u8>, &DeviceBuffer<u8>),
+    p: &Pieces,
+    tag: &str,
+) -> Result<()> {
+    let batch = modelled(dev, |s| s.copy_batch(p.batch(h, d)?))?;
+    let per_call = modelled(dev, |s| p.per_call(s, h, d))?;
+    let (b, c) = (
+        format!("emu/batch-{tag}-ns"),
+        format!("emu/per-call-{tag}-ns"),
     );
-    rep.ratio(
-        "emu/per-call-8192x4k-over-batch",
-        "emu/per-call-8192x4k-ns",
-        "emu/batch-8192x4k-ns",
+    rep.push_value(&b, "ns", batch, 1);
+    rep.push_value(&c, "ns", per_call, 1);
+    let (b_one, c_b) = (
+        format!("emu/batch-{tag}-over-one-32m"),
+        format!("emu/per-call-{tag}-over-batch"),
     );
+    let one = rep.median_of("emu/one-32m-ns").unwrap_or(f64::NAN);
+    rep.push_value(&b_one, "x", batch / one, 1);
+    rep.push_value(&c_b, "x", per_call / batch, 1);
+    rep.ratio(&b_one, &b, "emu/one-32m-ns");
+    rep.ratio(&c_b, &c, &b);
     Ok(())
 }
 
-/// Batch against one copy and against one call per copy (modelled), and the
-/// real submission cost per descriptor beside one op per copy.
+/// Batch against one copy and against one call per copy (modelled), for
+/// 4096 × 8 KiB and the same 32 MiB as 8192 × 4 KiB (pages, the size of many
+/// small images: the ratio grows as the per-copy setup weighs more against
+/// the bytes), and the real submission cost per descriptor beside one op per
+/// copy.
 fn batches(rep: &mut BenchReport, cfg: &EmuConfig, reps: usize) -> Result<()> {
     let dev = emu(cfg.clone())?;
     let n = PIECE * PIECES;
     let h = dev.alloc_pinned::<u8>(n)?;
     let d = dev.alloc::<u8>(n)?;
-    let (src, dst) = (
-        scatter(PIECES),
-        scatter(PIECES).into_iter().rev().collect::<Vec<_>>(),
-    );
-    let build = || -> Result<CopyBatch> {
-        let mut b = CopyBatch::with_capacity(CopyKind::H2D, PIECES);
-        for (a, z) in src.iter().zip(&dst) {
-            b.h2d(&h, a * PIECE, &d, z * PIECE, PIECE)?;
-        }
-        Ok(b)
-    };
     let one = modelled(&dev, |s| s.copy_h2d(&h, &d))?;
-    let batch = modelled(&dev, |s| s.copy_batch(build()?))?;
-    let per_call = modelled(&dev, |s| {
-        for (a, z) in src.iter().zip(&dst) {
-            s.copy_h2d_range(&h, a * PIECE, &d, z * PIECE, PIECE)?;
-        }
-        Ok(())
-    })?;
+    rep.push_value("emu/one-32m-ns", "ns", one, 1);
+    let pieces = Pieces::new(PIECE, PIECES);
+    piece_figures(rep, &dev, (&h, &d), &pieces, "4096x8k")?;
     let coalesced = modelled(&dev, |s| {
         s.set_coalescing(Some(hetero::Coalescing::default()))?;
-        for (a, z) in src.iter().zip(&dst) {
-            s.copy_h2d_range(&h, a * PIECE, &d, z * PIECE, PIECE)?;
-        }
-        Ok(())
+        pieces.per_call(s, &h, &d)
     })?;
-    rep.push_value("emu/one-32m-ns", "ns", one, 1);
     rep.push_value("emu/per-call-coalesced-4096x8k-ns", "ns", coalesced, 1);
-    rep.push_value("emu/batch-4096x8k-ns", "ns", batch, 1);
-    rep.push_value("emu/per-call-4096x8k-ns", "ns", per_call, 1);
-    rep.push_value("emu/batch-4096x8k-over-one-32m", "x", batch / one, 1);
-    rep.push_value("emu/per-call-4096x8k-over-batch", "x", per_call / batch, 1);
-    rep.ratio(
-        "emu/batch-4096x8k-over-one-32m",
-        "emu/batch-4096x8k-ns",
-        "emu/one-32m-ns",
-    );
-    rep.ratio(
-        "emu/per-call-4096x8k-over-batch",
-        "emu/per-call-4096x8k-ns",
-        "emu/batch-4096x8k-ns",
-    );
     rep.ratio(
         "emu/per-call-coalesced-4096x8k-over-batch",
         "emu/per-call-coalesced-4096x8k-ns",
         "emu/batch-4096x8k-ns",
     );
+    const SMALL: usize = 4 << 10;
+    piece_figures(
+        rep,
+        &dev,
+        (&h, &d),
+        &Pieces::new(SMALL, n / SMALL),
+        "8192x4k",
+    )?;
     rep.notes.push(format!(
         "emu/per-call-4096x8k-over-batch: one op per copy pays the preset's setup latency \
          ({} ns) each time; the ratio is about 1 + setup x bandwidth / 8 KiB",
         cfg.link().setup_ns
     ));
-    // The same 32 MiB in 4 KiB pieces (pages, the size of many small images):
-    // the ratio grows as the per-copy setup weighs more against the bytes.
-    small_pieces(rep, &dev, &h, &d)?;
 
     // Real time to submit, per descriptor (building the batch included) and per
     // op; the model runs only at the synchronize after the timed part.
@@ -187,13 +183,11 @@ fn batches(rep: &mut BenchReport, cfg: &EmuConfig, reps: usize) -> Result<()> {
     let (mut per_desc, mut per_op) = (Vec::new(), Vec::new());
     for _ in 0..reps {
         let t = Instant::now();
-        s.copy_batch(build()?)?;
+        s.copy_batch(pieces.batch(&h, &d)?)?;
         per_desc.push(t.elapsed().as_nanos() as f64 / PIECES as f64);
         s.synchronize()?;
         let t = Instant::now();
-        for (a, z) in src.iter().zip(&dst) {
-            s.copy_h2d_range(&h, a * PIECE, &d, z * PIECE, PIECE)?;
-        }
+        pieces.per_call(&s, &h, &d)?;
         per_op.push(t.elapsed().as_nanos() as f64 / PIECES as f64);
         s.synchronize()?;
     }
