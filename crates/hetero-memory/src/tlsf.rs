@@ -247,10 +247,23 @@ impl Tlsf {
     /// addresses so that frees at the top merge into one large free block.
     fn lowest_fitting(&self, fl: usize, sl: usize, size: u64, align: u64) -> Option<u32> {
         let mut best: Option<u32> = None;
+        self.first_blocks_of_bins(fl, sl, self.address_bins, |i| {
+            if self.fits(i, size, align).is_some()
+                && best.is_none_or(|b| self.nodes[i as usize].addr < self.nodes[b as usize].addr)
+            {
+                best = Some(i);
+            }
+        });
+        best
+    }
+
+    /// Calls `f` on the first few (up to 4) blocks of each of the first `bins`
+    /// non-empty bins at or above (fl, sl), in bin order.
+    fn first_blocks_of_bins(&self, fl: usize, sl: usize, bins: usize, mut f: impl FnMut(u32)) {
         let (mut fl, mut sl) = (fl, sl);
-        for _ in 0..self.address_bins {
+        for _ in 0..bins {
             let sl_map = self.sl_bitmap[fl] & (!0u32).checked_shl(sl as u32).unwrap_or(0);
-            let (f, s) = if sl_map != 0 {
+            let (bf, bs) = if sl_map != 0 {
                 (fl, sl_map.trailing_zeros() as usize)
             } else {
                 let fl_map = if fl + 1 >= FL {
@@ -261,31 +274,25 @@ impl Tlsf {
                 if fl_map == 0 {
                     break;
                 }
-                let f = fl_map.trailing_zeros() as usize;
-                (f, self.sl_bitmap[f].trailing_zeros() as usize)
+                let bf = fl_map.trailing_zeros() as usize;
+                (bf, self.sl_bitmap[bf].trailing_zeros() as usize)
             };
-            let mut i = self.heads[f][s];
+            let mut i = self.heads[bf][bs];
             for _ in 0..4 {
                 if i == NIL {
                     break;
                 }
-                if self.fits(i, size, align).is_some()
-                    && best
-                        .is_none_or(|b| self.nodes[i as usize].addr < self.nodes[b as usize].addr)
-                {
-                    best = Some(i);
-                }
+                f(i);
                 i = self.nodes[i as usize].next_free;
             }
-            (fl, sl) = if s + 1 < SL {
-                (f, s + 1)
-            } else if f + 1 < FL {
-                (f + 1, 0)
+            (fl, sl) = if bs + 1 < SL {
+                (bf, bs + 1)
+            } else if bf + 1 < FL {
+                (bf + 1, 0)
             } else {
                 break;
             };
         }
-        best
     }
 
     /// How many bins [`Tlsf::alloc`] compares by address (default 8; 0: plain
@@ -399,39 +406,8 @@ impl Tlsf {
             consider(self, i);
             i = self.nodes[i as usize].next_free;
         }
-        let (mut fl, mut sl) = mapping(round_size(need));
-        for _ in 0..self.address_bins.max(1) {
-            let sl_map = self.sl_bitmap[fl] & (!0u32).checked_shl(sl as u32).unwrap_or(0);
-            let (f, s) = if sl_map != 0 {
-                (fl, sl_map.trailing_zeros() as usize)
-            } else {
-                let fl_map = if fl + 1 >= FL {
-                    0
-                } else {
-                    self.fl_bitmap & (!0u64 << (fl + 1))
-                };
-                if fl_map == 0 {
-                    break;
-                }
-                let f = fl_map.trailing_zeros() as usize;
-                (f, self.sl_bitmap[f].trailing_zeros() as usize)
-            };
-            let mut i = self.heads[f][s];
-            for _ in 0..4 {
-                if i == NIL {
-                    break;
-                }
-                consider(self, i);
-                i = self.nodes[i as usize].next_free;
-            }
-            (fl, sl) = if s + 1 < SL {
-                (f, s + 1)
-            } else if f + 1 < FL {
-                (f + 1, 0)
-            } else {
-                break;
-            };
-        }
+        let (fl, sl) = mapping(round_size(need));
+        self.first_blocks_of_bins(fl, sl, self.address_bins.max(1), |i| consider(self, i));
         let (_, addr, block) = best?;
         self.remove_free(block);
         Some((self.carve(block, addr, size), addr))
