@@ -183,12 +183,9 @@ impl<T> Ring<T> {
         if slot.seq.load(Ordering::Acquire) != pos + 1 {
             return None;
         }
-        // SAFETY: as in `peek_with`; the value is moved out exactly once, then the
-        // slot is released to the producer of `pos + capacity`.
-        let value = slot.value.with_mut(|p| unsafe { (*p).assume_init_read() });
-        slot.seq.store(pos + self.mask + 1, Ordering::Release);
-        self.head.store(pos + 1, Ordering::Release);
-        Some((value, pos))
+        // SAFETY: the caller is the only consumer, and the value at `pos` was
+        // just seen published (Acquire).
+        Some((unsafe { self.take_head() }, pos))
     }
 }
 
