@@ -116,6 +116,12 @@ pub(crate) struct Storage {
     /// A pitched buffer's row pitch in bytes (0: flat): kernels split it
     /// between blocks by whole rows.
     pub(crate) row_bytes: usize,
+    /// The memory came with stream-order obligations (it was reused in
+    /// stream order, or other streams' work may still use it): its first
+    /// user must order itself (see [`Storage::reused_in_stream_order`] and
+    /// [`Storage::take_reuse_points`]). Set when the memory is taken, so the
+    /// common case costs `Stream::alloc` one read.
+    pub(crate) reuse_order: bool,
 }
 
 // SAFETY: the bytes are plain memory owned by this storage; concurrent access to them
@@ -131,6 +137,26 @@ const USED_ON: usize = 4;
 
 impl Storage {
     pub(crate) const ALIGN: usize = 256;
+
+    /// `Arc::get_mut` without its atomic read-modify-write (about 10 ns on the
+    /// VMs this runs on, three of them per `Stream::alloc` + drop): the storage
+    /// when `arc` is its only owner.
+    ///
+    /// Sound because no `Weak` of a storage is ever made (the type is private
+    /// to this crate and nothing downgrades it), so one strong reference means
+    /// one owner, and `&mut arc` keeps that owner from being cloned while the
+    /// borrow lives.
+    #[inline]
+    pub(crate) fn unique(arc: &mut Arc<Storage>) -> Option<&mut Storage> {
+        if Arc::strong_count(arc) != 1 {
+            return None;
+        }
+        // Pairs with the Release decrement of the last other owner's drop: its
+        // accesses happen before ours.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        // SAFETY: see above: this handle is the only reference to the storage.
+        Some(unsafe { &mut *(Arc::as_ptr(arc) as *mut Storage) })
+    }
 
     /// Whether the memory came back on its stream while work queued there could
     /// still use it (see the module doc).
@@ -319,6 +345,7 @@ impl Storage {
             pool: None,
             graph_ref: 0,
             row_bytes: 0,
+            reuse_order: false,
         }
     }
 
@@ -482,6 +509,7 @@ const SPARE_MAX: usize = 32;
 impl Storage {
     /// `bytes` of device memory for `stream` (0: none), in a storage of its own:
     /// one this thread recycled if it has one, else a new one.
+    #[inline]
     pub(crate) fn device_arc(
         device: u64,
         pool: &Arc<hetero_memory::DevicePool>,
@@ -495,11 +523,13 @@ impl Storage {
         if crate::clock::profiling() {
             record_mem(hetero_trace::MemKind::Alloc, bytes, stream, pool);
         }
+        let reuse_order = alloc.reused_in_stream_order() || !alloc.wait_for().is_empty();
         let backing = Backing::Device { alloc, stream };
         let spare = SPARE.try_with(|s| s.borrow_mut().pop()).ok().flatten();
         let mut arc = spare.unwrap_or_else(|| Arc::new(Self::empty(device, MemoryKind::Device)));
-        let s = Arc::get_mut(&mut arc).expect("a spare storage has no other owner");
+        let s = Storage::unique(&mut arc).expect("a spare storage has no other owner");
         s.refill(device, bytes, backing, stream);
+        s.reuse_order = reuse_order;
         if !s.pool.as_ref().is_some_and(|p| Arc::ptr_eq(p, pool)) {
             s.pool = Some(pool.clone());
         }
@@ -521,13 +551,17 @@ impl Storage {
         self.home = stream;
         self.graph_ref = 0;
         self.row_bytes = 0;
-        *self.backing.get_mut().unwrap_or_else(|p| p.into_inner()) = backing;
+        let b = self.backing.get_mut().unwrap_or_else(|p| p.into_inner());
+        // A spare storage was emptied by `recycle`: nothing to drop (and were
+        // it not, forgetting a backing leaks memory, it is never unsound).
+        debug_assert!(matches!(b, Backing::Empty));
+        std::mem::forget(std::mem::replace(b, backing));
     }
 
     /// The last owner of a device storage lets it go: its memory returns to the
     /// pool, and the emptied storage is kept for this thread's next allocation.
     fn recycle(mut arc: Arc<Storage>) {
-        let Some(s) = Arc::get_mut(&mut arc) else {
+        let Some(s) = Storage::unique(&mut arc) else {
             return; // another owner appeared (a clone in flight): it drops it
         };
         s.release_backing();

@@ -228,7 +228,21 @@ impl Stream {
             return Ok(DeviceBuffer::from_storage(s, len));
         }
         let mut arc = self.inner.device.device_storage::<T>(len, self.id())?;
-        let s = Arc::get_mut(&mut arc).expect("a new storage has no other owner");
+        if arc.reuse_order {
+            arc = self.order_reused(arc)?;
+        }
+        Ok(DeviceBuffer::from_storage(arc, len))
+    }
+
+    /// Orders the first use of memory [`Stream::alloc`] took over after the
+    /// work that may still use it: this stream's own queued work (later work
+    /// elsewhere then waits for this stream first) and other streams' work
+    /// (see [`Stream::wait_for_points`]). On error the memory is freed once
+    /// those points are reached.
+    #[cold]
+    fn order_reused(&self, mut arc: Arc<Storage>) -> Result<Arc<Storage>> {
+        let s = Storage::unique(&mut arc).expect("a new storage has no other owner");
+        s.reuse_order = false;
         let mut ordered = s.reused_in_stream_order();
         if s.has_reuse_points() {
             let fences = s.take_reuse_points();
@@ -243,7 +257,7 @@ impl Stream {
         if ordered {
             s.set_ready(self.q().timeline().clone(), self.q().submitted());
         }
-        Ok(DeviceBuffer::from_storage(arc, len))
+        Ok(arc)
     }
 
     /// Orders this stream after other streams' work that may still use memory it

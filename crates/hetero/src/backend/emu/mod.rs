@@ -472,7 +472,7 @@ impl Backend for EmuBackend {
         match kind {
             MemoryKind::Device => {
                 let mut s = Storage::device_arc(self.shared.device, &self.pool, bytes, stream)?;
-                if let Some(st) = Arc::get_mut(&mut s) {
+                if let Some(st) = Storage::unique(&mut s) {
                     let addr = self.arena.device_address(st.ptr());
                     st.set_device_memory(addr);
                 }
