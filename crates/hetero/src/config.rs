@@ -297,7 +297,8 @@ impl DeviceConfig {
                  stream's whole life (a larger ring only lets the host run further ahead)",
                 self.ring_capacity,
                 Self::MAX_STREAM_CAPACITY,
-                std::mem::size_of::<crate::op::Op>() + 8
+                // The op, its sequence number and the kernel a host slot keeps.
+                std::mem::size_of::<crate::op::Op>() + 16
             ));
         }
         Ok(())

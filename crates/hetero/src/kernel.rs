@@ -15,6 +15,14 @@ pub(crate) type KernelFn = dyn Fn(&mut Block<'_>) + Send + Sync;
 
 /// A kernel: a named closure run once per block.
 ///
+/// Lifetime: a launch keeps its kernel alive until it has completed, whatever
+/// happens to the handles. On the host backend a stream also keeps the kernels
+/// of its recent launches, at most one per slot of its submission ring
+/// ([`DeviceConfig::stream_capacity`](crate::DeviceConfig::stream_capacity)),
+/// until a later launch in that slot replaces it or the stream is dropped:
+/// that is what lets a launch change no reference count. What a kernel's
+/// closure captures lives that long too.
+///
 /// ```
 /// use hetero::{Arg, Device, Grid, Kernel};
 /// let dev = Device::host().unwrap();

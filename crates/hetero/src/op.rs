@@ -4,6 +4,7 @@
 use crate::buffer::Storage;
 use crate::kernel::{ArgList, KernelInner};
 use crate::timeline::Timeline;
+use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
@@ -21,6 +22,83 @@ pub enum CopyKind {
 pub(crate) struct Op {
     pub(crate) body: Body,
     pub(crate) submit_ns: u64,
+}
+
+/// What a kernel op holds of its kernel: a counted reference (an `Arc`), or
+/// one lent by the host stream, which keeps the kernel in the op's ring slot
+/// until the op has completed (`HostStream::submit_launch`), so that a launch
+/// changes no count. One word: the low bit of the (128-byte aligned) pointer
+/// says "lent".
+pub(crate) struct KernelRef(NonNull<KernelInner>);
+
+// SAFETY: a `KernelRef` is an `Arc<KernelInner>` or a loan of one, and
+// `KernelInner` is `Send + Sync` (its closures are).
+unsafe impl Send for KernelRef {}
+// SAFETY: as above; only `&KernelInner` is reachable through `&KernelRef`.
+unsafe impl Sync for KernelRef {}
+
+const LENT: usize = 1;
+const _: () = assert!(std::mem::align_of::<KernelInner>() > LENT);
+
+impl KernelRef {
+    /// A counted reference.
+    pub(crate) fn owned(kernel: Arc<KernelInner>) -> Self {
+        // SAFETY: `Arc::into_raw` never returns null.
+        KernelRef(unsafe { NonNull::new_unchecked(Arc::into_raw(kernel).cast_mut()) })
+    }
+
+    /// A reference that counts nothing.
+    ///
+    /// # Safety
+    /// An `Arc` of the same kernel must stay alive until the op holding this
+    /// reference has completed and been dropped.
+    pub(crate) unsafe fn lent(kernel: &Arc<KernelInner>) -> Self {
+        let p = NonNull::from(&**kernel);
+        KernelRef(p.map_addr(|a| a | LENT))
+    }
+
+    fn ptr(&self) -> NonNull<KernelInner> {
+        self.0.map_addr(|a| {
+            std::num::NonZeroUsize::new(a.get() & !LENT).expect("an aligned pointer is not null")
+        })
+    }
+
+    pub(crate) fn is_lent(&self) -> bool {
+        self.0.addr().get() & LENT != 0
+    }
+
+    /// A counted reference to the same kernel (for what outlives the op: a
+    /// graph node recorded from it).
+    pub(crate) fn to_arc(&self) -> Arc<KernelInner> {
+        let p = self.ptr().as_ptr().cast_const();
+        // SAFETY: the pointer came from an `Arc` (`owned`), or from one kept
+        // alive for as long as this reference lives (`lent`); one more count
+        // for the new `Arc`.
+        unsafe {
+            Arc::increment_strong_count(p);
+            Arc::from_raw(p)
+        }
+    }
+}
+
+impl std::ops::Deref for KernelRef {
+    type Target = KernelInner;
+    #[inline]
+    fn deref(&self) -> &KernelInner {
+        // SAFETY: owned: this reference holds a count; lent: the lender keeps
+        // the kernel alive while the op (and so this reference) lives.
+        unsafe { self.ptr().as_ref() }
+    }
+}
+
+impl Drop for KernelRef {
+    #[inline]
+    fn drop(&mut self) {
+        if !self.is_lent() {
+            // SAFETY: an owned reference holds the count `Arc::into_raw` kept.
+            drop(unsafe { Arc::from_raw(self.ptr().as_ptr().cast_const()) });
+        }
+    }
 }
 
 // Kernel arguments are kept inline on purpose: a launch must not allocate.
@@ -45,7 +123,7 @@ pub(crate) enum Body {
         _pending: Option<PendingWrite>,
     },
     Kernel {
-        kernel: Arc<KernelInner>,
+        kernel: KernelRef,
         blocks: u32,
         args: ArgList,
     },

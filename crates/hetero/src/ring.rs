@@ -14,36 +14,53 @@
 //!   consumer methods are `unsafe`.
 //! - A value is written before its slot's `seq` is published (Release) and read only
 //!   after the consumer observes it (Acquire).
+//! - Each slot also has a `keep` cell (`K`, `()` unless asked for) that only
+//!   producers touch: the producer of position `p`, between winning `p` and
+//!   publishing it (`Ring::try_push_with`). The producer of `p + capacity`
+//!   wins that slot only after the consumer freed it, which it did after seeing
+//!   `p` published, so the seq protocol orders successive users of a keep cell.
+//!   The host stream keeps there the kernel that ops of that slot borrow.
 
 use crate::loom::{AtomicU64, Ordering, UnsafeCell};
 use crossbeam_utils::CachePadded;
 use std::mem::MaybeUninit;
 
-struct Slot<T> {
+struct Slot<T, K> {
     seq: AtomicU64,
     value: UnsafeCell<MaybeUninit<T>>,
+    keep: UnsafeCell<K>,
 }
 
-pub(crate) struct Ring<T> {
+pub(crate) struct Ring<T, K = ()> {
     head: CachePadded<AtomicU64>,
     tail: CachePadded<AtomicU64>,
-    slots: Box<[Slot<T>]>,
+    slots: Box<[Slot<T, K>]>,
     mask: u64,
 }
 
-// SAFETY: values move between threads (T: Send); slot access is serialised by the
-// sequence protocol above and the single-consumer contract.
-unsafe impl<T: Send> Send for Ring<T> {}
-// SAFETY: as above; shared references only reach a value through that protocol.
-unsafe impl<T: Send> Sync for Ring<T> {}
+// SAFETY: values and keep cells move between threads (T, K: Send); slot access is
+// serialised by the sequence protocol above and the single-consumer contract.
+unsafe impl<T: Send, K: Send> Send for Ring<T, K> {}
+// SAFETY: as above; shared references only reach a value or a keep cell through
+// that protocol.
+unsafe impl<T: Send, K: Send> Sync for Ring<T, K> {}
 
 impl<T> Ring<T> {
+    /// Appends `value`, returning its position, or gives it back when the ring is full.
+    #[inline]
+    pub(crate) fn try_push(&self, value: T) -> Result<u64, T> {
+        self.try_push_with(value, |_, _, _| {})
+    }
+}
+
+impl<T, K: Default> Ring<T, K> {
     pub(crate) fn with_capacity(capacity: usize) -> Self {
         let cap = capacity.max(2).next_power_of_two();
         let slots = (0..cap)
             .map(|i| Slot {
                 seq: AtomicU64::new(i as u64),
                 value: UnsafeCell::new(MaybeUninit::uninit()),
+                keep: UnsafeCell::new(K::default()),
             })
             .collect::<Vec<_>>()
             .into_boxed_slice();
@@ -54,10 +71,19 @@ impl<T> Ring<T> {
             mask: cap as u64 - 1,
         }
     }
+}
 
-    /// Appends `value`, returning its position, or gives it back when the ring is full.
+impl<T, K> Ring<T, K> {
+    /// Appends `value`, returning its position, or gives it back when the ring
+    /// is full. Once the position is won and before the value is published,
+    /// `settle` sees the value, the slot's keep cell (this producer's alone
+    /// meanwhile) and the position. It must not panic: the slot is claimed.
     #[inline]
-    pub(crate) fn try_push(&self, value: T) -> Result<u64, T> {
+    pub(crate) fn try_push_with(
+        &self,
+        mut value: T,
+        settle: impl FnOnce(&mut T, &mut K, u64),
+    ) -> Result<u64, T> {
         let mut pos = self.tail.load(Ordering::Relaxed);
         loop {
             let slot = &self.slots[(pos & self.mask) as usize];
@@ -71,7 +97,11 @@ impl<T> Ring<T> {
                 ) {
                     Ok(_) => {
                         // SAFETY: winning the CAS for `pos` while `seq == pos` makes this
-                        // producer the only writer of the slot until it publishes it.
+                        // producer the only user of the slot's keep cell and the only
+                        // writer of its value until it publishes it.
+                        slot.keep
+                            .with_mut(|k| settle(&mut value, unsafe { &mut *k }, pos));
+                        // SAFETY: as above.
                         slot.value.with_mut(|p| unsafe { (*p).write(value) });
                         slot.seq.store(pos + 1, Ordering::Release);
                         return Ok(pos);
@@ -86,6 +116,22 @@ impl<T> Ring<T> {
                 crate::loom::model_yield();
                 pos = self.tail.load(Ordering::Relaxed);
             }
+        }
+    }
+
+    /// Empties every slot's keep cell.
+    ///
+    /// # Safety
+    /// No producer may push during or after the call, and no value pushed may
+    /// still rely on what the cells keep.
+    pub(crate) unsafe fn clear_keeps(&self)
+    where
+        K: Default,
+    {
+        for slot in self.slots.iter() {
+            // SAFETY: no producer runs (the caller's promise), and consumers
+            // never touch keep cells.
+            slot.keep.with_mut(|k| unsafe { *k = K::default() });
         }
     }
 
@@ -189,7 +235,7 @@ impl<T> Ring<T> {
     }
 }
 
-impl<T> Drop for Ring<T> {
+impl<T, K> Drop for Ring<T, K> {
     fn drop(&mut self) {
         // SAFETY: `&mut self`: no other producer or consumer exists any more.
         while unsafe { self.pop() }.is_some() {}
@@ -252,7 +298,7 @@ mod loom_tests {
     }
 
     /// Pops `n` values, yielding while the oldest is not published.
-    fn pop_n(ring: &Ring<u32>, n: usize) -> Vec<(u32, u64)> {
+    fn pop_n<K>(ring: &Ring<u32, K>, n: usize) -> Vec<(u32, u64)> {
         let mut got = Vec::new();
         while got.len() < n {
             // SAFETY: the calling thread is the ring's only consumer.
@@ -304,6 +350,54 @@ mod loom_tests {
             producer.join().expect("producer");
             assert_eq!(got, vec![(0, 0), (1, 1), (2, 2)]);
             assert!(ring.is_empty());
+        });
+    }
+
+    /// Keep cells pass from producer to producer: two producers and the
+    /// consumer (which pushes a third value once it popped the first, so that
+    /// one slot is used twice) each add their value to the keep cell of the
+    /// slot they won. Loom fails the model if two threads can touch a cell at
+    /// once; each cell ends holding the sum of its slot's values.
+    #[test]
+    fn keep_cells_pass_from_producer_to_producer() {
+        fn push(r: &Ring<u32, u32>, v: u32) -> u64 {
+            let mut v = v;
+            loop {
+                match r.try_push_with(v, |v, k, _| *k += *v) {
+                    Ok(pos) => return pos,
+                    Err(back) => {
+                        v = back;
+                        loom::thread::yield_now();
+                    }
+                }
+            }
+        }
+        loom::model(|| {
+            let ring: Arc<Ring<u32, u32>> = Arc::new(Ring::with_capacity(2));
+            let producers: Vec<_> = [1u32, 10]
+                .into_iter()
+                .map(|v| {
+                    let r = ring.clone();
+                    loom::thread::spawn(move || push(&r, v))
+                })
+                .collect();
+            let mut got = pop_n(&ring, 1);
+            push(&ring, 100);
+            got.extend(pop_n(&ring, 2));
+            for p in producers {
+                p.join().expect("producer");
+            }
+            let mut want = [0u32; 2];
+            for (v, pos) in &got {
+                want[(pos & 1) as usize] += v;
+            }
+            let mut seen = [0u32; 2];
+            for _ in 0..2 {
+                let pushed = ring.try_push_with(0, |_, k, pos| seen[(pos & 1) as usize] = *k);
+                assert!(pushed.is_ok());
+                pop_n(&ring, 1);
+            }
+            assert_eq!(seen, want);
         });
     }
 }

@@ -6,7 +6,7 @@ use crate::buffer::{Arg, DeviceBuffer, PinnedBuffer, Storage};
 use crate::event::{Event, EventPoint};
 use crate::graph::capture::CaptureSlot;
 use crate::kernel::{ArgList, Grid, Kernel, MAX_KERNEL_ARGS};
-use crate::op::{Body, CopyKind, Op, PendingWrite};
+use crate::op::{Body, CopyKind, KernelRef, Op, PendingWrite};
 use crate::{Device, Error, MemoryKind, Result};
 use bytemuck::Pod;
 use std::any::TypeId;
@@ -611,11 +611,16 @@ impl Stream {
             self.order_use(a.storage)?;
         }
         let list = ArgList::from_args(args);
-        self.submit(Body::Kernel {
-            kernel: kernel.inner.clone(),
-            blocks: grid.blocks,
-            args: list,
-        })?;
+        if self.is_capturing() {
+            // A capture begun on another thread since the look above.
+            self.submit(Body::Kernel {
+                kernel: KernelRef::owned(kernel.inner.clone()),
+                blocks: grid.blocks,
+                args: list,
+            })?;
+        } else {
+            self.q().submit_launch(&kernel.inner, grid.blocks, list)?;
+        }
         Ok(())
     }
 

@@ -378,3 +378,93 @@ fn kernels_with_many_args_spill_and_work() {
     s.launch(&k, Grid::new(1), &args).unwrap();
     assert_eq!(s.read_to_vec(&out).unwrap(), vec![10; 4]);
 }
+
+/// A kernel that adds `by` to every element of its one buffer, holding `probe`.
+fn adder(name: &'static str, by: u32, probe: &Arc<()>) -> Kernel {
+    let p = probe.clone();
+    Kernel::new(name, move |b| {
+        let _ = &p;
+        for v in b.write::<u32>(0) {
+            *v += by;
+        }
+    })
+}
+
+/// Launches no longer count references to their kernel on the host backend:
+/// the ring slot an op goes into keeps the kernel it borrows. Alternating
+/// kernels on a two-slot ring (each slot changing kernel at every launch, the
+/// newest op before it sometimes still running) and dropping the handles
+/// while launches are queued must still run every launch of the right kernel,
+/// and every kernel is let go once it is replaced or the stream is dropped.
+#[test]
+fn kernels_live_as_long_as_their_launches_and_no_longer_than_their_stream() {
+    let d = Device::new(common::config().compute_units(2).stream_capacity(2)).expect("device");
+    let (pa, pb) = (Arc::new(()), Arc::new(()));
+    let s = d.create_stream().unwrap();
+    let x = d.alloc::<u32>(64).unwrap();
+    s.fill(&x, 0u32).unwrap();
+    {
+        let (a, b) = (adder("add1", 1, &pa), adder("add100", 100, &pb));
+        for _ in 0..500 {
+            s.launch(&a, Grid::new(1), &[Arg::write(&x)]).unwrap();
+            s.launch(&b, Grid::new(1), &[Arg::write(&x)]).unwrap();
+        }
+        // Handles gone while launches may still be queued.
+    }
+    assert_eq!(s.read_to_vec(&x).unwrap(), vec![500 * 101; 64]);
+    if !common::on_host() {
+        // The rest holds a kernel running while the test goes on beside it.
+        drop((x, s));
+        d.synchronize().unwrap();
+        assert_eq!(Arc::strong_count(&pa), 1);
+        assert_eq!(Arc::strong_count(&pb), 1);
+        return;
+    }
+
+    // A slot's kernel is replaced while its last launch still runs: that launch
+    // must keep its kernel (the new one is then counted by its op instead).
+    struct SaysDropped(Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for SaysDropped {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let gate = Gate::new();
+    let wait = gate.waiter();
+    let pg = Arc::new(());
+    let p = pg.clone();
+    let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (guard, seen) = (SaysDropped(dropped.clone()), dropped.clone());
+    let g = Kernel::new("gated", move |_| {
+        let _ = (&p, &guard);
+        wait();
+        // Fails the stream (and the read below) if the kernel was let go
+        // while this launch ran.
+        assert!(!seen.load(Ordering::SeqCst), "kernel dropped while running");
+    });
+    s.launch(&g, Grid::new(1), &[]).unwrap();
+    drop(g);
+    gate.wait_reached();
+    let c = adder("add7", 7, &pa);
+    std::thread::scope(|sc| {
+        // Three launches on a two-slot ring behind a running op: the pushes
+        // wait for room, and the last goes into the running op's slot.
+        let pusher = sc.spawn(|| {
+            for _ in 0..3 {
+                s.launch(&c, Grid::new(1), &[Arg::write(&x)]).unwrap();
+            }
+        });
+        settle(&d);
+        gate.open();
+        pusher.join().unwrap();
+    });
+    drop(c);
+    assert_eq!(s.read_to_vec(&x).unwrap(), vec![500 * 101 + 21; 64]);
+    drop((x, s));
+    d.synchronize().unwrap();
+    // The stream (and its ring) is gone: no kernel is kept any more.
+    assert_eq!(Arc::strong_count(&pa), 1);
+    assert_eq!(Arc::strong_count(&pb), 1);
+    assert_eq!(Arc::strong_count(&pg), 1);
+    assert!(dropped.load(Ordering::SeqCst));
+}

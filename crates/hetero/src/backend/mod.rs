@@ -61,8 +61,8 @@ pub(crate) fn held_by_running_op(storage: &Storage) -> bool {
 /// which wakes this waiter: the completion's fence orders the pop before the
 /// waker's look at the sleepers, and the sleeper's fence orders its registration
 /// before its look at the ring (park.rs).
-pub(crate) fn wait_for_room<T>(
-    ring: &crate::ring::Ring<T>,
+pub(crate) fn wait_for_room<T, K>(
+    ring: &crate::ring::Ring<T, K>,
     timeline: &Timeline,
     mode: crate::CompletionMode,
 ) -> Result<()> {
@@ -171,6 +171,21 @@ pub(crate) trait BackendStream: Send + Sync {
     fn timeline(&self) -> &Arc<Timeline>;
     /// Enqueues `op`; returns its value on the stream's timeline.
     fn submit(&self, op: Op) -> Result<u64>;
+    /// Enqueues a launch of `kernel` (what `Stream::launch` submits): the op
+    /// holds a counted reference unless the backend keeps the kernel alive
+    /// another way (the host backend lends it from the ring slot).
+    fn submit_launch(
+        &self,
+        kernel: &Arc<crate::kernel::KernelInner>,
+        blocks: u32,
+        args: crate::kernel::ArgList,
+    ) -> Result<u64> {
+        self.submit(Op::new(crate::op::Body::Kernel {
+            kernel: crate::op::KernelRef::owned(kernel.clone()),
+            blocks,
+            args,
+        }))
+    }
     /// The value of the last operation submitted.
     fn submitted(&self) -> u64;
     fn priority(&self) -> u8;

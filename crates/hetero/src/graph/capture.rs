@@ -327,7 +327,7 @@ pub(crate) fn submit(slot: &CaptureSlot, stream: u64, body: Body) -> Result<u64>
                 }
                 let n = (d.args.len() - start) as u32;
                 NodeBody::Kernel {
-                    kernel: d.kernel_index(&kernel),
+                    kernel: d.kernel_index(&kernel.to_arc()),
                     name: kernel.name,
                     blocks,
                     args: (start as u32, n),

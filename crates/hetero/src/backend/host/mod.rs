@@ -42,7 +42,7 @@ use super::{Backend, BackendStream, DeviceProperties};
 use crate::buffer::{MemoryKind, Storage};
 use crate::config::{CompletionMode, DeviceConfig};
 use crate::kernel::Block;
-use crate::op::{self, Body, Op};
+use crate::op::{self, Body, KernelRef, Op};
 use crate::park::Parker;
 use crate::ring::Ring;
 use crate::timeline::Timeline;

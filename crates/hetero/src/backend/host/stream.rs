@@ -7,10 +7,14 @@ use super::*;
 /// A priority-7 stream facing continuous priority-0 work runs after (7 + 1) × this.
 pub(super) const AGING_TICKS: u64 = 16;
 
+/// What a ring slot keeps for the kernel ops pushed into it: the kernel they
+/// borrow (`HostStream::submit_launch`).
+pub(super) type KernelKeep = Option<Arc<crate::kernel::KernelInner>>;
+
 pub(crate) struct HostStream {
     pub(super) id: u64,
     pub(super) timeline: Arc<Timeline>,
-    pub(super) ring: Ring<Op>,
+    pub(super) ring: Ring<Op, KernelKeep>,
     pub(super) priority: AtomicU8,
     pub(super) queue: usize,
     pub(super) closed: AtomicBool,
@@ -56,14 +60,47 @@ impl BackendStream for HostStream {
         }
         // The first try moves `op` straight into the ring (no copy kept for a
         // retry); a full ring hands it back to the slow path.
-        let r = match self.ring.try_push(op) {
+        let r = match self.ring.try_push_with(op, |_, _, _| {}) {
             Ok(pos) => Ok(self.published(pos)),
-            Err(back) => self.submit_when_full(back),
+            Err(back) => self.submit_when_full(back, |_, _, _| {}),
         };
         if is_async && r.is_err() {
             self.count_async(false);
         }
         r
+    }
+
+    /// A launch whose op borrows its kernel from the ring slot it goes into,
+    /// so that no count changes per launch (two atomic read-modify-writes on a
+    /// line the submitter and the engine would pass back and forth: about a
+    /// fifth of an empty op). See [`HostStream::settle_kernel`].
+    #[inline]
+    fn submit_launch(
+        &self,
+        kernel: &Arc<crate::kernel::KernelInner>,
+        blocks: u32,
+        args: crate::kernel::ArgList,
+    ) -> Result<u64> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(Error::StreamDestroyed { stream: self.id });
+        }
+        let op = Op::new(Body::Kernel {
+            // SAFETY: `kernel` lives for this call, and before the op can leave
+            // it, `settle_kernel` (run once the op has its slot) either keeps
+            // an `Arc` of the kernel in that slot until the op has completed or
+            // makes the reference counted. An op that never gets a slot is
+            // dropped within this call.
+            kernel: unsafe { KernelRef::lent(kernel) },
+            blocks,
+            args,
+        });
+        let settle = |op: &mut Op, keep: &mut KernelKeep, pos: u64| {
+            self.settle_kernel(op, keep, pos, kernel)
+        };
+        match self.ring.try_push_with(op, settle) {
+            Ok(pos) => Ok(self.published(pos)),
+            Err(back) => self.submit_when_full(back, settle),
+        }
     }
 
     fn submitted(&self) -> u64 {
@@ -92,6 +129,14 @@ impl BackendStream for HostStream {
 
     fn release(&self) {
         let _ = self.timeline.wait(self.submitted(), self.host_wait);
+        if self.timeline.completed() >= self.submitted() {
+            // SAFETY: the last handle is gone, so nothing can push any more
+            // (every submission goes through a handle), and every op that
+            // could borrow a kept kernel has completed (Acquire, after the
+            // engines' last use). The kernels go now, not when the last engine
+            // drops its list of streams.
+            unsafe { self.ring.clear_keeps() };
+        }
         if let Some(sh) = self.shared.upgrade() {
             sh.streams.remove(|s| s.id == self.id);
             sh.queues[self.queue]
@@ -138,16 +183,61 @@ impl HostStream {
     }
 
     /// Backpressure: waits until the ring has room (`wait_for_room`), then tries
-    /// again.
+    /// again (with the same `settle` as the first try).
     #[cold]
-    pub(super) fn submit_when_full(&self, mut op: Op) -> Result<u64> {
+    pub(super) fn submit_when_full(
+        &self,
+        mut op: Op,
+        mut settle: impl FnMut(&mut Op, &mut KernelKeep, u64),
+    ) -> Result<u64> {
         loop {
             self.idle.wake_one_if_idle();
             super::super::wait_for_room(&self.ring, &self.timeline, self.host_wait)?;
-            match self.ring.try_push(op) {
+            match self.ring.try_push_with(op, &mut settle) {
                 Ok(pos) => return Ok(self.published(pos)),
                 Err(back) => op = back,
             }
+        }
+    }
+
+    /// Decides, once a launch won ring position `pos`, how its op holds
+    /// `kernel` (the op's reference is a loan valid for the launch call only):
+    /// - the slot keeps this kernel already: the loan stands;
+    /// - the slot keeps nothing, or a kernel whose last borrower has completed:
+    ///   the slot now keeps `kernel` (one count), and the loan stands;
+    /// - otherwise the op gets a counted reference of its own.
+    ///
+    /// Why a kept kernel outlives every op that borrows it: the ops of a slot
+    /// are the positions `pos`, `pos − capacity`, … (each one's producer
+    /// being the only user of the keep cell, ring.rs), the newest before `pos`
+    /// is `pos − capacity`, and a stream's ops complete in order; so once that
+    /// op has completed (its value `pos − capacity + 1` reached, read with
+    /// Acquire after the engine's Release) no op borrows the old kernel, and
+    /// the engine's last use of it happened before. A slot's kernel stays until
+    /// another kernel takes its place or the stream is dropped (with its ring,
+    /// after its work completed): a stream keeps at most one kernel per slot.
+    #[inline]
+    fn settle_kernel(
+        &self,
+        op: &mut Op,
+        keep: &mut KernelKeep,
+        pos: u64,
+        kernel: &Arc<crate::kernel::KernelInner>,
+    ) {
+        let Body::Kernel { kernel: held, .. } = &mut op.body else {
+            return;
+        };
+        match keep {
+            Some(k) if Arc::ptr_eq(k, kernel) => {}
+            Some(_) => {
+                let cap = self.ring.capacity();
+                if pos >= cap && self.timeline.completed() > pos - cap {
+                    *keep = Some(kernel.clone());
+                } else {
+                    *held = KernelRef::owned(kernel.clone());
+                }
+            }
+            None => *keep = Some(kernel.clone()),
         }
     }
 
