@@ -595,9 +595,19 @@ impl Storage {
                 if crate::clock::profiling() {
                     record_mem(hetero_trace::MemKind::Free, self.bytes, stream, pool);
                 }
-                // Every op holding this storage has completed (they hold the Arc), so
-                // no stream's work still uses the memory: no fences to pass. An engine
-                // frees what host threads allocate: past its own thread cache.
+                // Memory this storage took over in stream order may still be used
+                // by work queued on its stream before the storage's `ready` point
+                // (the storage itself went unused): it goes back as it came, a
+                // queued free on that stream, so the next buffer made of it is
+                // still ordered after that work.
+                if self.ready.as_ref().is_some_and(|(t, v)| t.completed() < *v) {
+                    pool.free(alloc, stream, Vec::new());
+                    return;
+                }
+                // Otherwise every op that used the memory has completed (ops hold
+                // the Arc, and work elsewhere waited for `ready`): no fences to
+                // pass. An engine frees what host threads allocate: past its own
+                // thread cache.
                 if crate::backend::on_engine_thread() {
                     pool.free_completed_uncached(alloc, stream);
                 } else {

@@ -316,3 +316,28 @@ fn reuse_a_synchronous_read_elsewhere_does_not_hold_the_memory() {
     s.fill(&b, 6).unwrap();
     assert_eq!(s.read_to_vec(&b).unwrap(), vec![6u32; N]);
 }
+
+/// Memory reused in stream order and dropped again before any op used it is
+/// still memory that queued work on its stream uses: the next buffer built
+/// from it must still be ordered after that work for other streams.
+#[test]
+fn reuse_memory_dropped_unused_keeps_its_stream_order() {
+    let (d, s, t) = warm_streams();
+    let open = gate(&s);
+    let a = s.alloc::<u32>(N).unwrap();
+    s.fill(&a, 1).unwrap(); // queued behind the gate
+    let b = realloc_from_cache(&d, &s, a, "b should take a's memory");
+    // b goes unused: its storage is the only owner when it drops.
+    let c = realloc_from_cache(&d, &s, b, "c should take b's memory");
+    t.fill(&c, 2).unwrap();
+    settle(&d);
+    assert!(
+        !t.query().unwrap(),
+        "t ran before s finished with the memory"
+    );
+    open.open();
+    t.synchronize().unwrap();
+    s.synchronize().unwrap();
+    let got = t.read_to_vec(&c).unwrap();
+    assert!(got.iter().all(|v| *v == 2), "a's fill landed after c's");
+}
