@@ -333,18 +333,26 @@ impl Device {
     /// The device pool's counters: allocated, reserved, peak, cache hit rate,
     /// fragmentation, OS calls.
     pub fn memory_stats(&self) -> hetero_memory::PoolStats {
-        self.inner.backend().pool().stats()
+        let pool = self.inner.backend().pool();
+        // What this thread keeps of dropped buffers counts as cached, as the
+        // pool's own thread cache does: give it back first.
+        crate::buffer::release_warm(pool);
+        pool.stats()
     }
 
     /// Every chunk, block and buffer of the device pool with its stream and state
     /// (serialisable, like PyTorch's memory snapshot).
     pub fn memory_snapshot(&self) -> hetero_memory::Snapshot {
-        self.inner.backend().pool().snapshot()
+        let pool = self.inner.backend().pool();
+        crate::buffer::release_warm(pool);
+        pool.snapshot()
     }
 
     /// Returns cached, unused device memory to the OS; the bytes released.
     pub fn trim(&self) -> usize {
-        self.inner.backend().pool().trim()
+        let pool = self.inner.backend().pool();
+        crate::buffer::release_warm(pool);
+        pool.trim()
     }
 
     /// A memory context for virtual memory management on this device: reserve

@@ -132,3 +132,48 @@ fn memory_pinned_buffers_come_from_the_pinned_pool() {
     assert!(format!("{after:?}") != format!("{before:?}"));
     drop(again);
 }
+
+/// A buffer dropped with no work on it may stay with this thread, memory and
+/// all, for the next allocation of its size on its stream (no trip through
+/// the pool). The pool's figures must not see that as memory in use: on this
+/// thread it counts as cached, its reuse as a cache hit, and trim returns it.
+#[test]
+fn memory_a_dropped_idle_buffer_counts_as_free_and_trim_returns_it() {
+    let d = dev();
+    let s = d.create_stream().unwrap();
+    let base = d.memory_stats();
+    for _ in 0..8 {
+        drop(s.alloc::<u8>(4096).unwrap());
+    }
+    let st = d.memory_stats();
+    assert_eq!(
+        st.allocated, base.allocated,
+        "an idle dropped buffer counted as in use"
+    );
+    assert_eq!(st.allocations, base.allocations + 8);
+    assert!(st.cache_hits >= base.cache_hits + 7, "{st:?}");
+    drop(s.alloc::<u8>(4096).unwrap());
+    d.trim();
+    assert_eq!(
+        d.memory_stats().reserved,
+        0,
+        "trim kept memory of a dropped buffer"
+    );
+}
+
+/// What this thread keeps of dropped buffers goes back to the pool before an
+/// allocation it would otherwise fail for lack of memory.
+#[test]
+fn memory_kept_buffers_give_way_to_an_allocation_that_needs_their_memory() {
+    let d =
+        Device::new(common::config().memory(PoolConfig::default().max_reserved(2 << 20))).unwrap();
+    let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
+    // One 2 MiB chunk fits two of these: after the first is dropped on `s`,
+    // the second on `t` needs its memory.
+    const N: usize = 900 << 10;
+    drop(s.alloc::<u8>(N).unwrap());
+    let a = t.alloc::<u8>(N).unwrap();
+    let b = t.alloc::<u8>(N);
+    assert!(b.is_ok(), "{:?}", b.err());
+    drop((a, b));
+}

@@ -353,6 +353,22 @@ impl DevicePool {
         self.s.trim()
     }
 
+    /// A number that changes whenever the pool asks threads to give back the
+    /// memory they hold in caches of their own (trim, memory pressure). A
+    /// caller that keeps freed-but-held memory in front of the pool (the
+    /// execution layer's recycled buffers) gives it back when it changed.
+    #[inline]
+    pub fn epoch(&self) -> u64 {
+        self.s.epoch.load(Ordering::Relaxed)
+    }
+
+    /// Counts `n` allocations served in front of the pool from memory it
+    /// handed out before (the execution layer's recycled buffers) as cache
+    /// hits, so `allocations`, `cache_hits` and `hit_rate` include them.
+    pub fn note_front_hits(&self, n: u64) {
+        self.s.tls_hits.fetch_add(n, Ordering::Relaxed);
+    }
+
     pub fn stats(&self) -> PoolStats {
         self.s.stats()
     }
