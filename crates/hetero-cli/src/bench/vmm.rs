@@ -4,14 +4,19 @@
 //! - `hetero/vmm-grow-cached`: ns to grow a reserved range by one 2 MiB
 //!   granule whose physical pages exist (one `map`); `…-touched` adds the
 //!   first touch of its pages. Peer: an anonymous 2 MiB `mmap`.
-//! - `hetero/vmm-grow-cold`: a new 2 MiB handle (sealed memfd), its pages
-//!   allocated in one call (`commit`, `fallocate`) and mapped: backed, the
-//!   page tables fill on first touch (`…-committed-touched` adds touching
-//!   every page). `…-populate`: mapped and faulted in with one
-//!   `MADV_POPULATE_WRITE`; `…-touched`: faulted in page by page. Peers:
-//!   anonymous `mmap` + touch, `MAP_POPULATE`, anonymous memory with
-//!   transparent huge pages (what one 2 MiB page costs), `MAP_HUGETLB` + touch
-//!   (or a note saying why it could not run).
+//! - `hetero/vmm-grow-cold`: growing by a granule that is not cached: a new
+//!   2 MiB private handle (anonymous memory, `create_private`), its pages made
+//!   present (`commit`, one `MADV_POPULATE_WRITE`: a transparent huge page
+//!   where anonymous memory has them) and moved into the range (`map`, one
+//!   `mremap`); `…-map-populate` maps first and populates in the range.
+//!   `…-shareable`: a new sealed memfd, its pages allocated in one call
+//!   (`commit`, `fallocate`) and mapped, the page tables filling on first
+//!   touch (`…-committed-touched` adds touching every page); `…-populate`:
+//!   mapped and faulted in with one `MADV_POPULATE_WRITE`; `…-touched`:
+//!   faulted in page by page. Peers: anonymous `mmap` + touch,
+//!   `MAP_POPULATE`, anonymous memory with transparent huge pages (what one
+//!   2 MiB page costs), `MAP_HUGETLB` + touch (or a note saying why it could
+//!   not run).
 //! - `hetero/vmm-map-10-granules-over-one-run`: ten 2 MiB maps over one 20 MiB
 //!   map of the same cached handle, each touched (`…-map-only`: the calls
 //!   alone).
@@ -131,16 +136,40 @@ fn unmap(p: *mut u8, len: usize) {
 fn grow_cold(rep: &mut BenchReport, samples: usize) {
     let ctx = MemoryContext::unlimited("bench");
     let mut range = ctx.reserve(G, Granularity::Huge2M).expect("reserve");
+    let (mut private, mut private_map_populate) = (Vec::new(), Vec::new());
     let (mut committed, mut populated, mut touched, mut committed_touched) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut note = None;
+    let (mut note, mut private_note) = (None, None);
     let handle = |ctx: &MemoryContext| {
         ctx.create_physical(G, Granularity::Huge2M)
             .expect("physical")
     };
     for _ in 0..samples {
-        // The chosen way: the pages are allocated in one call and mapped;
-        // page tables fill on first touch.
+        // The issue's cold growth: a granule that is not cached, made present
+        // and mapped. A private handle (what the pool's segments use): its
+        // pages allocated where it is held (one MADV_POPULATE_WRITE, a
+        // transparent huge page where anonymous memory has them), then moved
+        // into the range (one mremap).
+        let t = Instant::now();
+        let h = ctx.create_private(G, Granularity::Huge2M).expect("private");
+        h.commit(0, G).expect("commit");
+        range.map(0, &h, 0, G, Access::ReadWrite).expect("map");
+        private.push(ns(t));
+        range.unmap(0, G).expect("unmap");
+        if private_note.is_none() {
+            private_note = Some(format!("{:?}: {}", h.page_kind(), h.notes().join("; ")));
+        }
+        drop(h);
+        // The same, mapped first and populated in the range.
+        let t = Instant::now();
+        let h = ctx.create_private(G, Granularity::Huge2M).expect("private");
+        range.map(0, &h, 0, G, Access::ReadWrite).expect("map");
+        range.populate(0, G).expect("populate");
+        private_map_populate.push(ns(t));
+        range.unmap(0, G).expect("unmap");
+        drop(h);
+        // A shareable handle (a memfd): the pages are allocated in one call
+        // and mapped; page tables fill on first touch.
         let t = Instant::now();
         let h = handle(&ctx);
         h.commit(0, G).expect("commit");
@@ -169,21 +198,39 @@ fn grow_cold(rep: &mut BenchReport, samples: usize) {
             note = Some(format!("{:?}: {}", h.page_kind(), h.notes().join("; ")));
         }
     }
-    rep.push_samples("hetero/vmm-grow-cold", "ns", &mut committed);
-    rep.push_samples("hetero/vmm-grow-cold-populate", "ns", &mut populated);
-    rep.push_samples("hetero/vmm-grow-cold-touched", "ns", &mut touched);
+    rep.push_samples("hetero/vmm-grow-cold", "ns", &mut private);
     rep.push_samples(
-        "hetero/vmm-grow-cold-committed-touched",
+        "hetero/vmm-grow-cold-map-populate",
+        "ns",
+        &mut private_map_populate,
+    );
+    if let Some(n) = private_note {
+        rep.notes.push(format!("vmm 2 MiB private handles are {n}"));
+    }
+    rep.push_samples("hetero/vmm-grow-cold-shareable", "ns", &mut committed);
+    rep.push_samples(
+        "hetero/vmm-grow-cold-shareable-populate",
+        "ns",
+        &mut populated,
+    );
+    rep.push_samples("hetero/vmm-grow-cold-shareable-touched", "ns", &mut touched);
+    rep.push_samples(
+        "hetero/vmm-grow-cold-shareable-committed-touched",
         "ns",
         &mut committed_touched,
     );
     if let Some(n) = note {
-        rep.notes.push(format!("vmm 2 MiB handles are {n}"));
+        rep.notes
+            .push(format!("vmm 2 MiB shareable handles are {n}"));
     }
     rep.notes.push(
-        "hetero/vmm-grow-cold: a new handle, its pages allocated with one fallocate (commit) and mapped; \
-         page tables fill on first touch (…-committed-touched adds touching every page). \
-         …-populate: mapped and faulted in with MADV_POPULATE_WRITE; …-touched: faulted in page by page"
+        "hetero/vmm-grow-cold: a new private handle, its pages made present (commit: one \
+         MADV_POPULATE_WRITE where it is held) and moved into the range (map: one mremap); \
+         …-map-populate: mapped first, then populated in the range. …-shareable: a new memfd \
+         handle, its pages allocated with one fallocate (commit) and mapped, page tables filling \
+         on first touch (…-committed-touched adds touching every page); …-shareable-populate: \
+         mapped and faulted in with MADV_POPULATE_WRITE; …-shareable-touched: faulted in page \
+         by page"
             .into(),
     );
     let mut anon = Vec::new();
