@@ -322,9 +322,7 @@ impl VirtualRange {
                 first_unmapped,
             });
         }
-        let private = self.private_handles(offset, end)?;
-        for &(start, _) in &private {
-            self.calls += 2;
+        for start in self.private_handles(offset, end)? {
             self.park(start)?;
         }
         self.calls += 1;
@@ -347,20 +345,16 @@ impl VirtualRange {
         Ok(())
     }
 
-    /// The private handles mapped in `[offset, end)`, as (offset of the
-    /// handle's first page, size); an error, before anything changes, if one
-    /// lies only partly inside.
-    fn private_handles(
-        &self,
-        offset: usize,
-        end: usize,
-    ) -> Result<Vec<(usize, usize)>, MemoryError> {
+    /// The private handles mapped in `[offset, end)`, as the offset of each
+    /// one's first page; an error, before anything changes, if one lies only
+    /// partly inside.
+    fn private_handles(&self, offset: usize, end: usize) -> Result<Vec<usize>, MemoryError> {
         let from = self
             .runs
             .range(..offset)
             .next_back()
             .map_or(offset, |(&s, _)| s);
-        let mut out: Vec<(usize, usize)> = Vec::new();
+        let mut out: Vec<usize> = Vec::new();
         for (&s, r) in self.runs.range(from..end) {
             if s + r.len <= offset || !matches!(r.phys.backing, Backing::Private(_)) {
                 continue;
@@ -374,8 +368,8 @@ impl VirtualRange {
                            (create_physical) to unmap parts of it",
                 });
             }
-            if out.last().is_none_or(|&(o, _)| o != start) {
-                out.push((start, r.phys.size));
+            if out.last() != Some(&start) {
+                out.push(start);
             }
         }
         Ok(out)
@@ -394,13 +388,19 @@ impl VirtualRange {
     }
 
     /// Moves the pages of the private handle mapped from `start` back to its
-    /// holding mapping, making them one read-write mapping first.
+    /// holding mapping, making them one read-write mapping first if
+    /// `set_access` split them.
     pub(super) fn park(&mut self, start: usize) -> Result<(), MemoryError> {
         let r = self.runs.get(&start).expect("a private handle's first run");
         let Backing::Private(p) = &r.phys.backing else {
             unreachable!("private_handles lists private handles only")
         };
         let size = r.phys.size;
+        self.calls += 1;
+        if r.len == size && r.access == Access::ReadWrite {
+            return p.park();
+        }
+        self.calls += 1;
         // SAFETY: [start, start + size) holds the handle's pages in this
         // range; a protection change alters no contents.
         unsafe {

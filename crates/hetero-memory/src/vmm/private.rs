@@ -7,17 +7,19 @@
 //! A handle's pages live in its *holding* mapping while it is not mapped:
 //! `size` bytes of anonymous memory, aligned to 2 MiB for huge granularities
 //! so that a huge page stays one PMD when it moves (the kernel splits one
-//! moved to an unaligned address). `map` moves them into a range with one
-//! `mremap(MAYMOVE | FIXED | DONTUNMAP)`, which leaves the holding mapping in
-//! place, empty, so that `unmap` can move them back there with one
-//! `mremap(MAYMOVE | FIXED)`; where the kernel refuses `DONTUNMAP` (before
-//! Linux 5.7) the holding mapping goes with the pages and `unmap` reserves a
-//! new aligned one.
+//! moved to an unaligned address). `map` moves them into a range and `unmap`
+//! back with one `mremap(MAYMOVE | FIXED | DONTUNMAP)` each: the destination
+//! (reserved pages of the range, or the empty holding mapping) is replaced in
+//! one step and the source stays mapped, empty, so no hole ever opens in the
+//! address space for another thread's `mmap` to land in; the range then
+//! restores its reservation over the source. Kernels before 5.7 refuse
+//! `DONTUNMAP`: the map fails with a typed error saying so.
 //!
 //! Invariants: the pages are either at the holding address (unmapped) or at
 //! one place in one range, as one mapping of `size` bytes once the range has
-//! set it back to read-write; the holding mapping, when there is one while
-//! the handle is mapped, holds no pages (nothing touches it).
+//! set it back to read-write; while they are mapped the holding mapping is
+//! there, empty (nothing touches it). Each handle is two mappings while
+//! mapped (`vm.max_map_count` counts them).
 
 use super::physical::Granularity;
 use crate::error::{Bytes, MemoryError};
@@ -28,16 +30,13 @@ use std::sync::Mutex;
 pub(crate) struct Private {
     state: Mutex<State>,
     size: usize,
-    align: usize,
 }
 
 struct State {
-    /// The holding mapping, if there is one.
-    holding: Option<usize>,
+    /// The holding mapping.
+    holding: usize,
     /// Where the pages are mapped in a range, if they are.
     mapped: Option<usize>,
-    /// Whether `DONTUNMAP` was refused once (then it is not tried again).
-    no_dontunmap: bool,
 }
 
 fn os(what: String, e: rustix::io::Errno, hint: &'static str) -> MemoryError {
@@ -141,15 +140,13 @@ impl Private {
             }
         }
         let state = State {
-            holding: Some(at),
+            holding: at,
             mapped: None,
-            no_dontunmap: false,
         };
         Ok((
             Private {
                 state: Mutex::new(state),
                 size,
-                align,
             },
             page,
             notes,
@@ -163,16 +160,13 @@ impl Private {
     /// Where the pages are now.
     fn at(&self) -> usize {
         let st = self.lock();
-        st.mapped
-            .or(st.holding)
-            .expect("the pages are held or mapped")
+        st.mapped.unwrap_or(st.holding)
     }
 
     /// Moves the pages to `to`, `size` bytes the caller owns and gives up
     /// (reserved pages of a range). Fails, changing nothing, if the pages are
     /// mapped already.
     pub(crate) fn move_in(&self, to: *mut u8, id: u64) -> Result<(), MemoryError> {
-        use rustix::mm::MremapFlags;
         let mut st = self.lock();
         if st.mapped.is_some() {
             return Err(MemoryError::Private {
@@ -181,73 +175,56 @@ impl Private {
                 hint: "unmap it first, or create it shareable (create_physical) to map it twice",
             });
         }
-        let from = st.holding.expect("unmapped pages are held");
-        let mut flags = MremapFlags::MAYMOVE;
-        if !st.no_dontunmap {
-            flags |= MremapFlags::DONTUNMAP;
-        }
-        // SAFETY: `from` is this handle's holding mapping of `size` bytes and
-        // `to` pages the caller owns and replaces; the pages move, nothing
-        // else refers to them.
-        let mut r = unsafe {
-            rustix::mm::mremap_fixed(from as *mut c_void, self.size, self.size, flags, to.cast())
-        };
-        if r == Err(rustix::io::Errno::INVAL) && !st.no_dontunmap {
-            tracing::debug!("mremap(MREMAP_DONTUNMAP) refused; the holding mapping moves too");
-            st.no_dontunmap = true;
-            // SAFETY: as above, without DONTUNMAP.
-            r = unsafe {
-                rustix::mm::mremap_fixed(
-                    from as *mut c_void,
-                    self.size,
-                    self.size,
-                    MremapFlags::MAYMOVE,
-                    to.cast(),
-                )
-            };
-        }
-        r.map_err(|e| {
+        // SAFETY: the holding mapping holds this handle's pages, `size` bytes;
+        // `to` is pages the caller owns and replaces.
+        unsafe { self.move_pages(st.holding, to as usize) }.map_err(|e| {
             os(
                 format!(
-                    "mremap of {} of private memory into a range",
+                    "mremap(MREMAP_DONTUNMAP) of {} of private memory into a range",
                     Bytes(self.size)
                 ),
                 e,
-                "the kernel refused to move the pages; check vm.max_map_count",
+                "the kernel refused to move the pages (MREMAP_DONTUNMAP needs Linux 5.7+; check \
+                 vm.max_map_count): create the handle shareable (create_physical) instead",
             )
         })?;
-        if st.no_dontunmap {
-            st.holding = None;
-        }
         st.mapped = Some(to as usize);
         Ok(())
     }
 
-    /// Moves the pages from where they are mapped back to the holding
-    /// mapping (a new one if there is none). The caller has made the mapped
-    /// pages one read-write mapping, and restores its reservation after.
-    pub(crate) fn park(&self) -> Result<(), MemoryError> {
+    /// Moves `size` bytes of pages from `from` to `to` with one mremap,
+    /// leaving `from` mapped and empty.
+    ///
+    /// # Safety
+    /// `from` is one anonymous mapping of `size` bytes holding this handle's
+    /// pages; `to` is `size` bytes the caller owns and whose contents it gives
+    /// up.
+    unsafe fn move_pages(&self, from: usize, to: usize) -> rustix::io::Result<()> {
         use rustix::mm::MremapFlags;
-        let mut st = self.lock();
-        let Some(from) = st.mapped else {
-            return Ok(());
-        };
-        let to = match st.holding {
-            Some(h) => h,
-            None => aligned_anon(self.size, self.align)?,
-        };
-        // SAFETY: `from` is where this handle's pages are mapped (`size`
-        // bytes, one mapping); `to` is its holding mapping, empty.
+        // SAFETY: as the caller promised.
         unsafe {
             rustix::mm::mremap_fixed(
                 from as *mut c_void,
                 self.size,
                 self.size,
-                MremapFlags::MAYMOVE,
+                MremapFlags::MAYMOVE | MremapFlags::DONTUNMAP,
                 to as *mut c_void,
             )
         }
-        .map_err(|e| {
+        .map(|_| ())
+    }
+
+    /// Moves the pages from where they are mapped back to the holding
+    /// mapping. The caller has made the mapped pages one read-write mapping,
+    /// and restores its reservation over them after.
+    pub(crate) fn park(&self) -> Result<(), MemoryError> {
+        let mut st = self.lock();
+        let Some(from) = st.mapped else {
+            return Ok(());
+        };
+        // SAFETY: `from` is where this handle's pages are mapped (`size`
+        // bytes, one mapping); the holding mapping is its own, empty.
+        unsafe { self.move_pages(from, st.holding) }.map_err(|e| {
             os(
                 format!(
                     "mremap of {} of private memory out of a range",
@@ -257,15 +234,8 @@ impl Private {
                 "the kernel refused to move the pages back",
             )
         })?;
-        st.holding = Some(to);
         st.mapped = None;
         Ok(())
-    }
-
-    /// Takes the path of a kernel that refuses `MREMAP_DONTUNMAP` from now on.
-    #[cfg(test)]
-    pub(crate) fn without_dontunmap(&self) {
-        self.lock().no_dontunmap = true;
     }
 
     /// The range that mapped the pages is gone and took them with it.
@@ -320,10 +290,8 @@ impl Drop for Private {
     fn drop(&mut self) {
         let st = self.lock();
         // A handle is dropped only when no range maps it (runs hold it).
-        if let Some(h) = st.holding {
-            // SAFETY: the holding mapping is this handle's own; nothing refers
-            // to it past drop.
-            let _ = unsafe { rustix::mm::munmap(h as *mut c_void, self.size) };
-        }
+        // SAFETY: the holding mapping is this handle's own; nothing refers to
+        // it past drop.
+        let _ = unsafe { rustix::mm::munmap(st.holding as *mut c_void, self.size) };
     }
 }

@@ -231,29 +231,3 @@ fn private_handles_say_what_backs_them() {
         Err(MemoryError::Unaligned { .. })
     ));
 }
-
-#[test]
-fn without_dontunmap_the_handle_gets_a_new_holding_mapping() {
-    let c = ctx();
-    let p = c.create_private(M2, Granularity::Huge2M).expect("private");
-    let super::physical::Backing::Private(inner) = &p.inner.backing else {
-        unreachable!("created private")
-    };
-    inner.without_dontunmap();
-    let mut r = c.reserve(2 * M2, Granularity::Huge2M).expect("reserve");
-    for round in 0..3u8 {
-        let at = (round as usize % 2) * M2;
-        r.map(at, &p, 0, M2, Access::ReadWrite).expect("map");
-        // SAFETY: [at, at + M2) is mapped read-write.
-        unsafe {
-            if round > 0 {
-                assert_eq!(r.ptr().add(at + 5).read_volatile(), round - 1);
-            }
-            r.ptr().add(at + 5).write(round);
-        }
-        r.unmap(at, M2).expect("unmap");
-        assert_eq!(perms_at(r.ptr() as usize + at), "---p");
-    }
-    p.release(0, M2).expect("release while held");
-    p.commit(0, M2).expect("commit while held");
-}
