@@ -256,11 +256,11 @@ impl VirtualRange {
         }
         self.ctx.charge(len)?;
         self.calls += 1;
-        // SAFETY: (both arms) [base + offset, base + end) lies in this range
-        // and is only reserved (checked above), so replacing it aliases no
-        // memory in use.
+        // SAFETY: offset + len <= size (checked above): inside the range.
         let at = unsafe { self.base.as_ptr().add(offset) };
         let r = match &phys.backing {
+            // SAFETY: [at, at + len) lies in this range and is only reserved
+            // (checked above), so replacing it aliases no memory in use.
             Backing::Shared(fd) => unsafe {
                 rustix::mm::mmap(
                     at.cast::<c_void>(),
@@ -277,7 +277,9 @@ impl VirtualRange {
                 source: e.into(),
                 hint: "the kernel refused to map the handle; check the process's map count (vm.max_map_count)",
             }),
-            Backing::Private(p) => p.move_in(at, phys.id).and_then(|()| {
+            // SAFETY: as for the memfd: [at, at + len) is only reserved, and
+            // len is the handle's size (checked above).
+            Backing::Private(p) => unsafe { p.move_in(at, phys.id) }.and_then(|()| {
                 if access == Access::ReadWrite {
                     return Ok(());
                 }

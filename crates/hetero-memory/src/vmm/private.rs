@@ -163,10 +163,12 @@ impl Private {
         st.mapped.unwrap_or(st.holding)
     }
 
-    /// Moves the pages to `to`, `size` bytes the caller owns and gives up
-    /// (reserved pages of a range). Fails, changing nothing, if the pages are
-    /// mapped already.
-    pub(crate) fn move_in(&self, to: *mut u8, id: u64) -> Result<(), MemoryError> {
+    /// Moves the pages to `to` (reserved pages of a range). Fails, changing
+    /// nothing, if the pages are mapped already.
+    ///
+    /// # Safety
+    /// `to` is `size` bytes the caller owns and whose mapping it gives up.
+    pub(crate) unsafe fn move_in(&self, to: *mut u8, id: u64) -> Result<(), MemoryError> {
         let mut st = self.lock();
         if st.mapped.is_some() {
             return Err(MemoryError::Private {
@@ -176,7 +178,7 @@ impl Private {
             });
         }
         // SAFETY: the holding mapping holds this handle's pages, `size` bytes;
-        // `to` is pages the caller owns and replaces.
+        // `to` is pages the caller owns and replaces (the caller promised).
         unsafe { self.move_pages(st.holding, to as usize) }.map_err(|e| {
             os(
                 format!(
