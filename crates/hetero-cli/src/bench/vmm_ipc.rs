@@ -16,7 +16,8 @@
 //! this VM how fast a 64 MiB buffer reads depends on which physical pages it
 //! got (two memfds read 7.4 and 8.0 GB/s through any mapping of theirs, the
 //! exporter's own or an import): one set of buffers is one draw, the rounds
-//! sample many. `hetero/ipc-read-over-exporter-map` reads the same pages
+//! sample many, made in a turning order (the first made gets the pages the
+//! last round freed). `hetero/ipc-read-over-exporter-map` reads the same pages
 //! through the exporter's own mapping: what importing costs, placement aside.
 
 use super::BenchReport;
@@ -191,22 +192,44 @@ pub(super) fn ipc(rep: &mut BenchReport, quick: bool) {
     let (rounds, reps) = if quick { (3, 10) } else { (10, 10) };
     let mut bw = vec![Vec::new(); 4];
     for round in 0..rounds {
-        let phys = owner
-            .create_physical(SIZE, Granularity::Huge2M)
-            .expect("physical");
-        let mut own = owner.reserve(SIZE, Granularity::Huge2M).expect("reserve");
-        own.map(0, &phys, 0, SIZE, Access::ReadWrite).expect("map");
-        // SAFETY: mapped read-write just now, SIZE bytes, used by nothing else.
-        unsafe { std::ptr::write_bytes(own.ptr(), 1, SIZE) };
-        let h = exporter.export(&phys).expect("export");
-        let imported = imp.import(&h).expect("import");
-        let mut local_buf = vec![1u8; SIZE + 4096];
-        let local = page_aligned(&mut local_buf);
-        local[SIZE - 1] = 2;
-        let shm_ptr = shm_buffer(&format!("{shm_name}-{round}"));
         let mut dst_buf = vec![0u8; SIZE + 4096];
+        // The three buffers are made in a turning order: the one made first
+        // gets the pages the previous round freed, and a fixed order gave
+        // the export those every time.
+        let (mut export, mut local_buf, mut shm_ptr) = (None, None, None);
+        for k in 0..3 {
+            match (round + k) % 3 {
+                0 => {
+                    let phys = owner
+                        .create_physical(SIZE, Granularity::Huge2M)
+                        .expect("physical");
+                    let mut own = owner.reserve(SIZE, Granularity::Huge2M).expect("reserve");
+                    own.map(0, &phys, 0, SIZE, Access::ReadWrite).expect("map");
+                    // SAFETY: mapped read-write just now, SIZE bytes, used by
+                    // nothing else.
+                    unsafe { std::ptr::write_bytes(own.ptr(), 1, SIZE) };
+                    let h = exporter.export(&phys).expect("export");
+                    let imported = imp.import(&h).expect("import");
+                    export = Some((own, h, imported));
+                }
+                1 => {
+                    let mut v = vec![1u8; SIZE + 4096];
+                    page_aligned(&mut v)[SIZE - 1] = 2;
+                    local_buf = Some(v);
+                }
+                _ => shm_ptr = Some(shm_buffer(&format!("{shm_name}-{round}"))),
+            }
+        }
+        let (own, h, imported) = export.expect("made above");
+        let mut local_buf = local_buf.expect("made above");
+        let shm_ptr = shm_ptr.expect("made above");
         read_bw(
-            &[imported.ptr(), local.as_ptr(), shm_ptr, own.ptr()],
+            &[
+                imported.ptr(),
+                page_aligned(&mut local_buf).as_ptr(),
+                shm_ptr,
+                own.ptr(),
+            ],
             page_aligned(&mut dst_buf),
             reps,
             &mut bw,
