@@ -312,7 +312,7 @@ fn granules_are_private_memory_that_moves_where_blocks_need_it() {
         assert!(m.iter().all(|&x| x == 0xEE));
     }
     p.free(big, 0, Vec::new());
-    assert_eq!(p.trim(), st.reserved, "trim drops every handle");
+    assert_eq!(p.trim(), st.reserved, "trim gives every page back");
     assert_eq!(p.stats().reserved, 0);
 }
 

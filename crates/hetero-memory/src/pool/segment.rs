@@ -16,16 +16,17 @@
 //! pages that exist), else moves an idle granule's slot (unmap there, map
 //! here), and only then a new (*cold*) slot: physical memory held grows only
 //! when the buffers handed out need more. Past the release threshold (and on
-//! `trim`), cached and idle slots give their pages back to the system (a
-//! private handle is dropped, a memfd slot punched with
-//! `fallocate(PUNCH_HOLE)`). Reserved bytes are mapped plus cached
+//! `trim`), cached and idle slots give their pages back to the system
+//! (`release`: `MADV_DONTNEED` on a private handle where it is held, which
+//! keeps the handle for the slot's next use; `fallocate(PUNCH_HOLE)` on a
+//! memfd slot). Reserved bytes are mapped plus cached
 //! slots; they never exceed `max_reserved`.
 //!
 //! Invariants: a granule is mapped iff a block handed out (live, cached in a
 //! stream or thread cache, or pending) covers part of it (`refs > 0`) or it is
 //! idle; a slot is in exactly one of {mapped under one granule, cached, cold};
 //! with a memfd, runs of granules with consecutive slots are mapped with one
-//! call; a private slot's handle exists while the slot is mapped or cached.
+//! call; a private slot's handle, once made, lives as long as the pool.
 
 use super::chunks::Kind;
 use crate::config::PoolConfig;
@@ -69,8 +70,8 @@ pub(super) struct Segment {
 /// The segments of a pool and their physical slots.
 /// What the slots are.
 enum Store {
-    /// One private handle per slot: `Some` while the slot is mapped or
-    /// cached (and for a cold slot whose handle was made but never mapped).
+    /// One private handle per slot, made the first time the slot is used
+    /// (a cold slot's handle holds no pages).
     Private(Vec<Option<PhysicalMemory>>),
     /// Granules of one memfd, where private handles were refused.
     Shared(PhysicalMemory),
@@ -526,11 +527,12 @@ impl Segments {
             };
             let r = match self.store.as_mut().expect("checked above") {
                 Store::Shared(p) => p.release(s as usize * GRANULE, GRANULE),
-                Store::Private(handles) => {
-                    // Dropping the handle unmaps its pages.
-                    handles[s as usize] = None;
-                    Ok(())
-                }
+                // The handle stays, without pages (MADV_DONTNEED where it is
+                // held): a slot taken cold again costs no new handle.
+                Store::Private(handles) => match &handles[s as usize] {
+                    Some(h) => h.release(0, GRANULE),
+                    None => Ok(()),
+                },
             };
             match r {
                 Ok(()) => {
