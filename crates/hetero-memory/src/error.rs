@@ -129,6 +129,15 @@ pub enum MemoryError {
         "export {export} of process {exporter} was revoked; ask the exporter for a fresh handle"
     )]
     Revoked { exporter: u32, export: u64 },
+    /// A private handle (anonymous memory, see
+    /// [`MemoryContext::create_private`](crate::vmm::MemoryContext::create_private))
+    /// was asked for what only a shareable one can do, or to map in part.
+    #[error("{what}: handle {handle} was created private (anonymous memory at one address at a time); {hint}")]
+    Private {
+        what: &'static str,
+        handle: u64,
+        hint: &'static str,
+    },
     /// A configuration key or value was not understood.
     #[error("bad allocator configuration {input:?}: {problem}; valid keys: {valid}")]
     Config {

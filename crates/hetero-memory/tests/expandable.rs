@@ -258,6 +258,64 @@ fn snapshot_lists_segments_and_their_blocks() {
     p.free(a, 3, Vec::new());
 }
 
+#[test]
+fn granules_are_private_memory_that_moves_where_blocks_need_it() {
+    let p = pool(PoolConfig::default().stream_cache_bytes(0));
+    // Twenty granules under live blocks, written through.
+    let bufs: Vec<_> = (0..10)
+        .map(|_| p.alloc(4 << 20, 0, 0).expect("alloc"))
+        .collect();
+    for (i, b) in bufs.iter().enumerate() {
+        // SAFETY: each allocation is 4 MiB of mapped, writable memory.
+        unsafe { std::ptr::write_bytes(b.ptr().as_ptr(), i as u8, 4 << 20) };
+    }
+    let snap = p.snapshot();
+    let seg = snap
+        .chunks
+        .iter()
+        .find(|c| c.notes[0].contains("expandable segment"))
+        .expect("a segment");
+    assert!(
+        seg.notes.iter().any(|n| n.contains("private handles")),
+        "{:?}",
+        seg.notes
+    );
+    let thp =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    if thp.contains("[always]") || thp.contains("[madvise]") {
+        assert_eq!(seg.page, hetero_memory::PageKind::Transparent);
+    } else {
+        assert!(
+            seg.notes
+                .iter()
+                .any(|n| n.contains("transparent huge pages")),
+            "a note says why there are none: {:?}",
+            seg.notes
+        );
+    }
+    for b in bufs {
+        p.free(b, 0, Vec::new());
+    }
+    let st = p.stats();
+    assert_eq!(st.physical_cached, 16 * G, "past the idle budget: cached");
+    // A block of another kind (another segment) takes the cached granules:
+    // they move there, no new memory, and they are writable where they land.
+    let big = p.alloc(24 << 20, 0, 0).expect("alloc in another segment");
+    let st2 = p.stats();
+    assert_eq!(st2.reserved, st.reserved, "no new physical memory");
+    assert_eq!(st2.granule_maps_cold, st.granule_maps_cold);
+    assert_eq!(st2.granule_maps_cached - st.granule_maps_cached, 12);
+    // SAFETY: 24 MiB of mapped, writable memory.
+    unsafe {
+        let m = std::slice::from_raw_parts_mut(big.ptr().as_ptr(), 24 << 20);
+        m.fill(0xEE);
+        assert!(m.iter().all(|&x| x == 0xEE));
+    }
+    p.free(big, 0, Vec::new());
+    assert_eq!(p.trim(), st.reserved, "trim gives every page back");
+    assert_eq!(p.stats().reserved, 0);
+}
+
 /// PyTorch #123548: expandable segments with a split limit grew reserved
 /// memory without bound when large blocks of changing sizes cycled. Here the
 /// same cycle (large buffers of varying sizes above and below the split

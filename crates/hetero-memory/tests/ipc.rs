@@ -84,7 +84,7 @@ fn child_imports() {
     let e = imp.import(&stale).unwrap_err();
     assert!(matches!(e, MemoryError::Revoked { .. }), "{e}");
     // The exporter's memfd is sealed: it cannot be shrunk under us.
-    assert!(rustix::fs::ftruncate(m.handle().fd(), 0).is_err());
+    assert!(rustix::fs::ftruncate(m.handle().fd().expect("a memfd"), 0).is_err());
     mem[SIZE - 1] = 0xC7;
     mem[0] = 0xC8;
     println!(

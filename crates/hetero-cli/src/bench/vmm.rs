@@ -4,14 +4,26 @@
 //! - `hetero/vmm-grow-cached`: ns to grow a reserved range by one 2 MiB
 //!   granule whose physical pages exist (one `map`); `…-touched` adds the
 //!   first touch of its pages. Peer: an anonymous 2 MiB `mmap`.
-//! - `hetero/vmm-grow-cold`: a new 2 MiB handle (sealed memfd), its pages
-//!   allocated in one call (`commit`, `fallocate`) and mapped: backed, the
-//!   page tables fill on first touch (`…-committed-touched` adds touching
-//!   every page). `…-populate`: mapped and faulted in with one
-//!   `MADV_POPULATE_WRITE`; `…-touched`: faulted in page by page. Peers:
-//!   anonymous `mmap` + touch, `MAP_POPULATE`, anonymous memory with
-//!   transparent huge pages (what one 2 MiB page costs), `MAP_HUGETLB` + touch
-//!   (or a note saying why it could not run).
+//!   `…-cached-private`: the same with a private handle whose pages exist
+//!   (one `mremap` moves them in), as a pool segment's cached granule;
+//!   `hetero/vmm-unmap-private`: moving it back out.
+//! - `hetero/vmm-grow-cold`: growing by a granule that is not cached: a new
+//!   2 MiB private handle (anonymous memory, `create_private`) moved into the
+//!   range (`map`, one `mremap`) and its pages made present there
+//!   (`populate`, one `MADV_POPULATE_WRITE`: a transparent huge page where
+//!   anonymous memory has them); `…-commit-then-map` allocates the pages
+//!   where the handle is held (`commit`) and moves them in.
+//!   `…-shareable`: a new sealed memfd, its pages allocated in one call
+//!   (`commit`, `fallocate`) and mapped, the page tables filling on first
+//!   touch (`…-committed-touched` adds touching every page); `…-populate`:
+//!   mapped and faulted in with one `MADV_POPULATE_WRITE`; `…-touched`:
+//!   faulted in page by page. Peers: anonymous `mmap` + touch,
+//!   `MAP_POPULATE`, anonymous memory with transparent huge pages (what one
+//!   2 MiB page costs), `MAP_HUGETLB` + touch (or a note saying why it could
+//!   not run).
+//! - `hetero/segment-grow-cold`: the same growth through a whole pool: a
+//!   2 MiB buffer that takes a cold granule of an expandable segment, its
+//!   pages present (`prefault`) when `alloc` returns.
 //! - `hetero/vmm-map-10-granules-over-one-run`: ten 2 MiB maps over one 20 MiB
 //!   map of the same cached handle, each touched (`…-map-only`: the calls
 //!   alone).
@@ -94,6 +106,30 @@ fn grow_cached(rep: &mut BenchReport, samples: usize) {
     }
     rep.push_samples("hetero/vmm-grow-cached", "ns", &mut map);
     rep.push_samples("hetero/vmm-grow-cached-touched", "ns", &mut touched);
+    // What a pool segment's cached granule costs: a private handle whose
+    // pages exist, moved in (one mremap); its move back out is not timed.
+    let private: Vec<_> = (0..8)
+        .map(|_| {
+            let h = ctx.create_private(G, Granularity::Huge2M).expect("private");
+            h.commit(0, G).expect("commit");
+            h
+        })
+        .collect();
+    let mut range = ctx.reserve(R * G, Granularity::Huge2M).expect("reserve");
+    let (mut moved, mut moved_out) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
+    for i in 0..samples {
+        let at = (i % R) * G;
+        let t = Instant::now();
+        range
+            .map(at, &private[i % 8], 0, G, Access::ReadWrite)
+            .expect("map");
+        moved.push(ns(t));
+        let t = Instant::now();
+        range.unmap(at, G).expect("unmap");
+        moved_out.push(ns(t));
+    }
+    rep.push_samples("hetero/vmm-grow-cached-private", "ns", &mut moved);
+    rep.push_samples("hetero/vmm-unmap-private", "ns", &mut moved_out);
     let mut anon = Vec::new();
     for _ in 0..samples {
         let t = Instant::now();
@@ -131,16 +167,46 @@ fn unmap(p: *mut u8, len: usize) {
 fn grow_cold(rep: &mut BenchReport, samples: usize) {
     let ctx = MemoryContext::unlimited("bench");
     let mut range = ctx.reserve(G, Granularity::Huge2M).expect("reserve");
+    let (mut private, mut private_commit_map) = (Vec::new(), Vec::new());
     let (mut committed, mut populated, mut touched, mut committed_touched) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut note = None;
+    let (mut note, mut private_note) = (None, None);
     let handle = |ctx: &MemoryContext| {
         ctx.create_physical(G, Granularity::Huge2M)
             .expect("physical")
     };
     for _ in 0..samples {
-        // The chosen way: the pages are allocated in one call and mapped;
-        // page tables fill on first touch.
+        // The issue's cold growth: a granule that is not cached, mapped and
+        // made present. A private handle (what the pool's segments use):
+        // moved into the range (one mremap), its pages faulted in there (one
+        // MADV_POPULATE_WRITE: a transparent huge page where anonymous
+        // memory has them).
+        let t = Instant::now();
+        let h = ctx.create_private(G, Granularity::Huge2M).expect("private");
+        range.map(0, &h, 0, G, Access::ReadWrite).expect("map");
+        range.populate(0, G).expect("populate");
+        private.push(ns(t));
+        range.unmap(0, G).expect("unmap");
+        if private_note.is_none() {
+            private_note = Some(format!("{:?}: {}", h.page_kind(), h.notes().join("; ")));
+        }
+        drop(h);
+        // The same, its pages allocated where it is held (commit), then
+        // moved in.
+        let t = Instant::now();
+        let h = ctx.create_private(G, Granularity::Huge2M).expect("private");
+        h.commit(0, G).expect("commit");
+        range.map(0, &h, 0, G, Access::ReadWrite).expect("map");
+        private_commit_map.push(ns(t));
+        range.unmap(0, G).expect("unmap");
+        drop(h);
+    }
+    // The shareable series in a loop of their own: in one loop with the
+    // private ones, whichever came first after the memfd pages of the
+    // previous sample were freed read 10-20 µs slower.
+    for _ in 0..samples {
+        // A shareable handle (a memfd): the pages are allocated in one call
+        // and mapped; page tables fill on first touch.
         let t = Instant::now();
         let h = handle(&ctx);
         h.commit(0, G).expect("commit");
@@ -169,21 +235,39 @@ fn grow_cold(rep: &mut BenchReport, samples: usize) {
             note = Some(format!("{:?}: {}", h.page_kind(), h.notes().join("; ")));
         }
     }
-    rep.push_samples("hetero/vmm-grow-cold", "ns", &mut committed);
-    rep.push_samples("hetero/vmm-grow-cold-populate", "ns", &mut populated);
-    rep.push_samples("hetero/vmm-grow-cold-touched", "ns", &mut touched);
+    rep.push_samples("hetero/vmm-grow-cold", "ns", &mut private);
     rep.push_samples(
-        "hetero/vmm-grow-cold-committed-touched",
+        "hetero/vmm-grow-cold-commit-then-map",
+        "ns",
+        &mut private_commit_map,
+    );
+    if let Some(n) = private_note {
+        rep.notes.push(format!("vmm 2 MiB private handles are {n}"));
+    }
+    rep.push_samples("hetero/vmm-grow-cold-shareable", "ns", &mut committed);
+    rep.push_samples(
+        "hetero/vmm-grow-cold-shareable-populate",
+        "ns",
+        &mut populated,
+    );
+    rep.push_samples("hetero/vmm-grow-cold-shareable-touched", "ns", &mut touched);
+    rep.push_samples(
+        "hetero/vmm-grow-cold-shareable-committed-touched",
         "ns",
         &mut committed_touched,
     );
     if let Some(n) = note {
-        rep.notes.push(format!("vmm 2 MiB handles are {n}"));
+        rep.notes
+            .push(format!("vmm 2 MiB shareable handles are {n}"));
     }
     rep.notes.push(
-        "hetero/vmm-grow-cold: a new handle, its pages allocated with one fallocate (commit) and mapped; \
-         page tables fill on first touch (…-committed-touched adds touching every page). \
-         …-populate: mapped and faulted in with MADV_POPULATE_WRITE; …-touched: faulted in page by page"
+        "hetero/vmm-grow-cold: a new private handle moved into the range (map: one mremap) and \
+         its pages made present there (populate: one MADV_POPULATE_WRITE); …-commit-then-map: \
+         its pages allocated where it is held (commit), then moved in. …-shareable: a new memfd \
+         handle, its pages allocated with one fallocate (commit) and mapped, page tables filling \
+         on first touch (…-committed-touched adds touching every page); …-shareable-populate: \
+         mapped and faulted in with MADV_POPULATE_WRITE; …-shareable-touched: faulted in page \
+         by page"
             .into(),
     );
     let mut anon = Vec::new();
@@ -273,6 +357,56 @@ fn grow_cold(rep: &mut BenchReport, samples: usize) {
             rep.push_samples("mmap/hugetlb-map-touch-2m", "ns", &mut huge);
         }
     }
+}
+
+/// Growing a pool's expandable segment by one cold granule: a 2 MiB buffer
+/// (the large kind) from a pool whose segments hold no granule (`trim` gives
+/// every one back between samples), with `prefault` so that its pages are
+/// present when `alloc` returns, as the issue's cold growth means.
+fn segment_grow_cold(rep: &mut BenchReport, samples: usize) {
+    let pool = DevicePool::new(
+        PoolConfig::default()
+            .expandable_segments(true)
+            .prefault(true)
+            .stream_cache_bytes(0),
+    )
+    .expect("pool");
+    // The first segment's creation (its range, the probe of private memory)
+    // is not growth.
+    let first = pool.alloc(G, 0, 0).expect("alloc");
+    pool.free(first, 0, Vec::new());
+    pool.trim();
+    let mut grow = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let cold = pool.stats().granule_maps_cold;
+        let t = Instant::now();
+        let a = pool.alloc(G, 0, 0).expect("alloc");
+        grow.push(ns(t));
+        assert_eq!(
+            pool.stats().granule_maps_cold,
+            cold + 1,
+            "each sample grows by one cold granule"
+        );
+        pool.free(a, 0, Vec::new());
+        pool.trim();
+    }
+    rep.push_samples("hetero/segment-grow-cold", "ns", &mut grow);
+    let backing = pool
+        .snapshot()
+        .chunks
+        .iter()
+        .find(|c| c.kind == "large")
+        .map(|c| format!("{:?}: {}", c.page, c.notes.join("; ")))
+        .unwrap_or_default();
+    rep.notes.push(format!(
+        "hetero/segment-grow-cold: a pool (expandable segments, prefault) grows its large segment \
+         by one cold granule, pages present when alloc returns; its segment is {backing}"
+    ));
+    rep.ratio(
+        "segment-grow-cold hetero/anon-thp-populate",
+        "hetero/segment-grow-cold",
+        "mmap/anon-thp-populate-2m",
+    );
 }
 
 fn map_ten(rep: &mut BenchReport, samples: usize) {
@@ -499,6 +633,7 @@ pub fn run(quick: bool) -> BenchReport {
     let samples = if quick { 2000 } else { 20_000 };
     grow_cached(&mut rep, samples);
     grow_cold(&mut rep, if quick { 200 } else { 2000 });
+    segment_grow_cold(&mut rep, if quick { 200 } else { 2000 });
     map_ten(&mut rep, if quick { 50 } else { 500 });
     super::vmm_ipc::ipc(&mut rep, quick);
     churn(&mut rep, quick);

@@ -135,7 +135,9 @@ impl IpcExporter {
 
     /// Exports `handle`: importers that get the returned name may map it
     /// until it is revoked.
+    /// A private handle cannot be exported ([`MemoryError::Private`]).
     pub fn export(&self, handle: &PhysicalMemory) -> Result<IpcHandle, MemoryError> {
+        handle.fd()?;
         let id = self.inner.next.fetch_add(1, Ordering::Relaxed);
         if id as usize >= MAX_EXPORTS {
             return Err(MemoryError::InvalidRequest {
@@ -235,7 +237,7 @@ fn answer(mut conn: UnixStream, inner: &Inner) -> std::io::Result<()> {
                         OK,
                         h.size() as u64,
                         gran_code(h.granularity()),
-                        Some(h.fd()),
+                        Some(h.fd().expect("only shareable handles are exported")),
                     )?,
                     None if id < inner.next.load(Ordering::Relaxed) => {
                         reply(&conn, REVOKED, 0, 0, None)?

@@ -3,7 +3,12 @@
 //! physical memory mapped under it 2 MiB granule by granule as blocks are
 //! handed out, and unmapped as soon as no block handed out covers a granule.
 //!
-//! Physical memory is one sealed memfd per pool cut into granule *slots*. A
+//! Physical memory comes in granule *slots*: each a private handle of one
+//! granule (anonymous memory, a transparent huge page where the machine
+//! gives anonymous memory those, moved into place with one `mremap`; the
+//! pool never exports its memory, so nothing needs a memfd), or, where the
+//! kernel refuses private handles (the first segment tries one), granules of
+//! one sealed memfd per pool. A
 //! granule no block covers any more stays mapped (*idle*), so a block placed
 //! there again costs no system call, up to a budget (1/64 of the mapped
 //! bytes, at least 8 MiB); past it the oldest idle granules are unmapped and
@@ -11,18 +16,22 @@
 //! pages that exist), else moves an idle granule's slot (unmap there, map
 //! here), and only then a new (*cold*) slot: physical memory held grows only
 //! when the buffers handed out need more. Past the release threshold (and on
-//! `trim`), cached and idle slots are punched (`fallocate(PUNCH_HOLE)`) and
-//! their pages go back to the system. Reserved bytes are mapped plus cached
+//! `trim`), cached and idle slots give their pages back to the system
+//! (`release`: `MADV_DONTNEED` on a private handle where it is held, which
+//! keeps the handle for the slot's next use; `fallocate(PUNCH_HOLE)` on a
+//! memfd slot). Reserved bytes are mapped plus cached
 //! slots; they never exceed `max_reserved`.
 //!
 //! Invariants: a granule is mapped iff a block handed out (live, cached in a
 //! stream or thread cache, or pending) covers part of it (`refs > 0`) or it is
 //! idle; a slot is in exactly one of {mapped under one granule, cached, cold};
-//! runs of granules with consecutive slots are mapped with one call.
+//! with a memfd, runs of granules with consecutive slots are mapped with one
+//! call; a private slot's handle, once made, lives as long as the pool.
 
 use super::chunks::Kind;
 use crate::config::PoolConfig;
 use crate::error::MemoryError;
+use crate::os::PageKind;
 use crate::tlsf::Tlsf;
 use crate::vmm::{Access, Granularity, MemoryContext, PhysicalMemory, VirtualRange};
 use std::collections::VecDeque;
@@ -59,9 +68,20 @@ pub(super) struct Segment {
 }
 
 /// The segments of a pool and their physical slots.
+/// What the slots are.
+enum Store {
+    /// One private handle per slot, made the first time the slot is used
+    /// (a cold slot's handle holds no pages).
+    Private(Vec<Option<PhysicalMemory>>),
+    /// Granules of one memfd, where private handles were refused.
+    Shared(PhysicalMemory),
+}
+
 pub(super) struct Segments {
     ctx: MemoryContext,
-    store: Option<PhysicalMemory>,
+    store: Option<Store>,
+    /// What backs the slots and why, once the store exists.
+    backing: (PageKind, Vec<String>),
     seg_size: usize,
     pub(super) segs: [Option<Segment>; 3],
     cached: Vec<u32>,
@@ -79,6 +99,9 @@ pub(super) struct Segments {
     pub(super) cold_maps: u64,
     pub(super) unmaps: u64,
     pub(super) releases: u64,
+    /// Makes `make_store` find private memory refused, to test the fallback.
+    #[cfg(test)]
+    refuse_private: bool,
 }
 
 impl Segments {
@@ -87,6 +110,7 @@ impl Segments {
         Segments {
             ctx: MemoryContext::unlimited("device pool"),
             store: None,
+            backing: (PageKind::Normal, Vec::new()),
             seg_size: bound.min(MAX_SEGMENT).next_multiple_of(GRANULE),
             segs: [None, None, None],
             cached: Vec::new(),
@@ -100,6 +124,8 @@ impl Segments {
             cold_maps: 0,
             unmaps: 0,
             releases: 0,
+            #[cfg(test)]
+            refuse_private: false,
         }
     }
 
@@ -166,9 +192,56 @@ impl Segments {
         }
     }
 
-    /// What backs the slots, and why, once the store exists.
-    pub(super) fn store(&self) -> Option<&PhysicalMemory> {
-        self.store.as_ref()
+    /// What backs the slots, and why (empty before the first segment).
+    pub(super) fn backing(&self) -> (PageKind, &[String]) {
+        (self.backing.0, &self.backing.1)
+    }
+
+    /// Picks the store with the first segment's range: private handles if
+    /// one maps and unmaps there, else one memfd (the notes say why).
+    fn make_store(&mut self, range: &mut VirtualRange) -> Result<(), MemoryError> {
+        let probe = self
+            .ctx
+            .create_private(GRANULE, Granularity::Huge2M)
+            .and_then(|h| {
+                range.map(0, &h, 0, GRANULE, Access::ReadWrite)?;
+                range.unmap(0, GRANULE)?;
+                Ok(h)
+            });
+        #[cfg(test)]
+        let probe = if self.refuse_private {
+            Err(MemoryError::InvalidRequest {
+                what: "private memory (refused by the test)".into(),
+                hint: "none",
+            })
+        } else {
+            probe
+        };
+        let (store, page, mut notes) = match probe {
+            Ok(h) => {
+                let (page, notes) = (h.page_kind(), h.notes().to_vec());
+                (Store::Private(vec![Some(h)]), page, notes)
+            }
+            Err(e) => {
+                let store = self
+                    .ctx
+                    .create_physical(3 * self.seg_size, Granularity::Page4K)?;
+                let mut notes = vec![format!(
+                    "granules are slots of one memfd: private memory was refused ({e})"
+                )];
+                notes.extend(store.notes().iter().cloned());
+                (Store::Shared(store.clone()), store.page_kind(), notes)
+            }
+        };
+        if let Store::Private(_) = store {
+            notes.insert(
+                0,
+                "granules are private handles (anonymous memory moved in with mremap)".into(),
+            );
+        }
+        self.store = Some(store);
+        self.backing = (page, notes);
+        Ok(())
     }
 
     /// Creates the segment of `kind` (and the slot store) if it is missing.
@@ -176,13 +249,10 @@ impl Segments {
         if self.segs[kind as usize].is_some() {
             return Ok(());
         }
+        let mut range = self.ctx.reserve(self.seg_size, Granularity::Huge2M)?;
         if self.store.is_none() {
-            let store = self
-                .ctx
-                .create_physical(3 * self.seg_size, Granularity::Page4K)?;
-            self.store = Some(store);
+            self.make_store(&mut range)?;
         }
-        let range = self.ctx.reserve(self.seg_size, Granularity::Huge2M)?;
         let head = tlsf.add_region(range.ptr() as u64, self.seg_size as u64);
         let granules = self.seg_size / GRANULE;
         self.segs[kind as usize] = Some(Segment {
@@ -259,7 +329,11 @@ impl Segments {
         let cold = need.saturating_sub(spare);
         // Slots past the store's end would fault when touched: never hand
         // them out (reserved stays below the store's size, so this is a guard).
-        let store_slots = self.store.as_ref().map_or(0, |p| p.size() / GRANULE);
+        let store_slots = match &self.store {
+            Some(Store::Shared(p)) => p.size() / GRANULE,
+            Some(Store::Private(_)) => usize::MAX,
+            None => 0,
+        };
         let fresh_slots = cold.saturating_sub(self.cold.len());
         if cold > 0
             && (!may_grow
@@ -314,29 +388,53 @@ impl Segments {
                 origin.push(cold);
             }
         }
-        let store = self.store.as_ref().expect("created with the segment");
+        let store = self.store.as_mut().expect("created with the segment");
         let mut done: Vec<(usize, usize)> = Vec::new();
         let mut failed = None;
         let mut i = 0;
         while i < fresh.len() {
             let start = fresh[i];
-            let mut n = 1;
-            while i + n < fresh.len()
-                && fresh[i + n] == start + n
-                && seg.slot[start + n] == seg.slot[start] + n as u32
-            {
-                n += 1;
-            }
-            i += n;
-            let r = seg.range.map(
-                start * GRANULE,
-                store,
-                seg.slot[start] as usize * GRANULE,
-                n * GRANULE,
-                Access::ReadWrite,
-            );
+            let slot = seg.slot[start] as usize;
+            let r = match store {
+                Store::Shared(p) => {
+                    let mut n = 1;
+                    while i + n < fresh.len()
+                        && fresh[i + n] == start + n
+                        && seg.slot[start + n] as usize == slot + n
+                    {
+                        n += 1;
+                    }
+                    seg.range
+                        .map(
+                            start * GRANULE,
+                            p,
+                            slot * GRANULE,
+                            n * GRANULE,
+                            Access::ReadWrite,
+                        )
+                        .map(|()| n)
+                }
+                Store::Private(handles) => {
+                    if handles.len() <= slot {
+                        handles.resize(slot + 1, None);
+                    }
+                    let h = match &handles[slot] {
+                        Some(h) => Ok(h.clone()),
+                        None => self.ctx.create_private(GRANULE, Granularity::Huge2M),
+                    };
+                    h.and_then(|h| {
+                        seg.range
+                            .map(start * GRANULE, &h, 0, GRANULE, Access::ReadWrite)?;
+                        handles[slot] = Some(h);
+                        Ok(1)
+                    })
+                }
+            };
             match r {
-                Ok(()) => done.push((start, n)),
+                Ok(n) => {
+                    done.push((start, n));
+                    i += n;
+                }
                 Err(e) => {
                     failed = Some(e);
                     break;
@@ -427,8 +525,16 @@ impl Segments {
             let Some(s) = self.cached.pop().or_else(|| self.steal_idle()) else {
                 break;
             };
-            let store = self.store.as_ref().expect("checked above");
-            match store.release(s as usize * GRANULE, GRANULE) {
+            let r = match self.store.as_mut().expect("checked above") {
+                Store::Shared(p) => p.release(s as usize * GRANULE, GRANULE),
+                // The handle stays, without pages (MADV_DONTNEED where it is
+                // held): a slot taken cold again costs no new handle.
+                Store::Private(handles) => match &handles[s as usize] {
+                    Some(h) => h.release(0, GRANULE),
+                    None => Ok(()),
+                },
+            };
+            match r {
                 Ok(()) => {
                     released += GRANULE;
                     self.releases += 1;
@@ -442,5 +548,59 @@ impl Segments {
             }
         }
         released
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Backs, writes, frees and releases four granules of the large kind's
+    /// segment; the notes on what backs them.
+    fn cycle(refuse_private: bool) -> Vec<String> {
+        let mut segs = Segments::new(&PoolConfig::default());
+        segs.refuse_private = refuse_private;
+        let mut tlsf = Tlsf::new();
+        segs.ensure(Kind::Large, &mut tlsf).expect("segment");
+        let base = segs.segs[Kind::Large as usize]
+            .as_ref()
+            .expect("made above")
+            .range
+            .ptr();
+        let len = 4 * GRANULE;
+        let backed = segs
+            .back(Kind::Large, base as usize, len, Backing::Cold, usize::MAX)
+            .expect("back");
+        assert!(backed);
+        assert_eq!((segs.mapped, segs.cold_maps), (len, 4));
+        // SAFETY: the four granules were mapped read-write just now.
+        unsafe {
+            std::ptr::write_bytes(base, 0x3C, len);
+            assert_eq!(base.add(len - 1).read_volatile(), 0x3C);
+        }
+        segs.unback(Kind::Large as usize, base as usize, len);
+        assert_eq!(
+            segs.reserved(),
+            len,
+            "idle and cached granules stay reserved"
+        );
+        assert_eq!(segs.release(0), len);
+        assert_eq!((segs.reserved(), segs.releases), (0, 4));
+        segs.backing().1.to_vec()
+    }
+
+    #[test]
+    fn granules_are_private_handles_where_the_kernel_allows() {
+        let notes = cycle(false);
+        assert!(notes[0].contains("private handles"), "{notes:?}");
+    }
+
+    #[test]
+    fn refused_private_memory_falls_back_to_a_memfd_and_says_why() {
+        let notes = cycle(true);
+        assert!(
+            notes[0].contains("one memfd") && notes[0].contains("refused"),
+            "{notes:?}"
+        );
     }
 }

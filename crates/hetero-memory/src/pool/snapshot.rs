@@ -193,18 +193,18 @@ impl Shared {
         if let Some(segs) = &g.segments {
             for (kind, seg) in segs.segs.iter().enumerate() {
                 let Some(seg) = seg else { continue };
-                let store = segs.store();
+                let (page, store_notes) = segs.backing();
                 let mut notes = vec![format!(
                     "expandable segment: {} of {} mapped in 2 MiB granules",
                     crate::error::Bytes(seg.range.mapped_bytes()),
                     crate::error::Bytes(seg.range.size())
                 )];
-                notes.extend(store.into_iter().flat_map(|p| p.notes().iter().cloned()));
+                notes.extend(store_notes.iter().cloned());
                 chunks.push(ChunkSnapshot {
                     address: seg.range.ptr() as u64,
                     size: seg.range.size(),
                     kind: super::chunks::KIND_NAMES[kind],
-                    page: store.map_or(PageKind::Normal, |p| p.page_kind()),
+                    page,
                     pinned: false,
                     notes,
                     blocks: g.tlsf[kind].region_blocks(seg.head).map(block_of).collect(),

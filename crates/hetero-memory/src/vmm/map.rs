@@ -7,8 +7,11 @@
 //! and the context's quota allows the bytes. A map of `len` bytes is one
 //! `mmap` call however many granules it spans; the run table keeps neighbours
 //! of one handle with contiguous offsets and one access as one run.
+//!
+//! A private handle (`private.rs`) is mapped whole, at one place, by moving
+//! its pages in (`mremap`), and unmapped whole by moving them back out.
 
-use super::physical::{check_aligned, PhysInner, PhysicalMemory};
+use super::physical::{check_aligned, Backing, PhysInner, PhysicalMemory};
 use super::reserve::{reserve_raw, VirtualRange};
 use crate::error::{Bytes, MemoryError};
 use serde::Serialize;
@@ -82,6 +85,15 @@ impl Run {
     }
     pub fn access(&self) -> Access {
         self.access
+    }
+    /// Whether its handle is private.
+    pub fn is_private(&self) -> bool {
+        matches!(self.phys.backing, Backing::Private(_))
+    }
+    pub(super) fn forget_mapping(&self) {
+        if let Backing::Private(p) = &self.phys.backing {
+            p.forget_mapping();
+        }
     }
 }
 
@@ -232,28 +244,59 @@ impl VirtualRange {
                 existing_len,
             });
         }
+        if let Backing::Private(_) = phys.backing {
+            if handle_offset != 0 || len != phys.size {
+                return Err(MemoryError::Private {
+                    what: "map of part of a handle",
+                    handle: phys.id,
+                    hint: "map the whole handle (offset 0, its size), or create it shareable \
+                           (create_physical) to map parts of it",
+                });
+            }
+        }
         self.ctx.charge(len)?;
-        use rustix::mm::MapFlags;
         self.calls += 1;
-        // SAFETY: [base + offset, base + end) lies in this range and is only
-        // reserved (checked above), so replacing it aliases no memory in use.
-        let r = unsafe {
-            rustix::mm::mmap(
-                self.base.as_ptr().add(offset).cast::<c_void>(),
-                len,
-                access.prot(),
-                MapFlags::SHARED | MapFlags::FIXED,
-                &phys.fd,
-                handle_offset as u64,
-            )
-        };
-        if let Err(e) = r {
-            self.ctx.refund(len);
-            return Err(MemoryError::Map {
+        // SAFETY: offset + len <= size (checked above): inside the range.
+        let at = unsafe { self.base.as_ptr().add(offset) };
+        let r = match &phys.backing {
+            // SAFETY: [at, at + len) lies in this range and is only reserved
+            // (checked above), so replacing it aliases no memory in use.
+            Backing::Shared(fd) => unsafe {
+                rustix::mm::mmap(
+                    at.cast::<c_void>(),
+                    len,
+                    access.prot(),
+                    rustix::mm::MapFlags::SHARED | rustix::mm::MapFlags::FIXED,
+                    fd,
+                    handle_offset as u64,
+                )
+            }
+            .map(|_| ())
+            .map_err(|e| MemoryError::Map {
                 len: Bytes(len),
                 source: e.into(),
                 hint: "the kernel refused to map the handle; check the process's map count (vm.max_map_count)",
-            });
+            }),
+            // SAFETY: as for the memfd: [at, at + len) is only reserved, and
+            // len is the handle's size (checked above).
+            Backing::Private(p) => unsafe { p.move_in(at, phys.id) }.and_then(|()| {
+                if access == Access::ReadWrite {
+                    return Ok(());
+                }
+                // SAFETY: the handle's pages were moved to [at, at + len)
+                // just now; changing their protection changes no memory.
+                unsafe { rustix::mm::mprotect(at.cast(), len, access.mprotect()) }.map_err(
+                    |e| MemoryError::Map {
+                        len: Bytes(len),
+                        source: e.into(),
+                        hint: "the kernel refused the protection change",
+                    },
+                )
+            }),
+        };
+        if let Err(e) = r {
+            self.ctx.refund(len);
+            return Err(e);
         }
         self.runs.insert(
             offset,
@@ -281,6 +324,9 @@ impl VirtualRange {
                 first_unmapped,
             });
         }
+        for start in self.private_handles(offset, end)? {
+            self.park(start)?;
+        }
         self.calls += 1;
         // SAFETY: the pages are mapped in this range (checked above); the
         // caller gives up their contents by unmapping.
@@ -299,6 +345,79 @@ impl VirtualRange {
         self.mapped -= len;
         self.ctx.refund(len);
         Ok(())
+    }
+
+    /// The private handles mapped in `[offset, end)`, as the offset of each
+    /// one's first page; an error, before anything changes, if one lies only
+    /// partly inside.
+    fn private_handles(&self, offset: usize, end: usize) -> Result<Vec<usize>, MemoryError> {
+        let from = self
+            .runs
+            .range(..offset)
+            .next_back()
+            .map_or(offset, |(&s, _)| s);
+        let mut out: Vec<usize> = Vec::new();
+        for (&s, r) in self.runs.range(from..end) {
+            if s + r.len <= offset || !matches!(r.phys.backing, Backing::Private(_)) {
+                continue;
+            }
+            let start = s - r.phys_offset;
+            if start < offset || start + r.phys.size > end {
+                return Err(MemoryError::Private {
+                    what: "unmap of part of a handle",
+                    handle: r.phys.id,
+                    hint: "unmap the whole handle (it moves out as one), or create it shareable \
+                           (create_physical) to unmap parts of it",
+                });
+            }
+            if out.last() != Some(&start) {
+                out.push(start);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether the private handle mapped from `start` is held outside this
+    /// range's run table (a clone of the handle).
+    pub(super) fn held_elsewhere(&self, start: usize) -> bool {
+        let phys = &self.runs[&start].phys;
+        let here = self
+            .runs
+            .range(start..start + phys.size)
+            .filter(|(_, r)| Arc::ptr_eq(&r.phys, phys))
+            .count();
+        Arc::strong_count(phys) > here
+    }
+
+    /// Moves the pages of the private handle mapped from `start` back to its
+    /// holding mapping, making them one read-write mapping first if
+    /// `set_access` split them.
+    pub(super) fn park(&mut self, start: usize) -> Result<(), MemoryError> {
+        let r = self.runs.get(&start).expect("a private handle's first run");
+        let Backing::Private(p) = &r.phys.backing else {
+            unreachable!("private_handles lists private handles only")
+        };
+        let size = r.phys.size;
+        self.calls += 1;
+        if r.len == size && r.access == Access::ReadWrite {
+            return p.park();
+        }
+        self.calls += 1;
+        // SAFETY: [start, start + size) holds the handle's pages in this
+        // range; a protection change alters no contents.
+        unsafe {
+            rustix::mm::mprotect(
+                self.base.as_ptr().add(start).cast(),
+                size,
+                Access::ReadWrite.mprotect(),
+            )
+        }
+        .map_err(|e| MemoryError::Map {
+            len: Bytes(size),
+            source: e.into(),
+            hint: "the kernel refused the protection change",
+        })?;
+        p.park()
     }
 
     /// Sets the access of `[offset, offset + len)`, every page of which must

@@ -7,6 +7,10 @@
 //! - [`PhysicalMemory`] (`physical.rs`): a handle to physical memory of a
 //!   granularity (4 KiB, 2 MiB, 1 GiB), a sealed memfd: hugetlb where pages are
 //!   reserved, else a normal memfd (the handle says why).
+//!   [`MemoryContext::create_private`] makes a private handle instead:
+//!   anonymous memory (transparent huge pages where anonymous memory has
+//!   them) that moves into the range it is mapped in (`private.rs`), one
+//!   place at a time, not exportable.
 //! - [`VirtualRange`] (`reserve.rs`): `mmap(PROT_NONE, MAP_NORESERVE)`, aligned
 //!   to its granularity; map / unmap / set access (`map.rs`) on aligned
 //!   sub-ranges, each call checked.
@@ -20,6 +24,7 @@
 mod context;
 mod map;
 pub(crate) mod physical;
+mod private;
 mod reserve;
 
 pub use context::{contexts, ContextStats, MemoryContext};
@@ -27,5 +32,7 @@ pub use map::{Access, Run};
 pub use physical::{Granularity, PhysicalMemory};
 pub use reserve::VirtualRange;
 
+#[cfg(test)]
+mod private_tests;
 #[cfg(test)]
 mod tests;

@@ -1,4 +1,6 @@
-//! Physical memory handles: sealed memfds of a chosen granularity.
+//! Physical memory handles: sealed memfds of a chosen granularity
+//! (shareable), or anonymous memory that can be mapped at one place only
+//! (private, `private.rs`).
 //!
 //! 2 MiB and 1 GiB handles are hugetlb memfds when the machine has enough
 //! hugetlb pages reserved (checked by `fallocate`, so a later touch cannot
@@ -8,6 +10,7 @@
 //! once sized: a process it is shared with can rely on its size.
 
 use super::context::ContextInner;
+use super::private::Private;
 use crate::error::{Bytes, MemoryError};
 use crate::os::PageKind;
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -49,8 +52,16 @@ pub(crate) const SEALS_REQUIRED: SealFlags = SealFlags::SHRINK.union(SealFlags::
 
 static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
 
+/// What holds a handle's pages.
+pub(crate) enum Backing {
+    /// A sealed memfd: mappable many times, exportable.
+    Shared(OwnedFd),
+    /// Anonymous memory at one address at a time.
+    Private(Private),
+}
+
 pub(crate) struct PhysInner {
-    pub(crate) fd: OwnedFd,
+    pub(crate) backing: Backing,
     pub(crate) size: usize,
     pub(crate) granularity: Granularity,
     pub(crate) page: PageKind,
@@ -203,7 +214,35 @@ impl PhysicalMemory {
         })?;
         Ok(PhysicalMemory {
             inner: Arc::new(PhysInner {
-                fd,
+                backing: Backing::Shared(fd),
+                size,
+                granularity,
+                page,
+                notes,
+                id: NEXT_HANDLE.fetch_add(1, Ordering::Relaxed),
+                context: ctx.id,
+            }),
+        })
+    }
+
+    /// Private memory: see [`MemoryContext::create_private`](super::MemoryContext::create_private).
+    pub(crate) fn create_private(
+        size: usize,
+        granularity: Granularity,
+        ctx: &ContextInner,
+    ) -> Result<Self, MemoryError> {
+        let g = granularity.bytes();
+        if size == 0 || !size.is_multiple_of(g) {
+            return Err(MemoryError::Unaligned {
+                what: "physical size",
+                value: size,
+                granularity: Bytes(g),
+            });
+        }
+        let (private, page, notes) = Private::create(size, granularity)?;
+        Ok(PhysicalMemory {
+            inner: Arc::new(PhysInner {
+                backing: Backing::Private(private),
                 size,
                 granularity,
                 page,
@@ -225,7 +264,7 @@ impl PhysicalMemory {
     ) -> Self {
         PhysicalMemory {
             inner: Arc::new(PhysInner {
-                fd,
+                backing: Backing::Shared(fd),
                 size,
                 granularity,
                 page,
@@ -261,9 +300,16 @@ impl PhysicalMemory {
         self.inner.id
     }
 
-    /// The memfd, to share with another process (see `crate::ipc`).
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.inner.fd.as_fd()
+    /// Whether it was created private (anonymous memory, mapped at one place
+    /// at a time, not exportable).
+    pub fn is_private(&self) -> bool {
+        matches!(self.inner.backing, Backing::Private(_))
+    }
+
+    /// The memfd, to share with another process (see `crate::ipc`);
+    /// [`MemoryError::Private`] for a private handle, which has none.
+    pub fn fd(&self) -> Result<BorrowedFd<'_>, MemoryError> {
+        self.inner.shared_fd("fd of a handle")
     }
 
     fn check_pages(
@@ -297,10 +343,17 @@ impl PhysicalMemory {
     /// the whole range, cheaper than faulting the pages in through a mapping
     /// ([`VirtualRange::populate`](super::VirtualRange::populate)), which
     /// also fills the page tables.
+    ///
+    /// A private handle's pages are allocated with `MADV_POPULATE_WRITE`
+    /// where they are (held, or mapped read-write), page tables included.
     pub fn commit(&self, offset: usize, len: usize) -> Result<(), MemoryError> {
         self.check_pages("commit", offset, len)?;
+        let fd = match &self.inner.backing {
+            Backing::Shared(fd) => fd,
+            Backing::Private(p) => return p.commit(offset, len),
+        };
         rustix::fs::fallocate(
-            &self.inner.fd,
+            fd,
             rustix::fs::FallocateFlags::empty(),
             offset as u64,
             len as u64,
@@ -316,10 +369,15 @@ impl PhysicalMemory {
 
     /// Gives the pages of `[offset, offset + len)` back to the system
     /// (`fallocate(PUNCH_HOLE)`): they read as zero afterwards, mapped or not.
+    /// A private handle's with `MADV_DONTNEED`.
     pub fn release(&self, offset: usize, len: usize) -> Result<(), MemoryError> {
         self.check_pages("release", offset, len)?;
+        let fd = match &self.inner.backing {
+            Backing::Shared(fd) => fd,
+            Backing::Private(p) => return p.release(offset, len),
+        };
         rustix::fs::fallocate(
-            &self.inner.fd,
+            fd,
             rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
             offset as u64,
             len as u64,
@@ -331,6 +389,22 @@ impl PhysicalMemory {
                 "the kernel cannot punch holes in this memfd",
             )
         })
+    }
+}
+
+impl PhysInner {
+    /// The memfd of a shareable handle; for a private one, an error naming
+    /// `what` was asked.
+    pub(crate) fn shared_fd(&self, what: &'static str) -> Result<BorrowedFd<'_>, MemoryError> {
+        match &self.backing {
+            Backing::Shared(fd) => Ok(fd.as_fd()),
+            Backing::Private(_) => Err(MemoryError::Private {
+                what,
+                handle: self.id,
+                hint: "it has no memfd: create it shareable (MemoryContext::create_physical) to \
+                       export, import or map it twice",
+            }),
+        }
     }
 }
 

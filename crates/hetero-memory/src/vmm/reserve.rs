@@ -149,6 +149,24 @@ impl VirtualRange {
 impl Drop for VirtualRange {
     fn drop(&mut self) {
         self.ctx.refund(self.mapped);
+        // Private handles still held elsewhere keep their pages: move them
+        // back out; the others go with the range.
+        let private: Vec<(usize, bool)> = self
+            .runs
+            .iter()
+            .filter(|(_, r)| r.is_private() && r.handle_offset() == 0)
+            .map(|(&s, _)| (s, self.held_elsewhere(s)))
+            .collect();
+        for (start, keep) in private {
+            if keep {
+                if let Err(e) = self.park(start) {
+                    tracing::error!(error = %e, "moving a private handle out of a dropped range failed; its pages are lost");
+                    self.runs[&start].forget_mapping();
+                }
+            } else {
+                self.runs[&start].forget_mapping();
+            }
+        }
         // SAFETY: the range is this value's own reservation and its mappings;
         // nothing refers to it past drop.
         if let Err(e) = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.size) } {

@@ -249,7 +249,7 @@ fn set_access_splits_and_rejoins_runs() {
 }
 
 /// The permissions /proc/self/maps lists for the mapping holding `addr`.
-fn perms_at(addr: usize) -> String {
+pub(super) fn perms_at(addr: usize) -> String {
     let maps = std::fs::read_to_string("/proc/self/maps").expect("/proc/self/maps");
     for line in maps.lines() {
         let mut it = line.split_whitespace();
@@ -323,7 +323,10 @@ fn committed_pages_are_allocated_and_keep_their_contents() {
         .create_physical(4 * K4, Granularity::Page4K)
         .expect("physical");
     let allocated = |p: &crate::vmm::PhysicalMemory| {
-        rustix::fs::fstat(p.fd()).expect("fstat").st_blocks as usize * 512
+        rustix::fs::fstat(p.fd().expect("shareable"))
+            .expect("fstat")
+            .st_blocks as usize
+            * 512
     };
     assert_eq!(allocated(&p), 0, "a new handle holds no pages");
     let mut r = c.reserve(4 * K4, Granularity::Page4K).expect("reserve");
@@ -366,10 +369,10 @@ fn huge_handles_say_what_backs_them() {
             p.notes()
         );
     }
-    let seals = rustix::fs::fcntl_get_seals(p.fd()).expect("seals");
+    let seals = rustix::fs::fcntl_get_seals(p.fd().expect("shareable")).expect("seals");
     assert!(seals.contains(physical::SEALS));
     // The seals hold: the handle cannot shrink.
-    assert!(rustix::fs::ftruncate(p.fd(), 0).is_err());
+    assert!(rustix::fs::ftruncate(p.fd().expect("shareable"), 0).is_err());
 }
 
 #[test]
