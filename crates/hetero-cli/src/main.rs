@@ -30,6 +30,10 @@ struct WorkloadArgs {
     /// Timed repetitions of each mode (the median is reported).
     #[arg(long, default_value_t = 7)]
     reps: usize,
+    /// Kernel passes per element [default: calibrated so that, on the host, a
+    /// tile's kernel takes about its H2D + D2H; a fixed 2 on an emulated device].
+    #[arg(long)]
+    kernel_passes: Option<u32>,
 }
 
 impl WorkloadArgs {
@@ -40,7 +44,7 @@ impl WorkloadArgs {
                 .tile_kib
                 .map_or_else(|| demo::default_tile_bytes(spec), |k| k.max(1) * 1024),
             reps: self.reps.max(1),
-            iters: None,
+            iters: self.kernel_passes,
         }
     }
 }
