@@ -545,6 +545,27 @@ impl Spares {
         }
     }
 
+    /// Keeps `arc` (`bytes` of idle memory, kept at the pool's `epoch`) warm,
+    /// giving the oldest warm storages' memory back to make room: so what a
+    /// thread keeps is always its latest buffers, and those of a device that is
+    /// gone age out.
+    fn keep_warm(&mut self, arc: Arc<Storage>, bytes: usize, epoch: u64) {
+        while !self.warm.is_empty()
+            && (self.warm.len() >= WARM_MAX || self.warm_bytes + bytes > WARM_BYTES_MAX)
+        {
+            let (mut old, _) = self.warm.remove(0);
+            self.warm_bytes -= old.bytes;
+            if let Some(s) = Storage::unique(&mut old) {
+                s.release_backing();
+            }
+            if self.cold.len() < SPARE_MAX {
+                self.cold.push(old);
+            }
+        }
+        self.warm_bytes += bytes;
+        self.warm.push((arc, epoch));
+    }
+
     /// Gives the memory of every warm storage from `pool` (every pool: `None`)
     /// back to it, keeping the emptied storages; how many there were.
     fn release_warm(&mut self, pool: Option<&Arc<hetero_memory::DevicePool>>) -> usize {
@@ -749,22 +770,10 @@ impl Storage {
             s.reset_uses();
             let bytes = s.bytes;
             let epoch = s.pool.as_ref().map_or(0, |p| p.epoch());
-            let back = SPARE.try_with(move |sp| {
-                let mut sp = sp.borrow_mut();
-                if sp.warm.len() < WARM_MAX && sp.warm_bytes + bytes <= WARM_BYTES_MAX {
-                    sp.warm_bytes += bytes;
-                    sp.warm.push((arc, epoch));
-                    None
-                } else {
-                    Some(arc)
-                }
-            });
-            match back {
-                Ok(Some(a)) => arc = a,
-                // Kept, or the thread is exiting (the storage dropped with
-                // the closure, its memory back in the pool).
-                _ => return,
-            }
+            // Kept (the oldest warm ones making room), or the thread is exiting
+            // (the storage dropped with the closure, its memory back in the pool).
+            let _ = SPARE.try_with(move |sp| sp.borrow_mut().keep_warm(arc, bytes, epoch));
+            return;
         }
         let Some(s) = Storage::unique(&mut arc) else {
             return;

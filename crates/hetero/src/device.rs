@@ -60,6 +60,9 @@ impl Drop for DeviceInner {
         let (Some(backend), profile_to) = (self.backend.take(), self.profile_to.take()) else {
             return;
         };
+        // This thread's recycled buffers of the device give their memory back
+        // now (other threads' when newer ones push them out, or at exit).
+        crate::buffer::release_warm(backend.pool());
         // Shutting down waits for all work and joins the engines: on an engine
         // thread (a callback holding the last handle) that is done elsewhere.
         crate::backend::off_engine("shut the device down", move || {
