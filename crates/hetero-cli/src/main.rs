@@ -30,10 +30,10 @@ struct WorkloadArgs {
     /// Timed repetitions of each mode (the median is reported).
     #[arg(long, default_value_t = 7)]
     reps: usize,
-    /// Kernel passes per element [default: calibrated so that, on the host, a
-    /// tile's kernel takes about its H2D + D2H; a fixed 2 on an emulated device].
+    /// Kernel passes per element, in steps of 1/8 [default: calibrated on the
+    /// host (a tile's kernel about 0.7 × its H2D + D2H); 2 on an emulated device].
     #[arg(long)]
-    kernel_passes: Option<u32>,
+    kernel_passes: Option<f64>,
 }
 
 impl WorkloadArgs {
@@ -44,7 +44,9 @@ impl WorkloadArgs {
                 .tile_kib
                 .map_or_else(|| demo::default_tile_bytes(spec), |k| k.max(1) * 1024),
             reps: self.reps.max(1),
-            iters: self.kernel_passes,
+            work: self
+                .kernel_passes
+                .map(|p| (p.max(0.0) * f64::from(demo::PASS)).round() as u32),
         }
     }
 }

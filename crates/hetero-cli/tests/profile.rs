@@ -12,7 +12,7 @@ fn small() -> DemoConfig {
         // on this VM still overlap.
         tile_bytes: 512 * 1024,
         reps: 2,
-        iters: None,
+        work: None,
     }
 }
 

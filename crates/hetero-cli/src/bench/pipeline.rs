@@ -141,8 +141,8 @@ pub fn run(quick: bool) -> BenchReport {
     for _ in 0..rounds {
         let r = demo::run(&dev, cfg, |_| {}).expect("demo run");
         assert!(r.verified, "pipeline output differs from the CPU reference");
-        cfg.iters = Some(r.kernel_iters);
-        iters = r.kernel_iters;
+        cfg.work = Some(r.kernel_work);
+        iters = r.kernel_work;
         speedups.push(r.speedup);
         fractions.push(r.fraction_of_bound);
         bounds.push(r.bound_speedup);
@@ -175,9 +175,11 @@ pub fn run(quick: bool) -> BenchReport {
         }
     });
     let ok = out.iter().zip(&input).all(|(o, i)| {
+        let n = i.len();
         o.iter()
             .zip(i)
-            .all(|(y, x)| y.to_bits() == reference(*x, iters).to_bits())
+            .enumerate()
+            .all(|(k, (y, x))| y.to_bits() == reference(*x, iters, k, n).to_bits())
     });
     assert!(ok, "threads pipeline output differs from the CPU reference");
 
