@@ -31,7 +31,7 @@ struct WorkloadArgs {
     #[arg(long, default_value_t = 7)]
     reps: usize,
     /// Kernel passes per element, in steps of 1/8 [default: calibrated on the
-    /// host (a tile's kernel about 0.7 × its H2D + D2H); 2 on an emulated device].
+    /// host (a tile's kernel about 0.75 × its H2D + D2H); 2 on an emulated device].
     #[arg(long)]
     kernel_passes: Option<f64>,
 }
