@@ -634,10 +634,14 @@ pub fn run_on(
     run_serial(clock, &serial, &mut b, &k, false)?;
     run_pipelined(clock, &streams, &mut b, &k)?;
 
+    // The modes take turns, rep by rep: the machine's state drifts (on a shared
+    // VM by tens of percent within a minute), and a drift between a block of
+    // serial runs and a block of pipelined ones moved the speedup by as much.
     let reps = cfg.reps.max(1);
     let (mut serial_ms, mut serial_wall) = (Vec::new(), Vec::new());
     let mut stage_times: [Vec<f64>; 3] = Default::default();
     let mut verified = true;
+    let (mut pipe_ms, mut pipe_wall) = (Vec::new(), Vec::new());
     for r in 0..reps {
         progress(&format!("serial run {}/{reps}", r + 1));
         clear_outputs(&serial, &mut b)?;
@@ -651,9 +655,6 @@ pub fn run_on(
         for (all, t) in stage_times.iter_mut().zip(times) {
             all.extend(t);
         }
-    }
-    let (mut pipe_ms, mut pipe_wall) = (Vec::new(), Vec::new());
-    for r in 0..reps {
         progress(&format!("pipelined run {}/{reps}", r + 1));
         clear_outputs(&serial, &mut b)?;
         let (t, wall) = run_pipelined(clock, &streams, &mut b, &k)?;
