@@ -570,6 +570,13 @@ impl Spares {
     /// back to it, keeping the emptied storages; how many there were.
     fn release_warm(&mut self, pool: Option<&Arc<hetero_memory::DevicePool>>) -> usize {
         self.publish_hits();
+        if pool.is_none_or(|pool| {
+            self.hits_pool
+                .as_ref()
+                .is_some_and(|p| Arc::ptr_eq(p, pool))
+        }) {
+            self.hits_pool = None; // it would keep the pool alive
+        }
         let mut n = 0;
         let mut i = 0;
         while i < self.warm.len() {
@@ -582,7 +589,8 @@ impl Spares {
                 i += 1;
                 continue;
             }
-            let (mut arc, _) = self.warm.swap_remove(i);
+            // `remove`, not `swap_remove`: the others keep their age order.
+            let (mut arc, _) = self.warm.remove(i);
             self.warm_bytes -= arc.bytes;
             if let Some(s) = Storage::unique(&mut arc) {
                 s.release_backing();

@@ -53,7 +53,10 @@ impl KernelRef {
     /// An `Arc` of the same kernel must stay alive until the op holding this
     /// reference has completed and been dropped.
     pub(crate) unsafe fn lent(kernel: &Arc<KernelInner>) -> Self {
-        let p = NonNull::from(&**kernel);
+        // `Arc::as_ptr`, not a pointer from `&KernelInner`: `to_arc` steps back
+        // to the counts, which only the `Arc`'s own pointer may reach.
+        // SAFETY: an `Arc`'s pointer is never null.
+        let p = unsafe { NonNull::new_unchecked(Arc::as_ptr(kernel).cast_mut()) };
         KernelRef(p.map_addr(|a| a | LENT))
     }
 
