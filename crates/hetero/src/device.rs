@@ -301,7 +301,7 @@ impl Device {
         let mut s = self.device_storage::<T>(len, 0)?;
         // Memory that a stream's queued work may still use: no stream orders this
         // buffer's first use, so wait for that work here.
-        let fences = Arc::get_mut(&mut s)
+        let fences = crate::buffer::Storage::unique(&mut s)
             .expect("a new storage has no other owner")
             .take_reuse_points();
         let mut fences = fences.into_iter();

@@ -53,6 +53,32 @@ fn realloc_from_cache(
     b
 }
 
+/// Fills `buf` (memory of a fill of 1s queued on `s` behind `open`) with 2s on
+/// `t`: `t` must not run before `s` passed that fill, and the 2s must win.
+fn fill_elsewhere_waits_for_the_gate(
+    d: &Device,
+    s: &Stream,
+    t: &Stream,
+    open: Gate,
+    buf: &DeviceBuffer<u32>,
+    name: &str,
+) {
+    t.fill(buf, 2).unwrap();
+    settle(d);
+    assert!(
+        !t.query().unwrap(),
+        "t ran before s finished with the memory"
+    );
+    open.open();
+    t.synchronize().unwrap();
+    s.synchronize().unwrap();
+    let got = t.read_to_vec(buf).unwrap();
+    assert!(
+        got.iter().all(|v| *v == 2),
+        "a's fill landed after {name}'s"
+    );
+}
+
 /// Fails with `what` if any checker counted a wrong element.
 fn assert_clean(bad: &AtomicUsize, what: &str) {
     assert_eq!(bad.load(Ordering::Relaxed), 0, "{what}");
@@ -111,17 +137,7 @@ fn reuse_memory_reused_on_its_stream_is_ordered_for_other_streams() {
         "b should take a's memory from the stream's cache",
     );
     // b is used on t: t must wait until s has passed the fill of a's 1s.
-    t.fill(&b, 2).unwrap();
-    settle(&d);
-    assert!(
-        !t.query().unwrap(),
-        "t ran before s finished with the memory"
-    );
-    open.open();
-    t.synchronize().unwrap();
-    s.synchronize().unwrap();
-    let got = t.read_to_vec(&b).unwrap();
-    assert!(got.iter().all(|v| *v == 2), "a's fill landed after b's");
+    fill_elsewhere_waits_for_the_gate(&d, &s, &t, open, &b, "b");
 }
 
 #[test]
@@ -329,15 +345,5 @@ fn reuse_memory_dropped_unused_keeps_its_stream_order() {
     let b = realloc_from_cache(&d, &s, a, "b should take a's memory");
     // b goes unused: its storage is the only owner when it drops.
     let c = realloc_from_cache(&d, &s, b, "c should take b's memory");
-    t.fill(&c, 2).unwrap();
-    settle(&d);
-    assert!(
-        !t.query().unwrap(),
-        "t ran before s finished with the memory"
-    );
-    open.open();
-    t.synchronize().unwrap();
-    s.synchronize().unwrap();
-    let got = t.read_to_vec(&c).unwrap();
-    assert!(got.iter().all(|v| *v == 2), "a's fill landed after c's");
+    fill_elsewhere_waits_for_the_gate(&d, &s, &t, open, &c, "c");
 }

@@ -63,12 +63,29 @@ fn page_aligned(v: &mut [u8]) -> &mut [u8] {
     &mut v[off..off + SIZE]
 }
 
+/// A new read-write shared mapping of `SIZE` bytes of the shm object `fd`.
+fn map_shm(fd: &rustix::fd::OwnedFd) -> *mut std::ffi::c_void {
+    use rustix::mm::{MapFlags, ProtFlags};
+    // SAFETY: a fresh shared mapping of the shm object, at an address of the
+    // kernel's choosing: it aliases nothing of this process.
+    unsafe {
+        rustix::mm::mmap(
+            std::ptr::null_mut(),
+            SIZE,
+            ProtFlags::READ | ProtFlags::WRITE,
+            MapFlags::SHARED,
+            fd,
+            0,
+        )
+    }
+    .expect("mmap")
+}
+
 /// A fresh POSIX shared memory object of `SIZE` bytes, mapped read-write and
 /// written (an unwritten one reads as the kernel's shared zero page, which
 /// stays in cache and would flatter the peer).
 fn shm_buffer(name: &str) -> *mut u8 {
     use rustix::fs::Mode;
-    use rustix::mm::{MapFlags, ProtFlags};
     use rustix::shm;
     let fd = shm::open(
         name,
@@ -78,19 +95,7 @@ fn shm_buffer(name: &str) -> *mut u8 {
     .expect("shm_open");
     let _ = shm::unlink(name);
     rustix::fs::ftruncate(&fd, SIZE as u64).expect("ftruncate");
-    // SAFETY: a fresh shared mapping of the shm object.
-    let p = unsafe {
-        rustix::mm::mmap(
-            std::ptr::null_mut(),
-            SIZE,
-            ProtFlags::READ | ProtFlags::WRITE,
-            MapFlags::SHARED,
-            &fd,
-            0,
-        )
-    }
-    .expect("mmap")
-    .cast::<u8>();
+    let p = map_shm(&fd).cast::<u8>();
     // SAFETY: the mapping made above, SIZE bytes, read-write, used by nothing
     // else.
     unsafe { std::ptr::write_bytes(p, 1, SIZE) };
@@ -148,7 +153,6 @@ pub(super) fn ipc(rep: &mut BenchReport, quick: bool) {
     let shm_name = format!("/hetero-bench-{}", std::process::id());
     {
         use rustix::fs::Mode;
-        use rustix::mm::{MapFlags, ProtFlags};
         use rustix::shm;
         let fd = shm::open(
             shm_name.as_str(),
@@ -161,18 +165,7 @@ pub(super) fn ipc(rep: &mut BenchReport, quick: bool) {
             let t = Instant::now();
             let fd2 =
                 shm::open(shm_name.as_str(), shm::OFlags::RDWR, Mode::empty()).expect("shm_open");
-            // SAFETY: a fresh shared mapping of the shm object.
-            let p = unsafe {
-                rustix::mm::mmap(
-                    std::ptr::null_mut(),
-                    SIZE,
-                    ProtFlags::READ | ProtFlags::WRITE,
-                    MapFlags::SHARED,
-                    &fd2,
-                    0,
-                )
-            }
-            .expect("mmap");
+            let p = map_shm(&fd2);
             shm_open.push(ns(t));
             // SAFETY: the mapping made above, unused.
             let _ = unsafe { rustix::mm::munmap(p, SIZE) };

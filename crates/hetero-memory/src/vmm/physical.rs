@@ -126,20 +126,26 @@ fn nr_hugepages(g: Granularity) -> String {
     .unwrap_or_else(|_| "unknown".into())
 }
 
+/// A handle's size must be a non-zero multiple of its granularity.
+fn check_size(size: usize, granularity: Granularity) -> Result<(), MemoryError> {
+    let g = granularity.bytes();
+    if size == 0 || !size.is_multiple_of(g) {
+        return Err(MemoryError::Unaligned {
+            what: "physical size",
+            value: size,
+            granularity: Bytes(g),
+        });
+    }
+    Ok(())
+}
+
 impl PhysicalMemory {
     pub(crate) fn create(
         size: usize,
         granularity: Granularity,
         ctx: &ContextInner,
     ) -> Result<Self, MemoryError> {
-        let g = granularity.bytes();
-        if size == 0 || !size.is_multiple_of(g) {
-            return Err(MemoryError::Unaligned {
-                what: "physical size",
-                value: size,
-                granularity: Bytes(g),
-            });
-        }
+        check_size(size, granularity)?;
         let mut notes = Vec::new();
         let name = c"hetero-physical";
         let base = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
@@ -166,7 +172,7 @@ impl PhysicalMemory {
                         Err(e) => notes.push(format!(
                             "hugetlb memfd of {}: {e} (free hugetlb pages of {}: {})",
                             Bytes(size),
-                            Bytes(g),
+                            Bytes(granularity.bytes()),
                             nr_hugepages(granularity)
                         )),
                     }
@@ -212,17 +218,14 @@ impl PhysicalMemory {
                 "the kernel lacks memfd seals (Linux 3.17+)",
             )
         })?;
-        Ok(PhysicalMemory {
-            inner: Arc::new(PhysInner {
-                backing: Backing::Shared(fd),
-                size,
-                granularity,
-                page,
-                notes,
-                id: NEXT_HANDLE.fetch_add(1, Ordering::Relaxed),
-                context: ctx.id,
-            }),
-        })
+        Ok(Self::new(
+            Backing::Shared(fd),
+            size,
+            granularity,
+            page,
+            notes,
+            ctx.id,
+        ))
     }
 
     /// Private memory: see [`MemoryContext::create_private`](super::MemoryContext::create_private).
@@ -231,26 +234,16 @@ impl PhysicalMemory {
         granularity: Granularity,
         ctx: &ContextInner,
     ) -> Result<Self, MemoryError> {
-        let g = granularity.bytes();
-        if size == 0 || !size.is_multiple_of(g) {
-            return Err(MemoryError::Unaligned {
-                what: "physical size",
-                value: size,
-                granularity: Bytes(g),
-            });
-        }
+        check_size(size, granularity)?;
         let (private, page, notes) = Private::create(size, granularity)?;
-        Ok(PhysicalMemory {
-            inner: Arc::new(PhysInner {
-                backing: Backing::Private(private),
-                size,
-                granularity,
-                page,
-                notes,
-                id: NEXT_HANDLE.fetch_add(1, Ordering::Relaxed),
-                context: ctx.id,
-            }),
-        })
+        Ok(Self::new(
+            Backing::Private(private),
+            size,
+            granularity,
+            page,
+            notes,
+            ctx.id,
+        ))
     }
 
     /// A handle over an fd another process (or context) shared, after its
@@ -262,13 +255,32 @@ impl PhysicalMemory {
         page: PageKind,
         context: u64,
     ) -> Self {
+        Self::new(
+            Backing::Shared(fd),
+            size,
+            granularity,
+            page,
+            Vec::new(),
+            context,
+        )
+    }
+
+    /// A new handle (with a new id) of `context` over `backing`.
+    fn new(
+        backing: Backing,
+        size: usize,
+        granularity: Granularity,
+        page: PageKind,
+        notes: Vec<String>,
+        context: u64,
+    ) -> Self {
         PhysicalMemory {
             inner: Arc::new(PhysInner {
-                backing: Backing::Shared(fd),
+                backing,
                 size,
                 granularity,
                 page,
-                notes: Vec::new(),
+                notes,
                 id: NEXT_HANDLE.fetch_add(1, Ordering::Relaxed),
                 context,
             }),

@@ -3,7 +3,7 @@
 //! and every use that needs a memfd or a second place is a typed error that
 //! changes nothing.
 
-use super::tests::perms_at;
+use super::tests::{perms_at, release_reads_as_zero};
 use super::*;
 use crate::ipc::IpcExporter;
 use crate::MemoryError;
@@ -128,24 +128,7 @@ fn released_and_new_private_pages_read_as_zero() {
     let p = c
         .create_private(2 * K4, Granularity::Page4K)
         .expect("private");
-    let mut r = c.reserve(2 * K4, Granularity::Page4K).expect("reserve");
-    r.map(0, &p, 0, 2 * K4, Access::ReadWrite).expect("map");
-    // SAFETY: both pages mapped read-write.
-    unsafe {
-        assert_eq!(r.ptr().read_volatile(), 0);
-        r.ptr().write(1);
-        r.ptr().add(K4).write(2);
-    }
-    p.release(0, K4).expect("release while mapped");
-    // SAFETY: still mapped.
-    unsafe {
-        assert_eq!(r.ptr().read_volatile(), 0);
-        assert_eq!(r.ptr().add(K4).read_volatile(), 2);
-    }
-    assert!(matches!(
-        p.release(1, K4),
-        Err(MemoryError::Unaligned { .. })
-    ));
+    release_reads_as_zero(&c, &p);
     assert!(matches!(
         p.commit(0, 3 * K4),
         Err(MemoryError::OutOfRange { .. })

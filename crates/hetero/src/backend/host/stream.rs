@@ -49,21 +49,14 @@ impl BackendStream for HostStream {
 
     #[inline]
     fn submit(&self, op: Op) -> Result<u64> {
-        if self.closed.load(Ordering::Relaxed) {
-            return Err(Error::StreamDestroyed { stream: self.id });
-        }
+        self.check_open()?;
         // Counted before it is visible, so that its completion never sees the
         // count at zero (engines poll async ops while the count is not zero).
         let is_async = matches!(op.body, Body::Async(_));
         if is_async {
             self.count_async(true);
         }
-        // The first try moves `op` straight into the ring (no copy kept for a
-        // retry); a full ring hands it back to the slow path.
-        let r = match self.ring.try_push_with(op, |_, _, _| {}) {
-            Ok(pos) => Ok(self.published(pos)),
-            Err(back) => self.submit_when_full(back, |_, _, _| {}),
-        };
+        let r = self.push(op, |_, _, _| {});
         if is_async && r.is_err() {
             self.count_async(false);
         }
@@ -81,9 +74,7 @@ impl BackendStream for HostStream {
         blocks: u32,
         args: crate::kernel::ArgList,
     ) -> Result<u64> {
-        if self.closed.load(Ordering::Relaxed) {
-            return Err(Error::StreamDestroyed { stream: self.id });
-        }
+        self.check_open()?;
         let op = Op::new(Body::Kernel {
             // SAFETY: `kernel` lives for this call, and before the op can leave
             // it, `settle_kernel` (run once the op has its slot) either keeps
@@ -94,13 +85,9 @@ impl BackendStream for HostStream {
             blocks,
             args,
         });
-        let settle = |op: &mut Op, keep: &mut KernelKeep, pos: u64| {
+        self.push(op, |op: &mut Op, keep: &mut KernelKeep, pos: u64| {
             self.settle_kernel(op, keep, pos, kernel)
-        };
-        match self.ring.try_push_with(op, settle) {
-            Ok(pos) => Ok(self.published(pos)),
-            Err(back) => self.submit_when_full(back, settle),
-        }
+        })
     }
 
     fn submitted(&self) -> u64 {
@@ -180,6 +167,26 @@ impl HostStream {
             self.idle.wake_one_if_idle_fenced();
         }
         pos + 1
+    }
+
+    #[inline]
+    fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(Error::StreamDestroyed { stream: self.id });
+        }
+        Ok(())
+    }
+
+    /// Pushes `op` (`settle` seeing it once it has its slot, see
+    /// `Ring::try_push_with`) and returns its timeline value. The first try
+    /// moves `op` straight into the ring (no copy kept for a retry); a full
+    /// ring hands it back to the slow path.
+    #[inline(always)]
+    fn push(&self, op: Op, mut settle: impl FnMut(&mut Op, &mut KernelKeep, u64)) -> Result<u64> {
+        match self.ring.try_push_with(op, &mut settle) {
+            Ok(pos) => Ok(self.published(pos)),
+            Err(back) => self.submit_when_full(back, settle),
+        }
     }
 
     /// Backpressure: waits until the ring has room (`wait_for_room`), then tries
