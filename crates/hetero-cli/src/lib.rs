@@ -7,3 +7,4 @@ pub mod demo;
 pub mod device;
 pub mod info;
 pub mod profile;
+pub mod spin_pair;

@@ -48,6 +48,14 @@ fn demo_json_is_verified_and_complete() {
     }
     assert_eq!(v["tiles"], 8);
     assert_eq!(v["tile_bytes"], 32 * 1024);
+    // The host demo's peer ran beside it and produced the reference too.
+    assert_eq!(v["spin_pair"]["verified"], true, "{v}");
+    for key in ["serial_ms", "pipelined_ms", "speedup"] {
+        assert!(
+            v["spin_pair"][key].is_number(),
+            "missing spin_pair.{key}: {v}"
+        );
+    }
     // HETERO_PROFILE: the trace was written when the device dropped.
     let trace: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let events = trace["traceEvents"].as_array().unwrap();

@@ -2,7 +2,9 @@
 //! each tile's own input and output, a few buffers between the stages recycled)
 //! on hetero's three streams beside the same work on three OS threads joined by
 //! crossbeam channels, in absolute time: `hetero/pipeline-ms` vs
-//! `threads-channels/pipeline-ms` is the head-to-head.
+//! `threads-channels/pipeline-ms` is the head-to-head. The demo's own peer, a
+//! pair of threads spinning on counters (`crate::spin_pair`), runs inside each
+//! demo run, after hetero's reps: `spin-pair/pipeline-ms`.
 //!
 //! Each side's speedup over its own serial run is reported too, but the two
 //! speedups do not compare the runtimes: each divides by a different serial time
@@ -137,6 +139,7 @@ pub fn run(quick: bool) -> BenchReport {
     let mut fractions = Vec::new();
     let mut bounds = Vec::new();
     let (mut pipe_ms, mut serial_ms) = (Vec::new(), Vec::new());
+    let (mut pair_pipe, mut pair_serial, mut pair_speedup) = (Vec::new(), Vec::new(), Vec::new());
     let mut iters = 0;
     for _ in 0..rounds {
         let r = demo::run(&dev, cfg, |_| {}).expect("demo run");
@@ -148,6 +151,14 @@ pub fn run(quick: bool) -> BenchReport {
         bounds.push(r.bound_speedup);
         pipe_ms.push(r.pipelined_ms);
         serial_ms.push(r.serial_ms);
+        let pair = r.spin_pair.expect("the host demo runs the spin-pair peer");
+        assert!(
+            pair.verified,
+            "spin-pair output differs from the CPU reference"
+        );
+        pair_pipe.push(pair.pipelined_ms);
+        pair_serial.push(pair.serial_ms);
+        pair_speedup.push(pair.speedup);
     }
 
     let n = cfg.tile_bytes / 4;
@@ -198,11 +209,19 @@ pub fn run(quick: bool) -> BenchReport {
         "hetero/serial-ms",
         "threads-channels/serial-ms",
     );
+    rep.push_samples("spin-pair/pipeline-ms", "ms", &mut pair_pipe);
+    rep.push_samples("spin-pair/serial-ms", "ms", &mut pair_serial);
+    rep.ratio(
+        "hetero/pipeline-ms / spin-pair/pipeline-ms",
+        "hetero/pipeline-ms",
+        "spin-pair/pipeline-ms",
+    );
     // Each against its own serial run (see the module header: not a head-to-head).
     rep.push_samples("hetero/pipeline-speedup", "x", &mut speedups);
     rep.push_samples("hetero/pipeline-fraction-of-bound", "ratio", &mut fractions);
     rep.push_samples("hetero/pipeline-bound", "x", &mut bounds);
     rep.push_samples("threads-channels/pipeline-speedup", "x", &mut peer_speedup);
+    rep.push_samples("spin-pair/pipeline-speedup", "x", &mut pair_speedup);
     rep.ratio(
         "hetero/pipeline-speedup / threads-channels/pipeline-speedup",
         "hetero/pipeline-speedup",
