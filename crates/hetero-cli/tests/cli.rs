@@ -69,6 +69,17 @@ fn info_json_names_the_machine() {
     assert!(v["cores"].as_u64().unwrap() >= 1);
     assert!(v["mlock_works"].is_boolean());
     assert_eq!(v["backends"][0], "host");
+    // The wake-up probe measured something, in order.
+    let w = &v["wake_after_idle_us"];
+    let q: Vec<f64> = ["p50", "p90", "p99", "max"]
+        .iter()
+        .map(|k| {
+            w[*k]
+                .as_f64()
+                .unwrap_or_else(|| panic!("missing wake {k}: {v}"))
+        })
+        .collect();
+    assert!(q[0] > 0.0 && q.windows(2).all(|p| p[0] <= p[1]), "{w}");
 }
 
 #[test]
