@@ -169,8 +169,15 @@ fn scale_block(b: &mut Block<'_>, work: u32) {
     let x = b.read::<f32>(0);
     let off = b.write_offset(0);
     let y = b.write::<f32>(0);
-    y.copy_from_slice(&x[off..off + y.len()]);
-    scale_in_place(y, work);
+    scale_into(&x[off..off + y.len()], y, work);
+}
+
+/// The demo kernel's work on one tile, as every runner of it does it (hetero's
+/// blocks, the demo's peer, the bench's threads): `dst` takes `src`, then
+/// [`scale_in_place`].
+pub fn scale_into(src: &[f32], dst: &mut [f32], work: u32) {
+    dst.copy_from_slice(src);
+    scale_in_place(dst, work);
 }
 
 /// The emulated device's models for one tile, ns.
@@ -696,7 +703,9 @@ pub fn run_on(
     let serial = dev.create_stream()?;
     serial.set_name("serial");
     let streams = stage_streams(dev)?;
-    if matches!(spec, DeviceSpec::Host) {
+    // Host only: the settling time, the calibration and the peer.
+    let host = matches!(spec, DeviceSpec::Host);
+    if host {
         progress("settling");
         settle(&serial, &streams, &mut b)?;
     }
@@ -735,12 +744,11 @@ pub fn run_on(
         pipe_wall.push(wall.as_secs_f64() * 1e3);
         verified &= verify(&b, work)?;
     }
-    let spin_pair = match model {
-        Some(_) => None,
-        None => {
-            progress("the peer's runs");
-            Some(run_spin_pair(dev, &b, work, reps)?)
-        }
+    let spin_pair = if host {
+        progress("the peer's runs");
+        Some(run_spin_pair(dev, &b, work, reps)?)
+    } else {
+        None
     };
     let stage = |i: usize| median(stage_times[i].clone());
     let (h2d_ns, k_ns, d2h_ns) = (stage(0), stage(1), stage(2));

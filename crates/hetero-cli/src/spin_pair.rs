@@ -25,7 +25,7 @@
 //! counters are reset by the caller while the copier waits for the round number,
 //! which it reads with Acquire after the caller's Release store.
 
-use crate::demo::{reference, scale_in_place};
+use crate::demo::{reference, scale_into};
 use crossbeam_utils::CachePadded;
 use hetero::{Device, PinnedBuffer};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -82,9 +82,7 @@ impl Shared {
     fn kernel(&self, c: usize) {
         let src = lock(&self.slot_in[c % SLOTS]);
         let mut dst = lock(&self.slot_out[c % SLOTS]);
-        let dst = write(&mut dst);
-        dst.copy_from_slice(read(&src));
-        scale_in_place(dst, self.work);
+        scale_into(read(&src), write(&mut dst), self.work);
     }
 
     fn h2d(&self, c: usize) {

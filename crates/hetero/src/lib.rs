@@ -55,7 +55,7 @@ pub use kernel::{Block, Grid, Kernel, KernelCost, INLINE_KERNEL_ARGS, MAX_KERNEL
 pub use op::CopyKind;
 pub use pitched::{PitchedBuffer, PitchedLayout, Region2D, RegionProblem, Rows, RowsMut};
 pub use stream::{Stream, PRIORITY_HIGHEST, PRIORITY_LOWEST};
-pub use system::SystemInfo;
+pub use system::{SystemInfo, WakeLatency};
 
 /// The README's examples, compiled and run as doctests (`cargo test --doc`).
 #[cfg(doctest)]

@@ -29,16 +29,10 @@ fn threads_serial_ms(input: &[Vec<f32>], out: &mut [Vec<f32>], iters: u32) -> f6
     let mut b = vec![0f32; n];
     for (c, o) in out.iter_mut().enumerate() {
         a.copy_from_slice(&input[c]);
-        kernel(&a, &mut b, iters);
+        demo::scale_into(&a, &mut b, iters);
         o.copy_from_slice(&b);
     }
     t.elapsed().as_secs_f64() * 1e3
-}
-
-/// The demo kernel's work on one tile, the same code.
-fn kernel(src: &[f32], dst: &mut [f32], iters: u32) {
-    dst.copy_from_slice(src);
-    demo::scale_in_place(dst, iters);
 }
 
 /// A tile's index and its buffer, handed from stage to stage.
@@ -100,7 +94,7 @@ fn threads_pipeline<'s>(
     scope.spawn(move || {
         for (c, buf) in kernel_rx {
             let mut o = free_mid.recv().expect("buffers come back");
-            kernel(&buf, &mut o, iters);
+            demo::scale_into(&buf, &mut o, iters);
             let _ = free_in_tx.send(buf);
             if to_d2h.send((c, o)).is_err() {
                 return;

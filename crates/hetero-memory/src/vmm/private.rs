@@ -50,37 +50,26 @@ fn os(what: String, e: rustix::io::Errno, hint: &'static str) -> MemoryError {
 /// `len` bytes of fresh anonymous read-write memory aligned to `align`.
 fn aligned_anon(len: usize, align: usize) -> Result<usize, MemoryError> {
     use rustix::mm::{MapFlags, ProtFlags};
-    let over = len + align - 4096;
-    // SAFETY: a fresh private anonymous mapping at an address of the kernel's
-    // choosing aliases nothing.
-    let raw = unsafe {
-        rustix::mm::mmap_anonymous(
-            std::ptr::null_mut(),
-            over,
-            ProtFlags::READ | ProtFlags::WRITE,
-            MapFlags::PRIVATE | MapFlags::NORESERVE,
-        )
-    }
-    .map_err(|e| {
-        os(
-            format!("mmap of {} of anonymous memory", Bytes(over)),
-            e,
-            "the process is out of address space or mappings (vm.max_map_count)",
-        )
-    })? as usize;
-    let base = raw.next_multiple_of(align);
-    let (head, tail) = (base - raw, raw + over - (base + len));
-    // SAFETY: head and tail are the parts of the fresh mapping outside the
-    // aligned window; nothing else uses them.
+    // SAFETY: the closure returns a fresh private anonymous mapping of the size
+    // asked, at an address of the kernel's choosing: it aliases nothing.
     unsafe {
-        if head > 0 {
-            let _ = rustix::mm::munmap(raw as *mut c_void, head);
-        }
-        if tail > 0 {
-            let _ = rustix::mm::munmap((base + len) as *mut c_void, tail);
-        }
+        super::reserve::map_aligned(len, align, |over| {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                over,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE | MapFlags::NORESERVE,
+            )
+            .map(|p| p as usize)
+            .map_err(|e| {
+                os(
+                    format!("mmap of {} of anonymous memory", Bytes(over)),
+                    e,
+                    "the process is out of address space or mappings (vm.max_map_count)",
+                )
+            })
+        })
     }
-    Ok(base)
 }
 
 /// Why anonymous memory gets no transparent huge pages, when it gets none:

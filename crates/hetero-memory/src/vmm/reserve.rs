@@ -65,6 +65,35 @@ pub(super) fn reserve_raw(at: Option<*mut c_void>, len: usize) -> std::io::Resul
     .map_err(std::io::Error::from)
 }
 
+/// Maps `len + align - 4096` bytes with `map` and keeps the `len` of them that
+/// start at an `align`-aligned address, unmapping the rest: how ranges and
+/// private handles get bases aligned to their granule. Returns that base.
+///
+/// # Safety
+/// `map(over)` returns the address of a fresh mapping of `over` bytes that
+/// nothing else uses.
+pub(super) unsafe fn map_aligned<E>(
+    len: usize,
+    align: usize,
+    map: impl FnOnce(usize) -> Result<usize, E>,
+) -> Result<usize, E> {
+    let over = len + align - 4096;
+    let raw = map(over)?;
+    let base = raw.next_multiple_of(align);
+    let (head, tail) = (base - raw, raw + over - (base + len));
+    // SAFETY: head and tail are the parts of the fresh mapping (the caller's
+    // promise) outside the aligned window; nothing else uses them.
+    unsafe {
+        if head > 0 {
+            let _ = rustix::mm::munmap(raw as *mut c_void, head);
+        }
+        if tail > 0 {
+            let _ = rustix::mm::munmap((base + len) as *mut c_void, tail);
+        }
+    }
+    Ok(base)
+}
+
 impl VirtualRange {
     pub(super) fn reserve(
         ctx: Arc<ContextInner>,
@@ -80,25 +109,18 @@ impl VirtualRange {
                 what: format!("reserve of {size} bytes"),
                 hint: "a range holds 1 byte to 64 TiB",
             })?;
-        // Over-reserve by one granule and trim, so the base is aligned.
-        let over = size + g - 4096;
-        let raw = reserve_raw(None, over).map_err(|source| MemoryError::Map {
-            len: Bytes(over),
-            source,
-            hint: "the process is out of address space; reserve less",
-        })? as usize;
-        let base = raw.next_multiple_of(g);
-        let (head, tail) = (base - raw, raw + over - (base + size));
-        // SAFETY: head and tail are the parts of the fresh reservation outside
-        // the aligned range; nothing else uses them.
-        unsafe {
-            if head > 0 {
-                let _ = rustix::mm::munmap(raw as *mut c_void, head);
-            }
-            if tail > 0 {
-                let _ = rustix::mm::munmap((base + size) as *mut c_void, tail);
-            }
-        }
+        // SAFETY: `reserve_raw` returns a fresh reservation of the size asked.
+        let base = unsafe {
+            map_aligned(size, g, |over| {
+                reserve_raw(None, over)
+                    .map(|p| p as usize)
+                    .map_err(|source| MemoryError::Map {
+                        len: Bytes(over),
+                        source,
+                        hint: "the process is out of address space; reserve less",
+                    })
+            })
+        }?;
         Ok(VirtualRange {
             base: NonNull::new(base as *mut u8).expect("mmap never returns null"),
             size,

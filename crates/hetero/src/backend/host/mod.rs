@@ -153,7 +153,7 @@ impl HostBackend {
                 .spawn(move || {
                     become_engine(&sh, index as u32);
                     if sh.config.pin_engines {
-                        pin_to_nth_allowed_cpu(index);
+                        crate::system::pin_to_nth_allowed_cpu(index);
                     }
                     sh.started.fetch_add(1, Ordering::Release);
                     engine.run(&sh);
@@ -259,26 +259,5 @@ impl Backend for HostBackend {
 
     fn host_wait(&self) -> CompletionMode {
         self.shared.config.host_wait
-    }
-}
-
-/// Pins the calling thread to the `n`-th CPU (modulo) this process may run on, so
-/// that compute units stay spread one per core: left to the OS, two engines of a
-/// 2-core VM were seen queued on one vCPU while the other idled. Best effort: if
-/// the affinity cannot be read or set, the thread floats as before.
-fn pin_to_nth_allowed_cpu(n: usize) {
-    let Ok(allowed) = rustix::thread::sched_getaffinity(None) else {
-        return;
-    };
-    let cpus: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
-        .filter(|&c| allowed.is_set(c))
-        .collect();
-    if cpus.len() < 2 {
-        return;
-    }
-    let mut one = rustix::thread::CpuSet::new();
-    one.set(cpus[n % cpus.len()]);
-    if let Err(e) = rustix::thread::sched_setaffinity(None, &one) {
-        tracing::debug!("could not pin engine {n}: {e}");
     }
 }
