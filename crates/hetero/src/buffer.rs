@@ -93,6 +93,9 @@ pub(crate) struct Storage {
     pub(crate) device: u64,
     pub(crate) kind: MemoryKind,
     access: AtomicU32,
+    /// The host engine that last wrote the memory (unit + 1; 0: unknown, or
+    /// written elsewhere): a placement hint, never needed for correctness.
+    writer: AtomicU32,
     pending_writes: AtomicU32,
     /// The stream the memory was allocated for (0: none).
     pub(crate) home: u64,
@@ -335,6 +338,7 @@ impl Storage {
             device,
             kind,
             access: AtomicU32::new(0),
+            writer: AtomicU32::new(0),
             pending_writes: AtomicU32::new(0),
             home: 0,
             shared: AtomicBool::new(false),
@@ -432,6 +436,20 @@ impl Storage {
     }
 
     #[inline]
+    /// The host engine that last wrote the memory (unit + 1; 0: unknown).
+    pub(crate) fn writer(&self) -> u32 {
+        self.writer.load(Ordering::Relaxed)
+    }
+
+    /// Notes that host engine `unit` wrote the memory (units past 254 are not
+    /// noted). Only a store when it changes: a line other engines read.
+    pub(crate) fn set_writer(&self, unit: u32) {
+        let w = if unit < 255 { unit + 1 } else { 0 };
+        if self.writer.load(Ordering::Relaxed) != w {
+            self.writer.store(w, Ordering::Relaxed);
+        }
+    }
+
     pub(crate) fn release(&self, write: bool) {
         if write {
             self.access.store(0, Ordering::Release);

@@ -190,6 +190,20 @@ impl Op {
         matches!(&self.body, Body::Kernel { args, .. } if args.is_empty())
     }
 
+    /// The engine (unit + 1) that last wrote the largest storage this op
+    /// reads, if that storage holds at least `min_bytes`; 0 when none is known.
+    pub(crate) fn writer(&self, min_bytes: usize) -> u32 {
+        let (mut best, mut writer) = (min_bytes.saturating_sub(1), 0);
+        self.for_each_access(|s, write| {
+            if !write && s.bytes() > best {
+                best = s.bytes();
+                writer = s.writer();
+            }
+            true
+        });
+        writer
+    }
+
     /// The storages this op touches, with whether it writes them.
     pub(crate) fn for_each_access(&self, mut f: impl FnMut(&Storage, bool) -> bool) -> bool {
         match &self.body {
@@ -235,11 +249,16 @@ impl Op {
         ok
     }
 
-    pub(crate) fn release_access(&self) {
+    /// Lets the op's buffers go; the engine `unit` ran it, so it is the last
+    /// writer of what it wrote (`Op::writer`).
+    pub(crate) fn release_access(&self, unit: u32) {
         if self.touches_nothing() {
             return;
         }
         self.for_each_access(|s, w| {
+            if w {
+                s.set_writer(unit);
+            }
             s.release(w);
             true
         });

@@ -44,6 +44,9 @@ pub(super) enum Readiness {
     /// The stream failed earlier: drop the op without running it.
     Skip,
     Ready(Engine),
+    /// Ready, but left for the engine that produced its data a moment longer
+    /// (`EngineThread::defers`).
+    Deferred,
 }
 
 impl Shared {
@@ -241,7 +244,7 @@ impl Shared {
         }
         // Buffer locks are held exactly when an engine was taken (copies, fills, kernels).
         if !matches!(engine, Engine::None) {
-            op.release_access();
+            op.release_access(ran.unit);
         }
         self.release_engine(engine);
         if let Body::Async(_) = op.body {
@@ -299,6 +302,9 @@ fn linger(stream: &HostStream) -> bool {
     }
     false
 }
+
+/// Ops reading less than this from one buffer are not left to its writer.
+const AFFINE_BYTES: usize = 64 * 1024;
 
 /// Looks at the next slot while lingering (see `linger`).
 const LINGER_POLLS: u32 = 6;
@@ -416,6 +422,11 @@ pub(super) struct EngineThread {
     /// The stream whose oldest op, an async op, was not done at this engine's
     /// last look at it (`search` polls it alone between full looks).
     pub(super) async_head: Option<u64>,
+    /// The last look left a ready op to the engine that produced its data
+    /// (`defers`): look again rather than park.
+    pub(super) deferred: bool,
+    /// Looking for work from inside `park` (counted among the sleepers).
+    pub(super) parking: bool,
 }
 
 impl EngineThread {
@@ -432,6 +443,8 @@ impl EngineThread {
             contended: false,
             woke: false,
             async_head: None,
+            deferred: false,
+            parking: false,
         }
     }
 
@@ -535,6 +548,7 @@ impl EngineThread {
         // Async ops in flight complete without waking anyone: park for at most
         // `async_poll` at a time and poll them again (claim looks at them).
         let bound = || (sh.async_queued.load(Ordering::SeqCst) > 0).then_some(sh.config.async_poll);
+        self.parking = true;
         let claimed = sh.idle.park_for_polling(
             || loop {
                 match self.claim(sh) {
@@ -543,12 +557,13 @@ impl EngineThread {
                     // judged an op not ready just before the op it waits for completed
                     // (and the completer skipped that queue as held). Look again once
                     // it let go rather than sleep on a stale verdict.
-                    None if self.contended => crate::loom::spin_hint(),
+                    None if self.contended || self.deferred => crate::loom::spin_hint(),
                     None => return sh.shutdown.load(Ordering::SeqCst).then_some(None),
                 }
             },
             bound,
         );
+        self.parking = false;
         if let Some(work) = claimed {
             self.execute(sh, work);
         }
@@ -588,6 +603,7 @@ impl EngineThread {
         }
         self.refresh(sh);
         self.contended = false;
+        self.deferred = false;
         let tick = sh.tick.load(Ordering::Relaxed);
         self.candidates.clear();
         for (i, s) in self.streams.iter().enumerate() {
@@ -601,11 +617,22 @@ impl EngineThread {
             if hint != 0 && blocked(&self.streams, hint) {
                 continue;
             }
+            let left = s.left(self.index);
+            if left == Left::ToOther {
+                self.deferred = true;
+                continue;
+            }
             let served = s.last_served.load(Ordering::Relaxed);
-            // Within a priority level, keep running the stream this engine just ran:
-            // its next op is often ready at once (a chain of dependent ops on the
-            // critical path), and continuing costs no wake-up anywhere.
-            let affinity = u8::from(s.id != self.last_stream);
+            // Within a priority level, first an op another engine left to this
+            // one (it reads what this engine wrote: `defers`), then the stream
+            // this engine just ran: its next op is often ready at once (a chain
+            // of dependent ops on the critical path), and continuing costs no
+            // wake-up anywhere.
+            let affinity = if left == Left::ForMe {
+                0
+            } else {
+                1 + u8::from(s.id != self.last_stream)
+            };
             self.candidates
                 .push((s.effective_priority(tick), affinity, served, i));
         }
@@ -652,6 +679,9 @@ impl EngineThread {
         // thread the ring's only consumer.
         let decision = unsafe {
             stream.ring.peek_with(|op, pos| {
+                if self.defers(sh, stream, op) {
+                    return (Readiness::Deferred, None);
+                }
                 let ready = sh.readiness(stream, op, pos + 1);
                 if matches!(ready, Readiness::NotReady) && matches!(op.body, Body::Async(_)) {
                     self.async_head = Some(stream.id);
@@ -669,15 +699,53 @@ impl EngineThread {
                 }
                 return None;
             }
+            Some((Readiness::Deferred, _)) => {
+                self.deferred = true;
+                return None;
+            }
             Some((Readiness::Skip, _)) => None,
             Some((Readiness::Ready(e), _)) => Some(e),
         };
         // The op stays at the head; the queue's holder takes it (`execute`).
         stream.clear_wait_hint();
+        stream.clear_left();
         Some(Taken {
             value: stream.ring.head() + 1,
             engine,
         })
+    }
+
+    /// With `stream`'s queue held: whether to leave its head `op` to the
+    /// engine that last wrote the data it reads (`Op::writer`), whose cache
+    /// holds that data, for `DeviceConfig::placement_wait` from the first time
+    /// it was left. The writer
+    /// takes such an op before any other of its priority (`claim`) and stops
+    /// continuing its own stream for it (`continue_on`). Only ops reading at
+    /// least `AFFINE_BYTES` from one buffer are left, and only while no other
+    /// engine sleeps: a sleeping writer would take a wake-up to come back,
+    /// while a busy or searching one looks for work within an op. An engine
+    /// that left an op does not park (`deferred`), so the op runs by the
+    /// deadline at the latest.
+    fn defers(&self, sh: &Shared, stream: &HostStream, op: &Op) -> bool {
+        let writer = op.writer(AFFINE_BYTES);
+        if sh.placement_wait_ns == 0
+            || writer == 0
+            || writer == self.index + 1
+            || sh.idle.sleepers() > u32::from(self.parking)
+        {
+            return false;
+        }
+        let now = crate::clock::now_ns();
+        match stream.defer_until.load(Ordering::Relaxed) {
+            0 => {
+                stream.defer_unit.store(writer, Ordering::Relaxed);
+                stream
+                    .defer_until
+                    .store(now + sh.placement_wait_ns, Ordering::Relaxed);
+                true
+            }
+            until => now < until,
+        }
     }
 
     /// With `stream`'s queue still held after completing its op: takes the stream's
@@ -707,6 +775,10 @@ impl EngineThread {
             let hint = s.wait_hint.load(Ordering::Acquire);
             if hint != 0 && blocked(&self.streams, hint) {
                 continue;
+            }
+            // Another engine left this stream's op to this one: take it now.
+            if s.left(self.index) == Left::ForMe {
+                return None;
             }
             if s.effective_priority(tick) < mine {
                 return None;

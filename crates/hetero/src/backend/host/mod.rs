@@ -78,6 +78,8 @@ struct Shared {
     /// wake every `async_poll` to poll them, and engines running kernel blocks
     /// poll them between blocks (engine.rs).
     async_queued: AtomicUsize,
+    /// `config.placement_wait` in ns (engine.rs, `EngineThread::defers`).
+    placement_wait_ns: u64,
 }
 
 pub(crate) struct HostBackend {
@@ -127,6 +129,7 @@ impl HostBackend {
             next_stream: AtomicU64::new(1),
             started: AtomicUsize::new(0),
             async_queued: AtomicUsize::new(0),
+            placement_wait_ns: config.placement_wait.as_nanos() as u64,
             config: config.clone(),
         });
         // The pool learns where streams stand from their timelines; weakly, so
@@ -204,6 +207,8 @@ impl Backend for HostBackend {
             closed: AtomicBool::new(false),
             queue_state: sh.queues[queue].state.clone(),
             wait_hint: AtomicU64::new(0),
+            defer_until: AtomicU64::new(0),
+            defer_unit: AtomicU32::new(0),
             blocked_on: AtomicU64::new(0),
             blocked_at: AtomicU64::new(0),
             last_served: CachePadded::new(AtomicU64::new(sh.tick.load(Ordering::Relaxed))),

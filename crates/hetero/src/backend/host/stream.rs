@@ -23,6 +23,12 @@ pub(crate) struct HostStream {
     /// without claiming the queue (claiming a stream that cannot run, again and
     /// again, holds the queue: an engine preempted there stalls it for a time slice).
     pub(super) wait_hint: AtomicU64,
+    /// The oldest op is being left to the engine that wrote its data: that
+    /// engine (unit + 1) and until when (ns; 0: not being left). Written only by
+    /// the engine holding the queue (`EngineThread::defers`), read by all as a
+    /// hint; beside `wait_hint`, which every look for work reads too.
+    pub(super) defer_until: AtomicU64,
+    pub(super) defer_unit: AtomicU32,
     /// What the op running user code (a callback) on this stream waits for, packed
     /// like `wait_hint` (0: nothing), and that op's value: hints for other
     /// engines' deadlock checks (`callback.rs`).
@@ -142,6 +148,14 @@ impl HostStream {
     pub(super) fn clear_wait_hint(&self) {
         if self.wait_hint.load(Ordering::Relaxed) != 0 {
             self.wait_hint.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// The oldest op was taken: it is no longer left to anyone (a store only
+    /// when it was, as `clear_wait_hint`).
+    pub(super) fn clear_left(&self) {
+        if self.defer_until.load(Ordering::Relaxed) != 0 {
+            self.defer_until.store(0, Ordering::Relaxed);
         }
     }
 
@@ -278,6 +292,34 @@ pub(super) fn wait_hint_of(op: &Op) -> Option<u64> {
             timeline, value, ..
         } => pack_hint(timeline.stream, *value),
         _ => None,
+    }
+}
+
+/// Whether a stream's oldest op is being left to an engine (`EngineThread::defers`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Left {
+    No,
+    /// To the engine asking.
+    ForMe,
+    /// To another engine, and its time to wait has not run out.
+    ToOther,
+}
+
+impl HostStream {
+    /// Whether the stream's oldest op is being left to an engine, as seen by
+    /// engine `unit` (a hint, read without the queue).
+    #[inline]
+    pub(super) fn left(&self, unit: u32) -> Left {
+        let until = self.defer_until.load(Ordering::Relaxed);
+        if until == 0 {
+            Left::No
+        } else if self.defer_unit.load(Ordering::Relaxed) == unit + 1 {
+            Left::ForMe
+        } else if crate::clock::now_ns() < until {
+            Left::ToOther
+        } else {
+            Left::No
+        }
     }
 }
 
