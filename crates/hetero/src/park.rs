@@ -129,12 +129,6 @@ impl Parker {
         self.sleepers.load(Ordering::SeqCst) != 0
     }
 
-    /// How many threads count as sleepers now (one looking for work inside
-    /// `park_for_polling` counts itself).
-    pub(crate) fn sleepers(&self) -> u32 {
-        self.sleepers.load(Ordering::SeqCst)
-    }
-
     /// Parks until `ready()` holds, after one final check. `timeout` bounds one park
     /// (a safety net only: correctness does not depend on it).
     pub(crate) fn park_until(&self, mut ready: impl FnMut() -> bool, timeout: Option<Duration>) {

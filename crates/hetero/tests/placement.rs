@@ -24,16 +24,28 @@ fn engine() -> String {
 /// build or the machine is; the kernels are copies, fast in a debug build too.
 #[test]
 fn consumers_follow_the_engine_that_wrote_their_data() {
-    if !common::on_host() {
-        return;
+    if common::on_host() {
+        follow_the_writer(2);
     }
+}
+
+/// The same with four engines on the machine's cores: the two idle ones park,
+/// and an op is still left to a writer that is not parked.
+#[test]
+fn consumers_follow_their_writer_while_other_engines_park() {
+    if common::on_host() {
+        follow_the_writer(4);
+    }
+}
+
+fn follow_the_writer(units: usize) {
     const TILES: usize = 48;
     const N: usize = 64 * 1024; // u32s: 256 KiB
     const ROUNDS: u32 = 5;
     // The test thread parks while it waits: a third runnable thread on the
     // two cores would preempt the engines.
     let dev = common::device_with(|c| {
-        c.compute_units(2)
+        c.compute_units(units)
             .host_wait(CompletionMode::Block)
             .placement_wait(Duration::from_millis(20))
     });

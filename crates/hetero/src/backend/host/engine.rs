@@ -425,8 +425,6 @@ pub(super) struct EngineThread {
     /// The last look left a ready op to the engine that produced its data
     /// (`defers`): look again rather than park.
     pub(super) deferred: bool,
-    /// Looking for work from inside `park` (counted among the sleepers).
-    pub(super) parking: bool,
 }
 
 impl EngineThread {
@@ -444,7 +442,6 @@ impl EngineThread {
             woke: false,
             async_head: None,
             deferred: false,
-            parking: false,
         }
     }
 
@@ -548,7 +545,7 @@ impl EngineThread {
         // Async ops in flight complete without waking anyone: park for at most
         // `async_poll` at a time and poll them again (claim looks at them).
         let bound = || (sh.async_queued.load(Ordering::SeqCst) > 0).then_some(sh.config.async_poll);
-        self.parking = true;
+        sh.parked[self.index as usize].store(true, Ordering::Relaxed);
         let claimed = sh.idle.park_for_polling(
             || loop {
                 match self.claim(sh) {
@@ -563,7 +560,7 @@ impl EngineThread {
             },
             bound,
         );
-        self.parking = false;
+        sh.parked[self.index as usize].store(false, Ordering::Relaxed);
         if let Some(work) = claimed {
             self.execute(sh, work);
         }
@@ -718,20 +715,23 @@ impl EngineThread {
     /// With `stream`'s queue held: whether to leave its head `op` to the
     /// engine that last wrote the data it reads (`Op::writer`), whose cache
     /// holds that data, for `DeviceConfig::placement_wait` from the first time
-    /// it was left. The writer
-    /// takes such an op before any other of its priority (`claim`) and stops
-    /// continuing its own stream for it (`continue_on`). Only ops reading at
-    /// least `AFFINE_BYTES` from one buffer are left, and only while no other
-    /// engine sleeps: a sleeping writer would take a wake-up to come back,
-    /// while a busy or searching one looks for work within an op. An engine
-    /// that left an op does not park (`deferred`), so the op runs by the
-    /// deadline at the latest.
+    /// it was left. The writer takes such an op before any other of its
+    /// priority (`claim`) and stops continuing its own stream for it
+    /// (`continue_on`). Only ops reading at least `AFFINE_BYTES` from one
+    /// buffer are left, and only to a writer that is not in `park`: a
+    /// sleeping writer would take a wake-up to come back, while a busy or
+    /// searching one looks for work within an op. An engine that left an op
+    /// does not park (`deferred`), so the op runs by the deadline at the
+    /// latest.
     fn defers(&self, sh: &Shared, stream: &HostStream, op: &Op) -> bool {
         let writer = op.writer(AFFINE_BYTES);
         if sh.placement_wait_ns == 0
             || writer == 0
             || writer == self.index + 1
-            || sh.idle.sleepers() > u32::from(self.parking)
+            || sh
+                .parked
+                .get(writer as usize - 1)
+                .is_none_or(|parked| parked.load(Ordering::Relaxed))
         {
             return false;
         }

@@ -80,6 +80,9 @@ struct Shared {
     async_queued: AtomicUsize,
     /// `config.placement_wait` in ns (engine.rs, `EngineThread::defers`).
     placement_wait_ns: u64,
+    /// Per engine: in `park` (it may be asleep). Written only by that engine,
+    /// read by others deciding whether to leave it an op (`defers`).
+    parked: Box<[CachePadded<AtomicBool>]>,
 }
 
 pub(crate) struct HostBackend {
@@ -130,6 +133,9 @@ impl HostBackend {
             started: AtomicUsize::new(0),
             async_queued: AtomicUsize::new(0),
             placement_wait_ns: config.placement_wait.as_nanos() as u64,
+            parked: (0..config.compute_units)
+                .map(|_| CachePadded::new(AtomicBool::new(false)))
+                .collect(),
             config: config.clone(),
         });
         // The pool learns where streams stand from their timelines; weakly, so
