@@ -545,9 +545,14 @@ impl EngineThread {
         // Async ops in flight complete without waking anyone: park for at most
         // `async_poll` at a time and poll them again (claim looks at them).
         let bound = || (sh.async_queued.load(Ordering::SeqCst) > 0).then_some(sh.config.async_poll);
-        sh.parked[self.index as usize].store(true, Ordering::Relaxed);
+        // `parked` says "asleep or about to be": set only once a look found
+        // nothing and the futex wait comes next, cleared at every look. An
+        // engine looking again and again (a contended queue, an op it left to
+        // another) is awake, and others may leave ops to it.
+        let parked = &sh.parked[self.index as usize];
         let claimed = sh.idle.park_for_polling(
             || loop {
+                parked.store(false, Ordering::Relaxed);
                 match self.claim(sh) {
                     Some(w) => return Some(Some(w)),
                     // Another engine was looking at a queue we skipped: it may have
@@ -555,12 +560,15 @@ impl EngineThread {
                     // (and the completer skipped that queue as held). Look again once
                     // it let go rather than sleep on a stale verdict.
                     None if self.contended || self.deferred => crate::loom::spin_hint(),
-                    None => return sh.shutdown.load(Ordering::SeqCst).then_some(None),
+                    None => {
+                        parked.store(true, Ordering::Relaxed);
+                        return sh.shutdown.load(Ordering::SeqCst).then_some(None);
+                    }
                 }
             },
             bound,
         );
-        sh.parked[self.index as usize].store(false, Ordering::Relaxed);
+        parked.store(false, Ordering::Relaxed);
         if let Some(work) = claimed {
             self.execute(sh, work);
         }
@@ -718,7 +726,7 @@ impl EngineThread {
     /// it was left. The writer takes such an op before any other of its
     /// priority (`claim`) and stops continuing its own stream for it
     /// (`continue_on`). Only ops reading at least `AFFINE_BYTES` from one
-    /// buffer are left, and only to a writer that is not in `park`: a
+    /// buffer are left, and only to a writer that is not asleep in `park`: a
     /// sleeping writer would take a wake-up to come back, while a busy or
     /// searching one looks for work within an op. An engine that left an op
     /// does not park (`deferred`), so the op runs by the deadline at the

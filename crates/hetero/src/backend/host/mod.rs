@@ -80,8 +80,8 @@ struct Shared {
     async_queued: AtomicUsize,
     /// `config.placement_wait` in ns (engine.rs, `EngineThread::defers`).
     placement_wait_ns: u64,
-    /// Per engine: in `park` (it may be asleep). Written only by that engine,
-    /// read by others deciding whether to leave it an op (`defers`).
+    /// Per engine: asleep in `park`, or about to be. Written only by that
+    /// engine, read by others deciding whether to leave it an op (`defers`).
     parked: Box<[CachePadded<AtomicBool>]>,
 }
 
