@@ -435,21 +435,20 @@ impl Storage {
         }
     }
 
-    #[inline]
     /// The host engine that last wrote the memory (unit + 1; 0: unknown).
     pub(crate) fn writer(&self) -> u32 {
         self.writer.load(Ordering::Relaxed)
     }
 
-    /// Notes that host engine `unit` wrote the memory (units past 254 are not
-    /// noted). Only a store when it changes: a line other engines read.
+    /// Notes that host engine `unit` wrote the memory. Only a store when it
+    /// changes: a line other engines read.
     pub(crate) fn set_writer(&self, unit: u32) {
-        let w = if unit < 255 { unit + 1 } else { 0 };
-        if self.writer.load(Ordering::Relaxed) != w {
-            self.writer.store(w, Ordering::Relaxed);
+        if self.writer.load(Ordering::Relaxed) != unit + 1 {
+            self.writer.store(unit + 1, Ordering::Relaxed);
         }
     }
 
+    #[inline]
     pub(crate) fn release(&self, write: bool) {
         if write {
             self.access.store(0, Ordering::Release);

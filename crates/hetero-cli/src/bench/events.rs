@@ -138,15 +138,7 @@ pub fn run(quick: bool) -> BenchReport {
     rep.push_samples("std-park/wait-block", "ns", &mut v);
     let mut v = idle_cpu_percent(if quick { 10 } else { 50 });
     rep.push_samples("hetero/idle-device-cpu", "%", &mut v);
-    rep.ratio(
-        "hetero/event-wait-spin / atomic-flag/wait-spin",
-        "hetero/event-wait-spin",
-        "atomic-flag/wait-spin",
-    );
-    rep.ratio(
-        "hetero/event-wait-block / std-park/wait-block",
-        "hetero/event-wait-block",
-        "std-park/wait-block",
-    );
+    rep.ratio_of("hetero/event-wait-spin", "atomic-flag/wait-spin");
+    rep.ratio_of("hetero/event-wait-block", "std-park/wait-block");
     rep
 }

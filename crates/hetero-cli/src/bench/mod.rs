@@ -86,6 +86,15 @@ impl BenchReport {
         }
     }
 
+    /// [`Report::ratio`] under the key `"numerator / denominator"`.
+    pub fn ratio_of(&mut self, numerator: &str, denominator: &str) {
+        self.ratio(
+            &format!("{numerator} / {denominator}"),
+            numerator,
+            denominator,
+        );
+    }
+
     /// Prints the report: JSON on one line, or an aligned table.
     pub fn print(&self, json: bool) {
         if json {

@@ -254,16 +254,8 @@ pub fn run(quick: bool) -> Result<Option<BenchReport>, String> {
                 .insert("added latency 8b over non-blocking MPI (us)".into(), a - n);
         }
     }
-    rep.ratio(
-        "hetero/mpi-latency-8b / mpi/latency-8b",
-        "hetero/mpi-latency-8b",
-        "mpi/latency-8b",
-    );
-    rep.ratio(
-        "hetero/mpi-bandwidth-4m / mpi/bandwidth-4m",
-        "hetero/mpi-bandwidth-4m",
-        "mpi/bandwidth-4m",
-    );
+    rep.ratio_of("hetero/mpi-latency-8b", "mpi/latency-8b");
+    rep.ratio_of("hetero/mpi-bandwidth-4m", "mpi/bandwidth-4m");
     let r0 = &c.ranks()[0];
     rep.notes.push(format!(
         "2 ranks on {} ({}); hetero: K chained ops on one stream driven by the engines; \

@@ -193,31 +193,18 @@ pub fn run(quick: bool) -> BenchReport {
     rep.push_samples("threads-channels/pipeline-ms", "ms", &mut peer_pipe);
     rep.push_samples("hetero/serial-ms", "ms", &mut serial_ms);
     rep.push_samples("threads-channels/serial-ms", "ms", &mut peer_serial);
-    rep.ratio(
-        "hetero/pipeline-ms / threads-channels/pipeline-ms",
-        "hetero/pipeline-ms",
-        "threads-channels/pipeline-ms",
-    );
-    rep.ratio(
-        "hetero/serial-ms / threads-channels/serial-ms",
-        "hetero/serial-ms",
-        "threads-channels/serial-ms",
-    );
+    rep.ratio_of("hetero/pipeline-ms", "threads-channels/pipeline-ms");
+    rep.ratio_of("hetero/serial-ms", "threads-channels/serial-ms");
     rep.push_samples("spin-pair/pipeline-ms", "ms", &mut pair_pipe);
     rep.push_samples("spin-pair/serial-ms", "ms", &mut pair_serial);
-    rep.ratio(
-        "hetero/pipeline-ms / spin-pair/pipeline-ms",
-        "hetero/pipeline-ms",
-        "spin-pair/pipeline-ms",
-    );
+    rep.ratio_of("hetero/pipeline-ms", "spin-pair/pipeline-ms");
     // Each against its own serial run (see the module header: not a head-to-head).
     rep.push_samples("hetero/pipeline-speedup", "x", &mut speedups);
     rep.push_samples("hetero/pipeline-fraction-of-bound", "ratio", &mut fractions);
     rep.push_samples("hetero/pipeline-bound", "x", &mut bounds);
     rep.push_samples("threads-channels/pipeline-speedup", "x", &mut peer_speedup);
     rep.push_samples("spin-pair/pipeline-speedup", "x", &mut pair_speedup);
-    rep.ratio(
-        "hetero/pipeline-speedup / threads-channels/pipeline-speedup",
+    rep.ratio_of(
         "hetero/pipeline-speedup",
         "threads-channels/pipeline-speedup",
     );

@@ -18,10 +18,6 @@ pub fn run(quick: bool) -> BenchReport {
     hetero_trace::set_enabled(was);
     rep.push_samples("hetero/submit-profiling-off", "ns", &mut off);
     rep.push_samples("hetero/submit-profiling-on", "ns", &mut on);
-    rep.ratio(
-        "hetero/submit-profiling-on / hetero/submit-profiling-off",
-        "hetero/submit-profiling-on",
-        "hetero/submit-profiling-off",
-    );
+    rep.ratio_of("hetero/submit-profiling-on", "hetero/submit-profiling-off");
     rep
 }

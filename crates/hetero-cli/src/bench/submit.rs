@@ -263,11 +263,7 @@ pub fn run(quick: bool) -> BenchReport {
     }
     // hetero/submit has a live consumer (the engines run the batch while it is
     // submitted), as the channel peers do: the same ratio, hetero on top.
-    rep.ratio(
-        "hetero/submit / crossbeam-channel/send",
-        "hetero/submit",
-        "crossbeam-channel/send",
-    );
+    rep.ratio_of("hetero/submit", "crossbeam-channel/send");
 
     // End to end: the work of a whole empty op, not only its submission.
     let rounds = if quick { 20 } else { 200 };

@@ -193,8 +193,7 @@ fn batches(rep: &mut BenchReport, cfg: &EmuConfig, reps: usize) -> Result<()> {
     }
     rep.push_samples("hetero/batch-submit-per-descriptor", "ns", &mut per_desc);
     rep.push_samples("hetero/per-call-submit", "ns", &mut per_op);
-    rep.ratio(
-        "hetero/per-call-submit / hetero/batch-submit-per-descriptor",
+    rep.ratio_of(
         "hetero/per-call-submit",
         "hetero/batch-submit-per-descriptor",
     );

@@ -159,6 +159,22 @@ impl HostStream {
         }
     }
 
+    /// Whether the stream's oldest op is being left to an engine, as seen by
+    /// engine `unit` (a hint, read without the queue).
+    #[inline]
+    pub(super) fn left(&self, unit: u32) -> Left {
+        let until = self.defer_until.load(Ordering::Relaxed);
+        if until == 0 {
+            Left::No
+        } else if self.defer_unit.load(Ordering::Relaxed) == unit + 1 {
+            Left::ForMe
+        } else if crate::clock::now_ns() < until {
+            Left::ToOther
+        } else {
+            Left::No
+        }
+    }
+
     /// One more (or one fewer) async op queued on the device.
     fn count_async(&self, more: bool) {
         if let Some(sh) = self.shared.upgrade() {
@@ -303,24 +319,6 @@ pub(super) enum Left {
     ForMe,
     /// To another engine, and its time to wait has not run out.
     ToOther,
-}
-
-impl HostStream {
-    /// Whether the stream's oldest op is being left to an engine, as seen by
-    /// engine `unit` (a hint, read without the queue).
-    #[inline]
-    pub(super) fn left(&self, unit: u32) -> Left {
-        let until = self.defer_until.load(Ordering::Relaxed);
-        if until == 0 {
-            Left::No
-        } else if self.defer_unit.load(Ordering::Relaxed) == unit + 1 {
-            Left::ForMe
-        } else if crate::clock::now_ns() < until {
-            Left::ToOther
-        } else {
-            Left::No
-        }
-    }
 }
 
 /// Whether the point a hint names is still ahead (a stream not in `streams` is
