@@ -139,3 +139,48 @@ fn isolation_holds_over_random_grow_and_shrink() {
         assert!(st.denied > 0);
     }
 }
+
+/// Zero lengths, on shareable (memfd) and private handles and on ranges with
+/// and without mapped pages: a query answers (an empty range has no unmapped
+/// page), a call that would change pages is the `InvalidRequest` every call
+/// gives for it, never an OS error or a panic.
+#[test]
+fn zero_lengths_are_answered_or_refused_alike_everywhere() {
+    let ctx = MemoryContext::unlimited("zero");
+    let shared = ctx
+        .create_physical(4 * K4, Granularity::Page4K)
+        .expect("shareable");
+    let private = ctx
+        .create_private(4 * K4, Granularity::Page4K)
+        .expect("private");
+    for p in [&shared, &private] {
+        for (what, r) in [("commit", p.commit(K4, 0)), ("release", p.release(K4, 0))] {
+            let e = r.expect_err(what);
+            assert!(
+                matches!(e, MemoryError::InvalidRequest { .. }),
+                "{what}: {e}"
+            );
+            assert!(
+                e.to_string().contains("at least one granule"),
+                "{what}: {e}"
+            );
+        }
+        let mut r: VirtualRange = ctx.reserve(8 * K4, Granularity::Page4K).expect("reserve");
+        assert!(
+            r.is_mapped(0, 0) && r.is_mapped(8 * K4, 0),
+            "nothing mapped"
+        );
+        assert!(!r.is_mapped(8 * K4 + 1, 0), "past the end");
+        r.map(2 * K4, p, 0, 4 * K4, Access::ReadWrite).expect("map");
+        for off in [0, K4, 2 * K4, 3 * K4, 4 * K4, 8 * K4] {
+            assert!(r.is_mapped(off, 0), "empty range at {off:#x}");
+        }
+        assert!(!r.is_mapped(9 * K4, 0));
+        assert!(r.is_mapped(2 * K4, 4 * K4) && !r.is_mapped(K4, 2 * K4));
+        let e = r.map(7 * K4, p, 0, 0, Access::ReadWrite).unwrap_err();
+        assert!(matches!(e, MemoryError::InvalidRequest { .. }), "{e}");
+        let e = r.unmap(2 * K4, 0).unwrap_err();
+        assert!(matches!(e, MemoryError::InvalidRequest { .. }), "{e}");
+        r.unmap(2 * K4, 4 * K4).expect("unmap");
+    }
+}

@@ -97,6 +97,11 @@ pub(crate) struct Storage {
     /// written elsewhere): a placement hint, never needed for correctness.
     writer: AtomicU32,
     pending_writes: AtomicU32,
+    /// How many [`GraphHold`]s of this storage exist.
+    graph_holds: AtomicU32,
+    /// The device's model, for pinned memory of a device in virtual time: a
+    /// host polling a refused access steps it, as `Stream::query` does.
+    driver: Option<std::sync::Weak<dyn crate::timeline::Driver>>,
     /// The stream the memory was allocated for (0: none).
     pub(crate) home: u64,
     /// Set once an op on a stream other than `home` was enqueued with it.
@@ -209,16 +214,24 @@ impl Storage {
         self.pending_ready()
     }
 
-    /// A graph holds this storage (a buffer its nodes name): when the handle
-    /// drops, the memory must not go back to its stream's cache at once, as if
-    /// only queued work still used it — a launch may come any time later. It
-    /// returns when the last holder (the plan) lets go. Written while the
-    /// handle is borrowed for the recording, like `shared`.
-    pub(crate) fn hold_for_graph(&self) {
-        if self.home != 0 {
-            self.shared.store(true, Ordering::Relaxed);
-            self.used_on_more.store(true, Ordering::Relaxed);
+    pub(crate) fn set_driver(&mut self, driver: std::sync::Weak<dyn crate::timeline::Driver>) {
+        self.driver = Some(driver);
+    }
+
+    /// A host access was refused: on a device in virtual time, lets the model
+    /// make a step, so that a host polling the access sees the work progress
+    /// (the model runs only when the host waits or polls).
+    #[cold]
+    pub(crate) fn refused(&self) {
+        if let Some(d) = self.driver.as_ref().and_then(std::sync::Weak::upgrade) {
+            d.poll();
         }
+    }
+
+    /// Graph objects (drafts, plans, binding tables) that hold this storage
+    /// now: what a refused host write names (`PinnedBuffer::as_mut_slice`).
+    pub(crate) fn graph_holds(&self) -> u32 {
+        self.graph_holds.load(Ordering::Relaxed)
     }
 
     /// Remembers that an op on `stream` (not `home`) holds this storage.
@@ -340,6 +353,8 @@ impl Storage {
             access: AtomicU32::new(0),
             writer: AtomicU32::new(0),
             pending_writes: AtomicU32::new(0),
+            graph_holds: AtomicU32::new(0),
+            driver: None,
             home: 0,
             shared: AtomicBool::new(false),
             used_on: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -448,6 +463,9 @@ impl Storage {
         }
     }
 
+    /// Gives the access lock back. Engines release this way after an op: the
+    /// releasing engine looks for work itself right after, so nobody needs a
+    /// wake. A thread that is not an engine uses [`Storage::with_host_access`].
     #[inline]
     pub(crate) fn release(&self, write: bool) {
         if write {
@@ -457,10 +475,39 @@ impl Storage {
         }
     }
 
+    /// Runs `f` with the access lock held by this (host, non-engine) thread,
+    /// then gives the lock back and calls `wake` (the device's `kick`).
+    ///
+    /// Protocol (no lost wake-up between the host and an engine): an engine
+    /// takes access locks only with [`Storage::try_acquire`], in its look for
+    /// work; a look that finds a lock taken leaves the op queued, and the
+    /// engine sleeps only through `Parker::park_for*`, which counts it as a
+    /// sleeper and fences (SeqCst) before its last look. The host takes the
+    /// lock by spinning (its holder is an op, which completes without the
+    /// host), releases it, then `wake` fences and looks at the sleepers.
+    /// Either the engine's last look sees the lock free, or the host sees the
+    /// engine asleep and wakes it. Without the wake, a kernel that found its
+    /// buffer taken by the host slept until some unrelated submission.
+    /// Checked by `loom_host_access` below, on this code.
+    pub(crate) fn with_host_access<R>(
+        &self,
+        write: bool,
+        wake: impl FnOnce(),
+        f: impl FnOnce() -> R,
+    ) -> R {
+        self.acquire_blocking(write);
+        let r = f();
+        self.release(write);
+        wake();
+        r
+    }
+
     /// Blocks (spinning, then yielding) until the access lock is taken.
-    pub(crate) fn acquire_blocking(&self, write: bool) {
+    fn acquire_blocking(&self, write: bool) {
         let backoff = crossbeam_utils::Backoff::new();
         while !self.try_acquire(write) {
+            // Under loom a yield of the model, so the holder can run.
+            crate::loom::model_yield();
             backoff.snooze();
         }
     }
@@ -510,6 +557,47 @@ impl Storage {
 
     pub(crate) fn has_pending_writes(&self) -> bool {
         self.pending_writes.load(Ordering::Acquire) != 0
+    }
+}
+
+/// A graph's hold on a buffer it names (a node's operand, a plan's fixed
+/// buffer, a bound slot): counted in the storage while it exists, so a host
+/// access the hold refuses can say so, and marking device memory as shared —
+/// when the handle drops, the memory must not go back to its stream's cache at
+/// once, as if only queued work still used it: a launch may come any time
+/// later. It returns when the last holder lets go.
+pub(crate) struct GraphHold(Arc<Storage>);
+
+impl GraphHold {
+    /// Made while the handle is borrowed for the recording or the binding (the
+    /// `shared` flags are written under the same rule as by `use_on`).
+    pub(crate) fn new(storage: &Arc<Storage>) -> Self {
+        if storage.home != 0 {
+            storage.shared.store(true, Ordering::Relaxed);
+            storage.used_on_more.store(true, Ordering::Relaxed);
+        }
+        storage.graph_holds.fetch_add(1, Ordering::Relaxed);
+        GraphHold(storage.clone())
+    }
+}
+
+impl Clone for GraphHold {
+    fn clone(&self) -> Self {
+        self.0.graph_holds.fetch_add(1, Ordering::Relaxed);
+        GraphHold(self.0.clone())
+    }
+}
+
+impl Drop for GraphHold {
+    fn drop(&mut self) {
+        self.0.graph_holds.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl std::ops::Deref for GraphHold {
+    type Target = Arc<Storage>;
+    fn deref(&self) -> &Arc<Storage> {
+        &self.0
     }
 }
 
@@ -1021,6 +1109,7 @@ impl<T: Pod> PinnedBuffer<T> {
     pub fn as_slice(&self) -> Result<&[T]> {
         self.check_not_stand_in("PinnedBuffer::as_slice")?;
         if self.storage.has_pending_writes() {
+            self.storage.refused();
             return Err(Error::BufferBusy {
                 op: "PinnedBuffer::as_slice",
                 detail: "a copy or fill into it has not completed",
@@ -1033,7 +1122,11 @@ impl<T: Pod> PinnedBuffer<T> {
     }
 
     /// The contents, for writing on the host. Fails while any enqueued operation still
-    /// uses the buffer.
+    /// uses the buffer ([`Error::BufferBusy`]), and while a graph that copies
+    /// from or into it exists ([`Error::HeldByGraph`]: a `Graph`, its
+    /// `GraphExec` and their `Bindings` hold the buffers they name, launched or
+    /// not; record such copies on a pinned slot and bind the buffer per launch
+    /// to write it between launches).
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
         self.check_not_stand_in("PinnedBuffer::as_mut_slice")?;
         let len = self.len;
@@ -1041,10 +1134,17 @@ impl<T: Pod> PinnedBuffer<T> {
             // SAFETY: `get_mut` proved no operation holds the storage, and `&mut self`
             // keeps new ones from being enqueued while the slice lives.
             Some(s) => Ok(unsafe { std::slice::from_raw_parts_mut(s.ptr() as *mut T, len) }),
-            None => Err(Error::BufferBusy {
-                op: "PinnedBuffer::as_mut_slice",
-                detail: "an operation that reads or writes it has not completed",
-            }),
+            None => {
+                self.storage.refused();
+                let op = "PinnedBuffer::as_mut_slice";
+                match self.storage.graph_holds() {
+                    0 => Err(Error::BufferBusy {
+                        op,
+                        detail: "an operation that reads or writes it has not completed",
+                    }),
+                    holds => Err(Error::HeldByGraph { op, holds }),
+                }
+            }
         }
     }
 }
@@ -1074,5 +1174,50 @@ impl<'a> Arg<'a> {
             write: true,
             ..Arg::read(buf)
         }
+    }
+}
+
+/// Loom model of the hand-off in [`Storage::with_host_access`]: the host holds a
+/// buffer's write lock while an engine looks for the op that needs it, finds
+/// it taken and parks on the real `Parker`; the host's release must wake it.
+/// A lost wake-up shows as a loom deadlock.
+#[cfg(all(test, loom))]
+mod loom_host_access {
+    use super::{MemoryKind, Storage};
+    use crate::loom::{Arc, AtomicU32, Ordering};
+    use crate::park::Parker;
+
+    fn model(host_writes: bool, op_writes: bool) {
+        loom::model(move || {
+            let storage = Arc::new(Storage::empty(1, MemoryKind::Device));
+            let idle = Arc::new(Parker::new());
+            let ran = Arc::new(AtomicU32::new(0));
+            let (s2, p2, r2) = (storage.clone(), idle.clone(), ran.clone());
+            // The engine: looks for the op (its look takes the lock or not),
+            // parks while it cannot, runs it, releases as engines do.
+            let engine = loom::thread::spawn(move || {
+                p2.park_for(|| s2.try_acquire(op_writes).then_some(()));
+                r2.fetch_add(1, Ordering::Relaxed);
+                s2.release(op_writes);
+            });
+            storage.with_host_access(host_writes, || idle.wake(u32::MAX), || ());
+            engine.join().expect("engine");
+            assert_eq!(ran.load(Ordering::Relaxed), 1);
+        });
+    }
+
+    #[test]
+    fn loom_host_write_then_kernel_write_is_not_lost() {
+        model(true, true);
+    }
+
+    #[test]
+    fn loom_host_write_then_kernel_read_is_not_lost() {
+        model(true, false);
+    }
+
+    #[test]
+    fn loom_host_read_then_kernel_write_is_not_lost() {
+        model(false, true);
     }
 }

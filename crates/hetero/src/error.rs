@@ -83,7 +83,21 @@ pub enum Error {
         message: Arc<str>,
     },
 
-    /// Host access to a pinned buffer that pending work still uses.
+    /// A host write to a pinned buffer that a graph holds: a `Graph`, its
+    /// `GraphExec` and their `Bindings` keep every buffer they name while they
+    /// exist, so no synchronize frees it.
+    #[error(
+        "{op}: {holds} graph object(s) (Graph, GraphExec or Bindings) copy from or into this \
+         pinned buffer and hold it while they exist, launched or not, so synchronizing cannot \
+         free it; drop them first, or record those copies on a pinned slot \
+         (Graph::pinned_slot) and bind this buffer at each launch (Bindings::bind_pinned), \
+         then drop or rebind those bindings before writing it from the host"
+    )]
+    HeldByGraph { op: &'static str, holds: u32 },
+
+    /// Host access to a pinned buffer that pending work still uses. Polling
+    /// for it is fine: on a device in virtual time each refusal also lets the
+    /// model make a step (as `Stream::query` does), so the work progresses.
     #[error("{op}: the buffer is still used by pending work ({detail}); synchronize the stream that uses it first")]
     BufferBusy {
         op: &'static str,

@@ -431,14 +431,21 @@ pub(crate) fn catch_user(what: impl FnOnce() -> String, f: impl FnOnce()) -> Res
 }
 
 /// The message of a caught panic; the payload is dropped without letting a
-/// second panic out.
+/// second panic out. A payload whose drop panics leaves that panic's payload,
+/// which is dropped the same way, up to `PAYLOAD_DROPS` deep: past that (a
+/// payload built to panic on every drop) the last one is leaked, the one
+/// thing left to do that neither unwinds out nor loops for ever.
 pub(crate) fn drop_payload(payload: Box<dyn std::any::Any + Send>) -> String {
+    const PAYLOAD_DROPS: usize = 8;
     let message = panic_message(&*payload);
-    if let Err(again) =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(payload)))
-    {
-        std::mem::forget(again);
+    let mut next = Some(payload);
+    for _ in 0..PAYLOAD_DROPS {
+        let Some(p) = next.take() else {
+            return message;
+        };
+        next = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(p))).err();
     }
+    std::mem::forget(next);
     message
 }
 

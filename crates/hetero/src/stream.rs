@@ -748,9 +748,7 @@ impl Stream {
                  holds it until it returns; read or write it through the kernel's views"
             )));
         }
-        storage.acquire_blocking(write);
-        f();
-        storage.release(write);
+        storage.with_host_access(write, || self.inner.device.kick(), f);
         Ok(())
     }
 

@@ -516,59 +516,66 @@ fn slots_bind_buffers_at_launch() {
     }
 }
 
+/// A graph of two independent chains, `boom -> +100 -> +1` and `+10 -> +1000`,
+/// recorded in the order `order` gives (so that on one lane the independent
+/// chain's nodes sit between and after the failing chain's). A fault in `boom`
+/// must skip `+100` and `+1` only, on any number of compute units (lanes chain
+/// nodes that do not depend on each other; a fault must not follow those).
 #[test]
 fn a_fault_in_a_node_fails_the_launch_and_its_dependents_only() {
-    let dev = common::device();
+    for units in [1, 2, 4] {
+        for interleaved in [false, true] {
+            fault_skips_dependents_only(units, interleaved);
+        }
+    }
+}
+
+fn fault_skips_dependents_only(units: usize, interleaved: bool) {
+    let what = format!("{units} compute units, interleaved: {interleaved}");
+    let dev = common::device_with(|c| c.compute_units(units));
     let s = dev.create_stream().unwrap();
     let ran = Arc::new(AtomicU32::new(0));
+    let add = |n: u32| {
+        let r = ran.clone();
+        move || {
+            r.fetch_add(n, Ordering::Relaxed);
+        }
+    };
     let mut g = Graph::new(&dev).unwrap();
     let boom = Kernel::new("boom", |_| panic!("node failed on purpose"));
     let bad = g.kernel(&boom, Grid::new(1), &[], &[]).unwrap();
-    let r = ran.clone();
-    let after = g
-        .host(
-            move || {
-                r.fetch_add(100, Ordering::Relaxed);
-            },
-            &[bad],
-        )
-        .unwrap();
-    let r = ran.clone();
-    g.host(
-        move || {
-            r.fetch_add(1, Ordering::Relaxed);
-        },
-        &[after],
-    )
-    .unwrap();
-    let r = ran.clone();
-    g.host(
-        move || {
-            r.fetch_add(10, Ordering::Relaxed);
-        },
-        &[],
-    )
-    .unwrap();
+    let (after, other) = if interleaved {
+        let other = g.host(add(10), &[]).unwrap();
+        (g.host(add(100), &[bad]).unwrap(), other)
+    } else {
+        let after = g.host(add(100), &[bad]).unwrap();
+        (after, g.host(add(10), &[]).unwrap())
+    };
+    g.host(add(1), &[after]).unwrap();
+    g.host(add(1000), &[other]).unwrap();
     let exec = g.instantiate().unwrap();
     s.launch_graph(&exec).unwrap();
     let err = s.synchronize().unwrap_err();
     match &err {
         Error::StreamFault { message, .. } => {
-            assert!(message.contains("graph node 0 (boom)"), "{message}");
-            assert!(message.contains("node failed on purpose"), "{message}");
+            assert!(message.contains("graph node 0 (boom)"), "{what}: {message}");
+            assert!(
+                message.contains("node failed on purpose"),
+                "{what}: {message}"
+            );
         }
-        other => panic!("expected a stream fault, got {other:?}"),
+        other => panic!("{what}: expected a stream fault, got {other:?}"),
     }
     assert_eq!(
         ran.load(Ordering::Relaxed),
-        10,
-        "only the independent node ran"
+        1010,
+        "{what}: only the independent chain ran"
     );
     // Another stream launches the same plan: the fault stays in the first.
     let s2 = dev.create_stream().unwrap();
     s2.launch_graph(&exec).unwrap();
-    assert!(s2.synchronize().is_err());
-    assert_eq!(ran.load(Ordering::Relaxed), 20);
+    assert!(s2.synchronize().is_err(), "{what}");
+    assert_eq!(ran.load(Ordering::Relaxed), 2020, "{what}");
 }
 
 #[test]

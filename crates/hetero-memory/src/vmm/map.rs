@@ -134,6 +134,9 @@ impl VirtualRange {
 
     /// The first offset in `[offset, end)` no run covers.
     fn first_unmapped(&self, offset: usize, end: usize) -> Option<usize> {
+        if offset >= end {
+            return None; // an empty range has no unmapped page
+        }
         let mut cur = offset;
         if let Some((&s, r)) = self.runs.range(..=offset).next_back() {
             if s + r.len > offset {
@@ -503,7 +506,9 @@ impl VirtualRange {
         })
     }
 
-    /// Whether every page of `[offset, offset + len)` is mapped.
+    /// Whether every page of `[offset, offset + len)` is mapped. A zero
+    /// length names no page: true wherever `offset` lies in the range (up to
+    /// its end), whatever is mapped; past the end, false.
     pub fn is_mapped(&self, offset: usize, len: usize) -> bool {
         offset
             .checked_add(len)

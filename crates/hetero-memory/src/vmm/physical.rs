@@ -337,6 +337,12 @@ impl PhysicalMemory {
         };
         check_aligned(at, offset, g)?;
         check_aligned(length, len, g)?;
+        if len == 0 {
+            return Err(MemoryError::InvalidRequest {
+                what: format!("{what} of 0 bytes at {offset:#x}"),
+                hint: "give a length of at least one granule",
+            });
+        }
         if offset.checked_add(len).is_none_or(|e| e > self.inner.size) {
             return Err(MemoryError::OutOfRange {
                 what,

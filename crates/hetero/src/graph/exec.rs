@@ -14,7 +14,7 @@
 use super::run::RunState;
 use super::schedule::{schedule, MemoryOrder, Schedule};
 use super::{Draft, NodeArg, NodeBody, Operand, SlotInfo};
-use crate::buffer::{MemoryKind, Storage};
+use crate::buffer::{GraphHold, MemoryKind, Storage};
 use crate::kernel::{KView, KernelInner};
 use crate::timeline::Timeline;
 use crate::{DeviceBuffer, Error, PinnedBuffer, Result};
@@ -66,7 +66,7 @@ pub(crate) struct ExecInner {
     pub(crate) args: Arc<Vec<NodeArg>>,
     pub(crate) sched: Schedule,
     /// Buffers the graph names, each once, with whether any node writes it.
-    pub(crate) fixed: Box<[(Arc<Storage>, bool)]>,
+    pub(crate) fixed: Box<[(GraphHold, bool)]>,
     /// `fixed` sorted by address, for the alias check of a binding.
     fixed_index: AddressMap<bool>,
     pub(crate) slots: Box<[SlotInfo]>,
@@ -342,7 +342,7 @@ impl GraphExec {
 #[derive(Clone)]
 pub struct Bindings {
     pub(crate) exec: Arc<ExecInner>,
-    pub(crate) table: Arc<Vec<Option<Arc<Storage>>>>,
+    pub(crate) table: Arc<Vec<Option<GraphHold>>>,
     /// Bound buffers by address: how many slots hold each, whether one writes.
     bound: AddressMap<(u32, bool)>,
 }
@@ -415,13 +415,12 @@ impl Bindings {
             if clash {
                 return Err(Error::Aliasing { op });
             }
-            // The table may outlive the buffer's handle (see `hold_for_graph`).
-            storage.hold_for_graph();
             self.unbind(index);
             let entry = self.bound.entry(key).or_insert((0, false));
             entry.0 += 1;
             entry.1 |= write;
-            self.table_mut()[index as usize] = Some(storage.clone());
+            // The table may outlive the buffer's handle (see `GraphHold`).
+            self.table_mut()[index as usize] = Some(GraphHold::new(storage));
         }
         Ok(())
     }
@@ -429,14 +428,14 @@ impl Bindings {
     /// The table, for a change: copied first if a launch (or a clone of these
     /// bindings) still holds it, else changed in place.
     #[inline]
-    fn table_mut(&mut self) -> &mut Vec<Option<Arc<Storage>>> {
+    fn table_mut(&mut self) -> &mut Vec<Option<GraphHold>> {
         if Arc::strong_count(&self.table) == 1 {
             // Pairs with the Release decrement of the last other owner's drop.
             std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
             // SAFETY: this is the only strong reference, no `Weak` of the table
             // is ever made, and `&mut self` keeps it from being cloned (launches
             // and `clone` take `&self`) while the borrow lives.
-            unsafe { &mut *(Arc::as_ptr(&self.table) as *mut Vec<Option<Arc<Storage>>>) }
+            unsafe { &mut *(Arc::as_ptr(&self.table) as *mut Vec<Option<GraphHold>>) }
         } else {
             Arc::make_mut(&mut self.table)
         }
@@ -547,7 +546,7 @@ pub(crate) fn instantiate(device: &crate::Device, d: &mut Draft) -> Result<Graph
     let n = d.nodes.len();
 
     // Buffers: fixed ones once each; slots and internal ones by use.
-    let mut fixed: Vec<(Arc<Storage>, bool)> = Vec::new();
+    let mut fixed: Vec<(GraphHold, bool)> = Vec::new();
     let mut fixed_index: AddressMap<usize> = AddressMap::default();
     let mut slot_write = vec![false; d.slots.len()];
     let mut slot_used = vec![false; d.slots.len()];

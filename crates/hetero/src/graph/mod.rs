@@ -48,7 +48,7 @@ pub use exec::{Bindings, GraphExec, PlanReport, MAX_SCALARS};
 /// is no speed-up.
 pub const GRAPH_MEMORY_SLACK: f64 = 0.10;
 
-use crate::buffer::{MemoryKind, Storage};
+use crate::buffer::{GraphHold, MemoryKind, Storage};
 use crate::kernel::{ElemInfo, KernelInner};
 use crate::op::CopyKind;
 use crate::timeline::Timeline;
@@ -94,7 +94,7 @@ impl GraphRef {
 #[derive(Clone)]
 pub(crate) enum Operand {
     /// A buffer that existed when the graph was recorded.
-    Fixed(Arc<Storage>),
+    Fixed(GraphHold),
     /// A slot, bound at launch.
     Slot(u32),
     /// A buffer allocated inside the graph: a range of the arena.
@@ -296,10 +296,7 @@ impl Draft {
         storage: &Arc<Storage>,
     ) -> crate::Result<Operand> {
         match GraphRef::unpack(storage.graph_ref) {
-            None => {
-                storage.hold_for_graph();
-                Ok(Operand::Fixed(storage.clone()))
-            }
+            None => Ok(Operand::Fixed(GraphHold::new(storage))),
             Some(r) if r.graph != self.id => Err(Error::Graph {
                 op,
                 detail: format!(

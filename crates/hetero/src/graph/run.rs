@@ -18,15 +18,18 @@
 //!   itself pops until the queue is empty before it stops, so nothing is left;
 //! - `remaining` counts nodes not yet finished; the thread that brings it to
 //!   zero completes the launch, after every node's effects (AcqRel);
-//! - a failed node poisons its successors before making them ready (Relaxed
-//!   store, published by the counter or queue release): a poisoned node is
-//!   skipped and poisons its own successors, so a fault fails exactly the nodes
-//!   that depend on it.
+//! - a failed node poisons the nodes that depend on it (the graph's own
+//!   edges, `Schedule::dependents`, not the run's edges, which also chain
+//!   nodes that only share a lane) before making its run successors ready
+//!   (Relaxed store, published by the counter or queue release, or by the
+//!   same thread; a dependent is reachable along run edges, so every path to
+//!   it passes through that release): a poisoned node is skipped and poisons
+//!   its own dependents, so a fault fails exactly the nodes that depend on it.
 
 use super::exec::{ExecInner, Params};
-use super::schedule::{Hot, NONE};
+use super::schedule::{Dependents, Hot, NONE};
 use super::{NodeBody, Operand};
-use crate::buffer::Storage;
+use crate::buffer::{GraphHold, Storage};
 use crate::kernel::{Args, Block, KView, MAX_KERNEL_ARGS};
 use crate::loom::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use crate::op::Body;
@@ -41,7 +44,7 @@ use std::sync::{Arc, Mutex};
 pub(crate) struct GraphLaunch {
     pub(crate) exec: Arc<ExecInner>,
     pub(crate) params: Arc<Params>,
-    pub(crate) table: Option<Arc<Vec<Option<Arc<Storage>>>>>,
+    pub(crate) table: Option<Arc<Vec<Option<GraphHold>>>>,
 }
 
 impl GraphLaunch {
@@ -420,7 +423,7 @@ impl RunState {
     ) -> usize {
         let s = &l.exec.sched;
         let profiling = crate::clock::profiling();
-        self.walk(&s.hot, &s.succ, v, pushed, |v| {
+        self.walk(&s.hot, &s.succ, &s.dependents, v, pushed, |v| {
             let start_ns = if profiling { crate::clock::now_ns() } else { 0 };
             let result = hooks.run(l, v).map_err(|m| self.fail(l, v, m));
             if profiling {
@@ -430,12 +433,14 @@ impl RunState {
         })
     }
 
-    /// `run_chain` over any schedule (`hot`, `succ`): `run(v)` runs node `v`
-    /// and says whether it failed (it has recorded why).
+    /// `run_chain` over any schedule (`hot`, `succ`, and the graph's
+    /// `dependents`): `run(v)` runs node `v` and says whether it failed (it
+    /// has recorded why).
     fn walk(
         &self,
         hot: &[Hot],
         succ: &[u32],
+        dependents: &Dependents,
         mut v: u32,
         pushed: impl FnOnce(),
         mut run: impl FnMut(u32) -> Result<(), ()>,
@@ -453,14 +458,17 @@ impl RunState {
                 false
             };
             ran += 1;
+            if failed {
+                // Before any successor is made ready below (see the module doc).
+                for &w in dependents.of(v) {
+                    self.any_poison.store(true, Ordering::Relaxed);
+                    self.poisoned[w as usize].store(SKIPPED, Ordering::Relaxed);
+                }
+            }
             let h = hot[v as usize];
             // Successors other than the chain's next node (none, in a chain).
-            if failed || h.succ_end - h.succ_start > u32::from(h.next != NONE) {
+            if h.succ_end - h.succ_start > u32::from(h.next != NONE) {
                 for &w in &succ[h.succ_start as usize..h.succ_end as usize] {
-                    if failed {
-                        self.any_poison.store(true, Ordering::Relaxed);
-                        self.poisoned[w as usize].store(SKIPPED, Ordering::Relaxed);
-                    }
                     if w != h.next && self.arrive(hot[w as usize].preds, w) {
                         self.push(w);
                         if let Some(p) = pushed.take() {
@@ -584,8 +592,15 @@ mod loom_tests {
     use super::*;
     use crate::loom::Arc;
 
+    /// The run's edges of a graph, and its own dependency edges.
+    struct Graph {
+        hot: Vec<Hot>,
+        succ: Vec<u32>,
+        deps: Dependents,
+    }
+
     /// 0 -> {1, 2} -> 3, lanes: 0 -> 1 -> 3 and 2 alone.
-    fn diamond() -> (Vec<Hot>, Vec<u32>) {
+    fn diamond() -> Graph {
         let hot = vec![
             Hot {
                 preds: 0,
@@ -612,29 +627,49 @@ mod loom_tests {
                 succ_end: 4,
             },
         ];
-        (hot, vec![1, 2, 3, 3])
+        Graph {
+            hot,
+            succ: vec![1, 2, 3, 3],
+            deps: Dependents::new(4, &[(0, 1), (0, 2), (1, 3), (2, 3)]),
+        }
     }
 
-    fn runner(
-        r: &RunState,
-        hot: &[Hot],
-        succ: &[u32],
-        done: &[AtomicU32],
-        fail: Option<u32>,
-    ) -> bool {
+    /// Two chains of the graph, 0 -> 2 and 1 -> 3, on one lane in the order
+    /// 0, 1, 2, 3: the run's edges chain nodes the graph keeps independent.
+    fn one_lane() -> Graph {
+        let hot = (0..4u32)
+            .map(|v| Hot {
+                preds: u32::from(v > 0),
+                next: if v < 3 { v + 1 } else { NONE },
+                succ_start: v.min(3),
+                succ_end: (v + 1).min(3),
+            })
+            .collect();
+        Graph {
+            hot,
+            succ: vec![1, 2, 3],
+            deps: Dependents::new(4, &[(0, 2), (1, 3)]),
+        }
+    }
+
+    fn runner(r: &RunState, g: &Graph, done: &[AtomicU32], fail: Option<u32>) -> bool {
+        let (hot, succ) = (&g.hot, &g.succ);
         let mut last = false;
         while let Some(v) = r.pop() {
             let k = r.walk(
                 hot,
                 succ,
+                &g.deps,
                 v,
                 || {},
                 |v| {
-                    // Every predecessor finished before this node runs.
+                    // Every predecessor finished (ran, or was skipped)
+                    // before this node runs.
                     for (u, h) in hot.iter().enumerate() {
                         let s = &succ[h.succ_start as usize..h.succ_end as usize];
                         if s.contains(&v) {
-                            assert_eq!(done[u].load(Ordering::Acquire), 1, "{u} before {v}");
+                            let ran = done[u].load(Ordering::Acquire) == 1;
+                            assert!(ran || r.node_failed(u), "{u} before {v}");
                         }
                     }
                     assert_eq!(done[v as usize].fetch_add(1, Ordering::AcqRel), 0);
@@ -650,9 +685,12 @@ mod loom_tests {
         last
     }
 
-    fn model(fail: Option<u32>) {
+    /// Runs `graph()` on two threads, node `fail` failing; `expected` is how
+    /// many times each node ran.
+    fn model(graph: fn() -> Graph, fail: Option<u32>, expected: [u32; 4]) {
         loom::model(move || {
-            let (hot, succ) = diamond();
+            let g = Arc::new(graph());
+            let hot = &g.hot;
             let mut r = RunState::new(4);
             let of = |keep: fn(u32) -> bool| -> Vec<u32> {
                 (0..hot.len() as u32)
@@ -662,9 +700,9 @@ mod loom_tests {
             r.reset(&hot, &of(|p| p == 0), &of(|p| p >= 2));
             let r = Arc::new(*r);
             let done: Arc<Vec<AtomicU32>> = Arc::new((0..4).map(|_| AtomicU32::new(0)).collect());
-            let (r2, d2, h2, s2) = (r.clone(), done.clone(), hot.clone(), succ.clone());
-            let helper = loom::thread::spawn(move || runner(&r2, &h2, &s2, &d2, fail));
-            let mine = runner(&r, &hot, &succ, &done, fail);
+            let (r2, d2, g2) = (r.clone(), done.clone(), g.clone());
+            let helper = loom::thread::spawn(move || runner(&r2, &g2, &d2, fail));
+            let mine = runner(&r, &g, &done, fail);
             let theirs = helper.join().expect("helper");
             // Nothing is left queued: the pusher pops what it queued itself.
             assert_eq!(
@@ -673,11 +711,6 @@ mod loom_tests {
                 "every node finished"
             );
             assert_eq!(u8::from(mine) + u8::from(theirs), 1, "one thread completes");
-            let expected: [u32; 4] = match fail {
-                None => [1, 1, 1, 1],
-                // Node 1 runs and fails; 3 (after it) is skipped, 2 is not.
-                Some(_) => [1, 1, 1, 0],
-            };
             for (v, &want) in expected.iter().enumerate() {
                 assert_eq!(done[v].load(Ordering::Acquire), want, "node {v}");
             }
@@ -687,11 +720,19 @@ mod loom_tests {
 
     #[test]
     fn loom_graph_run_runs_every_node_once_after_its_predecessors() {
-        model(None);
+        model(diamond, None, [1, 1, 1, 1]);
     }
 
     #[test]
     fn loom_graph_run_skips_exactly_what_follows_a_failure() {
-        model(Some(1));
+        // Node 1 runs and fails; 3 (after it) is skipped, 2 is not.
+        model(diamond, Some(1), [1, 1, 1, 0]);
+    }
+
+    #[test]
+    fn loom_graph_run_fault_skips_no_node_that_only_shares_its_lane() {
+        // Node 0 fails: 2 depends on it and is skipped; 1 and 3 follow it on
+        // the lane only, and run.
+        model(one_lane, Some(0), [1, 1, 0, 1]);
     }
 }

@@ -59,6 +59,32 @@ pub(crate) struct Schedule {
     /// Nodes with two or more predecessors (their counters are reset at each
     /// launch): a launch readies its run state in O(sources + joins), not O(nodes).
     pub(crate) joins: Vec<u32>,
+    /// The graph's own dependency edges (explicit and captured, not those
+    /// added for buffer order, lanes or memory): what a fault follows.
+    pub(crate) dependents: Dependents,
+}
+
+/// Successor lists of the graph's dependency edges, flat: a fault in a node
+/// skips exactly its descendants along these, while the run's edges (`succ`)
+/// also chain nodes that merely share a lane.
+#[derive(Clone, Default)]
+pub(crate) struct Dependents {
+    start: Vec<u32>,
+    list: Vec<u32>,
+}
+
+impl Dependents {
+    /// From sorted, deduplicated `edges` over `n` nodes.
+    pub(crate) fn new(n: usize, edges: &[(u32, u32)]) -> Self {
+        let (_, start, list) = successors_of(n, edges);
+        Dependents { start, list }
+    }
+
+    /// The nodes that depend on `v` directly.
+    #[inline]
+    pub(crate) fn of(&self, v: u32) -> &[u32] {
+        &self.list[self.start[v as usize] as usize..self.start[v as usize + 1] as usize]
+    }
 }
 
 fn graph_error(detail: String) -> Error {
@@ -149,6 +175,7 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize, memory: MemoryOrder) -> 
     let mut edges = d.edges.clone();
     sort_dedup(&mut edges);
     let explicit_order = topo(n, &edges)?;
+    let dependents = Dependents::new(n, &edges);
 
     // Buffer order: readers after the last writer, a writer after the readers
     // since the last write (or after that writer).
@@ -332,6 +359,7 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize, memory: MemoryOrder) -> 
     Ok(Schedule {
         sources,
         joins,
+        dependents,
         order,
         succ,
         hot,

@@ -342,6 +342,13 @@ pub(crate) struct EmuBackend {
 }
 
 impl EmuBackend {
+    /// The device as a `Driver`, in virtual time: what a host that waits or
+    /// polls runs the model through.
+    fn virtual_driver(&self) -> Option<Weak<dyn Driver>> {
+        let weak: Weak<EmuShared> = Arc::downgrade(&self.shared);
+        (self.shared.emu.time == TimeMode::Virtual).then_some(weak as Weak<dyn Driver>)
+    }
+
     pub(crate) fn new(device: u64, config: DeviceConfig, emu: EmuConfig) -> Result<Self> {
         config.validate()?;
         emu.validate().map_err(Error::InvalidArgument)?;
@@ -444,9 +451,7 @@ impl Backend for EmuBackend {
         let sh = &self.shared;
         let id = sh.next_stream.fetch_add(1, Ordering::Relaxed);
         let timeline = Arc::new(Timeline::new(sh.device, id, sh.config.host_wait));
-        if sh.emu.time == TimeMode::Virtual {
-            let weak: Weak<EmuShared> = Arc::downgrade(sh);
-            let driver: Weak<dyn Driver> = weak;
+        if let Some(driver) = self.virtual_driver() {
             timeline.set_driver(driver);
         }
         let stream = Arc::new(EmuStream {
@@ -484,6 +489,10 @@ impl Backend for EmuBackend {
                 // was mapped when pinned); an empty buffer is never reached.
                 if let Some(iova) = self.shared.iommu.iova_of(s.ptr()) {
                     s.set_device_address(iova);
+                }
+                // A host polling the buffer (`as_slice` refused) steps the model.
+                if let Some(driver) = self.virtual_driver() {
+                    s.set_driver(driver);
                 }
                 Ok(Arc::new(s))
             }
