@@ -1,10 +1,11 @@
 //! The `hetero` command line as a library, so tests drive the same code the binary
 //! runs: the demo workload and the benchmarks. The binary (`main.rs`) only parses
-//! arguments.
+//! arguments. The benchmarks and their peers build with the `bench` feature
+//! (on for this crate's own tests and benches), so the demo's build skips them.
 
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod demo;
 pub mod device;
 pub mod info;
 pub mod profile;
-pub mod spin_pair;

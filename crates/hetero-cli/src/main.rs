@@ -2,8 +2,10 @@
 //! the library, the benchmarks and the profiler.
 
 use clap::{Parser, Subcommand};
+#[cfg(feature = "bench")]
+use hetero_cli::bench;
 use hetero_cli::device::DeviceSpec;
-use hetero_cli::{bench, demo, info, profile};
+use hetero_cli::{demo, info, profile};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -269,61 +271,7 @@ fn main() {
                 Err(e) => fail("profile", e),
             }
         }
-        Command::Bench {
-            which: BenchCommand::Link { opts, device },
-        } => {
-            let spec = DeviceSpec::parse(&device, None).unwrap_or_else(|e| fail("--device", e));
-            let pb = spinner(opts.json, "bench link");
-            let rep = bench::link::run(opts.quick, &spec);
-            pb.finish_and_clear();
-            match rep {
-                Ok(rep) => rep.print(opts.json),
-                Err(e) => fail("bench link", e),
-            }
-        }
-        Command::Bench {
-            which: BenchCommand::Transfer { opts, device },
-        } => {
-            let spec = DeviceSpec::parse(&device, None).unwrap_or_else(|e| fail("--device", e));
-            let pb = spinner(opts.json, "bench transfer");
-            let rep = bench::transfer::run(opts.quick, &spec);
-            pb.finish_and_clear();
-            match rep {
-                Ok(rep) => rep.print(opts.json),
-                Err(e) => fail("bench transfer", e),
-            }
-        }
-        Command::Bench {
-            which: BenchCommand::Mpi(opts),
-        } => bench_mpi(opts),
-        Command::Bench { which } => {
-            let (name, opts): (&str, BenchOpts) = match which {
-                BenchCommand::Submit(o) => ("submit", o),
-                BenchCommand::Events(o) => ("events", o),
-                BenchCommand::Pipeline(o) => ("pipeline", o),
-                BenchCommand::Profile(o) => ("profile", o),
-                BenchCommand::Alloc(o) => ("alloc", o),
-                BenchCommand::Vmm(o) => ("vmm", o),
-                BenchCommand::Graph(o) => ("graph", o),
-                BenchCommand::Link { .. }
-                | BenchCommand::Transfer { .. }
-                | BenchCommand::Mpi(_) => {
-                    unreachable!("handled above")
-                }
-            };
-            let pb = spinner(opts.json, &format!("bench {name}"));
-            let rep = match name {
-                "submit" => bench::submit::run(opts.quick),
-                "events" => bench::events::run(opts.quick),
-                "pipeline" => bench::pipeline::run(opts.quick),
-                "alloc" => bench::alloc::run(opts.quick),
-                "vmm" => bench::vmm::run(opts.quick),
-                "graph" => bench::graph::run(opts.quick),
-                _ => bench::profile::run(opts.quick),
-            };
-            pb.finish_and_clear();
-            rep.print(opts.json);
-        }
+        Command::Bench { which } => run_bench(which),
     }
 }
 
@@ -391,7 +339,74 @@ fn distributed_demo(_grid: usize, _iters: usize, _json: bool) {
     fail("demo --distributed", NO_MPI)
 }
 
-#[cfg(feature = "mpi")]
+/// `hetero bench …`: the benchmarks and their peers are built with the `bench`
+/// feature only, so that the demo's build does not pay for them.
+#[cfg(feature = "bench")]
+fn run_bench(which: BenchCommand) {
+    match which {
+        BenchCommand::Link { opts, device } => {
+            let spec = DeviceSpec::parse(&device, None).unwrap_or_else(|e| fail("--device", e));
+            let pb = spinner(opts.json, "bench link");
+            let rep = bench::link::run(opts.quick, &spec);
+            pb.finish_and_clear();
+            match rep {
+                Ok(rep) => rep.print(opts.json),
+                Err(e) => fail("bench link", e),
+            }
+        }
+        BenchCommand::Transfer { opts, device } => {
+            let spec = DeviceSpec::parse(&device, None).unwrap_or_else(|e| fail("--device", e));
+            let pb = spinner(opts.json, "bench transfer");
+            let rep = bench::transfer::run(opts.quick, &spec);
+            pb.finish_and_clear();
+            match rep {
+                Ok(rep) => rep.print(opts.json),
+                Err(e) => fail("bench transfer", e),
+            }
+        }
+        BenchCommand::Mpi(opts) => bench_mpi(opts),
+        which => {
+            let (name, opts): (&str, BenchOpts) = match which {
+                BenchCommand::Submit(o) => ("submit", o),
+                BenchCommand::Events(o) => ("events", o),
+                BenchCommand::Pipeline(o) => ("pipeline", o),
+                BenchCommand::Profile(o) => ("profile", o),
+                BenchCommand::Alloc(o) => ("alloc", o),
+                BenchCommand::Vmm(o) => ("vmm", o),
+                BenchCommand::Graph(o) => ("graph", o),
+                BenchCommand::Link { .. }
+                | BenchCommand::Transfer { .. }
+                | BenchCommand::Mpi(_) => {
+                    unreachable!("handled above")
+                }
+            };
+            let pb = spinner(opts.json, &format!("bench {name}"));
+            let rep = match name {
+                "submit" => bench::submit::run(opts.quick),
+                "events" => bench::events::run(opts.quick),
+                "pipeline" => bench::pipeline::run(opts.quick),
+                "alloc" => bench::alloc::run(opts.quick),
+                "vmm" => bench::vmm::run(opts.quick),
+                "graph" => bench::graph::run(opts.quick),
+                _ => bench::profile::run(opts.quick),
+            };
+            pb.finish_and_clear();
+            rep.print(opts.json);
+        }
+    }
+}
+
+#[cfg(not(feature = "bench"))]
+fn run_bench(_which: BenchCommand) {
+    fail(
+        "bench",
+        "this hetero was built without its benchmarks (they compile their peers: \
+         mimalloc, jemalloc, rayon, …); run them with \
+         `cargo run --release -p hetero-cli --features bench -- bench …`",
+    )
+}
+
+#[cfg(all(feature = "bench", feature = "mpi"))]
 fn bench_mpi(opts: BenchOpts) {
     match bench::mpi::run(opts.quick) {
         Ok(Some(rep)) => rep.print(opts.json),
@@ -400,7 +415,7 @@ fn bench_mpi(opts: BenchOpts) {
     }
 }
 
-#[cfg(not(feature = "mpi"))]
+#[cfg(all(feature = "bench", not(feature = "mpi")))]
 fn bench_mpi(_opts: BenchOpts) {
     fail("bench mpi", NO_MPI)
 }

@@ -18,7 +18,7 @@ use std::fmt::Write as _;
 use hetero_trace::{OpKind, OpRecord, Trace};
 use serde::{Deserialize, Serialize};
 
-use crate::report::{busy, fmt_bytes, fmt_ns, merge, percentiles, span, Percentiles};
+use crate::stats::{busy, fmt_bytes, fmt_ns, merge, percentiles, span, Percentiles};
 
 /// Which role each record plays in the report's totals.
 ///

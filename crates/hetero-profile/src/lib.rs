@@ -14,7 +14,9 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod graphs;
+mod markdown;
 mod report;
+mod stats;
 mod timeline;
 
 use std::fs::File;
@@ -26,8 +28,9 @@ use hetero_trace::Trace;
 pub use graphs::{GraphPlanSummary, GraphUsage, LaneUsage, NodeKindUsage};
 pub use report::{
     AllocatorReport, AllocatorStats, EngineGaps, EngineUsage, Gap, IotlbUsage, KindLatency,
-    MemorySummary, OpSummary, Percentiles, Report, ReportOptions, StreamUsage,
+    MemorySummary, OpSummary, Report, ReportOptions, StreamUsage,
 };
+pub use stats::Percentiles;
 pub use timeline::{lane_labels, timeline_svg};
 
 /// Where [`write_all`] put each file.

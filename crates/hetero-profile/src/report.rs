@@ -16,13 +16,12 @@
 //! section shows what happened inside the launches.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
-use hdrhistogram::Histogram;
 use hetero_trace::{EngineKind, MemKind, OpKind, OpRecord, Trace};
 use serde::{Deserialize, Serialize};
 
 use crate::graphs::{self, GraphUsage, Roles};
+use crate::stats::{busy, merge, percentiles, span, Percentiles};
 
 /// What the caller knows beyond the trace.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -171,22 +170,6 @@ pub struct KindLatency {
     pub exec: Percentiles,
 }
 
-/// Percentiles from an hdrhistogram (3 significant digits: within 0.1 %);
-/// `max_ns` and `mean_ns` are exact.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Percentiles {
-    /// Median.
-    pub p50_ns: u64,
-    /// 90th percentile.
-    pub p90_ns: u64,
-    /// 99th percentile.
-    pub p99_ns: u64,
-    /// Largest value.
-    pub max_ns: u64,
-    /// Arithmetic mean.
-    pub mean_ns: f64,
-}
-
 /// One op, for the longest-ops list.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct OpSummary {
@@ -266,53 +249,8 @@ pub struct AllocatorReport {
     pub hit_rate: Option<f64>,
 }
 
-/// Union of [start, end) intervals, merged and sorted.
-pub(crate) fn merge(mut spans: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
-    spans.sort_unstable();
-    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(spans.len());
-    for (s, e) in spans {
-        match merged.last_mut() {
-            Some(last) if s <= last.1 => last.1 = last.1.max(e),
-            _ => merged.push((s, e)),
-        }
-    }
-    merged
-}
-
-pub(crate) fn busy(merged: &[(u64, u64)]) -> u64 {
-    merged.iter().map(|(s, e)| e - s).sum()
-}
-
-pub(crate) fn span(op: &OpRecord) -> (u64, u64) {
-    (op.start_ns, op.end_ns.max(op.start_ns))
-}
-
 fn engine_label(kind: EngineKind, index: u32) -> String {
     format!("{} {}", kind.as_str(), index)
-}
-
-pub(crate) fn percentiles(values: &[u64]) -> Percentiles {
-    let mut h = Histogram::<u64>::new(3).expect("3 significant digits is a valid precision");
-    for &v in values {
-        // `new` auto-resizes, so `record` only fails past u64 range limits.
-        if h.record(v).is_err() {
-            h.saturating_record(v);
-        }
-    }
-    let max = values.iter().copied().max().unwrap_or(0);
-    let mean = if values.is_empty() {
-        0.0
-    } else {
-        values.iter().map(|&v| v as f64).sum::<f64>() / values.len() as f64
-    };
-    Percentiles {
-        // hdrhistogram reports the top of a bucket; never above the true max.
-        p50_ns: h.value_at_quantile(0.50).min(max),
-        p90_ns: h.value_at_quantile(0.90).min(max),
-        p99_ns: h.value_at_quantile(0.99).min(max),
-        max_ns: max,
-        mean_ns: mean,
-    }
 }
 
 impl Report {
@@ -521,252 +459,5 @@ impl Report {
     /// The report as pretty-printed JSON.
     pub fn to_json(&self) -> serde_json::Result<String> {
         serde_json::to_string_pretty(self)
-    }
-
-    /// The report as Markdown.
-    pub fn to_markdown(&self) -> String {
-        let mut md = String::new();
-        // `write!` into a String cannot fail; the results are ignored.
-        let _ = self.write_markdown(&mut md);
-        md
-    }
-
-    fn write_markdown(&self, md: &mut String) -> std::fmt::Result {
-        let device = if self.device_name.is_empty() {
-            "(unnamed device)"
-        } else {
-            &self.device_name
-        };
-        writeln!(md, "# hetero profile: {device}\n")?;
-        let launches = self
-            .latency
-            .iter()
-            .find(|l| l.kind == OpKind::Graph.as_str())
-            .map_or(0, |l| l.count);
-        let graphs = if launches > 0 {
-            format!(
-                " {launches} of them graph launches, which ran {} nodes.",
-                self.graph_nodes
-            )
-        } else {
-            String::new()
-        };
-        writeln!(
-            md,
-            "{} ops ({} failed) over {} of wall time.{graphs}\n",
-            self.ops,
-            self.failed_ops,
-            fmt_ns(self.wall_ns)
-        )?;
-
-        writeln!(md, "## Engines\n")?;
-        writeln!(
-            md,
-            "Utilization is busy time (the union of the engine's ops) over the wall time; \
-             bandwidth is bytes over busy time (1 GB/s = 10^9 B/s). A graph's nodes count \
-             on the engines that ran them, its launch does not.\n"
-        )?;
-        writeln!(
-            md,
-            "| engine | ops | busy | utilization | bytes | bandwidth | of link peak |"
-        )?;
-        writeln!(md, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |")?;
-        for e in &self.engines {
-            writeln!(
-                md,
-                "| {} | {} | {} | {:.1} % | {} | {} | {} |",
-                e.engine,
-                e.ops,
-                fmt_ns(e.busy_ns),
-                e.utilization * 100.0,
-                fmt_bytes(e.bytes),
-                e.bandwidth_gbps
-                    .map_or("-".to_string(), |bw| format!("{bw:.2} GB/s")),
-                e.peak_fraction
-                    .map_or("-".to_string(), |f| format!("{:.1} %", f * 100.0)),
-            )?;
-        }
-        if let Some(peak) = self.link_peak_gbps {
-            writeln!(md, "\nLink peak: {peak:.2} GB/s.")?;
-        }
-
-        writeln!(md, "\n## Streams\n")?;
-        writeln!(md, "| stream | ops | busy | bytes |")?;
-        writeln!(md, "| --- | ---: | ---: | ---: |")?;
-        for s in &self.streams {
-            writeln!(
-                md,
-                "| {} | {} | {} | {} |",
-                s.name,
-                s.ops,
-                fmt_ns(s.busy_ns),
-                fmt_bytes(s.bytes)
-            )?;
-        }
-
-        writeln!(md, "\n## Latency\n")?;
-        writeln!(
-            md,
-            "Queued is submit → start, exec is start → end (hdrhistogram, 3 significant digits).\n"
-        )?;
-        writeln!(
-            md,
-            "| kind | count | queued p50 | p90 | p99 | max | exec p50 | p90 | p99 | max |"
-        )?;
-        writeln!(
-            md,
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-        )?;
-        for l in &self.latency {
-            writeln!(
-                md,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                l.kind,
-                l.count,
-                fmt_ns(l.queued.p50_ns),
-                fmt_ns(l.queued.p90_ns),
-                fmt_ns(l.queued.p99_ns),
-                fmt_ns(l.queued.max_ns),
-                fmt_ns(l.exec.p50_ns),
-                fmt_ns(l.exec.p90_ns),
-                fmt_ns(l.exec.p99_ns),
-                fmt_ns(l.exec.max_ns),
-            )?;
-        }
-
-        graphs::write_markdown(md, &self.graphs, self.launches_without_nodes)?;
-
-        writeln!(md, "\n## Longest operations\n")?;
-        writeln!(
-            md,
-            "| name | kind | stream | engine | start | duration | bytes |"
-        )?;
-        writeln!(md, "| --- | --- | ---: | --- | ---: | ---: | ---: |")?;
-        for o in &self.longest_ops {
-            writeln!(
-                md,
-                "| {}{} | {} | {} | {} | {} | {} | {} |",
-                o.name,
-                if o.failed { " (failed)" } else { "" },
-                o.kind,
-                o.stream,
-                o.engine,
-                fmt_ns(o.start_ns.saturating_sub(self.window_start_ns)),
-                fmt_ns(o.duration_ns),
-                fmt_bytes(o.bytes)
-            )?;
-        }
-
-        writeln!(md, "\n## Idle gaps\n")?;
-        writeln!(
-            md,
-            "Where an engine waited between its first and last op (times from the window start).\n"
-        )?;
-        writeln!(md, "| engine | idle total | largest gaps |")?;
-        writeln!(md, "| --- | ---: | --- |")?;
-        for g in &self.idle_gaps {
-            let list: Vec<String> = g
-                .gaps
-                .iter()
-                .map(|gap| {
-                    format!(
-                        "{} at {}–{}",
-                        fmt_ns(gap.duration_ns),
-                        fmt_ns(gap.start_ns.saturating_sub(self.window_start_ns)),
-                        fmt_ns(gap.end_ns.saturating_sub(self.window_start_ns))
-                    )
-                })
-                .collect();
-            let list = if list.is_empty() {
-                "none".to_string()
-            } else {
-                list.join("; ")
-            };
-            writeln!(md, "| {} | {} | {} |", g.engine, fmt_ns(g.idle_ns), list)?;
-        }
-
-        if let Some(m) = &self.memory {
-            writeln!(md, "\n## Memory pool events\n")?;
-            writeln!(md, "| allocs | frees | chunk maps | chunk unmaps | allocated in total | peak reserved | peak allocated |")?;
-            writeln!(md, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")?;
-            writeln!(
-                md,
-                "| {} | {} | {} | {} | {} | {} | {} |",
-                m.allocs,
-                m.frees,
-                m.chunk_maps,
-                m.chunk_unmaps,
-                fmt_bytes(m.alloc_bytes),
-                fmt_bytes(m.peak_reserved),
-                fmt_bytes(m.peak_allocated)
-            )?;
-        }
-        if !self.iotlb.is_empty() {
-            writeln!(md, "\n## I/O TLB\n")?;
-            writeln!(md, "| engine | hits | misses | hit rate |")?;
-            writeln!(md, "| --- | ---: | ---: | ---: |")?;
-            for t in &self.iotlb {
-                writeln!(
-                    md,
-                    "| {} | {} | {} | {:.1} % |",
-                    t.engine,
-                    t.hits,
-                    t.misses,
-                    t.hit_rate * 100.0
-                )?;
-            }
-        }
-        if let Some(a) = &self.allocator {
-            writeln!(md, "\n## Allocator\n")?;
-            writeln!(
-                md,
-                "- cache hit rate: {} ({} hits, {} misses)",
-                a.hit_rate
-                    .map_or("-".to_string(), |r| format!("{:.1} %", r * 100.0)),
-                a.stats.cache_hits,
-                a.stats.cache_misses
-            )?;
-            writeln!(
-                md,
-                "- fragmentation: {:.1} %",
-                a.stats.fragmentation * 100.0
-            )?;
-            writeln!(
-                md,
-                "- reserved: {}, allocated: {}",
-                fmt_bytes(a.stats.reserved_bytes),
-                fmt_bytes(a.stats.allocated_bytes)
-            )?;
-        }
-        Ok(())
-    }
-}
-
-/// "1.234 ms", "56.7 µs", "890 ns".
-pub(crate) fn fmt_ns(ns: u64) -> String {
-    if ns >= 1_000_000_000 {
-        format!("{:.3} s", ns as f64 / 1e9)
-    } else if ns >= 1_000_000 {
-        format!("{:.3} ms", ns as f64 / 1e6)
-    } else if ns >= 1_000 {
-        format!("{:.1} µs", ns as f64 / 1e3)
-    } else {
-        format!("{ns} ns")
-    }
-}
-
-/// "1.5 MiB", "512 B".
-pub(crate) fn fmt_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
     }
 }

@@ -3,7 +3,7 @@
 //! on hetero's three streams beside the same work on three OS threads joined by
 //! crossbeam channels, in absolute time: `hetero/pipeline-ms` vs
 //! `threads-channels/pipeline-ms` is the head-to-head. The demo's own peer, a
-//! pair of threads spinning on counters (`crate::spin_pair`), runs inside each
+//! pair of threads spinning on counters (`crate::demo::spin_pair`), runs inside each
 //! demo run, after hetero's reps: `spin-pair/pipeline-ms`.
 //!
 //! Each side's speedup over its own serial run is reported too, but the two
@@ -124,7 +124,7 @@ fn threads_pipeline<'s>(
 pub fn run(quick: bool) -> BenchReport {
     let rounds = if quick { 5 } else { 15 };
     let mut rep = BenchReport::new("pipeline");
-    let dev = Device::new(crate::demo::device_config()).expect("host device");
+    let dev = Device::new(crate::device::device_config()).expect("host device");
     let mut cfg = DemoConfig {
         reps: 3,
         ..DemoConfig::default()

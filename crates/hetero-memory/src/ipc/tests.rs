@@ -142,3 +142,16 @@ fn unsealed_or_resized_fds_are_refused() {
     .unwrap_err();
     assert!(matches!(e, MemoryError::Import { .. }), "{e}");
 }
+
+#[test]
+fn a_private_handle_cannot_be_exported() {
+    let c = MemoryContext::unlimited("private-export");
+    let p = c
+        .create_private(2 * M2, crate::vmm::Granularity::Huge2M)
+        .expect("private");
+    let ex = IpcExporter::bind(socket("private")).expect("bind");
+    let e = ex
+        .export(&p)
+        .expect_err("a private handle has no fd to send");
+    assert!(matches!(e, crate::MemoryError::Private { .. }), "{e}");
+}

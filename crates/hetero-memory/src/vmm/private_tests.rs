@@ -1,11 +1,10 @@
 //! Unit tests of private handles through the public API: pages move with
 //! the handle and keep their contents, the range stays reserved around them,
 //! and every use that needs a memfd or a second place is a typed error that
-//! changes nothing.
+//! changes nothing (an export, too: ipc/tests.rs).
 
 use super::tests::{perms_at, release_reads_as_zero};
 use super::*;
-use crate::ipc::IpcExporter;
 use crate::MemoryError;
 
 const M2: usize = 2 << 20;
@@ -143,10 +142,6 @@ fn what_needs_a_memfd_or_a_second_place_is_a_typed_error() {
         .expect("private");
     private_err(p.fd(), "fd");
     private_err(ctx().import(&p), "import into another context");
-    let path = std::env::temp_dir().join(format!("hetero-private-{}.sock", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let ex = IpcExporter::bind(&path).expect("bind");
-    private_err(ex.export(&p), "export");
     let mut r = c.reserve(8 * M2, Granularity::Huge2M).expect("reserve");
     private_err(
         r.map(0, &p, 0, M2, Access::ReadWrite),

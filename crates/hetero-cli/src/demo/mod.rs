@@ -16,21 +16,15 @@
 //! their both-at-once rates, see `link_period_ns`).
 
 use crate::device::{DeviceSpec, EMU_FLOPS_PER_UNIT, EMU_KERNEL_LAUNCH_NS};
-use crate::spin_pair::SpinPair;
+pub mod spin_pair;
+
 use hetero::{
-    Arg, Block, Device, DeviceBuffer, DeviceConfig, EmuConfig, Event, Grid, Kernel, KernelCost,
-    LinkPreset, PinnedBuffer, Result, Stream, PRIORITY_HIGHEST,
+    Arg, Block, Device, DeviceBuffer, EmuConfig, Event, Grid, Kernel, KernelCost, LinkPreset,
+    PinnedBuffer, Result, Stream, PRIORITY_HIGHEST,
 };
 use serde::Serialize;
+use spin_pair::SpinPair;
 use std::time::{Duration, Instant};
-
-/// The device the demo runs on: a host device with the default configuration.
-/// (Parking the host thread and letting idle engines poll with yields raised the
-/// printed speedup to ~1.6 here, but only by slowing the serial run by ~50 %;
-/// the pipelined run got slower too, so the defaults stay.)
-pub fn device_config() -> DeviceConfig {
-    DeviceConfig::default()
-}
 
 /// The demo's tile size on `spec`'s device: 256 KiB, except 4 KiB on an
 /// emulated device in real time. There the emulator's driver thread moves every
@@ -116,7 +110,7 @@ pub struct DemoReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pipelined_wall_ms: Option<f64>,
     /// Host: the same work on a hand-written pair of spinning threads
-    /// ([`crate::spin_pair`]), run after hetero's reps in the same process.
+    /// ([`spin_pair`]), run after hetero's reps in the same process.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spin_pair: Option<PeerRun>,
 }
@@ -629,7 +623,7 @@ fn calibrate(dev: &Device, b: &mut Buffers) -> Result<u32> {
     Ok(solve(median(hs), median(ks), guess))
 }
 
-/// The host peer ([`crate::spin_pair`]) on a pinned copy of the demo's inputs:
+/// The host peer ([`spin_pair`]) on a pinned copy of the demo's inputs:
 /// a warm-up, then `reps` serial and pipelined runs taking turns. It runs after
 /// hetero's reps, not between them: interleaved, its working set (another
 /// 16 MiB each way) left hetero's serial runs colder than its pipelined ones,
