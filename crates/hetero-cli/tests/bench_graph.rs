@@ -1,6 +1,7 @@
 //! `hetero bench graph --quick --json` on the host and the emulated device:
 //! every named result and ratio is there and finite. No figure is asserted
 //! against a threshold (timing thresholds live in the benchmarks).
+#![cfg(feature = "bench")] // `hetero bench` exists in builds with the feature
 
 use serde_json::Value;
 use std::process::Command;

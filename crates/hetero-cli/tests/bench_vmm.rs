@@ -1,6 +1,7 @@
 //! `hetero bench vmm --quick --json` reports every result the issue names,
 //! each finite and with its peers, and ratios that are positive (no timing
 //! threshold: those live in the benchmark's figures).
+#![cfg(feature = "bench")] // `hetero bench` exists in builds with the feature
 
 use serde_json::Value;
 use std::process::Command;

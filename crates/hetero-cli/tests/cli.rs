@@ -83,6 +83,7 @@ fn info_json_names_the_machine() {
 }
 
 #[test]
+#[cfg(feature = "bench")]
 fn bench_json_has_the_shared_shape() {
     let v = hetero(&["bench", "submit", "--quick", "--json"], &[]);
     assert_eq!(v["bench"], "submit");

@@ -116,6 +116,7 @@ fn the_host_demo_reports_the_wall_clock() {
 }
 
 #[test]
+#[cfg(feature = "bench")]
 fn bench_link_reaches_the_presets_figures_for_large_transfers() {
     let v = hetero(&["bench", "link", "--quick", "--json"]);
     assert_eq!(v["bench"], "link");
@@ -182,6 +183,7 @@ fn info_lists_the_emu_backend_and_presets() {
 }
 
 #[test]
+#[cfg(feature = "bench")]
 fn bench_transfer_reports_every_named_result_beside_its_peer() {
     let v = hetero(&["bench", "transfer", "--quick", "--json"]);
     assert_eq!(v["bench"], "transfer");
