@@ -19,6 +19,18 @@ pub enum CopyKind {
     D2D = 2,
 }
 
+impl CopyKind {
+    /// The profile's kind of a copy in this direction.
+    pub(crate) fn trace_kind(self) -> hetero_trace::OpKind {
+        use hetero_trace::OpKind as K;
+        match self {
+            CopyKind::H2D => K::H2D,
+            CopyKind::D2H => K::D2H,
+            CopyKind::D2D => K::D2D,
+        }
+    }
+}
+
 pub(crate) struct Op {
     pub(crate) body: Body,
     pub(crate) submit_ns: u64,
@@ -171,6 +183,28 @@ pub(crate) enum Body {
 }
 
 impl Op {
+    /// The profile's kind of this op, and the event it waits on (a wait's
+    /// stream and value): the one op → trace mapping every backend records.
+    pub(crate) fn trace_kind(&self) -> (hetero_trace::OpKind, Option<(u64, u64)>) {
+        use hetero_trace::OpKind as K;
+        let kind = match &self.body {
+            Body::Copy { kind, .. } => kind.trace_kind(),
+            Body::HostWrite { .. } => K::H2D,
+            Body::HostRead { .. } => K::D2H,
+            Body::CopyBatch(b) => b.kind.trace_kind(),
+            Body::Copy2D(c) => c.kind.trace_kind(),
+            Body::Fill { .. } => K::Fill,
+            Body::Kernel { .. } => K::Kernel,
+            Body::Graph(_) => K::Graph,
+            Body::Host(_) | Body::Async(_) => K::HostFn,
+            Body::Record { .. } => K::Record,
+            Body::Wait {
+                timeline, value, ..
+            } => return (K::Wait, Some((timeline.stream, *value))),
+        };
+        (kind, None)
+    }
+
     #[inline(always)]
     pub(crate) fn new(body: Body) -> Self {
         Op {

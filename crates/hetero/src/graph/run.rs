@@ -147,23 +147,9 @@ pub(crate) fn node_kind(body: &NodeBody) -> (hetero_trace::OpKind, u64) {
     use hetero_trace::OpKind as K;
     match body {
         NodeBody::Kernel { .. } => (K::Kernel, 0),
-        NodeBody::Copy { kind, bytes, .. } => (
-            match kind {
-                crate::CopyKind::H2D => K::H2D,
-                crate::CopyKind::D2H => K::D2H,
-                crate::CopyKind::D2D => K::D2D,
-            },
-            *bytes as u64,
-        ),
+        NodeBody::Copy { kind, bytes, .. } => (kind.trace_kind(), *bytes as u64),
         NodeBody::Fill { bytes, .. } => (K::Fill, *bytes as u64),
-        NodeBody::Copy2D(c) => (
-            match c.kind {
-                crate::CopyKind::H2D => K::H2D,
-                crate::CopyKind::D2H => K::D2H,
-                crate::CopyKind::D2D => K::D2D,
-            },
-            (c.src_r.width * c.src_r.height) as u64,
-        ),
+        NodeBody::Copy2D(c) => (c.kind.trace_kind(), (c.src_r.width * c.src_r.height) as u64),
         NodeBody::Host(_) => (K::HostFn, 0),
         NodeBody::Wait { .. } | NodeBody::Empty => (K::Record, 0),
     }

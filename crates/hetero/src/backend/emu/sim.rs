@@ -698,15 +698,6 @@ fn kind_code(body: &Body) -> u64 {
     }
 }
 
-fn op_kind(kind: CopyKind) -> hetero_trace::OpKind {
-    use hetero_trace::OpKind as K;
-    match kind {
-        CopyKind::H2D => K::H2D,
-        CopyKind::D2H => K::D2H,
-        CopyKind::D2D => K::D2D,
-    }
-}
-
 /// The profile record of a copy merged into `r`'s chain: it ran with it.
 fn record_merged(r: &Running, op: &Op, value: u64, end: u64) {
     let (engine, index) = match r.engine {
@@ -715,7 +706,7 @@ fn record_merged(r: &Running, op: &Op, value: u64, end: u64) {
         _ => (hetero_trace::EngineKind::Host, 0),
     };
     let kind = match &op.body {
-        Body::Copy { kind, .. } => op_kind(*kind),
+        Body::Copy { kind, .. } => kind.trace_kind(),
         _ => hetero_trace::OpKind::H2D,
     };
     hetero_trace::record_op(hetero_trace::OpRecord {
@@ -737,7 +728,7 @@ fn record_merged(r: &Running, op: &Op, value: u64, end: u64) {
 }
 
 fn record(r: &Running, end: u64) {
-    use hetero_trace::{EngineKind as E, OpKind as K};
+    use hetero_trace::EngineKind as E;
     let (engine, index) = match r.engine {
         Engine::Copy(0, i) => (E::CopyH2D, i),
         Engine::Copy(1, i) => (E::CopyD2H, i),
@@ -745,29 +736,7 @@ fn record(r: &Running, end: u64) {
         Engine::Compute(first, _) => (E::Compute, first),
         Engine::None => (E::Host, 0),
     };
-    let (kind, dep) = match &r.op.body {
-        Body::Copy { kind, .. } => (
-            match kind {
-                CopyKind::H2D => K::H2D,
-                CopyKind::D2H => K::D2H,
-                CopyKind::D2D => K::D2D,
-            },
-            None,
-        ),
-        Body::HostWrite { .. } => (K::H2D, None),
-        Body::HostRead { .. } => (K::D2H, None),
-        Body::CopyBatch(b) => (op_kind(b.kind), None),
-        Body::Copy2D(c) => (op_kind(c.kind), None),
-        Body::Fill { .. } => (K::Fill, None),
-        Body::Kernel { .. } => (K::Kernel, None),
-        Body::Graph(_) => (K::Graph, None),
-        Body::Host(_) => (K::HostFn, None),
-        Body::Wait {
-            timeline, value, ..
-        } => (K::Wait, Some((timeline.stream, *value))),
-        Body::Record { .. } => (K::Record, None),
-        Body::Async(_) => (K::HostFn, None),
-    };
+    let (kind, dep) = r.op.trace_kind();
     hetero_trace::record_op(hetero_trace::OpRecord {
         kind,
         name: r.op.name(),

@@ -330,21 +330,13 @@ pub(super) struct Ran {
     pub(super) start_ns: u64,
 }
 
-/// The profile's op and engine kinds of a copy in direction `kind`.
-fn copy_kinds(
-    kind: crate::CopyKind,
-    index: u32,
-) -> (
-    hetero_trace::OpKind,
-    hetero_trace::EngineKind,
-    u32,
-    Option<(u64, u64)>,
-) {
-    use hetero_trace::{EngineKind as E, OpKind as K};
+/// The copy engine of direction `kind`.
+fn copy_engine(kind: crate::CopyKind) -> hetero_trace::EngineKind {
+    use hetero_trace::EngineKind as E;
     match kind {
-        crate::CopyKind::H2D => (K::H2D, E::CopyH2D, index, None),
-        crate::CopyKind::D2H => (K::D2H, E::CopyD2H, index, None),
-        crate::CopyKind::D2D => (K::D2D, E::CopyD2D, index, None),
+        crate::CopyKind::H2D => E::CopyH2D,
+        crate::CopyKind::D2H => E::CopyD2H,
+        crate::CopyKind::D2D => E::CopyD2D,
     }
 }
 
@@ -356,31 +348,25 @@ pub(super) fn record(
     ran: Ran,
     failed: bool,
 ) {
-    use hetero_trace::{EngineKind as E, OpKind as K};
+    use crate::CopyKind as C;
+    use hetero_trace::EngineKind as E;
     let copy_index = match engine {
         Engine::Copy(_, bit) => bit,
         _ => 0,
     };
-    let (kind, eng, index, dep) = match &op.body {
-        Body::Copy { kind, .. } => match kind {
-            crate::CopyKind::H2D => (K::H2D, E::CopyH2D, copy_index, None),
-            crate::CopyKind::D2H => (K::D2H, E::CopyD2H, copy_index, None),
-            crate::CopyKind::D2D => (K::D2D, E::CopyD2D, copy_index, None),
-        },
-        Body::Fill { .. } => (K::Fill, E::CopyD2D, copy_index, None),
-        Body::HostWrite { .. } => (K::H2D, E::CopyH2D, copy_index, None),
-        Body::HostRead { .. } => (K::D2H, E::CopyD2H, copy_index, None),
-        Body::CopyBatch(b) => copy_kinds(b.kind, copy_index),
-        Body::Copy2D(c) => copy_kinds(c.kind, copy_index),
-        Body::Kernel { .. } => (K::Kernel, E::Compute, ran.unit, None),
-        Body::Host(_) => (K::HostFn, E::Host, ran.unit, None),
-        Body::Wait {
-            timeline, value, ..
-        } => (K::Wait, E::Host, ran.unit, Some((timeline.stream, *value))),
-        Body::Record { .. } => (K::Record, E::Host, ran.unit, None),
-        Body::Graph(_) => (K::Graph, E::Compute, ran.unit, None),
-        Body::Async(_) => (K::HostFn, E::Host, ran.unit, None),
+    let (eng, index) = match &op.body {
+        Body::Copy { kind, .. } => (copy_engine(*kind), copy_index),
+        Body::Fill { .. } => (copy_engine(C::D2D), copy_index),
+        Body::HostWrite { .. } => (copy_engine(C::H2D), copy_index),
+        Body::HostRead { .. } => (copy_engine(C::D2H), copy_index),
+        Body::CopyBatch(b) => (copy_engine(b.kind), copy_index),
+        Body::Copy2D(c) => (copy_engine(c.kind), copy_index),
+        Body::Kernel { .. } | Body::Graph(_) => (E::Compute, ran.unit),
+        Body::Host(_) | Body::Wait { .. } | Body::Record { .. } | Body::Async(_) => {
+            (E::Host, ran.unit)
+        }
     };
+    let (kind, dep) = op.trace_kind();
     let end_ns = crate::clock::now_ns();
     hetero_trace::record_op(hetero_trace::OpRecord {
         kind,
