@@ -344,25 +344,9 @@ fn distributed_demo(_grid: usize, _iters: usize, _json: bool) {
 #[cfg(feature = "bench")]
 fn run_bench(which: BenchCommand) {
     match which {
-        BenchCommand::Link { opts, device } => {
-            let spec = DeviceSpec::parse(&device, None).unwrap_or_else(|e| fail("--device", e));
-            let pb = spinner(opts.json, "bench link");
-            let rep = bench::link::run(opts.quick, &spec);
-            pb.finish_and_clear();
-            match rep {
-                Ok(rep) => rep.print(opts.json),
-                Err(e) => fail("bench link", e),
-            }
-        }
+        BenchCommand::Link { opts, device } => bench_on("link", opts, &device, bench::link::run),
         BenchCommand::Transfer { opts, device } => {
-            let spec = DeviceSpec::parse(&device, None).unwrap_or_else(|e| fail("--device", e));
-            let pb = spinner(opts.json, "bench transfer");
-            let rep = bench::transfer::run(opts.quick, &spec);
-            pb.finish_and_clear();
-            match rep {
-                Ok(rep) => rep.print(opts.json),
-                Err(e) => fail("bench transfer", e),
-            }
+            bench_on("transfer", opts, &device, bench::transfer::run)
         }
         BenchCommand::Mpi(opts) => bench_mpi(opts),
         which => {
@@ -393,6 +377,24 @@ fn run_bench(which: BenchCommand) {
             pb.finish_and_clear();
             rep.print(opts.json);
         }
+    }
+}
+
+/// A benchmark of the emulated device named by `--device`.
+#[cfg(feature = "bench")]
+fn bench_on(
+    name: &str,
+    opts: BenchOpts,
+    device: &str,
+    run: fn(bool, &DeviceSpec) -> Result<bench::BenchReport, String>,
+) {
+    let spec = DeviceSpec::parse(device, None).unwrap_or_else(|e| fail("--device", e));
+    let pb = spinner(opts.json, &format!("bench {name}"));
+    let rep = run(opts.quick, &spec);
+    pb.finish_and_clear();
+    match rep {
+        Ok(rep) => rep.print(opts.json),
+        Err(e) => fail(&format!("bench {name}"), e),
     }
 }
 

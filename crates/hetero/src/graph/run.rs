@@ -446,8 +446,8 @@ impl RunState {
             ran += 1;
             if failed {
                 // Before any successor is made ready below (see the module doc).
+                self.any_poison.store(true, Ordering::Relaxed);
                 for &w in dependents.of(v) {
-                    self.any_poison.store(true, Ordering::Relaxed);
                     self.poisoned[w as usize].store(SKIPPED, Ordering::Relaxed);
                 }
             }
