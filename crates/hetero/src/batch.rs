@@ -13,6 +13,7 @@ use crate::buffer::{DeviceBuffer, PinnedBuffer, Storage};
 use crate::op::{Body, CopyKind};
 use crate::stream::check_range;
 use crate::transfer::BatchOp;
+use crate::config::Coalescing;
 use crate::MemoryKind;
 use crate::{Error, Result, Stream};
 use bytemuck::Pod;
@@ -179,28 +180,6 @@ impl CopyBatch {
             (dst.len(), dst_offset),
             count,
         )
-    }
-}
-
-/// A stream option: the device may merge consecutive copies of at most
-/// `max_bytes` each, of one direction, up to `window` of them, into one
-/// descriptor chain (one setup latency for all). See [`Stream::set_coalescing`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Coalescing {
-    /// Copies larger than this are never merged.
-    pub max_bytes: usize,
-    /// At most this many copies go into one chain.
-    pub window: usize,
-}
-
-impl Default for Coalescing {
-    /// Copies up to 64 KiB (where a PCIe setup latency costs more than the
-    /// bytes), up to 256 in a chain.
-    fn default() -> Self {
-        Coalescing {
-            max_bytes: 64 << 10,
-            window: 256,
-        }
     }
 }
 

@@ -36,24 +36,25 @@ mod timeline;
 mod transfer;
 
 pub use async_op::{AsyncArg, AsyncContext, AsyncOp};
-pub use backend::emu::{
-    EmuConfig, IommuStats, IotlbCounts, LinkPreset, TimeMode, DEFAULT_INLINE_COPY_MAX,
-    DEFAULT_IOTLB_ENTRIES, DEFAULT_IOTLB_MISS_NS,
+pub use backend::emu::{IommuStats, IotlbCounts};
+pub use config::emu::{
+    EmuConfig, TimeMode, DEFAULT_INLINE_COPY_MAX, DEFAULT_IOTLB_ENTRIES, DEFAULT_IOTLB_MISS_NS,
 };
+pub use config::link::LinkPreset;
 pub use backend::DeviceProperties;
-pub use batch::{Coalescing, CopyBatch};
+pub use batch::CopyBatch;
 pub use buffer::{Arg, DeviceBuffer, MemoryKind, PinnedBuffer};
-pub use config::{BackendKind, CompletionMode, DeviceConfig};
+pub use config::{BackendKind, Coalescing, CompletionMode, DeviceConfig, GRAPH_MEMORY_SLACK};
 pub use device::Device;
-pub use error::{Error, Result};
+pub use error::{Error, RegionProblem, Result};
 pub use event::{Event, HostEvent};
 pub use graph::{
     Bindings, CommandBuffer, Graph, GraphExec, NodeId, PinnedSlot, PlanReport, Slot,
-    GRAPH_MEMORY_SLACK, MAX_SCALARS,
+    MAX_SCALARS,
 };
 pub use kernel::{Block, Grid, Kernel, KernelCost, INLINE_KERNEL_ARGS, MAX_KERNEL_ARGS};
 pub use op::CopyKind;
-pub use pitched::{PitchedBuffer, PitchedLayout, Region2D, RegionProblem, Rows, RowsMut};
+pub use pitched::{PitchedBuffer, PitchedLayout, Region2D, Rows, RowsMut};
 pub use stream::{Stream, PRIORITY_HIGHEST, PRIORITY_LOWEST};
 pub use system::{SystemInfo, WakeLatency};
 

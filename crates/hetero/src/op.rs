@@ -31,6 +31,9 @@ impl CopyKind {
     }
 }
 
+/// `DeviceConfig`'s figure for a ring slot follows the op's size.
+const _: () = assert!(std::mem::size_of::<Op>() + 16 == crate::config::OP_SLOT_BYTES);
+
 pub(crate) struct Op {
     pub(crate) body: Body,
     pub(crate) submit_ns: u64,

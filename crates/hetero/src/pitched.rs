@@ -15,68 +15,10 @@
 use crate::buffer::{DeviceBuffer, PinnedBuffer, Storage};
 use crate::op::{Body, CopyKind, PendingWrite};
 use crate::transfer::{ByteRegion, Copy2DOp};
+use crate::error::RegionProblem;
 use crate::{Device, Error, MemoryKind, Result, Stream};
 use bytemuck::Pod;
 use std::sync::Arc;
-
-/// What is wrong with a 2-D region or layout.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RegionProblem {
-    /// The rectangle has no elements.
-    Empty { width: usize, height: usize },
-    /// Rows would overlap: the pitch is smaller than the width.
-    PitchBelowWidth { pitch: usize, width: usize },
-    /// The last row ends past the buffer.
-    OutOfBounds { end: usize, len: usize },
-    /// A rectangle (x, y, width, height) reaches past its image (width, height).
-    OutsideImage {
-        rect: (usize, usize, usize, usize),
-        image: (usize, usize),
-    },
-    /// The pitch is not a multiple of the alignment the device requires.
-    Unaligned {
-        pitch_bytes: usize,
-        alignment: usize,
-    },
-    /// Source and destination rectangles differ in shape.
-    ShapeMismatch {
-        src: (usize, usize),
-        dst: (usize, usize),
-    },
-}
-
-impl std::fmt::Display for RegionProblem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RegionProblem::Empty { width, height } => write!(
-                f,
-                "the rectangle is {width} x {height}: it has no elements; give it a width and a height of at least 1"
-            ),
-            RegionProblem::PitchBelowWidth { pitch, width } => write!(
-                f,
-                "pitch {pitch} is smaller than width {width} (elements): rows would overlap; use a pitch of at least the width"
-            ),
-            RegionProblem::OutOfBounds { end, len } => write!(
-                f,
-                "the last row ends at element {end}, past the buffer's {len} elements; shrink the rectangle or move it inside"
-            ),
-            RegionProblem::OutsideImage { rect, image } => write!(
-                f,
-                "the rectangle {} x {} at ({}, {}) reaches past the {} x {} image; keep x + width and y + height inside it",
-                rect.2, rect.3, rect.0, rect.1, image.0, image.1
-            ),
-            RegionProblem::Unaligned { pitch_bytes, alignment } => write!(
-                f,
-                "a pitch of {pitch_bytes} bytes is not a multiple of the device's {alignment}-byte pitch alignment; use Device::alloc_pitched or round the pitch up"
-            ),
-            RegionProblem::ShapeMismatch { src, dst } => write!(
-                f,
-                "the source rectangle is {} x {}, the destination {} x {}; copy rectangles of one shape",
-                src.0, src.1, dst.0, dst.1
-            ),
-        }
-    }
-}
 
 /// A rectangle of a buffer: `height` rows of `width` elements, `pitch` elements
 /// apart, the first row at element `offset`.

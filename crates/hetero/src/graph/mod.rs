@@ -41,12 +41,6 @@ pub use builder::{CommandBuffer, Graph, NodeId, PinnedSlot, Slot};
 pub(crate) use exec::ExecInner;
 pub use exec::{Bindings, GraphExec, PlanReport, MAX_SCALARS};
 
-/// The default of [`DeviceConfig::graph_memory_slack`](crate::DeviceConfig::graph_memory_slack):
-/// how much a graph's lanes may raise its arena over the plan of running it on
-/// one lane, as a fraction; past it, instantiate holds the lanes back (see
-/// [`PlanReport::memory_order`]). Concurrency that runs a device out of memory
-/// is no speed-up.
-pub const GRAPH_MEMORY_SLACK: f64 = 0.10;
 
 use crate::buffer::{GraphHold, MemoryKind, Storage};
 use crate::kernel::{ElemInfo, KernelInner};

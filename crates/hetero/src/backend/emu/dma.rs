@@ -21,7 +21,7 @@
 //!   stalls the engine `iotlb_miss_ns`. A transfer that reaches unmapped memory
 //!   is refused before any byte moves.
 
-use super::link::{Dir, LinkPreset};
+use crate::config::link::{Dir, LinkPreset};
 use super::EmuShared;
 use crate::buffer::Storage;
 use crate::op::{Body, CopyKind, Op};

@@ -3,7 +3,7 @@
 //! overhead, then `GRAPH_NODE_NS` per kernel node), with each node's profile record.
 
 use super::dma::D2D_SETUP_NS;
-use super::link::Dir;
+use crate::config::link::Dir;
 use super::sim::cost_ns;
 use super::EmuShared;
 use crate::kernel::KernelCost;

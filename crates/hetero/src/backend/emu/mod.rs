@@ -22,24 +22,19 @@
 //! consumes the streams' rings; a callback running inside the simulation that
 //! would wait for the device gets `Error::WouldDeadlock`, never a hang.
 
-mod config;
 mod dma;
 mod graph_model;
 mod iommu;
-mod link;
 mod memory;
 mod sim;
 mod stream;
 
-pub use config::{
-    EmuConfig, TimeMode, DEFAULT_INLINE_COPY_MAX, DEFAULT_IOTLB_ENTRIES, DEFAULT_IOTLB_MISS_NS,
-};
 pub use iommu::{IommuStats, IotlbCounts};
-pub use link::LinkPreset;
 pub(crate) use sim::in_sim;
 
 use super::{Backend, BackendStream, DeviceProperties};
 use crate::buffer::{MemoryKind, Storage};
+use crate::config::emu::{EmuConfig, TimeMode};
 use crate::config::{CompletionMode, DeviceConfig};
 use crate::park::Parker;
 use crate::ring::Ring;

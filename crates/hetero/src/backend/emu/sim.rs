@@ -22,7 +22,7 @@
 
 use super::dma;
 use super::graph_model::{model_graph, NodeTrace};
-use super::link::{Dir, LinkPreset};
+use crate::config::link::{Dir, LinkPreset};
 use super::stream::EmuStream;
 use super::EmuShared;
 use crate::kernel::{Block, KernelCost};

@@ -1,5 +1,13 @@
 //! Device configuration: engine counts, hardware queues, completion modes.
 
+pub(crate) mod emu;
+pub(crate) mod link;
+
+/// What one ring slot of a stream costs for the stream's life, about: the op,
+/// its sequence number and the kernel a host slot keeps (checked against the
+/// op's size where `Op` is defined).
+pub(crate) const OP_SLOT_BYTES: usize = 136;
+
 use std::time::Duration;
 
 /// How a thread waits for work to complete (host waits) or for work to arrive (idle
@@ -47,7 +55,7 @@ pub enum BackendKind {
     /// The CPU itself.
     Host,
     /// An emulated discrete accelerator.
-    Emu(crate::EmuConfig),
+    Emu(emu::EmuConfig),
 }
 
 impl BackendKind {
@@ -56,7 +64,7 @@ impl BackendKind {
     pub fn parse(spec: &str) -> Result<Self, crate::Error> {
         match spec.trim() {
             "" | "host" => Ok(BackendKind::Host),
-            s => crate::EmuConfig::parse(s)
+            s => emu::EmuConfig::parse(s)
                 .map(BackendKind::Emu)
                 .map_err(crate::Error::InvalidArgument),
         }
@@ -121,7 +129,7 @@ impl Default for DeviceConfig {
             backend: BackendKind::Host,
             pitch_alignment: 16,
             height_alignment: 2,
-            graph_memory_slack: crate::GRAPH_MEMORY_SLACK,
+            graph_memory_slack: GRAPH_MEMORY_SLACK,
             placement_wait: Self::PLACEMENT_WAIT,
         }
     }
@@ -141,7 +149,7 @@ impl DeviceConfig {
     }
 
     /// Runs the device on the emulated accelerator `emu`.
-    pub fn emu(self, emu: crate::EmuConfig) -> Self {
+    pub fn emu(self, emu: emu::EmuConfig) -> Self {
         self.backend(BackendKind::Emu(emu))
     }
 
@@ -208,7 +216,7 @@ impl DeviceConfig {
     pub const PLACEMENT_WAIT: std::time::Duration = std::time::Duration::from_micros(32);
 
     /// How much a graph's lanes may raise its arena over the plan of running it
-    /// on one lane, as a fraction (default [`crate::GRAPH_MEMORY_SLACK`], 0.10):
+    /// on one lane, as a fraction (default [`GRAPH_MEMORY_SLACK`], 0.10):
     /// past it, instantiate schedules the lanes again under that budget, and
     /// runs the graph on one lane if that is not enough
     /// ([`crate::PlanReport::memory_order`]). 0 holds lanes to the one-lane
@@ -324,9 +332,38 @@ impl DeviceConfig {
                 self.ring_capacity,
                 Self::MAX_STREAM_CAPACITY,
                 // The op, its sequence number and the kernel a host slot keeps.
-                std::mem::size_of::<crate::op::Op>() + 16
+                OP_SLOT_BYTES
             ));
         }
         Ok(())
+    }
+}
+
+/// The default of [`DeviceConfig::graph_memory_slack`](crate::DeviceConfig::graph_memory_slack):
+/// how much a graph's lanes may raise its arena over the plan of running it on
+/// one lane, as a fraction; past it, instantiate holds the lanes back (see
+/// [`PlanReport::memory_order`](crate::PlanReport::memory_order)). Concurrency that runs a device out of memory
+/// is no speed-up.
+pub const GRAPH_MEMORY_SLACK: f64 = 0.10;
+
+/// A stream option: the device may merge consecutive copies of at most
+/// `max_bytes` each, of one direction, up to `window` of them, into one
+/// descriptor chain (one setup latency for all). See [`Stream::set_coalescing`](crate::Stream::set_coalescing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Coalescing {
+    /// Copies larger than this are never merged.
+    pub max_bytes: usize,
+    /// At most this many copies go into one chain.
+    pub window: usize,
+}
+
+impl Default for Coalescing {
+    /// Copies up to 64 KiB (where a PCIe setup latency costs more than the
+    /// bytes), up to 256 in a chain.
+    fn default() -> Self {
+        Coalescing {
+            max_bytes: 64 << 10,
+            window: 256,
+        }
     }
 }
