@@ -30,8 +30,9 @@
 //!   a device whose memory is host memory): on a device with its own memory,
 //!   stage through a pinned buffer with a copy first.
 
-use crate::buffer::{DeviceBuffer, PinnedBuffer, Storage};
-use crate::op::{Body, PendingWrite};
+use crate::buffer::{DeviceBuffer, PinnedBuffer};
+use crate::exec::storage::Storage;
+use crate::exec::op::{Body, PendingWrite};
 use crate::{Error, Result, Stream};
 use bytemuck::Pod;
 use std::cell::UnsafeCell;
@@ -153,7 +154,7 @@ impl AsyncContext<'_> {
 
     /// The device clock when polled (virtual ns on a device in virtual time).
     pub fn now_ns(&self) -> u64 {
-        self.now_ns.unwrap_or_else(crate::clock::now_ns)
+        self.now_ns.unwrap_or_else(crate::exec::clock::now_ns)
     }
 
     /// Asks that the op complete no earlier than device time `t` ns. A device
@@ -275,7 +276,7 @@ impl AsyncBody {
         };
         let name = self.name;
         let mut polled = Poll::Pending;
-        let caught = crate::op::catch_user(
+        let caught = crate::exec::op::catch_user(
             || format!("async op '{name}'"),
             || polled = op.poll(&mut cx),
         );

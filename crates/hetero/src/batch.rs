@@ -9,10 +9,11 @@
 //! next to each other in the stream, and every other op (events, waits, kernels)
 //! ends a run of them.
 
-use crate::buffer::{DeviceBuffer, PinnedBuffer, Storage};
-use crate::op::{Body, CopyKind};
+use crate::buffer::{DeviceBuffer, PinnedBuffer};
+use crate::exec::storage::Storage;
+use crate::exec::op::{Body, CopyKind};
 use crate::stream::check_range;
-use crate::transfer::BatchOp;
+use crate::exec::transfer::BatchOp;
 use crate::config::Coalescing;
 use crate::MemoryKind;
 use crate::{Error, Result, Stream};

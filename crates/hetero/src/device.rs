@@ -2,8 +2,9 @@
 //! the host backend is the default and always available.
 
 use crate::backend::{emu::EmuBackend, host::HostBackend, Backend, DeviceProperties};
-use crate::buffer::Storage;
-use crate::buffer::{DeviceBuffer, MemoryKind, PinnedBuffer};
+use crate::exec::storage::Storage;
+use crate::buffer::{DeviceBuffer, PinnedBuffer};
+use crate::exec::storage::MemoryKind;
 use crate::stream::{Stream, PRIORITY_LOWEST};
 use crate::{CompletionMode, DeviceConfig, Error, Result};
 use bytemuck::Pod;
@@ -62,7 +63,7 @@ impl Drop for DeviceInner {
         };
         // This thread's recycled buffers of the device give their memory back
         // now (other threads' when newer ones push them out, or at exit).
-        crate::buffer::release_warm(backend.pool());
+        crate::exec::storage::release_warm(backend.pool());
         // Shutting down waits for all work and joins the engines: on an engine
         // thread (a callback holding the last handle) that is done elsewhere.
         crate::backend::off_engine("shut the device down", move || {
@@ -168,7 +169,7 @@ impl Device {
     pub fn host_event(&self) -> crate::HostEvent {
         // Its own timeline, of no stream (0): no stream's order elides a wait on
         // it, and engines look it up as a point, not a stream.
-        let timeline = Arc::new(crate::timeline::Timeline::new(
+        let timeline = Arc::new(crate::exec::timeline::Timeline::new(
             self.id(),
             0,
             self.host_wait(),
@@ -203,7 +204,7 @@ impl Device {
         let ptr = std::ptr::NonNull::new(data.as_mut_ptr().cast::<u8>())
             .expect("a non-empty boxed slice has a non-null pointer");
         let (addr, undo) = self.inner.backend().register_host(ptr.as_ptr(), bytes);
-        let registration = crate::buffer::Registration {
+        let registration = crate::exec::storage::Registration {
             _memory: Box::new(data),
             undo: Some(undo),
         };
@@ -301,7 +302,7 @@ impl Device {
         let mut s = self.device_storage::<T>(len, 0)?;
         // Memory that a stream's queued work may still use: no stream orders this
         // buffer's first use, so wait for that work here.
-        let fences = crate::buffer::Storage::unique(&mut s)
+        let fences = crate::exec::storage::Storage::unique(&mut s)
             .expect("a new storage has no other owner")
             .take_reuse_points();
         let mut fences = fences.into_iter();
@@ -339,7 +340,7 @@ impl Device {
         let pool = self.inner.backend().pool();
         // What this thread keeps of dropped buffers counts as cached, as the
         // pool's own thread cache does: give it back first.
-        crate::buffer::release_warm(pool);
+        crate::exec::storage::release_warm(pool);
         pool.stats()
     }
 
@@ -347,14 +348,14 @@ impl Device {
     /// (serialisable, like PyTorch's memory snapshot).
     pub fn memory_snapshot(&self) -> hetero_memory::Snapshot {
         let pool = self.inner.backend().pool();
-        crate::buffer::release_warm(pool);
+        crate::exec::storage::release_warm(pool);
         pool.snapshot()
     }
 
     /// Returns cached, unused device memory to the OS; the bytes released.
     pub fn trim(&self) -> usize {
         let pool = self.inner.backend().pool();
-        crate::buffer::release_warm(pool);
+        crate::exec::storage::release_warm(pool);
         pool.trim()
     }
 

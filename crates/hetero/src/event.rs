@@ -4,7 +4,7 @@
 //! points the event at a later value.
 
 use crate::config::CompletionMode;
-use crate::timeline::Timeline;
+use crate::exec::timeline::Timeline;
 use crate::{Error, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

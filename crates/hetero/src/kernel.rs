@@ -6,7 +6,7 @@
 //! each block gets a disjoint part of every written buffer, taken at most once. So
 //! the `&[T]` and `&mut [T]` views handed out never alias a concurrent writer.
 
-use crate::buffer::Storage;
+use crate::exec::storage::Storage;
 use bytemuck::Pod;
 use std::any::TypeId;
 use std::sync::Arc;

@@ -18,22 +18,16 @@ mod async_op;
 mod backend;
 mod batch;
 mod buffer;
-pub mod clock;
 mod config;
 mod device;
 mod error;
 mod event;
+mod exec;
 pub(crate) mod graph;
 mod kernel;
-pub(crate) mod loom;
-mod op;
-mod park;
 mod pitched;
-mod ring;
 mod stream;
 mod system;
-mod timeline;
-mod transfer;
 
 pub use async_op::{AsyncArg, AsyncContext, AsyncOp};
 pub use backend::emu::{IommuStats, IotlbCounts};
@@ -43,9 +37,11 @@ pub use config::emu::{
 pub use config::link::LinkPreset;
 pub use backend::DeviceProperties;
 pub use batch::CopyBatch;
-pub use buffer::{Arg, DeviceBuffer, MemoryKind, PinnedBuffer};
+pub use buffer::{Arg, DeviceBuffer, PinnedBuffer};
+pub use exec::storage::MemoryKind;
 pub use config::{BackendKind, Coalescing, CompletionMode, DeviceConfig, GRAPH_MEMORY_SLACK};
 pub use device::Device;
+pub use exec::clock;
 pub use error::{Error, RegionProblem, Result};
 pub use event::{Event, HostEvent};
 pub use graph::{
@@ -53,7 +49,7 @@ pub use graph::{
     MAX_SCALARS,
 };
 pub use kernel::{Block, Grid, Kernel, KernelCost, INLINE_KERNEL_ARGS, MAX_KERNEL_ARGS};
-pub use op::CopyKind;
+pub use exec::op::CopyKind;
 pub use pitched::{PitchedBuffer, PitchedLayout, Region2D, Rows, RowsMut};
 pub use stream::{Stream, PRIORITY_HIGHEST, PRIORITY_LOWEST};
 pub use system::{SystemInfo, WakeLatency};

@@ -12,9 +12,10 @@
 //! built (empty, pitch below width, out of bounds, shapes that differ: a typed
 //! [`RegionProblem`]).
 
-use crate::buffer::{DeviceBuffer, PinnedBuffer, Storage};
-use crate::op::{Body, CopyKind, PendingWrite};
-use crate::transfer::{ByteRegion, Copy2DOp};
+use crate::buffer::{DeviceBuffer, PinnedBuffer};
+use crate::exec::storage::Storage;
+use crate::exec::op::{Body, CopyKind, PendingWrite};
+use crate::exec::transfer::{ByteRegion, Copy2DOp};
 use crate::error::RegionProblem;
 use crate::{Device, Error, MemoryKind, Result, Stream};
 use bytemuck::Pod;

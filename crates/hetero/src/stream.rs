@@ -2,11 +2,12 @@
 //! input (typed errors, never panics) and hands a self-contained `Op` to the backend.
 
 use crate::backend::BackendStream;
-use crate::buffer::{Arg, DeviceBuffer, PinnedBuffer, Storage};
+use crate::buffer::{Arg, DeviceBuffer, PinnedBuffer};
+use crate::exec::storage::Storage;
 use crate::event::{Event, EventPoint};
 use crate::graph::capture::CaptureSlot;
 use crate::kernel::{ArgList, Grid, Kernel, MAX_KERNEL_ARGS};
-use crate::op::{Body, CopyKind, KernelRef, Op, PendingWrite};
+use crate::exec::op::{Body, CopyKind, KernelRef, Op, PendingWrite};
 use crate::{Device, Error, MemoryKind, Result};
 use bytemuck::Pod;
 use std::any::TypeId;

@@ -10,9 +10,9 @@ mod streams;
 
 pub(crate) use streams::StreamList;
 
-use crate::buffer::{MemoryKind, Storage};
-use crate::op::Op;
-use crate::timeline::Timeline;
+use crate::exec::storage::{MemoryKind, Storage};
+use crate::exec::op::Op;
+use crate::exec::timeline::Timeline;
 use crate::Result;
 use std::sync::Arc;
 
@@ -62,7 +62,7 @@ pub(crate) fn held_by_running_op(storage: &Storage) -> bool {
 /// waker's look at the sleepers, and the sleeper's fence orders its registration
 /// before its look at the ring (park.rs).
 pub(crate) fn wait_for_room<T, K>(
-    ring: &crate::ring::Ring<T, K>,
+    ring: &crate::exec::ring::Ring<T, K>,
     timeline: &Timeline,
     mode: crate::CompletionMode,
 ) -> Result<()> {
@@ -140,7 +140,7 @@ pub(crate) trait Backend: Send + Sync {
     fn host_wait(&self) -> crate::CompletionMode;
     /// The device clock, ns (virtual on a device in virtual time).
     fn now_ns(&self) -> u64 {
-        crate::clock::now_ns()
+        crate::exec::clock::now_ns()
     }
     /// Something other than a submission made work ready (a host event was
     /// signalled): engines that sleep must look again.
@@ -180,8 +180,8 @@ pub(crate) trait BackendStream: Send + Sync {
         blocks: u32,
         args: crate::kernel::ArgList,
     ) -> Result<u64> {
-        self.submit(Op::new(crate::op::Body::Kernel {
-            kernel: crate::op::KernelRef::owned(kernel.clone()),
+        self.submit(Op::new(crate::exec::op::Body::Kernel {
+            kernel: crate::exec::op::KernelRef::owned(kernel.clone()),
             blocks,
             args,
         }))

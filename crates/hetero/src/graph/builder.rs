@@ -7,10 +7,10 @@ use super::capture::{
 };
 use super::{Draft, NodeBody, SlotInfo};
 use crate::backend::BackendStream;
-use crate::buffer::MemoryKind;
+use crate::exec::storage::MemoryKind;
 use crate::event::Event;
-use crate::op::Op;
-use crate::timeline::Timeline;
+use crate::exec::op::Op;
+use crate::exec::timeline::Timeline;
 use crate::{DeviceBuffer, Error, PinnedBuffer, Result, Stream};
 use bytemuck::Pod;
 use std::marker::PhantomData;

@@ -20,10 +20,10 @@
 //!   slot's lock while it holds a state's.
 
 use super::{Draft, GraphRef, NodeBody, SlotInfo};
-use crate::buffer::{MemoryKind, Storage};
+use crate::exec::storage::{MemoryKind, Storage};
 use crate::event::{Event, EventPoint};
-use crate::op::Body;
-use crate::timeline::Timeline;
+use crate::exec::op::Body;
+use crate::exec::timeline::Timeline;
 use crate::{Error, Result};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};

@@ -14,9 +14,9 @@
 use super::run::RunState;
 use super::schedule::{schedule, MemoryOrder, Schedule};
 use super::{Draft, NodeArg, NodeBody, Operand, SlotInfo};
-use crate::buffer::{GraphHold, MemoryKind, Storage};
+use crate::exec::storage::{GraphHold, MemoryKind, Storage};
 use crate::kernel::{KView, KernelInner};
-use crate::timeline::Timeline;
+use crate::exec::timeline::Timeline;
 use crate::{DeviceBuffer, Error, PinnedBuffer, Result};
 use bytemuck::Pod;
 use hetero_memory::arena_plan::ArenaPlan;

@@ -42,10 +42,10 @@ pub(crate) use exec::ExecInner;
 pub use exec::{Bindings, GraphExec, PlanReport, MAX_SCALARS};
 
 
-use crate::buffer::{GraphHold, MemoryKind, Storage};
+use crate::exec::storage::{GraphHold, MemoryKind, Storage};
 use crate::kernel::{ElemInfo, KernelInner};
-use crate::op::CopyKind;
-use crate::timeline::Timeline;
+use crate::exec::op::CopyKind;
+use crate::exec::timeline::Timeline;
 use crate::Error;
 use std::sync::Arc;
 
@@ -112,9 +112,9 @@ pub(crate) struct NodeArg {
 pub(crate) struct Copy2DNode {
     pub(crate) kind: CopyKind,
     pub(crate) src: Operand,
-    pub(crate) src_r: crate::transfer::ByteRegion,
+    pub(crate) src_r: crate::exec::transfer::ByteRegion,
     pub(crate) dst: Operand,
-    pub(crate) dst_r: crate::transfer::ByteRegion,
+    pub(crate) dst_r: crate::exec::transfer::ByteRegion,
 }
 
 #[derive(Clone)]

@@ -29,10 +29,10 @@
 use super::exec::{ExecInner, Params};
 use super::schedule::{Dependents, Hot, NONE};
 use super::{NodeBody, Operand};
-use crate::buffer::{GraphHold, Storage};
+use crate::exec::storage::{GraphHold, Storage};
 use crate::kernel::{Args, Block, KView, MAX_KERNEL_ARGS};
-use crate::loom::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
-use crate::op::Body;
+use crate::exec::loom::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use crate::exec::op::Body;
 use crate::{Error, Result, Stream};
 use crossbeam_utils::CachePadded;
 
@@ -139,7 +139,7 @@ pub(crate) fn run_block(l: &GraphLaunch, v: u32, b: u32) -> Result<(), String> {
     let scalars = l.params.scalars_of(p);
     let (name, f, blocks) = (kernel.name, &kernel.f, p.blocks);
     let mut block = Block::with(b, blocks, Args::Views(views), scalars);
-    crate::op::catch_user(|| format!("kernel '{name}' in block {b}"), || f(&mut block))
+    crate::exec::op::catch_user(|| format!("kernel '{name}' in block {b}"), || f(&mut block))
 }
 
 /// The trace kind and engine of a node run on a compute unit.
@@ -195,7 +195,7 @@ pub(crate) fn run_node(l: &GraphLaunch, v: u32) -> Result<(), String> {
         let (name, f, blocks) = (kernel.name, &kernel.f, p.blocks);
         if blocks == 1 {
             let mut block = Block::with(0, 1, Args::Views(views), scalars);
-            return crate::op::catch_user(
+            return crate::exec::op::catch_user(
                 || format!("kernel '{name}' in block 0"),
                 || f(&mut block),
             );
@@ -204,7 +204,7 @@ pub(crate) fn run_node(l: &GraphLaunch, v: u32) -> Result<(), String> {
         for b in 0..blocks {
             let mut block = Block::with(b, blocks, Args::Views(views), scalars);
             let r =
-                crate::op::catch_user(|| format!("kernel '{name}' in block {b}"), || f(&mut block));
+                crate::exec::op::catch_user(|| format!("kernel '{name}' in block {b}"), || f(&mut block));
             if result.is_ok() {
                 result = r;
             }
@@ -229,7 +229,7 @@ pub(crate) fn run_node(l: &GraphLaunch, v: u32) -> Result<(), String> {
             // (hazard edges) plus the launch's access locks exclude every other
             // writer.
             unsafe {
-                crate::op::copy_bytes(l.operand(src), *src_off, l.operand(dst), *dst_off, *bytes)
+                crate::exec::op::copy_bytes(l.operand(src), *src_off, l.operand(dst), *dst_off, *bytes)
             };
             Ok(())
         }
@@ -242,7 +242,7 @@ pub(crate) fn run_node(l: &GraphLaunch, v: u32) -> Result<(), String> {
         } => {
             let pattern = &pattern[..*pattern_len as usize];
             // SAFETY: as for copies: checked range, sole writer.
-            unsafe { crate::op::fill_bytes(l.operand(dst), *off, *bytes, pattern) };
+            unsafe { crate::exec::op::fill_bytes(l.operand(dst), *off, *bytes, pattern) };
             Ok(())
         }
         NodeBody::Copy2D(c) => {
@@ -250,11 +250,11 @@ pub(crate) fn run_node(l: &GraphLaunch, v: u32) -> Result<(), String> {
             // of these lengths when recorded, they are different buffers, and
             // the node is the sole writer of dst.
             unsafe {
-                crate::transfer::copy_rows(l.operand(&c.src), c.src_r, l.operand(&c.dst), c.dst_r)
+                crate::exec::transfer::copy_rows(l.operand(&c.src), c.src_r, l.operand(&c.dst), c.dst_r)
             };
             Ok(())
         }
-        NodeBody::Host(f) => crate::op::catch_user(|| "host callback".into(), || f()),
+        NodeBody::Host(f) => crate::exec::op::catch_user(|| "host callback".into(), || f()),
         // Waited for before the launch started.
         NodeBody::Wait { .. } | NodeBody::Empty => Ok(()),
     }
@@ -408,9 +408,9 @@ impl RunState {
         pushed: impl FnOnce(),
     ) -> usize {
         let s = &l.exec.sched;
-        let profiling = crate::clock::profiling();
+        let profiling = crate::exec::clock::profiling();
         self.walk(&s.hot, &s.succ, &s.dependents, v, pushed, |v| {
-            let start_ns = if profiling { crate::clock::now_ns() } else { 0 };
+            let start_ns = if profiling { crate::exec::clock::now_ns() } else { 0 };
             let result = hooks.run(l, v).map_err(|m| self.fail(l, v, m));
             if profiling {
                 hooks.record(l, v, start_ns, result.is_err());
@@ -576,7 +576,7 @@ pub(crate) fn launch(
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::*;
-    use crate::loom::Arc;
+    use crate::exec::loom::Arc;
 
     /// The run's edges of a graph, and its own dependency edges.
     struct Graph {

@@ -23,9 +23,9 @@
 
 use crate::config::link::{Dir, LinkPreset};
 use super::EmuShared;
-use crate::buffer::Storage;
-use crate::op::{Body, CopyKind, Op};
-use crate::transfer::ByteRegion;
+use crate::exec::storage::Storage;
+use crate::exec::op::{Body, CopyKind, Op};
+use crate::exec::transfer::ByteRegion;
 
 /// Fixed cost of an on-device copy or fill, ns.
 pub(crate) const D2D_SETUP_NS: u64 = 1_000;
@@ -96,7 +96,7 @@ fn translate(
     let (counts, host) = sh
         .iommu
         .translate(engine, s.device_addr() + off as u64, len)?;
-    if crate::clock::profiling() {
+    if crate::exec::clock::profiling() {
         let kind = match engine.0 {
             0 => hetero_trace::EngineKind::CopyH2D,
             1 => hetero_trace::EngineKind::CopyD2H,

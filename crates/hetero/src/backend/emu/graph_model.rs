@@ -7,7 +7,7 @@ use crate::config::link::Dir;
 use super::sim::cost_ns;
 use super::EmuShared;
 use crate::kernel::KernelCost;
-use crate::op::CopyKind;
+use crate::exec::op::CopyKind;
 
 /// Where a launch's node records go: its stream, queue and value, and the
 /// device time its first node may start.

@@ -33,12 +33,12 @@ pub use iommu::{IommuStats, IotlbCounts};
 pub(crate) use sim::in_sim;
 
 use super::{Backend, BackendStream, DeviceProperties};
-use crate::buffer::{MemoryKind, Storage};
+use crate::exec::storage::{MemoryKind, Storage};
 use crate::config::emu::{EmuConfig, TimeMode};
 use crate::config::{CompletionMode, DeviceConfig};
-use crate::park::Parker;
-use crate::ring::Ring;
-use crate::timeline::{Driver, Timeline};
+use crate::exec::park::Parker;
+use crate::exec::ring::Ring;
+use crate::exec::timeline::{Driver, Timeline};
 use crate::{Error, Result};
 use crossbeam_utils::CachePadded;
 use memory::{Arena, ArenaChunks};
@@ -187,7 +187,7 @@ impl EmuShared {
         // The device's engine: what runs here must not wait for the device.
         crate::backend::mark_engine_thread();
         let _inside = sim::InSim::enter();
-        crate::timeline::set_engine_wait(refuse_wait);
+        crate::exec::timeline::set_engine_wait(refuse_wait);
         // Its long waits end close to their deadline: without this a timed
         // park may oversleep by the default 50 µs of timer slack.
         let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1_000));

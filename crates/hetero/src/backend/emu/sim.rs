@@ -26,8 +26,8 @@ use crate::config::link::{Dir, LinkPreset};
 use super::stream::EmuStream;
 use super::EmuShared;
 use crate::kernel::{Block, KernelCost};
-use crate::op::{self, Body, CopyKind, Op};
-use crate::timeline::Timeline;
+use crate::exec::op::{self, Body, CopyKind, Op};
+use crate::exec::timeline::Timeline;
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -470,7 +470,7 @@ impl Sim {
                 let started = std::time::Instant::now();
                 let run = crate::graph::run::RunState::take(&l.exec);
                 let result = run.run_all(l, &mut InSimUser);
-                let traced = crate::clock::profiling().then(|| NodeTrace {
+                let traced = crate::exec::clock::profiling().then(|| NodeTrace {
                     at,
                     from: now + KERNEL_LAUNCH_NS,
                     submit_ns: op.submit_ns,
@@ -595,11 +595,11 @@ impl Sim {
             ],
         );
         sh.publish_hash(self.hash);
-        if crate::clock::profiling() {
+        if crate::exec::clock::profiling() {
             record(&r, end);
         }
         for (m, v) in &r.merged {
-            if crate::clock::profiling() {
+            if crate::exec::clock::profiling() {
                 record_merged(&r, m, *v, end);
             }
         }

@@ -6,9 +6,9 @@
 use super::{Doorbell, EmuShared};
 use crate::backend::BackendStream;
 use crate::config::CompletionMode;
-use crate::op::Op;
-use crate::ring::Ring;
-use crate::timeline::Timeline;
+use crate::exec::op::Op;
+use crate::exec::ring::Ring;
+use crate::exec::timeline::Timeline;
 use crate::{Error, Result};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};

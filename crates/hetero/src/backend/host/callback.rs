@@ -45,7 +45,7 @@ thread_local! {
 pub(super) fn become_engine(sh: &Arc<Shared>, index: u32) {
     crate::backend::mark_engine_thread();
     ENGINE.with(|e| *e.borrow_mut() = Some((sh.clone(), index)));
-    crate::timeline::set_engine_wait(engine_wait);
+    crate::exec::timeline::set_engine_wait(engine_wait);
 }
 
 /// Forgets the engine state (the thread is about to exit).
@@ -107,7 +107,7 @@ fn find_frame<R>(mut f: impl FnMut(&HostStream, u64, &Op) -> Option<R>) -> Optio
 
 /// Whether an op running user code on this thread holds `storage` (a kernel's
 /// buffer argument): waiting for its access lock here would never end.
-pub(crate) fn storage_held_here(storage: &crate::buffer::Storage) -> bool {
+pub(crate) fn storage_held_here(storage: &crate::exec::storage::Storage) -> bool {
     find_frame(|_, _, op| {
         let mut held = false;
         op.for_each_access(|s, _| {

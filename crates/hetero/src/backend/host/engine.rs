@@ -141,7 +141,7 @@ impl Shared {
         if self.async_queued.load(Ordering::Relaxed) == 0 {
             return;
         }
-        let now = crate::clock::now_ns();
+        let now = crate::exec::clock::now_ns();
         if LAST_PROGRESS.with(|l| now.saturating_sub(l.replace(now)) < BLOCK_PROGRESS_NS) {
             return;
         }
@@ -239,7 +239,7 @@ impl Shared {
         result: Result<(), String>,
         ran: Ran,
     ) {
-        if crate::clock::profiling() {
+        if crate::exec::clock::profiling() {
             record(stream, &op, value, engine, ran, result.is_err());
         }
         // Buffer locks are held exactly when an engine was taken (copies, fills, kernels).
@@ -293,7 +293,7 @@ fn linger(stream: &HostStream) -> bool {
     let mut pauses = 1;
     for _ in 0..LINGER_POLLS {
         for _ in 0..pauses {
-            crate::loom::spin_hint();
+            crate::exec::loom::spin_hint();
         }
         if stream.ring.has_next() {
             return true;
@@ -367,7 +367,7 @@ pub(super) fn record(
         }
     };
     let (kind, dep) = op.trace_kind();
-    let end_ns = crate::clock::now_ns();
+    let end_ns = crate::exec::clock::now_ns();
     hetero_trace::record_op(hetero_trace::OpRecord {
         kind,
         name: op.name(),
@@ -505,7 +505,7 @@ impl EngineThread {
             // quarter of its bandwidth). It keeps polling, yielding the core
             // between polls, in rounds of its budget.
             (Some(b), _) => {
-                while !crate::park::spin_for_pausing(b, pauses, &mut poll)
+                while !crate::exec::park::spin_for_pausing(b, pauses, &mut poll)
                     && sh.async_queued.load(Ordering::Relaxed) > 0
                 {}
             }
@@ -516,7 +516,7 @@ impl EngineThread {
             }
             (None, _) => {
                 while !poll() {
-                    crate::loom::spin_hint();
+                    crate::exec::loom::spin_hint();
                 }
             }
         }
@@ -545,7 +545,7 @@ impl EngineThread {
                     // judged an op not ready just before the op it waits for completed
                     // (and the completer skipped that queue as held). Look again once
                     // it let go rather than sleep on a stale verdict.
-                    None if self.contended || self.deferred => crate::loom::spin_hint(),
+                    None if self.contended || self.deferred => crate::exec::loom::spin_hint(),
                     None => {
                         parked.store(true, Ordering::Relaxed);
                         return sh.shutdown.load(Ordering::SeqCst).then_some(None);
@@ -729,7 +729,7 @@ impl EngineThread {
         {
             return false;
         }
-        let now = crate::clock::now_ns();
+        let now = crate::exec::clock::now_ns();
         match stream.defer_until.load(Ordering::Relaxed) {
             0 => {
                 stream.defer_unit.store(writer, Ordering::Relaxed);
@@ -854,8 +854,8 @@ impl EngineThread {
         value: u64,
         engine: Option<Engine>,
     ) -> bool {
-        let start_ns = if crate::clock::profiling() {
-            crate::clock::now_ns()
+        let start_ns = if crate::exec::clock::profiling() {
+            crate::exec::clock::now_ns()
         } else {
             0
         };
@@ -920,7 +920,7 @@ impl EngineThread {
                 result
             }
             (Body::Record { stamp }, _) => {
-                stamp.store(crate::clock::now_ns(), Ordering::Release);
+                stamp.store(crate::exec::clock::now_ns(), Ordering::Release);
                 Ok(())
             }
             (Body::Kernel { kernel, args, .. }, _) => {

@@ -49,7 +49,7 @@ impl Drop for GraphJob {
     }
 }
 
-use crate::loom::{AtomicBool as LAtomicBool, AtomicU32 as LAtomicU32, AtomicU64 as LAtomicU64};
+use crate::exec::loom::{AtomicBool as LAtomicBool, AtomicU32 as LAtomicU32, AtomicU64 as LAtomicU64};
 
 /// The blocks of a kernel node spread over engines.
 ///
@@ -129,7 +129,7 @@ impl BlockJob {
         while self.done.load(Ordering::Acquire) < blocks {
             // The blocks others took are running; nothing is left to run here.
             backoff.snooze();
-            crate::loom::model_yield();
+            crate::exec::loom::model_yield();
         }
         self.claim.store(0, Ordering::Release);
         self.busy.store(false, Ordering::Release);
@@ -199,7 +199,7 @@ impl NodeHooks for OnEngine<'_> {
             seq: self.job.value,
             submit_ns: self.op.submit_ns,
             start_ns,
-            end_ns: crate::clock::now_ns(),
+            end_ns: crate::exec::clock::now_ns(),
             bytes,
             dep: None,
             failed,
@@ -340,9 +340,9 @@ mod loom_tests {
     #[test]
     fn loom_graph_blocks_run_once_and_the_runner_waits_for_all() {
         loom::model(|| {
-            let job = crate::loom::Arc::new(BlockJob::default());
+            let job = crate::exec::loom::Arc::new(BlockJob::default());
             let ran =
-                crate::loom::Arc::new([LAtomicU32::new(0), LAtomicU32::new(0), LAtomicU32::new(0)]);
+                crate::exec::loom::Arc::new([LAtomicU32::new(0), LAtomicU32::new(0), LAtomicU32::new(0)]);
             assert!(job.install(7, 3));
             let (j2, r2) = (job.clone(), ran.clone());
             let helper = loom::thread::spawn(move || {

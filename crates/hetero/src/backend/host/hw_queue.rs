@@ -21,7 +21,7 @@
 //! The loom models at the bottom drive these same functions with the real ring and
 //! parker.
 
-use crate::loom::{fence, AtomicU8, Ordering};
+use crate::exec::loom::{fence, AtomicU8, Ordering};
 use crossbeam_utils::CachePadded;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
@@ -121,9 +121,9 @@ pub(super) struct HwQueue {
 #[cfg(all(test, loom))]
 mod loom_wake_models {
     use super::*;
-    use crate::loom::{Arc, AtomicBool, AtomicU32};
-    use crate::park::Parker;
-    use crate::ring::Ring;
+    use crate::exec::loom::{Arc, AtomicBool, AtomicU32};
+    use crate::exec::park::Parker;
+    use crate::exec::ring::Ring;
 
     struct Queue {
         state: QueueState,

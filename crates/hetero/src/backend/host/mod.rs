@@ -39,13 +39,13 @@ use memory::*;
 use stream::*;
 
 use super::{Backend, BackendStream, DeviceProperties};
-use crate::buffer::{MemoryKind, Storage};
+use crate::exec::storage::{MemoryKind, Storage};
 use crate::config::{CompletionMode, DeviceConfig};
 use crate::kernel::Block;
-use crate::op::{self, Body, KernelRef, Op};
-use crate::park::Parker;
-use crate::ring::Ring;
-use crate::timeline::Timeline;
+use crate::exec::op::{self, Body, KernelRef, Op};
+use crate::exec::park::Parker;
+use crate::exec::ring::Ring;
+use crate::exec::timeline::Timeline;
 use crate::{Error, Result};
 use crossbeam_utils::CachePadded;
 use std::cell::UnsafeCell;

@@ -168,7 +168,7 @@ impl HostStream {
             Left::No
         } else if self.defer_unit.load(Ordering::Relaxed) == unit + 1 {
             Left::ForMe
-        } else if crate::clock::now_ns() < until {
+        } else if crate::exec::clock::now_ns() < until {
             Left::ToOther
         } else {
             Left::No
@@ -334,7 +334,7 @@ pub(super) fn blocked(streams: &[Arc<HostStream>], hint: u64) -> bool {
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::*;
-    use crate::loom::Arc;
+    use crate::exec::loom::Arc;
 
     /// A producer pushes three values into a two-slot ring, waiting for room
     /// (parked, Block mode) when it is full, while the consumer pops and completes

@@ -1,9 +1,9 @@
 //! Operations: what a stream holds, in the form every backend receives. An `Op` owns
 //! clones of the storages it touches, which keeps them alive until it completes.
 
-use crate::buffer::Storage;
+use crate::exec::storage::Storage;
 use crate::kernel::{ArgList, KernelInner};
-use crate::timeline::Timeline;
+use crate::exec::timeline::Timeline;
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -178,9 +178,9 @@ pub(crate) enum Body {
     /// A launch of an executable graph: all its nodes, one op.
     Graph(crate::graph::run::GraphLaunch),
     /// Many copies of one direction, one op (`Stream::copy_batch`).
-    CopyBatch(Box<crate::transfer::BatchOp>),
+    CopyBatch(Box<crate::exec::transfer::BatchOp>),
     /// A 2-D copy: rows at a pitch, one op (`Stream::copy_2d_*`).
-    Copy2D(Box<crate::transfer::Copy2DOp>),
+    Copy2D(Box<crate::exec::transfer::Copy2DOp>),
     /// Work outside the device, started and then polled (`async_op.rs`).
     Async(Box<crate::async_op::AsyncBody>),
 }
@@ -212,8 +212,8 @@ impl Op {
     pub(crate) fn new(body: Body) -> Self {
         Op {
             body,
-            submit_ns: if crate::clock::profiling() {
-                crate::clock::now_ns()
+            submit_ns: if crate::exec::clock::profiling() {
+                crate::exec::clock::now_ns()
             } else {
                 0
             },

@@ -17,8 +17,8 @@
 //!   stream cost every completion a futex wake, a syscall on the engine's path.)
 
 use crate::config::CompletionMode;
-use crate::loom::{AtomicU64, Ordering};
-use crate::park::Parker;
+use crate::exec::loom::{AtomicU64, Ordering};
+use crate::exec::park::Parker;
 use crate::Error;
 use crossbeam_utils::CachePadded;
 use std::cell::Cell;
@@ -136,7 +136,7 @@ impl Timeline {
     pub(crate) fn complete(&self, value: u64) {
         debug_assert_eq!(self.completed.load(Ordering::Relaxed) + 1, value);
         self.completed.store(value, Ordering::Release);
-        crate::loom::fence(Ordering::SeqCst);
+        crate::exec::loom::fence(Ordering::SeqCst);
         if value >= self.wake_at.load(Ordering::Relaxed) {
             self.parker.wake_fenced(u32::MAX);
         }
@@ -231,7 +231,7 @@ impl Timeline {
                 }
                 idle = idle.saturating_add(1);
                 if idle < 1000 {
-                    crate::loom::yield_now();
+                    crate::exec::loom::yield_now();
                 } else {
                     self.park_briefly(&mut ready, Duration::from_micros(500));
                 }
@@ -244,7 +244,7 @@ impl Timeline {
             CompletionMode::Spin | CompletionMode::Yield => self.parker.wait(mode, ready),
             CompletionMode::Block | CompletionMode::Auto { .. } => {
                 if let CompletionMode::Auto { spin } = mode {
-                    if crate::park::spin_for(spin, &mut ready) {
+                    if crate::exec::park::spin_for(spin, &mut ready) {
                         return Ok(());
                     }
                 }
@@ -297,7 +297,7 @@ impl Timeline {
                 }
                 idle = idle.saturating_add(1);
                 if idle < 1000 {
-                    crate::loom::yield_now();
+                    crate::exec::loom::yield_now();
                 } else {
                     self.park_briefly(&mut ready, left.min(Duration::from_micros(500)));
                 }
@@ -307,7 +307,7 @@ impl Timeline {
             return false;
         }
         if let CompletionMode::Auto { spin } = mode {
-            if crate::park::spin_for(spin.min(limit), &mut ready) {
+            if crate::exec::park::spin_for(spin.min(limit), &mut ready) {
                 return true;
             }
         }
@@ -331,7 +331,7 @@ impl Timeline {
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::*;
-    use crate::loom::Arc;
+    use crate::exec::loom::Arc;
 
     /// A waiter parked (Block mode) on a timeline always wakes when the value is
     /// completed, and sees a fault published with it.

@@ -11,7 +11,7 @@
 //! the sleeper and the word changes under it, so `futex_wait` returns at once.
 
 use crate::config::CompletionMode;
-use crate::loom::{AtomicU32, Ordering};
+use crate::exec::loom::{AtomicU32, Ordering};
 use crossbeam_utils::CachePadded;
 use std::time::{Duration, Instant};
 
@@ -52,7 +52,7 @@ impl Parker {
     /// skipped wake).
     #[inline]
     pub(crate) fn wake_one_if_idle(&self) {
-        crate::loom::fence(Ordering::SeqCst);
+        crate::exec::loom::fence(Ordering::SeqCst);
         self.wake_one_if_idle_fenced();
     }
 
@@ -104,7 +104,7 @@ impl Parker {
     /// Wakes up to `n` sleepers; call after making their condition true.
     #[inline]
     pub(crate) fn wake(&self, n: u32) {
-        crate::loom::fence(Ordering::SeqCst);
+        crate::exec::loom::fence(Ordering::SeqCst);
         self.wake_fenced(n);
     }
 
@@ -136,7 +136,7 @@ impl Parker {
         // Pairs with the fence in `wake`: without it the condition check below may be
         // satisfied from before the waker's update while the waker still reads
         // `sleepers == 0` (the language model allows it; loom finds it).
-        crate::loom::fence(Ordering::SeqCst);
+        crate::exec::loom::fence(Ordering::SeqCst);
         loop {
             let seen = self.word.load(Ordering::SeqCst);
             if ready() {
@@ -168,7 +168,7 @@ impl Parker {
         self.sleepers.fetch_add(1, Ordering::SeqCst);
         // Pairs with the waker's fence: our later look at the condition cannot be
         // ordered before the registration.
-        crate::loom::fence(Ordering::SeqCst);
+        crate::exec::loom::fence(Ordering::SeqCst);
         let got = loop {
             let seen = self.word.load(Ordering::SeqCst);
             if let Some(w) = claim() {
@@ -188,12 +188,12 @@ impl Parker {
         match mode {
             CompletionMode::Spin => {
                 while !ready() {
-                    crate::loom::spin_hint();
+                    crate::exec::loom::spin_hint();
                 }
             }
             CompletionMode::Yield => {
                 while !ready() {
-                    crate::loom::yield_now();
+                    crate::exec::loom::yield_now();
                 }
             }
             CompletionMode::Block => self.park_until(ready, None),
@@ -243,7 +243,7 @@ pub(crate) fn spin_for_pausing(
                 return true;
             }
             for _ in 0..pauses {
-                crate::loom::spin_hint();
+                crate::exec::loom::spin_hint();
             }
             pauses = (pauses * 2).min(max_pauses.max(1));
         }
@@ -252,7 +252,7 @@ pub(crate) fn spin_for_pausing(
             return ready();
         }
         if waited >= pure {
-            crate::loom::yield_now();
+            crate::exec::loom::yield_now();
             polls = 1;
             pauses = 1;
         }

@@ -21,7 +21,7 @@
 //!   `p` published, so the seq protocol orders successive users of a keep cell.
 //!   The host stream keeps there the kernel that ops of that slot borrow.
 
-use crate::loom::{AtomicU64, Ordering, UnsafeCell};
+use crate::exec::loom::{AtomicU64, Ordering, UnsafeCell};
 use crossbeam_utils::CachePadded;
 use std::mem::MaybeUninit;
 
@@ -113,7 +113,7 @@ impl<T, K> Ring<T, K> {
                 return Err(value);
             } else {
                 // Another producer took `pos`: our view of `tail` is stale.
-                crate::loom::model_yield();
+                crate::exec::loom::model_yield();
                 pos = self.tail.load(Ordering::Relaxed);
             }
         }
@@ -282,7 +282,7 @@ mod tests {
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::*;
-    use crate::loom::Arc;
+    use crate::exec::loom::Arc;
 
     /// Pushes `v`, yielding while the ring is full.
     fn push(ring: &Ring<u32>, mut v: u32) -> u64 {

@@ -1,0 +1,12 @@
+//! What every backend shares: the op and its ring, timelines and parking, the
+//! clock and the loom facade. This floor imports neither the public API
+//! (`api/`) nor the backends.
+
+pub mod clock;
+pub(crate) mod loom;
+pub(crate) mod op;
+pub(crate) mod park;
+pub(crate) mod ring;
+pub(crate) mod storage;
+pub(crate) mod timeline;
+pub(crate) mod transfer;

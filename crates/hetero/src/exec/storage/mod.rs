@@ -1,0 +1,667 @@
+//! The storage behind every buffer: its memory, its access lock, and what
+//! stream-ordered reuse needs to know (`reuse.rs` holds the reuse itself).
+//!
+//! A buffer handle owns an `Arc<Storage>`; every pending operation that touches the
+//! buffer holds another clone, so memory outlives the work that uses it.
+//!
+//! Invariants (who may touch the bytes):
+//! - Operations touch a storage only while holding its `access` lock, taken at
+//!   dispatch without blocking: many readers or one writer. Work from different
+//!   streams that is not ordered by events therefore never races; it is serialised in
+//!   some order instead of being undefined behaviour.
+//! - Host code reads a pinned buffer only while no enqueued operation writes it
+//!   (`pending_writes == 0`; enqueuing a writer needs `&mut`), and writes it only
+//!   while no operation holds it at all (`Arc::get_mut`).
+
+mod reuse;
+
+pub(crate) use reuse::release_warm;
+
+use crate::exec::loom::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use crate::exec::timeline::Timeline;
+use crate::Result;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+
+/// Where a buffer's memory lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryKind {
+    /// Device memory: reached only through operations on streams.
+    Device,
+    /// Pinned (page-locked) host memory: the host reads and writes it directly.
+    Pinned,
+}
+
+/// The allocation behind a storage, returned when the storage drops.
+pub(crate) enum Backing {
+    /// Zero-sized: no memory.
+    Empty,
+    /// From the device pool (`Storage::pool`): returned to it, on the stream it
+    /// was allocated for, when the storage drops (after every op that used it
+    /// completed).
+    Device {
+        alloc: hetero_memory::Allocation,
+        stream: hetero_memory::StreamId,
+    },
+    /// From the pinned pool (returned by the allocation's own Drop).
+    Pinned(hetero_memory::PinnedAllocation),
+    /// A user's host memory registered with the device (`Device::register_host`).
+    Registered(Registration),
+}
+
+/// Host memory a user handed to `Device::register_host`: the memory itself and
+/// what undoes the registration (unmap from the device's IOMMU, unlock). Its
+/// drop unregisters first, then frees the memory.
+pub(crate) struct Registration {
+    pub(crate) _memory: Box<dyn std::any::Any + Send>,
+    /// `None` once unregistered.
+    pub(crate) undo: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Some(undo) = self.undo.take() {
+            undo();
+        }
+    }
+}
+
+pub(crate) struct Storage {
+    /// Where the bytes are for this process: the memory itself when it is
+    /// host-visible, else the backend's backing store (reached only through the
+    /// backend: copies, and the views it gives kernels).
+    ptr: NonNull<u8>,
+    bytes: usize,
+    /// The address the device knows the memory by.
+    device_addr: u64,
+    /// Whether host code may read and write the bytes directly.
+    host_visible: bool,
+    pub(crate) device: u64,
+    pub(crate) kind: MemoryKind,
+    access: AtomicU32,
+    /// The host engine that last wrote the memory (unit + 1; 0: unknown, or
+    /// written elsewhere): a placement hint, never needed for correctness.
+    writer: AtomicU32,
+    pending_writes: AtomicU32,
+    /// How many [`GraphHold`]s of this storage exist.
+    graph_holds: AtomicU32,
+    /// The device's model, for pinned memory of a device in virtual time: a
+    /// host polling a refused access steps it, as `Stream::query` does.
+    driver: Option<std::sync::Weak<dyn crate::exec::timeline::Driver>>,
+    /// The stream the memory was allocated for (0: none).
+    pub(crate) home: u64,
+    /// Set once an op on a stream other than `home` was enqueued with it.
+    shared: AtomicBool,
+    /// Those other streams (0: a free entry), for an early free behind their fences.
+    used_on: [AtomicU64; USED_ON],
+    /// Used on more other streams than `used_on` holds.
+    used_on_more: AtomicBool,
+    /// Work on streams other than `home` waits for this point first.
+    ready: Option<(Arc<Timeline>, u64)>,
+    /// Taken early by [`Storage::release_in_stream_order`], else by `Drop`.
+    backing: Mutex<Backing>,
+    /// The pool device memory came from. Kept when the storage is recycled for
+    /// memory of the same pool: no reference count changes per buffer.
+    pool: Option<Arc<hetero_memory::DevicePool>>,
+    /// Non-zero for a stand-in of a graph: a buffer allocated inside it or a
+    /// slot bound at launch (`graph::GraphRef`). It has no memory; only a graph
+    /// being recorded may take it, any other use is refused.
+    pub(crate) graph_ref: u64,
+    /// A pitched buffer's row pitch in bytes (0: flat): kernels split it
+    /// between blocks by whole rows.
+    pub(crate) row_bytes: usize,
+    /// The memory came with stream-order obligations (it was reused in
+    /// stream order, or other streams' work may still use it): its first
+    /// user must order itself (see [`Storage::reused_in_stream_order`] and
+    /// [`Storage::take_reuse_points`]). Set when the memory is taken, so the
+    /// common case costs `Stream::alloc` one read.
+    pub(crate) reuse_order: bool,
+}
+
+// SAFETY: the bytes are plain memory owned by this storage; concurrent access to them
+// is governed by the `access` lock and the host-access rules in the module doc.
+unsafe impl Send for Storage {}
+// SAFETY: as above.
+unsafe impl Sync for Storage {}
+
+const WRITER: u32 = 1 << 31;
+/// Other streams a storage remembers; a buffer used on more returns its memory
+/// only when its last op completes.
+const USED_ON: usize = 4;
+
+impl Storage {
+    pub(crate) const ALIGN: usize = 256;
+
+    /// `Arc::get_mut` without its atomic read-modify-write (about 10 ns on the
+    /// VMs this runs on, three of them per `Stream::alloc` + drop): the storage
+    /// when `arc` is its only owner.
+    ///
+    /// Sound because no `Weak` of a storage is ever made (the type is private
+    /// to this crate and nothing downgrades it), so one strong reference means
+    /// one owner, and `&mut arc` keeps that owner from being cloned while the
+    /// borrow lives.
+    #[inline]
+    pub(crate) fn unique(arc: &mut Arc<Storage>) -> Option<&mut Storage> {
+        if Arc::strong_count(arc) != 1 {
+            return None;
+        }
+        // Pairs with the Release decrement of the last other owner's drop: its
+        // accesses happen before ours.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        // SAFETY: see above: this handle is the only reference to the storage.
+        Some(unsafe { &mut *(Arc::as_ptr(arc) as *mut Storage) })
+    }
+
+    /// Whether the memory came back on its stream while work queued there could
+    /// still use it (see the module doc).
+    pub(crate) fn reused_in_stream_order(&mut self) -> bool {
+        match self.backing.get_mut().unwrap_or_else(|p| p.into_inner()) {
+            Backing::Device { alloc, .. } => alloc.reused_in_stream_order(),
+            _ => false,
+        }
+    }
+
+    /// Fences of other streams' work that may still use the memory: its first use
+    /// must be ordered after them.
+    /// Whether [`Storage::take_reuse_points`] would return any (the common case
+    /// has none: no vector is built or dropped for it).
+    #[inline]
+    pub(crate) fn has_reuse_points(&mut self) -> bool {
+        match self.backing.get_mut().unwrap_or_else(|p| p.into_inner()) {
+            Backing::Device { alloc, .. } => !alloc.wait_for().is_empty(),
+            _ => false,
+        }
+    }
+
+    pub(crate) fn take_reuse_points(&mut self) -> Vec<Arc<dyn hetero_memory::StreamPoint>> {
+        match self.backing.get_mut().unwrap_or_else(|p| p.into_inner()) {
+            Backing::Device { alloc, .. } => alloc.take_wait_for(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Work on streams other than the home stream must wait for `value` on `timeline`.
+    pub(crate) fn set_ready(&mut self, timeline: Arc<Timeline>, value: u64) {
+        self.ready = Some((timeline, value));
+    }
+
+    /// The point an op enqueued on `stream` must wait for before touching this
+    /// memory, if any; notes that the storage is used off its home stream (its
+    /// memory then returns only when that op completed).
+    #[inline]
+    pub(crate) fn use_on(&self, stream: u64) -> Option<(&Arc<Timeline>, u64)> {
+        if self.home == 0 || self.home == stream {
+            return None;
+        }
+        if !self.shared.load(Ordering::Relaxed) {
+            self.shared.store(true, Ordering::Relaxed);
+        }
+        self.note_used_on(stream);
+        self.pending_ready()
+    }
+
+    pub(crate) fn set_driver(&mut self, driver: std::sync::Weak<dyn crate::exec::timeline::Driver>) {
+        self.driver = Some(driver);
+    }
+
+    /// A host access was refused: on a device in virtual time, lets the model
+    /// make a step, so that a host polling the access sees the work progress
+    /// (the model runs only when the host waits or polls).
+    #[cold]
+    pub(crate) fn refused(&self) {
+        if let Some(d) = self.driver.as_ref().and_then(std::sync::Weak::upgrade) {
+            d.poll();
+        }
+    }
+
+    /// Graph objects (drafts, plans, binding tables) that hold this storage
+    /// now: what a refused host write names (`PinnedBuffer::as_mut_slice`).
+    pub(crate) fn graph_holds(&self) -> u32 {
+        self.graph_holds.load(Ordering::Relaxed)
+    }
+
+    /// Remembers that an op on `stream` (not `home`) holds this storage.
+    #[inline]
+    fn note_used_on(&self, stream: u64) {
+        for e in &self.used_on {
+            // Relaxed: read only when the handle drops, after every enqueue that
+            // borrowed it (as for `shared`).
+            match e.load(Ordering::Relaxed) {
+                s if s == stream => return,
+                0 => match e.compare_exchange(0, stream, Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => return,
+                    Err(s) if s == stream => return,
+                    Err(_) => {}
+                },
+                _ => {}
+            }
+        }
+        self.used_on_more.store(true, Ordering::Relaxed);
+    }
+
+    /// `ready`, while not yet reached.
+    #[inline]
+    fn pending_ready(&self) -> Option<(&Arc<Timeline>, u64)> {
+        match &self.ready {
+            Some((t, v)) if !t.is_reached(*v) => Some((t, *v)),
+            _ => None,
+        }
+    }
+
+    /// Called when a buffer handle drops while ops still hold the storage: if every
+    /// op that ever used it ran on its home stream, the memory goes back to the
+    /// pool now, reusable at once by later work on that stream; if ops on a few
+    /// other streams used it too, it goes back behind their fences.
+    pub(crate) fn release_in_stream_order(&self) {
+        // `shared` and `used_on` are written only while a handle is borrowed for
+        // an enqueue; the handle is being dropped, so those writes happened before
+        // (same thread, or published by whatever moved the handle here).
+        let shared = self.shared.load(Ordering::Relaxed);
+        if self.home == 0 || (shared && self.used_on_more.load(Ordering::Relaxed)) {
+            return;
+        }
+        let mut b = self.backing.lock().unwrap_or_else(|p| p.into_inner());
+        if let (Backing::Device { alloc, stream }, Some(pool)) =
+            (std::mem::replace(&mut *b, Backing::Empty), &self.pool)
+        {
+            if crate::exec::clock::profiling() {
+                record_mem(hetero_trace::MemKind::Free, self.bytes, stream, pool);
+            }
+            if shared {
+                let others: Vec<u64> = self
+                    .used_on
+                    .iter()
+                    .map(|e| e.load(Ordering::Relaxed))
+                    .filter(|&s| s != 0)
+                    .collect();
+                pool.free_used_on(alloc, stream, &others);
+            } else if crate::backend::on_engine_thread() {
+                pool.free_uncached(alloc, stream, Vec::new());
+            } else {
+                pool.free(alloc, stream, Vec::new());
+            }
+        }
+    }
+
+    /// [`Storage::pinned`], shared.
+    pub(crate) fn pinned_arc(
+        device: u64,
+        pool: &hetero_memory::PinnedPool,
+        bytes: usize,
+    ) -> Result<Arc<Storage>> {
+        Ok(Arc::new(Self::pinned(device, pool, bytes)?))
+    }
+
+    /// `bytes` of pinned host memory from `pool`; contents unspecified.
+    pub(crate) fn pinned(
+        device: u64,
+        pool: &hetero_memory::PinnedPool,
+        bytes: usize,
+    ) -> Result<Storage> {
+        if bytes == 0 {
+            return Ok(Self::empty(device, MemoryKind::Pinned));
+        }
+        let alloc = pool.alloc(bytes, Self::ALIGN)?;
+        let ptr = alloc.ptr();
+        Ok(Storage::from_parts(
+            device,
+            MemoryKind::Pinned,
+            ptr,
+            bytes,
+            Backing::Pinned(alloc),
+        ))
+    }
+
+    /// No memory. The pointer is dangling but aligned to `ALIGN`, so the empty
+    /// slices of any element type built from it are valid.
+    fn empty(device: u64, kind: MemoryKind) -> Storage {
+        #[repr(align(256))]
+        struct Aligned;
+        const _: () = assert!(std::mem::align_of::<Aligned>() == Storage::ALIGN);
+        let ptr = NonNull::<Aligned>::dangling().cast::<u8>();
+        Storage::from_parts(device, kind, ptr, 0, Backing::Empty)
+    }
+
+    pub(crate) fn from_parts(
+        device: u64,
+        kind: MemoryKind,
+        ptr: NonNull<u8>,
+        bytes: usize,
+        backing: Backing,
+    ) -> Storage {
+        Storage {
+            ptr,
+            device_addr: ptr.as_ptr() as u64,
+            host_visible: true,
+            bytes,
+            device,
+            kind,
+            access: AtomicU32::new(0),
+            writer: AtomicU32::new(0),
+            pending_writes: AtomicU32::new(0),
+            graph_holds: AtomicU32::new(0),
+            driver: None,
+            home: 0,
+            shared: AtomicBool::new(false),
+            used_on: std::array::from_fn(|_| AtomicU64::new(0)),
+            used_on_more: AtomicBool::new(false),
+            ready: None,
+            backing: Mutex::new(backing),
+            pool: None,
+            graph_ref: 0,
+            row_bytes: 0,
+            reuse_order: false,
+        }
+    }
+
+    /// A stand-in for a graph's buffer of `bytes` (see `graph_ref`): no memory,
+    /// a pointer nothing dereferences.
+    pub(crate) fn stand_in(device: u64, kind: MemoryKind, bytes: usize, graph_ref: u64) -> Storage {
+        let mut s = Self::empty(device, kind);
+        s.bytes = bytes;
+        s.host_visible = false;
+        s.device_addr = 0;
+        s.graph_ref = graph_ref;
+        s
+    }
+
+    /// Marks the memory as the device's own, known to it as `addr`: host code
+    /// reaches it only through the backend.
+    pub(crate) fn set_device_memory(&mut self, addr: u64) {
+        self.device_addr = addr;
+        self.host_visible = false;
+    }
+
+    /// Sets the address the device knows host-visible memory by (an I/O
+    /// virtual address on a device behind an IOMMU).
+    pub(crate) fn set_device_address(&mut self, addr: u64) {
+        self.device_addr = addr;
+    }
+
+    /// The address the device knows the memory by.
+    pub(crate) fn device_addr(&self) -> u64 {
+        self.device_addr
+    }
+
+    /// Whether host code may touch the bytes directly.
+    pub(crate) fn host_visible(&self) -> bool {
+        self.host_visible
+    }
+
+    /// Elements of `size` bytes per partition unit: a row of a pitched
+    /// buffer, else one.
+    #[inline]
+    pub(crate) fn unit_elems(&self, size: usize) -> usize {
+        match self.row_bytes {
+            0 => 1,
+            r if size > 0 && r % size == 0 => r / size,
+            _ => 1,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    #[inline]
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Takes the access lock without blocking: shared for readers, exclusive for a
+    /// writer. Returns whether it was taken.
+    #[inline]
+    pub(crate) fn try_acquire(&self, write: bool) -> bool {
+        if write {
+            self.access
+                .compare_exchange(0, WRITER, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        } else {
+            let mut cur = self.access.load(Ordering::Relaxed);
+            loop {
+                if cur & WRITER != 0 {
+                    return false;
+                }
+                match self.access.compare_exchange_weak(
+                    cur,
+                    cur + 1,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => return true,
+                    Err(now) => cur = now,
+                }
+            }
+        }
+    }
+
+    /// The host engine that last wrote the memory (unit + 1; 0: unknown).
+    pub(crate) fn writer(&self) -> u32 {
+        self.writer.load(Ordering::Relaxed)
+    }
+
+    /// Notes that host engine `unit` wrote the memory. Only a store when it
+    /// changes: a line other engines read.
+    pub(crate) fn set_writer(&self, unit: u32) {
+        if self.writer.load(Ordering::Relaxed) != unit + 1 {
+            self.writer.store(unit + 1, Ordering::Relaxed);
+        }
+    }
+
+    /// Gives the access lock back. Engines release this way after an op: the
+    /// releasing engine looks for work itself right after, so nobody needs a
+    /// wake. A thread that is not an engine uses [`Storage::with_host_access`].
+    #[inline]
+    pub(crate) fn release(&self, write: bool) {
+        if write {
+            self.access.store(0, Ordering::Release);
+        } else {
+            self.access.fetch_sub(1, Ordering::Release);
+        }
+    }
+
+    /// Runs `f` with the access lock held by this (host, non-engine) thread,
+    /// then gives the lock back and calls `wake` (the device's `kick`).
+    ///
+    /// Protocol (no lost wake-up between the host and an engine): an engine
+    /// takes access locks only with [`Storage::try_acquire`], in its look for
+    /// work; a look that finds a lock taken leaves the op queued, and the
+    /// engine sleeps only through `Parker::park_for*`, which counts it as a
+    /// sleeper and fences (SeqCst) before its last look. The host takes the
+    /// lock by spinning (its holder is an op, which completes without the
+    /// host), releases it, then `wake` fences and looks at the sleepers.
+    /// Either the engine's last look sees the lock free, or the host sees the
+    /// engine asleep and wakes it. Without the wake, a kernel that found its
+    /// buffer taken by the host slept until some unrelated submission.
+    /// Checked by `loom_host_access` below, on this code.
+    pub(crate) fn with_host_access<R>(
+        &self,
+        write: bool,
+        wake: impl FnOnce(),
+        f: impl FnOnce() -> R,
+    ) -> R {
+        self.acquire_blocking(write);
+        let r = f();
+        self.release(write);
+        wake();
+        r
+    }
+
+    /// Blocks (spinning, then yielding) until the access lock is taken.
+    fn acquire_blocking(&self, write: bool) {
+        let backoff = crossbeam_utils::Backoff::new();
+        while !self.try_acquire(write) {
+            // Under loom a yield of the model, so the holder can run.
+            crate::exec::loom::model_yield();
+            backoff.snooze();
+        }
+    }
+
+    /// Blocks until a synchronous host access in the order of `stream` may touch
+    /// the memory. The access ends before the call returns, so unlike an op it
+    /// does not keep the memory from returning early.
+    pub(crate) fn wait_ready_for(&self, stream: u64) -> Result<()> {
+        if self.home == 0 || self.home == stream {
+            return Ok(());
+        }
+        match self.pending_ready() {
+            // The earlier user's fault is not ours: only its end matters.
+            Some((t, v)) => t.wait_for(v, t.host_wait, "a synchronous access"),
+            None => Ok(()),
+        }
+    }
+
+    /// Drops the storage once `fences` completed: its memory may still be used by
+    /// the work they stand for, so it must not return to the pool before.
+    pub(crate) fn drop_after(self: Arc<Self>, fences: Vec<Arc<dyn hetero_memory::StreamPoint>>) {
+        if fences.iter().all(|f| f.is_complete()) {
+            return;
+        }
+        let wait = move || {
+            for f in &fences {
+                f.wait();
+            }
+            drop(self);
+        };
+        // Not on an engine: its wait may need the work this engine runs.
+        let spawned = std::thread::Builder::new()
+            .name("hetero-release".into())
+            .spawn(wait);
+        if let Err(e) = spawned {
+            tracing::error!("hetero: could not start a thread to free memory later: {e}");
+        }
+    }
+
+    pub(crate) fn add_pending_write(&self) {
+        self.pending_writes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn finish_pending_write(&self) {
+        self.pending_writes.fetch_sub(1, Ordering::Release);
+    }
+
+    pub(crate) fn has_pending_writes(&self) -> bool {
+        self.pending_writes.load(Ordering::Acquire) != 0
+    }
+}
+
+/// A graph's hold on a buffer it names (a node's operand, a plan's fixed
+/// buffer, a bound slot): counted in the storage while it exists, so a host
+/// access the hold refuses can say so, and marking device memory as shared —
+/// when the handle drops, the memory must not go back to its stream's cache at
+/// once, as if only queued work still used it: a launch may come any time
+/// later. It returns when the last holder lets go.
+pub(crate) struct GraphHold(Arc<Storage>);
+
+impl GraphHold {
+    /// Made while the handle is borrowed for the recording or the binding (the
+    /// `shared` flags are written under the same rule as by `use_on`).
+    pub(crate) fn new(storage: &Arc<Storage>) -> Self {
+        if storage.home != 0 {
+            storage.shared.store(true, Ordering::Relaxed);
+            storage.used_on_more.store(true, Ordering::Relaxed);
+        }
+        storage.graph_holds.fetch_add(1, Ordering::Relaxed);
+        GraphHold(storage.clone())
+    }
+}
+
+impl Clone for GraphHold {
+    fn clone(&self) -> Self {
+        self.0.graph_holds.fetch_add(1, Ordering::Relaxed);
+        GraphHold(self.0.clone())
+    }
+}
+
+impl Drop for GraphHold {
+    fn drop(&mut self) {
+        self.0.graph_holds.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl std::ops::Deref for GraphHold {
+    type Target = Arc<Storage>;
+    fn deref(&self) -> &Arc<Storage> {
+        &self.0
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        self.release_backing();
+    }
+}
+
+/// One pool event for the profiler, with the pool's totals after it.
+pub(crate) fn record_mem(
+    kind: hetero_trace::MemKind,
+    bytes: usize,
+    stream: u64,
+    pool: &hetero_memory::DevicePool,
+) {
+    let stats = pool.stats();
+    hetero_trace::record_mem(hetero_trace::MemRecord {
+        kind,
+        ts_ns: crate::exec::clock::now_ns(),
+        bytes: bytes as u64,
+        stream,
+        reserved: stats.reserved as u64,
+        allocated: stats.allocated as u64,
+    });
+}
+
+impl std::fmt::Debug for Storage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Storage")
+            .field("bytes", &self.bytes)
+            .field("device", &self.device)
+            .field("kind", &self.kind)
+            .finish()
+    }
+}
+
+/// Loom model of the hand-off in [`Storage::with_host_access`]: the host holds a
+/// buffer's write lock while an engine looks for the op that needs it, finds
+/// it taken and parks on the real `Parker`; the host's release must wake it.
+/// A lost wake-up shows as a loom deadlock.
+#[cfg(all(test, loom))]
+mod loom_host_access {
+    use super::{MemoryKind, Storage};
+    use crate::exec::loom::{Arc, AtomicU32, Ordering};
+    use crate::exec::park::Parker;
+
+    fn model(host_writes: bool, op_writes: bool) {
+        loom::model(move || {
+            let storage = Arc::new(Storage::empty(1, MemoryKind::Device));
+            let idle = Arc::new(Parker::new());
+            let ran = Arc::new(AtomicU32::new(0));
+            let (s2, p2, r2) = (storage.clone(), idle.clone(), ran.clone());
+            // The engine: looks for the op (its look takes the lock or not),
+            // parks while it cannot, runs it, releases as engines do.
+            let engine = loom::thread::spawn(move || {
+                p2.park_for(|| s2.try_acquire(op_writes).then_some(()));
+                r2.fetch_add(1, Ordering::Relaxed);
+                s2.release(op_writes);
+            });
+            storage.with_host_access(host_writes, || idle.wake(u32::MAX), || ());
+            engine.join().expect("engine");
+            assert_eq!(ran.load(Ordering::Relaxed), 1);
+        });
+    }
+
+    #[test]
+    fn loom_host_write_then_kernel_write_is_not_lost() {
+        model(true, true);
+    }
+
+    #[test]
+    fn loom_host_write_then_kernel_read_is_not_lost() {
+        model(true, false);
+    }
+
+    #[test]
+    fn loom_host_read_then_kernel_write_is_not_lost() {
+        model(false, true);
+    }
+}
