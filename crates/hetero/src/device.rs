@@ -66,7 +66,7 @@ impl Drop for DeviceInner {
         crate::exec::storage::release_warm(backend.pool());
         // Shutting down waits for all work and joins the engines: on an engine
         // thread (a callback holding the last handle) that is done elsewhere.
-        crate::backend::off_engine("shut the device down", move || {
+        crate::exec::thread::off_engine("shut the device down", move || {
             shutdown(backend, profile_to)
         });
     }
@@ -251,6 +251,10 @@ impl Device {
 
     pub(crate) fn inline_copy_max(&self) -> usize {
         self.inner.backend().inline_copy_max()
+    }
+
+    pub(crate) fn held_by_running_op(&self, storage: &crate::exec::storage::Storage) -> bool {
+        self.inner.backend().held_by_running_op(storage)
     }
 
     pub(crate) fn kick(&self) {

@@ -43,7 +43,7 @@ impl Drop for StreamHandle {
         // The release waits for the stream's work; on an engine thread (a callback
         // dropping the last handle) that work includes the running op.
         let queue = self.queue.clone();
-        crate::backend::off_engine("release a stream", move || queue.release());
+        crate::exec::thread::off_engine("release a stream", move || queue.release());
     }
 }
 
@@ -743,7 +743,7 @@ impl Stream {
         }
         self.synchronize()?;
         storage.wait_ready_for(self.id())?;
-        if crate::backend::held_by_running_op(storage) {
+        if crate::exec::thread::on_engine_thread() && self.inner.device.held_by_running_op(storage) {
             return Err(Error::WouldDeadlock(format!(
                 "{op}: the buffer is an argument of the kernel running on this thread, which \
                  holds it until it returns; read or write it through the kernel's views"

@@ -16,42 +16,6 @@ use crate::exec::timeline::Timeline;
 use crate::Result;
 use std::sync::Arc;
 
-/// Marks the calling thread as one of a backend's engine threads. The flag is
-/// `hetero_memory`'s, so that the pool never blocks an engine on a fence.
-pub(crate) fn mark_engine_thread() {
-    hetero_memory::thread_role::mark_engine_thread();
-}
-
-/// Whether the calling thread is an engine thread (it frees what others allocate).
-#[inline]
-pub(crate) fn on_engine_thread() -> bool {
-    hetero_memory::thread_role::on_engine_thread()
-}
-
-/// Runs `f` now, or, on an engine thread, on a new thread of its own: `f` waits
-/// for work (a drop that synchronizes), and that work may include the op this
-/// engine is running. `what` names it if no thread can be started.
-pub(crate) fn off_engine(what: &'static str, f: impl FnOnce() + Send + 'static) {
-    if !on_engine_thread() && !emu::in_sim() {
-        return f();
-    }
-    let spawned = std::thread::Builder::new()
-        .name("hetero-release".into())
-        .spawn(f);
-    if let Err(e) = spawned {
-        // The closure (and what it owns) is gone with the failed spawn's error:
-        // its resources are released without waiting, which is all that can be
-        // done here short of deadlocking.
-        tracing::error!("hetero: could not start a thread to {what} off the engine: {e}");
-    }
-}
-
-/// Whether an op running user code on this thread holds `storage`'s access lock
-/// (a kernel's own argument): waiting for that lock here would never end.
-pub(crate) fn held_by_running_op(storage: &Storage) -> bool {
-    on_engine_thread() && host::storage_held_here(storage)
-}
-
 /// Waits until `ring` (whose ops complete on `timeline`) has room for a push.
 ///
 /// The condition is room itself, not the completion of some op: the engines may
@@ -159,6 +123,12 @@ pub(crate) trait Backend: Send + Sync {
     /// The IOMMU's state, on a device behind one.
     fn iommu_stats(&self) -> Option<crate::IommuStats> {
         None
+    }
+    /// Whether an op running user code on this thread holds `storage`'s
+    /// access lock (a kernel's own argument): waiting for that lock here would
+    /// never end. A backend that runs user code on threads of its own says.
+    fn held_by_running_op(&self, _storage: &Storage) -> bool {
+        false
     }
     /// H2D copies of at most this many bytes go inline in the command (0: none).
     fn inline_copy_max(&self) -> usize {

@@ -8,5 +8,6 @@ pub(crate) mod op;
 pub(crate) mod park;
 pub(crate) mod ring;
 pub(crate) mod storage;
+pub(crate) mod thread;
 pub(crate) mod timeline;
 pub(crate) mod transfer;

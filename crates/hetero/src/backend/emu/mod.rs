@@ -30,7 +30,6 @@ mod sim;
 mod stream;
 
 pub use iommu::{IommuStats, IotlbCounts};
-pub(crate) use sim::in_sim;
 
 use super::{Backend, BackendStream, DeviceProperties};
 use crate::exec::storage::{MemoryKind, Storage};
@@ -185,7 +184,7 @@ impl EmuShared {
     /// The real-time driver thread's loop.
     fn run_real(self: &Arc<Self>) {
         // The device's engine: what runs here must not wait for the device.
-        crate::backend::mark_engine_thread();
+        crate::exec::thread::mark_engine_thread();
         let _inside = sim::InSim::enter();
         crate::exec::timeline::set_engine_wait(refuse_wait);
         // Its long waits end close to their deadline: without this a timed

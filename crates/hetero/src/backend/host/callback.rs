@@ -43,7 +43,7 @@ thread_local! {
 /// Makes the calling thread engine `index` of `sh`: its host waits go through
 /// [`engine_wait`].
 pub(super) fn become_engine(sh: &Arc<Shared>, index: u32) {
-    crate::backend::mark_engine_thread();
+    crate::exec::thread::mark_engine_thread();
     ENGINE.with(|e| *e.borrow_mut() = Some((sh.clone(), index)));
     crate::exec::timeline::set_engine_wait(engine_wait);
 }

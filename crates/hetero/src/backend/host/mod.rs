@@ -22,7 +22,6 @@
 //!   priority work always progresses.
 
 mod callback;
-pub(crate) use callback::storage_held_here;
 mod engine;
 mod graph_job;
 mod hw_queue;
@@ -266,6 +265,10 @@ impl Backend for HostBackend {
 
     fn kick(&self) {
         self.shared.idle.wake(u32::MAX);
+    }
+
+    fn held_by_running_op(&self, storage: &Storage) -> bool {
+        callback::storage_held_here(storage)
     }
 
     fn host_wait(&self) -> CompletionMode {

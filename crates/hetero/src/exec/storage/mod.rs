@@ -275,7 +275,7 @@ impl Storage {
                     .filter(|&s| s != 0)
                     .collect();
                 pool.free_used_on(alloc, stream, &others);
-            } else if crate::backend::on_engine_thread() {
+            } else if crate::exec::thread::on_engine_thread() {
                 pool.free_uncached(alloc, stream, Vec::new());
             } else {
                 pool.free(alloc, stream, Vec::new());

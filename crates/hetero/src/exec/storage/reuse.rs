@@ -275,7 +275,7 @@ impl Storage {
                 Backing::Device { .. }
             )
             && !crate::exec::clock::profiling()
-            && !crate::backend::on_engine_thread()
+            && !crate::exec::thread::on_engine_thread()
     }
 
     /// Clears what an op, a use elsewhere or a reuse left behind.
@@ -346,7 +346,7 @@ impl Storage {
                 // the Arc, and work elsewhere waited for `ready`): no fences to
                 // pass. An engine frees what host threads allocate: past its own
                 // thread cache.
-                if crate::backend::on_engine_thread() {
+                if crate::exec::thread::on_engine_thread() {
                     pool.free_completed_uncached(alloc, stream);
                 } else {
                     pool.free_completed(alloc, stream);
