@@ -30,9 +30,9 @@
 //!   a device whose memory is host memory): on a device with its own memory,
 //!   stage through a pinned buffer with a copy first.
 
-use crate::buffer::{DeviceBuffer, PinnedBuffer};
-use crate::exec::storage::Storage;
+use crate::api::buffer::{DeviceBuffer, PinnedBuffer};
 use crate::exec::op::{Body, PendingWrite};
+use crate::exec::storage::Storage;
 use crate::{Error, Result, Stream};
 use bytemuck::Pod;
 use std::cell::UnsafeCell;

@@ -14,44 +14,39 @@
 //!   the work that waits on it.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod api;
 mod async_op;
 mod backend;
-mod batch;
-mod buffer;
 mod config;
-mod device;
 mod error;
-mod event;
 mod exec;
 pub(crate) mod graph;
-mod kernel;
-mod pitched;
-mod stream;
 mod system;
 
+pub use api::batch::CopyBatch;
+pub use api::buffer::{Arg, DeviceBuffer, PinnedBuffer};
+pub use api::device::Device;
+pub use api::event::{Event, HostEvent};
+pub use api::kernel::Kernel;
+pub use api::pitched::PitchedBuffer;
+pub use api::stream::{Stream, PRIORITY_HIGHEST, PRIORITY_LOWEST};
 pub use async_op::{AsyncArg, AsyncContext, AsyncOp};
 pub use backend::emu::{IommuStats, IotlbCounts};
+pub use backend::DeviceProperties;
 pub use config::emu::{
     EmuConfig, TimeMode, DEFAULT_INLINE_COPY_MAX, DEFAULT_IOTLB_ENTRIES, DEFAULT_IOTLB_MISS_NS,
 };
 pub use config::link::LinkPreset;
-pub use backend::DeviceProperties;
-pub use batch::CopyBatch;
-pub use buffer::{Arg, DeviceBuffer, PinnedBuffer};
-pub use exec::storage::MemoryKind;
 pub use config::{BackendKind, Coalescing, CompletionMode, DeviceConfig, GRAPH_MEMORY_SLACK};
-pub use device::Device;
-pub use exec::clock;
 pub use error::{Error, RegionProblem, Result};
-pub use event::{Event, HostEvent};
-pub use graph::{
-    Bindings, CommandBuffer, Graph, GraphExec, NodeId, PinnedSlot, PlanReport, Slot,
-    MAX_SCALARS,
-};
-pub use kernel::{Block, Grid, Kernel, KernelCost, INLINE_KERNEL_ARGS, MAX_KERNEL_ARGS};
+pub use exec::clock;
+pub use exec::kernel::{Block, Grid, KernelCost, INLINE_KERNEL_ARGS, MAX_KERNEL_ARGS};
 pub use exec::op::CopyKind;
-pub use pitched::{PitchedBuffer, PitchedLayout, Region2D, Rows, RowsMut};
-pub use stream::{Stream, PRIORITY_HIGHEST, PRIORITY_LOWEST};
+pub use exec::rows::{PitchedLayout, Region2D, Rows, RowsMut};
+pub use exec::storage::MemoryKind;
+pub use graph::{
+    Bindings, CommandBuffer, Graph, GraphExec, NodeId, PinnedSlot, PlanReport, Slot, MAX_SCALARS,
+};
 pub use system::{SystemInfo, WakeLatency};
 
 /// The README's examples, compiled and run as doctests (`cargo test --doc`).

@@ -10,8 +10,8 @@ mod streams;
 
 pub(crate) use streams::StreamList;
 
-use crate::exec::storage::{MemoryKind, Storage};
 use crate::exec::op::Op;
+use crate::exec::storage::{MemoryKind, Storage};
 use crate::exec::timeline::Timeline;
 use crate::Result;
 use std::sync::Arc;
@@ -68,7 +68,7 @@ pub(crate) fn tail_point(
         let done = Timeline::new(0, stream, crate::CompletionMode::auto());
         (Arc::new(done), 0)
     });
-    Arc::new(crate::event::TimelinePoint { timeline, value })
+    Arc::new(crate::api::event::TimelinePoint { timeline, value })
 }
 
 /// What a device is made of.
@@ -146,9 +146,9 @@ pub(crate) trait BackendStream: Send + Sync {
     /// another way (the host backend lends it from the ring slot).
     fn submit_launch(
         &self,
-        kernel: &Arc<crate::kernel::KernelInner>,
+        kernel: &Arc<crate::exec::kernel::KernelInner>,
         blocks: u32,
-        args: crate::kernel::ArgList,
+        args: crate::exec::kernel::ArgList,
     ) -> Result<u64> {
         self.submit(Op::new(crate::exec::op::Body::Kernel {
             kernel: crate::exec::op::KernelRef::owned(kernel.clone()),

@@ -3,10 +3,12 @@
 //! (`api/`) nor the backends.
 
 pub mod clock;
+pub(crate) mod kernel;
 pub(crate) mod loom;
 pub(crate) mod op;
 pub(crate) mod park;
 pub(crate) mod ring;
+pub(crate) mod rows;
 pub(crate) mod storage;
 pub(crate) mod thread;
 pub(crate) mod timeline;

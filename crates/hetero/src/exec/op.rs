@@ -1,8 +1,8 @@
 //! Operations: what a stream holds, in the form every backend receives. An `Op` owns
 //! clones of the storages it touches, which keeps them alive until it completes.
 
+use crate::exec::kernel::{ArgList, KernelInner};
 use crate::exec::storage::Storage;
-use crate::kernel::{ArgList, KernelInner};
 use crate::exec::timeline::Timeline;
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64;

@@ -8,8 +8,8 @@
 //! were bounds-checked when they were added, and segments run in the order they
 //! were added (a batch equals the same copies one by one).
 
-use crate::exec::storage::Storage;
 use crate::exec::op::{CopyKind, PendingWrite};
+use crate::exec::storage::Storage;
 use std::sync::Arc;
 
 /// One segment of a batch: `len` bytes from `storages[src] + src_off` to
@@ -103,7 +103,9 @@ impl BatchOp {
             // SAFETY: each segment was bounds-checked when added; source and
             // destination are different storages (a storage is read or written by
             // the batch, never both); the locks exclude every other access.
-            unsafe { crate::exec::op::copy_bytes(src.ptr(), g.src_off, dst.ptr(), g.dst_off, g.len) }
+            unsafe {
+                crate::exec::op::copy_bytes(src.ptr(), g.src_off, dst.ptr(), g.dst_off, g.len)
+            }
         }
     }
 

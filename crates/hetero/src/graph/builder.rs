@@ -6,10 +6,10 @@ use super::capture::{
     begin_with, capture_error, end, lock, new_graph_id, new_slot, with_capture, CAPTURE_STREAM,
 };
 use super::{Draft, NodeBody, SlotInfo};
+use crate::api::event::Event;
 use crate::backend::BackendStream;
-use crate::exec::storage::MemoryKind;
-use crate::event::Event;
 use crate::exec::op::Op;
+use crate::exec::storage::MemoryKind;
 use crate::exec::timeline::Timeline;
 use crate::{DeviceBuffer, Error, PinnedBuffer, Result, Stream};
 use bytemuck::Pod;
@@ -118,7 +118,7 @@ fn slot_info<T: Pod>(len: usize, kind: MemoryKind) -> Result<SlotInfo> {
         ))
     })?;
     Ok(SlotInfo {
-        elem: crate::kernel::ElemInfo::of::<T>(),
+        elem: crate::exec::kernel::ElemInfo::of::<T>(),
         len,
         kind,
     })

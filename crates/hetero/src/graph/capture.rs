@@ -20,9 +20,9 @@
 //!   slot's lock while it holds a state's.
 
 use super::{Draft, GraphRef, NodeBody, SlotInfo};
-use crate::exec::storage::{MemoryKind, Storage};
-use crate::event::{Event, EventPoint};
+use crate::api::event::{Event, EventPoint};
 use crate::exec::op::Body;
+use crate::exec::storage::{MemoryKind, Storage};
 use crate::exec::timeline::Timeline;
 use crate::{Error, Result};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -189,7 +189,7 @@ pub(super) fn with_capture<R>(
 pub(crate) fn kernel(
     slot: &CaptureSlot,
     stream: u64,
-    kernel: &Arc<crate::kernel::KernelInner>,
+    kernel: &Arc<crate::exec::kernel::KernelInner>,
     blocks: u32,
     args: &[crate::Arg<'_>],
 ) -> Result<()> {

@@ -14,8 +14,8 @@
 use super::run::RunState;
 use super::schedule::{schedule, MemoryOrder, Schedule};
 use super::{Draft, NodeArg, NodeBody, Operand, SlotInfo};
+use crate::exec::kernel::{KView, KernelInner};
 use crate::exec::storage::{GraphHold, MemoryKind, Storage};
-use crate::kernel::{KView, KernelInner};
 use crate::exec::timeline::Timeline;
 use crate::{DeviceBuffer, Error, PinnedBuffer, Result};
 use bytemuck::Pod;
@@ -364,7 +364,7 @@ impl Bindings {
         index: u32,
         storage: &Arc<Storage>,
         len: usize,
-        elem: &'static crate::kernel::ElemInfo,
+        elem: &'static crate::exec::kernel::ElemInfo,
         kind: MemoryKind,
     ) -> Result<()> {
         let op = "Bindings::bind";
@@ -462,7 +462,7 @@ impl Bindings {
             slot.index,
             &buffer.storage,
             buffer.len(),
-            crate::kernel::ElemInfo::of::<T>(),
+            crate::exec::kernel::ElemInfo::of::<T>(),
             MemoryKind::Device,
         )
     }
@@ -478,7 +478,7 @@ impl Bindings {
             slot.index,
             &buffer.storage,
             buffer.len(),
-            crate::kernel::ElemInfo::of::<T>(),
+            crate::exec::kernel::ElemInfo::of::<T>(),
             MemoryKind::Pinned,
         )
     }

@@ -41,10 +41,9 @@ pub use builder::{CommandBuffer, Graph, NodeId, PinnedSlot, Slot};
 pub(crate) use exec::ExecInner;
 pub use exec::{Bindings, GraphExec, PlanReport, MAX_SCALARS};
 
-
-use crate::exec::storage::{GraphHold, MemoryKind, Storage};
-use crate::kernel::{ElemInfo, KernelInner};
+use crate::exec::kernel::{ElemInfo, KernelInner};
 use crate::exec::op::CopyKind;
+use crate::exec::storage::{GraphHold, MemoryKind, Storage};
 use crate::exec::timeline::Timeline;
 use crate::Error;
 use std::sync::Arc;

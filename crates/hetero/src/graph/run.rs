@@ -29,10 +29,10 @@
 use super::exec::{ExecInner, Params};
 use super::schedule::{Dependents, Hot, NONE};
 use super::{NodeBody, Operand};
-use crate::exec::storage::{GraphHold, Storage};
-use crate::kernel::{Args, Block, KView, MAX_KERNEL_ARGS};
+use crate::exec::kernel::{Args, Block, KView, MAX_KERNEL_ARGS};
 use crate::exec::loom::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use crate::exec::op::Body;
+use crate::exec::storage::{GraphHold, Storage};
 use crate::{Error, Result, Stream};
 use crossbeam_utils::CachePadded;
 
@@ -203,8 +203,10 @@ pub(crate) fn run_node(l: &GraphLaunch, v: u32) -> Result<(), String> {
         let mut result = Ok(());
         for b in 0..blocks {
             let mut block = Block::with(b, blocks, Args::Views(views), scalars);
-            let r =
-                crate::exec::op::catch_user(|| format!("kernel '{name}' in block {b}"), || f(&mut block));
+            let r = crate::exec::op::catch_user(
+                || format!("kernel '{name}' in block {b}"),
+                || f(&mut block),
+            );
             if result.is_ok() {
                 result = r;
             }
@@ -229,7 +231,13 @@ pub(crate) fn run_node(l: &GraphLaunch, v: u32) -> Result<(), String> {
             // (hazard edges) plus the launch's access locks exclude every other
             // writer.
             unsafe {
-                crate::exec::op::copy_bytes(l.operand(src), *src_off, l.operand(dst), *dst_off, *bytes)
+                crate::exec::op::copy_bytes(
+                    l.operand(src),
+                    *src_off,
+                    l.operand(dst),
+                    *dst_off,
+                    *bytes,
+                )
             };
             Ok(())
         }
@@ -250,7 +258,12 @@ pub(crate) fn run_node(l: &GraphLaunch, v: u32) -> Result<(), String> {
             // of these lengths when recorded, they are different buffers, and
             // the node is the sole writer of dst.
             unsafe {
-                crate::exec::transfer::copy_rows(l.operand(&c.src), c.src_r, l.operand(&c.dst), c.dst_r)
+                crate::exec::transfer::copy_rows(
+                    l.operand(&c.src),
+                    c.src_r,
+                    l.operand(&c.dst),
+                    c.dst_r,
+                )
             };
             Ok(())
         }
@@ -410,7 +423,11 @@ impl RunState {
         let s = &l.exec.sched;
         let profiling = crate::exec::clock::profiling();
         self.walk(&s.hot, &s.succ, &s.dependents, v, pushed, |v| {
-            let start_ns = if profiling { crate::exec::clock::now_ns() } else { 0 };
+            let start_ns = if profiling {
+                crate::exec::clock::now_ns()
+            } else {
+                0
+            };
             let result = hooks.run(l, v).map_err(|m| self.fail(l, v, m));
             if profiling {
                 hooks.record(l, v, start_ns, result.is_err());

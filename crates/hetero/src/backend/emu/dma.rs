@@ -21,10 +21,10 @@
 //!   stalls the engine `iotlb_miss_ns`. A transfer that reaches unmapped memory
 //!   is refused before any byte moves.
 
-use crate::config::link::{Dir, LinkPreset};
 use super::EmuShared;
-use crate::exec::storage::Storage;
+use crate::config::link::{Dir, LinkPreset};
 use crate::exec::op::{Body, CopyKind, Op};
+use crate::exec::storage::Storage;
 use crate::exec::transfer::ByteRegion;
 
 /// Fixed cost of an on-device copy or fill, ns.

@@ -3,10 +3,10 @@
 //! overhead, then `GRAPH_NODE_NS` per kernel node), with each node's profile record.
 
 use super::dma::D2D_SETUP_NS;
-use crate::config::link::Dir;
 use super::sim::cost_ns;
 use super::EmuShared;
-use crate::kernel::KernelCost;
+use crate::config::link::Dir;
+use crate::exec::kernel::KernelCost;
 use crate::exec::op::CopyKind;
 
 /// Where a launch's node records go: its stream, queue and value, and the

@@ -32,11 +32,11 @@ mod stream;
 pub use iommu::{IommuStats, IotlbCounts};
 
 use super::{Backend, BackendStream, DeviceProperties};
-use crate::exec::storage::{MemoryKind, Storage};
 use crate::config::emu::{EmuConfig, TimeMode};
 use crate::config::{CompletionMode, DeviceConfig};
 use crate::exec::park::Parker;
 use crate::exec::ring::Ring;
+use crate::exec::storage::{MemoryKind, Storage};
 use crate::exec::timeline::{Driver, Timeline};
 use crate::{Error, Result};
 use crossbeam_utils::CachePadded;

@@ -22,10 +22,10 @@
 
 use super::dma;
 use super::graph_model::{model_graph, NodeTrace};
-use crate::config::link::{Dir, LinkPreset};
 use super::stream::EmuStream;
 use super::EmuShared;
-use crate::kernel::{Block, KernelCost};
+use crate::config::link::{Dir, LinkPreset};
+use crate::exec::kernel::{Block, KernelCost};
 use crate::exec::op::{self, Body, CopyKind, Op};
 use crate::exec::timeline::Timeline;
 use std::cell::Cell;

@@ -49,7 +49,9 @@ impl Drop for GraphJob {
     }
 }
 
-use crate::exec::loom::{AtomicBool as LAtomicBool, AtomicU32 as LAtomicU32, AtomicU64 as LAtomicU64};
+use crate::exec::loom::{
+    AtomicBool as LAtomicBool, AtomicU32 as LAtomicU32, AtomicU64 as LAtomicU64,
+};
 
 /// The blocks of a kernel node spread over engines.
 ///
@@ -341,8 +343,11 @@ mod loom_tests {
     fn loom_graph_blocks_run_once_and_the_runner_waits_for_all() {
         loom::model(|| {
             let job = crate::exec::loom::Arc::new(BlockJob::default());
-            let ran =
-                crate::exec::loom::Arc::new([LAtomicU32::new(0), LAtomicU32::new(0), LAtomicU32::new(0)]);
+            let ran = crate::exec::loom::Arc::new([
+                LAtomicU32::new(0),
+                LAtomicU32::new(0),
+                LAtomicU32::new(0),
+            ]);
             assert!(job.install(7, 3));
             let (j2, r2) = (job.clone(), ran.clone());
             let helper = loom::thread::spawn(move || {

@@ -38,12 +38,12 @@ use memory::*;
 use stream::*;
 
 use super::{Backend, BackendStream, DeviceProperties};
-use crate::exec::storage::{MemoryKind, Storage};
 use crate::config::{CompletionMode, DeviceConfig};
-use crate::kernel::Block;
+use crate::exec::kernel::Block;
 use crate::exec::op::{self, Body, KernelRef, Op};
 use crate::exec::park::Parker;
 use crate::exec::ring::Ring;
+use crate::exec::storage::{MemoryKind, Storage};
 use crate::exec::timeline::Timeline;
 use crate::{Error, Result};
 use crossbeam_utils::CachePadded;

@@ -9,7 +9,7 @@ pub(super) const AGING_TICKS: u64 = 16;
 
 /// What a ring slot keeps for the kernel ops pushed into it: the kernel they
 /// borrow (`HostStream::submit_launch`).
-pub(super) type KernelKeep = Option<Arc<crate::kernel::KernelInner>>;
+pub(super) type KernelKeep = Option<Arc<crate::exec::kernel::KernelInner>>;
 
 pub(crate) struct HostStream {
     pub(super) id: u64,
@@ -76,9 +76,9 @@ impl BackendStream for HostStream {
     #[inline]
     fn submit_launch(
         &self,
-        kernel: &Arc<crate::kernel::KernelInner>,
+        kernel: &Arc<crate::exec::kernel::KernelInner>,
         blocks: u32,
-        args: crate::kernel::ArgList,
+        args: crate::exec::kernel::ArgList,
     ) -> Result<u64> {
         self.check_open()?;
         let op = Op::new(Body::Kernel {
@@ -259,7 +259,7 @@ impl HostStream {
         op: &mut Op,
         keep: &mut KernelKeep,
         pos: u64,
-        kernel: &Arc<crate::kernel::KernelInner>,
+        kernel: &Arc<crate::exec::kernel::KernelInner>,
     ) {
         let Body::Kernel { kernel: held, .. } = &mut op.body else {
             return;

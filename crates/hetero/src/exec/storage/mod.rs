@@ -200,7 +200,10 @@ impl Storage {
         self.pending_ready()
     }
 
-    pub(crate) fn set_driver(&mut self, driver: std::sync::Weak<dyn crate::exec::timeline::Driver>) {
+    pub(crate) fn set_driver(
+        &mut self,
+        driver: std::sync::Weak<dyn crate::exec::timeline::Driver>,
+    ) {
         self.driver = Some(driver);
     }
 

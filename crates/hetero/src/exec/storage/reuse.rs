@@ -13,7 +13,6 @@
 //!   on another stream (an op, or a synchronous read or write) first waits for
 //!   that point. Stream order does the rest: on S the old work comes first.
 
-
 use super::{record_mem, Backing, MemoryKind, Registration, Storage};
 use crate::exec::loom::Ordering;
 use crate::Result;

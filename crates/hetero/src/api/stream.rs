@@ -1,13 +1,14 @@
 //! Streams: the user's in-order sequences of operations. Every method validates its
 //! input (typed errors, never panics) and hands a self-contained `Op` to the backend.
 
+use crate::api::buffer::{Arg, DeviceBuffer, PinnedBuffer};
+use crate::api::event::{Event, EventPoint};
+use crate::api::kernel::Kernel;
 use crate::backend::BackendStream;
-use crate::buffer::{Arg, DeviceBuffer, PinnedBuffer};
-use crate::exec::storage::Storage;
-use crate::event::{Event, EventPoint};
-use crate::graph::capture::CaptureSlot;
-use crate::kernel::{ArgList, Grid, Kernel, MAX_KERNEL_ARGS};
+use crate::exec::kernel::{ArgList, Grid, MAX_KERNEL_ARGS};
 use crate::exec::op::{Body, CopyKind, KernelRef, Op, PendingWrite};
+use crate::exec::storage::Storage;
+use crate::graph::capture::CaptureSlot;
 use crate::{Device, Error, MemoryKind, Result};
 use bytemuck::Pod;
 use std::any::TypeId;
@@ -284,7 +285,7 @@ impl Stream {
             }
             let point = f
                 .as_any()
-                .and_then(|a| a.downcast_ref::<crate::event::TimelinePoint>())
+                .and_then(|a| a.downcast_ref::<crate::api::event::TimelinePoint>())
                 .filter(|t| t.timeline.device == self.inner.device.id());
             let done = match point {
                 Some(t) if t.timeline.stream == self.id() => Ok(()),
@@ -295,7 +296,7 @@ impl Stream {
                         fault: false,
                     })
                     .map(drop),
-                None => crate::event::wait_fence(&f),
+                None => crate::api::event::wait_fence(&f),
             };
             match done {
                 Ok(()) => ordered |= point.is_some(),
@@ -743,7 +744,8 @@ impl Stream {
         }
         self.synchronize()?;
         storage.wait_ready_for(self.id())?;
-        if crate::exec::thread::on_engine_thread() && self.inner.device.held_by_running_op(storage) {
+        if crate::exec::thread::on_engine_thread() && self.inner.device.held_by_running_op(storage)
+        {
             return Err(Error::WouldDeadlock(format!(
                 "{op}: the buffer is an argument of the kernel running on this thread, which \
                  holds it until it returns; read or write it through the kernel's views"

@@ -1,5 +1,7 @@
-//! Host kernels: a Rust closure run once per block of a grid, given its block index
-//! and typed views of the buffers the launch declared.
+//! What a kernel is to the engines that run it: its function and cost, the
+//! launch's argument list, and the block it runs as, given its block index and
+//! typed views of the buffers the launch declared (the handle users hold,
+//! `Kernel`, is `api/kernel.rs`).
 //!
 //! Soundness: a launch's buffers are locked for the whole kernel (readers shared,
 //! writers exclusive), a buffer cannot be both read and written by one launch, and
@@ -12,35 +14,6 @@ use std::any::TypeId;
 use std::sync::Arc;
 
 pub(crate) type KernelFn = dyn Fn(&mut Block<'_>) + Send + Sync;
-
-/// A kernel: a named closure run once per block.
-///
-/// Lifetime: a launch keeps its kernel alive until it has completed, whatever
-/// happens to the handles. On the host backend a stream also keeps the kernels
-/// of its recent launches, at most one per slot of its submission ring
-/// ([`DeviceConfig::stream_capacity`](crate::DeviceConfig::stream_capacity)),
-/// until a later launch in that slot replaces it or the stream is dropped:
-/// that is what lets a launch change no reference count. What a kernel's
-/// closure captures lives that long too.
-///
-/// ```
-/// use hetero::{Arg, Device, Grid, Kernel};
-/// let dev = Device::host().unwrap();
-/// let s = dev.create_stream().unwrap();
-/// let out = dev.alloc::<u32>(8).unwrap();
-/// let k = Kernel::new("iota", |b| {
-///     let base = b.write_offset(0);
-///     for (i, v) in b.write::<u32>(0).iter_mut().enumerate() {
-///         *v = (base + i) as u32;
-///     }
-/// });
-/// s.launch(&k, Grid::new(2), &[Arg::write(&out)]).unwrap();
-/// assert_eq!(s.read_to_vec(&out).unwrap(), (0..8).collect::<Vec<u32>>());
-/// ```
-#[derive(Clone)]
-pub struct Kernel {
-    pub(crate) inner: Arc<KernelInner>,
-}
 
 /// What an op holds of its kernel: one pointer. Aligned to its own cache lines:
 /// submitters write the `Arc`'s counts at every launch while engines read the
@@ -67,58 +40,6 @@ pub struct KernelCost {
     pub flops: f64,
     /// Bytes of device memory the launch reads and writes.
     pub bytes: f64,
-}
-
-impl Kernel {
-    /// Wraps `f` as a kernel named `name` (the name shows in errors and profiles).
-    pub fn new(name: &'static str, f: impl Fn(&mut Block<'_>) + Send + Sync + 'static) -> Self {
-        Kernel {
-            inner: Arc::new(KernelInner {
-                name,
-                f: Box::new(f),
-                cost: None,
-            }),
-        }
-    }
-
-    /// A kernel that declares its cost as a function of the grid (used by
-    /// devices that model time; the host device ignores it).
-    ///
-    /// ```
-    /// use hetero::{Grid, Kernel, KernelCost};
-    /// let k = Kernel::with_cost(
-    ///     "axpy",
-    ///     |g: Grid| KernelCost { flops: 2.0 * 1024.0 * f64::from(g.blocks()), bytes: 0.0 },
-    ///     |_| {},
-    /// );
-    /// assert_eq!(k.name(), "axpy");
-    /// ```
-    pub fn with_cost(
-        name: &'static str,
-        cost: impl Fn(Grid) -> KernelCost + Send + Sync + 'static,
-        f: impl Fn(&mut Block<'_>) + Send + Sync + 'static,
-    ) -> Self {
-        Kernel {
-            inner: Arc::new(KernelInner {
-                name,
-                f: Box::new(f),
-                cost: Some(Box::new(cost)),
-            }),
-        }
-    }
-
-    /// The kernel's name.
-    pub fn name(&self) -> &'static str {
-        self.inner.name
-    }
-}
-
-impl std::fmt::Debug for Kernel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Kernel")
-            .field("name", &self.inner.name)
-            .finish()
-    }
 }
 
 /// The launch shape: a number of blocks, split across compute units.
@@ -466,9 +387,9 @@ impl<'a> Block<'a> {
         &self,
         n: usize,
         layout: crate::PitchedLayout,
-    ) -> Result<crate::pitched::Rows<'a, T>, String> {
+    ) -> Result<crate::exec::rows::Rows<'a, T>, String> {
         let data = self.try_read::<T>(n)?;
-        crate::pitched::Rows::new(data, layout)
+        crate::exec::rows::Rows::new(data, layout)
     }
 
     /// Read argument `n` as the rows of `layout`. Panics (failing the stream) where
@@ -477,7 +398,7 @@ impl<'a> Block<'a> {
         &self,
         n: usize,
         layout: crate::PitchedLayout,
-    ) -> crate::pitched::Rows<'a, T> {
+    ) -> crate::exec::rows::Rows<'a, T> {
         self.try_read_rows(n, layout)
             .unwrap_or_else(|m| panic!("{m}"))
     }
@@ -490,12 +411,12 @@ impl<'a> Block<'a> {
         &mut self,
         n: usize,
         layout: crate::PitchedLayout,
-    ) -> Result<crate::pitched::RowsMut<'a, T>, String> {
+    ) -> Result<crate::exec::rows::RowsMut<'a, T>, String> {
         let Nth { len, .. } = self
             .args
             .nth(n, true)
             .ok_or_else(|| format!("kernel asked for write argument {n}, which was not passed"))?;
-        crate::pitched::check_layout(layout, len)?;
+        crate::exec::rows::check_layout(layout, len)?;
         let start = self.write_offset(n);
         let data = self.try_write::<T>(n)?;
         if !start.is_multiple_of(layout.pitch)
@@ -507,7 +428,7 @@ impl<'a> Block<'a> {
                 layout.pitch
             ));
         }
-        Ok(crate::pitched::RowsMut::new(
+        Ok(crate::exec::rows::RowsMut::new(
             data,
             layout,
             start / layout.pitch,
@@ -520,7 +441,7 @@ impl<'a> Block<'a> {
         &mut self,
         n: usize,
         layout: crate::PitchedLayout,
-    ) -> crate::pitched::RowsMut<'a, T> {
+    ) -> crate::exec::rows::RowsMut<'a, T> {
         self.try_write_rows(n, layout)
             .unwrap_or_else(|m| panic!("{m}"))
     }

@@ -158,7 +158,7 @@ impl<T: Pod> PinnedBuffer<T> {
 #[derive(Clone, Copy)]
 pub struct Arg<'a> {
     pub(crate) storage: &'a Arc<Storage>,
-    pub(crate) elem: &'static crate::kernel::ElemInfo,
+    pub(crate) elem: &'static crate::exec::kernel::ElemInfo,
     pub(crate) write: bool,
 }
 
@@ -167,7 +167,7 @@ impl<'a> Arg<'a> {
     pub fn read<T: Pod>(buf: &'a DeviceBuffer<T>) -> Self {
         Arg {
             storage: &buf.storage,
-            elem: crate::kernel::ElemInfo::of::<T>(),
+            elem: crate::exec::kernel::ElemInfo::of::<T>(),
             write: false,
         }
     }

@@ -9,12 +9,12 @@
 //! next to each other in the stream, and every other op (events, waits, kernels)
 //! ends a run of them.
 
-use crate::buffer::{DeviceBuffer, PinnedBuffer};
-use crate::exec::storage::Storage;
-use crate::exec::op::{Body, CopyKind};
-use crate::stream::check_range;
-use crate::exec::transfer::BatchOp;
+use crate::api::buffer::{DeviceBuffer, PinnedBuffer};
+use crate::api::stream::check_range;
 use crate::config::Coalescing;
+use crate::exec::op::{Body, CopyKind};
+use crate::exec::storage::Storage;
+use crate::exec::transfer::BatchOp;
 use crate::MemoryKind;
 use crate::{Error, Result, Stream};
 use bytemuck::Pod;

@@ -1,11 +1,11 @@
 //! Devices: something that owns memory and engines. `Device` is backend-independent;
 //! the host backend is the default and always available.
 
+use crate::api::buffer::{DeviceBuffer, PinnedBuffer};
+use crate::api::stream::{Stream, PRIORITY_LOWEST};
 use crate::backend::{emu::EmuBackend, host::HostBackend, Backend, DeviceProperties};
-use crate::exec::storage::Storage;
-use crate::buffer::{DeviceBuffer, PinnedBuffer};
 use crate::exec::storage::MemoryKind;
-use crate::stream::{Stream, PRIORITY_LOWEST};
+use crate::exec::storage::Storage;
 use crate::{CompletionMode, DeviceConfig, Error, Result};
 use bytemuck::Pod;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -311,7 +311,7 @@ impl Device {
             .take_reuse_points();
         let mut fences = fences.into_iter();
         while let Some(f) = fences.next() {
-            if let Err(e) = crate::event::wait_fence(&f) {
+            if let Err(e) = crate::api::event::wait_fence(&f) {
                 s.drop_after(std::iter::once(f).chain(fences).collect());
                 return Err(e);
             }

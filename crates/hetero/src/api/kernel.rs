@@ -1,0 +1,86 @@
+//! The kernel handle users hold: a named closure run once per block of a grid
+//! (what engines see of it is `exec::kernel`).
+
+use crate::exec::kernel::{Block, Grid, KernelCost, KernelInner};
+use std::sync::Arc;
+
+/// A kernel: a named closure run once per block.
+///
+/// Lifetime: a launch keeps its kernel alive until it has completed, whatever
+/// happens to the handles. On the host backend a stream also keeps the kernels
+/// of its recent launches, at most one per slot of its submission ring
+/// ([`DeviceConfig::stream_capacity`](crate::DeviceConfig::stream_capacity)),
+/// until a later launch in that slot replaces it or the stream is dropped:
+/// that is what lets a launch change no reference count. What a kernel's
+/// closure captures lives that long too.
+///
+/// ```
+/// use hetero::{Arg, Device, Grid, Kernel};
+/// let dev = Device::host().unwrap();
+/// let s = dev.create_stream().unwrap();
+/// let out = dev.alloc::<u32>(8).unwrap();
+/// let k = Kernel::new("iota", |b| {
+///     let base = b.write_offset(0);
+///     for (i, v) in b.write::<u32>(0).iter_mut().enumerate() {
+///         *v = (base + i) as u32;
+///     }
+/// });
+/// s.launch(&k, Grid::new(2), &[Arg::write(&out)]).unwrap();
+/// assert_eq!(s.read_to_vec(&out).unwrap(), (0..8).collect::<Vec<u32>>());
+/// ```
+#[derive(Clone)]
+pub struct Kernel {
+    pub(crate) inner: Arc<KernelInner>,
+}
+
+impl Kernel {
+    /// Wraps `f` as a kernel named `name` (the name shows in errors and profiles).
+    pub fn new(name: &'static str, f: impl Fn(&mut Block<'_>) + Send + Sync + 'static) -> Self {
+        Kernel {
+            inner: Arc::new(KernelInner {
+                name,
+                f: Box::new(f),
+                cost: None,
+            }),
+        }
+    }
+
+    /// A kernel that declares its cost as a function of the grid (used by
+    /// devices that model time; the host device ignores it).
+    ///
+    /// ```
+    /// use hetero::{Grid, Kernel, KernelCost};
+    /// let k = Kernel::with_cost(
+    ///     "axpy",
+    ///     |g: Grid| KernelCost { flops: 2.0 * 1024.0 * f64::from(g.blocks()), bytes: 0.0 },
+    ///     |_| {},
+    /// );
+    /// assert_eq!(k.name(), "axpy");
+    /// ```
+    pub fn with_cost(
+        name: &'static str,
+        cost: impl Fn(Grid) -> KernelCost + Send + Sync + 'static,
+        f: impl Fn(&mut Block<'_>) + Send + Sync + 'static,
+    ) -> Self {
+        Kernel {
+            inner: Arc::new(KernelInner {
+                name,
+                f: Box::new(f),
+                cost: Some(Box::new(cost)),
+            }),
+        }
+    }
+
+    /// The kernel's name.
+    pub fn name(&self) -> &'static str {
+        self.inner.name
+    }
+}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernel")
+            .field("name", &self.inner.name)
+            .finish()
+    }
+}

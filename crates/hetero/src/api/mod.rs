@@ -1,0 +1,11 @@
+//! What users hold: devices, streams, events, buffer handles, kernels, copy
+//! batches and pitched buffers. This floor builds validated ops and hands
+//! them to the backend; it imports the backends and `exec`, never the reverse.
+
+pub(crate) mod batch;
+pub(crate) mod buffer;
+pub(crate) mod device;
+pub(crate) mod event;
+pub(crate) mod kernel;
+pub(crate) mod pitched;
+pub(crate) mod stream;
