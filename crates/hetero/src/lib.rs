@@ -15,7 +15,6 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod api;
-mod async_op;
 mod backend;
 mod config;
 mod error;
@@ -23,6 +22,7 @@ mod exec;
 pub(crate) mod graph;
 mod system;
 
+pub use api::async_op::AsyncArg;
 pub use api::batch::CopyBatch;
 pub use api::buffer::{Arg, DeviceBuffer, PinnedBuffer};
 pub use api::device::Device;
@@ -30,7 +30,6 @@ pub use api::event::{Event, HostEvent};
 pub use api::kernel::Kernel;
 pub use api::pitched::PitchedBuffer;
 pub use api::stream::{Stream, PRIORITY_HIGHEST, PRIORITY_LOWEST};
-pub use async_op::{AsyncArg, AsyncContext, AsyncOp};
 pub use backend::emu::{IommuStats, IotlbCounts};
 pub use backend::DeviceProperties;
 pub use config::emu::{
@@ -39,6 +38,7 @@ pub use config::emu::{
 pub use config::link::LinkPreset;
 pub use config::{BackendKind, Coalescing, CompletionMode, DeviceConfig, GRAPH_MEMORY_SLACK};
 pub use error::{Error, RegionProblem, Result};
+pub use exec::async_op::{AsyncContext, AsyncOp};
 pub use exec::clock;
 pub use exec::kernel::{Block, Grid, KernelCost, INLINE_KERNEL_ARGS, MAX_KERNEL_ARGS};
 pub use exec::op::CopyKind;

@@ -9,69 +9,6 @@ use crate::{Error, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// A point on a stream's timeline, as the pool sees it: memory freed there may be
-/// reused elsewhere once it is reached. Stream allocation turns it back into a
-/// device-side wait (through `as_any`) instead of a host wait.
-#[derive(Debug)]
-pub(crate) struct TimelinePoint {
-    pub(crate) timeline: Arc<Timeline>,
-    pub(crate) value: u64,
-}
-
-impl TimelinePoint {
-    /// Waits for the point on this thread; on an engine thread a wait that could
-    /// never end is an error and the point may still be ahead. A fault of the
-    /// stream that used the memory is not the waiter's.
-    pub(crate) fn wait_here(&self) -> Result<()> {
-        self.timeline
-            .wait_for(self.value, self.timeline.host_wait, "reusing memory")
-    }
-}
-
-impl hetero_memory::StreamPoint for TimelinePoint {
-    fn is_complete(&self) -> bool {
-        self.timeline.is_reached(self.value)
-    }
-    /// The pool waits only on threads that are not engines; hetero's own callers
-    /// use `wait_here`.
-    fn wait(&self) {
-        let _ = self.wait_here();
-    }
-    /// Waits while the stream completes work, giving up after `idle` without
-    /// a completion on it.
-    fn wait_progressing(&self, idle: std::time::Duration) -> bool {
-        let t = &self.timeline;
-        let mut seen = t.completed();
-        loop {
-            if t.reached_within(self.value, t.host_wait, idle) {
-                return true;
-            }
-            let now = t.completed();
-            if now == seen {
-                return false;
-            }
-            seen = now;
-        }
-    }
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
-    }
-}
-
-/// Waits for a pool fence on this thread (see `TimelinePoint::wait_here`).
-pub(crate) fn wait_fence(f: &Arc<dyn hetero_memory::StreamPoint>) -> Result<()> {
-    if f.is_complete() {
-        return Ok(());
-    }
-    match f.as_any().and_then(|a| a.downcast_ref::<TimelinePoint>()) {
-        Some(point) => point.wait_here(),
-        None => {
-            f.wait();
-            Ok(())
-        }
-    }
-}
-
 /// An event the host signals: streams wait on it like on any other event
 /// ([`Stream::wait_event`](crate::Stream::wait_event)), and it completes when
 /// [`HostEvent::signal`] is called — like a host-signalled Vulkan timeline

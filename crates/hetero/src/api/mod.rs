@@ -2,6 +2,7 @@
 //! batches and pitched buffers. This floor builds validated ops and hands
 //! them to the backend; it imports the backends and `exec`, never the reverse.
 
+pub(crate) mod async_op;
 pub(crate) mod batch;
 pub(crate) mod buffer;
 pub(crate) mod device;

@@ -285,7 +285,7 @@ impl Stream {
             }
             let point = f
                 .as_any()
-                .and_then(|a| a.downcast_ref::<crate::api::event::TimelinePoint>())
+                .and_then(|a| a.downcast_ref::<crate::exec::point::TimelinePoint>())
                 .filter(|t| t.timeline.device == self.inner.device.id());
             let done = match point {
                 Some(t) if t.timeline.stream == self.id() => Ok(()),
@@ -296,7 +296,7 @@ impl Stream {
                         fault: false,
                     })
                     .map(drop),
-                None => crate::api::event::wait_fence(&f),
+                None => crate::exec::point::wait_fence(&f),
             };
             match done {
                 Ok(()) => ordered |= point.is_some(),

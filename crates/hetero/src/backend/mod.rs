@@ -68,7 +68,7 @@ pub(crate) fn tail_point(
         let done = Timeline::new(0, stream, crate::CompletionMode::auto());
         (Arc::new(done), 0)
     });
-    Arc::new(crate::api::event::TimelinePoint { timeline, value })
+    Arc::new(crate::exec::point::TimelinePoint { timeline, value })
 }
 
 /// What a device is made of.

@@ -2,11 +2,13 @@
 //! clock and the loom facade. This floor imports neither the public API
 //! (`api/`) nor the backends.
 
+pub(crate) mod async_op;
 pub mod clock;
 pub(crate) mod kernel;
 pub(crate) mod loom;
 pub(crate) mod op;
 pub(crate) mod park;
+pub(crate) mod point;
 pub(crate) mod ring;
 pub(crate) mod rows;
 pub(crate) mod storage;

@@ -182,7 +182,7 @@ pub(crate) enum Body {
     /// A 2-D copy: rows at a pitch, one op (`Stream::copy_2d_*`).
     Copy2D(Box<crate::exec::transfer::Copy2DOp>),
     /// Work outside the device, started and then polled (`async_op.rs`).
-    Async(Box<crate::async_op::AsyncBody>),
+    Async(Box<crate::exec::async_op::AsyncBody>),
 }
 
 impl Op {

@@ -260,11 +260,11 @@ impl Sim {
                     // (In the block's unsafe: the holder of the sim lock holds
                     // every stream, as `AsyncBody::poll` and `end_ns` require.)
                     Body::Async(a) => match a.poll(Some(sh.now_ns()), || true) {
-                        crate::async_op::AsyncPoll::Pending => {
+                        crate::exec::async_op::AsyncPoll::Pending => {
                             polling = true;
                             None
                         }
-                        crate::async_op::AsyncPoll::Ready => Some(Plan::Async(a.end_ns())),
+                        crate::exec::async_op::AsyncPoll::Ready => Some(Plan::Async(a.end_ns())),
                     },
                 }
             })

@@ -2,7 +2,7 @@
 
 #[allow(unused_imports)]
 use super::*;
-use crate::async_op::AsyncPoll;
+use crate::exec::async_op::AsyncPoll;
 
 #[derive(Clone, Copy)]
 pub(super) enum Engine {
@@ -120,7 +120,7 @@ impl Shared {
         stream: &HostStream,
         op: &Op,
         value: u64,
-        a: &crate::async_op::AsyncBody,
+        a: &crate::exec::async_op::AsyncBody,
     ) -> Readiness {
         // SAFETY: every caller holds the op's stream's hardware queue (claimed
         // for `try_claim` / `take_done_async`, kept for `start_next_async`).

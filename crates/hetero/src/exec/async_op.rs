@@ -30,11 +30,8 @@
 //!   a device whose memory is host memory): on a device with its own memory,
 //!   stage through a pinned buffer with a copy first.
 
-use crate::api::buffer::{DeviceBuffer, PinnedBuffer};
-use crate::exec::op::{Body, PendingWrite};
+use crate::exec::op::PendingWrite;
 use crate::exec::storage::Storage;
-use crate::{Error, Result, Stream};
-use bytemuck::Pod;
 use std::cell::UnsafeCell;
 use std::sync::Arc;
 use std::task::Poll;
@@ -70,57 +67,6 @@ where
 {
     fn poll(&mut self, cx: &mut AsyncContext<'_>) -> Poll<std::result::Result<(), String>> {
         self(cx)
-    }
-}
-
-/// A buffer an async op uses, with whether it writes it.
-#[derive(Clone, Copy)]
-pub struct AsyncArg<'a> {
-    storage: &'a Arc<Storage>,
-    write: bool,
-}
-
-impl<'a> AsyncArg<'a> {
-    /// The op reads this device buffer (its memory must be host memory, see
-    /// [`DeviceBuffer::is_host_visible`]).
-    pub fn read<T: Pod>(buf: &'a DeviceBuffer<T>) -> Self {
-        AsyncArg {
-            storage: &buf.storage,
-            write: false,
-        }
-    }
-
-    /// The op writes this device buffer.
-    pub fn write<T: Pod>(buf: &'a DeviceBuffer<T>) -> Self {
-        AsyncArg {
-            storage: &buf.storage,
-            write: true,
-        }
-    }
-
-    /// The op reads this pinned buffer.
-    pub fn read_pinned<T: Pod>(buf: &'a PinnedBuffer<T>) -> Self {
-        AsyncArg {
-            storage: &buf.storage,
-            write: false,
-        }
-    }
-
-    /// The op writes this pinned buffer (host reads of it wait until it completes).
-    pub fn write_pinned<T: Pod>(buf: &'a mut PinnedBuffer<T>) -> Self {
-        AsyncArg {
-            storage: &buf.storage,
-            write: true,
-        }
-    }
-}
-
-impl<T: Pod> DeviceBuffer<T> {
-    /// Whether the host can reach this buffer's memory directly (the host
-    /// backend), so that an async op may take it; otherwise stage it through a
-    /// pinned buffer.
-    pub fn is_host_visible(&self) -> bool {
-        self.storage.host_visible()
     }
 }
 
@@ -244,6 +190,32 @@ pub(crate) struct AsyncBody<O: ?Sized = dyn AsyncOp> {
 unsafe impl<O: ?Sized + Send> Sync for AsyncBody<O> {}
 
 impl AsyncBody {
+    /// The op `op` named `name` over `args` (storage, written): its pinned
+    /// buffers count as written until it completes.
+    pub(crate) fn new(
+        name: &'static str,
+        args: impl Iterator<Item = (Arc<Storage>, bool)>,
+        op: impl AsyncOp,
+    ) -> Box<AsyncBody> {
+        let args = Few::collect(args);
+        let pending = Few::collect(
+            args.iter()
+                .filter(|(s, write)| *write && s.kind == crate::exec::storage::MemoryKind::Pinned)
+                .map(|(s, _)| PendingWrite::new(s)),
+        );
+        Box::new(AsyncBody {
+            state: UnsafeCell::new(AsyncState {
+                polls: 0,
+                result: None,
+                end_ns: 0,
+                op,
+            }),
+            args,
+            name,
+            _pending: pending,
+        })
+    }
+
     /// Polls the op once (see `AsyncOp::poll`); a panic in it is its failure.
     /// Before the first poll `start()` must agree (the backend takes the op's
     /// access locks there), else the op stays not started. `now_ns` is the
@@ -310,65 +282,5 @@ impl AsyncBody {
     pub(crate) unsafe fn end_ns(&self) -> u64 {
         // SAFETY: the caller holds the stream (see `poll`).
         unsafe { (*self.state.get()).end_ns }
-    }
-}
-
-impl Stream {
-    /// Enqueues `op` (see [`AsyncOp`]): it starts once everything before it on
-    /// the stream completed, and later work waits until it reports done. It may
-    /// use `args` (host-visible buffers only) through its [`AsyncContext`].
-    /// Async ops cannot be recorded into a graph.
-    pub fn enqueue_async(
-        &self,
-        name: &'static str,
-        args: &[AsyncArg<'_>],
-        op: impl AsyncOp,
-    ) -> Result<()> {
-        if self.is_capturing() {
-            return Err(Error::Graph {
-                op: "enqueue_async",
-                detail: "an async op cannot be recorded: it runs outside the device, once; \
-                         enqueue it on a stream that is not capturing"
-                    .into(),
-            });
-        }
-        for (i, a) in args.iter().enumerate() {
-            self.check_storage("enqueue_async", a.storage)?;
-            if !a.storage.host_visible() {
-                return Err(Error::InvalidArgument(format!(
-                    "enqueue_async '{name}': buffer {i} is device memory the host cannot reach \
-                     (device {}); copy it into a pinned buffer and pass that",
-                    a.storage.device
-                )));
-            }
-            for b in &args[..i] {
-                if Arc::ptr_eq(a.storage, b.storage) && (a.write || b.write) {
-                    return Err(Error::Aliasing {
-                        op: "enqueue_async",
-                    });
-                }
-            }
-        }
-        for a in args {
-            self.order_use(a.storage)?;
-        }
-        let pending = Few::collect(
-            args.iter()
-                .filter(|a| a.write && a.storage.kind == crate::MemoryKind::Pinned)
-                .map(|a| PendingWrite::new(a.storage)),
-        );
-        let body: Box<AsyncBody> = Box::new(AsyncBody {
-            state: UnsafeCell::new(AsyncState {
-                polls: 0,
-                result: None,
-                end_ns: 0,
-                op,
-            }),
-            args: Few::collect(args.iter().map(|a| (a.storage.clone(), a.write))),
-            name,
-            _pending: pending,
-        });
-        self.submit(Body::Async(body))?;
-        Ok(())
     }
 }
