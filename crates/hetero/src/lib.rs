@@ -19,7 +19,6 @@ mod backend;
 mod config;
 mod error;
 mod exec;
-pub(crate) mod graph;
 mod system;
 
 pub use api::async_op::AsyncArg;
@@ -27,6 +26,7 @@ pub use api::batch::CopyBatch;
 pub use api::buffer::{Arg, DeviceBuffer, PinnedBuffer};
 pub use api::device::Device;
 pub use api::event::{Event, HostEvent};
+pub use api::graph::{Bindings, CommandBuffer, Graph, GraphExec, NodeId, PinnedSlot, Slot};
 pub use api::kernel::Kernel;
 pub use api::pitched::PitchedBuffer;
 pub use api::stream::{Stream, PRIORITY_HIGHEST, PRIORITY_LOWEST};
@@ -40,13 +40,11 @@ pub use config::{BackendKind, Coalescing, CompletionMode, DeviceConfig, GRAPH_ME
 pub use error::{Error, RegionProblem, Result};
 pub use exec::async_op::{AsyncContext, AsyncOp};
 pub use exec::clock;
+pub use exec::graph::plan::{PlanReport, MAX_SCALARS};
 pub use exec::kernel::{Block, Grid, KernelCost, INLINE_KERNEL_ARGS, MAX_KERNEL_ARGS};
 pub use exec::op::CopyKind;
 pub use exec::rows::{PitchedLayout, Region2D, Rows, RowsMut};
 pub use exec::storage::MemoryKind;
-pub use graph::{
-    Bindings, CommandBuffer, Graph, GraphExec, NodeId, PinnedSlot, PlanReport, Slot, MAX_SCALARS,
-};
 pub use system::{SystemInfo, WakeLatency};
 
 /// The README's examples, compiled and run as doctests (`cargo test --doc`).

@@ -140,7 +140,7 @@ impl Event {
     /// no point on any timeline the host could wait for.
     pub(crate) fn point(&self, op: &'static str) -> Result<&EventPoint> {
         let p = self.point_any(op)?;
-        if crate::graph::capture::is_capture_timeline(&p.timeline) {
+        if crate::api::graph::capture::is_capture_timeline(&p.timeline) {
             return Err(Error::Graph {
                 op,
                 detail: "the event was recorded during a stream capture: it marks a point of                          the graph being recorded, which only streams recording into that                          capture can wait on; record an event after launching the graph"

@@ -7,6 +7,7 @@ pub(crate) mod batch;
 pub(crate) mod buffer;
 pub(crate) mod device;
 pub(crate) mod event;
+pub(crate) mod graph;
 pub(crate) mod kernel;
 pub(crate) mod pitched;
 pub(crate) mod stream;

@@ -3,12 +3,12 @@
 
 use crate::api::buffer::{Arg, DeviceBuffer, PinnedBuffer};
 use crate::api::event::{Event, EventPoint};
+use crate::api::graph::capture::CaptureSlot;
 use crate::api::kernel::Kernel;
 use crate::backend::BackendStream;
 use crate::exec::kernel::{ArgList, Grid, MAX_KERNEL_ARGS};
 use crate::exec::op::{Body, CopyKind, KernelRef, Op, PendingWrite};
 use crate::exec::storage::Storage;
-use crate::graph::capture::CaptureSlot;
 use crate::{Device, Error, MemoryKind, Result};
 use bytemuck::Pod;
 use std::any::TypeId;
@@ -134,7 +134,7 @@ impl Stream {
         if self.q().is_closed() {
             return Err(Error::StreamDestroyed { stream: self.id() });
         }
-        crate::graph::capture::begin(
+        crate::api::graph::capture::begin(
             &self.inner.capture,
             self.id(),
             self.inner.device.id(),
@@ -146,7 +146,7 @@ impl Stream {
     /// Every stream that joined it must have been joined back (this stream
     /// waited on an event recorded after its last op), else a typed error.
     pub fn end_capture(&self) -> Result<crate::Graph> {
-        let draft = crate::graph::capture::end(&self.inner.capture, self.id())?;
+        let draft = crate::api::graph::capture::end(&self.inner.capture, self.id())?;
         crate::Graph::from_draft(&self.inner.device, draft)
     }
 
@@ -154,7 +154,7 @@ impl Stream {
     /// like any op (events recorded after it complete after all its nodes). A
     /// graph with slots needs [`Stream::launch_graph_with`].
     pub fn launch_graph(&self, exec: &crate::GraphExec) -> Result<()> {
-        crate::graph::run::launch(self, exec, None)
+        crate::api::graph::exec::launch(self, exec, None)
     }
 
     /// Records `f`'s operations into a command buffer and launches it once:
@@ -186,7 +186,7 @@ impl Stream {
         exec: &crate::GraphExec,
         bindings: &crate::Bindings,
     ) -> Result<()> {
-        crate::graph::run::launch(self, exec, Some(bindings))
+        crate::api::graph::exec::launch(self, exec, Some(bindings))
     }
 
     /// Runs `f` on the host in stream order, like [`Stream::host_fn`], but `f`
@@ -194,7 +194,7 @@ impl Stream {
     /// launch.
     pub fn host_callback(&self, f: impl Fn() + Send + Sync + 'static) -> Result<()> {
         if self.is_capturing() {
-            return crate::graph::capture::host(&self.inner.capture, self.id(), Arc::new(f));
+            return crate::api::graph::capture::host(&self.inner.capture, self.id(), Arc::new(f));
         }
         self.host_fn(f)
     }
@@ -226,7 +226,7 @@ impl Stream {
         }
         if self.is_capturing() {
             let bytes = crate::Device::bytes_for::<T>(len)?;
-            let s = crate::graph::capture::alloc(&self.inner.capture, bytes)?;
+            let s = crate::api::graph::capture::alloc(&self.inner.capture, bytes)?;
             return Ok(DeviceBuffer::from_storage(s, len));
         }
         let mut arc = self.inner.device.device_storage::<T>(len, self.id())?;
@@ -354,7 +354,7 @@ impl Stream {
 
     pub(crate) fn check_storage(&self, op: &'static str, s: &Storage) -> Result<()> {
         if s.graph_ref != 0 && !self.is_capturing() {
-            return Err(crate::graph::stand_in_error(op));
+            return Err(crate::exec::graph::stand_in_error(op));
         }
         let dev = self.inner.device.id();
         if s.device != dev {
@@ -370,7 +370,7 @@ impl Stream {
     #[inline]
     pub(crate) fn submit(&self, body: Body) -> Result<u64> {
         if self.is_capturing() {
-            return crate::graph::capture::submit(&self.inner.capture, self.id(), body);
+            return crate::api::graph::capture::submit(&self.inner.capture, self.id(), body);
         }
         self.q().submit(Op::new(body))
     }
@@ -601,7 +601,7 @@ impl Stream {
             }
         }
         if self.is_capturing() {
-            return crate::graph::capture::kernel(
+            return crate::api::graph::capture::kernel(
                 &self.inner.capture,
                 self.id(),
                 &kernel.inner,
@@ -638,7 +638,7 @@ impl Stream {
     /// nothing: its timestamp cell is reused, like a CUDA event.
     pub fn record(&self, event: &mut Event) -> Result<()> {
         if self.is_capturing() {
-            return crate::graph::capture::record(&self.inner.capture, self.id(), event);
+            return crate::api::graph::capture::record(&self.inner.capture, self.id(), event);
         }
         // Only this event holds the cell once its record op ran (no clones, and
         // no weak references are ever made), so nothing else can read it.
@@ -674,8 +674,8 @@ impl Stream {
     /// block the host, and never stalls other streams.
     pub fn wait_event(&self, event: &Event) -> Result<()> {
         let p = event.point_any("wait_event")?;
-        if crate::graph::capture::is_capture_timeline(&p.timeline) {
-            return crate::graph::capture::wait(&self.inner.capture, self.id(), p);
+        if crate::api::graph::capture::is_capture_timeline(&p.timeline) {
+            return crate::api::graph::capture::wait(&self.inner.capture, self.id(), p);
         }
         if p.timeline.device != self.inner.device.id() {
             return Err(Error::EventWrongDevice {

@@ -4,6 +4,7 @@
 
 pub(crate) mod async_op;
 pub mod clock;
+pub(crate) mod graph;
 pub(crate) mod kernel;
 pub(crate) mod loom;
 pub(crate) mod op;

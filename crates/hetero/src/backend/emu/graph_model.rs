@@ -30,12 +30,12 @@ pub(crate) const GRAPH_NODE_NS: u64 = 200;
 /// launch has the link to itself).
 pub(super) fn model_graph(
     sh: &EmuShared,
-    l: &crate::graph::run::GraphLaunch,
+    l: &crate::exec::graph::run::GraphLaunch,
     units: usize,
     traced: Option<NodeTrace>,
-    run: &crate::graph::run::RunState,
+    run: &crate::exec::graph::run::RunState,
 ) -> u64 {
-    use crate::graph::NodeBody;
+    use crate::exec::graph::NodeBody;
     let e = &*l.exec;
     let link = &sh.emu.link;
     let engines = sh.copy_engines();
@@ -105,7 +105,7 @@ pub(super) fn model_graph(
         if let Some(t) = &traced {
             use hetero_trace::EngineKind as E;
             let body = &e.nodes[v];
-            let (kind, bytes) = crate::graph::run::node_kind(body);
+            let (kind, bytes) = crate::exec::graph::run::node_kind(body);
             let engine = match resource {
                 Some(0) => E::Compute,
                 Some(1) => E::CopyH2D,
@@ -127,7 +127,7 @@ pub(super) fn model_graph(
                 bytes,
                 dep: None,
                 failed: run.node_failed(v),
-                node: Some(crate::graph::run::node_ref(e, v as u32)),
+                node: Some(crate::exec::graph::run::node_ref(e, v as u32)),
             });
         }
         makespan = makespan.max(finish);

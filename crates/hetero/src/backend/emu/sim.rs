@@ -468,7 +468,7 @@ impl Sim {
                     _ => (0, 1),
                 };
                 let started = std::time::Instant::now();
-                let run = crate::graph::run::RunState::take(&l.exec);
+                let run = crate::exec::graph::run::RunState::take(&l.exec);
                 let result = run.run_all(l, &mut InSimUser);
                 let traced = crate::exec::clock::profiling().then(|| NodeTrace {
                     at,
@@ -679,7 +679,7 @@ pub(super) fn cost_ns(sh: &EmuShared, cost: KernelCost, units: usize) -> u64 {
 struct InSimUser;
 
 /// (The model records the nodes, at their modelled times.)
-impl crate::graph::run::NodeHooks for InSimUser {}
+impl crate::exec::graph::run::NodeHooks for InSimUser {}
 
 fn kind_code(body: &Body) -> u64 {
     match body {

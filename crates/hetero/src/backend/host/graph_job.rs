@@ -16,7 +16,7 @@
 
 #[allow(unused_imports)]
 use super::*;
-use crate::graph::run::{NodeHooks, RunState};
+use crate::exec::graph::run::{NodeHooks, RunState};
 
 pub(super) struct GraphJob {
     stream: Arc<HostStream>,
@@ -30,7 +30,7 @@ pub(super) struct GraphJob {
     /// Weak: an engine that cloned the job may drop it after the launch
     /// completed, and the plan (with its buffers and callbacks) must not outlive
     /// the launch for that.
-    exec: Weak<crate::graph::ExecInner>,
+    exec: Weak<crate::exec::graph::ExecInner>,
     run: Option<Box<RunState>>,
 }
 
@@ -150,7 +150,7 @@ fn run_taken_block(job: &GraphJob, v: u32, b: u32) -> Result<(), String> {
     let op = unsafe { (*job.op.get()).as_ref() }.expect("a running job has its op");
     match &op.body {
         Body::Graph(l) => in_frame(&job.stream, job.value, op, || {
-            crate::graph::run::run_block(l, v, b)
+            crate::exec::graph::run::run_block(l, v, b)
         }),
         _ => Ok(()),
     }
@@ -179,17 +179,23 @@ struct OnEngine<'a> {
 
 impl NodeHooks for OnEngine<'_> {
     #[inline]
-    fn run(&mut self, l: &crate::graph::run::GraphLaunch, v: u32) -> Result<(), String> {
+    fn run(&mut self, l: &crate::exec::graph::run::GraphLaunch, v: u32) -> Result<(), String> {
         let p = &l.params.nodes[v as usize];
         if p.blocks < 2 {
-            return crate::graph::run::run_node(l, v);
+            return crate::exec::graph::run::run_node(l, v);
         }
         self.run_blocks(l, v)
     }
 
-    fn record(&mut self, l: &crate::graph::run::GraphLaunch, v: u32, start_ns: u64, failed: bool) {
+    fn record(
+        &mut self,
+        l: &crate::exec::graph::run::GraphLaunch,
+        v: u32,
+        start_ns: u64,
+        failed: bool,
+    ) {
         let body = &l.exec.nodes[v as usize];
-        let (kind, bytes) = crate::graph::run::node_kind(body);
+        let (kind, bytes) = crate::exec::graph::run::node_kind(body);
         let stream = &self.job.stream;
         hetero_trace::record_op(hetero_trace::OpRecord {
             kind,
@@ -205,7 +211,7 @@ impl NodeHooks for OnEngine<'_> {
             bytes,
             dep: None,
             failed,
-            node: Some(crate::graph::run::node_ref(&l.exec, v)),
+            node: Some(crate::exec::graph::run::node_ref(&l.exec, v)),
         });
     }
 }
@@ -214,14 +220,18 @@ impl OnEngine<'_> {
     /// A kernel node of several blocks: spread over the engines when they can
     /// all make its views, else run here.
     #[cold]
-    fn run_blocks(&mut self, l: &crate::graph::run::GraphLaunch, v: u32) -> Result<(), String> {
+    fn run_blocks(
+        &mut self,
+        l: &crate::exec::graph::run::GraphLaunch,
+        v: u32,
+    ) -> Result<(), String> {
         let p = &l.params.nodes[v as usize];
         let units = self.sh.config.compute_units as u32;
         let bj = &self.job.blocks;
         // Blocks whose views every engine can make, on a device with engines
         // to spare, while no other node's blocks are out.
         if p.kernel.is_none() || p.slot_args || units < 2 || !bj.install(v, p.blocks) {
-            return crate::graph::run::run_node(l, v);
+            return crate::exec::graph::run::run_node(l, v);
         }
         publish(self.sh, self.job);
         self.sh.idle.wake((units - 1).min(p.blocks - 1));

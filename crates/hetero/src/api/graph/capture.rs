@@ -19,8 +19,8 @@
 //! - lock order: a stream's slot, then a capture's state; nothing takes a
 //!   slot's lock while it holds a state's.
 
-use super::{Draft, GraphRef, NodeBody, SlotInfo};
 use crate::api::event::{Event, EventPoint};
+use crate::exec::graph::{Draft, GraphRef, NodeBody, SlotInfo};
 use crate::exec::op::Body;
 use crate::exec::storage::{MemoryKind, Storage};
 use crate::exec::timeline::Timeline;
@@ -198,7 +198,7 @@ pub(crate) fn kernel(
         let start = d.args.len();
         for a in args {
             match d.operand("launch", a.storage) {
-                Ok(operand) => d.args.push(super::NodeArg {
+                Ok(operand) => d.args.push(crate::exec::graph::NodeArg {
                     operand,
                     elem: a.elem,
                     write: a.write,
@@ -312,7 +312,7 @@ pub(crate) fn submit(slot: &CaptureSlot, stream: u64, body: Body) -> Result<u64>
                 let start = d.args.len();
                 for a in args.as_slice_iter() {
                     match d.operand("launch", &a.storage) {
-                        Ok(operand) => d.args.push(super::NodeArg {
+                        Ok(operand) => d.args.push(crate::exec::graph::NodeArg {
                             operand,
                             elem: a.elem,
                             write: a.write,
@@ -354,7 +354,7 @@ pub(crate) fn submit(slot: &CaptureSlot, stream: u64, body: Body) -> Result<u64>
                      pinned buffer instead",
                 ))
             }
-            Body::Copy2D(c) => NodeBody::Copy2D(Box::new(super::Copy2DNode {
+            Body::Copy2D(c) => NodeBody::Copy2D(Box::new(crate::exec::graph::Copy2DNode {
                 kind: c.kind,
                 src: d.operand("copy_2d", &c.src)?,
                 src_r: c.src_r,

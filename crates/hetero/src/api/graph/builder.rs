@@ -2,12 +2,12 @@
 //! [`CommandBuffer`], each a recorder stream (a backend stream that runs
 //! nothing) in capture mode, and the slots a launch binds.
 
-use super::capture::{
+use crate::api::event::Event;
+use crate::api::graph::capture::{
     begin_with, capture_error, end, lock, new_graph_id, new_slot, with_capture, CAPTURE_STREAM,
 };
-use super::{Draft, NodeBody, SlotInfo};
-use crate::api::event::Event;
 use crate::backend::BackendStream;
+use crate::exec::graph::{Draft, NodeBody, SlotInfo};
 use crate::exec::op::Op;
 use crate::exec::storage::MemoryKind;
 use crate::exec::timeline::Timeline;
@@ -368,7 +368,18 @@ impl Graph {
     /// allocated now and reused by every launch).
     pub fn instantiate(&self) -> Result<crate::GraphExec> {
         let device = self.rec.device().clone();
-        self.with_draft(|d| super::exec::instantiate(&device, d))
+        self.with_draft(|d| {
+            let (inner, params) = crate::exec::graph::plan::instantiate(
+                d,
+                device.properties().compute_units,
+                device.graph_memory_slack(),
+                |bytes| device.device_storage::<u8>(bytes, 0),
+            )?;
+            Ok(crate::GraphExec {
+                inner: Arc::new(inner),
+                params: Arc::new(params),
+            })
+        })
     }
 }
 

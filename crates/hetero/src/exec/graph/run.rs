@@ -26,14 +26,13 @@
 //!   it passes through that release): a poisoned node is skipped and poisons
 //!   its own dependents, so a fault fails exactly the nodes that depend on it.
 
-use super::exec::{ExecInner, Params};
+use super::plan::{ExecInner, Params};
 use super::schedule::{Dependents, Hot, NONE};
 use super::{NodeBody, Operand};
 use crate::exec::kernel::{Args, Block, KView, MAX_KERNEL_ARGS};
 use crate::exec::loom::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
-use crate::exec::op::Body;
 use crate::exec::storage::{GraphHold, Storage};
-use crate::{Error, Result, Stream};
+use crate::Result;
 use crossbeam_utils::CachePadded;
 
 const SKIPPED: u8 = 1;
@@ -67,7 +66,7 @@ impl GraphLaunch {
     }
 
     /// Pinned buffers the launch writes: host reads wait for it.
-    fn for_each_pinned_written(&self, mut f: impl FnMut(&Storage)) {
+    pub(crate) fn for_each_pinned_written(&self, mut f: impl FnMut(&Storage)) {
         self.for_each_access(&mut |s, w| {
             if w && s.kind == crate::MemoryKind::Pinned {
                 f(s);
@@ -508,82 +507,6 @@ impl RunState {
         self.finished(done);
         self.result()
     }
-}
-
-/// `Stream::launch_graph[_with]`.
-pub(crate) fn launch(
-    stream: &Stream,
-    exec: &crate::GraphExec,
-    bindings: Option<&crate::Bindings>,
-) -> Result<()> {
-    let op = "launch_graph";
-    let e = &exec.inner;
-    if stream.is_capturing() {
-        return Err(Error::Graph {
-            op,
-            detail: "launching a graph while recording is not supported; record its work \
-                     directly, or launch it after end_capture"
-                .into(),
-        });
-    }
-    if e.device != stream.device().id() {
-        return Err(Error::WrongDevice {
-            op,
-            buffer_device: e.device,
-            stream_device: stream.device().id(),
-        });
-    }
-    let table = match bindings {
-        Some(b) => {
-            if !Arc::ptr_eq(&b.exec, e) {
-                return Err(Error::Graph {
-                    op,
-                    detail: "the bindings were made for another graph; use exec.bindings()".into(),
-                });
-            }
-            Some(b.table.clone())
-        }
-        None => None,
-    };
-    for (i, used) in e.slot_used.iter().enumerate() {
-        let bound = table.as_ref().is_some_and(|t| t[i].is_some());
-        if *used && !bound {
-            return Err(Error::Graph {
-                op,
-                detail: format!(
-                    "slot {i} is not bound; bind a buffer to it (exec.bindings(), \
-                     Bindings::bind) and launch with launch_graph_with"
-                ),
-            });
-        }
-    }
-    for (timeline, value) in e.waits.iter() {
-        if !timeline.is_reached(*value) || timeline.error_for(*value).is_some() {
-            stream.submit(Body::Wait {
-                timeline: timeline.clone(),
-                value: *value,
-                fault: true,
-            })?;
-        }
-    }
-    let launch = GraphLaunch {
-        exec: e.clone(),
-        params: exec.params.clone(),
-        table,
-    };
-    // Counted before anything can fail: the launch's drop uncounts them.
-    launch.for_each_pinned_written(|s| s.add_pending_write());
-    if hetero_trace::enabled() && !e.plan_traced.swap(true, Ordering::Relaxed) {
-        e.trace_plan();
-    }
-    let mut ordered = Ok(());
-    launch.for_each_access(&mut |s, _| {
-        ordered = stream.order_use(s);
-        ordered.is_ok()
-    });
-    ordered?;
-    stream.submit(Body::Graph(launch))?;
-    Ok(())
 }
 
 /// Loom models of the run protocol (`RunState::walk` with the real queue,

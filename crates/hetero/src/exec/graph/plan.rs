@@ -1,6 +1,6 @@
-//! Executable graphs: the plan an instantiate makes (schedule, memory plan,
-//! the buffers a launch locks), the per-node parameters that change in place,
-//! and slot bindings.
+//! The plan an instantiate makes of a graph (schedule, memory plan, the
+//! buffers a launch locks) and the per-node parameters that change in place
+//! (the handles users hold, `GraphExec` and `Bindings`, are `api/graph`).
 //!
 //! Invariants:
 //! - `ExecInner` never changes after instantiate; what an update may change
@@ -15,10 +15,9 @@ use super::run::RunState;
 use super::schedule::{schedule, MemoryOrder, Schedule};
 use super::{Draft, NodeArg, NodeBody, Operand, SlotInfo};
 use crate::exec::kernel::{KView, KernelInner};
-use crate::exec::storage::{GraphHold, MemoryKind, Storage};
+use crate::exec::storage::{GraphHold, Storage};
 use crate::exec::timeline::Timeline;
-use crate::{DeviceBuffer, Error, PinnedBuffer, Result};
-use bytemuck::Pod;
+use crate::{Error, Result};
 use hetero_memory::arena_plan::ArenaPlan;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -68,7 +67,7 @@ pub(crate) struct ExecInner {
     /// Buffers the graph names, each once, with whether any node writes it.
     pub(crate) fixed: Box<[(GraphHold, bool)]>,
     /// `fixed` sorted by address, for the alias check of a binding.
-    fixed_index: AddressMap<bool>,
+    pub(crate) fixed_index: AddressMap<bool>,
     pub(crate) slots: Box<[SlotInfo]>,
     pub(crate) slot_write: Box<[bool]>,
     pub(crate) slot_used: Box<[bool]>,
@@ -134,6 +133,21 @@ pub(crate) struct NodeParams {
 }
 
 impl Params {
+    /// Sets kernel node `v`'s scalars (at most `MAX_SCALARS`, checked by the caller).
+    pub(crate) fn set_scalars(&mut self, v: usize, scalars: &[u64]) {
+        let slot = match self.nodes[v].scalar_slot {
+            0 => {
+                self.scalars.push((0, [0; MAX_SCALARS]));
+                self.nodes[v].scalar_slot = self.scalars.len() as u32;
+                self.scalars.len() - 1
+            }
+            i => i as usize - 1,
+        };
+        let (n, words) = &mut self.scalars[slot];
+        words[..scalars.len()].copy_from_slice(scalars);
+        *n = scalars.len() as u8;
+    }
+
     /// Node `v`'s kernel and number of blocks.
     #[inline]
     pub(crate) fn kernel(&self, v: usize) -> (Option<&Arc<KernelInner>>, u32) {
@@ -203,287 +217,6 @@ pub struct PlanReport {
     pub free_lane_steps: usize,
 }
 
-/// An instantiated graph: launch it on any stream of its device with
-/// [`Stream::launch_graph`](crate::Stream::launch_graph); change kernel
-/// scalars, kernels and grids in place between launches.
-pub struct GraphExec {
-    pub(crate) inner: Arc<ExecInner>,
-    pub(crate) params: Arc<Params>,
-}
-
-impl std::fmt::Debug for GraphExec {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GraphExec")
-            .field("plan", &self.inner.report)
-            .finish()
-    }
-}
-
-fn update_error(detail: String) -> Error {
-    Error::Graph {
-        op: "GraphExec update",
-        detail,
-    }
-}
-
-impl GraphExec {
-    /// The schedule and memory plan.
-    pub fn plan(&self) -> &PlanReport {
-        &self.inner.report
-    }
-
-    /// The parameters, for an update: copied first if a launch still holds
-    /// them (copy-on-write), else changed in place.
-    #[inline]
-    fn params_mut(&mut self) -> &mut Params {
-        if Arc::strong_count(&self.params) == 1 {
-            // Pairs with the Release decrement of the last other owner's drop.
-            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-            // SAFETY: this is the only strong reference, no `Weak` of the
-            // parameters is ever made, and `&mut self` keeps this handle from
-            // being cloned (launches clone it through `&self`) while the
-            // borrow lives: nothing else can read or write them meanwhile.
-            // (`Arc::make_mut` would do the same after an atomic RMW per call.)
-            unsafe { &mut *(Arc::as_ptr(&self.params) as *mut Params) }
-        } else {
-            Arc::make_mut(&mut self.params)
-        }
-    }
-
-    fn kernel_node(&self, node: crate::NodeId) -> Result<usize> {
-        if node.graph != self.inner.graph {
-            return Err(update_error(format!(
-                "node {} belongs to another graph",
-                node.index
-            )));
-        }
-        let v = node.index as usize;
-        // Kernel nodes have their kernel in the parameters (the common case,
-        // without touching the node list).
-        if self.params.nodes.get(v).is_some_and(|p| p.kernel.is_some()) {
-            return Ok(v);
-        }
-        match self.inner.nodes.get(v) {
-            Some(NodeBody::Kernel { .. }) => Ok(v),
-            Some(other) => Err(update_error(format!(
-                "node {v} is a {} node, not a kernel; only kernel nodes take scalars, kernels \
-                 and grids (to change anything else, re-instantiate)",
-                other.name()
-            ))),
-            None => Err(update_error(format!("node {v} does not exist"))),
-        }
-    }
-
-    /// Sets the scalars of kernel node `node` for later launches (launches
-    /// already submitted keep what they were given). At most [`MAX_SCALARS`].
-    pub fn set_scalars(&mut self, node: crate::NodeId, scalars: &[u64]) -> Result<()> {
-        let v = self.kernel_node(node)?;
-        if scalars.len() > MAX_SCALARS {
-            return Err(update_error(format!(
-                "{} scalars given; a node takes at most {MAX_SCALARS}",
-                scalars.len()
-            )));
-        }
-        let p = self.params_mut();
-        let slot = match p.nodes[v].scalar_slot {
-            0 => {
-                p.scalars.push((0, [0; MAX_SCALARS]));
-                p.nodes[v].scalar_slot = p.scalars.len() as u32;
-                p.scalars.len() - 1
-            }
-            i => i as usize - 1,
-        };
-        let (n, words) = &mut p.scalars[slot];
-        words[..scalars.len()].copy_from_slice(scalars);
-        *n = scalars.len() as u8;
-        Ok(())
-    }
-
-    /// Replaces the kernel and grid of kernel node `node` (its buffers stay: a
-    /// different set of buffers is a different graph; re-instantiate for that).
-    pub fn set_kernel(
-        &mut self,
-        node: crate::NodeId,
-        kernel: &crate::Kernel,
-        grid: crate::Grid,
-    ) -> Result<()> {
-        let v = self.kernel_node(node)?;
-        if grid.blocks == 0 {
-            return Err(Error::EmptyGrid {
-                kernel: kernel.inner.name,
-            });
-        }
-        let p = &mut self.params_mut().nodes[v];
-        p.kernel = Some(kernel.inner.clone());
-        p.blocks = grid.blocks;
-        Ok(())
-    }
-
-    /// The scalars kernel node `node` runs with.
-    pub fn scalars(&self, node: crate::NodeId) -> Result<Vec<u64>> {
-        let v = self.kernel_node(node)?;
-        Ok(self.params.scalars(v).to_vec())
-    }
-
-    /// An empty binding table for this graph's slots.
-    pub fn bindings(&self) -> Bindings {
-        Bindings {
-            exec: self.inner.clone(),
-            table: Arc::new(vec![None; self.inner.slots.len()]),
-            bound: AddressMap::default(),
-        }
-    }
-}
-
-/// The buffers bound to a graph's slots for its launches
-/// ([`Stream::launch_graph_with`](crate::Stream::launch_graph_with)). Binding
-/// costs O(1) per slot; a launch takes the table as it is then, so rebinding
-/// afterwards never changes a launch already submitted.
-#[derive(Clone)]
-pub struct Bindings {
-    pub(crate) exec: Arc<ExecInner>,
-    pub(crate) table: Arc<Vec<Option<GraphHold>>>,
-    /// Bound buffers by address: how many slots hold each, whether one writes.
-    bound: AddressMap<(u32, bool)>,
-}
-
-impl std::fmt::Debug for Bindings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let bound = self.table.iter().filter(|s| s.is_some()).count();
-        f.debug_struct("Bindings")
-            .field("slots", &self.table.len())
-            .field("bound", &bound)
-            .finish()
-    }
-}
-
-impl Bindings {
-    fn bind_storage(
-        &mut self,
-        graph: u32,
-        index: u32,
-        storage: &Arc<Storage>,
-        len: usize,
-        elem: &'static crate::exec::kernel::ElemInfo,
-        kind: MemoryKind,
-    ) -> Result<()> {
-        let op = "Bindings::bind";
-        let e = &self.exec;
-        if graph != e.graph {
-            return Err(Error::Graph {
-                op,
-                detail: "the slot belongs to another graph".into(),
-            });
-        }
-        if storage.graph_ref != 0 {
-            return Err(crate::graph::stand_in_error(op));
-        }
-        if storage.device != e.device {
-            return Err(Error::WrongDevice {
-                op,
-                buffer_device: storage.device,
-                stream_device: e.device,
-            });
-        }
-        let info = e.slots[index as usize];
-        if info.len != len || !std::ptr::eq(info.elem, elem) && (info.elem.id)() != (elem.id)() {
-            return Err(Error::SizeMismatch {
-                op,
-                detail: format!(
-                    "slot {index} holds {} elements of {}, the buffer {len} of {}; bind a \
-                     buffer of the slot's length and type",
-                    info.len,
-                    (info.elem.name)(),
-                    (elem.name)()
-                ),
-            });
-        }
-        debug_assert_eq!(info.kind, kind);
-        let write = e.slot_write[index as usize];
-        let key = Arc::as_ptr(storage) as usize;
-        let fixed_write = e.fixed_index.get(&key).copied();
-        let again = self.table[index as usize]
-            .as_ref()
-            .is_some_and(|s| Arc::ptr_eq(s, storage));
-        if !again {
-            let other = self.bound.get(&key).copied();
-            let clash = match (fixed_write, other) {
-                (Some(w), _) if w || write => true,
-                (_, Some((n, w))) if n > 0 && (w || write) => true,
-                _ => false,
-            };
-            if clash {
-                return Err(Error::Aliasing { op });
-            }
-            self.unbind(index);
-            let entry = self.bound.entry(key).or_insert((0, false));
-            entry.0 += 1;
-            entry.1 |= write;
-            // The table may outlive the buffer's handle (see `GraphHold`).
-            self.table_mut()[index as usize] = Some(GraphHold::new(storage));
-        }
-        Ok(())
-    }
-
-    /// The table, for a change: copied first if a launch (or a clone of these
-    /// bindings) still holds it, else changed in place.
-    #[inline]
-    fn table_mut(&mut self) -> &mut Vec<Option<GraphHold>> {
-        if Arc::strong_count(&self.table) == 1 {
-            // Pairs with the Release decrement of the last other owner's drop.
-            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-            // SAFETY: this is the only strong reference, no `Weak` of the table
-            // is ever made, and `&mut self` keeps it from being cloned (launches
-            // and `clone` take `&self`) while the borrow lives.
-            unsafe { &mut *(Arc::as_ptr(&self.table) as *mut Vec<Option<GraphHold>>) }
-        } else {
-            Arc::make_mut(&mut self.table)
-        }
-    }
-
-    fn unbind(&mut self, index: u32) {
-        let Some(old) = self.table[index as usize].as_ref() else {
-            return;
-        };
-        let key = Arc::as_ptr(old) as usize;
-        if let Some(entry) = self.bound.get_mut(&key) {
-            entry.0 -= 1;
-            if entry.0 == 0 {
-                self.bound.remove(&key);
-            }
-        }
-        self.table_mut()[index as usize] = None;
-    }
-
-    /// Binds device buffer `buffer` to `slot` (same length and type).
-    pub fn bind<T: Pod>(&mut self, slot: &crate::Slot<T>, buffer: &DeviceBuffer<T>) -> Result<()> {
-        self.bind_storage(
-            slot.graph,
-            slot.index,
-            &buffer.storage,
-            buffer.len(),
-            crate::exec::kernel::ElemInfo::of::<T>(),
-            MemoryKind::Device,
-        )
-    }
-
-    /// Binds pinned buffer `buffer` to `slot` (same length and type).
-    pub fn bind_pinned<T: Pod>(
-        &mut self,
-        slot: &crate::PinnedSlot<T>,
-        buffer: &PinnedBuffer<T>,
-    ) -> Result<()> {
-        self.bind_storage(
-            slot.graph,
-            slot.index,
-            &buffer.storage,
-            buffer.len(),
-            crate::exec::kernel::ElemInfo::of::<T>(),
-            MemoryKind::Pinned,
-        )
-    }
-}
-
 /// The schedule and memory plan to run with. Lanes may raise the arena over
 /// the one-lane plan (nodes on two lanes can overlap in any way the edges
 /// allow, and their buffers then cannot share bytes) by at most
@@ -540,8 +273,15 @@ fn plan_memory(
 }
 
 /// Turns a draft into an executable plan (see the module doc of `graph`).
-pub(crate) fn instantiate(device: &crate::Device, d: &mut Draft) -> Result<GraphExec> {
-    let units = device.properties().compute_units;
+/// Makes the plan of draft `d` for a device of `units` compute units whose
+/// lanes may raise the arena by `slack` (see `plan_memory`); `arena` allocates
+/// the arena's device memory.
+pub(crate) fn instantiate(
+    d: &mut Draft,
+    units: usize,
+    slack: f64,
+    arena: impl FnOnce(usize) -> Result<Arc<Storage>>,
+) -> Result<(ExecInner, Params)> {
     let sched = schedule(d, units, MemoryOrder::Free)?;
     let n = d.nodes.len();
 
@@ -598,7 +338,6 @@ pub(crate) fn instantiate(device: &crate::Device, d: &mut Draft) -> Result<Graph
     let sizes: Vec<u64> = placed.iter().map(|&i| d.internal[i] as u64).collect();
     let place_uses: Vec<Vec<u32>> = placed.iter().map(|&i| uses[i].clone()).collect();
     let free_lane_steps = sched.steps as usize;
-    let slack = device.graph_memory_slack();
     let (sched, plan, memory_order) = plan_memory(d, units, slack, sched, &sizes, &place_uses)?;
     let mut offsets = vec![0usize; d.internal.len()];
     for (k, &i) in placed.iter().enumerate() {
@@ -610,7 +349,7 @@ pub(crate) fn instantiate(device: &crate::Device, d: &mut Draft) -> Result<Graph
         )
     })?;
     let arena = if arena_bytes > 0 {
-        Some(device.device_storage::<u8>(arena_bytes, 0)?)
+        Some(arena(arena_bytes)?)
     } else {
         None
     };
@@ -709,8 +448,5 @@ pub(crate) fn instantiate(device: &crate::Device, d: &mut Draft) -> Result<Graph
     if inner.plan_traced.load(std::sync::atomic::Ordering::Relaxed) {
         inner.trace_plan();
     }
-    Ok(GraphExec {
-        inner: Arc::new(inner),
-        params: Arc::new(params),
-    })
+    Ok((inner, params))
 }

@@ -1,21 +1,9 @@
-//! Graphs and command buffers: work recorded once, instantiated into a plan
-//! (a schedule of chains and a memory plan for the buffers allocated inside),
-//! then launched any number of times with one submission each.
+//! What a graph is to the engines: the recorded draft (nodes, operands,
+//! edges), the schedule (`schedule.rs`, `live.rs`), the plan an instantiate
+//! makes (`plan.rs`), and the run of a launch (`run.rs`). How users record
+//! graphs is `api/graph`.
 //!
-//! Three ways to record, one representation (`Draft`):
-//! - [`Graph`]: nodes and dependency edges, built explicitly;
-//! - [`CommandBuffer`]: a linear recording with the whole [`Stream`] API;
-//! - stream capture ([`Stream::begin_capture`] … [`Stream::end_capture`]): work
-//!   submitted to a stream goes into a graph instead of running; streams that
-//!   wait on an event recorded in the capture join it, as in CUDA.
-//!
-//! All three record through a stream in capture mode, so every operation is
-//! validated by the same code as on a stream. Buffers allocated while recording
-//! and slots bound at launch are *stand-ins*: storages without memory, tagged
-//! with their graph (`Storage::graph_ref`); any use outside that graph's
-//! recording is refused.
-//!
-//! Invariants of an instantiated graph (`exec.rs`, `run.rs`):
+//! Invariants of an instantiated graph (`plan.rs`, `run.rs`):
 //! - nodes that touch the same buffer, at least one writing, are ordered (in
 //!   recording order, among orders the explicit edges allow): every buffer has
 //!   one writer at a time inside a launch, as on a stream;
@@ -25,21 +13,13 @@
 //! - buffers allocated inside share bytes only when every use of one
 //!   happens-before every use of the other (the memory plan); the arena is held
 //!   with a write lock by each launch, so launches of one plan never overlap.
-//!
-//! [`Stream`]: crate::Stream
-//! [`Stream::begin_capture`]: crate::Stream::begin_capture
-//! [`Stream::end_capture`]: crate::Stream::end_capture
 
-mod builder;
-pub(crate) mod capture;
-mod exec;
 mod live;
+pub(crate) mod plan;
 pub(crate) mod run;
-mod schedule;
+pub(crate) mod schedule;
 
-pub use builder::{CommandBuffer, Graph, NodeId, PinnedSlot, Slot};
-pub(crate) use exec::ExecInner;
-pub use exec::{Bindings, GraphExec, PlanReport, MAX_SCALARS};
+pub(crate) use plan::ExecInner;
 
 use crate::exec::kernel::{ElemInfo, KernelInner};
 use crate::exec::op::CopyKind;
