@@ -25,7 +25,7 @@
 //! counters are reset by the caller while the copier waits for the round number,
 //! which it reads with Acquire after the caller's Release store.
 
-use super::{reference, scale_into};
+use super::kernel::{reference, scale_into};
 use crossbeam_utils::CachePadded;
 use hetero::{Device, PinnedBuffer};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,8 +1,5 @@
 //! Reachability of a DAG as bit rows, for DAG conflicts.
 
-#[allow(unused_imports)]
-use super::*;
-
 /// Kahn's order of the nodes; nodes on a cycle are left out.
 pub(super) fn topological_order(nodes: usize, children: &Csr) -> Vec<u32> {
     let mut indegree = vec![0u32; nodes];

@@ -11,8 +11,6 @@
 //! panics.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-use std::ops::RangeInclusive;
 
 /// Which buffers may be live at the same time: a symmetric relation over buffer
 /// indices, stored as one bit row per buffer (n² bits: 1.1 MiB for 3 000 buffers). A
@@ -352,8 +350,6 @@ mod random;
 #[cfg(test)]
 mod tests;
 
-use dag::*;
-use place::*;
+use dag::{ones, topological_order, BitMatrix, Csr};
+use place::{align_up, check_align, order_by, Placement, Placer};
 pub use random::{random_case, RandomCase};
-#[allow(unused_imports)]
-use random::{SplitMix, MAX_CASE_SIZE, MIN_CASE_SIZE};

@@ -1,7 +1,11 @@
 //! Greedy placement in a given order, and the local search over orders.
 
-#[allow(unused_imports)]
-use super::*;
+use super::dag::{BitMatrix, Csr};
+use super::random::SplitMix;
+use super::{ArenaPlan, Conflicts};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::ops::RangeInclusive;
 
 /// A plan with the order that produced it.
 #[derive(Debug, Clone)]

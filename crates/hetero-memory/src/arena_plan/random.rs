@@ -1,8 +1,5 @@
 //! Random DAG cases shaped like inference graphs, for tests and benchmarks.
 
-#[allow(unused_imports)]
-use super::*;
-
 /// A random graph shaped like an inference or training graph, for tests and
 /// benchmarks: a trunk of operations with in-place operations, residual blocks,
 /// parallel branches joined again and long skip connections.

@@ -1,5 +1,6 @@
 //! The planner's tests.
 
+use super::random::{SplitMix, MAX_CASE_SIZE, MIN_CASE_SIZE};
 use super::*;
 use proptest::prelude::*;
 
