@@ -21,9 +21,18 @@
 //! thread running the stream's current op, and read by other engines as hints for
 //! the cycle check.
 
+use super::engine::{EngineThread, LOOKING};
+use super::stream::{pack_hint, unpack_hint, HostStream};
+use super::Shared;
+use crate::exec::op;
+use crate::exec::op::Op;
+use crate::exec::timeline::Timeline;
+use crate::{Error, Result};
 #[allow(unused_imports)]
-use super::*;
 use std::cell::{Cell, RefCell};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// An op running user code on this thread.
 struct Frame {

@@ -1,8 +1,18 @@
 //! Engines.
 
-#[allow(unused_imports)]
-use super::*;
+use super::callback::{in_frame, run_user};
+use super::graph_job::{drive, find_graph_job, start_graph, GraphJob};
+use super::hw_queue::Skipped;
+use super::kernel_job::{find_job, run_blocks, start_job};
+use super::stream::{blocked, wait_hint_of, HostStream, Left};
+use super::Shared;
 use crate::exec::async_op::AsyncPoll;
+use crate::exec::op;
+use crate::exec::op::{Body, Op};
+use crate::{Block, CompletionMode};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(Clone, Copy)]
 pub(super) enum Engine {

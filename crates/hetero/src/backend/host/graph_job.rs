@@ -15,7 +15,6 @@
 //!   returns to its plan only when the last clone drops.
 
 #[allow(unused_imports)]
-use super::*;
 use crate::exec::graph::run::{NodeHooks, RunState};
 
 pub(super) struct GraphJob {
@@ -49,9 +48,17 @@ impl Drop for GraphJob {
     }
 }
 
+use super::callback::in_frame;
+use super::engine::{Engine, Ran};
+use super::stream::HostStream;
+use super::Shared;
 use crate::exec::loom::{
     AtomicBool as LAtomicBool, AtomicU32 as LAtomicU32, AtomicU64 as LAtomicU64,
 };
+use crate::exec::op::{Body, Op};
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 /// The blocks of a kernel node spread over engines.
 ///

@@ -22,9 +22,17 @@
 //! (A claim whose generation wrapped 2^32 jobs around while its thread was
 //! preempted between its load and its CAS could succeed wrongly; that is not a
 //! concern in practice.)
-
-#[allow(unused_imports)]
-use super::*;
+use super::callback::run_user;
+use super::engine::{Engine, Ran};
+use super::stream::HostStream;
+use super::Shared;
+use crate::exec::op::{Body, Op};
+use crate::Block;
+use std::cell::UnsafeCell;
+use std::sync::atomic::AtomicU32;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
 pub(super) struct JobSlot {
     claim: AtomicU64,

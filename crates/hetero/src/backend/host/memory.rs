@@ -1,7 +1,7 @@
 //! The host backend's memory.
-
-#[allow(unused_imports)]
-use super::*;
+use super::Shared;
+use crate::backend::BackendStream;
+use std::sync::Arc;
 
 /// The pool's [`hetero_memory::StreamPoints`]: the point at the current end of a
 /// stream. Lock order: the pool's lock, then `streams` (nothing holding `streams`

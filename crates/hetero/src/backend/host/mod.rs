@@ -29,29 +29,24 @@ mod kernel_job;
 mod memory;
 mod stream;
 
-use callback::*;
-use engine::*;
-use graph_job::*;
-use hw_queue::*;
-use kernel_job::*;
-use memory::*;
-use stream::*;
-
 use super::{Backend, BackendStream, DeviceProperties};
 use crate::config::{CompletionMode, DeviceConfig};
-use crate::exec::kernel::Block;
-use crate::exec::op::{self, Body, KernelRef, Op};
 use crate::exec::park::Parker;
 use crate::exec::ring::Ring;
 use crate::exec::storage::{MemoryKind, Storage};
 use crate::exec::timeline::Timeline;
 use crate::{Error, Result};
+use callback::{become_engine, leave_engine};
 use crossbeam_utils::CachePadded;
-use std::cell::UnsafeCell;
+use engine::EngineThread;
+use graph_job::GraphSlot;
+use hw_queue::{HwQueue, QueueState};
+use kernel_job::JobSlot;
+use memory::HostPoints;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use stream::HostStream;
 
 struct Shared {
     device: u64,

@@ -1,7 +1,20 @@
 //! The host backend's stream.
-
-#[allow(unused_imports)]
-use super::*;
+use super::hw_queue::QueueState;
+use super::Shared;
+use crate::backend::BackendStream;
+use crate::exec::op::{Body, KernelRef, Op};
+use crate::exec::park::Parker;
+use crate::exec::ring::Ring;
+use crate::exec::timeline::Timeline;
+use crate::CompletionMode;
+use crate::{Error, Result};
+use crossbeam_utils::CachePadded;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicU32;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::AtomicU8;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
 
 /// Dispatches a waiting stream sits through before its priority improves a level.
 /// A priority-7 stream facing continuous priority-0 work runs after (7 + 1) × this.
