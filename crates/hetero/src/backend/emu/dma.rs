@@ -21,7 +21,7 @@
 //!   stalls the engine `iotlb_miss_ns`. A transfer that reaches unmapped memory
 //!   is refused before any byte moves.
 
-use super::EmuShared;
+use super::Shared;
 use crate::config::link::{Dir, LinkPreset};
 use crate::exec::op::{Body, CopyKind, Op};
 use crate::exec::storage::Storage;
@@ -84,7 +84,7 @@ fn rows_ns(link: &LinkPreset, width: usize, height: usize) -> u64 {
 /// Translates `len` bytes at offset `off` of host memory `s` for `engine`:
 /// the stall its TLB misses cost, ns.
 fn translate(
-    sh: &EmuShared,
+    sh: &Shared,
     engine: (u8, u32),
     s: &Storage,
     off: usize,
@@ -119,7 +119,7 @@ fn translate(
 /// Plans the DMA of `op` on copy engine `engine` ((direction, index)) and
 /// translates what it reaches; `Err` (a DMA fault) before any byte moved.
 /// `None` for ops that are not DMAs.
-pub(crate) fn plan(sh: &EmuShared, engine: (u8, u32), op: &Op) -> Option<Result<DmaPlan, String>> {
+pub(crate) fn plan(sh: &Shared, engine: (u8, u32), op: &Op) -> Option<Result<DmaPlan, String>> {
     let link = &sh.emu.link;
     let d2d_ns = |bytes: f64| D2D_SETUP_NS + (bytes / link.d2d_gbps).ceil() as u64;
     let planned = match &op.body {
@@ -276,7 +276,7 @@ pub(crate) fn copy2d_alone_ns(
 /// translations; `None` if it cannot join the run (not a small copy of `kind`,
 /// or its translation faults: it then runs, and faults, on its own).
 pub(crate) fn joins_run(
-    sh: &EmuShared,
+    sh: &Shared,
     engine: (u8, u32),
     op: &Op,
     kind: CopyKind,

@@ -4,7 +4,7 @@
 //! latency, per-direction bandwidth, packet efficiency, duplex share; what each
 //! DMA costs in `dma.rs`), an IOMMU through which it reaches host memory
 //! (`iommu.rs`: a page table per device, an I/O TLB), compute units with rates,
-//! and one discrete-event engine model (`sim.rs`).
+//! and one discrete-event engine model (`engine.rs`).
 //!
 //! Two drivers run that model:
 //! - **virtual time**: nothing runs until a host thread waits. The wait drives
@@ -23,10 +23,11 @@
 //! would wait for the device gets `Error::WouldDeadlock`, never a hang.
 
 mod dma;
-mod graph_model;
+mod engine;
+mod graph;
 mod iommu;
 mod memory;
-mod sim;
+mod points;
 mod stream;
 
 pub use iommu::{IommuStats, IotlbCounts};
@@ -40,8 +41,8 @@ use crate::exec::storage::{MemoryKind, Storage};
 use crate::exec::timeline::{Driver, Timeline};
 use crate::{Error, Result};
 use crossbeam_utils::CachePadded;
+use engine::Sim;
 use memory::{Arena, ArenaChunks};
-use sim::Sim;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -63,7 +64,7 @@ const SPIN_ONLY_NS: u64 = 50_000;
 const IDLE_SPIN_NS: u64 = 200_000;
 
 /// What a submitting thread touches of its device: the device clock and the
-/// driver's doorbell. Kept apart from `EmuShared` (and its `Arc` counts), whose
+/// driver's doorbell. Kept apart from `Shared` (and its `Arc` counts), whose
 /// fields the simulation reads on every step, so that a submitter on another
 /// core never writes a cache line the driver reads.
 pub(crate) struct Doorbell {
@@ -95,7 +96,7 @@ impl Doorbell {
     }
 }
 
-pub(crate) struct EmuShared {
+pub(crate) struct Shared {
     device: u64,
     pub(crate) emu: EmuConfig,
     config: DeviceConfig,
@@ -110,7 +111,7 @@ pub(crate) struct EmuShared {
     pub(crate) iommu: Arc<iommu::Iommu>,
 }
 
-impl EmuShared {
+impl Shared {
     /// Copy engines per direction (H2D, D2H, D2D).
     pub(crate) fn copy_engines(&self) -> [usize; 3] {
         self.config.copy_engines
@@ -142,7 +143,7 @@ impl EmuShared {
 
     /// Runs the model (virtual time) until `ready()` or nothing more can happen.
     fn run_virtual(&self, ready: &mut dyn FnMut() -> bool) -> Result<bool> {
-        if sim::in_sim() {
+        if engine::in_sim() {
             return Err(Error::WouldDeadlock(
                 "a kernel or host callback on the emulated device waits for that device's \
                  work, which cannot run before the callback returns; wait outside the callback"
@@ -150,7 +151,7 @@ impl EmuShared {
             ));
         }
         let mut sim = self.sim.lock().unwrap_or_else(|p| p.into_inner());
-        let _inside = sim::InSim::enter();
+        let _inside = engine::InSim::enter();
         loop {
             let progressed = sim.dispatch(self);
             if ready() {
@@ -166,13 +167,13 @@ impl EmuShared {
 
     /// One event of progress (a host poll in virtual time).
     fn step_virtual(&self) {
-        if sim::in_sim() {
+        if engine::in_sim() {
             return;
         }
         let Ok(mut sim) = self.sim.try_lock() else {
             return;
         };
-        let _inside = sim::InSim::enter();
+        let _inside = engine::InSim::enter();
         if !sim.dispatch(self) {
             if let Some(t) = sim.next_event(&self.emu.link) {
                 sim.advance_to(self, t);
@@ -185,7 +186,7 @@ impl EmuShared {
     fn run_real(self: &Arc<Self>) {
         // The device's engine: what runs here must not wait for the device.
         crate::exec::thread::mark_engine_thread();
-        let _inside = sim::InSim::enter();
+        let _inside = engine::InSim::enter();
         crate::exec::timeline::set_engine_wait(refuse_wait);
         // Its long waits end close to their deadline: without this a timed
         // park may oversleep by the default 50 µs of timer slack.
@@ -300,7 +301,7 @@ fn refuse_wait(
     )))
 }
 
-impl Driver for EmuShared {
+impl Driver for Shared {
     fn drive(&self, ready: &mut dyn FnMut() -> bool) -> Result<bool> {
         self.run_virtual(ready)
     }
@@ -310,24 +311,8 @@ impl Driver for EmuShared {
     }
 }
 
-/// The pool's view of where a stream stands (`hetero_memory::StreamPoints`).
-#[derive(Debug)]
-struct EmuPoints {
-    shared: Weak<EmuShared>,
-}
-
-impl hetero_memory::StreamPoints for EmuPoints {
-    fn record(&self, stream: u64) -> Arc<dyn hetero_memory::StreamPoint> {
-        let found = self.shared.upgrade().and_then(|sh| {
-            sh.streams
-                .find_map(|s| (s.id == stream).then(|| (s.timeline.clone(), s.ring.tail())))
-        });
-        super::tail_point(stream, found)
-    }
-}
-
 pub(crate) struct EmuBackend {
-    shared: Arc<EmuShared>,
+    shared: Arc<Shared>,
     props: DeviceProperties,
     arena: Arc<Arena>,
     pool: Arc<hetero_memory::DevicePool>,
@@ -339,7 +324,7 @@ impl EmuBackend {
     /// The device as a `Driver`, in virtual time: what a host that waits or
     /// polls runs the model through.
     fn virtual_driver(&self) -> Option<Weak<dyn Driver>> {
-        let weak: Weak<EmuShared> = Arc::downgrade(&self.shared);
+        let weak: Weak<Shared> = Arc::downgrade(&self.shared);
         (self.shared.emu.time == TimeMode::Virtual).then_some(weak as Weak<dyn Driver>)
     }
 
@@ -373,7 +358,7 @@ impl EmuBackend {
                 iommu: iommu.clone(),
             }),
         )?;
-        let shared = Arc::new(EmuShared {
+        let shared = Arc::new(Shared {
             device,
             sim: Mutex::new(Sim::new(config.copy_engines, config.compute_units)),
             streams: super::StreamList::new(),
@@ -391,7 +376,7 @@ impl EmuBackend {
             emu: emu.clone(),
             config: config.clone(),
         });
-        pool.set_stream_points(Arc::new(EmuPoints {
+        pool.set_stream_points(Arc::new(points::Points {
             shared: Arc::downgrade(&shared),
         }));
         let time = match emu.time {

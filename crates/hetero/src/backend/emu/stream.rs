@@ -3,7 +3,7 @@
 //! Invariants: producers only push (any thread); only the holder of the sim lock
 //! pops; `in_flight` and `last_served` are written only by that holder.
 
-use super::{Doorbell, EmuShared};
+use super::{Doorbell, Shared};
 use crate::backend::BackendStream;
 use crate::config::CompletionMode;
 use crate::exec::op::Op;
@@ -24,7 +24,7 @@ pub(crate) struct EmuStream {
     pub(crate) in_flight: AtomicBool,
     /// The sim's completion count when the stream last completed an op.
     pub(crate) last_served: AtomicU64,
-    pub(crate) shared: Weak<EmuShared>,
+    pub(crate) shared: Weak<Shared>,
     /// The device clock and the driver's doorbell: all a submission touches.
     pub(crate) bell: Arc<Doorbell>,
     pub(crate) host_wait: CompletionMode,

@@ -1,7 +1,7 @@
 //! Engines.
 
 use super::callback::{in_frame, run_user};
-use super::graph_job::{drive, find_graph_job, start_graph, GraphJob};
+use super::graph::{drive, find_graph_job, start_graph, GraphJob};
 use super::hw_queue::Skipped;
 use super::kernel_job::{find_job, run_blocks, start_job};
 use super::stream::{blocked, wait_hint_of, HostStream, Left};

@@ -23,10 +23,10 @@
 
 mod callback;
 mod engine;
-mod graph_job;
+mod graph;
 mod hw_queue;
 mod kernel_job;
-mod memory;
+mod points;
 mod stream;
 
 use super::{Backend, BackendStream, DeviceProperties};
@@ -39,10 +39,10 @@ use crate::{Error, Result};
 use callback::{become_engine, leave_engine};
 use crossbeam_utils::CachePadded;
 use engine::EngineThread;
-use graph_job::GraphSlot;
+use graph::GraphSlot;
 use hw_queue::{HwQueue, QueueState};
 use kernel_job::JobSlot;
-use memory::HostPoints;
+use points::Points;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -61,7 +61,7 @@ struct Shared {
     /// One multi-block kernel slot per hardware queue (kernel_job.rs).
     jobs: Box<[JobSlot]>,
     job_count: AtomicU32,
-    /// One graph-launch slot per hardware queue (graph_job.rs), and how many
+    /// One graph-launch slot per hardware queue (backend/host/graph.rs), and how many
     /// hold a job.
     graph_slots: Box<[GraphSlot]>,
     graph_count: AtomicU32,
@@ -134,7 +134,7 @@ impl HostBackend {
         });
         // The pool learns where streams stand from their timelines; weakly, so
         // that the pool does not keep the engines' state alive.
-        pool.set_stream_points(Arc::new(HostPoints {
+        pool.set_stream_points(Arc::new(Points {
             shared: Arc::downgrade(&shared),
         }));
         let props = DeviceProperties {

@@ -2,7 +2,7 @@
 //!
 //! A launch is one op (`Body::Graph`) in one ring slot. The engine that takes
 //! it runs the graph's nodes directly, chain by chain; on the host backend idle
-//! engines help with chains that became ready (`backend/host/graph_job.rs`),
+//! engines help with chains that became ready (`backend/host/graph.rs`),
 //! the emulated device runs them in topological order and models the time.
 //!
 //! Run-state invariants (one `RunState` per running launch, reused after):

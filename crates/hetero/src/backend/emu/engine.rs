@@ -21,9 +21,9 @@
 //! starting one join its transfer (`merge_run`) and complete with it, in order.
 
 use super::dma;
-use super::graph_model::{model_graph, NodeTrace};
+use super::graph::{model_graph, NodeTrace};
 use super::stream::EmuStream;
-use super::EmuShared;
+use super::Shared;
 use crate::config::link::{Dir, LinkPreset};
 use crate::exec::kernel::{Block, KernelCost};
 use crate::exec::op::{self, Body, CopyKind, Op};
@@ -163,13 +163,13 @@ impl Sim {
         self.polling
     }
 
-    fn refresh(&mut self, sh: &EmuShared) {
+    fn refresh(&mut self, sh: &Shared) {
         sh.streams.refresh(&mut self.streams, &mut self.generation);
     }
 
     /// Starts every op that can start now; zero-time ops (waits, records, host
     /// callbacks, skips) complete at once. Returns whether anything happened.
-    pub(crate) fn dispatch(&mut self, sh: &EmuShared) -> bool {
+    pub(crate) fn dispatch(&mut self, sh: &Shared) -> bool {
         self.refresh(sh);
         self.polling = false;
         let mut any = false;
@@ -214,7 +214,7 @@ impl Sim {
     }
 
     /// Takes the stream's oldest op if it can start now; true if it did.
-    fn try_start(&mut self, sh: &EmuShared, stream: &Arc<EmuStream>) -> bool {
+    fn try_start(&mut self, sh: &Shared, stream: &Arc<EmuStream>) -> bool {
         if stream.in_flight.load(Ordering::Relaxed) {
             return false;
         }
@@ -396,7 +396,7 @@ impl Sim {
     /// profile of a graph's nodes).
     fn start(
         &self,
-        sh: &EmuShared,
+        sh: &Shared,
         engine: Engine,
         op: &Op,
         now: u64,
@@ -531,7 +531,7 @@ impl Sim {
     }
 
     /// Moves the clock to `t` (no event lies in between) and completes what ends.
-    pub(crate) fn advance_to(&mut self, sh: &EmuShared, t: u64) {
+    pub(crate) fn advance_to(&mut self, sh: &Shared, t: u64) {
         let link = &sh.emu.link;
         let wire = self.on_wire();
         let now = self.now;
@@ -575,7 +575,7 @@ impl Sim {
     }
 
     /// Completes an op: profile, digest, release its buffers, then the timeline.
-    fn complete(&mut self, sh: &EmuShared, r: Running) {
+    fn complete(&mut self, sh: &Shared, r: Running) {
         let end = self.now;
         let engine_code = match r.engine {
             Engine::None => 0,
@@ -633,7 +633,7 @@ fn complete_on(timeline: &Timeline, value: u64, result: Result<(), String>) {
 /// may join its descriptor chain (same direction, small, within the stream's
 /// window), runs their effects in order and adds their bytes to `t`.
 fn merge_run(
-    sh: &EmuShared,
+    sh: &Shared,
     stream: &EmuStream,
     first: &Op,
     (k, i): (usize, usize),
@@ -669,7 +669,7 @@ fn merge_run(
 }
 
 /// Modelled duration of a kernel on `units` compute units, ns.
-pub(super) fn cost_ns(sh: &EmuShared, cost: KernelCost, units: usize) -> u64 {
+pub(super) fn cost_ns(sh: &Shared, cost: KernelCost, units: usize) -> u64 {
     let compute = cost.flops.max(0.0) / (sh.emu.flops_per_unit * units.max(1) as f64) * 1e9;
     let memory = cost.bytes.max(0.0) / sh.emu.link.memory_gbps;
     compute.max(memory).ceil() as u64

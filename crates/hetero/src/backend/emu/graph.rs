@@ -3,8 +3,8 @@
 //! overhead, then `GRAPH_NODE_NS` per kernel node), with each node's profile record.
 
 use super::dma::D2D_SETUP_NS;
-use super::sim::cost_ns;
-use super::EmuShared;
+use super::engine::cost_ns;
+use super::Shared;
 use crate::config::link::Dir;
 use crate::exec::kernel::KernelCost;
 use crate::exec::op::CopyKind;
@@ -29,7 +29,7 @@ pub(crate) const GRAPH_NODE_NS: u64 = 200;
 /// its kind that frees first, after its predecessors (a list schedule; the
 /// launch has the link to itself).
 pub(super) fn model_graph(
-    sh: &EmuShared,
+    sh: &Shared,
     l: &crate::exec::graph::run::GraphLaunch,
     units: usize,
     traced: Option<NodeTrace>,
