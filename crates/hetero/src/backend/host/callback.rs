@@ -21,7 +21,8 @@
 //! thread running the stream's current op, and read by other engines as hints for
 //! the cycle check.
 
-use super::engine::{EngineThread, LOOKING};
+use super::dispatch::LOOKING;
+use super::engine::EngineThread;
 use super::stream::{pack_hint, unpack_hint, HostStream};
 use super::Shared;
 use crate::exec::op;

@@ -49,7 +49,7 @@ impl Drop for GraphJob {
 }
 
 use super::callback::in_frame;
-use super::engine::{Engine, Ran};
+use super::dispatch::{Engine, Ran};
 use super::stream::HostStream;
 use super::Shared;
 use crate::exec::loom::{

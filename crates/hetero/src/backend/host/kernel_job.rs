@@ -23,7 +23,7 @@
 //! preempted between its load and its CAS could succeed wrongly; that is not a
 //! concern in practice.)
 use super::callback::run_user;
-use super::engine::{Engine, Ran};
+use super::dispatch::{Engine, Ran};
 use super::stream::HostStream;
 use super::Shared;
 use crate::exec::op::{Body, Op};

@@ -22,6 +22,8 @@
 //!   priority work always progresses.
 
 mod callback;
+mod claim;
+mod dispatch;
 mod engine;
 mod graph;
 mod hw_queue;
