@@ -1,0 +1,425 @@
+//! Streams: the user's in-order sequences of operations. Every method validates its
+//! input (typed errors, never panics) and hands a self-contained `Op` to the backend.
+
+use crate::api::buffer::{Arg, DeviceBuffer, PinnedBuffer};
+use crate::api::event::{Event, EventPoint};
+use crate::api::graph::capture::CaptureSlot;
+use crate::api::kernel::Kernel;
+use crate::backend::BackendStream;
+use crate::exec::kernel::{ArgList, Grid, MAX_KERNEL_ARGS};
+use crate::exec::op::{Body, KernelRef, Op};
+use crate::exec::storage::Storage;
+use crate::{Device, Error, Result};
+use std::any::TypeId;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+mod alloc;
+mod copy;
+mod host_access;
+
+/// Highest (most urgent) stream priority.
+pub const PRIORITY_HIGHEST: u8 = 0;
+/// Lowest stream priority.
+pub const PRIORITY_LOWEST: u8 = 7;
+
+/// An in-order sequence of operations on a device. Cloning gives another handle to
+/// the same stream.
+///
+/// Dropping the last handle waits for the stream's pending work to complete (work is
+/// never discarded); [`Stream::destroy`] refuses further submissions at once.
+#[derive(Clone)]
+pub struct Stream {
+    inner: Arc<StreamHandle>,
+}
+
+struct StreamHandle {
+    queue: Arc<dyn BackendStream>,
+    device: Device,
+    /// The capture this stream records into, if any (`graph/capture.rs`).
+    capture: Arc<CaptureSlot>,
+    /// H2D copies of at most this many bytes take the inline path (0: never).
+    inline_max: usize,
+}
+
+impl Drop for StreamHandle {
+    fn drop(&mut self) {
+        // The release waits for the stream's work; on an engine thread (a callback
+        // dropping the last handle) that work includes the running op.
+        let queue = self.queue.clone();
+        crate::exec::thread::off_engine("release a stream", move || queue.release());
+    }
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream")
+            .field("id", &self.id())
+            .field("priority", &self.priority())
+            .field("hardware_queue", &self.hardware_queue())
+            .finish()
+    }
+}
+
+pub(crate) fn check_range(op: &'static str, len: usize, offset: usize, count: usize) -> Result<()> {
+    match offset.checked_add(count) {
+        Some(end) if end <= len => Ok(()),
+        _ => Err(Error::OutOfBounds {
+            op,
+            offset,
+            end: offset.saturating_add(count),
+            len,
+        }),
+    }
+}
+
+impl Stream {
+    pub(crate) fn new(queue: Arc<dyn BackendStream>, device: Device) -> Self {
+        let inline_max = device.inline_copy_max();
+        Stream {
+            inner: Arc::new(StreamHandle {
+                queue,
+                device,
+                capture: Arc::default(),
+                inline_max,
+            }),
+        }
+    }
+
+    fn q(&self) -> &dyn BackendStream {
+        &*self.inner.queue
+    }
+
+    pub(crate) fn backend_stream(&self) -> &dyn BackendStream {
+        self.q()
+    }
+
+    pub(crate) fn capture_slot(&self) -> &Arc<CaptureSlot> {
+        &self.inner.capture
+    }
+
+    /// Whether work submitted now is recorded into a capture instead of run.
+    #[inline]
+    pub fn is_capturing(&self) -> bool {
+        self.inner.capture.capturing.load(Ordering::Acquire)
+    }
+
+    /// Refuses `op` while the stream records: it would wait for work that does
+    /// not run until the graph is launched.
+    fn not_capturing(&self, op: &'static str) -> Result<()> {
+        if self.is_capturing() {
+            return Err(Error::Graph {
+                op,
+                detail: "the stream is recording a capture: nothing it records runs before                          the graph is launched, so this would never complete; end the capture                          first"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Starts recording: work submitted to this stream (and to streams that
+    /// wait on events recorded here meanwhile) goes into a graph instead of
+    /// running, until [`Stream::end_capture`]. Like CUDA's stream capture;
+    /// synchronous calls on a recording stream are refused.
+    ///
+    /// ```
+    /// use hetero::Device;
+    /// let dev = Device::host().unwrap();
+    /// let s = dev.create_stream().unwrap();
+    /// let buf = dev.alloc::<u8>(64).unwrap();
+    /// s.begin_capture().unwrap();
+    /// s.fill(&buf, 7).unwrap();
+    /// let exec = s.end_capture().unwrap().instantiate().unwrap();
+    /// s.launch_graph(&exec).unwrap();
+    /// assert_eq!(s.read_to_vec(&buf).unwrap(), vec![7; 64]);
+    /// ```
+    pub fn begin_capture(&self) -> Result<()> {
+        if self.q().is_closed() {
+            return Err(Error::StreamDestroyed { stream: self.id() });
+        }
+        crate::api::graph::capture::begin(
+            &self.inner.capture,
+            self.id(),
+            self.inner.device.id(),
+            self.inner.device.host_wait(),
+        )
+    }
+
+    /// Ends the capture begun on this stream and returns what it recorded.
+    /// Every stream that joined it must have been joined back (this stream
+    /// waited on an event recorded after its last op), else a typed error.
+    pub fn end_capture(&self) -> Result<crate::Graph> {
+        let draft = crate::api::graph::capture::end(&self.inner.capture, self.id())?;
+        crate::Graph::from_draft(&self.inner.device, draft)
+    }
+
+    /// Launches an executable graph: one submission, ordered on this stream
+    /// like any op (events recorded after it complete after all its nodes). A
+    /// graph with slots needs [`Stream::launch_graph_with`].
+    pub fn launch_graph(&self, exec: &crate::GraphExec) -> Result<()> {
+        crate::api::graph::exec::launch(self, exec, None)
+    }
+
+    /// Records `f`'s operations into a command buffer and launches it once:
+    /// one submission for all of them (a one-shot recording; for replays keep
+    /// the [`GraphExec`](crate::GraphExec) of [`CommandBuffer::finish`](crate::CommandBuffer::finish)).
+    ///
+    /// ```
+    /// use hetero::Device;
+    /// let dev = Device::host().unwrap();
+    /// let s = dev.create_stream().unwrap();
+    /// let (a, b) = (dev.alloc::<u32>(8).unwrap(), dev.alloc::<u32>(8).unwrap());
+    /// s.run_commands(|cb| {
+    ///     cb.fill(&a, 3)?;
+    ///     cb.copy_d2d(&a, &b)
+    /// })
+    /// .unwrap();
+    /// assert_eq!(s.read_to_vec(&b).unwrap(), vec![3; 8]);
+    /// ```
+    pub fn run_commands(&self, f: impl FnOnce(&crate::CommandBuffer) -> Result<()>) -> Result<()> {
+        let cb = crate::CommandBuffer::new(self.device())?;
+        f(&cb)?;
+        let exec = cb.finish()?;
+        self.launch_graph(&exec)
+    }
+
+    /// Launches an executable graph with its slots bound by `bindings`.
+    pub fn launch_graph_with(
+        &self,
+        exec: &crate::GraphExec,
+        bindings: &crate::Bindings,
+    ) -> Result<()> {
+        crate::api::graph::exec::launch(self, exec, Some(bindings))
+    }
+
+    /// Runs `f` on the host in stream order, like [`Stream::host_fn`], but `f`
+    /// is an `Fn`: recorded into a graph or command buffer, it runs at every
+    /// launch.
+    pub fn host_callback(&self, f: impl Fn() + Send + Sync + 'static) -> Result<()> {
+        if self.is_capturing() {
+            return crate::api::graph::capture::host(&self.inner.capture, self.id(), Arc::new(f));
+        }
+        self.host_fn(f)
+    }
+    /// The stream's id (unique on its device).
+    pub fn id(&self) -> u64 {
+        self.q().id()
+    }
+
+    /// The device the stream belongs to.
+    pub fn device(&self) -> &Device {
+        &self.inner.device
+    }
+
+    /// Names the stream in profiles and traces.
+    pub fn set_name(&self, name: impl Into<String>) {
+        hetero_trace::set_stream_name(self.id(), name.into());
+    }
+
+    /// The hardware queue the stream is mapped onto.
+    pub fn hardware_queue(&self) -> usize {
+        self.q().hardware_queue()
+    }
+
+    /// The stream's priority (0 highest … 7 lowest).
+    pub fn priority(&self) -> u8 {
+        self.q().priority()
+    }
+
+    /// Changes the priority; takes effect at the next operation boundary.
+    pub fn set_priority(&self, priority: u8) -> Result<()> {
+        if priority > PRIORITY_LOWEST {
+            return Err(Error::InvalidArgument(format!(
+                "priority {priority} is out of range; use 0 (highest) ..= 7 (lowest)"
+            )));
+        }
+        self.q().set_priority(priority);
+        Ok(())
+    }
+
+    pub(crate) fn check_storage(&self, op: &'static str, s: &Storage) -> Result<()> {
+        if s.graph_ref != 0 && !self.is_capturing() {
+            return Err(crate::exec::graph::stand_in_error(op));
+        }
+        let dev = self.inner.device.id();
+        if s.device != dev {
+            return Err(Error::WrongDevice {
+                op,
+                buffer_device: s.device,
+                stream_device: dev,
+            });
+        }
+        Ok(())
+    }
+
+    #[inline]
+    pub(crate) fn submit(&self, body: Body) -> Result<u64> {
+        if self.is_capturing() {
+            return crate::api::graph::capture::submit(&self.inner.capture, self.id(), body);
+        }
+        self.q().submit(Op::new(body))
+    }
+
+    /// Launches `kernel` over `grid`, giving it `args` (see [`Arg`]).
+    #[inline]
+    pub fn launch(&self, kernel: &Kernel, grid: Grid, args: &[Arg<'_>]) -> Result<()> {
+        if grid.blocks == 0 {
+            return Err(Error::EmptyGrid {
+                kernel: kernel.inner.name,
+            });
+        }
+        if args.len() > MAX_KERNEL_ARGS {
+            return Err(Error::TooManyArgs {
+                kernel: kernel.inner.name,
+                count: args.len(),
+                max: MAX_KERNEL_ARGS,
+            });
+        }
+        for (i, a) in args.iter().enumerate() {
+            self.check_storage("launch", a.storage)?;
+            for b in &args[..i] {
+                if Arc::ptr_eq(a.storage, b.storage) && (a.write || b.write) {
+                    return Err(Error::Aliasing { op: "launch" });
+                }
+            }
+        }
+        if self.is_capturing() {
+            return crate::api::graph::capture::kernel(
+                &self.inner.capture,
+                self.id(),
+                &kernel.inner,
+                grid.blocks,
+                args,
+            );
+        }
+        for a in args {
+            self.order_use(a.storage)?;
+        }
+        let list = ArgList::from_args(args);
+        if self.is_capturing() {
+            // A capture begun on another thread since the look above.
+            self.submit(Body::Kernel {
+                kernel: KernelRef::owned(kernel.inner.clone()),
+                blocks: grid.blocks,
+                args: list,
+            })?;
+        } else {
+            self.q().submit_launch(&kernel.inner, grid.blocks, list)?;
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on the host once all earlier work on the stream completed; later
+    /// work waits for it. A panic in `f` fails the stream.
+    pub fn host_fn(&self, f: impl FnOnce() + Send + 'static) -> Result<()> {
+        self.submit(Body::Host(Some(Box::new(f))))?;
+        Ok(())
+    }
+
+    /// Points `event` at the current end of this stream. Re-recording an event
+    /// whose last record has completed (and that has no clones) allocates
+    /// nothing: its timestamp cell is reused, like a CUDA event.
+    pub fn record(&self, event: &mut Event) -> Result<()> {
+        if self.is_capturing() {
+            return crate::api::graph::capture::record(&self.inner.capture, self.id(), event);
+        }
+        // Only this event holds the cell once its record op ran (no clones, and
+        // no weak references are ever made), so nothing else can read it.
+        let stamp = match event.point.take().map(|p| p.stamp) {
+            Some(mut st) => match Arc::get_mut(&mut st) {
+                Some(cell) => {
+                    *cell.get_mut() = 0;
+                    st
+                }
+                None => Arc::new(AtomicU64::new(0)),
+            },
+            None => Arc::new(AtomicU64::new(0)),
+        };
+        let value = self.submit(Body::Record {
+            stamp: stamp.clone(),
+        })?;
+        event.point = Some(EventPoint {
+            timeline: self.q().timeline().clone(),
+            value,
+            stamp,
+        });
+        Ok(())
+    }
+
+    /// Records a new event at the current end of this stream.
+    pub fn record_event(&self) -> Result<Event> {
+        let mut e = Event::new();
+        self.record(&mut e)?;
+        Ok(e)
+    }
+
+    /// Makes work submitted after this call wait until `event` completed. Does not
+    /// block the host, and never stalls other streams.
+    pub fn wait_event(&self, event: &Event) -> Result<()> {
+        let p = event.point_any("wait_event")?;
+        if crate::api::graph::capture::is_capture_timeline(&p.timeline) {
+            return crate::api::graph::capture::wait(&self.inner.capture, self.id(), p);
+        }
+        if p.timeline.device != self.inner.device.id() {
+            return Err(Error::EventWrongDevice {
+                op: "wait_event",
+                event_device: p.timeline.device,
+                stream_device: self.inner.device.id(),
+            });
+        }
+        if self.q().is_closed() {
+            return Err(Error::StreamDestroyed { stream: self.id() });
+        }
+        // Own stream: already ordered. Completed without fault: nothing to wait for.
+        if p.timeline.stream == self.id() || matches!(p.timeline.status(p.value), Some(Ok(()))) {
+            return Ok(());
+        }
+        self.submit(Body::Wait {
+            timeline: p.timeline.clone(),
+            value: p.value,
+            fault: true,
+        })?;
+        Ok(())
+    }
+
+    /// Blocks until all work submitted so far completed; returns the stream's fault
+    /// if it failed.
+    pub fn synchronize(&self) -> Result<()> {
+        self.not_capturing("Stream::synchronize")?;
+        self.q()
+            .timeline()
+            .wait(self.q().submitted(), self.inner.device.host_wait())
+    }
+
+    /// `Ok(true)` when all submitted work completed, `Ok(false)` while some is
+    /// pending, the fault if the stream failed.
+    pub fn query(&self) -> Result<bool> {
+        self.not_capturing("Stream::query")?;
+        self.q().timeline().poll_driver();
+        match self.q().timeline().status(self.q().submitted()) {
+            None => Ok(false),
+            Some(r) => r.map(|()| true),
+        }
+    }
+
+    /// The stream's fault, if it failed.
+    pub fn error(&self) -> Option<Error> {
+        self.q().timeline().fault()
+    }
+
+    /// Refuses further work on this stream (on every handle). Pending work still
+    /// completes.
+    pub fn destroy(&self) {
+        self.q().close();
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn ok<T: Send + Sync>() {}
+    ok::<Stream>();
+    ok::<Event>();
+    ok::<DeviceBuffer<f32>>();
+    ok::<PinnedBuffer<f32>>();
+    let _ = TypeId::of::<u8>();
+}
