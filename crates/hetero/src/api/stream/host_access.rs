@@ -5,7 +5,6 @@
 
 use super::{check_range, Stream};
 use crate::api::buffer::DeviceBuffer;
-use crate::backend::BackendStream;
 use crate::exec::op::Body;
 use crate::exec::storage::Storage;
 use crate::{Error, Result};
