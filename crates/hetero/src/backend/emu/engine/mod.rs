@@ -24,13 +24,17 @@ use super::dma;
 use super::graph::{model_graph, NodeTrace};
 use super::stream::EmuStream;
 use super::Shared;
-use crate::config::link::{Dir, LinkPreset};
+use crate::config::link::Dir;
 use crate::exec::kernel::{Block, KernelCost};
 use crate::exec::op::{self, Body, CopyKind, Op};
 use crate::exec::timeline::Timeline;
+use record::{fnv, kind_code, record, record_merged, FNV_OFFSET};
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+
+mod clock;
+mod record;
 
 /// Fixed cost of starting a kernel on the device, ns.
 pub(crate) const KERNEL_LAUNCH_NS: u64 = 2_000;
@@ -119,19 +123,6 @@ pub(crate) struct Sim {
     /// callback, a skip) in this dispatch pass: a stream waiting on it may
     /// start now. Ops that only took an engine unblock nobody.
     completed_at_start: bool,
-}
-
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
-
-/// FNV-1a over whole words (a word at a time, then a rotation so that bits
-/// high in one word reach the next): deterministic, a few cycles per word.
-fn fnv(mut h: u64, words: &[u64]) -> u64 {
-    for w in words {
-        h ^= w;
-        h = h.wrapping_mul(FNV_PRIME).rotate_left(29);
-    }
-    h
 }
 
 impl Sim {
@@ -487,93 +478,6 @@ impl Sim {
         }
     }
 
-    /// Per-direction state of the link: transfers with bytes on the wire.
-    fn on_wire(&self) -> [usize; 2] {
-        let mut n = [0usize; 2];
-        for r in &self.running {
-            if let Some(t) = &r.transfer {
-                if t.setup_until <= self.now {
-                    n[t.dir as usize] += 1;
-                }
-            }
-        }
-        n
-    }
-
-    fn rate(link: &LinkPreset, dir: Dir, wire: [usize; 2]) -> f64 {
-        let both = wire[0] > 0 && wire[1] > 0;
-        link.wire_rate(dir, both) / wire[dir as usize].max(1) as f64
-    }
-
-    /// When the next op completes or a transfer's data phase begins.
-    pub(crate) fn next_event(&self, link: &LinkPreset) -> Option<u64> {
-        let wire = self.on_wire();
-        // A lone transfer's rate never changes: its setup end is no event (the
-        // common case of one stream copying, at one event per copy).
-        let alone = self.running.iter().filter(|r| r.transfer.is_some()).count() == 1;
-        self.running
-            .iter()
-            .map(|r| match &r.transfer {
-                Some(t) if t.setup_until > self.now && !alone => t.setup_until,
-                Some(t) => {
-                    let on_wire = [
-                        usize::from(t.dir == Dir::H2D),
-                        usize::from(t.dir == Dir::D2H),
-                    ];
-                    let rate = Self::rate(link, t.dir, if alone { on_wire } else { wire });
-                    let from = t.setup_until.max(self.now);
-                    let end = from + (t.remaining / rate).ceil().max(0.0) as u64;
-                    end.max(t.floor)
-                }
-                None => r.end,
-            })
-            .min()
-    }
-
-    /// Moves the clock to `t` (no event lies in between) and completes what ends.
-    pub(crate) fn advance_to(&mut self, sh: &Shared, t: u64) {
-        let link = &sh.emu.link;
-        let wire = self.on_wire();
-        let now = self.now;
-        for r in &mut self.running {
-            if let Some(tr) = &mut r.transfer {
-                // Only a lone transfer enters the wire between events (see
-                // `next_event`): it runs alone from its setup end.
-                let from = tr.setup_until.max(now);
-                if from < t {
-                    let mut w = wire;
-                    w[tr.dir as usize] = w[tr.dir as usize].max(1);
-                    tr.remaining -= Self::rate(link, tr.dir, w) * (t - from) as f64;
-                }
-            }
-        }
-        self.now = self.now.max(t);
-        sh.publish_now(self.now);
-        let now = self.now;
-        // What ends now, completed in start order (deterministic): sequence
-        // numbers first, so each op moves once, out of `running` into `complete`.
-        let mut done = std::mem::take(&mut self.finished);
-        done.extend(self.running.iter().filter_map(|r| {
-            let finished = match &r.transfer {
-                Some(tr) => tr.setup_until <= now && tr.remaining < 0.5 && tr.floor <= now,
-                None => r.end <= now,
-            };
-            finished.then_some(r.seq)
-        }));
-        done.sort_unstable();
-        for &seq in &done {
-            let Some(i) = self.running.iter().position(|r| r.seq == seq) else {
-                continue;
-            };
-            let r = self.running.swap_remove(i);
-            self.mark(r.engine, true);
-            r.stream.in_flight.store(false, Ordering::Relaxed);
-            self.complete(sh, r);
-        }
-        done.clear();
-        self.finished = done;
-    }
-
     /// Completes an op: profile, digest, release its buffers, then the timeline.
     fn complete(&mut self, sh: &Shared, r: Running) {
         let end = self.now;
@@ -680,77 +584,3 @@ struct InSimUser;
 
 /// (The model records the nodes, at their modelled times.)
 impl crate::exec::graph::run::NodeHooks for InSimUser {}
-
-fn kind_code(body: &Body) -> u64 {
-    match body {
-        Body::Copy { kind, .. } => 1 + *kind as u64,
-        Body::Fill { .. } => 4,
-        Body::Kernel { .. } => 5,
-        Body::Host(_) => 6,
-        Body::Wait { .. } => 7,
-        Body::Record { .. } => 8,
-        Body::HostWrite { .. } => 9,
-        Body::HostRead { .. } => 10,
-        Body::Graph(_) => 11,
-        Body::CopyBatch(b) => 12 + b.kind as u64,
-        Body::Copy2D(c) => 15 + c.kind as u64,
-        Body::Async(_) => 18,
-    }
-}
-
-/// The profile record of a copy merged into `r`'s chain: it ran with it.
-fn record_merged(r: &Running, op: &Op, value: u64, end: u64) {
-    let (engine, index) = match r.engine {
-        Engine::Copy(0, i) => (hetero_trace::EngineKind::CopyH2D, i),
-        Engine::Copy(_, i) => (hetero_trace::EngineKind::CopyD2H, i),
-        _ => (hetero_trace::EngineKind::Host, 0),
-    };
-    let kind = match &op.body {
-        Body::Copy { kind, .. } => kind.trace_kind(),
-        _ => hetero_trace::OpKind::H2D,
-    };
-    hetero_trace::record_op(hetero_trace::OpRecord {
-        kind,
-        name: op.name(),
-        stream: r.stream.id,
-        queue: r.stream.queue as u32,
-        engine,
-        engine_index: index as u32,
-        seq: value,
-        submit_ns: op.submit_ns,
-        start_ns: r.start,
-        end_ns: end,
-        bytes: op.bytes(),
-        dep: None,
-        failed: false,
-        node: None,
-    });
-}
-
-fn record(r: &Running, end: u64) {
-    use hetero_trace::EngineKind as E;
-    let (engine, index) = match r.engine {
-        Engine::Copy(0, i) => (E::CopyH2D, i),
-        Engine::Copy(1, i) => (E::CopyD2H, i),
-        Engine::Copy(_, i) => (E::CopyD2D, i),
-        Engine::Compute(first, _) => (E::Compute, first),
-        Engine::None => (E::Host, 0),
-    };
-    let (kind, dep) = r.op.trace_kind();
-    hetero_trace::record_op(hetero_trace::OpRecord {
-        kind,
-        name: r.op.name(),
-        stream: r.stream.id,
-        queue: r.stream.queue as u32,
-        engine,
-        engine_index: index as u32,
-        seq: r.value,
-        submit_ns: r.op.submit_ns,
-        start_ns: r.start,
-        end_ns: end,
-        bytes: r.op.bytes(),
-        dep,
-        failed: r.result.is_err(),
-        node: None,
-    });
-}
