@@ -307,6 +307,19 @@ impl DevicePool {
         }
     }
 
+    /// Free of memory that the work behind `uses` may still use, and that no
+    /// stream ordered itself after (its new owner could not wait for them):
+    /// held back from every stream, `stream` included, until they all
+    /// complete, as [`DevicePool::free_used_on`] holds its fences. The pool
+    /// reaps it on a later call; no thread waits for it.
+    pub fn free_after(&self, a: Allocation, stream: StreamId, uses: Vec<Arc<dyn StreamPoint>>) {
+        if a.pool != self.s.id {
+            tracing::error!(?a, "free of an allocation from another pool; it is leaked");
+            return;
+        }
+        self.s.free_slow(a, stream, uses, true, true);
+    }
+
     /// Stream-ordered free of memory that work queued on `stream` and on each of
     /// `others` may still use (a buffer used on several streams, dropped before
     /// that work completed). The pool records a fence at the current end of

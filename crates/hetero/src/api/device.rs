@@ -312,7 +312,7 @@ impl Device {
         let mut fences = fences.into_iter();
         while let Some(f) = fences.next() {
             if let Err(e) = crate::exec::point::wait_fence(&f) {
-                s.drop_after(std::iter::once(f).chain(fences).collect());
+                s.free_after(std::iter::once(f).chain(fences).collect());
                 return Err(e);
             }
         }

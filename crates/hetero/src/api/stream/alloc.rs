@@ -53,7 +53,7 @@ impl Stream {
             match self.wait_for_points(fences) {
                 Ok(o) => ordered |= o,
                 Err((e, pending)) => {
-                    arc.drop_after(pending);
+                    arc.free_after(pending);
                     return Err(e);
                 }
             }

@@ -515,24 +515,32 @@ impl Storage {
         }
     }
 
-    /// Drops the storage once `fences` completed: its memory may still be used by
-    /// the work they stand for, so it must not return to the pool before.
-    pub(crate) fn drop_after(self: Arc<Self>, fences: Vec<Arc<dyn hetero_memory::StreamPoint>>) {
+    /// Gives the memory back to the pool behind `fences`: the work they stand
+    /// for may still use it, so no stream may reuse it before they complete.
+    /// The pool holds it and reaps it later (its own completion path); no
+    /// thread waits for it. Storage that is shared, or memory not from the
+    /// device pool, is simply dropped: its last owner frees it.
+    pub(crate) fn free_after(
+        mut self: Arc<Self>,
+        fences: Vec<Arc<dyn hetero_memory::StreamPoint>>,
+    ) {
         if fences.iter().all(|f| f.is_complete()) {
             return;
         }
-        let wait = move || {
-            for f in &fences {
-                f.wait();
-            }
-            drop(self);
+        let Some(s) = Storage::unique(&mut self) else {
+            return;
         };
-        // Not on an engine: its wait may need the work this engine runs.
-        let spawned = std::thread::Builder::new()
-            .name("hetero-release".into())
-            .spawn(wait);
-        if let Err(e) = spawned {
-            tracing::error!("hetero: could not start a thread to free memory later: {e}");
+        let backing = s.backing.get_mut().unwrap_or_else(|p| p.into_inner());
+        if !matches!(backing, Backing::Device { .. }) {
+            return;
+        }
+        if let (Backing::Device { alloc, stream }, Some(pool)) =
+            (std::mem::replace(backing, Backing::Empty), &s.pool)
+        {
+            if crate::exec::clock::profiling() {
+                record_mem(hetero_trace::MemKind::Free, s.bytes, stream, pool);
+            }
+            pool.free_after(alloc, stream, fences);
         }
     }
 
