@@ -28,7 +28,8 @@ pub fn run(
 }
 
 /// [`run`] on a fresh device from `spec`; a device behind a link model fills the
-/// report's "of link peak".
+/// report's "of link peak" (H2D and D2H engines), and one in virtual time makes
+/// it report device time.
 pub fn run_on(
     workload: &str,
     out: &Path,
@@ -49,6 +50,10 @@ pub fn run_on(
     let result = (|| -> hetero::Result<bool> {
         let dev = spec.open()?;
         hetero_trace::set_device_name(dev.properties().name.clone());
+        hetero_trace::set_clock(match spec.time() {
+            "virtual" => hetero_trace::TraceClock::Virtual,
+            _ => hetero_trace::TraceClock::Wall,
+        });
         link_peak_gbps = dev.properties().link_peak_gbps;
         let mut progress = progress;
         let verified = match workload {

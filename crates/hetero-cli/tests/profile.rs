@@ -74,6 +74,10 @@ fn pipeline_profile_shows_overlap_and_consistent_outputs() {
     let text = report.to_string();
     let h2d_ops = slices["H2D"].len() as u64;
     assert!(h2d_ops >= 24 * 3, "each pipelined run copies every tile in");
+    assert_eq!(
+        report["clock"], "wall",
+        "the host device's times are wall time"
+    );
     let engines = report["engines"].as_array().expect("engines in report");
     let h2d = engines
         .iter()
@@ -110,7 +114,7 @@ fn pipeline_profile_shows_overlap_and_consistent_outputs() {
 
     // The same on the emulated device in virtual time: its engines overlap by
     // the model (deterministically), its records carry device times, and the
-    // report fills "of link peak" from the preset.
+    // report fills "of link peak" from the preset, in device time.
     let emu =
         hetero_cli::device::DeviceSpec::Emu(hetero::EmuConfig::new(hetero::LinkPreset::pcie4x16()));
     let out = profile::run_on("pipeline", &dir, &emu, small(), |_| {}).expect("emu profile");
@@ -128,6 +132,13 @@ fn pipeline_profile_shows_overlap_and_consistent_outputs() {
     );
     let report: Value =
         serde_json::from_str(&std::fs::read_to_string(&out.paths.report_json).unwrap()).unwrap();
+    assert_eq!(report["clock"], "virtual", "emu in virtual time");
+    assert_eq!(trace["otherData"]["clock"], "virtual");
+    let md = std::fs::read_to_string(&out.paths.report_md).unwrap();
+    assert!(
+        md.contains("of device time") && !md.contains("wall time"),
+        "{md:.600}"
+    );
     let engines = report["engines"].as_array().expect("engines in report");
     let h2d = engines
         .iter()

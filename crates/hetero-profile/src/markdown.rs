@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use crate::graphs;
 use crate::report::Report;
 use crate::stats::{fmt_bytes, fmt_ns};
-use hetero_trace::OpKind;
+use hetero_trace::{OpKind, TraceClock};
 
 impl Report {
     /// The report as Markdown.
@@ -18,6 +18,13 @@ impl Report {
     }
 
     fn write_markdown(&self, md: &mut String) -> std::fmt::Result {
+        // What the times are: a device's virtual clock, or the host's.
+        let on_device_clock = self.clock == TraceClock::Virtual.as_str();
+        let time = if on_device_clock {
+            "device time"
+        } else {
+            "wall time"
+        };
         let device = if self.device_name.is_empty() {
             "(unnamed device)"
         } else {
@@ -39,16 +46,22 @@ impl Report {
         };
         writeln!(
             md,
-            "{} ops ({} failed) over {} of wall time.{graphs}\n",
+            "{} ops ({} failed) over {} of {time}.{graphs}\n",
             self.ops,
             self.failed_ops,
             fmt_ns(self.wall_ns)
         )?;
+        if on_device_clock {
+            writeln!(
+                md,
+                "Times are on the device's virtual clock: modelled, not measured on the host.\n"
+            )?;
+        }
 
         writeln!(md, "## Engines\n")?;
         writeln!(
             md,
-            "Utilization is busy time (the union of the engine's ops) over the wall time; \
+            "Utilization is busy time (the union of the engine's ops) over the {time}; \
              bandwidth is bytes over busy time (1 GB/s = 10^9 B/s). A graph's nodes count \
              on the engines that ran them, its launch does not.\n"
         )?;
@@ -73,7 +86,11 @@ impl Report {
             )?;
         }
         if let Some(peak) = self.link_peak_gbps {
-            writeln!(md, "\nLink peak: {peak:.2} GB/s.")?;
+            writeln!(
+                md,
+                "\nLink peak: {peak:.2} GB/s; only the H2D and D2H engines are measured \
+                 against it (on-device copies and fills do not cross the link)."
+            )?;
         }
 
         writeln!(md, "\n## Streams\n")?;

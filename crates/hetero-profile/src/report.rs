@@ -9,6 +9,13 @@
 //! while copying, 1 GB/s = 10^9 bytes/s); *idle gaps* are the holes between an
 //! engine's first and last op.
 //!
+//! Time is the trace's clock (`Trace::clock`): the host's wall time, or a
+//! device's virtual time, where the report says "device time" (JSON `clock`:
+//! "wall" or "virtual"; `wall_ns` keeps its name either way). An engine's
+//! bandwidth is compared with the link's peak only where its copies cross the
+//! link (the H2D and D2H engines): on-device copies and fills run on the D2D
+//! engine and never touch it.
+//!
 //! Graph launches (see `graphs.rs`): the op count, streams, latency and the
 //! longest ops count a launch as one op and none of its nodes; engines and
 //! idle gaps count the nodes an engine ran and not the launch containing
@@ -17,7 +24,7 @@
 
 use std::collections::BTreeMap;
 
-use hetero_trace::{EngineKind, MemKind, OpKind, OpRecord, Trace};
+use hetero_trace::{EngineKind, MemKind, OpKind, OpRecord, Trace, TraceClock};
 use serde::{Deserialize, Serialize};
 
 use crate::graphs::{self, GraphUsage, Roles};
@@ -30,7 +37,8 @@ pub struct ReportOptions {
     pub top_n: usize,
     /// How many idle gaps to list per engine (the largest).
     pub max_gaps: usize,
-    /// The link's peak in GB/s (10^9 bytes/s) where the device has a link model.
+    /// The link's peak in GB/s (10^9 bytes/s) where the device has a link
+    /// model; the H2D and D2H engines are compared with it.
     pub link_peak_gbps: Option<f64>,
     /// The memory pool's counters, if a pool was used.
     pub allocator: Option<AllocatorStats>,
@@ -71,15 +79,21 @@ pub struct Report {
     pub window_start_ns: u64,
     /// Last op end, in trace ns.
     pub window_end_ns: u64,
-    /// `window_end_ns - window_start_ns`.
+    /// `window_end_ns - window_start_ns`, on the trace's clock (device time
+    /// where `clock` is "virtual"; the name stays for existing readers).
     pub wall_ns: u64,
+    /// The clock the times are on: "wall" (the host's) or "virtual" (a
+    /// device's modelled clock), from the trace. Absent in older reports:
+    /// "wall".
+    #[serde(default = "wall_clock")]
+    pub clock: String,
     /// Number of ops submitted: a graph launch counts once, its nodes not.
     pub ops: u64,
     /// Of those, ops that completed with an error.
     pub failed_ops: u64,
     /// Node records of graph launches (not in `ops`).
     pub graph_nodes: u64,
-    /// The link peak the bandwidths are compared with, if given.
+    /// The link peak the H2D and D2H bandwidths are compared with, if given.
     pub link_peak_gbps: Option<f64>,
     /// One entry per engine used, in (kind, index) order: graph nodes
     /// counted, the launches that contain them not.
@@ -138,7 +152,9 @@ pub struct EngineUsage {
     pub bytes: u64,
     /// Copy engines: bytes / busy time in GB/s (None if never busy).
     pub bandwidth_gbps: Option<f64>,
-    /// `bandwidth_gbps / link_peak_gbps` when both are known.
+    /// `bandwidth_gbps / link_peak_gbps` when both are known and the engine's
+    /// copies cross the link (H2D, D2H); None for the D2D engine (on-device
+    /// copies and fills).
     pub peak_fraction: Option<f64>,
 }
 
@@ -249,6 +265,16 @@ pub struct AllocatorReport {
     pub hit_rate: Option<f64>,
 }
 
+fn wall_clock() -> String {
+    TraceClock::Wall.as_str().to_string()
+}
+
+/// Whether an engine's copies cross the link (so its bandwidth is bounded by
+/// the link's peak): H2D and D2H, not on-device copies or fills.
+fn crosses_link(kind: EngineKind) -> bool {
+    matches!(kind, EngineKind::CopyH2D | EngineKind::CopyD2H)
+}
+
 fn engine_label(kind: EngineKind, index: u32) -> String {
     format!("{} {}", kind.as_str(), index)
 }
@@ -293,7 +319,7 @@ impl Report {
             let bandwidth_gbps =
                 (kind.is_copy() && busy_ns > 0).then(|| bytes as f64 / busy_ns as f64);
             let peak_fraction = match (bandwidth_gbps, options.link_peak_gbps) {
-                (Some(bw), Some(peak)) if peak > 0.0 => Some(bw / peak),
+                (Some(bw), Some(peak)) if peak > 0.0 && crosses_link(kind) => Some(bw / peak),
                 _ => None,
             };
             engines.push(EngineUsage {
@@ -439,6 +465,7 @@ impl Report {
             window_start_ns,
             window_end_ns,
             wall_ns,
+            clock: trace.clock.as_str().to_string(),
             ops: submitted.len() as u64,
             failed_ops: submitted.iter().filter(|o| o.failed).count() as u64,
             graph_nodes: (ops.len() - submitted.len()) as u64,

@@ -39,8 +39,9 @@ mod recorder;
 pub use chrome::write_chrome_trace;
 pub use record::{
     EngineKind, GraphPlan, IotlbRecord, MemKind, MemRecord, NodeRef, OpKind, OpRecord, Trace,
+    TraceClock,
 };
 pub use recorder::{
-    enabled, now_ns, record_iotlb, record_mem, record_op, set_device_name, set_enabled,
+    enabled, now_ns, record_iotlb, record_mem, record_op, set_clock, set_device_name, set_enabled,
     set_graph_plan, set_stream_name, take,
 };

@@ -92,7 +92,8 @@ impl EngineKind {
     }
 }
 
-/// One executed operation. Timestamps come from [`crate::now_ns`].
+/// One executed operation. Timestamps come from [`crate::now_ns`], or from the
+/// device's clock where [`Trace::clock`] says so.
 #[derive(Clone, Copy, Debug)]
 pub struct OpRecord {
     /// What it did.
@@ -207,6 +208,29 @@ pub struct MemRecord {
     pub allocated: u64,
 }
 
+/// Which clock a trace's timestamps are on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TraceClock {
+    /// Real time: the host's monotonic wall clock ([`crate::now_ns`]), or a
+    /// device clock that runs with it. The default.
+    #[default]
+    Wall,
+    /// A device's modelled clock (an emulated device in virtual time): it
+    /// jumps from one modelled completion to the next, so its durations are
+    /// the models' and bear no relation to how long the host took.
+    Virtual,
+}
+
+impl TraceClock {
+    /// Short name, as in JSON: "wall" or "virtual".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TraceClock::Wall => "wall",
+            TraceClock::Virtual => "virtual",
+        }
+    }
+}
+
 /// Everything recorded since the last [`crate::take`].
 #[derive(Clone, Debug, Default)]
 pub struct Trace {
@@ -216,6 +240,9 @@ pub struct Trace {
     pub mem: Vec<MemRecord>,
     /// The device's name, from [`crate::set_device_name`] (empty if unset).
     pub device_name: String,
+    /// The clock the timestamps are on, from [`crate::set_clock`] (the host's
+    /// wall clock if unset).
+    pub clock: TraceClock,
     /// Stream names from [`crate::set_stream_name`].
     pub stream_names: BTreeMap<u64, String>,
     /// Plans of the graphs launched while recording, from [`crate::set_graph_plan`].

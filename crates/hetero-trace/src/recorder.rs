@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use crate::log::{channel, Log, Writer};
 use crate::loom::Arc;
-use crate::record::{EngineKind, GraphPlan, IotlbRecord, MemRecord, OpRecord, Trace};
+use crate::record::{EngineKind, GraphPlan, IotlbRecord, MemRecord, OpRecord, Trace, TraceClock};
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static EPOCH: OnceLock<Instant> = OnceLock::new();
@@ -27,6 +27,7 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     mem: Vec::new(),
     stream_names: BTreeMap::new(),
     device_name: String::new(),
+    clock: TraceClock::Wall,
     graphs: BTreeMap::new(),
     iotlb: BTreeMap::new(),
 });
@@ -36,6 +37,7 @@ struct Registry {
     mem: Vec<Arc<Log<MemRecord>>>,
     stream_names: BTreeMap<u64, String>,
     device_name: String,
+    clock: TraceClock,
     graphs: BTreeMap<u32, GraphPlan>,
     /// (engine, index) → (hits, misses), summed until `take`.
     iotlb: BTreeMap<(u8, u32), (EngineKind, u64, u64)>,
@@ -160,6 +162,14 @@ pub fn set_device_name(name: impl Into<String>) {
     registry().device_name = name.into();
 }
 
+/// Says which clock the records' timestamps are on (kept across [`take`];
+/// [`TraceClock::Wall`] until set). A device whose records carry its virtual
+/// time sets [`TraceClock::Virtual`], so readers of the trace do not take its
+/// durations for the host's.
+pub fn set_clock(clock: TraceClock) {
+    registry().clock = clock;
+}
+
 /// Drains every thread's records (threads that exited included) into a
 /// [`Trace`], sorted by time. Each record is returned by exactly one call.
 pub fn take() -> Trace {
@@ -176,6 +186,7 @@ pub fn take() -> Trace {
         reg.ops.retain(|log| !log.is_finished());
         reg.mem.retain(|log| !log.is_finished());
         trace.device_name = reg.device_name.clone();
+        trace.clock = reg.clock;
         trace.stream_names = reg.stream_names.clone();
         trace.graphs = reg.graphs.clone();
         trace.iotlb = std::mem::take(&mut reg.iotlb)

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use hetero_trace::{
     write_chrome_trace, EngineKind, MemKind, MemRecord, NodeRef, OpKind, OpRecord, Trace,
+    TraceClock,
 };
 use serde_json::Value;
 
@@ -379,6 +380,24 @@ fn chrome_trace_stream_zero_gets_a_named_nonzero_tid() {
 fn chrome_trace_of_empty_trace_is_valid_json() {
     let events = export(&Trace::default());
     assert!(events.iter().all(|e| e["ph"] == "M"));
+}
+
+#[test]
+fn chrome_trace_metadata_names_the_device_and_the_clock() {
+    let other = |trace: &Trace| {
+        let mut buf = Vec::new();
+        write_chrome_trace(trace, &mut buf).expect("write to a Vec");
+        let doc: Value = serde_json::from_slice(&buf).expect("valid JSON");
+        doc["otherData"].clone()
+    };
+    let wall = other(&pipeline());
+    assert_eq!(wall["device"], "host \"test\" device");
+    assert_eq!(wall["clock"], "wall", "the host's wall clock by default");
+    let virt = other(&Trace {
+        clock: TraceClock::Virtual,
+        ..pipeline()
+    });
+    assert_eq!(virt["clock"], "virtual");
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -6,7 +6,7 @@
 
 use std::sync::Mutex;
 
-use hetero_trace::{EngineKind, MemKind, MemRecord, OpKind, OpRecord};
+use hetero_trace::{EngineKind, MemKind, MemRecord, OpKind, OpRecord, TraceClock};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -154,4 +154,15 @@ fn recorder_names_and_clock() {
         Some("copy-in")
     );
     assert_eq!(trace.stream_label(400), "stream 400 (copy-in)");
+}
+
+#[test]
+fn recorder_clock_is_wall_until_set_and_kept_across_take() {
+    let _g = serial();
+    assert_eq!(hetero_trace::take().clock, TraceClock::Wall);
+    hetero_trace::set_clock(TraceClock::Virtual);
+    assert_eq!(hetero_trace::take().clock, TraceClock::Virtual);
+    assert_eq!(hetero_trace::take().clock, TraceClock::Virtual, "kept");
+    hetero_trace::set_clock(TraceClock::Wall);
+    assert_eq!(hetero_trace::take().clock, TraceClock::Wall);
 }

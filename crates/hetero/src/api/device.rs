@@ -119,6 +119,12 @@ impl Device {
         let id = NEXT_DEVICE.fetch_add(1, Ordering::Relaxed);
         let pitch_rules = (config.pitch_alignment, config.height_alignment);
         let graph_memory_slack = config.graph_memory_slack;
+        let clock = match &config.backend {
+            crate::BackendKind::Emu(emu) if emu.time_mode() == crate::TimeMode::Virtual => {
+                hetero_trace::TraceClock::Virtual
+            }
+            _ => hetero_trace::TraceClock::Wall,
+        };
         let backend: Box<dyn Backend> = match config.backend.clone() {
             crate::BackendKind::Host => Box::new(HostBackend::new(id, config)?),
             crate::BackendKind::Emu(emu) => Box::new(EmuBackend::new(id, config, emu)?),
@@ -128,6 +134,7 @@ impl Device {
             .map(std::path::PathBuf::from);
         if profile_to.is_some() {
             hetero_trace::set_device_name(backend.properties().name.clone());
+            hetero_trace::set_clock(clock);
             hetero_trace::set_enabled(true);
         }
         Ok(Device {
