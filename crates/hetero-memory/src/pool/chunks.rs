@@ -328,6 +328,24 @@ impl Shared {
         })
     }
 
+    /// A chunk event for the profiler (one relaxed load when profiling is
+    /// off), on the device's clock when the execution layer gave one.
+    fn record_chunk(&self, kind: hetero_trace::MemKind, bytes: usize, g: &Slow) {
+        if hetero_trace::enabled() {
+            hetero_trace::record_mem(hetero_trace::MemRecord {
+                kind,
+                ts_ns: self
+                    .points
+                    .get()
+                    .map_or_else(hetero_trace::now_ns, |p| p.now_ns()),
+                bytes: bytes as u64,
+                stream: 0,
+                reserved: g.reserved as u64,
+                allocated: g.out.saturating_sub(g.pending_bytes) as u64,
+            });
+        }
+    }
+
     /// Unmaps wholly free chunks (of `kind`, or all); returns the bytes released.
     pub(super) fn release_free_chunks(&self, g: &mut Slow, kind: Option<Kind>) -> usize {
         let mut released = 0;
@@ -341,7 +359,7 @@ impl Shared {
             let rec = g.chunks[i].take().expect("checked above");
             g.reserved -= rec.chunk.size;
             released += rec.chunk.size;
-            record_chunk(hetero_trace::MemKind::ChunkUnmap, rec.chunk.size, g);
+            self.record_chunk(hetero_trace::MemKind::ChunkUnmap, rec.chunk.size, g);
             unpoison(rec.chunk.ptr.as_ptr(), rec.chunk.size);
             self.source.unmap(rec.chunk);
         }
@@ -360,7 +378,7 @@ impl Shared {
         let released = segs.release(target);
         g.reserved = segs.reserved();
         if released > 0 {
-            record_chunk(hetero_trace::MemKind::ChunkUnmap, released, g);
+            self.record_chunk(hetero_trace::MemKind::ChunkUnmap, released, g);
         }
         released
     }
@@ -385,7 +403,7 @@ impl Shared {
         let head = g.tlsf[kind as usize].add_region(chunk.ptr.as_ptr() as u64, chunk.size as u64);
         g.reserved += chunk.size;
         g.peak_reserved = g.peak_reserved.max(g.reserved);
-        record_chunk(hetero_trace::MemKind::ChunkMap, chunk.size, g);
+        self.record_chunk(hetero_trace::MemKind::ChunkMap, chunk.size, g);
         let rec = ChunkRec { chunk, kind, head };
         match g.chunks.iter().position(Option::is_none) {
             Some(i) => g.chunks[i] = Some(rec),
@@ -413,20 +431,6 @@ impl Shared {
             largest_free: Bytes(largest as usize),
             hint,
         }
-    }
-}
-
-/// A chunk event for the profiler (one relaxed load when profiling is off).
-fn record_chunk(kind: hetero_trace::MemKind, bytes: usize, g: &Slow) {
-    if hetero_trace::enabled() {
-        hetero_trace::record_mem(hetero_trace::MemRecord {
-            kind,
-            ts_ns: hetero_trace::now_ns(),
-            bytes: bytes as u64,
-            stream: 0,
-            reserved: g.reserved as u64,
-            allocated: g.out.saturating_sub(g.pending_bytes) as u64,
-        });
     }
 }
 

@@ -46,4 +46,10 @@ pub trait StreamPoint: Send + Sync + fmt::Debug {
 /// treats streams as host-synchronous (their work is done when `free` is called).
 pub trait StreamPoints: Send + Sync + fmt::Debug {
     fn record(&self, stream: StreamId) -> Arc<dyn StreamPoint>;
+    /// The device's clock, ns, for the pool's profile records (chunk maps and
+    /// unmaps): a device with a clock of its own (modelled time) stamps its
+    /// records with it, so a trace holds one clock per device.
+    fn now_ns(&self) -> u64 {
+        hetero_trace::now_ns()
+    }
 }

@@ -301,6 +301,12 @@ fn refuse_wait(
     )))
 }
 
+impl crate::exec::clock::DeviceClock for Shared {
+    fn now_ns(&self) -> u64 {
+        Shared::now_ns(self)
+    }
+}
+
 impl Driver for Shared {
     fn drive(&self, ready: &mut dyn FnMut() -> bool) -> Result<bool> {
         self.run_virtual(ready)
@@ -379,6 +385,10 @@ impl EmuBackend {
         pool.set_stream_points(Arc::new(points::Points {
             shared: Arc::downgrade(&shared),
         }));
+        // Records about this device's memory are stamped with its clock.
+        let weak: Weak<Shared> = Arc::downgrade(&shared);
+        let clock: Weak<dyn crate::exec::clock::DeviceClock> = weak;
+        crate::exec::clock::set_device_clock(device, clock);
         let time = match emu.time {
             TimeMode::Real => "real time",
             TimeMode::Virtual => "virtual time",

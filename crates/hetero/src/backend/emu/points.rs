@@ -18,4 +18,8 @@ impl hetero_memory::StreamPoints for Points {
         });
         crate::backend::tail_point(stream, found)
     }
+
+    fn now_ns(&self) -> u64 {
+        self.shared.upgrade().map_or(0, |sh| sh.now_ns())
+    }
 }

@@ -268,7 +268,13 @@ impl Storage {
             (std::mem::replace(&mut *b, Backing::Empty), &self.pool)
         {
             if crate::exec::clock::profiling() {
-                record_mem(hetero_trace::MemKind::Free, self.bytes, stream, pool);
+                record_mem(
+                    hetero_trace::MemKind::Free,
+                    self.device,
+                    self.bytes,
+                    stream,
+                    pool,
+                );
             }
             if shared {
                 let others: Vec<u64> = self
@@ -538,7 +544,7 @@ impl Storage {
             (std::mem::replace(backing, Backing::Empty), &s.pool)
         {
             if crate::exec::clock::profiling() {
-                record_mem(hetero_trace::MemKind::Free, s.bytes, stream, pool);
+                record_mem(hetero_trace::MemKind::Free, s.device, s.bytes, stream, pool);
             }
             pool.free_after(alloc, stream, fences);
         }
@@ -607,6 +613,7 @@ impl Drop for Storage {
 /// One pool event for the profiler, with the pool's totals after it.
 pub(crate) fn record_mem(
     kind: hetero_trace::MemKind,
+    device: u64,
     bytes: usize,
     stream: u64,
     pool: &hetero_memory::DevicePool,
@@ -614,7 +621,7 @@ pub(crate) fn record_mem(
     let stats = pool.stats();
     hetero_trace::record_mem(hetero_trace::MemRecord {
         kind,
-        ts_ns: crate::exec::clock::now_ns(),
+        ts_ns: crate::exec::clock::device_now_ns(device),
         bytes: bytes as u64,
         stream,
         reserved: stats.reserved as u64,

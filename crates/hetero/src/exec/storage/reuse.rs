@@ -186,7 +186,7 @@ impl Storage {
             Err(_) => pool.alloc(bytes, Self::ALIGN, stream)?,
         };
         if crate::exec::clock::profiling() {
-            record_mem(hetero_trace::MemKind::Alloc, bytes, stream, pool);
+            record_mem(hetero_trace::MemKind::Alloc, device, bytes, stream, pool);
         }
         let reuse_order = alloc.reused_in_stream_order() || !alloc.wait_for().is_empty();
         let backing = Backing::Device { alloc, stream };
@@ -330,7 +330,13 @@ impl Storage {
                     return; // device memory always comes with its pool
                 };
                 if crate::exec::clock::profiling() {
-                    record_mem(hetero_trace::MemKind::Free, self.bytes, stream, pool);
+                    record_mem(
+                        hetero_trace::MemKind::Free,
+                        self.device,
+                        self.bytes,
+                        stream,
+                        pool,
+                    );
                 }
                 // Memory this storage took over in stream order may still be used
                 // by work queued on its stream before the storage's `ready` point
