@@ -99,15 +99,10 @@ impl Stream {
             );
         }
         self.synchronized_access("write_slice", s, true, || {
-            let bytes: &[u8] = bytemuck::cast_slice(data);
-            // SAFETY: range checked above; the write lock excludes every op on `s`.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    bytes.as_ptr(),
-                    s.ptr().add(offset * std::mem::size_of::<T>()),
-                    bytes.len(),
-                )
-            }
+            let off = offset * std::mem::size_of::<T>();
+            // SAFETY: range checked above; the memory is host-visible; the write
+            // lock excludes every op on `s`.
+            unsafe { crate::exec::effects::write_from(s, off, bytemuck::cast_slice(data)) }
         })
     }
 
@@ -131,15 +126,10 @@ impl Stream {
             );
         }
         self.synchronized_access("read_slice", s, false, || {
-            let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
-            // SAFETY: range checked above; the read lock excludes writers of `s`.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    s.ptr().add(offset * std::mem::size_of::<T>()),
-                    bytes.as_mut_ptr(),
-                    bytes.len(),
-                )
-            }
+            let off = offset * std::mem::size_of::<T>();
+            // SAFETY: range checked above; the memory is host-visible; the read
+            // lock excludes writers of `s`.
+            unsafe { crate::exec::effects::read_into(s, off, bytemuck::cast_slice_mut(out)) }
         })
     }
 

@@ -8,7 +8,6 @@ use super::graph::{drive, start_graph, GraphJob};
 use super::kernel_job::{run_blocks, start_job};
 use super::stream::HostStream;
 use super::Shared;
-use crate::exec::op;
 use crate::exec::op::{Body, Op};
 use crate::{Block, CompletionMode};
 use std::sync::atomic::Ordering;
@@ -327,7 +326,7 @@ impl EngineThread {
                 | Body::Copy2D(_),
                 _,
             ) => {
-                op::run_transfer(&op.body);
+                crate::exec::effects::run(&op.body);
                 Ok(())
             }
             (

@@ -230,7 +230,7 @@ pub(crate) fn run_node(l: &GraphLaunch, v: u32) -> Result<(), String> {
             // (hazard edges) plus the launch's access locks exclude every other
             // writer.
             unsafe {
-                crate::exec::op::copy_bytes(
+                crate::exec::effects::copy_bytes(
                     l.operand(src),
                     *src_off,
                     l.operand(dst),
@@ -249,7 +249,7 @@ pub(crate) fn run_node(l: &GraphLaunch, v: u32) -> Result<(), String> {
         } => {
             let pattern = &pattern[..*pattern_len as usize];
             // SAFETY: as for copies: checked range, sole writer.
-            unsafe { crate::exec::op::fill_bytes(l.operand(dst), *off, *bytes, pattern) };
+            unsafe { crate::exec::effects::fill_bytes(l.operand(dst), *off, *bytes, pattern) };
             Ok(())
         }
         NodeBody::Copy2D(c) => {
@@ -257,7 +257,7 @@ pub(crate) fn run_node(l: &GraphLaunch, v: u32) -> Result<(), String> {
             // of these lengths when recorded, they are different buffers, and
             // the node is the sole writer of dst.
             unsafe {
-                crate::exec::transfer::copy_rows(
+                crate::exec::effects::copy_rows(
                     l.operand(&c.src),
                     c.src_r,
                     l.operand(&c.dst),

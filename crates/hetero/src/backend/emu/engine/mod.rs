@@ -398,7 +398,7 @@ impl Sim {
                 // A fault: refused before any byte moved.
                 Some(Err(fault)) => return (None, now, Err(fault)),
                 Some(Ok(p)) => {
-                    op::run_transfer(&op.body);
+                    crate::exec::effects::run(&op.body);
                     return match p.dir {
                         Some(dir) => {
                             let t = Transfer {
@@ -565,7 +565,7 @@ fn merge_run(
         let Some((op, pos)) = (unsafe { stream.ring.pop() }) else {
             return;
         };
-        op::run_transfer(&op.body);
+        crate::exec::effects::run(&op.body);
         t.remaining += wire;
         t.setup_until += stall;
         merged.push((op, pos + 1));
