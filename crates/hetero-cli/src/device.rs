@@ -9,7 +9,7 @@ use hetero::{BackendKind, Device, DeviceConfig, EmuConfig, TimeMode};
 pub const EMU_FLOPS_PER_UNIT: f64 = 100e9;
 
 /// Fixed cost of a kernel launch on the emulated device, ns (the model's
-/// `KERNEL_LAUNCH_NS` in `hetero`'s `backend/emu/sim.rs`, which the library does
+/// `KERNEL_LAUNCH_NS` in `hetero`'s `backend/emu/engine/mod.rs`, which the library does
 /// not export; the demo checks it against the kernel time its events measure).
 pub const EMU_KERNEL_LAUNCH_NS: f64 = 2_000.0;
 

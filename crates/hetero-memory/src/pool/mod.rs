@@ -11,7 +11,7 @@
 //!   on S; it reaches another stream only after a fence shows S's work on it
 //!   finished (or, under [`ReusePolicy::FollowEventDependencies`], with that
 //!   fence in [`Allocation::wait_for`]). Fences of S come from the installed
-//!   [`StreamPoints`] (`fence.rs`); without one, streams are treated as
+//!   [`StreamPoints`] (`point.rs`); without one, streams are treated as
 //!   host-synchronous. A free of memory whose last use already completed
 //!   ([`DevicePool::free_completed`]) needs no fence: such blocks reach other
 //!   streams at once. Memory a queued free handed back to its own stream is

@@ -26,7 +26,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// How an engine thread waits: it may not simply block, because the work it
-/// waits for may need it (see `backend::host::wait`). The backend installs one on
+/// waits for may need it (see `backend/host/callback.rs`, `waits_for_itself`). The backend installs one on
 /// each of its engine threads. It returns once `ready()` holds, or the error that
 /// says why waiting would never end. `(timeline, value)` names what `ready`
 /// depends on, for that judgement.

@@ -255,7 +255,7 @@ impl Backend for HostBackend {
         for w in engines {
             let _ = w.join();
         }
-        // Recycled storages may keep the pool itself alive (buffers.rs); what it
+        // Recycled storages may keep the pool itself alive (exec/storage/reuse.rs); what it
         // caches goes back to the OS now.
         self.pool.trim();
     }
