@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Model-checks the lock-free parts with loom: the op ring (submission queue), the
-# timeline and parker (events, host waits), hetero-trace's chunked log and
-# hetero-memory's try-lock.
+# timeline and parker (events, host waits), hetero-trace's chunked log,
+# hetero-memory's try-lock and hetero-sync, the loom facade they all import.
 #
 #   ci/loom.sh            # every loom test
 #   ci/loom.sh timeline   # only those whose name contains "timeline"
@@ -26,4 +26,7 @@ cargo test -p hetero-trace --release --lib "$filter"
 
 echo "== loom: hetero-memory"
 cargo test -p hetero-memory --release --lib "$filter"
+
+echo "== loom: hetero-sync"
+cargo test -p hetero-sync --release --lib "$filter"
 

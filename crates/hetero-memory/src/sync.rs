@@ -1,34 +1,11 @@
-//! Concurrency primitives behind a loom facade (as tokio does): under `cfg(loom)`
-//! atomics and cells come from loom so its model checker can explore every
-//! interleaving of the code that uses them.
-//!
 //! [`TryLock`] guards a per-stream block cache. It never blocks: a thread that
 //! finds it held takes the pool's slow path instead, so the hot path costs one
 //! compare-exchange and one release store.
+//!
+//! Its atomics and cell come from the workspace's loom facade ([`hetero_sync`]),
+//! so under `cfg(loom)` the model checker explores every interleaving of it.
 
-#[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, Ordering};
-#[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, Ordering};
-
-#[cfg(loom)]
-pub(crate) use loom::cell::UnsafeCell;
-
-/// `std`'s `UnsafeCell` with loom's closure-based API.
-#[cfg(not(loom))]
-#[derive(Debug, Default)]
-pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
-
-#[cfg(not(loom))]
-impl<T> UnsafeCell<T> {
-    pub(crate) fn new(v: T) -> Self {
-        UnsafeCell(std::cell::UnsafeCell::new(v))
-    }
-    #[inline(always)]
-    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
-        f(self.0.get())
-    }
-}
+use hetero_sync::{AtomicBool, Ordering, UnsafeCell};
 
 /// A lock that is only ever tried, never waited for.
 #[derive(Debug)]
@@ -83,8 +60,7 @@ impl<T> TryLock<T> {
                 return r;
             }
             backoff.snooze();
-            #[cfg(loom)]
-            loom::thread::yield_now();
+            hetero_sync::model_yield();
         }
     }
 }
