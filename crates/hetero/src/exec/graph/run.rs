@@ -623,7 +623,7 @@ mod loom_tests {
                     .filter(|&v| keep(hot[v as usize].preds))
                     .collect()
             };
-            r.reset(&hot, &of(|p| p == 0), &of(|p| p >= 2));
+            r.reset(hot, &of(|p| p == 0), &of(|p| p >= 2));
             let r = Arc::new(*r);
             let done: Arc<Vec<AtomicU32>> = Arc::new((0..4).map(|_| AtomicU32::new(0)).collect());
             let (r2, d2, g2) = (r.clone(), done.clone(), g.clone());
