@@ -176,7 +176,7 @@ pub(crate) enum Body {
         out: Arc<std::sync::Mutex<Vec<u8>>>,
     },
     /// A launch of an executable graph: all its nodes, one op.
-    Graph(crate::exec::graph::run::GraphLaunch),
+    Graph(crate::exec::graph::launch::GraphLaunch),
     /// Many copies of one direction, one op (`Stream::copy_batch`).
     CopyBatch(Box<crate::exec::transfer::BatchOp>),
     /// A 2-D copy: rows at a pitch, one op (`Stream::copy_2d_*`).

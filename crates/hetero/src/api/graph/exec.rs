@@ -9,8 +9,8 @@
 
 use crate::api::buffer::{DeviceBuffer, PinnedBuffer};
 use crate::api::stream::Stream;
+use crate::exec::graph::launch::GraphLaunch;
 use crate::exec::graph::plan::{AddressMap, ExecInner, Params, PlanReport, MAX_SCALARS};
-use crate::exec::graph::run::GraphLaunch;
 use crate::exec::graph::NodeBody;
 use crate::exec::loom::Ordering;
 use crate::exec::op::Body;

@@ -30,7 +30,7 @@ pub(crate) const GRAPH_NODE_NS: u64 = 200;
 /// launch has the link to itself).
 pub(super) fn model_graph(
     sh: &Shared,
-    l: &crate::exec::graph::run::GraphLaunch,
+    l: &crate::exec::graph::launch::GraphLaunch,
     units: usize,
     traced: Option<NodeTrace>,
     run: &crate::exec::graph::run::RunState,
@@ -105,7 +105,7 @@ pub(super) fn model_graph(
         if let Some(t) = &traced {
             use hetero_trace::EngineKind as E;
             let body = &e.nodes[v];
-            let (kind, bytes) = crate::exec::graph::run::node_kind(body);
+            let (kind, bytes) = crate::exec::graph::launch::node_kind(body);
             let engine = match resource {
                 Some(0) => E::Compute,
                 Some(1) => E::CopyH2D,
@@ -127,7 +127,7 @@ pub(super) fn model_graph(
                 bytes,
                 dep: None,
                 failed: run.node_failed(v),
-                node: Some(crate::exec::graph::run::node_ref(e, v as u32)),
+                node: Some(crate::exec::graph::launch::node_ref(e, v as u32)),
             });
         }
         makespan = makespan.max(finish);

@@ -15,7 +15,8 @@
 //!   returns to its plan only when the last clone drops.
 
 #[allow(unused_imports)]
-use crate::exec::graph::run::{NodeHooks, RunState};
+use crate::exec::graph::launch::NodeHooks;
+use crate::exec::graph::run::RunState;
 
 pub(super) struct GraphJob {
     stream: Arc<HostStream>,
@@ -157,7 +158,7 @@ fn run_taken_block(job: &GraphJob, v: u32, b: u32) -> Result<(), String> {
     let op = unsafe { (*job.op.get()).as_ref() }.expect("a running job has its op");
     match &op.body {
         Body::Graph(l) => in_frame(&job.stream, job.value, op, || {
-            crate::exec::graph::run::run_block(l, v, b)
+            crate::exec::graph::launch::run_block(l, v, b)
         }),
         _ => Ok(()),
     }
@@ -186,23 +187,23 @@ struct OnEngine<'a> {
 
 impl NodeHooks for OnEngine<'_> {
     #[inline]
-    fn run(&mut self, l: &crate::exec::graph::run::GraphLaunch, v: u32) -> Result<(), String> {
+    fn run(&mut self, l: &crate::exec::graph::launch::GraphLaunch, v: u32) -> Result<(), String> {
         let p = &l.params.nodes[v as usize];
         if p.blocks < 2 {
-            return crate::exec::graph::run::run_node(l, v);
+            return crate::exec::graph::launch::run_node(l, v);
         }
         self.run_blocks(l, v)
     }
 
     fn record(
         &mut self,
-        l: &crate::exec::graph::run::GraphLaunch,
+        l: &crate::exec::graph::launch::GraphLaunch,
         v: u32,
         start_ns: u64,
         failed: bool,
     ) {
         let body = &l.exec.nodes[v as usize];
-        let (kind, bytes) = crate::exec::graph::run::node_kind(body);
+        let (kind, bytes) = crate::exec::graph::launch::node_kind(body);
         let stream = &self.job.stream;
         hetero_trace::record_op(hetero_trace::OpRecord {
             kind,
@@ -218,7 +219,7 @@ impl NodeHooks for OnEngine<'_> {
             bytes,
             dep: None,
             failed,
-            node: Some(crate::exec::graph::run::node_ref(&l.exec, v)),
+            node: Some(crate::exec::graph::launch::node_ref(&l.exec, v)),
         });
     }
 }
@@ -229,7 +230,7 @@ impl OnEngine<'_> {
     #[cold]
     fn run_blocks(
         &mut self,
-        l: &crate::exec::graph::run::GraphLaunch,
+        l: &crate::exec::graph::launch::GraphLaunch,
         v: u32,
     ) -> Result<(), String> {
         let p = &l.params.nodes[v as usize];
@@ -238,7 +239,7 @@ impl OnEngine<'_> {
         // Blocks whose views every engine can make, on a device with engines
         // to spare, while no other node's blocks are out.
         if p.kernel.is_none() || p.slot_args || units < 2 || !bj.install(v, p.blocks) {
-            return crate::exec::graph::run::run_node(l, v);
+            return crate::exec::graph::launch::run_node(l, v);
         }
         publish(self.sh, self.job);
         self.sh.idle.wake((units - 1).min(p.blocks - 1));

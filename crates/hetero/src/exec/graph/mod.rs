@@ -14,6 +14,7 @@
 //!   happens-before every use of the other (the memory plan); the arena is held
 //!   with a write lock by each launch, so launches of one plan never overlap.
 
+pub(crate) mod launch;
 mod live;
 pub(crate) mod plan;
 pub(crate) mod run;

@@ -583,4 +583,4 @@ pub(super) fn cost_ns(sh: &Shared, cost: KernelCost, units: usize) -> u64 {
 struct InSimUser;
 
 /// (The model records the nodes, at their modelled times.)
-impl crate::exec::graph::run::NodeHooks for InSimUser {}
+impl crate::exec::graph::launch::NodeHooks for InSimUser {}
