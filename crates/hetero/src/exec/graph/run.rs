@@ -228,7 +228,7 @@ impl RunState {
             if failed {
                 // Before any successor is made ready below (see the module doc).
                 self.any_poison.store(true, Ordering::Relaxed);
-                for &w in dependents.of(v) {
+                for w in dependents.of(v) {
                     self.poisoned[w as usize].store(SKIPPED, Ordering::Relaxed);
                 }
             }
@@ -321,7 +321,7 @@ mod loom_tests {
         Graph {
             hot,
             succ: vec![1, 2, 3, 3],
-            deps: Dependents::new(4, &[(0, 1), (0, 2), (1, 3), (2, 3)]),
+            deps: Dependents::new(&[(0, 1), (0, 2), (1, 3), (2, 3)]),
         }
     }
 
@@ -339,7 +339,7 @@ mod loom_tests {
         Graph {
             hot,
             succ: vec![1, 2, 3],
-            deps: Dependents::new(4, &[(0, 2), (1, 3)]),
+            deps: Dependents::new(&[(0, 2), (1, 3)]),
         }
     }
 

@@ -64,26 +64,31 @@ pub(crate) struct Schedule {
     pub(crate) dependents: Dependents,
 }
 
-/// Successor lists of the graph's dependency edges, flat: a fault in a node
+/// The graph's dependency edges: a fault in a node
 /// skips exactly its descendants along these, while the run's edges (`succ`)
 /// also chain nodes that merely share a lane.
 #[derive(Clone, Default)]
 pub(crate) struct Dependents {
-    start: Vec<u32>,
-    list: Vec<u32>,
+    /// The graph's own edges, sorted by source.
+    edges: Vec<(u32, u32)>,
 }
 
 impl Dependents {
-    /// From sorted, deduplicated `edges` over `n` nodes.
-    pub(crate) fn new(n: usize, edges: &[(u32, u32)]) -> Self {
-        let (_, start, list) = successors_of(n, edges);
-        Dependents { start, list }
+    /// From `edges` sorted by source (as `schedule` keeps them).
+    pub(crate) fn new(edges: &[(u32, u32)]) -> Self {
+        debug_assert!(edges.windows(2).all(|w| w[0] <= w[1]));
+        Dependents {
+            edges: edges.to_vec(),
+        }
     }
 
-    /// The nodes that depend on `v` directly.
-    #[inline]
-    pub(crate) fn of(&self, v: u32) -> &[u32] {
-        &self.list[self.start[v as usize] as usize..self.start[v as usize + 1] as usize]
+    /// The nodes that depend on `v` directly (looked up only after a fault).
+    pub(crate) fn of(&self, v: u32) -> impl Iterator<Item = u32> + '_ {
+        let first = self.edges.partition_point(|&(a, _)| a < v);
+        self.edges[first..]
+            .iter()
+            .take_while(move |&&(a, _)| a == v)
+            .map(|&(_, b)| b)
     }
 }
 
@@ -175,7 +180,7 @@ pub(crate) fn schedule(d: &Draft, compute_units: usize, memory: MemoryOrder) -> 
     let mut edges = d.edges.clone();
     sort_dedup(&mut edges);
     let explicit_order = topo(n, &edges)?;
-    let dependents = Dependents::new(n, &edges);
+    let dependents = Dependents::new(&edges);
 
     // Buffer order: readers after the last writer, a writer after the readers
     // since the last write (or after that writer).

@@ -2,7 +2,7 @@
 //! dispatch without blocking, and by the host through `with_host_access`), its
 //! count of pending writers (what a host read of pinned memory checks), and the
 //! holds graphs keep on it.
-use super::Storage;
+use super::{MemoryKind, Storage};
 use crate::exec::loom::Ordering;
 use std::sync::Arc;
 
@@ -127,21 +127,34 @@ impl GraphHold {
             storage.shared.store(true, Ordering::Relaxed);
             storage.used_on_more.store(true, Ordering::Relaxed);
         }
-        storage.graph_holds.fetch_add(1, Ordering::Relaxed);
+        Self::count(storage, 1);
         GraphHold(storage.clone())
+    }
+
+    /// Counts holds of pinned memory only: a host write to a pinned buffer is
+    /// the one access a hold refuses (device memory is reached through ops,
+    /// which a hold does not stop), so other memory pays no atomic.
+    #[inline]
+    fn count(storage: &Storage, delta: i32) {
+        if storage.kind == MemoryKind::Pinned {
+            match delta {
+                1 => storage.graph_holds.fetch_add(1, Ordering::Relaxed),
+                _ => storage.graph_holds.fetch_sub(1, Ordering::Relaxed),
+            };
+        }
     }
 }
 
 impl Clone for GraphHold {
     fn clone(&self) -> Self {
-        self.0.graph_holds.fetch_add(1, Ordering::Relaxed);
+        Self::count(&self.0, 1);
         GraphHold(self.0.clone())
     }
 }
 
 impl Drop for GraphHold {
     fn drop(&mut self) {
-        self.0.graph_holds.fetch_sub(1, Ordering::Relaxed);
+        Self::count(&self.0, -1);
     }
 }
 

@@ -86,7 +86,7 @@ pub(crate) struct Storage {
     /// written elsewhere): a placement hint, never needed for correctness.
     writer: AtomicU32,
     pending_writes: AtomicU32,
-    /// How many [`GraphHold`]s of this storage exist.
+    /// How many [`GraphHold`]s of this storage exist (pinned memory only).
     graph_holds: AtomicU32,
     /// The device's model, for pinned memory of a device in virtual time: a
     /// host polling a refused access steps it, as `Stream::query` does.
