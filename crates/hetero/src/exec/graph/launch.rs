@@ -44,6 +44,7 @@ impl GraphLaunch {
         });
     }
 
+    #[inline]
     fn operand(&self, o: &Operand) -> *mut u8 {
         match o {
             Operand::Fixed(s) => s.ptr(),

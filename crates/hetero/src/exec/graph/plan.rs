@@ -134,6 +134,7 @@ pub(crate) struct NodeParams {
 
 impl Params {
     /// Sets kernel node `v`'s scalars (at most `MAX_SCALARS`, checked by the caller).
+    #[inline]
     pub(crate) fn set_scalars(&mut self, v: usize, scalars: &[u64]) {
         let slot = match self.nodes[v].scalar_slot {
             0 => {
