@@ -136,6 +136,20 @@ pub enum Error {
     Setup(String),
 }
 
+impl Error {
+    /// A graph's stand-in (a buffer allocated while recording it, or one of its
+    /// slots) used where real memory is needed.
+    pub(crate) fn stand_in(op: &'static str) -> Error {
+        Error::Graph {
+            op,
+            detail: "this buffer belongs to a graph (allocated while recording it, or one of \
+                     its slots): it has memory only inside that graph's launches; use it in \
+                     operations recorded into that graph, or bind a real buffer to the slot"
+                .into(),
+        }
+    }
+}
+
 impl From<hetero_memory::MemoryError> for Error {
     fn from(e: hetero_memory::MemoryError) -> Self {
         Error::Memory(Arc::new(e))

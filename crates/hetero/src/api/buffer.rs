@@ -104,7 +104,7 @@ buffer_common!(PinnedBuffer, std::convert::identity);
 impl<T: Pod> PinnedBuffer<T> {
     fn check_not_stand_in(&self, op: &'static str) -> Result<()> {
         if self.storage.graph_ref != 0 {
-            return Err(crate::exec::graph::stand_in_error(op));
+            return Err(Error::stand_in(op));
         }
         Ok(())
     }

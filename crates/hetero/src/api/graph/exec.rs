@@ -181,7 +181,7 @@ impl Bindings {
             });
         }
         if storage.graph_ref != 0 {
-            return Err(crate::exec::graph::stand_in_error(op));
+            return Err(Error::stand_in(op));
         }
         if storage.device != e.device {
             return Err(Error::WrongDevice {

@@ -239,7 +239,7 @@ impl Stream {
 
     pub(crate) fn check_storage(&self, op: &'static str, s: &Storage) -> Result<()> {
         if s.graph_ref != 0 && !self.is_capturing() {
-            return Err(crate::exec::graph::stand_in_error(op));
+            return Err(Error::stand_in(op));
         }
         let dev = self.inner.device.id();
         if s.device != dev {

@@ -29,17 +29,6 @@ use crate::exec::timeline::Timeline;
 use crate::Error;
 use std::sync::Arc;
 
-/// The error for a stand-in used where real memory is needed.
-pub(crate) fn stand_in_error(op: &'static str) -> Error {
-    Error::Graph {
-        op,
-        detail: "this buffer belongs to a graph (allocated while recording it, or one of its \
-                 slots): it has memory only inside that graph's launches; use it in \
-                 operations recorded into that graph, or bind a real buffer to the slot"
-            .into(),
-    }
-}
-
 const SLOT_BIT: u64 = 1 << 63;
 
 /// What a stand-in storage stands for, packed into `Storage::graph_ref`.
