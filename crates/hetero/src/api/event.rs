@@ -4,6 +4,7 @@
 //! points the event at a later value.
 
 use crate::config::CompletionMode;
+use crate::exec::point::TimelinePoint;
 use crate::exec::timeline::Timeline;
 use crate::{Error, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,11 +39,7 @@ impl HostEvent {
     pub(crate) fn new(device: crate::Device, timeline: Arc<Timeline>) -> Self {
         let stamp = Arc::new(AtomicU64::new(0));
         let event = Event {
-            point: Some(EventPoint {
-                timeline: timeline.clone(),
-                value: 1,
-                stamp,
-            }),
+            point: Some(EventPoint::new(timeline.clone(), 1, stamp)),
         };
         HostEvent {
             event,
@@ -96,11 +93,28 @@ impl std::fmt::Debug for HostEvent {
     }
 }
 
+/// A recorded event: its point on a timeline, and where the stream stamps the
+/// time it was reached (for `Event::elapsed`). Derefs to the point.
 #[derive(Clone)]
 pub(crate) struct EventPoint {
-    pub(crate) timeline: Arc<Timeline>,
-    pub(crate) value: u64,
+    pub(crate) point: TimelinePoint,
     pub(crate) stamp: Arc<AtomicU64>,
+}
+
+impl EventPoint {
+    pub(crate) fn new(timeline: Arc<Timeline>, value: u64, stamp: Arc<AtomicU64>) -> Self {
+        EventPoint {
+            point: TimelinePoint { timeline, value },
+            stamp,
+        }
+    }
+}
+
+impl std::ops::Deref for EventPoint {
+    type Target = TimelinePoint;
+    fn deref(&self) -> &TimelinePoint {
+        &self.point
+    }
 }
 
 /// A point on a stream's timeline. Create with [`Event::new`] and record with

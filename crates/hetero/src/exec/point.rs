@@ -1,14 +1,15 @@
-//! A point on a stream's timeline as the memory pool sees it: memory freed
-//! there may be reused elsewhere once the point is reached.
+//! A point on a stream's timeline: what an event records, and what the
+//! memory pool waits on (memory freed there may be reused elsewhere once the
+//! point is reached).
 
 use crate::exec::timeline::Timeline;
 use crate::Result;
 use std::sync::Arc;
 
-/// A point on a stream's timeline, as the pool sees it: memory freed there may be
-/// reused elsewhere once it is reached. Stream allocation turns it back into a
-/// device-side wait (through `as_any`) instead of a host wait.
-#[derive(Debug)]
+/// A point on a stream's timeline. As the pool sees it, memory freed there may
+/// be reused elsewhere once it is reached; stream allocation turns it back into
+/// a device-side wait (through `as_any`) instead of a host wait.
+#[derive(Debug, Clone)]
 pub(crate) struct TimelinePoint {
     pub(crate) timeline: Arc<Timeline>,
     pub(crate) value: u64,

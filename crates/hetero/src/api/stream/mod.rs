@@ -338,11 +338,7 @@ impl Stream {
         let value = self.submit(Body::Record {
             stamp: stamp.clone(),
         })?;
-        event.point = Some(EventPoint {
-            timeline: self.q().timeline().clone(),
-            value,
-            stamp,
-        });
+        event.point = Some(EventPoint::new(self.q().timeline().clone(), value, stamp));
         Ok(())
     }
 

@@ -192,11 +192,11 @@ pub(crate) fn record(slot: &CaptureSlot, stream: u64, event: &mut Event) -> Resu
     with_capture(slot, "record", |_, st| {
         let tail = st.lane(stream).tail.clone();
         st.events.push(tail);
-        event.point = Some(EventPoint {
-            timeline: st.timeline.clone(),
-            value: st.events.len() as u64,
-            stamp: Arc::new(AtomicU64::new(0)),
-        });
+        event.point = Some(EventPoint::new(
+            st.timeline.clone(),
+            st.events.len() as u64,
+            Arc::new(AtomicU64::new(0)),
+        ));
         Ok(())
     })
 }
