@@ -318,7 +318,7 @@ impl Device {
             .take_reuse_points();
         let mut fences = fences.into_iter();
         while let Some(f) = fences.next() {
-            if let Err(e) = crate::exec::point::wait_fence(&f) {
+            if let Err(e) = crate::exec::point::wait_point(&f) {
                 s.free_after(std::iter::once(f).chain(fences).collect());
                 return Err(e);
             }

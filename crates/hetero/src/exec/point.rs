@@ -56,7 +56,7 @@ impl hetero_memory::StreamPoint for TimelinePoint {
 }
 
 /// Waits for a pool fence on this thread (see `TimelinePoint::wait_here`).
-pub(crate) fn wait_fence(f: &Arc<dyn hetero_memory::StreamPoint>) -> Result<()> {
+pub(crate) fn wait_point(f: &Arc<dyn hetero_memory::StreamPoint>) -> Result<()> {
     if f.is_complete() {
         return Ok(());
     }

@@ -10,7 +10,7 @@
 use crate::api::buffer::{DeviceBuffer, PinnedBuffer};
 use crate::api::stream::Stream;
 use crate::exec::graph::launch::GraphLaunch;
-use crate::exec::graph::plan::{AddressMap, ExecInner, Params, PlanReport, MAX_SCALARS};
+use crate::exec::graph::plan::{AddressMap, Params, Plan, PlanReport, MAX_SCALARS};
 use crate::exec::graph::NodeBody;
 use crate::exec::loom::Ordering;
 use crate::exec::op::Body;
@@ -23,7 +23,7 @@ use std::sync::Arc;
 /// [`Stream::launch_graph`](crate::Stream::launch_graph); change kernel
 /// scalars, kernels and grids in place between launches.
 pub struct GraphExec {
-    pub(crate) inner: Arc<ExecInner>,
+    pub(crate) inner: Arc<Plan>,
     pub(crate) params: Arc<Params>,
 }
 
@@ -146,7 +146,7 @@ impl GraphExec {
 /// afterwards never changes a launch already submitted.
 #[derive(Clone)]
 pub struct Bindings {
-    pub(crate) exec: Arc<ExecInner>,
+    pub(crate) exec: Arc<Plan>,
     pub(crate) table: Arc<Vec<Option<GraphHold>>>,
     /// Bound buffers by address: how many slots hold each, whether one writes.
     bound: AddressMap<(u32, bool)>,

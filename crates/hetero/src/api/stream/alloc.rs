@@ -98,7 +98,7 @@ impl Stream {
                         fault: false,
                     })
                     .map(drop),
-                None => crate::exec::point::wait_fence(&f),
+                None => crate::exec::point::wait_point(&f),
             };
             match done {
                 Ok(()) => ordered |= point.is_some(),

@@ -30,7 +30,7 @@ pub(super) struct GraphJob {
     /// Weak: an engine that cloned the job may drop it after the launch
     /// completed, and the plan (with its buffers and callbacks) must not outlive
     /// the launch for that.
-    exec: Weak<crate::exec::graph::ExecInner>,
+    exec: Weak<crate::exec::graph::Plan>,
     run: Option<Box<RunState>>,
 }
 

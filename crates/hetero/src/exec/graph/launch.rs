@@ -2,7 +2,7 @@
 //! bindings, and the buffers it locks) and how one node runs: its effect, or a
 //! kernel's blocks, with the views the plan made; the hooks a backend gives the
 //! runner (`NodeHooks`) and each node's profile record.
-use super::plan::{ExecInner, Params};
+use super::plan::{Params, Plan};
 use super::{NodeBody, Operand};
 use crate::exec::kernel::{Args, Block, KView, MAX_KERNEL_ARGS};
 use crate::exec::storage::{GraphHold, Storage};
@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 /// What a launch op carries.
 pub(crate) struct GraphLaunch {
-    pub(crate) exec: Arc<ExecInner>,
+    pub(crate) exec: Arc<Plan>,
     pub(crate) params: Arc<Params>,
     pub(crate) table: Option<Arc<Vec<Option<GraphHold>>>>,
 }
@@ -125,7 +125,7 @@ pub(crate) fn node_kind(body: &NodeBody) -> (hetero_trace::OpKind, u64) {
 }
 
 /// The node's place for the trace.
-pub(crate) fn node_ref(e: &ExecInner, v: u32) -> hetero_trace::NodeRef {
+pub(crate) fn node_ref(e: &Plan, v: u32) -> hetero_trace::NodeRef {
     hetero_trace::NodeRef {
         graph: e.graph,
         node: v,

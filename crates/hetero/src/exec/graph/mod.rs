@@ -20,7 +20,7 @@ pub(crate) mod plan;
 pub(crate) mod run;
 pub(crate) mod schedule;
 
-pub(crate) use plan::ExecInner;
+pub(crate) use plan::Plan;
 
 use crate::exec::kernel::{ElemInfo, KernelInner};
 use crate::exec::op::CopyKind;

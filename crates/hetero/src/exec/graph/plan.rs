@@ -3,7 +3,7 @@
 //! (the handles users hold, `GraphExec` and `Bindings`, are `api/graph`).
 //!
 //! Invariants:
-//! - `ExecInner` never changes after instantiate; what an update may change
+//! - `Plan` never changes after instantiate; what an update may change
 //!   (each kernel node's kernel, grid and scalars) is in `Params`, shared
 //!   copy-on-write with the launches in flight: an update never touches what a
 //!   queued or running launch reads;
@@ -51,14 +51,17 @@ use std::sync::{Arc, Mutex};
 // SAFETY: the raw pointers in `views` point into storages the plan itself
 // holds (`fixed`, `arena`); reaching them is governed by the launch's access
 // locks and the graph's order, like any op's buffers.
-unsafe impl Send for ExecInner {}
+unsafe impl Send for Plan {}
 // SAFETY: as above; nothing in the plan changes after instantiate.
-unsafe impl Sync for ExecInner {}
+unsafe impl Sync for Plan {}
 
 /// Scalars a kernel node carries ([`crate::Block::scalars`]).
 pub const MAX_SCALARS: usize = 8;
 
-pub(crate) struct ExecInner {
+/// What instantiate made of a graph, fixed from then on: its schedule, the
+/// buffers a launch locks, the arena and the nodes' views. (The handle users
+/// hold is `GraphExec`; what an update changes is `Params`.)
+pub(crate) struct Plan {
     pub(crate) device: u64,
     pub(crate) graph: u32,
     pub(crate) nodes: Arc<Vec<NodeBody>>,
@@ -88,7 +91,7 @@ pub(crate) struct ExecInner {
     pub(crate) plan_traced: AtomicBool,
 }
 
-impl ExecInner {
+impl Plan {
     /// Gives the plan to the profiler, for its report.
     pub(crate) fn trace_plan(&self) {
         let r = &self.report;
@@ -126,7 +129,7 @@ pub(crate) struct NodeParams {
     pub(crate) blocks: u32,
     /// Its entry in `scalars` plus one (0: none).
     scalar_slot: u32,
-    /// Its arguments: `ExecInner::views` (and `args`) in this range.
+    /// Its arguments: `Plan::views` (and `args`) in this range.
     pub(crate) args: (u32, u32),
     /// Whether a slot is among them (their views are made at run time).
     pub(crate) slot_args: bool,
@@ -282,7 +285,7 @@ pub(crate) fn instantiate(
     units: usize,
     slack: f64,
     arena: impl FnOnce(usize) -> Result<Arc<Storage>>,
-) -> Result<(ExecInner, Params)> {
+) -> Result<(Plan, Params)> {
     let sched = schedule(d, units, MemoryOrder::Free)?;
     let n = d.nodes.len();
 
@@ -427,7 +430,7 @@ pub(crate) fn instantiate(
         })
         .collect();
 
-    let inner = ExecInner {
+    let inner = Plan {
         device: d.device,
         graph: d.id,
         nodes: d.nodes.freeze(),

@@ -27,7 +27,7 @@
 //!   its own dependents, so a fault fails exactly the nodes that depend on it.
 
 use super::launch::{GraphLaunch, NodeHooks};
-use super::plan::ExecInner;
+use super::plan::Plan;
 use super::schedule::{Dependents, Hot, NONE};
 use crate::exec::loom::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use crate::Result;
@@ -67,7 +67,7 @@ impl RunState {
 
     /// A run state for a launch of `e`, its sources queued. The caller owns it
     /// alone until it publishes it.
-    pub(crate) fn take(e: &ExecInner) -> Box<RunState> {
+    pub(crate) fn take(e: &Plan) -> Box<RunState> {
         let n = e.nodes.len();
         let mut r = e
             .runs
@@ -106,7 +106,7 @@ impl RunState {
     }
 
     /// Gives a run state back for the next launch.
-    pub(crate) fn give_back(self: Box<Self>, e: &ExecInner) {
+    pub(crate) fn give_back(self: Box<Self>, e: &Plan) {
         e.runs.lock().unwrap_or_else(|p| p.into_inner()).push(self);
     }
 
