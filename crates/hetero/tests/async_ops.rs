@@ -188,11 +188,10 @@ fn async_ops_refuse_unreachable_memory_and_capture() {
 
 #[test]
 fn in_virtual_time_an_async_op_completes_at_the_time_it_asks() {
-    let dev = common::device();
-    if dev.trace_hash().is_none() {
-        eprintln!("(virtual time only: not checked on this backend)");
+    if common::skipped("in_virtual_time_an_async_op_completes_at_the_time_it_asks") {
         return;
     }
+    let dev = common::device();
     let s = dev.create_stream().unwrap();
     let start = s.record_event().unwrap();
     s.enqueue_async("arrives-later", &[], |cx: &mut AsyncContext<'_>| {
@@ -211,7 +210,7 @@ fn in_virtual_time_an_async_op_completes_at_the_time_it_asks() {
 fn async_ops_progress_between_the_blocks_of_a_running_kernel() {
     // One engine, busy with a long kernel of many blocks: the async ops of
     // another stream still start and complete between its blocks.
-    if !common::on_host() {
+    if common::skipped("async_ops_progress_between_the_blocks_of_a_running_kernel") {
         return;
     }
     let dev = common::device_with(|c| c.compute_units(1));
