@@ -255,6 +255,16 @@ impl Gate {
         }
     }
 
+    /// As `wait_reached`, polling `s` meanwhile: a device in virtual time runs
+    /// only when a host thread waits or polls, so a `waiter` on another thread
+    /// (one an async op's poll hands work to) is reached only then.
+    pub fn wait_reached_polling(&self, s: &Stream) {
+        while !self.reached.load(Ordering::Acquire) {
+            s.query().expect("the stream polled");
+            std::thread::yield_now();
+        }
+    }
+
     pub fn open(&self) {
         self.open.store(true, Ordering::Release);
         if let Some((go, _)) = &self.held {
