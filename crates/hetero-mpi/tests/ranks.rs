@@ -4,6 +4,10 @@
 //! `HETERO_BACKEND` names, so the same tests run on host and emu.
 #![cfg(feature = "mpi")]
 
+// hetero's own test helpers: the gate that holds a stream, and `settle`.
+#[path = "../../hetero/tests/common/mod.rs"]
+mod common;
+
 use hetero::{Device, Grid, Kernel};
 use hetero_mpi::{Cluster, ClusterConfig, MpiError};
 use std::process::Command;
@@ -145,17 +149,18 @@ fn a_stream_waits_for_an_event_on_another_rank() {
             let dev = c.device();
             let s = dev.create_stream().unwrap();
             if c.rank() == 0 {
-                // The event completes 100 ms from now; its time goes to rank 1 after.
+                // The event is held at a gate until rank 1 has looked (the
+                // barrier); its time goes to rank 1 after.
                 let mut stamp = dev.alloc_pinned::<u64>(1).unwrap();
                 let at = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
                 let a = at.clone();
-                s.host_fn(move || {
-                    std::thread::sleep(Duration::from_millis(100));
-                    a.store(now_us(), std::sync::atomic::Ordering::Release);
-                })
-                .unwrap();
+                let gate = common::Gate::hold(&s);
+                s.host_fn(move || a.store(now_us(), std::sync::atomic::Ordering::Release))
+                    .unwrap();
                 let e = s.record_event().unwrap();
                 c.send_event(&e, 1, 5).unwrap();
+                c.barrier();
+                gate.open();
                 e.synchronize().unwrap();
                 stamp.as_mut_slice().unwrap()[0] = at.load(std::sync::atomic::Ordering::Acquire);
                 c.send_pinned(&s, &stamp, 1, 6).unwrap();
@@ -172,6 +177,14 @@ fn a_stream_waits_for_an_event_on_another_rank() {
                 c.wait_event(&s, 0, 5).unwrap();
                 s.host_fn(move || r.store(now_us(), std::sync::atomic::Ordering::Release))
                     .unwrap();
+                // Rank 0's event is held until both ranks pass the barrier: the
+                // device had turns to run what is ready, and this must wait.
+                // (Checked after the barrier, so that a failure here never
+                // leaves rank 0 waiting in it.)
+                common::settle(dev);
+                let early = ran.load(std::sync::atomic::Ordering::Acquire);
+                c.barrier();
+                assert_eq!(early, 0, "ran before the event on rank 0 completed");
                 let mut stamp = dev.alloc_pinned::<u64>(1).unwrap();
                 c.recv_pinned(&s, &mut stamp, 0, 6).unwrap();
                 s.synchronize().unwrap();
