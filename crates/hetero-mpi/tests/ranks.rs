@@ -32,7 +32,14 @@ fn on_sizes(sizes: &[usize], name: &str, config: ClusterConfig, body: impl FnOnc
     let device = Device::new(config_dev).expect("device");
     let cluster = Cluster::init(&device, config).expect("cluster");
     assert!(sizes.contains(&(cluster.size() as usize)));
-    body(&cluster);
+    let passed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(&cluster)));
+    if passed.is_err() {
+        // The panic is reported above. Its peers would wait for this rank (in
+        // the barrier below, or for messages it no longer sends) until mpirun
+        // is killed: end every rank now, and `launch` reports the failure.
+        use hetero_mpi::mpi::traits::Communicator;
+        cluster.world().abort(101);
+    }
     cluster.barrier();
 }
 
