@@ -4,6 +4,10 @@
 //! `HETERO_BACKEND` names, so the same tests run on host and emu.
 #![cfg(feature = "mpi")]
 
+// hetero's own test helpers: the gate that holds a stream, and `settle`.
+#[path = "../../hetero/tests/common/mod.rs"]
+mod common;
+
 use hetero::{Device, Grid, Kernel};
 use hetero_mpi::{Cluster, ClusterConfig, MpiError};
 use std::process::Command;
@@ -28,7 +32,14 @@ fn on_sizes(sizes: &[usize], name: &str, config: ClusterConfig, body: impl FnOnc
     let device = Device::new(config_dev).expect("device");
     let cluster = Cluster::init(&device, config).expect("cluster");
     assert!(sizes.contains(&(cluster.size() as usize)));
-    body(&cluster);
+    let passed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(&cluster)));
+    if passed.is_err() {
+        // The panic is reported above. Its peers would wait for this rank (in
+        // the barrier below, or for messages it no longer sends) until mpirun
+        // is killed: end every rank now, and `launch` reports the failure.
+        use hetero_mpi::mpi::traits::Communicator;
+        cluster.world().abort(101);
+    }
     cluster.barrier();
 }
 
@@ -145,17 +156,18 @@ fn a_stream_waits_for_an_event_on_another_rank() {
             let dev = c.device();
             let s = dev.create_stream().unwrap();
             if c.rank() == 0 {
-                // The event completes 100 ms from now; its time goes to rank 1 after.
+                // The event is held at a gate until rank 1 has looked (the
+                // barrier); its time goes to rank 1 after.
                 let mut stamp = dev.alloc_pinned::<u64>(1).unwrap();
                 let at = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
                 let a = at.clone();
-                s.host_fn(move || {
-                    std::thread::sleep(Duration::from_millis(100));
-                    a.store(now_us(), std::sync::atomic::Ordering::Release);
-                })
-                .unwrap();
+                let gate = common::Gate::hold(&s);
+                s.host_fn(move || a.store(now_us(), std::sync::atomic::Ordering::Release))
+                    .unwrap();
                 let e = s.record_event().unwrap();
                 c.send_event(&e, 1, 5).unwrap();
+                c.barrier();
+                gate.open();
                 e.synchronize().unwrap();
                 stamp.as_mut_slice().unwrap()[0] = at.load(std::sync::atomic::Ordering::Acquire);
                 c.send_pinned(&s, &stamp, 1, 6).unwrap();
@@ -172,6 +184,14 @@ fn a_stream_waits_for_an_event_on_another_rank() {
                 c.wait_event(&s, 0, 5).unwrap();
                 s.host_fn(move || r.store(now_us(), std::sync::atomic::Ordering::Release))
                     .unwrap();
+                // Rank 0's event is held until both ranks pass the barrier: the
+                // device had turns to run what is ready, and this must wait.
+                // (Checked after the barrier, so that a failure here never
+                // leaves rank 0 waiting in it.)
+                common::settle(dev);
+                let early = ran.load(std::sync::atomic::Ordering::Acquire);
+                c.barrier();
+                assert_eq!(early, 0, "ran before the event on rank 0 completed");
                 let mut stamp = dev.alloc_pinned::<u64>(1).unwrap();
                 c.recv_pinned(&s, &mut stamp, 0, 6).unwrap();
                 s.synchronize().unwrap();

@@ -3,7 +3,9 @@
 //! arguments are launched and run. This file holds one test, so no other test's
 //! threads allocate meanwhile. Counts are deterministic; no timing is involved.
 
-use hetero::{Arg, Device, DeviceConfig, Grid, Kernel};
+mod common;
+
+use hetero::{Arg, Grid, Kernel};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -43,7 +45,7 @@ static GLOBAL: Counting = Counting;
 
 #[test]
 fn multi_block_kernels_allocate_nothing_on_any_thread() {
-    let dev = Device::new(DeviceConfig::default().compute_units(2)).expect("device");
+    let dev = common::device_with(|c| c.compute_units(2));
     let s = dev.create_stream().expect("stream");
     let a = dev.alloc::<u32>(1024).expect("alloc");
     let b = dev.alloc::<u32>(1024).expect("alloc");

@@ -174,19 +174,25 @@ fn write_and_read_slice_stage_through_bounce_buffers() {
 
 /// In virtual time a host wait for work that only another thread can release (a
 /// host event it signals later) keeps driving until it can run, rather than
-/// failing or hanging.
+/// failing or hanging. The other thread signals once the wait has begun: a
+/// callback ahead of the held work says so, and in virtual time it runs only
+/// inside a host wait (the synchronize below).
 #[test]
 fn a_virtual_wait_for_work_another_thread_releases_completes() {
     let dev = emu(TimeMode::Virtual);
     let s = dev.create_stream().expect("stream");
     let go = std::sync::Arc::new(dev.host_event());
     let b = s.alloc::<u32>(16).expect("alloc");
+    let (began, wait_began) = mpsc::channel();
+    s.host_fn(move || {
+        let _ = began.send(());
+    })
+    .expect("host_fn");
     s.wait_event(go.event()).expect("wait");
     s.fill(&b, 9).expect("fill");
     let g = go.clone();
     let signaller = std::thread::spawn(move || {
-        // Usually after the wait below has begun; either order must work.
-        std::thread::sleep(Duration::from_millis(20));
+        wait_began.recv().expect("the wait began");
         g.signal();
     });
     s.synchronize().expect("released by the other thread");

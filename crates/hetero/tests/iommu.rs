@@ -134,7 +134,7 @@ fn pinned_chunks_are_mapped_once_and_each_device_has_its_own_page_table() {
     );
     drop(registered);
     assert_eq!(dev.iommu_stats().expect("stats").mappings, chunks);
-    if common::on_host() {
+    if common::backend() == common::Backend::Host {
         assert!(
             common::device().iommu_stats().is_none(),
             "the host has no IOMMU"

@@ -181,7 +181,7 @@ fn bad_regions_are_typed_errors() {
     ));
     // Pitch alignments must be powers of two.
     assert!(Device::new(common::config().pitch_alignment(48)).is_err());
-    assert!(Device::new(DeviceConfig::default().height_alignment(0)).is_err());
+    assert!(Device::new(common::config().height_alignment(0)).is_err());
 }
 
 #[test]

@@ -8,8 +8,14 @@
 //! running op is never preempted. So a priority-7 stream behind a busy priority-0
 //! stream waits 7 × 16 = 112 dispatches, no fewer, then runs one op, and so on. The
 //! tests assert these counts with a little slack, never a duration.
+//!
+//! The device is the one `HETERO_BACKEND` names. The emulated device orders
+//! ready streams by priority too, but has no aging: what it cannot run is in
+//! its skip tables (`tests/common`).
 
-use hetero::{Device, DeviceConfig, Stream};
+mod common;
+
+use hetero::{Device, Stream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -21,12 +27,7 @@ const AGING_TICKS: usize = 16;
 const FULL_AGING: usize = (7 + 1) * AGING_TICKS;
 
 fn one_unit() -> Device {
-    Device::new(
-        DeviceConfig::default()
-            .compute_units(1)
-            .stream_capacity(4096),
-    )
-    .expect("host device")
+    common::device_with(|c| c.compute_units(1).stream_capacity(4096))
 }
 
 type Log = Arc<Mutex<Vec<char>>>;
@@ -37,9 +38,25 @@ fn log_op(s: &Stream, log: &Log, tag: char) {
         .expect("host_fn");
 }
 
-/// Occupies the device's only worker until the returned flag is set. Returns once
-/// the worker is inside the callback, so nothing else can be dispatched meanwhile.
-fn block_worker(s: &Stream, log: &Log) -> Arc<AtomicBool> {
+/// Holds the device's only worker (host: the one engine; emu: the thread running
+/// the model) inside a callback on `s` until [`Blocker::release`], so nothing else
+/// is dispatched meanwhile. Returns once the callback runs.
+struct Blocker {
+    release: Arc<AtomicBool>,
+    /// Waits for the callback's stream. In virtual time nothing runs until a host
+    /// thread waits: this wait is what starts the callback (and the thread runs the
+    /// model, callback included); elsewhere it just waits.
+    driver: std::thread::JoinHandle<()>,
+}
+
+impl Blocker {
+    fn release(self) {
+        self.release.store(true, Ordering::SeqCst);
+        self.driver.join().expect("the blocker's stream completes");
+    }
+}
+
+fn block_worker(s: &Stream, log: &Log) -> Blocker {
     let started = Arc::new(AtomicBool::new(false));
     let release = Arc::new(AtomicBool::new(false));
     let (st, rel, log) = (started.clone(), release.clone(), log.clone());
@@ -51,10 +68,12 @@ fn block_worker(s: &Stream, log: &Log) -> Arc<AtomicBool> {
         log.lock().expect("log").push('B');
     })
     .expect("blocker");
+    let s = s.clone();
+    let driver = std::thread::spawn(move || s.synchronize().expect("blocker"));
     while !started.load(Ordering::SeqCst) {
         std::thread::yield_now();
     }
-    release
+    Blocker { release, driver }
 }
 
 fn positions(log: &[char], tag: char) -> Vec<usize> {
@@ -84,7 +103,7 @@ fn high_priority_runs_first_without_preempting() {
     for _ in 0..N {
         log_op(&high, &log, 'h');
     }
-    release.store(true, Ordering::SeqCst);
+    release.release();
     dev.synchronize().expect("synchronize");
     let log = log.lock().expect("log").clone();
     let expected = [vec!['B'], vec!['h'; N], vec!['l'; N]].concat();
@@ -93,6 +112,9 @@ fn high_priority_runs_first_without_preempting() {
 
 #[test]
 fn low_priority_progresses_under_continuous_high_priority_work() {
+    if common::skipped("low_priority_progresses_under_continuous_high_priority_work") {
+        return;
+    }
     let dev = one_unit();
     let log: Log = Arc::default();
     let blocker = dev.create_stream_with_priority(0).expect("stream");
@@ -125,7 +147,7 @@ fn low_priority_progresses_under_continuous_high_priority_work() {
             }
             n
         });
-        release.store(true, Ordering::SeqCst);
+        release.release();
         low.synchronize().expect("low stream completes");
         submitter.join().expect("submitter")
     });
@@ -155,6 +177,9 @@ fn low_priority_progresses_under_continuous_high_priority_work() {
 
 #[test]
 fn set_priority_at_run_time_changes_the_order() {
+    if common::skipped("set_priority_at_run_time_changes_the_order") {
+        return;
+    }
     let dev = one_unit();
     let log: Log = Arc::default();
     let blocker = dev.create_stream_with_priority(0).expect("stream");
@@ -180,7 +205,7 @@ fn set_priority_at_run_time_changes_the_order() {
         }
         log_op(&b, &log, 'b');
     }
-    release.store(true, Ordering::SeqCst);
+    release.release();
     dev.synchronize().expect("synchronize");
     assert_eq!(a.priority(), 0);
     assert_eq!(b.priority(), 7);

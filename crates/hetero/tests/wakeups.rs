@@ -1,9 +1,13 @@
 //! Lost wake-up hunt: many small ops across streams joined by events, with engines
 //! that park at once when idle (Block) and with the default (Auto), so every
 //! hand-off goes through the futex path. A lost wake-up shows as a run that never
-//! finishes; a watchdog turns that into a failure instead of a hung test.
+//! finishes; a watchdog turns that into a failure instead of a hung test. On
+//! every backend (`HETERO_BACKEND`): the emulated device's hand-offs go through
+//! its own driver and timelines.
 
-use hetero::{CompletionMode, Device, DeviceConfig};
+mod common;
+
+use hetero::CompletionMode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -12,14 +16,12 @@ use std::time::Duration;
 const ROUNDS: u64 = 3000;
 
 fn run(idle: CompletionMode, host: CompletionMode, units: usize, queues: usize) -> u64 {
-    let dev = Device::new(
-        DeviceConfig::default()
-            .compute_units(units)
+    let dev = common::device_with(|c| {
+        c.compute_units(units)
             .hardware_queues(queues)
             .engine_idle(idle)
-            .host_wait(host),
-    )
-    .expect("device");
+            .host_wait(host)
+    });
     let streams: Vec<_> = (0..4)
         .map(|_| dev.create_stream().expect("stream"))
         .collect();
