@@ -73,7 +73,7 @@ const EMU_ONE_THREAD_KERNEL: &str = "holds a kernel running (at a gate) while ot
      beside it; emu runs kernels, copies and callbacks one at a time on the one thread running \
      its model, which the gated kernel would hold (hangs)";
 const EMU_BLOCKS_BACK_TO_BACK: &str = "emu runs all of a kernel's blocks back to back when the \
-     kernel starts (backend/emu/sim.rs: data effects at op start); async ops are polled between \
+     kernel starts (backend/emu/engine/mod.rs: data effects at op start); async ops are polled between \
      ops, never between the blocks of one";
 const EMU_CALLBACK_WAITS: &str = "emu runs callbacks inside its model on one thread: a callback's \
      wait for its own device is refused with WouldDeadlock by design (tests/emu.rs \
@@ -82,14 +82,9 @@ const EMU_NO_PLACEMENT: &str = "placement by data is the host engines' policy; e
      kernel on the one thread running its model, so writer and reader always match and the \
      check would pass vacuously";
 const EMU_NO_AGING: &str = "emu's model has no aging: strict priority, then the stream served \
-     longest ago (backend/emu/sim.rs Sim::dispatch; docs/ARCHITECTURE.md 'Model'), so \
+     longest ago (backend/emu/engine/mod.rs Sim::dispatch; docs/ARCHITECTURE.md 'Model'), so \
      continuous priority-0 work starves a priority-7 stream; the 7 x 16-dispatch aging asserted \
      is the host scheduler's (backend/host/stream.rs AGING_TICKS)";
-const EMU_SET_PRIORITY_BUG: &str = "library bug: emu's Sim::dispatch (backend/emu/sim.rs) orders \
-     the streams once per pass and try_start then runs a stream's ready zero-time ops in a \
-     loop, so a set_priority made by one of them is seen only on the next pass, not at the next \
-     operation boundary as Stream::set_priority documents (b's remaining callbacks all run \
-     before a's)";
 const VIRTUAL_TIME_ONLY: &str = "virtual time only: AsyncContext::complete_at_ns is honoured by \
      a device in virtual time; in real time an op completes when it is done";
 
@@ -129,10 +124,6 @@ const EMU_VIRTUAL_SKIPS: &[(&str, &str)] = &[
         "low_priority_progresses_under_continuous_high_priority_work",
         EMU_NO_AGING,
     ),
-    (
-        "set_priority_at_run_time_changes_the_order",
-        EMU_SET_PRIORITY_BUG,
-    ),
 ];
 
 /// What the emulated device in real time cannot run, and why.
@@ -164,10 +155,6 @@ const EMU_REAL_SKIPS: &[(&str, &str)] = &[
     (
         "low_priority_progresses_under_continuous_high_priority_work",
         EMU_NO_AGING,
-    ),
-    (
-        "set_priority_at_run_time_changes_the_order",
-        EMU_SET_PRIORITY_BUG,
     ),
     (
         "in_virtual_time_an_async_op_completes_at_the_time_it_asks",

@@ -92,6 +92,10 @@ pub(crate) struct Shared {
     /// The device clock and the driver's doorbell (see `Doorbell`).
     pub(crate) bell: Arc<Doorbell>,
     hash: AtomicU64,
+    /// Moves whenever a stream's priority changes: dispatch orders the
+    /// streams again before its next start (a priority set by an op's user
+    /// code takes effect at the next operation boundary).
+    pub(crate) priorities: AtomicU64,
     shutdown: AtomicBool,
     /// This device context's page table and I/O TLB.
     pub(crate) iommu: Arc<iommu::Iommu>,
@@ -188,6 +192,7 @@ impl EmuBackend {
                 wake: Parker::new(),
             }),
             hash: AtomicU64::new(0),
+            priorities: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
             iommu,
             emu: emu.clone(),

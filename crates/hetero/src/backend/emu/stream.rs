@@ -100,6 +100,9 @@ impl BackendStream for EmuStream {
 
     fn set_priority(&self, priority: u8) {
         self.priority.store(priority, Ordering::Relaxed);
+        if let Some(sh) = self.shared.upgrade() {
+            sh.priorities.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     fn hardware_queue(&self) -> usize {

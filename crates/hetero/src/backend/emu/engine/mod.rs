@@ -187,13 +187,24 @@ impl Sim {
             if self.order.len() > 1 {
                 self.order.sort_unstable();
             }
-            for k in 0..self.order.len() {
+            // A priority changed by an op that starts here (its user code)
+            // reorders the streams before the next start.
+            let priorities = sh.priorities.load(Ordering::Relaxed);
+            let mut reorder = false;
+            'streams: for k in 0..self.order.len() {
                 let stream = &streams[self.order[k].3];
                 while self.try_start(sh, stream) {
                     progressed = true;
+                    if sh.priorities.load(Ordering::Relaxed) != priorities {
+                        reorder = true;
+                        break 'streams;
+                    }
                 }
             }
             any |= progressed;
+            if reorder {
+                continue;
+            }
             // Another pass can start something only if an op completed in
             // this one (engines only got busier otherwise).
             if !progressed || !self.completed_at_start {
