@@ -45,6 +45,10 @@ pub(crate) struct DmaPlan {
     pub(crate) wire_bytes: f64,
     /// The transfer ends no earlier than this long after it starts.
     pub(crate) floor_ns: u64,
+    /// For a flat copy over the link or a fill of pinned memory: the host
+    /// address the IOMMU translated its host side to, where the bytes move
+    /// (`move_bytes`).
+    pub(crate) host: Option<usize>,
 }
 
 impl DmaPlan {
@@ -54,6 +58,7 @@ impl DmaPlan {
             setup_ns,
             wire_bytes,
             floor_ns: 0,
+            host: None,
         }
     }
 
@@ -63,6 +68,7 @@ impl DmaPlan {
             setup_ns: 0,
             wire_bytes: 0.0,
             floor_ns: ns,
+            host: None,
         }
     }
 }
@@ -82,16 +88,17 @@ fn rows_ns(link: &LinkPreset, width: usize, height: usize) -> u64 {
 }
 
 /// Translates `len` bytes at offset `off` of host memory `s` for `engine`:
-/// the stall its TLB misses cost, ns.
+/// the stall its TLB misses cost, ns, and the host address the I/O virtual
+/// address leads to (where the bytes of a flat copy move: `move_bytes`).
 fn translate(
     sh: &Shared,
     engine: (u8, u32),
     s: &Storage,
     off: usize,
     len: usize,
-) -> Result<u64, String> {
+) -> Result<(u64, usize), String> {
     if len == 0 {
-        return Ok(0);
+        return Ok((0, s.ptr() as usize + off));
     }
     let (counts, host) = sh
         .iommu
@@ -104,8 +111,9 @@ fn translate(
         };
         hetero_trace::record_iotlb(kind, engine.1, counts.hits, counts.misses);
     }
-    // The page table must lead to the buffer's own bytes (the data effect
-    // then copies them through the storage).
+    // The page table must lead to the buffer's own bytes: what batches and
+    // 2-D copies move through the storage, and what a flat copy's translated
+    // address must be (a wrong mapping is a fault, not a stray write).
     if host != s.ptr() as usize + off {
         return Err(format!(
             "IOMMU: I/O virtual address {:#x} translates to host {host:#x}, not to the \
@@ -113,7 +121,63 @@ fn translate(
             s.device_addr() + off as u64
         ));
     }
-    Ok(counts.misses * sh.emu.iotlb_miss_ns)
+    Ok((counts.misses * sh.emu.iotlb_miss_ns, host))
+}
+
+/// The data effect of a DMA that `plan` (or `joins_run`) translated: a flat
+/// copy over the link moves between the device side's memory and the host
+/// address the IOMMU gave (`host`), a fill of pinned memory writes there; any
+/// other op moves its bytes through `effects::run`.
+pub(crate) fn move_bytes(op: &Op, host: Option<usize>) {
+    match (&op.body, host) {
+        (
+            Body::Copy {
+                kind,
+                src,
+                src_off,
+                dst,
+                dst_off,
+                bytes,
+                ..
+            },
+            Some(host),
+        ) if *kind != CopyKind::D2D => {
+            let (from, to) = if *kind == CopyKind::H2D {
+                (host as *const u8, dst.ptr().wrapping_add(*dst_off))
+            } else {
+                (
+                    src.ptr().wrapping_add(*src_off) as *const u8,
+                    host as *mut u8,
+                )
+            };
+            // SAFETY: `host` is the IOMMU's translation of the pinned side's
+            // range (checked to be that buffer's bytes), the device side is
+            // this device's memory; both ranges were bounds-checked at
+            // enqueue, the copy's access locks exclude every other access.
+            unsafe { crate::exec::effects::copy_bytes(from, 0, to, 0, *bytes) }
+        }
+        (
+            Body::Fill {
+                bytes,
+                pattern,
+                pattern_len,
+                ..
+            },
+            Some(host),
+        ) => {
+            // SAFETY: as above, for the fill's range of pinned memory under its
+            // write lock.
+            unsafe {
+                crate::exec::effects::fill_bytes(
+                    host as *mut u8,
+                    0,
+                    *bytes,
+                    &pattern[..*pattern_len as usize],
+                )
+            }
+        }
+        _ => crate::exec::effects::run(&op.body),
+    }
 }
 
 /// Plans the DMA of `op` on copy engine `engine` ((direction, index)) and
@@ -137,16 +201,23 @@ pub(crate) fn plan(sh: &Shared, engine: (u8, u32), op: &Op) -> Option<Result<Dma
             } else {
                 (dst, *dst_off)
             };
-            translate(sh, engine, host, off, *bytes).map(|stall| {
+            translate(sh, engine, host, off, *bytes).map(|(stall, addr)| {
                 let wire = link.wire_bytes(*bytes as u64);
-                DmaPlan::link(dir_of(*kind), link.setup_ns + stall, wire)
+                DmaPlan {
+                    host: Some(addr),
+                    ..DmaPlan::link(dir_of(*kind), link.setup_ns + stall, wire)
+                }
             })
         }
         // A fill of pinned memory writes host memory: through the IOMMU.
         Body::Fill {
             dst, off, bytes, ..
-        } if dst.kind == crate::MemoryKind::Pinned => translate(sh, engine, dst, *off, *bytes)
-            .map(|stall| DmaPlan::device(d2d_ns(*bytes as f64) + stall)),
+        } if dst.kind == crate::MemoryKind::Pinned => {
+            translate(sh, engine, dst, *off, *bytes).map(|(stall, addr)| DmaPlan {
+                host: Some(addr),
+                ..DmaPlan::device(d2d_ns(*bytes as f64) + stall)
+            })
+        }
         Body::Copy { bytes, .. } | Body::Fill { bytes, .. } => {
             Ok(DmaPlan::device(d2d_ns(*bytes as f64)))
         }
@@ -172,7 +243,7 @@ pub(crate) fn plan(sh: &Shared, engine: (u8, u32), op: &Op) -> Option<Result<Dma
             let mut fault = None;
             for (s, off, len) in b.host_ranges() {
                 match translate(sh, engine, s, off, len) {
-                    Ok(ns) => stall += ns,
+                    Ok((ns, _)) => stall += ns,
                     Err(e) => {
                         fault = Some(e);
                         break;
@@ -202,10 +273,11 @@ pub(crate) fn plan(sh: &Shared, engine: (u8, u32), op: &Op) -> Option<Result<Dma
                 };
                 let mut stall = Ok(0);
                 if host_r.contiguous() {
-                    stall = translate(sh, engine, host, host_r.offset, w * h);
+                    stall = translate(sh, engine, host, host_r.offset, w * h).map(|(ns, _)| ns);
                 } else {
                     for y in 0..h {
-                        let row = translate(sh, engine, host, host_r.offset + y * host_r.pitch, w);
+                        let row = translate(sh, engine, host, host_r.offset + y * host_r.pitch, w)
+                            .map(|(ns, _)| ns);
                         match (row, &mut stall) {
                             (Ok(ns), Ok(total)) => *total += ns,
                             (Err(e), _) => {
@@ -281,7 +353,7 @@ pub(crate) fn joins_run(
     op: &Op,
     kind: CopyKind,
     max_bytes: usize,
-) -> Option<(f64, u64)> {
+) -> Option<(f64, u64, usize)> {
     match &op.body {
         Body::Copy {
             kind: k,
@@ -298,10 +370,11 @@ pub(crate) fn joins_run(
                 (dst, *dst_off)
             };
             // Translating here is the lookup the merged descriptor makes.
-            let stall = translate(sh, engine, host, off, *bytes).ok()?;
+            let (stall, addr) = translate(sh, engine, host, off, *bytes).ok()?;
             Some((
                 sh.emu.link.wire_bytes(*bytes as u64) + DESCRIPTOR_BYTES as f64,
                 stall,
+                addr,
             ))
         }
         _ => None,

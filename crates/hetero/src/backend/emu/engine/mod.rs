@@ -409,7 +409,7 @@ impl Sim {
                 // A fault: refused before any byte moved.
                 Some(Err(fault)) => return (None, now, Err(fault)),
                 Some(Ok(p)) => {
-                    crate::exec::effects::run(&op.body);
+                    dma::move_bytes(op, p.host);
                     return match p.dir {
                         Some(dir) => {
                             let t = Transfer {
@@ -569,14 +569,14 @@ fn merge_run(
                 .ring
                 .peek_with(|op, _| dma::joins_run(sh, (k as u8, i as u32), op, kind, max_bytes))
         };
-        let Some(Some((wire, stall))) = joins else {
+        let Some(Some((wire, stall, host))) = joins else {
             return;
         };
         // SAFETY: as above; `peek_with` saw the op.
         let Some((op, pos)) = (unsafe { stream.ring.pop() }) else {
             return;
         };
-        crate::exec::effects::run(&op.body);
+        dma::move_bytes(&op, Some(host));
         t.remaining += wire;
         t.setup_until += stall;
         merged.push((op, pos + 1));
