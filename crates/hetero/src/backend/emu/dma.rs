@@ -45,10 +45,13 @@ pub(crate) struct DmaPlan {
     pub(crate) wire_bytes: f64,
     /// The transfer ends no earlier than this long after it starts.
     pub(crate) floor_ns: u64,
-    /// For a flat copy over the link or a fill of pinned memory: the host
-    /// address the IOMMU translated its host side to, where the bytes move
-    /// (`move_bytes`).
+    /// For a flat copy over the link, a 2-D copy over the link or a fill of
+    /// pinned memory: the host address the IOMMU translated its host side's
+    /// first byte to (a 2-D copy's rows follow at its pitch), where the bytes
+    /// move (`move_bytes`).
     pub(crate) host: Option<usize>,
+    /// For a batch over the link: each segment's translated host address.
+    pub(crate) segment_hosts: Vec<usize>,
 }
 
 impl DmaPlan {
@@ -59,6 +62,7 @@ impl DmaPlan {
             wire_bytes,
             floor_ns: 0,
             host: None,
+            segment_hosts: Vec::new(),
         }
     }
 
@@ -69,6 +73,7 @@ impl DmaPlan {
             wire_bytes: 0.0,
             floor_ns: ns,
             host: None,
+            segment_hosts: Vec::new(),
         }
     }
 }
@@ -124,11 +129,12 @@ fn translate(
     Ok((counts.misses * sh.emu.iotlb_miss_ns, host))
 }
 
-/// The data effect of a DMA that `plan` (or `joins_run`) translated: a flat
-/// copy over the link moves between the device side's memory and the host
-/// address the IOMMU gave (`host`), a fill of pinned memory writes there; any
-/// other op moves its bytes through `effects::run`.
-pub(crate) fn move_bytes(op: &Op, host: Option<usize>) {
+/// The data effect of a DMA that `plan` (or `joins_run`) translated: a copy
+/// over the link (flat, 2-D, batched) moves between the device side's memory
+/// and the host addresses the IOMMU gave (`host`, `segment_hosts`), a fill of
+/// pinned memory writes there; an on-device op moves its bytes through
+/// `effects::run`.
+pub(crate) fn move_bytes(op: &Op, host: Option<usize>, segment_hosts: &[usize]) {
     match (&op.body, host) {
         (
             Body::Copy {
@@ -174,6 +180,43 @@ pub(crate) fn move_bytes(op: &Op, host: Option<usize>) {
                     *bytes,
                     &pattern[..*pattern_len as usize],
                 )
+            }
+        }
+        (Body::Copy2D(c), Some(host)) if c.kind != CopyKind::D2D => {
+            // The host side's base, from its first row's translation.
+            let (src, dst) = if c.kind == CopyKind::H2D {
+                (
+                    (host as *const u8).wrapping_sub(c.src_r.offset),
+                    c.dst.ptr(),
+                )
+            } else {
+                (
+                    c.src.ptr() as *const u8,
+                    (host as *mut u8).wrapping_sub(c.dst_r.offset),
+                )
+            };
+            // SAFETY: every row of the host side was translated to that
+            // buffer's bytes (`plan`), the device side is this device's
+            // memory; the regions were bounds-checked at enqueue, have equal
+            // shapes, and the copy's access locks exclude every other access.
+            unsafe { crate::exec::effects::copy_rows(src, c.src_r, dst, c.dst_r) }
+        }
+        (Body::CopyBatch(b), _)
+            if segment_hosts.len() == b.segs.len() && b.kind != CopyKind::D2D =>
+        {
+            for (g, &host) in b.segs.iter().zip(segment_hosts) {
+                let (src, dst) = (&b.storages[g.src as usize].0, &b.storages[g.dst as usize].0);
+                let (from, to) = if b.kind == CopyKind::H2D {
+                    (host as *const u8, dst.ptr().wrapping_add(g.dst_off))
+                } else {
+                    (
+                        src.ptr().wrapping_add(g.src_off) as *const u8,
+                        host as *mut u8,
+                    )
+                };
+                // SAFETY: as for a flat copy, per segment (each bounds-checked
+                // when added; source and destination are different storages).
+                unsafe { crate::exec::effects::copy_bytes(from, 0, to, 0, g.len) }
             }
         }
         _ => crate::exec::effects::run(&op.body),
@@ -241,9 +284,13 @@ pub(crate) fn plan(sh: &Shared, engine: (u8, u32), op: &Op) -> Option<Result<Dma
             let mut stall = 0;
             let mut wire = (b.segs.len() as u64 * DESCRIPTOR_BYTES) as f64;
             let mut fault = None;
+            let mut hosts = Vec::with_capacity(b.segs.len());
             for (s, off, len) in b.host_ranges() {
                 match translate(sh, engine, s, off, len) {
-                    Ok((ns, _)) => stall += ns,
+                    Ok((ns, addr)) => {
+                        stall += ns;
+                        hosts.push(addr);
+                    }
                     Err(e) => {
                         fault = Some(e);
                         break;
@@ -253,7 +300,10 @@ pub(crate) fn plan(sh: &Shared, engine: (u8, u32), op: &Op) -> Option<Result<Dma
             }
             match fault {
                 Some(e) => Err(e),
-                None => Ok(DmaPlan::link(dir_of(b.kind), link.setup_ns + stall, wire)),
+                None => Ok(DmaPlan {
+                    segment_hosts: hosts,
+                    ..DmaPlan::link(dir_of(b.kind), link.setup_ns + stall, wire)
+                }),
             }
         }
         Body::Copy2D(c) => {
@@ -271,15 +321,20 @@ pub(crate) fn plan(sh: &Shared, engine: (u8, u32), op: &Op) -> Option<Result<Dma
                 } else {
                     c.dst_r
                 };
-                let mut stall = Ok(0);
+                // Each row's translation is checked to lead to the buffer's
+                // own bytes, so rows follow the first at the region's pitch.
+                let mut stall = Ok((0, None));
                 if host_r.contiguous() {
-                    stall = translate(sh, engine, host, host_r.offset, w * h).map(|(ns, _)| ns);
+                    stall = translate(sh, engine, host, host_r.offset, w * h)
+                        .map(|(ns, addr)| (ns, Some(addr)));
                 } else {
                     for y in 0..h {
-                        let row = translate(sh, engine, host, host_r.offset + y * host_r.pitch, w)
-                            .map(|(ns, _)| ns);
+                        let row = translate(sh, engine, host, host_r.offset + y * host_r.pitch, w);
                         match (row, &mut stall) {
-                            (Ok(ns), Ok(total)) => *total += ns,
+                            (Ok((ns, addr)), Ok((total, first))) => {
+                                *total += ns;
+                                first.get_or_insert(addr);
+                            }
                             (Err(e), _) => {
                                 stall = Err(e);
                                 break;
@@ -288,7 +343,10 @@ pub(crate) fn plan(sh: &Shared, engine: (u8, u32), op: &Op) -> Option<Result<Dma
                         }
                     }
                 }
-                stall.map(|stall| copy2d_plan(link, c.kind, c.src_r, c.dst_r, stall))
+                stall.map(|(stall, first)| DmaPlan {
+                    host: first,
+                    ..copy2d_plan(link, c.kind, c.src_r, c.dst_r, stall)
+                })
             }
         }
         _ => return None,

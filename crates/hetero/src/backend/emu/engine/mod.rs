@@ -409,7 +409,7 @@ impl Sim {
                 // A fault: refused before any byte moved.
                 Some(Err(fault)) => return (None, now, Err(fault)),
                 Some(Ok(p)) => {
-                    dma::move_bytes(op, p.host);
+                    dma::move_bytes(op, p.host, &p.segment_hosts);
                     return match p.dir {
                         Some(dir) => {
                             let t = Transfer {
@@ -576,7 +576,7 @@ fn merge_run(
         let Some((op, pos)) = (unsafe { stream.ring.pop() }) else {
             return;
         };
-        dma::move_bytes(&op, Some(host));
+        dma::move_bytes(&op, Some(host), &[]);
         t.remaining += wire;
         t.setup_until += stall;
         merged.push((op, pos + 1));
