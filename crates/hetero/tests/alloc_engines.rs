@@ -1,7 +1,8 @@
 //! Running work allocates nothing either: a counting global allocator counts every
 //! thread's allocations (engines included) while multi-block kernels with buffer
-//! arguments are launched and run. This file holds one test, so no other test's
-//! threads allocate meanwhile. Counts are deterministic; no timing is involved.
+//! arguments are launched and run. This binary has its own `main` (no libtest
+//! harness, see Cargo.toml), so no thread but the test's and the device's runs
+//! meanwhile. Counts are deterministic; no timing is involved.
 
 mod common;
 
@@ -43,7 +44,11 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-#[test]
+fn main() {
+    multi_block_kernels_allocate_nothing_on_any_thread();
+    println!("multi_block_kernels_allocate_nothing_on_any_thread ... ok");
+}
+
 fn multi_block_kernels_allocate_nothing_on_any_thread() {
     let dev = common::device_with(|c| c.compute_units(2));
     let s = dev.create_stream().expect("stream");
