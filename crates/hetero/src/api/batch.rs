@@ -207,7 +207,7 @@ impl Stream {
         // SAFETY: the range was bounds-checked by the caller; the memory is
         // host-visible pinned memory that no queued op writes and no host code
         // writes while the caller borrows the buffer.
-        let bytes = unsafe { std::slice::from_raw_parts(src.ptr().add(off), bytes) };
+        let bytes = unsafe { std::slice::from_raw_parts(src.host_ptr().add(off), bytes) };
         Some(bytes.into())
     }
 

@@ -123,7 +123,7 @@ impl<T: Pod> PinnedBuffer<T> {
         // SAFETY: the storage holds at least `len` initialised (zeroed at allocation)
         // `T`s, aligned to 256 B; no writer is pending and none can be enqueued while
         // `&self` is borrowed (writers need `&mut`).
-        Ok(unsafe { std::slice::from_raw_parts(self.storage.ptr() as *const T, self.len) })
+        Ok(unsafe { std::slice::from_raw_parts(self.storage.host_ptr() as *const T, self.len) })
     }
 
     /// The contents, for writing on the host. Fails while any enqueued operation still
@@ -138,7 +138,7 @@ impl<T: Pod> PinnedBuffer<T> {
         match Arc::get_mut(&mut self.storage) {
             // SAFETY: `get_mut` proved no operation holds the storage, and `&mut self`
             // keeps new ones from being enqueued while the slice lives.
-            Some(s) => Ok(unsafe { std::slice::from_raw_parts_mut(s.ptr() as *mut T, len) }),
+            Some(s) => Ok(unsafe { std::slice::from_raw_parts_mut(s.host_ptr() as *mut T, len) }),
             None => {
                 self.storage.refused();
                 let op = "PinnedBuffer::as_mut_slice";

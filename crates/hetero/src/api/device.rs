@@ -248,6 +248,10 @@ impl Device {
         self.inner.backend().iommu_stats()
     }
 
+    pub(crate) fn reach(&self) -> crate::exec::storage::Reach {
+        self.inner.backend().reach()
+    }
+
     pub(crate) fn graph_memory_slack(&self) -> f64 {
         self.inner.graph_memory_slack
     }

@@ -11,7 +11,7 @@ mod streams;
 pub(crate) use streams::StreamList;
 
 use crate::exec::op::Op;
-use crate::exec::storage::{MemoryKind, Storage};
+use crate::exec::storage::{MemoryKind, Reach, Storage};
 use crate::exec::timeline::Timeline;
 use crate::Result;
 use std::sync::Arc;
@@ -133,6 +133,11 @@ pub(crate) trait Backend: Send + Sync {
     /// H2D copies of at most this many bytes go inline in the command (0: none).
     fn inline_copy_max(&self) -> usize {
         0
+    }
+    /// How this backend's engines reach its device memory (see [`Reach`]):
+    /// what graph plans resolve their buffers with.
+    fn reach(&self) -> Reach {
+        Reach::HOST
     }
 }
 

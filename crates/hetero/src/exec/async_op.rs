@@ -85,7 +85,7 @@ impl AsyncContext<'_> {
     /// op completes. Writing through it is allowed only for a buffer enqueued
     /// as written. `None` past the last buffer.
     pub fn ptr(&self, i: usize) -> Option<*mut u8> {
-        self.args.get(i).map(|(s, _)| s.ptr())
+        self.args.get(i).map(|(s, _)| s.host_ptr())
     }
 
     /// The size of buffer `i` in bytes.

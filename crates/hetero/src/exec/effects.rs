@@ -5,11 +5,12 @@
 //! place.
 
 use crate::exec::op::Body;
-use crate::exec::storage::Storage;
+use crate::exec::storage::Reach;
 use crate::exec::transfer::ByteRegion;
 
-/// Runs a copy or fill. The caller holds the access locks.
-pub(crate) fn run(body: &Body) {
+/// Runs a copy or fill for a backend whose engines reach its memory through
+/// `reach`. The caller holds the access locks.
+pub(crate) fn run(body: &Body, reach: Reach) {
     match body {
         Body::Copy {
             src,
@@ -22,7 +23,15 @@ pub(crate) fn run(body: &Body) {
             // SAFETY: ranges were bounds-checked at enqueue; src and dst are different
             // storages (aliasing rejected at enqueue); the access locks (read on src,
             // write on dst) exclude every other writer and reader of dst.
-            unsafe { copy_bytes(src.ptr(), *src_off, dst.ptr(), *dst_off, *bytes) }
+            unsafe {
+                copy_bytes(
+                    src.engine_ptr(reach),
+                    *src_off,
+                    dst.engine_ptr(reach),
+                    *dst_off,
+                    *bytes,
+                )
+            }
         }
         Body::Fill {
             dst,
@@ -34,20 +43,27 @@ pub(crate) fn run(body: &Body) {
         } => {
             // SAFETY: range bounds-checked at enqueue; the write lock on dst makes this
             // the only access to it.
-            unsafe { fill_bytes(dst.ptr(), *off, *bytes, &pattern[..*pattern_len as usize]) }
+            unsafe {
+                fill_bytes(
+                    dst.engine_ptr(reach),
+                    *off,
+                    *bytes,
+                    &pattern[..*pattern_len as usize],
+                )
+            }
         }
         Body::HostWrite { dst, off, data, .. } => {
             // SAFETY: range checked at enqueue; the write lock (or, on a modelled
             // device, the stream's order) excludes every other access to dst.
-            unsafe { write_from(dst, *off, data) }
+            unsafe { write_from(dst.engine_ptr(reach), *off, data) }
         }
         Body::HostRead { src, off, out } => {
             let mut out = out.lock().unwrap_or_else(|p| p.into_inner());
             // SAFETY: range checked at enqueue; only readers touch src meanwhile.
-            unsafe { read_into(src, *off, &mut out) }
+            unsafe { read_into(src.engine_ptr(reach), *off, &mut out) }
         }
-        Body::CopyBatch(b) => b.run(),
-        Body::Copy2D(c) => c.run(),
+        Body::CopyBatch(b) => b.run(reach),
+        Body::Copy2D(c) => c.run(reach),
         _ => {}
     }
 }
@@ -102,25 +118,26 @@ fn fill_pattern(out: &mut [u8], pattern: &[u8]) {
     }
 }
 
-/// A host write's effect: `data` into `dst` at byte `off`.
+/// A host write's effect: `data` into the memory at `dst` from byte `off`.
 ///
 /// # Safety
-/// The range lies inside `dst`'s memory, which the host can reach, and
+/// The range lies inside that memory, which the calling engine can reach, and
 /// nothing else touches it meanwhile (the caller holds the write lock, or the
 /// stream's order excludes every other access).
-pub(crate) unsafe fn write_from(dst: &Storage, off: usize, data: &[u8]) {
+pub(crate) unsafe fn write_from(dst: *mut u8, off: usize, data: &[u8]) {
     // SAFETY: the caller's contract.
-    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst.ptr().add(off), data.len()) }
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst.add(off), data.len()) }
 }
 
-/// A host read's effect: `out.len()` bytes of `src` from byte `off`.
+/// A host read's effect: `out.len()` bytes of the memory at `src` from byte
+/// `off`.
 ///
 /// # Safety
-/// The range lies inside `src`'s memory, which the host can reach, and
+/// The range lies inside that memory, which the calling engine can reach, and
 /// nothing writes it meanwhile.
-pub(crate) unsafe fn read_into(src: &Storage, off: usize, out: &mut [u8]) {
+pub(crate) unsafe fn read_into(src: *const u8, off: usize, out: &mut [u8]) {
     // SAFETY: the caller's contract.
-    unsafe { std::ptr::copy_nonoverlapping(src.ptr().add(off), out.as_mut_ptr(), out.len()) }
+    unsafe { std::ptr::copy_nonoverlapping(src.add(off), out.as_mut_ptr(), out.len()) }
 }
 
 /// Copies the rows of `s` (in `src`) to the rows of `d` (in `dst`): one memcpy

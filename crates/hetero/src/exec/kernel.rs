@@ -8,7 +8,7 @@
 //! each block gets a disjoint part of every written buffer, taken at most once. So
 //! the `&[T]` and `&mut [T]` views handed out never alias a concurrent writer.
 
-use crate::exec::storage::Storage;
+use crate::exec::storage::{Reach, Storage};
 use bytemuck::Pod;
 use std::any::TypeId;
 use std::sync::Arc;
@@ -179,10 +179,11 @@ pub(crate) struct KView {
     pub(crate) write: bool,
 }
 
-/// The buffers a block reaches: an op's argument list, or a graph node's views.
+/// The buffers a block reaches: an op's argument list (with how the running
+/// backend's engines reach device memory), or a graph node's views.
 #[derive(Clone, Copy)]
 pub(crate) enum Args<'a> {
-    List(&'a ArgList),
+    List(&'a ArgList, Reach),
     Views(&'a [KView]),
 }
 
@@ -191,14 +192,14 @@ impl<'a> Args<'a> {
     /// arguments, base pointer, length, element type and partition unit.
     fn nth(self, n: usize, write: bool) -> Option<Nth> {
         match self {
-            Args::List(list) => list
+            Args::List(list, reach) => list
                 .as_slice_iter()
                 .enumerate()
                 .filter(|(_, a)| a.write == write)
                 .nth(n)
                 .map(|(i, a)| Nth {
                     slot: i,
-                    ptr: a.storage.ptr(),
+                    ptr: a.storage.engine_ptr(reach),
                     len: a.len(),
                     elem: a.elem,
                     unit: a.storage.unit_elems(a.elem.size),
@@ -242,8 +243,8 @@ pub struct Block<'a> {
 }
 
 impl<'a> Block<'a> {
-    pub(crate) fn new(index: u32, blocks: u32, args: &'a ArgList) -> Self {
-        Self::with(index, blocks, Args::List(args), &[])
+    pub(crate) fn new(index: u32, blocks: u32, args: &'a ArgList, reach: Reach) -> Self {
+        Self::with(index, blocks, Args::List(args, reach), &[])
     }
 
     pub(crate) fn with(index: u32, blocks: u32, args: Args<'a>, scalars: &'a [u64]) -> Self {

@@ -10,7 +10,7 @@
 
 use crate::exec::effects::copy_rows;
 use crate::exec::op::{CopyKind, PendingWrite};
-use crate::exec::storage::Storage;
+use crate::exec::storage::{Reach, Storage};
 use std::sync::Arc;
 
 /// One segment of a batch: `len` bytes from `storages[src] + src_off` to
@@ -96,8 +96,8 @@ impl BatchOp {
 
     /// The batch's effect, segment by segment in order. The caller holds the
     /// access locks (read on sources, write on destinations) or, on a modelled
-    /// device, the stream's order.
-    pub(crate) fn run(&self) {
+    /// device, the stream's order; `reach` is its backend's.
+    pub(crate) fn run(&self, reach: Reach) {
         for g in &self.segs {
             let src = &self.storages[g.src as usize].0;
             let dst = &self.storages[g.dst as usize].0;
@@ -105,7 +105,13 @@ impl BatchOp {
             // destination are different storages (a storage is read or written by
             // the batch, never both); the locks exclude every other access.
             unsafe {
-                crate::exec::effects::copy_bytes(src.ptr(), g.src_off, dst.ptr(), g.dst_off, g.len)
+                crate::exec::effects::copy_bytes(
+                    src.engine_ptr(reach),
+                    g.src_off,
+                    dst.engine_ptr(reach),
+                    g.dst_off,
+                    g.len,
+                )
             }
         }
     }
@@ -163,11 +169,18 @@ impl Copy2DOp {
     }
 
     /// The copy's effect. The caller holds the access locks (or the stream's
-    /// order on a modelled device).
-    pub(crate) fn run(&self) {
+    /// order on a modelled device); `reach` is its backend's.
+    pub(crate) fn run(&self, reach: Reach) {
         // SAFETY: both regions were bounds-checked at enqueue (`end() <= bytes`),
         // their widths and heights are equal, src and dst are different storages,
         // and the locks exclude every other access to dst and writer of src.
-        unsafe { copy_rows(self.src.ptr(), self.src_r, self.dst.ptr(), self.dst_r) }
+        unsafe {
+            copy_rows(
+                self.src.engine_ptr(reach),
+                self.src_r,
+                self.dst.engine_ptr(reach),
+                self.dst_r,
+            )
+        }
     }
 }

@@ -373,6 +373,7 @@ impl Graph {
                 d,
                 device.properties().compute_units,
                 device.graph_memory_slack(),
+                device.reach(),
                 |bytes| device.device_storage::<u8>(bytes, 0),
             )?;
             Ok(crate::GraphExec {

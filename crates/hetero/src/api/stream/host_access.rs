@@ -102,7 +102,9 @@ impl Stream {
             let off = offset * std::mem::size_of::<T>();
             // SAFETY: range checked above; the memory is host-visible; the write
             // lock excludes every op on `s`.
-            unsafe { crate::exec::effects::write_from(s, off, bytemuck::cast_slice(data)) }
+            unsafe {
+                crate::exec::effects::write_from(s.host_ptr(), off, bytemuck::cast_slice(data))
+            }
         })
     }
 
@@ -129,7 +131,9 @@ impl Stream {
             let off = offset * std::mem::size_of::<T>();
             // SAFETY: range checked above; the memory is host-visible; the read
             // lock excludes writers of `s`.
-            unsafe { crate::exec::effects::read_into(s, off, bytemuck::cast_slice_mut(out)) }
+            unsafe {
+                crate::exec::effects::read_into(s.host_ptr(), off, bytemuck::cast_slice_mut(out))
+            }
         })
     }
 

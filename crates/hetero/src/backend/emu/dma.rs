@@ -103,7 +103,7 @@ fn translate(
     len: usize,
 ) -> Result<(u64, usize), String> {
     if len == 0 {
-        return Ok((0, s.ptr() as usize + off));
+        return Ok((0, s.host_ptr() as usize + off));
     }
     let (counts, host) = sh
         .iommu
@@ -119,7 +119,7 @@ fn translate(
     // The page table must lead to the buffer's own bytes: what batches and
     // 2-D copies move through the storage, and what a flat copy's translated
     // address must be (a wrong mapping is a fault, not a stray write).
-    if host != s.ptr() as usize + off {
+    if host != s.host_ptr() as usize + off {
         return Err(format!(
             "IOMMU: I/O virtual address {:#x} translates to host {host:#x}, not to the \
              buffer's memory; this is a bug in the emulated device",
@@ -134,7 +134,8 @@ fn translate(
 /// and the host addresses the IOMMU gave (`host`, `segment_hosts`), a fill of
 /// pinned memory writes there; an on-device op moves its bytes through
 /// `effects::run`.
-pub(crate) fn move_bytes(op: &Op, host: Option<usize>, segment_hosts: &[usize]) {
+pub(crate) fn move_bytes(sh: &Shared, op: &Op, host: Option<usize>, segment_hosts: &[usize]) {
+    let reach = sh.reach;
     match (&op.body, host) {
         (
             Body::Copy {
@@ -149,10 +150,13 @@ pub(crate) fn move_bytes(op: &Op, host: Option<usize>, segment_hosts: &[usize]) 
             Some(host),
         ) if *kind != CopyKind::D2D => {
             let (from, to) = if *kind == CopyKind::H2D {
-                (host as *const u8, dst.ptr().wrapping_add(*dst_off))
+                (
+                    host as *const u8,
+                    dst.engine_ptr(reach).wrapping_add(*dst_off),
+                )
             } else {
                 (
-                    src.ptr().wrapping_add(*src_off) as *const u8,
+                    src.engine_ptr(reach).wrapping_add(*src_off) as *const u8,
                     host as *mut u8,
                 )
             };
@@ -187,11 +191,11 @@ pub(crate) fn move_bytes(op: &Op, host: Option<usize>, segment_hosts: &[usize]) 
             let (src, dst) = if c.kind == CopyKind::H2D {
                 (
                     (host as *const u8).wrapping_sub(c.src_r.offset),
-                    c.dst.ptr(),
+                    c.dst.engine_ptr(reach),
                 )
             } else {
                 (
-                    c.src.ptr() as *const u8,
+                    c.src.engine_ptr(reach) as *const u8,
                     (host as *mut u8).wrapping_sub(c.dst_r.offset),
                 )
             };
@@ -207,10 +211,13 @@ pub(crate) fn move_bytes(op: &Op, host: Option<usize>, segment_hosts: &[usize]) 
             for (g, &host) in b.segs.iter().zip(segment_hosts) {
                 let (src, dst) = (&b.storages[g.src as usize].0, &b.storages[g.dst as usize].0);
                 let (from, to) = if b.kind == CopyKind::H2D {
-                    (host as *const u8, dst.ptr().wrapping_add(g.dst_off))
+                    (
+                        host as *const u8,
+                        dst.engine_ptr(reach).wrapping_add(g.dst_off),
+                    )
                 } else {
                     (
-                        src.ptr().wrapping_add(g.src_off) as *const u8,
+                        src.engine_ptr(reach).wrapping_add(g.src_off) as *const u8,
                         host as *mut u8,
                     )
                 };
@@ -219,7 +226,7 @@ pub(crate) fn move_bytes(op: &Op, host: Option<usize>, segment_hosts: &[usize]) 
                 unsafe { crate::exec::effects::copy_bytes(from, 0, to, 0, g.len) }
             }
         }
-        _ => crate::exec::effects::run(&op.body),
+        _ => crate::exec::effects::run(&op.body, reach),
     }
 }
 

@@ -14,6 +14,7 @@
 //! the pool's own limit (`max_reserved = capacity`) reports an out-of-memory
 //! error with the figures: there is no fallback to host memory.
 
+use crate::exec::storage::Reach;
 use hetero_memory::vmm::{Access, Granularity, MemoryContext, PhysicalMemory, VirtualRange};
 use hetero_memory::{Bytes, Chunk, ChunkSource, MemoryError, PageKind};
 use std::collections::BTreeMap;
@@ -62,6 +63,11 @@ impl Arena {
             range: Mutex::new(range),
             store,
         })
+    }
+
+    /// How engines reach device addresses: in the backing store.
+    pub(crate) fn reach(&self) -> Reach {
+        Reach::linear(DEVICE_BASE, self.base.as_ptr())
     }
 
     /// The device address of host pointer `p` into the backing store.
@@ -172,6 +178,28 @@ mod tests {
         let all = src.map(1 << 20).expect("merged back to one range");
         assert_eq!(a.device_address(all.ptr.as_ptr()), DEVICE_BASE);
         src.unmap(all);
+    }
+
+    /// A device buffer's storage keeps its device address only; the
+    /// device's reach leads that address back to the arena's bytes.
+    #[test]
+    fn device_storage_holds_a_device_address_and_no_host_pointer() {
+        use crate::backend::Backend;
+        use crate::exec::storage::MemoryKind;
+        let emu = crate::EmuConfig::new(crate::LinkPreset::pcie4x16());
+        let b = crate::backend::emu::EmuBackend::new(1, crate::DeviceConfig::default(), emu)
+            .expect("emu backend");
+        for _ in 0..2 {
+            // The second round takes the storage this thread kept warm.
+            let s = b.allocate(MemoryKind::Device, 4096, 0).expect("alloc");
+            assert!(!s.host_visible());
+            assert!(s.device_addr() >= DEVICE_BASE, "{:#x}", s.device_addr());
+            let at = s.engine_ptr(b.reach()) as usize;
+            let base = b.arena.base.as_ptr() as usize;
+            assert!((base..base + b.arena.capacity).contains(&at));
+            assert_eq!(b.arena.device_address(at as *const u8), s.device_addr());
+        }
+        b.shutdown();
     }
 
     #[test]

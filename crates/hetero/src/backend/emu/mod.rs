@@ -38,7 +38,7 @@ use crate::config::emu::{EmuConfig, TimeMode};
 use crate::config::{CompletionMode, DeviceConfig};
 use crate::exec::park::Parker;
 use crate::exec::ring::Ring;
-use crate::exec::storage::{MemoryKind, Storage};
+use crate::exec::storage::{MemoryKind, Reach, Storage};
 use crate::exec::timeline::{Driver, Timeline};
 use crate::{Error, Result};
 use crossbeam_utils::CachePadded;
@@ -84,6 +84,8 @@ impl Doorbell {
 
 pub(crate) struct Shared {
     device: u64,
+    /// How the engines reach the device's memory: its arena.
+    pub(crate) reach: Reach,
     pub(crate) emu: EmuConfig,
     config: DeviceConfig,
     sim: Mutex<Sim>,
@@ -195,6 +197,7 @@ impl EmuBackend {
             priorities: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
             iommu,
+            reach: arena.reach(),
             emu: emu.clone(),
             config: config.clone(),
         });
@@ -282,8 +285,11 @@ impl Backend for EmuBackend {
         match kind {
             MemoryKind::Device => {
                 let mut s = Storage::device_arc(self.shared.device, &self.pool, bytes, stream)?;
-                if let Some(st) = Storage::unique(&mut s) {
-                    let addr = self.arena.device_address(st.ptr());
+                // Fresh from the pool, the storage holds the arena's host
+                // address; it keeps the device address only (a warm
+                // storage this thread kept already does).
+                if let Some(st) = Storage::unique(&mut s).filter(|st| st.host_visible()) {
+                    let addr = self.arena.device_address(st.host_ptr());
                     st.set_device_memory(addr);
                 }
                 Ok(s)
@@ -292,7 +298,7 @@ impl Backend for EmuBackend {
                 let mut s = Storage::pinned(self.shared.device, &self.pinned, bytes)?;
                 // The device reaches it by its I/O virtual address (its chunk
                 // was mapped when pinned); an empty buffer is never reached.
-                if let Some(iova) = self.shared.iommu.iova_of(s.ptr()) {
+                if let Some(iova) = self.shared.iommu.iova_of(s.host_ptr()) {
                     s.set_device_address(iova);
                 }
                 // A host polling the buffer (`as_slice` refused) steps the model.
@@ -367,5 +373,9 @@ impl Backend for EmuBackend {
 
     fn inline_copy_max(&self) -> usize {
         self.shared.emu.inline_copy_max
+    }
+
+    fn reach(&self) -> Reach {
+        self.shared.reach
     }
 }

@@ -9,6 +9,7 @@ use super::kernel_job::{run_blocks, start_job};
 use super::stream::HostStream;
 use super::Shared;
 use crate::exec::op::{Body, Op};
+use crate::exec::storage::Reach;
 use crate::{Block, CompletionMode};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -326,7 +327,7 @@ impl EngineThread {
                 | Body::Copy2D(_),
                 _,
             ) => {
-                crate::exec::effects::run(&op.body);
+                crate::exec::effects::run(&op.body, Reach::HOST);
                 Ok(())
             }
             (
@@ -358,7 +359,7 @@ impl EngineThread {
             }
             (Body::Kernel { kernel, args, .. }, _) => {
                 let (name, f) = (kernel.name, &kernel.f);
-                let mut block = Block::new(0, 1, args);
+                let mut block = Block::new(0, 1, args, Reach::HOST);
                 run_user(
                     stream,
                     value,

@@ -27,6 +27,7 @@ use super::dispatch::{Engine, Ran};
 use super::stream::HostStream;
 use super::Shared;
 use crate::exec::op::{Body, Op};
+use crate::exec::storage::Reach;
 use crate::Block;
 use std::cell::UnsafeCell;
 use std::sync::atomic::AtomicU32;
@@ -152,7 +153,7 @@ pub(super) fn run_blocks(sh: &Shared, slot: &JobSlot) {
         let blocks = slot.blocks.load(Ordering::Relaxed);
         if let Body::Kernel { kernel, args, .. } = &job.op.body {
             let (name, f) = (kernel.name, &kernel.f);
-            let mut block = Block::new(b, blocks, args);
+            let mut block = Block::new(b, blocks, args, Reach::HOST);
             let ran = run_user(
                 &job.stream,
                 job.value,

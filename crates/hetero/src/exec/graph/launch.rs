@@ -47,15 +47,18 @@ impl GraphLaunch {
     #[inline]
     fn operand(&self, o: &Operand) -> *mut u8 {
         match o {
-            Operand::Fixed(s) => s.ptr(),
+            Operand::Fixed(s) => s.engine_ptr(self.exec.reach),
             Operand::Slot(i) => self
                 .table
                 .as_ref()
                 .and_then(|t| t[*i as usize].as_ref())
-                .map_or(std::ptr::null_mut(), |s| s.ptr()),
+                .map_or(std::ptr::null_mut(), |s| s.engine_ptr(self.exec.reach)),
             Operand::Internal(i) => match &self.exec.arena {
                 // SAFETY: the memory plan placed buffer `i` inside the arena.
-                Some(a) => unsafe { a.ptr().add(self.exec.offsets[*i as usize]) },
+                Some(a) => unsafe {
+                    a.engine_ptr(self.exec.reach)
+                        .add(self.exec.offsets[*i as usize])
+                },
                 None => std::ptr::NonNull::<u64>::dangling().as_ptr().cast(),
             },
         }

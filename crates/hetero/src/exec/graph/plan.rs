@@ -15,7 +15,7 @@ use super::run::RunState;
 use super::schedule::{schedule, MemoryOrder, Schedule};
 use super::{Draft, NodeArg, NodeBody, Operand, SlotInfo};
 use crate::exec::kernel::{KView, KernelInner};
-use crate::exec::storage::{GraphHold, Storage};
+use crate::exec::storage::{GraphHold, Reach, Storage};
 use crate::exec::timeline::Timeline;
 use crate::{Error, Result};
 use hetero_memory::arena_plan::ArenaPlan;
@@ -76,6 +76,8 @@ pub(crate) struct Plan {
     pub(crate) slot_used: Box<[bool]>,
     pub(crate) arena: Option<Arc<Storage>>,
     pub(crate) offsets: Box<[usize]>,
+    /// How the device's engines reach its memory.
+    pub(crate) reach: Reach,
     /// Each kernel argument as its blocks see it, where that is known at
     /// instantiate (fixed buffers and the arena; a slot's view is made at run time).
     pub(crate) views: Box<[KView]>,
@@ -278,12 +280,14 @@ fn plan_memory(
 
 /// Turns a draft into an executable plan (see the module doc of `graph`).
 /// Makes the plan of draft `d` for a device of `units` compute units whose
-/// lanes may raise the arena by `slack` (see `plan_memory`); `arena` allocates
-/// the arena's device memory.
+/// lanes may raise the arena by `slack` (see `plan_memory`) and whose engines
+/// reach its memory through `reach`; `arena` allocates the arena's device
+/// memory.
 pub(crate) fn instantiate(
     d: &mut Draft,
     units: usize,
     slack: f64,
+    reach: Reach,
     arena: impl FnOnce(usize) -> Result<Arc<Storage>>,
 ) -> Result<(Plan, Params)> {
     let sched = schedule(d, units, MemoryOrder::Free)?;
@@ -415,10 +419,10 @@ pub(crate) fn instantiate(
         .iter()
         .map(|arg| KView {
             ptr: match &arg.operand {
-                Operand::Fixed(s) => s.ptr(),
+                Operand::Fixed(s) => s.engine_ptr(reach),
                 Operand::Internal(i) => match &arena {
                     // SAFETY: the memory plan placed buffer `i` inside the arena.
-                    Some(a) => unsafe { a.ptr().add(offsets[*i as usize]) },
+                    Some(a) => unsafe { a.engine_ptr(reach).add(offsets[*i as usize]) },
                     None => std::ptr::NonNull::<u64>::dangling().as_ptr().cast(),
                 },
                 Operand::Slot(_) => std::ptr::null_mut(),
@@ -443,6 +447,7 @@ pub(crate) fn instantiate(
         slot_used: slot_used.into_boxed_slice(),
         arena,
         offsets: offsets.into_boxed_slice(),
+        reach,
         views,
         waits: waits.into_boxed_slice(),
         runs: Mutex::new(Vec::new()),

@@ -69,13 +69,43 @@ impl Drop for Registration {
     }
 }
 
+/// How a backend's engines reach device memory that host code may not touch:
+/// the bytes at device address `a` are at host address `a + delta` in the
+/// backend's own backing store (the emulated device's arena). A storage holds
+/// only the device address of such memory; the backend that owns it passes
+/// its `Reach` to the shared code that moves bytes for it (effects, kernel
+/// views, graph plans). A device whose memory no host code reaches (a GPU)
+/// never runs that code on its memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Reach {
+    delta: usize,
+}
+
+impl Reach {
+    /// Device addresses are host addresses (the host backend's memory, which
+    /// is host-visible anyway).
+    pub(crate) const HOST: Reach = Reach { delta: 0 };
+
+    /// Device addresses from `device_base` are host addresses from `host_base`.
+    pub(crate) fn linear(device_base: u64, host_base: *const u8) -> Reach {
+        Reach {
+            delta: (host_base as usize).wrapping_sub(device_base as usize),
+        }
+    }
+
+    #[inline]
+    fn at(self, device_addr: u64) -> *mut u8 {
+        (device_addr as usize).wrapping_add(self.delta) as *mut u8
+    }
+}
+
 pub(crate) struct Storage {
-    /// Where the bytes are for this process: the memory itself when it is
-    /// host-visible, else the backend's backing store (reached only through the
-    /// backend: copies, and the views it gives kernels).
-    ptr: NonNull<u8>,
+    /// The bytes, for host code: meaningful only while `host_visible` (a
+    /// dangling pointer, aligned to `ALIGN`, otherwise).
+    host: NonNull<u8>,
     bytes: usize,
-    /// The address the device knows the memory by.
+    /// The address the device knows the memory by: all that reaches memory
+    /// which is not host-visible (through the backend's [`Reach`]).
     device_addr: u64,
     /// Whether host code may read and write the bytes directly.
     host_visible: bool,
@@ -326,11 +356,15 @@ impl Storage {
     /// No memory. The pointer is dangling but aligned to `ALIGN`, so the empty
     /// slices of any element type built from it are valid.
     fn empty(device: u64, kind: MemoryKind) -> Storage {
+        Storage::from_parts(device, kind, Self::dangling(), 0, Backing::Empty)
+    }
+
+    /// A pointer nothing dereferences, aligned to `ALIGN`.
+    fn dangling() -> NonNull<u8> {
         #[repr(align(256))]
         struct Aligned;
         const _: () = assert!(std::mem::align_of::<Aligned>() == Storage::ALIGN);
-        let ptr = NonNull::<Aligned>::dangling().cast::<u8>();
-        Storage::from_parts(device, kind, ptr, 0, Backing::Empty)
+        NonNull::<Aligned>::dangling().cast::<u8>()
     }
 
     pub(crate) fn from_parts(
@@ -341,7 +375,7 @@ impl Storage {
         backing: Backing,
     ) -> Storage {
         Storage {
-            ptr,
+            host: ptr,
             device_addr: ptr.as_ptr() as u64,
             host_visible: true,
             bytes,
@@ -377,10 +411,12 @@ impl Storage {
     }
 
     /// Marks the memory as the device's own, known to it as `addr`: host code
-    /// reaches it only through the backend.
+    /// reaches it only through the backend, and the storage keeps no host
+    /// pointer to it.
     pub(crate) fn set_device_memory(&mut self, addr: u64) {
         self.device_addr = addr;
         self.host_visible = false;
+        self.host = Self::dangling();
     }
 
     /// Sets the address the device knows host-visible memory by (an I/O
@@ -415,9 +451,25 @@ impl Storage {
         self.bytes
     }
 
+    /// The bytes for host code: host-visible memory only (debug builds check).
     #[inline]
-    pub(crate) fn ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+    pub(crate) fn host_ptr(&self) -> *mut u8 {
+        debug_assert!(
+            self.host_visible || self.bytes == 0 || self.graph_ref != 0,
+            "host pointer of device memory"
+        );
+        self.host.as_ptr()
+    }
+
+    /// Where an engine of the owning backend finds the bytes: host-visible
+    /// memory itself, else the device address through the backend's `reach`.
+    #[inline]
+    pub(crate) fn engine_ptr(&self, reach: Reach) -> *mut u8 {
+        if self.host_visible || self.bytes == 0 {
+            self.host.as_ptr()
+        } else {
+            reach.at(self.device_addr)
+        }
     }
 
     /// Blocks until a synchronous host access in the order of `stream` may touch

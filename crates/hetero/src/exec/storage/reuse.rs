@@ -238,9 +238,9 @@ impl Storage {
     fn refill(&mut self, device: u64, bytes: usize, backing: Backing, stream: u64) {
         let ptr = match &backing {
             Backing::Device { alloc, .. } => alloc.ptr(),
-            _ => Self::empty(device, MemoryKind::Device).ptr,
+            _ => Self::dangling(),
         };
-        self.ptr = ptr;
+        self.host = ptr;
         self.device_addr = ptr.as_ptr() as u64;
         self.host_visible = true;
         self.bytes = bytes;

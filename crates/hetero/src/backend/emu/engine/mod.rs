@@ -409,7 +409,7 @@ impl Sim {
                 // A fault: refused before any byte moved.
                 Some(Err(fault)) => return (None, now, Err(fault)),
                 Some(Ok(p)) => {
-                    dma::move_bytes(op, p.host, &p.segment_hosts);
+                    dma::move_bytes(sh, op, p.host, &p.segment_hosts);
                     return match p.dir {
                         Some(dir) => {
                             let t = Transfer {
@@ -440,7 +440,7 @@ impl Sim {
                 let (name, f) = (kernel.name, &kernel.f);
                 let mut result = Ok(());
                 for b in 0..*blocks {
-                    let mut block = Block::new(b, *blocks, args);
+                    let mut block = Block::new(b, *blocks, args, sh.reach);
                     let r = op::catch_user(
                         || format!("kernel '{name}' in block {b}"),
                         || f(&mut block),
@@ -576,7 +576,7 @@ fn merge_run(
         let Some((op, pos)) = (unsafe { stream.ring.pop() }) else {
             return;
         };
-        dma::move_bytes(&op, Some(host), &[]);
+        dma::move_bytes(sh, &op, Some(host), &[]);
         t.remaining += wire;
         t.setup_until += stall;
         merged.push((op, pos + 1));
