@@ -132,6 +132,14 @@ pub enum Error {
     },
 
     /// A backend could not start (threads, OS resources).
+    /// A kernel launched on a device it has no code for.
+    #[error("kernel '{kernel}' has no code for device {device} (it has {has}): {hint}")]
+    NoCodeForDevice {
+        kernel: &'static str,
+        device: String,
+        has: &'static str,
+        hint: &'static str,
+    },
     #[error("device setup failed: {0}")]
     Setup(String),
 }

@@ -451,6 +451,20 @@ fn scalars_update_in_place_like_a_reinstantiate() {
         exec.set_kernel(n, &triple, Grid::new(0)),
         Err(Error::EmptyGrid { .. })
     ));
+    // A replacement needs the code the node's kernel has.
+    let lacking = if dev.properties().runs_device_code {
+        Kernel::new("host_only", |_| {})
+    } else {
+        Kernel::from_wgsl(
+            "device_only",
+            "@compute @workgroup_size(1) fn main() {}",
+            "main",
+        )
+    };
+    assert!(matches!(
+        exec.set_kernel(n, &lacking, Grid::new(1)),
+        Err(Error::NoCodeForDevice { .. })
+    ));
 }
 
 #[test]

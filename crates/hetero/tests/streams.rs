@@ -209,6 +209,21 @@ fn bad_inputs_are_typed_errors() {
         s.launch(&k, Grid::new(1), &[Arg::read(&a), Arg::write(&a)]),
         Err(Error::Aliasing { .. })
     ));
+    // A kernel with device code only, on a device that runs host code (and
+    // the other way round on one that runs device code).
+    let wgsl = "@compute @workgroup_size(1) fn main() {}";
+    let lacking = if d.properties().runs_device_code {
+        Kernel::new("host_only", |_| {})
+    } else {
+        Kernel::from_wgsl("device_only", wgsl, "main")
+    };
+    let e = s.launch(&lacking, Grid::new(1), &[]).unwrap_err();
+    assert!(matches!(e, Error::NoCodeForDevice { .. }), "{e}");
+    assert!(e.to_string().contains(lacking.name()), "{e}");
+    // With both, it runs anywhere.
+    let both = Kernel::new("both", |_| {}).wgsl(wgsl, "main");
+    assert!(both.has_device_code());
+    s.launch(&both, Grid::new(1), &[]).unwrap();
     let many: Vec<_> = (0..17).map(|_| Arg::read(&a)).collect();
     assert!(matches!(
         s.launch(&k, Grid::new(1), &many),

@@ -46,6 +46,8 @@ struct DeviceInner {
     pitch_rules: (usize, usize),
     /// [`DeviceConfig::graph_memory_slack`].
     graph_memory_slack: f64,
+    /// [`DeviceProperties::runs_device_code`], read at every launch.
+    runs_device_code: bool,
 }
 
 impl DeviceInner {
@@ -137,6 +139,7 @@ impl Device {
             hetero_trace::set_clock(clock);
             hetero_trace::set_enabled(true);
         }
+        let runs_device_code = backend.properties().runs_device_code;
         Ok(Device {
             inner: Arc::new(DeviceInner {
                 id,
@@ -144,6 +147,7 @@ impl Device {
                 profile_to,
                 pitch_rules,
                 graph_memory_slack,
+                runs_device_code,
             }),
         })
     }
@@ -250,6 +254,12 @@ impl Device {
 
     pub(crate) fn reach(&self) -> crate::exec::storage::Reach {
         self.inner.backend().reach()
+    }
+
+    /// A kernel's typed error when it has no code this device runs.
+    #[inline]
+    pub(crate) fn check_code(&self, kernel: &crate::exec::kernel::KernelInner) -> Result<()> {
+        kernel.runs_on(self.inner.runs_device_code, &self.properties().name)
     }
 
     pub(crate) fn graph_memory_slack(&self) -> f64 {

@@ -1,7 +1,7 @@
 //! The kernel handle users hold: a named closure run once per block of a grid
 //! (what engines see of it is `exec::kernel`).
 
-use crate::exec::kernel::{Block, Grid, KernelCost, KernelInner};
+use crate::exec::kernel::{Block, DeviceCode, Grid, KernelCost, KernelInner};
 use std::sync::Arc;
 
 /// A kernel: a named closure run once per block.
@@ -39,8 +39,9 @@ impl Kernel {
         Kernel {
             inner: Arc::new(KernelInner {
                 name,
-                f: Box::new(f),
+                f: Some(Arc::new(f)),
                 cost: None,
+                code: None,
             }),
         }
     }
@@ -65,10 +66,73 @@ impl Kernel {
         Kernel {
             inner: Arc::new(KernelInner {
                 name,
-                f: Box::new(f),
-                cost: Some(Box::new(cost)),
+                f: Some(Arc::new(f)),
+                cost: Some(Arc::new(cost)),
+                code: None,
             }),
         }
+    }
+
+    /// A kernel with device code only, in WGSL (see [`Kernel::wgsl`]): it
+    /// runs on devices that run device code; a launch elsewhere is
+    /// [`Error::NoCodeForDevice`](crate::Error::NoCodeForDevice).
+    pub fn from_wgsl(name: &'static str, source: impl Into<String>, entry: &str) -> Self {
+        Kernel {
+            inner: Arc::new(KernelInner {
+                name,
+                f: None,
+                cost: None,
+                code: None,
+            }),
+        }
+        .wgsl(source, entry)
+    }
+
+    /// The same kernel with device code in WGSL beside its host closure:
+    /// devices that run device code (Vulkan) compile it, at its first launch
+    /// there, and run it; the others run the closure. Buffer arguments are
+    /// `@group(0) @binding(i)` storage buffers in launch order (read
+    /// arguments may be `read`, written ones `read_write`); a graph node's
+    /// scalars are push constants, one 8-byte slot each (`@align(8)` fields);
+    /// the grid's blocks are workgroups along x, so a block's part of a
+    /// buffer is the kernel's own indexing (`global_invocation_id`).
+    pub fn wgsl(self, source: impl Into<String>, entry: &str) -> Self {
+        self.with_code(DeviceCode::Wgsl {
+            source: source.into(),
+            entry: entry.to_string(),
+        })
+    }
+
+    /// The same kernel with device code as SPIR-V words (a compute shader
+    /// with entry point `entry`; bindings as for [`Kernel::wgsl`]).
+    pub fn spirv(self, words: impl Into<Vec<u32>>, entry: &str) -> Self {
+        self.with_code(DeviceCode::Spirv {
+            words: words.into(),
+            entry: entry.to_string(),
+        })
+    }
+
+    fn with_code(mut self, code: DeviceCode) -> Self {
+        let code = Some(Arc::new(code));
+        match Arc::get_mut(&mut self.inner) {
+            Some(k) => k.code = code,
+            // Shared already: a new kernel with the same host code.
+            None => {
+                let k = &self.inner;
+                self.inner = Arc::new(KernelInner {
+                    name: k.name,
+                    f: k.f.clone(),
+                    cost: k.cost.clone(),
+                    code,
+                })
+            }
+        }
+        self
+    }
+
+    /// Whether the kernel has device code (WGSL or SPIR-V).
+    pub fn has_device_code(&self) -> bool {
+        self.inner.code.is_some()
     }
 
     /// The kernel's name.

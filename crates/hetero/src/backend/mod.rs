@@ -86,6 +86,8 @@ pub struct DeviceProperties {
     pub hardware_queues: usize,
     /// The link's peak bandwidth, GB/s, where the device sits behind one.
     pub link_peak_gbps: Option<f64>,
+    /// Kernels run as device code (WGSL or SPIR-V), not host closures.
+    pub runs_device_code: bool,
 }
 
 pub(crate) trait Backend: Send + Sync {

@@ -22,9 +22,68 @@ pub(crate) type KernelFn = dyn Fn(&mut Block<'_>) + Send + Sync;
 #[repr(align(128))]
 pub(crate) struct KernelInner {
     pub(crate) name: &'static str,
-    pub(crate) f: Box<KernelFn>,
+    /// The host code (run once per block on devices that run host code);
+    /// `None` for a kernel with device code only.
+    pub(crate) f: Option<Arc<KernelFn>>,
     /// What a launch costs on a modelled device, from its grid.
-    pub(crate) cost: Option<Box<CostFn>>,
+    pub(crate) cost: Option<Arc<CostFn>>,
+    /// The device code (run by devices that run device code: Vulkan).
+    pub(crate) code: Option<Arc<DeviceCode>>,
+}
+
+impl KernelInner {
+    /// The host code. A launch checks that there is some (`runs_on`); were
+    /// there none, the stand-in panics, which the engine's catch turns into
+    /// the op's fault.
+    #[inline]
+    pub(crate) fn host(&self) -> &KernelFn {
+        fn none(_: &mut Block<'_>) {
+            panic!("the kernel has no host code (the launch should have refused it)")
+        }
+        match &self.f {
+            Some(f) => &**f,
+            None => &none,
+        }
+    }
+
+    /// Whether the kernel has code a device of this kind runs; the launch's
+    /// typed error when it has not.
+    pub(crate) fn runs_on(&self, device_code: bool, device: &str) -> crate::Result<()> {
+        let has = if device_code {
+            self.code.is_some()
+        } else {
+            self.f.is_some()
+        };
+        if has {
+            return Ok(());
+        }
+        Err(crate::Error::NoCodeForDevice {
+            kernel: self.name,
+            device: device.to_string(),
+            has: if device_code {
+                "a host closure only"
+            } else {
+                "device code only"
+            },
+            hint: if device_code {
+                "give it device code with Kernel::wgsl or Kernel::spirv"
+            } else {
+                "give it a host closure with Kernel::new, or launch it on a device that runs device code"
+            },
+        })
+    }
+}
+
+/// A kernel's code for devices that run compiled code: WGSL source (compiled
+/// when the kernel first runs on such a device) or SPIR-V words. Buffer
+/// arguments are storage buffers `@group(0) @binding(i)` in launch order; a
+/// graph node's scalars are its push constants (8 bytes per scalar slot); the
+/// grid's blocks are workgroups along x.
+#[derive(Debug)]
+#[allow(dead_code)] // read by a backend that runs device code (none is built in yet)
+pub(crate) enum DeviceCode {
+    Wgsl { source: String, entry: String },
+    Spirv { words: Vec<u32>, entry: String },
 }
 
 pub(crate) type CostFn = dyn Fn(Grid) -> KernelCost + Send + Sync;

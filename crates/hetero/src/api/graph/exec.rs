@@ -118,6 +118,16 @@ impl GraphExec {
                 kernel: kernel.inner.name,
             });
         }
+        // The new kernel has every kind of code the one it replaces has (so
+        // it runs on the graph's device).
+        if let Some(old) = &self.params.nodes[v].kernel {
+            if old.f.is_some() {
+                kernel.inner.runs_on(false, "of this graph")?;
+            }
+            if old.code.is_some() {
+                kernel.inner.runs_on(true, "of this graph")?;
+            }
+        }
         let p = &mut self.params_mut().nodes[v];
         p.kernel = Some(kernel.inner.clone());
         p.blocks = grid.blocks;

@@ -268,6 +268,7 @@ impl Stream {
                 kernel: kernel.inner.name,
             });
         }
+        self.device().check_code(&kernel.inner)?;
         if args.len() > MAX_KERNEL_ARGS {
             return Err(Error::TooManyArgs {
                 kernel: kernel.inner.name,

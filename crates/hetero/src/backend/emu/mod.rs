@@ -224,6 +224,7 @@ impl EmuBackend {
             copy_engines: config.copy_engines,
             hardware_queues: config.hardware_queues,
             link_peak_gbps: Some(emu.link.peak_gbps()),
+            runs_device_code: false,
         };
         let driver = match emu.time {
             TimeMode::Virtual => None,

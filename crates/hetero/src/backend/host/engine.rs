@@ -358,7 +358,7 @@ impl EngineThread {
                 Ok(())
             }
             (Body::Kernel { kernel, args, .. }, _) => {
-                let (name, f) = (kernel.name, &kernel.f);
+                let (name, f) = (kernel.name, kernel.host());
                 let mut block = Block::new(0, 1, args, Reach::HOST);
                 run_user(
                     stream,

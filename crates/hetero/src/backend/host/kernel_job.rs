@@ -152,7 +152,7 @@ pub(super) fn run_blocks(sh: &Shared, slot: &JobSlot) {
         let job = unsafe { (*slot.job.get()).as_ref() }.expect("a claimed job is in place");
         let blocks = slot.blocks.load(Ordering::Relaxed);
         if let Body::Kernel { kernel, args, .. } = &job.op.body {
-            let (name, f) = (kernel.name, &kernel.f);
+            let (name, f) = (kernel.name, kernel.host());
             let mut block = Block::new(b, blocks, args, Reach::HOST);
             let ran = run_user(
                 &job.stream,

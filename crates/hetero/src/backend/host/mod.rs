@@ -146,6 +146,7 @@ impl HostBackend {
             copy_engines: config.copy_engines,
             hardware_queues: config.hardware_queues,
             link_peak_gbps: None,
+            runs_device_code: false,
         };
         let mut engines = Vec::with_capacity(config.compute_units);
         for index in 0..config.compute_units {

@@ -109,7 +109,7 @@ pub(crate) fn run_block(l: &GraphLaunch, v: u32, b: u32) -> Result<(), String> {
     };
     let views = &e.views[p.args.0 as usize..p.args.1 as usize];
     let scalars = l.params.scalars_of(p);
-    let (name, f, blocks) = (kernel.name, &kernel.f, p.blocks);
+    let (name, f, blocks) = (kernel.name, kernel.host(), p.blocks);
     let mut block = Block::with(b, blocks, Args::Views(views), scalars);
     crate::exec::op::catch_user(|| format!("kernel '{name}' in block {b}"), || f(&mut block))
 }
@@ -164,7 +164,7 @@ pub(crate) fn run_node(l: &GraphLaunch, v: u32) -> Result<(), String> {
             &e.views[range]
         };
         let scalars = l.params.scalars_of(p);
-        let (name, f, blocks) = (kernel.name, &kernel.f, p.blocks);
+        let (name, f, blocks) = (kernel.name, kernel.host(), p.blocks);
         if blocks == 1 {
             let mut block = Block::with(0, 1, Args::Views(views), scalars);
             return crate::exec::op::catch_user(

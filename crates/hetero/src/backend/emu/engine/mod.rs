@@ -437,7 +437,7 @@ impl Sim {
                     _ => 1,
                 };
                 let started = std::time::Instant::now();
-                let (name, f) = (kernel.name, &kernel.f);
+                let (name, f) = (kernel.name, kernel.host());
                 let mut result = Ok(());
                 for b in 0..*blocks {
                     let mut block = Block::new(b, *blocks, args, sh.reach);
