@@ -38,7 +38,11 @@ pub(crate) struct PipelineCacheStore {
 
 /// The cache directory for `location`, if any.
 pub fn cache_dir(location: &CacheLocation) -> Option<PathBuf> {
-    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     match location {
         CacheLocation::Off => None,
         CacheLocation::Dir(d) => Some(d.clone()),
@@ -50,14 +54,21 @@ pub fn cache_dir(location: &CacheLocation) -> Option<PathBuf> {
 
 /// The file name for a device: vendor, device, and the driver's cache UUID.
 pub(crate) fn file_name(info: &DeviceInfo) -> String {
-    let uuid: String = info.pipeline_cache_uuid.iter().map(|b| format!("{b:02x}")).collect();
+    let uuid: String = info
+        .pipeline_cache_uuid
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     format!("{:04x}-{:04x}-{uuid}.bin", info.vendor_id, info.device_id)
 }
 
 /// Why `data` is not a cache for this device, or None when its header matches.
 fn header_mismatch(data: &[u8], info: &DeviceInfo) -> Option<String> {
     if data.len() < HEADER_LEN {
-        return Some(format!("{} bytes, shorter than the {HEADER_LEN}-byte header", data.len()));
+        return Some(format!(
+            "{} bytes, shorter than the {HEADER_LEN}-byte header",
+            data.len()
+        ));
     }
     let word = |i: usize| u32::from_le_bytes([data[i], data[i + 1], data[i + 2], data[i + 3]]);
     let (len, version, vendor, device) = (word(0), word(4), word(8), word(12));
@@ -91,7 +102,9 @@ impl PipelineCacheStore {
             match std::fs::read(p) {
                 Ok(bytes) => match header_mismatch(&bytes, info) {
                     None => data = bytes,
-                    Some(why) => warning = Some(format!("ignoring pipeline cache {}: {why}", p.display())),
+                    Some(why) => {
+                        warning = Some(format!("ignoring pipeline cache {}: {why}", p.display()))
+                    }
                 },
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => warning = Some(format!("ignoring pipeline cache {}: {e}", p.display())),
@@ -107,7 +120,9 @@ impl PipelineCacheStore {
             Ok(h) => (h, data.len()),
             Err(e) => {
                 if !data.is_empty() {
-                    warning = Some(format!("the driver rejected the cached pipelines ({e:?}); starting empty"));
+                    warning = Some(format!(
+                        "the driver rejected the cached pipelines ({e:?}); starting empty"
+                    ));
                 }
                 (create(&[]).unwrap_or(vk::PipelineCache::null()), 0)
             }
@@ -131,7 +146,9 @@ impl PipelineCacheStore {
 
     /// Writes the cache to its file; Ok(None) when there is no file to write.
     pub(crate) fn save_checked(&self, device: &ash::Device) -> Result<Option<PathBuf>> {
-        let Some(path) = &self.status.path else { return Ok(None) };
+        let Some(path) = &self.status.path else {
+            return Ok(None);
+        };
         if self.handle == vk::PipelineCache::null() {
             return Ok(None);
         }
@@ -171,7 +188,9 @@ fn write_atomically(path: &Path, data: &[u8]) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let tmp = dir.join(format!(
         ".{}.{}.{}.tmp",
-        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
         std::process::id(),
         SEQ.fetch_add(1, Ordering::Relaxed)
     ));

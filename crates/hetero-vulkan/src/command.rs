@@ -62,7 +62,9 @@ pub struct CommandBuffer {
 
 impl std::fmt::Debug for CommandBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CommandBuffer").field("family", &self.inner.family).finish()
+        f.debug_struct("CommandBuffer")
+            .field("family", &self.inner.family)
+            .finish()
     }
 }
 
@@ -145,7 +147,8 @@ impl Recorder {
         let d = &shared.device;
         let info = vk::CommandPoolCreateInfo::default().queue_family_index(q.family);
         // SAFETY: valid create info for a live device and one of its queue families.
-        let pool = unsafe { d.create_command_pool(&info, None) }.map_err(call("vkCreateCommandPool"))?;
+        let pool =
+            unsafe { d.create_command_pool(&info, None) }.map_err(call("vkCreateCommandPool"))?;
         let alloc = vk::CommandBufferAllocateInfo::default()
             .command_pool(pool)
             .level(vk::CommandBufferLevel::PRIMARY)
@@ -188,7 +191,10 @@ impl Recorder {
                 vk::AccessFlags2::SHADER_STORAGE_WRITE | vk::AccessFlags2::TRANSFER_WRITE,
             )
         } else {
-            (vk::PipelineStageFlags2::TRANSFER, vk::AccessFlags2::TRANSFER_WRITE)
+            (
+                vk::PipelineStageFlags2::TRANSFER,
+                vk::AccessFlags2::TRANSFER_WRITE,
+            )
         }
     }
 
@@ -267,7 +273,11 @@ impl Recorder {
             )));
         }
         let limits = &s.info.limits;
-        for (i, (g, max)) in groups.iter().zip(limits.max_compute_work_group_count).enumerate() {
+        for (i, (g, max)) in groups
+            .iter()
+            .zip(limits.max_compute_work_group_count)
+            .enumerate()
+        {
             if *g > max {
                 return Err(VkError::InvalidArgument(format!(
                     "dispatch of {groups:?} groups: dimension {i} exceeds maxComputeWorkGroupCount {:?}; \
@@ -359,11 +369,18 @@ impl Recorder {
                 }
             }
             if !push_constants.is_empty() {
-                d.cmd_push_constants(self.cb, p.layout, vk::ShaderStageFlags::COMPUTE, 0, push_constants);
+                d.cmd_push_constants(
+                    self.cb,
+                    p.layout,
+                    vk::ShaderStageFlags::COMPUTE,
+                    0,
+                    push_constants,
+                );
             }
             d.cmd_dispatch(self.cb, groups[0], groups[1], groups[2]);
         }
-        self.keep.push(Arc::clone(&pipeline.inner) as Arc<dyn Send + Sync>);
+        self.keep
+            .push(Arc::clone(&pipeline.inner) as Arc<dyn Send + Sync>);
         for (c, _, _) in buffers {
             self.keep.push(Arc::clone(&c.inner) as Arc<dyn Send + Sync>);
         }
@@ -371,7 +388,11 @@ impl Recorder {
     }
 
     /// A descriptor set from this buffer's pools (the path without push descriptors).
-    fn allocate_set(&mut self, layout: vk::DescriptorSetLayout, bindings: u32) -> Result<vk::DescriptorSet> {
+    fn allocate_set(
+        &mut self,
+        layout: vk::DescriptorSetLayout,
+        bindings: u32,
+    ) -> Result<vk::DescriptorSet> {
         let d = &self.shared.device;
         let layouts = [layout];
         if let Some(&pool) = self.descriptor_pools.last() {
@@ -392,20 +413,29 @@ impl Recorder {
             .max_sets(SETS_PER_POOL)
             .pool_sizes(&sizes);
         // SAFETY: valid create info for a live device.
-        let pool = unsafe { d.create_descriptor_pool(&info, None) }.map_err(call("vkCreateDescriptorPool"))?;
+        let pool = unsafe { d.create_descriptor_pool(&info, None) }
+            .map_err(call("vkCreateDescriptorPool"))?;
         self.descriptor_pools.push(pool);
         let info = vk::DescriptorSetAllocateInfo::default()
             .descriptor_pool(pool)
             .set_layouts(&layouts);
         // SAFETY: a fresh pool sized for at least one set of this layout.
-        let sets = unsafe { d.allocate_descriptor_sets(&info) }.map_err(call("vkAllocateDescriptorSets"))?;
+        let sets = unsafe { d.allocate_descriptor_sets(&info) }
+            .map_err(call("vkAllocateDescriptorSets"))?;
         Ok(sets[0])
     }
 
     /// Records a copy of `len` bytes from `src` at `src_offset` to `dst` at
     /// `dst_offset`. A zero-length copy records nothing; overlapping ranges of one
     /// chunk are an error (Vulkan forbids them).
-    pub fn copy(&mut self, src: &Chunk, src_offset: u64, dst: &Chunk, dst_offset: u64, len: u64) -> Result<()> {
+    pub fn copy(
+        &mut self,
+        src: &Chunk,
+        src_offset: u64,
+        dst: &Chunk,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<()> {
         self.own(src)?;
         self.own(dst)?;
         src.check_range("copy source", src_offset, len)?;
@@ -447,8 +477,10 @@ impl Recorder {
                 .device
                 .cmd_copy_buffer(self.cb, src.inner.buffer, dst.inner.buffer, &region)
         };
-        self.keep.push(Arc::clone(&src.inner) as Arc<dyn Send + Sync>);
-        self.keep.push(Arc::clone(&dst.inner) as Arc<dyn Send + Sync>);
+        self.keep
+            .push(Arc::clone(&src.inner) as Arc<dyn Send + Sync>);
+        self.keep
+            .push(Arc::clone(&dst.inner) as Arc<dyn Send + Sync>);
         Ok(())
     }
 
@@ -473,8 +505,13 @@ impl Recorder {
         }]);
         // SAFETY: recording buffer of ours; the buffer is live, kept alive with this
         // command buffer; the range is in bounds and 4-aligned (checked).
-        unsafe { self.shared.device.cmd_fill_buffer(self.cb, dst.inner.buffer, offset, len, value) };
-        self.keep.push(Arc::clone(&dst.inner) as Arc<dyn Send + Sync>);
+        unsafe {
+            self.shared
+                .device
+                .cmd_fill_buffer(self.cb, dst.inner.buffer, offset, len, value)
+        };
+        self.keep
+            .push(Arc::clone(&dst.inner) as Arc<dyn Send + Sync>);
         Ok(())
     }
 
@@ -483,7 +520,9 @@ impl Recorder {
     /// timestamps can be resubmitted (each run overwrites them).
     pub fn timestamp(&mut self, pool: &QueryPool, query: u32) -> Result<()> {
         if !Arc::ptr_eq(&pool.inner.shared, &self.shared) {
-            return Err(VkError::ForeignObject { what: "a query pool" });
+            return Err(VkError::ForeignObject {
+                what: "a query pool",
+            });
         }
         if self.timestamp_bits == 0 {
             return Err(VkError::Unsupported {
@@ -499,9 +538,15 @@ impl Recorder {
         }
         // SAFETY: recording buffer of ours; the pool is live, kept alive with this
         // command buffer, and `query` is in range.
-        unsafe { self.shared.device.cmd_reset_query_pool(self.cb, pool.inner.pool, query, 1) };
-        self.shared.cmd_write_timestamp2(self.cb, pool.inner.pool, query);
-        self.keep.push(Arc::clone(&pool.inner) as Arc<dyn Send + Sync>);
+        unsafe {
+            self.shared
+                .device
+                .cmd_reset_query_pool(self.cb, pool.inner.pool, query, 1)
+        };
+        self.shared
+            .cmd_write_timestamp2(self.cb, pool.inner.pool, query);
+        self.keep
+            .push(Arc::clone(&pool.inner) as Arc<dyn Send + Sync>);
         Ok(())
     }
 
@@ -518,7 +563,8 @@ impl Recorder {
             self.shared.cmd_pipeline_barrier2(self.cb, &dep);
         }
         // SAFETY: the buffer is in the recording state and ours.
-        unsafe { self.shared.device.end_command_buffer(self.cb) }.map_err(call("vkEndCommandBuffer"))?;
+        unsafe { self.shared.device.end_command_buffer(self.cb) }
+            .map_err(call("vkEndCommandBuffer"))?;
         let inner = CommandBufferInner {
             shared: Arc::clone(&self.shared),
             family: self.family,

@@ -84,7 +84,11 @@ impl DeviceShared {
         self.info.name.clone()
     }
 
-    pub(crate) fn cmd_pipeline_barrier2(&self, cb: vk::CommandBuffer, dep: &vk::DependencyInfo<'_>) {
+    pub(crate) fn cmd_pipeline_barrier2(
+        &self,
+        cb: vk::CommandBuffer,
+        dep: &vk::DependencyInfo<'_>,
+    ) {
         // SAFETY: callers pass a command buffer of this device in the recording
         // state, held exclusively by the recorder; `dep` lives across the call.
         unsafe {
@@ -95,7 +99,12 @@ impl DeviceShared {
         }
     }
 
-    pub(crate) fn cmd_write_timestamp2(&self, cb: vk::CommandBuffer, pool: vk::QueryPool, query: u32) {
+    pub(crate) fn cmd_write_timestamp2(
+        &self,
+        cb: vk::CommandBuffer,
+        pool: vk::QueryPool,
+        query: u32,
+    ) {
         let stage = vk::PipelineStageFlags2::ALL_COMMANDS;
         // SAFETY: as for barriers; `pool` is a live timestamp pool of this device and
         // `query` was bounds-checked by the caller.
@@ -109,23 +118,38 @@ impl DeviceShared {
 
     pub(crate) fn progress(&self, slot: usize) -> Result<u64> {
         // SAFETY: as above.
-        unsafe { self.device.get_semaphore_counter_value(self.queues[slot].progress) }
-            .map_err(call("vkGetSemaphoreCounterValue"))
+        unsafe {
+            self.device
+                .get_semaphore_counter_value(self.queues[slot].progress)
+        }
+        .map_err(call("vkGetSemaphoreCounterValue"))
+    }
+
+    /// Drops the keep-alive lists of every completed submission.
+    pub(crate) fn sweep_all(&self) {
+        for slot in 0..self.queues.len() {
+            self.sweep(slot);
+        }
     }
 
     /// Drops keep-alive lists whose submissions completed.
     fn sweep(&self, slot: usize) {
-        let Ok(done) = self.progress(slot) else { return };
+        let Ok(done) = self.progress(slot) else {
+            return;
+        };
         let mut keep = lock(&self.queues[slot].keep);
         keep.retain(|(value, _)| *value > done);
     }
 
     /// Locks every queue (vkDeviceWaitIdle needs them all externally synchronised) and waits.
     pub(crate) fn wait_idle(&self) -> Result<()> {
-        let _guards: Vec<MutexGuard<'_, QueueState>> =
+        let guards: Vec<MutexGuard<'_, QueueState>> =
             self.queues.iter().map(|q| lock(&q.state)).collect();
         // SAFETY: every queue of the device is locked for the duration of the call.
-        unsafe { self.device.device_wait_idle() }.map_err(call("vkDeviceWaitIdle"))
+        unsafe { self.device.device_wait_idle() }.map_err(call("vkDeviceWaitIdle"))?;
+        drop(guards);
+        self.sweep_all();
+        Ok(())
     }
 }
 
@@ -215,7 +239,8 @@ impl Gpu {
         if !info.features.synchronization2 {
             return Err(missing("synchronization2"));
         }
-        let plan = QueuePlan::choose(&info.queue_families).ok_or_else(|| missing("a compute queue"))?;
+        let plan =
+            QueuePlan::choose(&info.queue_families).ok_or_else(|| missing("a compute queue"))?;
 
         // Queues: one create-info per family, counting the queues the plan uses.
         let mut family_counts: Vec<(u32, u32)> = Vec::new();
@@ -320,7 +345,10 @@ impl Gpu {
             sync2: if core13 {
                 Sync2::Core
             } else {
-                Sync2::Khr(ash::khr::synchronization2::Device::new(&ishared.instance, &device))
+                Sync2::Khr(ash::khr::synchronization2::Device::new(
+                    &ishared.instance,
+                    &device,
+                ))
             },
             push_descriptor: push
                 .then(|| ash::khr::push_descriptor::Device::new(&ishared.instance, &device)),
@@ -379,7 +407,7 @@ impl Gpu {
         self.shared.cache.save_checked(&self.shared.device)
     }
 
-    /// Waits until every queue is idle.
+    /// Waits until every queue is idle, then releases what completed submissions held.
     pub fn wait_idle(&self) -> Result<()> {
         self.shared.wait_idle()
     }
@@ -402,7 +430,9 @@ impl Gpu {
         let slot = &s.queues[slot_index];
         for c in cmds {
             if !Arc::ptr_eq(&c.inner.shared, s) {
-                return Err(VkError::ForeignObject { what: "a command buffer" });
+                return Err(VkError::ForeignObject {
+                    what: "a command buffer",
+                });
             }
             if c.inner.family != slot.family {
                 return Err(VkError::InvalidArgument(format!(
@@ -460,7 +490,9 @@ impl Gpu {
         // is a live timeline semaphore of this device (checked above).
         let r = unsafe {
             match &s.sync2 {
-                Sync2::Core => s.device.queue_submit2(state.queue, &[submit], vk::Fence::null()),
+                Sync2::Core => s
+                    .device
+                    .queue_submit2(state.queue, &[submit], vk::Fence::null()),
                 Sync2::Khr(k) => k.queue_submit2(state.queue, &[submit], vk::Fence::null()),
             }
         };

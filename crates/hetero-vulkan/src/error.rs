@@ -21,7 +21,11 @@ pub enum VkError {
 
     /// The loader or device is older than this layer needs.
     #[error("{what} supports Vulkan {found}, this layer needs {needed} or newer; update the driver or loader")]
-    Version { what: String, found: String, needed: &'static str },
+    Version {
+        what: String,
+        found: String,
+        needed: &'static str,
+    },
 
     /// `Gpu::open` was given an index past the device list.
     #[error("device index {index} is out of range: {count} Vulkan device(s) present (list them with `hetero info`)")]
@@ -29,27 +33,48 @@ pub enum VkError {
 
     /// A feature this layer requires is missing on the device.
     #[error("device `{device}` lacks {feature}, which hetero's Vulkan layer requires; update the driver")]
-    MissingFeature { device: String, feature: &'static str },
+    MissingFeature {
+        device: String,
+        feature: &'static str,
+    },
 
     /// An optional capability was used where the device does not offer it.
-    #[error("device `{device}` does not support {what}; check `DeviceInfo::features` before using it")]
+    #[error(
+        "device `{device}` does not support {what}; check `DeviceInfo::features` before using it"
+    )]
     Unsupported { device: String, what: &'static str },
 
     /// A Vulkan call failed with a result this layer does not turn into anything more specific.
     #[error("{call} failed: {result:?}")]
-    Call { call: &'static str, result: vk::Result },
+    Call {
+        call: &'static str,
+        result: vk::Result,
+    },
 
     /// The driver could not allocate memory, or the request exceeds the heap.
     #[error("out of device memory: requested {requested} bytes of {usage} memory from heap {heap} of {heap_size} bytes; free chunks, or ask for less")]
-    OutOfMemory { usage: &'static str, requested: u64, heap: u32, heap_size: u64 },
+    OutOfMemory {
+        usage: &'static str,
+        requested: u64,
+        heap: u32,
+        heap_size: u64,
+    },
 
     /// No memory type fits the use on this device.
     #[error("device `{device}` has no memory type for {usage} memory (needs {needs})")]
-    NoMemoryType { device: String, usage: &'static str, needs: &'static str },
+    NoMemoryType {
+        device: String,
+        usage: &'static str,
+        needs: &'static str,
+    },
 
     /// WGSL that does not parse or validate, with naga's message and where it points.
     #[error("WGSL error at line {line}, column {column}: {message}")]
-    Wgsl { message: String, line: u32, column: u32 },
+    Wgsl {
+        message: String,
+        line: u32,
+        column: u32,
+    },
 
     /// naga could not write SPIR-V for a module that validated.
     #[error("SPIR-V generation failed for entry point `{entry}`: {message}")]
@@ -60,8 +85,13 @@ pub enum VkError {
     InvalidSpirv(String),
 
     /// The module has no compute entry point of that name.
-    #[error("no compute entry point `{entry}` in the module (compute entry points: {available:?})")]
-    NoEntryPoint { entry: String, available: Vec<String> },
+    #[error(
+        "no compute entry point `{entry}` in the module (compute entry points: {available:?})"
+    )]
+    NoEntryPoint {
+        entry: String,
+        available: Vec<String>,
+    },
 
     /// An argument outside what the call or the device allows.
     #[error("{0}")]
@@ -69,7 +99,12 @@ pub enum VkError {
 
     /// A range past the end of a chunk.
     #[error("{what}: bytes {offset}..{end} are outside the chunk of {size} bytes", end = .offset.saturating_add(*.len))]
-    OutOfBounds { what: &'static str, offset: u64, len: u64, size: u64 },
+    OutOfBounds {
+        what: &'static str,
+        offset: u64,
+        len: u64,
+        size: u64,
+    },
 
     /// Objects from two different `Gpu`s were mixed in one call.
     #[error("{what} belongs to another Gpu; objects of one Gpu cannot be used with another")]
@@ -77,7 +112,11 @@ pub enum VkError {
 
     /// A blocking wait ran out of time.
     #[error("timed out after {timeout_ms} ms waiting for timeline value {value} (current value {current})")]
-    Timeout { value: u64, current: u64, timeout_ms: u128 },
+    Timeout {
+        value: u64,
+        current: u64,
+        timeout_ms: u128,
+    },
 
     /// The producer of a timeline value marked it failed (see [`crate::Timeline::fail`]).
     #[error("timeline value {value} was marked failed (at value {failed_at}); the work it guards did not complete")]

@@ -247,7 +247,11 @@ impl fmt::Display for DeviceInfo {
             ("host-query-reset", ft.host_query_reset),
         ];
         let yes: Vec<&str> = list.iter().filter(|(_, on)| *on).map(|(n, _)| *n).collect();
-        let no: Vec<&str> = list.iter().filter(|(_, on)| !*on).map(|(n, _)| *n).collect();
+        let no: Vec<&str> = list
+            .iter()
+            .filter(|(_, on)| !*on)
+            .map(|(n, _)| *n)
+            .collect();
         write!(f, "    features: {}", yes.join(" "))?;
         if !no.is_empty() {
             write!(f, " (missing: {})", no.join(" "))?;

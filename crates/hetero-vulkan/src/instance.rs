@@ -75,7 +75,11 @@ pub(crate) fn device_extensions(
 
 fn c_str_field(bytes: &[c_char]) -> String {
     // The fields are NUL-terminated inside fixed arrays; stop at the first NUL.
-    let bytes: Vec<u8> = bytes.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    let bytes: Vec<u8> = bytes
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
@@ -145,7 +149,9 @@ impl Instance {
                 return Err(call("vkEnumeratePhysicalDevices")(e));
             }
         };
-        let calibrated = Some(ash::ext::calibrated_timestamps::Instance::new(&entry, &instance));
+        let calibrated = Some(ash::ext::calibrated_timestamps::Instance::new(
+            &entry, &instance,
+        ));
         let shared = InstanceShared {
             _entry: entry,
             instance,
@@ -231,8 +237,16 @@ impl Instance {
         Ok(DeviceInfo {
             index,
             name: c_str_field(&props.device_name),
-            driver_name: if v12 { c_str_field(&driver.driver_name) } else { String::new() },
-            driver_info: if v12 { c_str_field(&driver.driver_info) } else { String::new() },
+            driver_name: if v12 {
+                c_str_field(&driver.driver_name)
+            } else {
+                String::new()
+            },
+            driver_info: if v12 {
+                c_str_field(&driver.driver_info)
+            } else {
+                String::new()
+            },
             device_type: DeviceType::from_vk(props.device_type),
             api_version,
             vendor_id: props.vendor_id,
@@ -246,14 +260,16 @@ impl Instance {
                     timestamp_valid_bits: q.timestamp_valid_bits,
                 })
                 .collect(),
-            memory_heaps: memory.memory_heaps_as_slice()
+            memory_heaps: memory
+                .memory_heaps_as_slice()
                 .iter()
                 .map(|h| MemoryHeapInfo {
                     size: h.size,
                     flags: h.flags,
                 })
                 .collect(),
-            memory_types: memory.memory_types_as_slice()
+            memory_types: memory
+                .memory_types_as_slice()
                 .iter()
                 .map(|t| MemoryTypeInfo {
                     heap: t.heap_index,

@@ -121,7 +121,10 @@ pub fn check_spirv(words: &[u32], entry: &str) -> Result<()> {
     }
     let (major, minor) = ((words[1] >> 16) & 0xff, (words[1] >> 8) & 0xff);
     if major != 1 || minor > 6 || words[1] & 0xff00_00ff != 0 {
-        return bad(format!("version word {:#010x} is not SPIR-V 1.0-1.6", words[1]));
+        return bad(format!(
+            "version word {:#010x} is not SPIR-V 1.0-1.6",
+            words[1]
+        ));
     }
     if words[3] == 0 {
         return bad("id bound is 0".into());
@@ -147,7 +150,9 @@ pub fn check_spirv(words: &[u32], entry: &str) -> Result<()> {
                 match literal_string(&inst[3..]) {
                     Some(name) => computes.push(name),
                     None => {
-                        return bad(format!("OpEntryPoint at word {at} has an unterminated name"))
+                        return bad(format!(
+                            "OpEntryPoint at word {at} has an unterminated name"
+                        ))
                     }
                 }
             }
@@ -203,20 +208,32 @@ mod tests {
             }
         }
         let garbage: Vec<u32> = (0..64u32).map(|i| i.wrapping_mul(0x9e37_79b9)).collect();
-        assert!(matches!(check_spirv(&garbage, "main"), Err(VkError::InvalidSpirv(_))));
+        assert!(matches!(
+            check_spirv(&garbage, "main"),
+            Err(VkError::InvalidSpirv(_))
+        ));
         let mut swapped = words.clone();
         swapped[0] = MAGIC.swap_bytes();
-        assert!(matches!(check_spirv(&swapped, "main"), Err(VkError::InvalidSpirv(m)) if m.contains("byte-swapped")));
+        assert!(
+            matches!(check_spirv(&swapped, "main"), Err(VkError::InvalidSpirv(m)) if m.contains("byte-swapped"))
+        );
         let mut zero = words;
         zero[5] = 0;
-        assert!(matches!(check_spirv(&zero, "main"), Err(VkError::InvalidSpirv(_))));
+        assert!(matches!(
+            check_spirv(&zero, "main"),
+            Err(VkError::InvalidSpirv(_))
+        ));
     }
 
     #[test]
     fn wgsl_errors_carry_line_and_column() {
         let src = "@compute @workgroup_size(1)\nfn main() {\n    let x = ;\n}\n";
         match compile_wgsl(src, "main") {
-            Err(VkError::Wgsl { line, column, message }) => {
+            Err(VkError::Wgsl {
+                line,
+                column,
+                message,
+            }) => {
                 assert_eq!(line, 3, "{message}");
                 assert!(column > 0);
             }

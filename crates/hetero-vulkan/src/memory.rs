@@ -182,7 +182,8 @@ impl Chunk {
         let s = &*shared;
         if size == 0 {
             return Err(VkError::InvalidArgument(
-                "a chunk of 0 bytes was requested; Vulkan has no empty buffers, ask for at least 1".into(),
+                "a chunk of 0 bytes was requested; Vulkan has no empty buffers, ask for at least 1"
+                    .into(),
             ));
         }
         let handle_type = vk::ExternalMemoryHandleTypeFlags::HOST_ALLOCATION_EXT;
@@ -194,7 +195,12 @@ impl Chunk {
                     what: "host memory import (VK_EXT_external_memory_host)",
                 });
             };
-            let align = s.info.limits.min_imported_host_pointer_alignment.unwrap_or(4096).max(1);
+            let align = s
+                .info
+                .limits
+                .min_imported_host_pointer_alignment
+                .unwrap_or(4096)
+                .max(1);
             if (ptr.as_ptr() as usize as u64) % align != 0 || size % align != 0 {
                 return Err(VkError::InvalidArgument(format!(
                     "host import of {size} bytes at {ptr:p}: pointer and length must be multiples of {align} \
@@ -227,7 +233,8 @@ impl Chunk {
         let mut info = vk::BufferCreateInfo::default().size(size).usage(usage);
         info = if families.len() > 1 {
             // Both lanes' families use the buffer without ownership transfers.
-            info.sharing_mode(vk::SharingMode::CONCURRENT).queue_family_indices(&families)
+            info.sharing_mode(vk::SharingMode::CONCURRENT)
+                .queue_family_indices(&families)
         } else {
             info.sharing_mode(vk::SharingMode::EXCLUSIVE)
         };
@@ -393,7 +400,9 @@ impl Chunk {
     }
 
     fn coherent(&self) -> bool {
-        self.inner.flags.contains(vk::MemoryPropertyFlags::HOST_COHERENT)
+        self.inner
+            .flags
+            .contains(vk::MemoryPropertyFlags::HOST_COHERENT)
     }
 
     /// `[offset, offset+len)` widened to whole non-coherent atoms, clamped to the chunk.
@@ -401,7 +410,11 @@ impl Chunk {
         let atom = self.inner.shared.info.limits.non_coherent_atom_size.max(1);
         let start = offset / atom * atom;
         let end = (offset + len).div_ceil(atom) * atom;
-        let size = if end >= self.inner.size { vk::WHOLE_SIZE } else { end - start };
+        let size = if end >= self.inner.size {
+            vk::WHOLE_SIZE
+        } else {
+            end - start
+        };
         vk::MappedMemoryRange::default()
             .memory(self.inner.memory)
             .offset(start)
@@ -428,8 +441,13 @@ impl Chunk {
         }
         let range = self.atom_range(offset, len);
         // SAFETY: the memory is mapped and the range lies inside the mapping.
-        unsafe { self.inner.shared.device.flush_mapped_memory_ranges(&[range]) }
-            .map_err(call("vkFlushMappedMemoryRanges"))
+        unsafe {
+            self.inner
+                .shared
+                .device
+                .flush_mapped_memory_ranges(&[range])
+        }
+        .map_err(call("vkFlushMappedMemoryRanges"))
     }
 
     /// Makes device writes in the range visible to the host (no-op when coherent).
@@ -440,8 +458,13 @@ impl Chunk {
         }
         let range = self.atom_range(offset, len);
         // SAFETY: as for flush.
-        unsafe { self.inner.shared.device.invalidate_mapped_memory_ranges(&[range]) }
-            .map_err(call("vkInvalidateMappedMemoryRanges"))
+        unsafe {
+            self.inner
+                .shared
+                .device
+                .invalidate_mapped_memory_ranges(&[range])
+        }
+        .map_err(call("vkInvalidateMappedMemoryRanges"))
     }
 
     /// Copies `data` into the chunk at `offset` through the mapping, then flushes.

@@ -118,7 +118,11 @@ impl Pipeline {
         let set_layouts = [set_layout];
         let layout_info = vk::PipelineLayoutCreateInfo::default()
             .set_layouts(&set_layouts)
-            .push_constant_ranges(if push_constant_bytes > 0 { &ranges } else { &[] });
+            .push_constant_ranges(if push_constant_bytes > 0 {
+                &ranges
+            } else {
+                &[]
+            });
         // SAFETY: as above.
         let layout = match unsafe { d.create_pipeline_layout(&layout_info, None) } {
             Ok(l) => l,
@@ -146,7 +150,9 @@ impl Pipeline {
             .stage(vk::ShaderStageFlags::COMPUTE)
             .module(module)
             .name(&entry_c);
-        let info = vk::ComputePipelineCreateInfo::default().stage(stage).layout(layout);
+        let info = vk::ComputePipelineCreateInfo::default()
+            .stage(stage)
+            .layout(layout);
         // SAFETY: the module, layout and cache are live objects of this device; the
         // pipeline cache is internally synchronised for concurrent creation.
         let created = unsafe { d.create_compute_pipelines(s.cache.handle, &[info], None) };

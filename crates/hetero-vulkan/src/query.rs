@@ -39,7 +39,9 @@ pub struct QueryPool {
 
 impl std::fmt::Debug for QueryPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("QueryPool").field("count", &self.inner.count).finish()
+        f.debug_struct("QueryPool")
+            .field("count", &self.inner.count)
+            .finish()
     }
 }
 
@@ -47,14 +49,17 @@ impl QueryPool {
     /// A pool of `count` timestamp queries (at least 1).
     pub fn new(gpu: &Gpu, count: u32) -> Result<QueryPool> {
         if count == 0 {
-            return Err(VkError::InvalidArgument("a query pool of 0 queries; ask for at least 1".into()));
+            return Err(VkError::InvalidArgument(
+                "a query pool of 0 queries; ask for at least 1".into(),
+            ));
         }
         let shared = Arc::clone(&gpu.shared);
         let info = vk::QueryPoolCreateInfo::default()
             .query_type(vk::QueryType::TIMESTAMP)
             .query_count(count);
         // SAFETY: valid create info for a live device.
-        let pool = unsafe { shared.device.create_query_pool(&info, None) }.map_err(call("vkCreateQueryPool"))?;
+        let pool = unsafe { shared.device.create_query_pool(&info, None) }
+            .map_err(call("vkCreateQueryPool"))?;
         if shared.host_query_reset {
             // Reset now so reading a query nobody wrote reports "unavailable"
             // instead of being invalid.
@@ -62,7 +67,11 @@ impl QueryPool {
             unsafe { shared.device.reset_query_pool(pool, 0, count) };
         }
         Ok(QueryPool {
-            inner: Arc::new(QueryInner { shared, pool, count }),
+            inner: Arc::new(QueryInner {
+                shared,
+                pool,
+                count,
+            }),
         })
     }
 
@@ -90,7 +99,10 @@ impl QueryPool {
         let flags = vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WITH_AVAILABILITY;
         // SAFETY: the pool is live; `data` holds `count` (value, availability) pairs
         // of u64, as TYPE_64 | WITH_AVAILABILITY writes them.
-        match unsafe { s.device.get_query_pool_results(self.inner.pool, first, &mut data, flags) } {
+        match unsafe {
+            s.device
+                .get_query_pool_results(self.inner.pool, first, &mut data, flags)
+        } {
             Ok(()) | Err(vk::Result::NOT_READY) => {}
             Err(e) => return Err(call("vkGetQueryPoolResults")(e)),
         }
@@ -98,7 +110,9 @@ impl QueryPool {
         let mask = tick_mask(s.plan.compute.timestamp_valid_bits);
         Ok(data
             .iter()
-            .map(|[ticks, available]| (*available != 0).then(|| ((ticks & mask) as f64 * period) as u64))
+            .map(|[ticks, available]| {
+                (*available != 0).then(|| ((ticks & mask) as f64 * period) as u64)
+            })
             .collect())
     }
 }
@@ -118,12 +132,17 @@ pub fn host_now_ns() -> u64 {
     #[cfg(unix)]
     {
         let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-        (t.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(t.tv_nsec as u64)
+        (t.tv_sec as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(t.tv_nsec as u64)
     }
     #[cfg(not(unix))]
     {
         static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-        START.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
+        START
+            .get_or_init(std::time::Instant::now)
+            .elapsed()
+            .as_nanos() as u64
     }
 }
 
@@ -164,9 +183,13 @@ impl Gpu {
         if let (Some(dev), Some(inst), true) = (&s.calibrated, &s.instance.calibrated, cfg!(unix)) {
             // SAFETY: the extension is enabled on this device, and the instance-level
             // function was loaded from the same instance.
-            let domains = unsafe { inst.get_physical_device_calibrateable_time_domains(s.physical) }
-                .map_err(call("vkGetPhysicalDeviceCalibrateableTimeDomainsEXT"))?;
-            let want = [vk::TimeDomainEXT::DEVICE, vk::TimeDomainEXT::CLOCK_MONOTONIC];
+            let domains =
+                unsafe { inst.get_physical_device_calibrateable_time_domains(s.physical) }
+                    .map_err(call("vkGetPhysicalDeviceCalibrateableTimeDomainsEXT"))?;
+            let want = [
+                vk::TimeDomainEXT::DEVICE,
+                vk::TimeDomainEXT::CLOCK_MONOTONIC,
+            ];
             if want.iter().all(|d| domains.contains(d)) {
                 let infos = want.map(|d| vk::CalibratedTimestampInfoEXT::default().time_domain(d));
                 // SAFETY: both domains are supported (checked) and the extension enabled.
@@ -197,7 +220,9 @@ impl Gpu {
         done.wait(1, Duration::from_secs(10))?;
         let after = host_now_ns();
         let device_ns = pool.read_ns(0, 1)?[0].ok_or_else(|| {
-            VkError::InvalidArgument("the calibration timestamp was not available after its submission completed".into())
+            VkError::InvalidArgument(
+                "the calibration timestamp was not available after its submission completed".into(),
+            )
         })?;
         Ok(Calibration {
             device_ns,

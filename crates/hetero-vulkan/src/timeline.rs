@@ -52,7 +52,9 @@ pub struct Timeline {
 
 impl std::fmt::Debug for Timeline {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Timeline").field("value", &self.value().ok()).finish()
+        f.debug_struct("Timeline")
+            .field("value", &self.value().ok())
+            .finish()
     }
 }
 
@@ -79,8 +81,13 @@ impl Timeline {
     /// The current value (polls the counter; does not block).
     pub fn value(&self) -> Result<u64> {
         // SAFETY: the semaphore is a live timeline semaphore of this device.
-        unsafe { self.inner.shared.device.get_semaphore_counter_value(self.inner.semaphore) }
-            .map_err(call("vkGetSemaphoreCounterValue"))
+        unsafe {
+            self.inner
+                .shared
+                .device
+                .get_semaphore_counter_value(self.inner.semaphore)
+        }
+        .map_err(call("vkGetSemaphoreCounterValue"))
     }
 
     /// Sets the value from the host. It must be greater than the current value and
@@ -125,7 +132,9 @@ impl Timeline {
     pub fn wait(&self, value: u64, timeout: Duration) -> Result<()> {
         let sems = [self.inner.semaphore];
         let values = [value];
-        let info = vk::SemaphoreWaitInfo::default().semaphores(&sems).values(&values);
+        let info = vk::SemaphoreWaitInfo::default()
+            .semaphores(&sems)
+            .values(&values);
         let ns = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
         // SAFETY: the semaphore is live; `info` lives across the call.
         match unsafe { self.inner.shared.device.wait_semaphores(&info, ns) } {
@@ -139,8 +148,12 @@ impl Timeline {
             }
             Err(e) => return Err(call("vkWaitSemaphores")(e)),
         }
+        // Work that signalled the value may have completed: release what it held.
+        self.inner.shared.sweep_all();
         match self.failed_at() {
-            Some(failed_at) if failed_at <= value => Err(VkError::TimelineFailed { value, failed_at }),
+            Some(failed_at) if failed_at <= value => {
+                Err(VkError::TimelineFailed { value, failed_at })
+            }
             _ => Ok(()),
         }
     }
