@@ -489,7 +489,7 @@ impl Recorder {
     pub fn fill(&mut self, dst: &Chunk, offset: u64, len: u64, value: u32) -> Result<()> {
         self.own(dst)?;
         dst.check_range("fill", offset, len)?;
-        if offset % 4 != 0 || len % 4 != 0 {
+        if !offset.is_multiple_of(4) || !len.is_multiple_of(4) {
             return Err(VkError::InvalidArgument(format!(
                 "fill of {len} bytes at {offset}: offset and length must be multiples of 4 (it writes u32 words)"
             )));

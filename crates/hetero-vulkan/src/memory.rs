@@ -79,7 +79,7 @@ pub fn choose_memory_type(
                 i32::from(has(F::HOST_CACHED)) * 4 + i32::from(has(F::HOST_COHERENT))
             }
         };
-        if best.map_or(true, |(_, s)| score > s) {
+        if best.is_none_or(|(_, s)| score > s) {
             best = Some((i as u32, score));
         }
     }
@@ -201,7 +201,8 @@ impl Chunk {
                 .min_imported_host_pointer_alignment
                 .unwrap_or(4096)
                 .max(1);
-            if (ptr.as_ptr() as usize as u64) % align != 0 || size % align != 0 {
+            if !(ptr.as_ptr() as usize as u64).is_multiple_of(align) || !size.is_multiple_of(align)
+            {
                 return Err(VkError::InvalidArgument(format!(
                     "host import of {size} bytes at {ptr:p}: pointer and length must be multiples of {align} \
                      (minImportedHostPointerAlignment)"

@@ -76,7 +76,7 @@ impl Pipeline {
         let shared = Arc::clone(&gpu.shared);
         let s = &*shared;
         let max_push = s.info.limits.max_push_constants_size;
-        if push_constant_bytes % 4 != 0 || push_constant_bytes > max_push {
+        if !push_constant_bytes.is_multiple_of(4) || push_constant_bytes > max_push {
             return Err(VkError::InvalidArgument(format!(
                 "{push_constant_bytes} push-constant bytes: must be a multiple of 4 and at most {max_push} \
                  (maxPushConstantsSize); pass larger parameters in a storage buffer"

@@ -132,6 +132,9 @@ impl fmt::Display for QueuePlan {
     }
 }
 
+/// Objects a submission or command buffer uses, held until it completes.
+pub(crate) type KeepAlive = Vec<Arc<dyn Send + Sync>>;
+
 /// One distinct `VkQueue`, its lock, and its private progress timeline.
 pub(crate) struct QueueSlot {
     pub(crate) family: u32,
@@ -141,7 +144,7 @@ pub(crate) struct QueueSlot {
     pub(crate) state: Mutex<QueueState>,
     pub(crate) progress: vk::Semaphore,
     /// Objects that pending submissions use, released once `progress` passes the value.
-    pub(crate) keep: Mutex<Vec<(u64, Vec<Arc<dyn Send + Sync>>)>>,
+    pub(crate) keep: Mutex<Vec<(u64, KeepAlive)>>,
     pub(crate) submitted: AtomicU64,
 }
 
