@@ -1,0 +1,580 @@
+//! Recording: a [`Recorder`] builds one command buffer for a lane (dispatches,
+//! copies, fills, timestamps) and inserts the barriers its commands need;
+//! [`Recorder::finish`] gives a [`CommandBuffer`] that can be submitted any number
+//! of times (graphs record once and replay).
+//!
+//! Barriers: the recorder tracks the byte ranges each command reads and writes
+//! since the last barrier; a command that overlaps an earlier one where either
+//! writes (RAW, WAR, WAW) gets one global memory barrier over both lanes' stages
+//! (compute and transfer) first. A global barrier is what drivers implement anyway,
+//! and a full one keeps the chain simple: every command before it is ordered and
+//! visible to every command after. Dispatch bindings count as writes (the layer
+//! does not know which ones a shader only reads). `finish` adds a barrier to the
+//! host stage when anything was written, so host reads after a timeline wait see
+//! the results.
+//!
+//! Each command buffer has its own command pool: pools are externally
+//! synchronised, and one per buffer lets recorders on many threads run free.
+
+use std::sync::Arc;
+
+use ash::vk;
+
+use crate::device::{DeviceShared, Gpu};
+use crate::error::{call, Result, VkError};
+use crate::memory::Chunk;
+use crate::pipeline::Pipeline;
+use crate::query::QueryPool;
+use crate::queue::Lane;
+
+/// Descriptor sets per fallback pool.
+const SETS_PER_POOL: u32 = 64;
+
+pub(crate) struct CommandBufferInner {
+    pub(crate) shared: Arc<DeviceShared>,
+    pub(crate) family: u32,
+    pub(crate) pool: vk::CommandPool,
+    pub(crate) cb: vk::CommandBuffer,
+    descriptor_pools: Vec<vk::DescriptorPool>,
+    /// Chunks, pipelines and query pools the commands use.
+    _keep: Vec<Arc<dyn Send + Sync>>,
+}
+
+impl Drop for CommandBufferInner {
+    fn drop(&mut self) {
+        let d = &self.shared.device;
+        // SAFETY: submissions hold this struct by Arc until they complete, so the
+        // command buffer is not pending; destroying the pool frees the buffer.
+        unsafe {
+            for p in &self.descriptor_pools {
+                d.destroy_descriptor_pool(*p, None);
+            }
+            d.destroy_command_pool(self.pool, None);
+        }
+    }
+}
+
+/// A finished command buffer, submittable any number of times with [`Gpu::submit`].
+#[derive(Clone)]
+pub struct CommandBuffer {
+    pub(crate) inner: Arc<CommandBufferInner>,
+}
+
+impl std::fmt::Debug for CommandBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CommandBuffer")
+            .field("family", &self.inner.family)
+            .finish()
+    }
+}
+
+/// One buffer range a command touches.
+#[derive(Clone, Copy)]
+struct Access {
+    buffer: vk::Buffer,
+    start: u64,
+    end: u64,
+    write: bool,
+}
+
+impl Access {
+    fn conflicts(&self, other: &Access) -> bool {
+        self.buffer == other.buffer
+            && self.start < other.end
+            && other.start < self.end
+            && (self.write || other.write)
+    }
+}
+
+/// Records commands for one lane. See the module docs for barriers.
+///
+/// ```no_run
+/// # use hetero_vulkan::{Instance, Gpu, Chunk, MemoryUse, Lane, Timeline};
+/// # use std::time::Duration;
+/// let gpu = Gpu::open(&Instance::load()?, 0)?;
+/// let a = Chunk::new(&gpu, 4096, MemoryUse::Upload)?;
+/// let b = Chunk::new(&gpu, 4096, MemoryUse::Readback)?;
+/// let mut r = gpu.recorder(Lane::Transfer)?;
+/// r.fill(&a, 0, 4096, 7)?;
+/// r.copy(&a, 0, &b, 0, 4096)?;
+/// let cmd = r.finish()?;
+/// let done = Timeline::new(&gpu, 0)?;
+/// gpu.submit(Lane::Transfer, &[&cmd], &[], &[(&done, 1)])?;
+/// done.wait(1, Duration::from_secs(5))?;
+/// # Ok::<(), hetero_vulkan::VkError>(())
+/// ```
+pub struct Recorder {
+    shared: Arc<DeviceShared>,
+    lane: Lane,
+    family: u32,
+    computes: bool,
+    timestamp_bits: u32,
+    pool: vk::CommandPool,
+    cb: vk::CommandBuffer,
+    descriptor_pools: Vec<vk::DescriptorPool>,
+    keep: Vec<Arc<dyn Send + Sync>>,
+    since_barrier: Vec<Access>,
+    wrote: bool,
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        if self.pool == vk::CommandPool::null() {
+            return; // moved into a CommandBuffer by finish()
+        }
+        let d = &self.shared.device;
+        // SAFETY: an unfinished recorder's buffer was never submitted.
+        unsafe {
+            for p in &self.descriptor_pools {
+                d.destroy_descriptor_pool(*p, None);
+            }
+            d.destroy_command_pool(self.pool, None);
+        }
+    }
+}
+
+impl Gpu {
+    /// Starts recording a command buffer for `lane`.
+    pub fn recorder(&self, lane: Lane) -> Result<Recorder> {
+        Recorder::new(self, lane)
+    }
+}
+
+impl Recorder {
+    fn new(gpu: &Gpu, lane: Lane) -> Result<Recorder> {
+        let shared = Arc::clone(&gpu.shared);
+        let q = shared.plan.lane(lane);
+        let d = &shared.device;
+        let info = vk::CommandPoolCreateInfo::default().queue_family_index(q.family);
+        // SAFETY: valid create info for a live device and one of its queue families.
+        let pool =
+            unsafe { d.create_command_pool(&info, None) }.map_err(call("vkCreateCommandPool"))?;
+        let alloc = vk::CommandBufferAllocateInfo::default()
+            .command_pool(pool)
+            .level(vk::CommandBufferLevel::PRIMARY)
+            .command_buffer_count(1);
+        // From here, Drop cleans up the pool.
+        let mut r = Recorder {
+            shared: Arc::clone(&shared),
+            lane,
+            family: q.family,
+            computes: q.flags.contains(vk::QueueFlags::COMPUTE),
+            timestamp_bits: q.timestamp_valid_bits,
+            pool,
+            cb: vk::CommandBuffer::null(),
+            descriptor_pools: Vec::new(),
+            keep: Vec::new(),
+            since_barrier: Vec::new(),
+            wrote: false,
+        };
+        // SAFETY: the pool is ours and not used by any other thread.
+        r.cb = unsafe { d.allocate_command_buffers(&alloc) }
+            .map_err(call("vkAllocateCommandBuffers"))?[0];
+        // SIMULTANEOUS_USE: a buffer may be resubmitted while a previous submission
+        // of it is still pending (graph replay).
+        let begin = vk::CommandBufferBeginInfo::default()
+            .flags(vk::CommandBufferUsageFlags::SIMULTANEOUS_USE);
+        // SAFETY: the buffer is freshly allocated (initial state) and ours alone.
+        unsafe { d.begin_command_buffer(r.cb, &begin) }.map_err(call("vkBeginCommandBuffer"))?;
+        Ok(r)
+    }
+
+    /// The lane this buffer is recorded for (submit it there).
+    pub fn lane(&self) -> Lane {
+        self.lane
+    }
+
+    fn stages(&self) -> (vk::PipelineStageFlags2, vk::AccessFlags2) {
+        if self.computes {
+            (
+                vk::PipelineStageFlags2::COMPUTE_SHADER | vk::PipelineStageFlags2::TRANSFER,
+                vk::AccessFlags2::SHADER_STORAGE_WRITE | vk::AccessFlags2::TRANSFER_WRITE,
+            )
+        } else {
+            (
+                vk::PipelineStageFlags2::TRANSFER,
+                vk::AccessFlags2::TRANSFER_WRITE,
+            )
+        }
+    }
+
+    /// Inserts a full barrier: every command recorded so far completes, and its
+    /// writes are visible, before any command recorded after.
+    pub fn barrier(&mut self) {
+        let (stages, writes) = self.stages();
+        let reads = if self.computes {
+            vk::AccessFlags2::SHADER_STORAGE_READ | vk::AccessFlags2::TRANSFER_READ
+        } else {
+            vk::AccessFlags2::TRANSFER_READ
+        };
+        let barrier = [vk::MemoryBarrier2::default()
+            .src_stage_mask(stages)
+            .src_access_mask(writes)
+            .dst_stage_mask(stages)
+            .dst_access_mask(reads | writes)];
+        let dep = vk::DependencyInfo::default().memory_barriers(&barrier);
+        self.shared.cmd_pipeline_barrier2(self.cb, &dep);
+        self.since_barrier.clear();
+    }
+
+    /// Orders `accesses` after every conflicting access recorded since the last barrier.
+    fn hazard(&mut self, accesses: &[Access]) {
+        let conflict = accesses
+            .iter()
+            .any(|a| self.since_barrier.iter().any(|b| a.conflicts(b)));
+        if conflict {
+            self.barrier();
+        }
+        self.since_barrier.extend_from_slice(accesses);
+        self.wrote |= accesses.iter().any(|a| a.write);
+    }
+
+    fn own(&self, chunk: &Chunk) -> Result<()> {
+        chunk.same_device(&self.shared)
+    }
+
+    /// Records a dispatch of `groups` workgroups. `buffers[i]` = (chunk, offset,
+    /// range) binds storage buffer `i`; offsets must be multiples of
+    /// `minStorageBufferOffsetAlignment`. `push_constants` must be exactly the
+    /// pipeline's push-constant size.
+    ///
+    /// A dispatch with a zero group count records nothing (Vulkan runs no
+    /// invocations for it) after its arguments are checked.
+    pub fn dispatch(
+        &mut self,
+        pipeline: &Pipeline,
+        buffers: &[(&Chunk, u64, u64)],
+        push_constants: &[u8],
+        groups: [u32; 3],
+    ) -> Result<()> {
+        let s = Arc::clone(&self.shared);
+        if !self.computes {
+            return Err(VkError::InvalidArgument(format!(
+                "dispatch on the {:?} lane, whose queue family cannot run compute work; record it on Lane::Compute",
+                self.lane
+            )));
+        }
+        let p = &pipeline.inner;
+        if !Arc::ptr_eq(&p.shared, &s) {
+            return Err(VkError::ForeignObject { what: "a pipeline" });
+        }
+        if buffers.len() != p.bindings as usize {
+            return Err(VkError::InvalidArgument(format!(
+                "dispatch with {} buffers, the pipeline binds {}",
+                buffers.len(),
+                p.bindings
+            )));
+        }
+        if push_constants.len() != p.push_constant_bytes as usize {
+            return Err(VkError::InvalidArgument(format!(
+                "dispatch with {} push-constant bytes, the pipeline takes {}",
+                push_constants.len(),
+                p.push_constant_bytes
+            )));
+        }
+        let limits = &s.info.limits;
+        for (i, (g, max)) in groups
+            .iter()
+            .zip(limits.max_compute_work_group_count)
+            .enumerate()
+        {
+            if *g > max {
+                return Err(VkError::InvalidArgument(format!(
+                    "dispatch of {groups:?} groups: dimension {i} exceeds maxComputeWorkGroupCount {:?}; \
+                     split the dispatch",
+                    limits.max_compute_work_group_count
+                )));
+            }
+        }
+        let align = limits.min_storage_buffer_offset_alignment.max(1);
+        let mut accesses = Vec::with_capacity(buffers.len());
+        for (i, (chunk, offset, range)) in buffers.iter().enumerate() {
+            self.own(chunk)?;
+            chunk.check_range("dispatch binding", *offset, *range)?;
+            if offset % align != 0 {
+                return Err(VkError::InvalidArgument(format!(
+                    "binding {i} at offset {offset}: must be a multiple of {align} (minStorageBufferOffsetAlignment)"
+                )));
+            }
+            if *range == 0 || *range > u64::from(limits.max_storage_buffer_range) {
+                return Err(VkError::InvalidArgument(format!(
+                    "binding {i} of {range} bytes: a storage buffer binding takes 1..={} bytes \
+                     (maxStorageBufferRange)",
+                    limits.max_storage_buffer_range
+                )));
+            }
+            accesses.push(Access {
+                buffer: chunk.inner.buffer,
+                start: *offset,
+                end: offset + range,
+                write: true,
+            });
+        }
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        self.hazard(&accesses);
+
+        let d = &s.device;
+        let infos: Vec<[vk::DescriptorBufferInfo; 1]> = buffers
+            .iter()
+            .map(|(c, o, r)| {
+                [vk::DescriptorBufferInfo::default()
+                    .buffer(c.inner.buffer)
+                    .offset(*o)
+                    .range(*r)]
+            })
+            .collect();
+        let set = if p.push_descriptors || p.bindings == 0 {
+            vk::DescriptorSet::null()
+        } else {
+            self.allocate_set(p.set_layout, p.bindings)?
+        };
+        let writes: Vec<vk::WriteDescriptorSet<'_>> = infos
+            .iter()
+            .enumerate()
+            .map(|(i, info)| {
+                vk::WriteDescriptorSet::default()
+                    .dst_set(set)
+                    .dst_binding(i as u32)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .buffer_info(info)
+            })
+            .collect();
+        // SAFETY: the buffer is recording and ours; the pipeline, layout, set and
+        // buffers are live objects of this device, kept alive with this buffer; the
+        // bindings and push-constant size match the layout (checked above).
+        unsafe {
+            d.cmd_bind_pipeline(self.cb, vk::PipelineBindPoint::COMPUTE, p.pipeline);
+            if p.bindings > 0 {
+                match (&s.push_descriptor, p.push_descriptors) {
+                    (Some(push), true) => push.cmd_push_descriptor_set(
+                        self.cb,
+                        vk::PipelineBindPoint::COMPUTE,
+                        p.layout,
+                        0,
+                        &writes,
+                    ),
+                    _ => {
+                        d.update_descriptor_sets(&writes, &[]);
+                        d.cmd_bind_descriptor_sets(
+                            self.cb,
+                            vk::PipelineBindPoint::COMPUTE,
+                            p.layout,
+                            0,
+                            &[set],
+                            &[],
+                        );
+                    }
+                }
+            }
+            if !push_constants.is_empty() {
+                d.cmd_push_constants(
+                    self.cb,
+                    p.layout,
+                    vk::ShaderStageFlags::COMPUTE,
+                    0,
+                    push_constants,
+                );
+            }
+            d.cmd_dispatch(self.cb, groups[0], groups[1], groups[2]);
+        }
+        self.keep
+            .push(Arc::clone(&pipeline.inner) as Arc<dyn Send + Sync>);
+        for (c, _, _) in buffers {
+            self.keep.push(Arc::clone(&c.inner) as Arc<dyn Send + Sync>);
+        }
+        Ok(())
+    }
+
+    /// A descriptor set from this buffer's pools (the path without push descriptors).
+    fn allocate_set(
+        &mut self,
+        layout: vk::DescriptorSetLayout,
+        bindings: u32,
+    ) -> Result<vk::DescriptorSet> {
+        let d = &self.shared.device;
+        let layouts = [layout];
+        if let Some(&pool) = self.descriptor_pools.last() {
+            let info = vk::DescriptorSetAllocateInfo::default()
+                .descriptor_pool(pool)
+                .set_layouts(&layouts);
+            // SAFETY: the pool is ours (externally synchronised by &mut self).
+            match unsafe { d.allocate_descriptor_sets(&info) } {
+                Ok(sets) => return Ok(sets[0]),
+                Err(vk::Result::ERROR_OUT_OF_POOL_MEMORY | vk::Result::ERROR_FRAGMENTED_POOL) => {}
+                Err(e) => return Err(call("vkAllocateDescriptorSets")(e)),
+            }
+        }
+        let sizes = [vk::DescriptorPoolSize::default()
+            .ty(vk::DescriptorType::STORAGE_BUFFER)
+            .descriptor_count(SETS_PER_POOL * bindings.max(8))];
+        let info = vk::DescriptorPoolCreateInfo::default()
+            .max_sets(SETS_PER_POOL)
+            .pool_sizes(&sizes);
+        // SAFETY: valid create info for a live device.
+        let pool = unsafe { d.create_descriptor_pool(&info, None) }
+            .map_err(call("vkCreateDescriptorPool"))?;
+        self.descriptor_pools.push(pool);
+        let info = vk::DescriptorSetAllocateInfo::default()
+            .descriptor_pool(pool)
+            .set_layouts(&layouts);
+        // SAFETY: a fresh pool sized for at least one set of this layout.
+        let sets = unsafe { d.allocate_descriptor_sets(&info) }
+            .map_err(call("vkAllocateDescriptorSets"))?;
+        Ok(sets[0])
+    }
+
+    /// Records a copy of `len` bytes from `src` at `src_offset` to `dst` at
+    /// `dst_offset`. A zero-length copy records nothing; overlapping ranges of one
+    /// chunk are an error (Vulkan forbids them).
+    pub fn copy(
+        &mut self,
+        src: &Chunk,
+        src_offset: u64,
+        dst: &Chunk,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        self.own(src)?;
+        self.own(dst)?;
+        src.check_range("copy source", src_offset, len)?;
+        dst.check_range("copy destination", dst_offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        if src.inner.buffer == dst.inner.buffer
+            && src_offset < dst_offset + len
+            && dst_offset < src_offset + len
+        {
+            return Err(VkError::InvalidArgument(format!(
+                "copy within one chunk from {src_offset} to {dst_offset} of {len} bytes overlaps; \
+                 copy through a second chunk"
+            )));
+        }
+        self.hazard(&[
+            Access {
+                buffer: src.inner.buffer,
+                start: src_offset,
+                end: src_offset + len,
+                write: false,
+            },
+            Access {
+                buffer: dst.inner.buffer,
+                start: dst_offset,
+                end: dst_offset + len,
+                write: true,
+            },
+        ]);
+        let region = [vk::BufferCopy::default()
+            .src_offset(src_offset)
+            .dst_offset(dst_offset)
+            .size(len)];
+        // SAFETY: recording buffer of ours; both buffers are live, kept alive with
+        // this command buffer, and the ranges are in bounds and disjoint (checked).
+        unsafe {
+            self.shared
+                .device
+                .cmd_copy_buffer(self.cb, src.inner.buffer, dst.inner.buffer, &region)
+        };
+        self.keep
+            .push(Arc::clone(&src.inner) as Arc<dyn Send + Sync>);
+        self.keep
+            .push(Arc::clone(&dst.inner) as Arc<dyn Send + Sync>);
+        Ok(())
+    }
+
+    /// Records a fill of `len` bytes of `dst` at `offset` with the 32-bit `value`
+    /// repeated. Offset and length must be multiples of 4; a zero length records nothing.
+    pub fn fill(&mut self, dst: &Chunk, offset: u64, len: u64, value: u32) -> Result<()> {
+        self.own(dst)?;
+        dst.check_range("fill", offset, len)?;
+        if !offset.is_multiple_of(4) || !len.is_multiple_of(4) {
+            return Err(VkError::InvalidArgument(format!(
+                "fill of {len} bytes at {offset}: offset and length must be multiples of 4 (it writes u32 words)"
+            )));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        self.hazard(&[Access {
+            buffer: dst.inner.buffer,
+            start: offset,
+            end: offset + len,
+            write: true,
+        }]);
+        // SAFETY: recording buffer of ours; the buffer is live, kept alive with this
+        // command buffer; the range is in bounds and 4-aligned (checked).
+        unsafe {
+            self.shared
+                .device
+                .cmd_fill_buffer(self.cb, dst.inner.buffer, offset, len, value)
+        };
+        self.keep
+            .push(Arc::clone(&dst.inner) as Arc<dyn Send + Sync>);
+        Ok(())
+    }
+
+    /// Records a timestamp into `pool` at `query`, written when every earlier command
+    /// completes. The query is reset in the command buffer first, so a buffer with
+    /// timestamps can be resubmitted (each run overwrites them).
+    pub fn timestamp(&mut self, pool: &QueryPool, query: u32) -> Result<()> {
+        if !Arc::ptr_eq(&pool.inner.shared, &self.shared) {
+            return Err(VkError::ForeignObject {
+                what: "a query pool",
+            });
+        }
+        if self.timestamp_bits == 0 {
+            return Err(VkError::Unsupported {
+                device: self.shared.name(),
+                what: "timestamps on this lane's queue family (timestampValidBits is 0)",
+            });
+        }
+        if query >= pool.inner.count {
+            return Err(VkError::InvalidArgument(format!(
+                "timestamp query {query} of a pool of {}",
+                pool.inner.count
+            )));
+        }
+        // SAFETY: recording buffer of ours; the pool is live, kept alive with this
+        // command buffer, and `query` is in range.
+        unsafe {
+            self.shared
+                .device
+                .cmd_reset_query_pool(self.cb, pool.inner.pool, query, 1)
+        };
+        self.shared
+            .cmd_write_timestamp2(self.cb, pool.inner.pool, query);
+        self.keep
+            .push(Arc::clone(&pool.inner) as Arc<dyn Send + Sync>);
+        Ok(())
+    }
+
+    /// Ends recording. The buffer makes its writes visible to the host when it completes.
+    pub fn finish(mut self) -> Result<CommandBuffer> {
+        if self.wrote {
+            let (stages, writes) = self.stages();
+            let barrier = [vk::MemoryBarrier2::default()
+                .src_stage_mask(stages)
+                .src_access_mask(writes)
+                .dst_stage_mask(vk::PipelineStageFlags2::HOST)
+                .dst_access_mask(vk::AccessFlags2::HOST_READ)];
+            let dep = vk::DependencyInfo::default().memory_barriers(&barrier);
+            self.shared.cmd_pipeline_barrier2(self.cb, &dep);
+        }
+        // SAFETY: the buffer is in the recording state and ours.
+        unsafe { self.shared.device.end_command_buffer(self.cb) }
+            .map_err(call("vkEndCommandBuffer"))?;
+        let inner = CommandBufferInner {
+            shared: Arc::clone(&self.shared),
+            family: self.family,
+            pool: std::mem::replace(&mut self.pool, vk::CommandPool::null()),
+            cb: self.cb,
+            descriptor_pools: std::mem::take(&mut self.descriptor_pools),
+            _keep: std::mem::take(&mut self.keep),
+        };
+        Ok(CommandBuffer {
+            inner: Arc::new(inner),
+        })
+    }
+}

@@ -1,0 +1,187 @@
+//! Compute pipelines: a shader module, a set layout of `n` storage buffers at set 0
+//! (bindings 0..n), a push-constant range, built through the device's pipeline
+//! cache. The set layout is a push-descriptor layout when VK_KHR_push_descriptor is
+//! in use; otherwise recording allocates descriptor sets from pools.
+
+use std::sync::Arc;
+
+use ash::vk;
+
+use crate::device::{DeviceShared, Gpu};
+use crate::error::{call, Result, VkError};
+use crate::kernel::check_spirv;
+
+pub(crate) struct PipelineInner {
+    pub(crate) shared: Arc<DeviceShared>,
+    pub(crate) pipeline: vk::Pipeline,
+    pub(crate) layout: vk::PipelineLayout,
+    pub(crate) set_layout: vk::DescriptorSetLayout,
+    pub(crate) bindings: u32,
+    pub(crate) push_constant_bytes: u32,
+    pub(crate) push_descriptors: bool,
+}
+
+impl Drop for PipelineInner {
+    fn drop(&mut self) {
+        let d = &self.shared.device;
+        // SAFETY: pending command buffers hold this struct by Arc, so nothing uses
+        // these objects any more; each was created from this device.
+        unsafe {
+            d.destroy_pipeline(self.pipeline, None);
+            d.destroy_pipeline_layout(self.layout, None);
+            d.destroy_descriptor_set_layout(self.set_layout, None);
+        }
+    }
+}
+
+/// A compute pipeline for one entry point.
+///
+/// ```no_run
+/// # use hetero_vulkan::{Instance, Gpu, Pipeline, compile_wgsl};
+/// let gpu = Gpu::open(&Instance::load()?, 0)?;
+/// let words = compile_wgsl("@group(0) @binding(0) var<storage, read_write> v: array<u32>;
+///     @compute @workgroup_size(64) fn main(@builtin(global_invocation_id) i: vec3<u32>) { v[i.x] = 1u; }", "main")?;
+/// let pipeline = Pipeline::new(&gpu, &words, "main", 1, 0)?;
+/// # Ok::<(), hetero_vulkan::VkError>(())
+/// ```
+#[derive(Clone)]
+pub struct Pipeline {
+    pub(crate) inner: Arc<PipelineInner>,
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("bindings", &self.inner.bindings)
+            .field("push_constant_bytes", &self.inner.push_constant_bytes)
+            .field("push_descriptors", &self.inner.push_descriptors)
+            .finish()
+    }
+}
+
+impl Pipeline {
+    /// Builds a compute pipeline from SPIR-V words. `bindings` storage buffers sit at
+    /// set 0, bindings `0..bindings`; `push_constant_bytes` (a multiple of 4, at most
+    /// `maxPushConstantsSize`) are pushed at offset 0.
+    ///
+    /// The words are checked structurally first ([`crate::check_spirv`]): garbage is
+    /// [`VkError::InvalidSpirv`], never a driver crash.
+    pub fn new(
+        gpu: &Gpu,
+        spirv: &[u32],
+        entry: &str,
+        bindings: u32,
+        push_constant_bytes: u32,
+    ) -> Result<Pipeline> {
+        let shared = Arc::clone(&gpu.shared);
+        let s = &*shared;
+        let max_push = s.info.limits.max_push_constants_size;
+        if !push_constant_bytes.is_multiple_of(4) || push_constant_bytes > max_push {
+            return Err(VkError::InvalidArgument(format!(
+                "{push_constant_bytes} push-constant bytes: must be a multiple of 4 and at most {max_push} \
+                 (maxPushConstantsSize); pass larger parameters in a storage buffer"
+            )));
+        }
+        check_spirv(spirv, entry)?;
+        let entry_c = std::ffi::CString::new(entry).map_err(|_| {
+            VkError::InvalidArgument(format!("entry point name {entry:?} contains a NUL byte"))
+        })?;
+        let d = &s.device;
+        let push_descriptors = s.push_descriptor.is_some();
+
+        let binding_list: Vec<vk::DescriptorSetLayoutBinding<'_>> = (0..bindings)
+            .map(|b| {
+                vk::DescriptorSetLayoutBinding::default()
+                    .binding(b)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .descriptor_count(1)
+                    .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            })
+            .collect();
+        let flags = if push_descriptors {
+            vk::DescriptorSetLayoutCreateFlags::PUSH_DESCRIPTOR_KHR
+        } else {
+            vk::DescriptorSetLayoutCreateFlags::empty()
+        };
+        let set_info = vk::DescriptorSetLayoutCreateInfo::default()
+            .flags(flags)
+            .bindings(&binding_list);
+        // SAFETY: valid create info for a live device; the push-descriptor flag is set
+        // only with the extension enabled.
+        let set_layout = unsafe { d.create_descriptor_set_layout(&set_info, None) }
+            .map_err(call("vkCreateDescriptorSetLayout"))?;
+
+        let ranges = [vk::PushConstantRange::default()
+            .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            .offset(0)
+            .size(push_constant_bytes)];
+        let set_layouts = [set_layout];
+        let layout_info = vk::PipelineLayoutCreateInfo::default()
+            .set_layouts(&set_layouts)
+            .push_constant_ranges(if push_constant_bytes > 0 {
+                &ranges
+            } else {
+                &[]
+            });
+        // SAFETY: as above.
+        let layout = match unsafe { d.create_pipeline_layout(&layout_info, None) } {
+            Ok(l) => l,
+            Err(e) => {
+                // SAFETY: just created, unused.
+                unsafe { d.destroy_descriptor_set_layout(set_layout, None) };
+                return Err(call("vkCreatePipelineLayout")(e));
+            }
+        };
+        let cleanup = |e: VkError| {
+            // SAFETY: just created, unused.
+            unsafe {
+                d.destroy_pipeline_layout(layout, None);
+                d.destroy_descriptor_set_layout(set_layout, None);
+            }
+            e
+        };
+
+        let module_info = vk::ShaderModuleCreateInfo::default().code(spirv);
+        // SAFETY: the words passed the structural check (header, instruction
+        // lengths, the entry point); the create info lives across the call.
+        let module = unsafe { d.create_shader_module(&module_info, None) }
+            .map_err(|e| cleanup(call("vkCreateShaderModule")(e)))?;
+        let stage = vk::PipelineShaderStageCreateInfo::default()
+            .stage(vk::ShaderStageFlags::COMPUTE)
+            .module(module)
+            .name(&entry_c);
+        let info = vk::ComputePipelineCreateInfo::default()
+            .stage(stage)
+            .layout(layout);
+        // SAFETY: the module, layout and cache are live objects of this device; the
+        // pipeline cache is internally synchronised for concurrent creation.
+        let created = unsafe { d.create_compute_pipelines(s.cache.handle, &[info], None) };
+        // SAFETY: the module is no longer needed once creation returned.
+        unsafe { d.destroy_shader_module(module, None) };
+        let pipeline = match created {
+            Ok(p) => p[0],
+            Err((_, e)) => return Err(cleanup(call("vkCreateComputePipelines")(e))),
+        };
+        Ok(Pipeline {
+            inner: Arc::new(PipelineInner {
+                shared: Arc::clone(&shared),
+                pipeline,
+                layout,
+                set_layout,
+                bindings,
+                push_constant_bytes,
+                push_descriptors,
+            }),
+        })
+    }
+
+    /// Storage buffers the pipeline binds.
+    pub fn bindings(&self) -> u32 {
+        self.inner.bindings
+    }
+
+    /// Push-constant bytes a dispatch must supply.
+    pub fn push_constant_bytes(&self) -> u32 {
+        self.inner.push_constant_bytes
+    }
+}
