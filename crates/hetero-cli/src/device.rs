@@ -20,6 +20,8 @@ pub enum DeviceSpec {
     Host,
     /// An emulated accelerator.
     Emu(EmuConfig),
+    /// A Vulkan device (its index among those `hetero info` lists).
+    Vulkan(usize),
 }
 
 impl DeviceSpec {
@@ -33,6 +35,12 @@ impl DeviceSpec {
                 Some(t) => Err(format!(
                     "--time {t} applies to an emulated device; the host device runs on the \
                      wall clock (use --device emu[:PRESET] --time {t})"
+                )),
+            },
+            BackendKind::Vulkan { index } => match time {
+                None => Ok(DeviceSpec::Vulkan(index)),
+                Some(t) => Err(format!(
+                    "--time {t} applies to an emulated device; a Vulkan device runs on its own clock"
                 )),
             },
             BackendKind::Emu(emu) => {
@@ -55,6 +63,7 @@ impl DeviceSpec {
         match self {
             DeviceSpec::Host => base,
             DeviceSpec::Emu(emu) => base.emu(emu.clone()),
+            DeviceSpec::Vulkan(index) => base.vulkan(*index),
         }
     }
 
@@ -68,13 +77,14 @@ impl DeviceSpec {
         match self {
             DeviceSpec::Host => "host".into(),
             DeviceSpec::Emu(emu) => format!("emu:{}", emu.link().name),
+            DeviceSpec::Vulkan(index) => format!("vulkan:{index}"),
         }
     }
 
     /// The clock the figures are in: `wall` (host), `real` or `virtual` (emu).
     pub fn time(&self) -> &'static str {
         match self {
-            DeviceSpec::Host => "wall",
+            DeviceSpec::Host | DeviceSpec::Vulkan(_) => "wall",
             DeviceSpec::Emu(emu) => match emu.time_mode() {
                 TimeMode::Real => "real",
                 TimeMode::Virtual => "virtual",

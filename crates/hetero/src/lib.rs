@@ -21,6 +21,13 @@ mod error;
 mod exec;
 mod system;
 
+/// What the Vulkan backend finds on this machine.
+#[cfg(feature = "vulkan")]
+pub mod vulkan {
+    pub use crate::backend::vulkan::devices;
+    pub use hetero_vulkan::{DeviceInfo, QueuePlan};
+}
+
 pub use api::async_op::AsyncArg;
 pub use api::batch::CopyBatch;
 pub use api::buffer::{Arg, DeviceBuffer, PinnedBuffer};

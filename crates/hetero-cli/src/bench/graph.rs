@@ -28,7 +28,7 @@ const SLOTS: usize = 1_000;
 pub fn device() -> Device {
     let cfg = DeviceConfig::from_env().expect("HETERO_BACKEND names a device");
     let cfg = match cfg.backend_kind().clone() {
-        BackendKind::Host => cfg,
+        BackendKind::Host | BackendKind::Vulkan { .. } => cfg,
         BackendKind::Emu(emu) => cfg.emu(emu.flops_per_unit(crate::device::EMU_FLOPS_PER_UNIT)),
     };
     Device::new(cfg).expect("device")

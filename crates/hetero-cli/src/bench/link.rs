@@ -117,21 +117,20 @@ fn buffers_for(dev: &Device, n: usize, notes: &mut Vec<String>) -> Option<(usize
 /// The emulated device `spec` names (default pcie4x16), in virtual time, with
 /// room for the largest transfers.
 fn device_for(spec: &DeviceSpec) -> std::result::Result<(Device, LinkPreset), String> {
-    let emu = match spec {
-        DeviceSpec::Emu(emu) if emu.time_mode() == TimeMode::Virtual => emu.clone(),
-        DeviceSpec::Emu(_) => {
-            return Err(
-                "bench link measures modelled time: use --device emu:PRESET (virtual)".into(),
-            )
-        }
-        DeviceSpec::Host => {
-            return Err(
-                "the host device has no link; use --device emu:PRESET (presets: pcie3x16, \
+    let emu =
+        match spec {
+            DeviceSpec::Emu(emu) if emu.time_mode() == TimeMode::Virtual => emu.clone(),
+            DeviceSpec::Emu(_) => {
+                return Err(
+                    "bench link measures modelled time: use --device emu:PRESET (virtual)".into(),
+                )
+            }
+            DeviceSpec::Host | DeviceSpec::Vulkan(_) => return Err(
+                "this device has no modelled link; use --device emu:PRESET (presets: pcie3x16, \
                  pcie4x16, pcie5x16)"
                     .into(),
-            )
-        }
-    };
+            ),
+        };
     let link = emu.link().clone();
     let emu: EmuConfig = emu.capacity(CAPACITY);
     let dev = Device::new(DeviceConfig::default().emu(emu)).map_err(|e| e.to_string())?;

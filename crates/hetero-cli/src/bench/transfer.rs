@@ -37,8 +37,8 @@ fn emu_config(spec: &DeviceSpec) -> std::result::Result<EmuConfig, String> {
         DeviceSpec::Emu(_) => {
             Err("bench transfer measures modelled time: use --device emu:PRESET (virtual)".into())
         }
-        DeviceSpec::Host => Err(
-            "the host device has no link; use --device emu:PRESET (presets: pcie3x16, \
+        DeviceSpec::Host | DeviceSpec::Vulkan(_) => Err(
+            "this device has no modelled link; use --device emu:PRESET (presets: pcie3x16, \
              pcie4x16, pcie5x16)"
                 .into(),
         ),

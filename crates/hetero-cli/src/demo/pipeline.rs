@@ -200,6 +200,9 @@ pub(super) fn demo_kernel<'a>(
             };
             Ok((scale_kernel(work), work, Clock::wall(), None))
         }
+        DeviceSpec::Vulkan(_) => Err(hetero::Error::InvalidArgument(
+            "the demo does not run on a Vulkan device yet".into(),
+        )),
         DeviceSpec::Emu(emu) => {
             let model = EmuModel::new(emu, b.tile_bytes());
             let work = cfg.work.unwrap_or(EMU_KERNEL_WORK);

@@ -130,6 +130,15 @@ impl Device {
         let backend: Box<dyn Backend> = match config.backend.clone() {
             crate::BackendKind::Host => Box::new(HostBackend::new(id, config)?),
             crate::BackendKind::Emu(emu) => Box::new(EmuBackend::new(id, config, emu)?),
+            #[cfg(feature = "vulkan")]
+            crate::BackendKind::Vulkan { index } => Box::new(
+                crate::backend::vulkan::VulkanBackend::new(id, config, index)?,
+            ),
+            #[cfg(not(feature = "vulkan"))]
+            crate::BackendKind::Vulkan { .. } => return Err(Error::Setup(
+                "this build of hetero has no Vulkan backend: build it with the `vulkan` feature"
+                    .into(),
+            )),
         };
         let profile_to = std::env::var_os("HETERO_PROFILE")
             .filter(|p| !p.is_empty())

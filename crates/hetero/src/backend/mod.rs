@@ -7,6 +7,8 @@
 pub(crate) mod emu;
 pub(crate) mod host;
 mod streams;
+#[cfg(feature = "vulkan")]
+pub(crate) mod vulkan;
 
 pub(crate) use streams::StreamList;
 

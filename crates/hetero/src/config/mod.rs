@@ -56,14 +56,25 @@ pub enum BackendKind {
     Host,
     /// An emulated discrete accelerator.
     Emu(emu::EmuConfig),
+    /// A Vulkan device (the `index`-th the loader lists; `hetero info` shows them).
+    Vulkan { index: usize },
 }
 
 impl BackendKind {
-    /// Parses `host`, `emu` or `emu:PRESET[,time=real|virtual][,capacity=BYTES]`
-    /// (the `HETERO_BACKEND` syntax).
+    /// Parses `host`, `emu` or `emu:PRESET[,time=real|virtual][,capacity=BYTES]`,
+    /// or `vulkan[:INDEX]` (the `HETERO_BACKEND` syntax).
     pub fn parse(spec: &str) -> Result<Self, crate::Error> {
         match spec.trim() {
             "" | "host" => Ok(BackendKind::Host),
+            "vulkan" => Ok(BackendKind::Vulkan { index: 0 }),
+            s if s.starts_with("vulkan:") => s["vulkan:".len()..]
+                .parse()
+                .map(|index| BackendKind::Vulkan { index })
+                .map_err(|_| {
+                    crate::Error::InvalidArgument(format!(
+                        "{s:?}: the Vulkan device index must be a number (vulkan:0 is the first device; `hetero info` lists them)"
+                    ))
+                }),
             s => emu::EmuConfig::parse(s)
                 .map(BackendKind::Emu)
                 .map_err(crate::Error::InvalidArgument),
@@ -77,7 +88,7 @@ impl BackendKind {
             Some(v) => match v.to_str() {
                 Some(s) => Self::parse(s),
                 None => Err(crate::Error::InvalidArgument(
-                    "HETERO_BACKEND is not valid UTF-8; use host, emu or emu:PRESET".into(),
+                    "HETERO_BACKEND is not valid UTF-8; use host, emu, emu:PRESET or vulkan[:INDEX]".into(),
                 )),
             },
         }
@@ -154,6 +165,11 @@ impl DeviceConfig {
     }
 
     /// The backend the device will run on.
+    /// Runs the device on the `index`-th Vulkan device (see [`BackendKind::Vulkan`]).
+    pub fn vulkan(self, index: usize) -> Self {
+        self.backend(BackendKind::Vulkan { index })
+    }
+
     pub fn backend_kind(&self) -> &BackendKind {
         &self.backend
     }

@@ -36,6 +36,8 @@ pub enum Backend {
     EmuVirtual,
     /// `emu:PRESET,time=real`.
     EmuReal,
+    /// `vulkan[:INDEX]`.
+    Vulkan,
 }
 
 impl Backend {
@@ -44,6 +46,7 @@ impl Backend {
             Backend::Host => "host",
             Backend::EmuVirtual => "emu (virtual time)",
             Backend::EmuReal => "emu (real time)",
+            Backend::Vulkan => "vulkan",
         }
     }
 
@@ -53,6 +56,7 @@ impl Backend {
             Backend::Host => &[VIRTUAL_TIME_SKIPS],
             Backend::EmuVirtual => &[EMU_SKIPS],
             Backend::EmuReal => &[EMU_SKIPS, VIRTUAL_TIME_SKIPS],
+            Backend::Vulkan => &[VULKAN_SKIPS, VIRTUAL_TIME_SKIPS],
         }
     }
 }
@@ -65,6 +69,7 @@ pub fn backend() -> Backend {
             TimeMode::Virtual => Backend::EmuVirtual,
             TimeMode::Real => Backend::EmuReal,
         },
+        BackendKind::Vulkan { .. } => Backend::Vulkan,
     }
 }
 
@@ -126,6 +131,9 @@ const EMU_SKIPS: &[(&str, &str)] = &[
         EMU_NO_AGING,
     ),
 ];
+
+/// What the Vulkan backend cannot run, and why.
+const VULKAN_SKIPS: &[(&str, &str)] = &[];
 
 /// Whether the backend under test lists `test` (the test function's name) in
 /// its skip table; if so, says so with the reason, on stderr past the test

@@ -1,0 +1,661 @@
+//! The Vulkan device's engine thread: takes ops from the streams' rings,
+//! records them into one command buffer per flush, submits it, and completes
+//! the ops when the device has run them.
+//!
+//! One thread owns everything here (`Engine`): the flights in submission
+//! order, the pipelines, and the streams' engine-side fields. Streams only push.
+//!
+//! Ordering: every op runs on the compute lane's queue, and a recorded op
+//! waits for everything recorded before it (a full barrier between ops). So
+//! work from different streams is serialised in the order it was recorded,
+//! never raced, and a wait on an event of another stream of this device
+//! costs nothing on the device once that stream's op is recorded: it was
+//! recorded, so it runs first. (A real GPU could overlap more; the lanes are
+//! there for it, see docs/ARCHITECTURE.md.)
+//!
+//! Flights complete in submission order (one device timeline, `flights`,
+//! signalled with each flight's number), and their ops in recorded order:
+//! each stream's timeline completes in value order. A host callback runs when
+//! its stream has nothing in flight; an async op starts when the device has
+//! nothing in flight (it reaches its buffers' bytes directly), and is polled
+//! at each look until it is done.
+
+use super::{Shared, VulkanStream};
+use crate::exec::kernel::DeviceCode;
+use crate::exec::op::{self, Body, Op};
+use crate::exec::storage::Storage;
+use hetero_vulkan::{CommandBuffer, Lane, Pipeline, Recorder};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Ops one flush takes from one stream at most (so a long stream does not
+/// hold back the others' first submission).
+const TAKE_PER_STREAM: usize = 256;
+
+/// What an op needs when the device has run it.
+enum After {
+    Nothing,
+    /// Keep these bytes until the op completes (a staging buffer the device reads).
+    Keep(#[allow(dead_code)] hetero_memory::PinnedAllocation),
+    /// Copy the staging buffer into the host read's output.
+    ReadBack {
+        staging: hetero_memory::PinnedAllocation,
+        out: Arc<Mutex<Vec<u8>>>,
+    },
+    /// A record: stamp it with the time it completed.
+    Stamp,
+}
+
+/// An op taken from its stream, completed with its flight.
+struct Taken {
+    stream: Arc<VulkanStream>,
+    value: u64,
+    op: Op,
+    result: Result<(), String>,
+    after: After,
+}
+
+/// One submission (or, with no device work, a group of ops that complete
+/// once the flights before them have).
+struct Flight {
+    /// The value of `flights` that says it ran (0: no device work).
+    seq: u64,
+    _cmd: Option<CommandBuffer>,
+    ops: Vec<Taken>,
+}
+
+pub(super) struct Engine {
+    streams: Vec<Arc<VulkanStream>>,
+    seen: u64,
+    flights: VecDeque<Flight>,
+    next_seq: u64,
+    pipelines: HashMap<(usize, u32), (Arc<DeviceCode>, Pipeline)>,
+    /// An async op is pending: look again soon.
+    polling: bool,
+    /// The stream whose async op has started and is not done: nothing else
+    /// is recorded meanwhile (the op reaches its buffers' bytes directly).
+    async_stream: Option<u64>,
+}
+
+impl Engine {
+    pub(super) fn new() -> Self {
+        Engine {
+            streams: Vec::with_capacity(16),
+            seen: u64::MAX,
+            flights: VecDeque::new(),
+            next_seq: 1,
+            pipelines: HashMap::new(),
+            polling: false,
+            async_stream: None,
+        }
+    }
+
+    /// The engine thread's loop.
+    pub(super) fn run(mut self, sh: &Arc<Shared>) {
+        crate::exec::thread::mark_engine_thread();
+        crate::exec::timeline::set_engine_wait(refuse_wait);
+        loop {
+            let seen = sh.pending.load(Ordering::Acquire);
+            self.retire(sh);
+            sh.streams.refresh(&mut self.streams, &mut self.seen);
+            self.streams
+                .sort_by_key(|s| (s.priority.load(Ordering::Relaxed), s.id));
+            self.polling = false;
+            let took = self.flush(sh);
+            if took {
+                continue;
+            }
+            if let Some(f) = self.flights.front() {
+                // The device is busy: wait for its next flight, briefly, so
+                // new submissions are looked at too.
+                if f.seq != 0 {
+                    let _ = sh.flights.wait(f.seq, Duration::from_micros(200));
+                }
+                continue;
+            }
+            if sh.shutdown.load(Ordering::Acquire) && self.streams.iter().all(|s| s.ring.is_empty())
+            {
+                return;
+            }
+            let timeout = if self.polling {
+                sh.config.async_poll
+            } else {
+                Duration::from_millis(50)
+            };
+            sh.bell.park_until(
+                || {
+                    sh.pending.load(Ordering::Acquire) != seen
+                        || sh.shutdown.load(Ordering::Acquire)
+                },
+                Some(timeout),
+            );
+        }
+    }
+
+    /// Completes the flights the device has run, in order.
+    fn retire(&mut self, sh: &Shared) {
+        let done = match sh.flights.value() {
+            Ok(v) => v,
+            Err(e) => {
+                sh.lose(format!("reading the device's progress: {e}"));
+                u64::MAX
+            }
+        };
+        while self
+            .flights
+            .front()
+            .is_some_and(|f| f.seq <= done || sh.lost().is_some())
+        {
+            let Some(f) = self.flights.pop_front() else {
+                break;
+            };
+            let lost = (f.seq != 0 && f.seq > done).then(|| sh.lost()).flatten();
+            for t in f.ops {
+                complete(sh, t, lost.clone());
+            }
+        }
+    }
+
+    /// Takes what is ready from every stream into one submission; whether
+    /// anything was taken.
+    fn flush(&mut self, sh: &Shared) -> bool {
+        let mut rec: Option<Recorder> = None;
+        let mut ops: Vec<Taken> = Vec::new();
+        let streams = std::mem::take(&mut self.streams);
+        for s in &streams {
+            self.take_from(sh, s, &mut rec, &mut ops);
+        }
+        self.streams = streams;
+        if ops.is_empty() {
+            return false;
+        }
+        let seq = match rec {
+            None => 0,
+            Some(r) => {
+                let seq = self.next_seq;
+                match r.finish().and_then(|cmd| {
+                    sh.gpu
+                        .submit(Lane::Compute, &[&cmd], &[], &[(&sh.flights, seq)])
+                        .map(|_| cmd)
+                }) {
+                    Ok(cmd) => {
+                        self.next_seq += 1;
+                        self.flights.push_back(Flight {
+                            seq,
+                            _cmd: Some(cmd),
+                            ops,
+                        });
+                        return true;
+                    }
+                    Err(e) => {
+                        // Nothing of this flush ran: its ops fail, the device
+                        // is gone for what comes after if it was lost.
+                        if matches!(e, hetero_vulkan::VkError::DeviceLost { .. }) {
+                            sh.lose(e.to_string());
+                        }
+                        let message = format!("submitting to the Vulkan device failed: {e}");
+                        for t in &mut ops {
+                            if t.result.is_ok() {
+                                t.result = Err(message.clone());
+                            }
+                        }
+                        0
+                    }
+                }
+            }
+        };
+        self.flights.push_back(Flight {
+            seq,
+            _cmd: None,
+            ops,
+        });
+        true
+    }
+
+    /// Takes the ops of `s` that are ready, recording device work into `rec`.
+    fn take_from(
+        &mut self,
+        sh: &Shared,
+        s: &Arc<VulkanStream>,
+        rec: &mut Option<Recorder>,
+        ops: &mut Vec<Taken>,
+    ) {
+        if self.async_stream.is_some_and(|id| id != s.id) {
+            return;
+        }
+        for _ in 0..TAKE_PER_STREAM {
+            let in_flight = s.in_flight.load(Ordering::Relaxed);
+            let device_idle = self.flights.is_empty() && rec.is_none();
+            let mut polling = false;
+            // SAFETY: the engine thread is the ring's only consumer (and holds
+            // every stream, as polling an async op requires).
+            let ready = unsafe {
+                s.ring.peek_with(|op, _| {
+                    if s.faulted.load(Ordering::Relaxed) || sh.lost().is_some() {
+                        return true;
+                    }
+                    match &op.body {
+                        Body::Wait {
+                            timeline, value, ..
+                        } => {
+                            timeline.is_reached(*value)
+                                || self.recorded_here(timeline.stream, *value)
+                        }
+                        Body::Host(_) => in_flight == 0,
+                        Body::Async(a)
+                            if in_flight == 0
+                                && (device_idle || self.async_stream == Some(s.id)) =>
+                        {
+                            match a.poll(None, || true) {
+                                crate::exec::async_op::AsyncPoll::Ready => true,
+                                crate::exec::async_op::AsyncPoll::Pending => {
+                                    polling = true;
+                                    false
+                                }
+                            }
+                        }
+                        Body::Async(_) => false,
+                        _ => true,
+                    }
+                })
+            };
+            self.polling |= polling;
+            if polling {
+                self.async_stream = Some(s.id);
+            }
+            if ready != Some(true) {
+                return;
+            }
+            // SAFETY: as above; `peek_with` saw the op.
+            let Some((mut op, pos)) = (unsafe { s.ring.pop() }) else {
+                return;
+            };
+            let value = pos + 1;
+            // What runs alone, if anything, was this stream's first op.
+            if self.async_stream == Some(s.id) {
+                self.async_stream = None;
+            }
+            let mut taken = Taken {
+                stream: s.clone(),
+                value,
+                op: Op::new(Body::Host(None)),
+                result: Ok(()),
+                after: After::Nothing,
+            };
+            if let Some(lost) = sh.lost() {
+                taken.result = Err(lost);
+            } else if s.faulted.load(Ordering::Relaxed) {
+                taken.result = Err(String::new());
+            } else {
+                match &mut op.body {
+                    Body::Host(f) => {
+                        if let Some(f) = f.take() {
+                            taken.result = op::catch_user(|| "host callback".into(), f);
+                        }
+                        taken.op = op;
+                        s.in_flight.fetch_add(1, Ordering::Relaxed);
+                        complete(sh, taken, None);
+                        continue;
+                    }
+                    Body::Async(a) => {
+                        // Polled to done in `peek_with` above.
+                        // SAFETY: the engine thread holds every stream.
+                        taken.result = unsafe { a.take_result() };
+                        taken.op = op;
+                        s.in_flight.fetch_add(1, Ordering::Relaxed);
+                        complete(sh, taken, None);
+                        continue;
+                    }
+                    Body::Wait {
+                        timeline,
+                        value: v,
+                        fault,
+                    } => {
+                        let failed = *fault
+                            && (timeline.error_for(*v).is_some()
+                                || self.faulted_here(timeline.stream));
+                        if failed {
+                            taken.result = Err(format!(
+                                "waited on an event of stream {}, which failed",
+                                timeline.stream
+                            ));
+                        }
+                    }
+                    Body::Record { .. } => taken.after = After::Stamp,
+                    Body::Graph(_) => {
+                        taken.result = Err(
+                            "graphs and command buffers do not run on the Vulkan backend yet; \
+                             launch their operations on a stream"
+                                .into(),
+                        )
+                    }
+                    _ => {
+                        let r = rec_or_new(sh, rec).and_then(|r| self.record(sh, r, &op));
+                        match r {
+                            Ok(after) => {
+                                taken.after = after;
+                                s.recorded.store(value, Ordering::Relaxed);
+                            }
+                            Err(m) => taken.result = Err(m),
+                        }
+                    }
+                }
+            }
+            if taken.result.is_err() {
+                s.faulted.store(true, Ordering::Relaxed);
+            }
+            taken.op = op;
+            s.in_flight.fetch_add(1, Ordering::Relaxed);
+            ops.push(taken);
+        }
+    }
+
+    /// Whether `value` of stream `stream` of this device has been recorded
+    /// for the device (so whatever is recorded after it runs after it).
+    fn recorded_here(&self, stream: u64, value: u64) -> bool {
+        self.streams
+            .iter()
+            .any(|s| s.id == stream && s.recorded.load(Ordering::Relaxed) >= value)
+    }
+
+    fn faulted_here(&self, stream: u64) -> bool {
+        self.streams
+            .iter()
+            .any(|s| s.id == stream && s.faulted.load(Ordering::Relaxed))
+    }
+
+    /// Records `op`'s device work; what it needs when it completes.
+    fn record(&mut self, sh: &Shared, rec: &mut Recorder, op: &Op) -> Result<After, String> {
+        let vk = |e: hetero_vulkan::VkError| e.to_string();
+        rec.barrier();
+        match &op.body {
+            Body::Copy {
+                src,
+                src_off,
+                dst,
+                dst_off,
+                bytes,
+                ..
+            } => {
+                let (sc, so) = sh.place(src)?;
+                let (dc, d) = sh.place(dst)?;
+                rec.copy(
+                    &sc,
+                    so + *src_off as u64,
+                    &dc,
+                    d + *dst_off as u64,
+                    *bytes as u64,
+                )
+                .map_err(vk)?;
+                Ok(After::Nothing)
+            }
+            Body::Fill {
+                dst,
+                off,
+                bytes,
+                pattern,
+                pattern_len,
+                ..
+            } => {
+                let (dc, d) = sh.place(dst)?;
+                let pattern = &pattern[..*pattern_len as usize];
+                if let Some(word) = fill_word(pattern, *off, *bytes) {
+                    rec.fill(&dc, d + *off as u64, *bytes as u64, word)
+                        .map_err(vk)?;
+                    return Ok(After::Nothing);
+                }
+                // Another pattern, or an unaligned range: fill a staging buffer
+                // on the host and copy it.
+                let staging = sh.staging(*bytes)?;
+                // SAFETY: the staging allocation holds `bytes` bytes of
+                // host-visible memory that only this op uses.
+                unsafe {
+                    crate::exec::effects::fill_bytes(staging.ptr().as_ptr(), 0, *bytes, pattern)
+                };
+                let (sc, so) = sh.place_pinned(&staging, *bytes)?;
+                rec.copy(&sc, so, &dc, d + *off as u64, *bytes as u64)
+                    .map_err(vk)?;
+                Ok(After::Keep(staging))
+            }
+            Body::HostWrite { dst, off, data, .. } => {
+                let (dc, d) = sh.place(dst)?;
+                let staging = sh.staging(data.len())?;
+                // SAFETY: as for a fill's staging buffer, `data.len()` bytes.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(data.as_ptr(), staging.ptr().as_ptr(), data.len())
+                };
+                let (sc, so) = sh.place_pinned(&staging, data.len())?;
+                rec.copy(&sc, so, &dc, d + *off as u64, data.len() as u64)
+                    .map_err(vk)?;
+                Ok(After::Keep(staging))
+            }
+            Body::HostRead { src, off, out } => {
+                let len = out.lock().unwrap_or_else(|p| p.into_inner()).len();
+                let (sc, so) = sh.place(src)?;
+                let staging = sh.staging(len)?;
+                let (dc, d) = sh.place_pinned(&staging, len)?;
+                rec.copy(&sc, so + *off as u64, &dc, d, len as u64)
+                    .map_err(vk)?;
+                Ok(After::ReadBack {
+                    staging,
+                    out: out.clone(),
+                })
+            }
+            Body::CopyBatch(b) => {
+                for g in &b.segs {
+                    let (sc, so) = sh.place(&b.storages[g.src as usize].0)?;
+                    let (dc, d) = sh.place(&b.storages[g.dst as usize].0)?;
+                    rec.copy(
+                        &sc,
+                        so + g.src_off as u64,
+                        &dc,
+                        d + g.dst_off as u64,
+                        g.len as u64,
+                    )
+                    .map_err(vk)?;
+                }
+                Ok(After::Nothing)
+            }
+            Body::Copy2D(c) => {
+                let (sc, so) = sh.place(&c.src)?;
+                let (dc, d) = sh.place(&c.dst)?;
+                let (s, t) = (c.src_r, c.dst_r);
+                for row in 0..s.height {
+                    rec.copy(
+                        &sc,
+                        so + (s.offset + row * s.pitch) as u64,
+                        &dc,
+                        d + (t.offset + row * t.pitch) as u64,
+                        s.width as u64,
+                    )
+                    .map_err(vk)?;
+                }
+                Ok(After::Nothing)
+            }
+            Body::Kernel {
+                kernel,
+                blocks,
+                args,
+            } => {
+                let Some(code) = &kernel.code else {
+                    return Err(format!("kernel '{}' has no device code", kernel.name));
+                };
+                let n = args.as_slice_iter().count() as u32;
+                let max = sh.gpu.info().limits.max_compute_work_group_count[0];
+                if *blocks > max {
+                    return Err(format!(
+                        "kernel '{}': a grid of {blocks} blocks, this device dispatches at most {max} workgroups along x",
+                        kernel.name
+                    ));
+                }
+                let pipeline = self.pipeline(sh, kernel.name, code, n)?;
+                let mut places = Vec::with_capacity(n as usize);
+                for a in args.as_slice_iter() {
+                    places.push(match a.storage.bytes() {
+                        // An empty buffer binds a few bytes nothing else uses.
+                        0 => (sh.empty.clone(), 0, 4),
+                        b => {
+                            let (c, o) = sh.place(&a.storage)?;
+                            (c, o, b as u64)
+                        }
+                    });
+                }
+                let buffers: Vec<_> = places.iter().map(|(c, o, r)| (&**c, *o, *r)).collect();
+                rec.dispatch(&pipeline, &buffers, &[], [*blocks, 1, 1])
+                    .map_err(|e| format!("kernel '{}': {e}", kernel.name))?;
+                Ok(After::Nothing)
+            }
+            _ => Ok(After::Nothing),
+        }
+    }
+
+    /// The compiled pipeline of `code` with `bindings` buffers (compiled at
+    /// its first use, through the device's pipeline cache).
+    fn pipeline(
+        &mut self,
+        sh: &Shared,
+        name: &str,
+        code: &Arc<DeviceCode>,
+        bindings: u32,
+    ) -> Result<Pipeline, String> {
+        let key = (Arc::as_ptr(code) as usize, bindings);
+        if let Some((_, p)) = self.pipelines.get(&key) {
+            return Ok(p.clone());
+        }
+        let built = match &**code {
+            DeviceCode::Wgsl { source, entry } => hetero_vulkan::compile_wgsl(source, entry)
+                .and_then(|words| Pipeline::new(&sh.gpu, &words, entry, bindings, 0)),
+            DeviceCode::Spirv { words, entry } => Pipeline::new(&sh.gpu, words, entry, bindings, 0),
+        }
+        .map_err(|e| format!("kernel '{name}': {e}"))?;
+        self.pipelines.insert(key, (code.clone(), built.clone()));
+        Ok(built)
+    }
+}
+
+fn rec_or_new<'a>(sh: &Shared, rec: &'a mut Option<Recorder>) -> Result<&'a mut Recorder, String> {
+    if rec.is_none() {
+        *rec = Some(sh.gpu.recorder(Lane::Compute).map_err(|e| e.to_string())?);
+    }
+    Ok(rec.as_mut().expect("made above"))
+}
+
+/// The 32-bit word `vkCmdFillBuffer` repeats for `pattern`, when the range
+/// allows it (offset and length multiples of 4, a pattern of 1, 2 or 4 bytes).
+fn fill_word(pattern: &[u8], off: usize, bytes: usize) -> Option<u32> {
+    if !off.is_multiple_of(4) || !bytes.is_multiple_of(4) {
+        return None;
+    }
+    let mut w = [0u8; 4];
+    match pattern.len() {
+        1 | 2 | 4 => {
+            for (i, b) in w.iter_mut().enumerate() {
+                *b = pattern[i % pattern.len()];
+            }
+            Some(u32::from_ne_bytes(w))
+        }
+        _ => None,
+    }
+}
+
+/// Completes a taken op: its after-work, then its stream's timeline.
+fn complete(sh: &Shared, t: Taken, lost: Option<String>) {
+    let Taken {
+        stream,
+        value,
+        op,
+        mut result,
+        after,
+    } = t;
+    if let (Some(m), Ok(())) = (lost, &result) {
+        result = Err(m);
+    }
+    if result.is_ok() {
+        match after {
+            After::ReadBack { staging, out } => {
+                let mut out = out.lock().unwrap_or_else(|p| p.into_inner());
+                let n = out.len();
+                // SAFETY: the staging buffer holds `n` bytes the device wrote
+                // (its flight completed: the writes are visible to the host).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(staging.ptr().as_ptr(), out.as_mut_ptr(), n)
+                };
+            }
+            After::Stamp => {
+                if let Body::Record { stamp } = &op.body {
+                    stamp.store(sh.now_ns(), Ordering::Release);
+                }
+            }
+            After::Keep(_) | After::Nothing => {}
+        }
+    }
+    drop(op);
+    stream.in_flight.fetch_sub(1, Ordering::Relaxed);
+    match result {
+        Ok(()) => stream.timeline.complete(value),
+        Err(m) => {
+            stream.faulted.store(true, Ordering::Relaxed);
+            stream.timeline.fail(value, Arc::from(m))
+        }
+    }
+}
+
+/// A wait made inside a host callback on the engine thread: it would wait for
+/// the engine itself, so it is refused unless already satisfied.
+fn refuse_wait(
+    _timeline: &crate::exec::timeline::Timeline,
+    _value: u64,
+    what: &'static str,
+    ready: &mut dyn FnMut() -> bool,
+) -> crate::Result<()> {
+    if ready() {
+        return Ok(());
+    }
+    Err(crate::Error::WouldDeadlock(format!(
+        "{what} from a host callback on a Vulkan device: its engine cannot progress until \
+         the callback returns; wait outside the callback"
+    )))
+}
+
+impl Shared {
+    /// The chunk and offset of `s`'s memory.
+    pub(super) fn place(&self, s: &Storage) -> Result<(Arc<hetero_vulkan::Chunk>, u64), String> {
+        let bytes = s.bytes() as u64;
+        let found = if s.host_visible() {
+            self.pinned_mem.resolve(s.host_ptr() as u64, bytes)
+        } else {
+            self.device_mem.resolve(s.device_addr(), bytes)
+        };
+        found.ok_or_else(|| {
+            if s.host_visible() {
+                "host memory the Vulkan device cannot reach (registered host memory is not \
+                 supported on Vulkan yet: use pinned buffers from Device::alloc_pinned)"
+                    .to_string()
+            } else {
+                format!(
+                    "a buffer at {:#x} that is not this Vulkan device's memory",
+                    s.device_addr()
+                )
+            }
+        })
+    }
+
+    fn place_pinned(
+        &self,
+        a: &hetero_memory::PinnedAllocation,
+        bytes: usize,
+    ) -> Result<(Arc<hetero_vulkan::Chunk>, u64), String> {
+        self.pinned_mem
+            .resolve(a.ptr().as_ptr() as u64, bytes as u64)
+            .ok_or_else(|| "a staging buffer outside the device's pinned memory".to_string())
+    }
+
+    /// `bytes` of pinned memory to stage through.
+    fn staging(&self, bytes: usize) -> Result<hetero_memory::PinnedAllocation, String> {
+        self.pinned
+            .alloc(bytes.max(1), Storage::ALIGN)
+            .map_err(|e| format!("staging {bytes} bytes: {e}"))
+    }
+}

@@ -1,0 +1,263 @@
+//! The Vulkan backend: a real device API, through `hetero-vulkan` (a thin
+//! layer over `ash`, which loads `libvulkan.so.1` at run time). Kernels run
+//! as device code (WGSL or SPIR-V); memory is the device's own; completions
+//! are the device's timeline semaphore.
+//!
+//! Files (twins of the other backends where roles match): `mod.rs` the device
+//! and its `Shared` state, `stream.rs` the backend stream, `engine.rs` the
+//! thread that records, submits and completes, `memory.rs` the pools' chunk
+//! sources, `points.rs` the pool's stream points.
+//!
+//! Invariants: only the engine thread records, submits, and completes ops;
+//! streams only push to their rings and ring the bell. Every `Chunk` and
+//! command buffer holds the `Gpu` it came from, so the device is destroyed
+//! last.
+
+mod engine;
+mod memory;
+mod points;
+mod stream;
+
+use crate::backend::{Backend, BackendStream, DeviceProperties};
+use crate::config::{CompletionMode, DeviceConfig};
+use crate::exec::park::Parker;
+use crate::exec::ring::Ring;
+use crate::exec::storage::{MemoryKind, Storage};
+use crate::exec::timeline::Timeline;
+use crate::{Error, Result};
+use memory::Chunks;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+pub(crate) use stream::VulkanStream;
+
+/// Device memory a pool may take by default: this share of the largest
+/// device-local heap (the rest is left to the driver and other programs).
+const HEAP_SHARE: f64 = 0.75;
+
+pub(crate) struct Shared {
+    device: u64,
+    config: DeviceConfig,
+    pub(crate) gpu: Arc<hetero_vulkan::Gpu>,
+    pub(crate) streams: super::StreamList<VulkanStream>,
+    next_stream: AtomicU64,
+    /// Submissions so far: the engine parks until it moves.
+    pending: AtomicU64,
+    bell: Parker,
+    shutdown: AtomicBool,
+    /// Signalled with each flight's number when the device has run it.
+    flights: hetero_vulkan::Timeline,
+    device_mem: Arc<Chunks>,
+    pinned_mem: Arc<Chunks>,
+    pinned: Arc<hetero_memory::PinnedPool>,
+    /// A few bytes an empty kernel argument binds.
+    empty: Arc<hetero_vulkan::Chunk>,
+    /// Why the device is lost, once it is.
+    lost: OnceLock<String>,
+}
+
+impl Shared {
+    /// A submission came: the engine looks again.
+    pub(crate) fn ring(&self) {
+        self.pending.fetch_add(1, Ordering::Release);
+        self.bell.wake(1);
+    }
+
+    pub(crate) fn now_ns(&self) -> u64 {
+        crate::exec::clock::now_ns()
+    }
+
+    fn lose(&self, why: String) {
+        let _ = self.lost.set(format!("the Vulkan device was lost: {why}"));
+    }
+
+    fn lost(&self) -> Option<String> {
+        self.lost.get().cloned()
+    }
+}
+
+pub(crate) struct VulkanBackend {
+    shared: Arc<Shared>,
+    props: DeviceProperties,
+    pool: Arc<hetero_memory::DevicePool>,
+    engine: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// The Vulkan devices present (what `hetero info` prints), or the typed
+/// error that says what to install.
+pub fn devices() -> Result<Vec<hetero_vulkan::DeviceInfo>> {
+    let instance = hetero_vulkan::Instance::load().map_err(setup)?;
+    instance.list_devices().map_err(setup)
+}
+
+fn setup(e: hetero_vulkan::VkError) -> Error {
+    Error::Setup(format!("Vulkan: {e}"))
+}
+
+impl VulkanBackend {
+    pub(crate) fn new(device: u64, config: DeviceConfig, index: usize) -> Result<Self> {
+        config.validate()?;
+        let instance = hetero_vulkan::Instance::load().map_err(setup)?;
+        let gpu = Arc::new(hetero_vulkan::Gpu::open(&instance, index).map_err(setup)?);
+        let info = gpu.info().clone();
+        let heap = info
+            .memory_heaps
+            .iter()
+            .filter(|h| {
+                h.flags
+                    .contains(hetero_vulkan::vk::MemoryHeapFlags::DEVICE_LOCAL)
+            })
+            .map(|h| h.size)
+            .max()
+            .or_else(|| info.memory_heaps.iter().map(|h| h.size).max())
+            .unwrap_or(1 << 30);
+        let capacity = (heap as f64 * HEAP_SHARE) as usize;
+        let pool_config = match &config.pool {
+            Some(p) => p.clone(),
+            None => hetero_memory::PoolConfig::from_env()?,
+        };
+        let limit = pool_config.max_reserved.min(capacity);
+        let device_mem = Arc::new(Chunks::device(gpu.clone(), capacity)?);
+        let pool = Arc::new(hetero_memory::DevicePool::with_source(
+            pool_config.max_reserved(limit),
+            device_mem.clone(),
+        )?);
+        let pinned_mem = Arc::new(Chunks::pinned(gpu.clone()));
+        let pinned = Arc::new(hetero_memory::PinnedPool::with_source(
+            config.pinned.clone(),
+            pinned_mem.clone(),
+        )?);
+        let empty = Arc::new(
+            hetero_vulkan::Chunk::new(&gpu, 256, hetero_vulkan::MemoryUse::DeviceLocal)
+                .map_err(setup)?,
+        );
+        let flights = hetero_vulkan::Timeline::new(&gpu, 0).map_err(setup)?;
+        let shared = Arc::new(Shared {
+            device,
+            config: config.clone(),
+            gpu: gpu.clone(),
+            streams: super::StreamList::new(),
+            next_stream: AtomicU64::new(1),
+            pending: AtomicU64::new(0),
+            bell: Parker::new(),
+            shutdown: AtomicBool::new(false),
+            flights,
+            device_mem,
+            pinned_mem,
+            pinned,
+            empty,
+            lost: OnceLock::new(),
+        });
+        pool.set_stream_points(Arc::new(points::Points {
+            shared: Arc::downgrade(&shared),
+        }));
+        let plan = gpu.queue_plan();
+        let props = DeviceProperties {
+            name: format!("vulkan {} ({})", info.name, info.driver_name),
+            backend: "vulkan",
+            compute_units: 1,
+            copy_engines: [1, 1, 1],
+            hardware_queues: 1,
+            link_peak_gbps: None,
+            runs_device_code: true,
+        };
+        tracing::debug!("vulkan device {index}: {plan}");
+        let sh = shared.clone();
+        let engine = std::thread::Builder::new()
+            .name("hetero-vk-engine".into())
+            .spawn(move || engine::Engine::new().run(&sh))
+            .map_err(|e| Error::Setup(format!("could not start the Vulkan engine thread: {e}")))?;
+        Ok(VulkanBackend {
+            shared,
+            props,
+            pool,
+            engine: Mutex::new(Some(engine)),
+        })
+    }
+}
+
+impl Backend for VulkanBackend {
+    fn properties(&self) -> &DeviceProperties {
+        &self.props
+    }
+
+    fn create_stream(&self, priority: u8) -> Result<Arc<dyn BackendStream>> {
+        let sh = &self.shared;
+        let id = sh.next_stream.fetch_add(1, Ordering::Relaxed);
+        let stream = Arc::new(VulkanStream {
+            id,
+            timeline: Arc::new(Timeline::new(sh.device, id, sh.config.host_wait)),
+            ring: Ring::with_capacity(sh.config.ring_capacity),
+            priority: AtomicU8::new(priority),
+            closed: AtomicBool::new(false),
+            in_flight: AtomicU32::new(0),
+            recorded: AtomicU64::new(0),
+            faulted: AtomicBool::new(false),
+            shared: Arc::downgrade(sh),
+            host_wait: sh.config.host_wait,
+        });
+        sh.streams.add(stream.clone());
+        sh.ring();
+        Ok(stream)
+    }
+
+    fn allocate(&self, kind: MemoryKind, bytes: usize, stream: u64) -> Result<Arc<Storage>> {
+        match kind {
+            MemoryKind::Device => {
+                let mut s = Storage::device_arc(self.shared.device, &self.pool, bytes, stream)?;
+                // Fresh from the pool, the storage holds the chunk's address
+                // as if it were host memory; it is the device's own.
+                if let Some(st) = Storage::unique(&mut s).filter(|st| st.host_visible()) {
+                    let addr = st.host_ptr() as u64;
+                    st.set_device_memory(addr);
+                }
+                Ok(s)
+            }
+            MemoryKind::Pinned => {
+                Storage::pinned_arc(self.shared.device, &self.shared.pinned, bytes)
+            }
+        }
+    }
+
+    fn pool(&self) -> &Arc<hetero_memory::DevicePool> {
+        &self.pool
+    }
+
+    fn pinned_pool(&self) -> &hetero_memory::PinnedPool {
+        &self.shared.pinned
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        let points = self
+            .shared
+            .streams
+            .map(|s| (s.timeline.clone(), s.submitted()));
+        super::wait_all(points, self.shared.config.host_wait)
+    }
+
+    fn shutdown(&self) {
+        let _ = self.synchronize();
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        self.shared.ring();
+        let engine = self.engine.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(e) = engine {
+            let _ = e.join();
+        }
+        let _ = self.shared.gpu.wait_idle();
+        self.pool.trim();
+        let _ = self.shared.gpu.save_pipeline_cache();
+    }
+
+    fn host_wait(&self) -> CompletionMode {
+        self.shared.config.host_wait
+    }
+
+    fn kick(&self) {
+        self.shared.ring();
+    }
+
+    fn register_host(&self, ptr: *const u8, bytes: usize) -> (u64, Box<dyn FnOnce() + Send>) {
+        let locked = super::lock_host(ptr, bytes);
+        (ptr as u64, Box::new(move || super::unlock_host(locked)))
+    }
+}

@@ -1,0 +1,100 @@
+//! The Vulkan device's backend stream: an op ring its engine thread consumes.
+//!
+//! Invariants: producers only push (any thread); only the engine thread pops,
+//! and only it writes `in_flight`, `recorded` and `faulted`.
+
+use super::Shared;
+use crate::backend::BackendStream;
+use crate::config::CompletionMode;
+use crate::exec::op::Op;
+use crate::exec::ring::Ring;
+use crate::exec::timeline::Timeline;
+use crate::{Error, Result};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Weak};
+
+pub(crate) struct VulkanStream {
+    pub(crate) id: u64,
+    pub(crate) timeline: Arc<Timeline>,
+    pub(crate) ring: Ring<Op>,
+    pub(crate) priority: AtomicU8,
+    pub(crate) closed: AtomicBool,
+    /// Ops of the stream taken from the ring and not yet completed.
+    pub(crate) in_flight: AtomicU32,
+    /// The value of the stream's last op recorded for the device (what a
+    /// wait of another stream on this device is ordered behind).
+    pub(crate) recorded: AtomicU64,
+    /// An op of the stream failed: the ones after it are skipped.
+    pub(crate) faulted: AtomicBool,
+    pub(crate) shared: Weak<Shared>,
+    pub(crate) host_wait: CompletionMode,
+}
+
+impl BackendStream for VulkanStream {
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn timeline(&self) -> &Arc<Timeline> {
+        &self.timeline
+    }
+
+    fn submit(&self, mut op: Op) -> Result<u64> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(Error::StreamDestroyed { stream: self.id });
+        }
+        let pos = loop {
+            match self.ring.try_push(op) {
+                Ok(pos) => break pos,
+                Err(back) => {
+                    op = back;
+                    let oldest = self.ring.head() + 1;
+                    if let Some(sh) = self.shared.upgrade() {
+                        sh.ring();
+                    }
+                    self.timeline.wait_until(
+                        oldest,
+                        self.host_wait,
+                        "a submission to a full stream",
+                        || self.ring.tail().saturating_sub(self.ring.head()) < self.ring.capacity(),
+                    )?;
+                }
+            }
+        };
+        if let Some(sh) = self.shared.upgrade() {
+            sh.ring();
+        }
+        Ok(pos + 1)
+    }
+
+    fn submitted(&self) -> u64 {
+        self.ring.tail()
+    }
+
+    fn priority(&self) -> u8 {
+        self.priority.load(Ordering::Relaxed)
+    }
+
+    fn set_priority(&self, priority: u8) {
+        self.priority.store(priority, Ordering::Relaxed);
+    }
+
+    fn hardware_queue(&self) -> usize {
+        0
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Relaxed)
+    }
+
+    fn release(&self) {
+        let _ = self.timeline.wait(self.submitted(), self.host_wait);
+        if let Some(sh) = self.shared.upgrade() {
+            sh.streams.remove(|s| s.id == self.id);
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! Kernels with device code beside their host closure run on every backend:
+//! the host and the emulated device run the closure, a Vulkan device the WGSL.
+//! The results must agree. What only a device that compiles code can check
+//! (compiler errors) runs where the device does.
+
+mod common;
+
+use hetero::{Arg, Error, Grid, Kernel};
+
+const ADD: &str = r#"
+@group(0) @binding(0) var<storage, read> x: array<u32>;
+@group(0) @binding(1) var<storage, read_write> y: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+    let i = id.x;
+    if (i < arrayLength(&y)) {
+        y[i] = y[i] + x[i];
+    }
+}
+"#;
+
+/// `y += x`, element by element; on the host, each block its part of `y`.
+fn add() -> Kernel {
+    Kernel::new("add", |b| {
+        let x = b.read::<u32>(0);
+        let off = b.write_offset(0);
+        for (i, v) in b.write::<u32>(0).iter_mut().enumerate() {
+            *v += x[off + i];
+        }
+    })
+    .wgsl(ADD, "main")
+}
+
+#[test]
+fn a_kernel_with_device_code_gives_the_same_result_everywhere() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let n = 10_000;
+    let x = s.alloc::<u32>(n).unwrap();
+    let y = s.alloc::<u32>(n).unwrap();
+    s.write_slice(&x, 0, &(0..n as u32).collect::<Vec<_>>())
+        .unwrap();
+    s.fill(&y, 7).unwrap();
+    let k = add();
+    // Workgroups of 64 on a device, blocks on the host: enough of either.
+    let grid = Grid::new(n.div_ceil(64) as u32);
+    s.launch(&k, grid, &[Arg::read(&x), Arg::write(&y)])
+        .unwrap();
+    s.launch(&k, grid, &[Arg::read(&x), Arg::write(&y)])
+        .unwrap();
+    let out = s.read_to_vec(&y).unwrap();
+    for (i, v) in out.iter().enumerate() {
+        assert_eq!(*v, 7 + 2 * i as u32, "element {i}");
+    }
+}
+
+#[test]
+fn fills_of_every_pattern_width_and_alignment_land_exactly() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let b = s.alloc::<u8>(1000).unwrap();
+    s.fill(&b, 0xAAu8).unwrap();
+    let w16 = s.alloc::<u16>(333).unwrap();
+    s.fill(&w16, 0x1234u16).unwrap();
+    let w64 = s.alloc::<u64>(77).unwrap();
+    s.fill(&w64, 0x0102_0304_0506_0708u64).unwrap();
+    // Unaligned ranges of a byte buffer: 3 bytes at 1, 5 at 997 - 2.
+    s.fill_range(&b, 1, 3, 0x11u8).unwrap();
+    s.fill_range(&b, 995, 5, 0x22u8).unwrap();
+    let bytes = s.read_to_vec(&b).unwrap();
+    assert_eq!(bytes[0], 0xAA);
+    assert_eq!(&bytes[1..4], &[0x11; 3]);
+    assert!(bytes[4..995].iter().all(|&v| v == 0xAA));
+    assert_eq!(&bytes[995..], &[0x22; 5]);
+    assert!(s.read_to_vec(&w16).unwrap().iter().all(|&v| v == 0x1234));
+    assert!(s
+        .read_to_vec(&w64)
+        .unwrap()
+        .iter()
+        .all(|&v| v == 0x0102_0304_0506_0708));
+}
+
+#[test]
+fn wgsl_that_does_not_compile_fails_its_stream_with_the_line() {
+    let dev = common::device();
+    if !dev.properties().runs_device_code {
+        return;
+    }
+    let s = dev.create_stream().unwrap();
+    let y = s.alloc::<u32>(64).unwrap();
+    let bad = Kernel::from_wgsl(
+        "bad",
+        "@group(0) @binding(0) var<storage, read_write> y: array<u32>;\n\
+         @compute @workgroup_size(64)\n\
+         fn main() { y[0] = undefined_thing; }\n",
+        "main",
+    );
+    s.launch(&bad, Grid::new(1), &[Arg::write(&y)]).unwrap();
+    let e = s.synchronize().unwrap_err();
+    assert!(matches!(e, Error::StreamFault { .. }), "{e}");
+    let m = e.to_string();
+    assert!(m.contains("bad") && m.contains("line 3"), "{m}");
+    // Another stream goes on.
+    let t = dev.create_stream().unwrap();
+    let z = t.alloc::<u32>(64).unwrap();
+    t.fill(&z, 5).unwrap();
+    assert_eq!(t.read_to_vec(&z).unwrap(), vec![5; 64]);
+}
