@@ -43,8 +43,52 @@ pub fn to_json(s: &SystemInfo, wake: Option<WakeLatency>) -> Value {
         "mlock_works": s.mlock.is_ok(),
         "mlock_error": s.mlock.as_ref().err(),
         "backends": s.backends,
+        "vulkan": vulkan_json(),
         "emu_presets": LinkPreset::all().iter().map(preset_json).collect::<Vec<_>>(),
     })
+}
+
+/// The Vulkan devices as JSON: each one's main properties and queue plan, or
+/// why there are none.
+fn vulkan_json() -> Value {
+    match hetero::vulkan::devices() {
+        Ok(devices) => json!(devices
+            .iter()
+            .map(|d| json!({
+                "index": d.index,
+                "name": d.name,
+                "driver": format!("{} {}", d.driver_name, d.driver_info),
+                "type": d.device_type.to_string(),
+                "api_version": d.api_version.to_string(),
+                "queue_families": d.queue_families.len(),
+                "queue_plan": hetero::vulkan::QueuePlan::choose(&d.queue_families)
+                    .map(|p| p.to_string()),
+                "heaps_bytes": d.memory_heaps.iter().map(|h| h.size).collect::<Vec<_>>(),
+                "details": d.to_string(),
+            }))
+            .collect::<Vec<_>>()),
+        Err(e) => json!({ "error": e.to_string() }),
+    }
+}
+
+/// Prints the Vulkan devices (what `--device vulkan:INDEX` opens), or why
+/// there are none.
+fn print_vulkan() {
+    match hetero::vulkan::devices() {
+        Ok(devices) => {
+            println!("  vulkan devices        (--device vulkan:INDEX)");
+            for d in &devices {
+                for line in d.to_string().lines() {
+                    println!("    {line}");
+                }
+                match hetero::vulkan::QueuePlan::choose(&d.queue_families) {
+                    Some(plan) => println!("    queue plan: {plan}"),
+                    None => println!("    queue plan: none (no queue family runs compute work)"),
+                }
+            }
+        }
+        Err(e) => println!("  vulkan devices        none: {e}"),
+    }
 }
 
 /// Prints the probe as text or JSON.
@@ -103,6 +147,7 @@ pub fn print(json_out: bool) {
         None => println!("  wake-up latency       not measured (no thread could be started)"),
     }
     println!("  backends              {}", s.backends.join(", "));
+    print_vulkan();
     println!("  emu presets           (--device emu:PRESET; GB/s alone, both at once)");
     for p in LinkPreset::all() {
         println!(

@@ -56,7 +56,8 @@ impl WorkloadArgs {
 #[derive(clap::Args, Clone)]
 struct DeviceArgs {
     /// The device: host, emu or emu:PRESET (pcie3x16, pcie4x16, pcie5x16),
-    /// optionally with ,time=real|virtual and ,capacity=BYTES.
+    /// optionally with ,time=real|virtual and ,capacity=BYTES, or
+    /// vulkan[:INDEX] (`hetero info` lists the Vulkan devices).
     #[arg(long, default_value = "host")]
     device: String,
     /// The emulated device's clock: real or virtual (default virtual).

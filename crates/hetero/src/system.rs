@@ -196,7 +196,11 @@ impl SystemInfo {
             hugepage_size_bytes: meminfo("Hugepagesize"),
             memlock_limit_bytes: memlock,
             mlock: try_mlock(),
-            backends: vec!["host", "emu"],
+            backends: if cfg!(feature = "vulkan") {
+                vec!["host", "emu", "vulkan"]
+            } else {
+                vec!["host", "emu"]
+            },
         }
     }
 }
@@ -210,7 +214,8 @@ mod tests {
         let s = SystemInfo::probe();
         assert!(s.cores >= 1);
         assert!(s.mem_total_bytes.unwrap_or(1) > 0);
-        assert_eq!(s.backends, vec!["host", "emu"]);
+        assert_eq!(&s.backends[..2], &["host", "emu"]);
+        assert_eq!(s.backends.contains(&"vulkan"), cfg!(feature = "vulkan"));
     }
 
     #[test]

@@ -17,7 +17,33 @@ pub const EMU_KERNEL_WORK: u32 = 2 * PASS;
 pub const PASS: u32 = 8;
 
 pub(super) fn scale_kernel(work: u32) -> Kernel {
-    Kernel::new("scale", move |b| scale_block(b, work))
+    Kernel::new("scale", move |b| scale_block(b, work)).wgsl(scale_wgsl(work), "main")
+}
+
+/// The kernel as device code (WGSL), for devices that run it: the same steps
+/// per element as [`scale_into`] (`work` baked in), each invocation striding
+/// over the tile, so any grid covers it.
+fn scale_wgsl(work: u32) -> String {
+    format!(
+        "@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+const WORK: u32 = {work}u;
+const PASS: u32 = {PASS}u;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>,
+        @builtin(num_workgroups) groups: vec3<u32>) {{
+    let n = arrayLength(&y);
+    let part = n * (WORK % PASS) / PASS;
+    for (var i = gid.x; i < n; i += groups.x * 64u) {{
+        var steps = WORK / PASS;
+        if (i < part) {{ steps += 1u; }}
+        var v = x[i];
+        for (var k = 0u; k < steps; k++) {{ v = v * 0.9999 + 0.5; }}
+        y[i] = v;
+    }}
+}}
+"
+    )
 }
 
 /// The same kernel with a declared cost for the emulated device's model.

@@ -33,6 +33,19 @@ impl Buffers {
         self.input.first().map_or(0, |b| b.len() * 4)
     }
 
+    /// The kernel's grid on `dev`: one block on a device that runs the host
+    /// closure (it takes the whole tile), a workgroup per 64 elements on one
+    /// that runs the WGSL (each invocation one element: lavapipe stops a
+    /// shader's loops after 65 535 iterations, so one invocation must not
+    /// stride over many elements).
+    fn grid(&self, dev: &Device) -> Grid {
+        if dev.properties().runs_device_code {
+            Grid::new((self.tile_bytes() / 4).div_ceil(64).max(1) as u32)
+        } else {
+            Grid::new(1)
+        }
+    }
+
     pub(super) fn new(dev: &Device, tiles: usize, n: usize) -> Result<Self> {
         let mut b = Buffers {
             input: Vec::new(),
@@ -78,7 +91,7 @@ pub(super) fn run_serial(
         }
         s.launch(
             k,
-            Grid::new(1),
+            b.grid(s.device()),
             &[Arg::read(&b.dev_in[k_slot]), Arg::write(&b.dev_out[k_slot])],
         )?;
         if stages {
@@ -122,7 +135,7 @@ pub(super) fn run_pipelined(
         compute.wait_event(&copied)?;
         compute.launch(
             k,
-            Grid::new(1),
+            b.grid(compute.device()),
             &[Arg::read(&b.dev_in[slot]), Arg::write(&b.dev_out[slot])],
         )?;
         let computed = compute.record_event()?;
@@ -193,16 +206,14 @@ pub(super) fn demo_kernel<'a>(
     cfg: DemoConfig,
 ) -> Result<(Kernel, u32, Clock<'a>, Option<EmuModel>)> {
     match spec {
-        DeviceSpec::Host => {
+        // Calibrated like the host: the kernel runs its WGSL there.
+        DeviceSpec::Host | DeviceSpec::Vulkan(_) => {
             let work = match cfg.work {
                 Some(w) => w,
                 None => calibrate(dev, b)?,
             };
             Ok((scale_kernel(work), work, Clock::wall(), None))
         }
-        DeviceSpec::Vulkan(_) => Err(hetero::Error::InvalidArgument(
-            "the demo does not run on a Vulkan device yet".into(),
-        )),
         DeviceSpec::Emu(emu) => {
             let model = EmuModel::new(emu, b.tile_bytes());
             let work = cfg.work.unwrap_or(EMU_KERNEL_WORK);
