@@ -170,7 +170,14 @@ fn bench_link_reaches_the_presets_figures_for_large_transfers() {
 #[test]
 fn info_lists_the_emu_backend_and_presets() {
     let v = hetero(&["info", "--json"]);
-    assert_eq!(v["backends"], serde_json::json!(["host", "emu"]));
+    assert_eq!(v["backends"], serde_json::json!(["host", "emu", "vulkan"]));
+    // Either the Vulkan devices, each with its queue plan, or why there are none.
+    match v["vulkan"].as_array() {
+        Some(devices) => assert!(devices
+            .iter()
+            .all(|d| d["name"].is_string() && d["queue_plan"].is_string())),
+        None => assert!(v["vulkan"]["error"].is_string(), "{}", v["vulkan"]),
+    }
     let presets = v["emu_presets"].as_array().expect("presets");
     let names: Vec<&str> = presets
         .iter()
