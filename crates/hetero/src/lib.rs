@@ -35,6 +35,7 @@ pub use api::device::Device;
 pub use api::event::{Event, HostEvent};
 pub use api::graph::{Bindings, CommandBuffer, Graph, GraphExec, NodeId, PinnedSlot, Slot};
 pub use api::kernel::Kernel;
+pub use api::kernels;
 pub use api::pitched::PitchedBuffer;
 pub use api::stream::{Stream, PRIORITY_HIGHEST, PRIORITY_LOWEST};
 pub use backend::emu::{IommuStats, IotlbCounts};

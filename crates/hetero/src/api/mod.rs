@@ -9,5 +9,6 @@ pub(crate) mod device;
 pub(crate) mod event;
 pub(crate) mod graph;
 pub(crate) mod kernel;
+pub mod kernels;
 pub(crate) mod pitched;
 pub(crate) mod stream;
