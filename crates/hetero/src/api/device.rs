@@ -261,6 +261,13 @@ impl Device {
         self.inner.backend().iommu_stats()
     }
 
+    /// Submissions to the device's driver so far (`vkQueueSubmit2` calls on a
+    /// Vulkan device), on a device that submits to one; `None` on the host and
+    /// the emulated device. With the ops submitted, the batching figure.
+    pub fn driver_submissions(&self) -> Option<u64> {
+        self.inner.backend().driver_submissions()
+    }
+
     pub(crate) fn reach(&self) -> crate::exec::storage::Reach {
         self.inner.backend().reach()
     }

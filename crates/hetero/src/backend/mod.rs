@@ -124,6 +124,10 @@ pub(crate) trait Backend: Send + Sync {
         let locked = lock_host(ptr, bytes);
         (ptr as u64, Box::new(move || unlock_host(locked)))
     }
+    /// Submissions to a driver so far, on a device that has one.
+    fn driver_submissions(&self) -> Option<u64> {
+        None
+    }
     /// The IOMMU's state, on a device behind one.
     fn iommu_stats(&self) -> Option<crate::IommuStats> {
         None
