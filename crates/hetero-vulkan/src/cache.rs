@@ -13,9 +13,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use ash::vk;
 
-use crate::device::CacheLocation;
 use crate::error::{call, Result, VkError};
 use crate::info::DeviceInfo;
+
+/// Where the disk pipeline cache lives.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum CacheLocation {
+    /// `$HETERO_VULKAN_CACHE_DIR`, else `$XDG_CACHE_HOME/hetero/vulkan`, else
+    /// `~/.cache/hetero/vulkan`; no disk cache when none of these can be found.
+    #[default]
+    Default,
+    /// This directory.
+    Dir(PathBuf),
+    /// Keep the cache in memory only.
+    Off,
+}
 
 /// The version-one header every `VkPipelineCache` blob starts with.
 const HEADER_LEN: usize = 16 + 16;

@@ -15,26 +15,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use ash::vk;
 
-use crate::cache::{CacheStatus, PipelineCacheStore};
-use crate::command::CommandBuffer;
+use crate::cache::{CacheLocation, CacheStatus, PipelineCacheStore};
 use crate::error::{call, Result, VkError};
 use crate::info::{ApiVersion, DeviceInfo};
 use crate::instance::{Instance, InstanceShared};
 use crate::queue::{Lane, QueuePlan, QueueSlot, QueueState};
-use crate::timeline::Timeline;
-
-/// Where the disk pipeline cache lives.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum CacheLocation {
-    /// `$HETERO_VULKAN_CACHE_DIR`, else `$XDG_CACHE_HOME/hetero/vulkan`, else
-    /// `~/.cache/hetero/vulkan`; no disk cache when none of these can be found.
-    #[default]
-    Default,
-    /// This directory.
-    Dir(PathBuf),
-    /// Keep the cache in memory only.
-    Off,
-}
 
 /// Choices for [`Gpu::open_with`]; `Default` turns on everything the device offers.
 #[derive(Debug, Clone, Default)]
@@ -133,7 +118,7 @@ impl DeviceShared {
     }
 
     /// Drops keep-alive lists whose submissions completed.
-    fn sweep(&self, slot: usize) {
+    pub(crate) fn sweep(&self, slot: usize) {
         let Ok(done) = self.progress(slot) else {
             return;
         };
@@ -410,106 +395,5 @@ impl Gpu {
     /// Waits until every queue is idle, then releases what completed submissions held.
     pub fn wait_idle(&self) -> Result<()> {
         self.shared.wait_idle()
-    }
-
-    /// Submits command buffers to a lane's queue with `vkQueueSubmit2`: the work starts
-    /// after every `(timeline, value)` in `waits` is reached, and each timeline in
-    /// `signals` is set to its value when the work completes.
-    ///
-    /// A command buffer may be submitted again (and while still pending); the objects
-    /// it uses stay alive until the submission completes.
-    pub fn submit(
-        &self,
-        lane: Lane,
-        cmds: &[&CommandBuffer],
-        waits: &[(&Timeline, u64)],
-        signals: &[(&Timeline, u64)],
-    ) -> Result<()> {
-        let s = &self.shared;
-        let slot_index = s.lanes[lane.index()];
-        let slot = &s.queues[slot_index];
-        for c in cmds {
-            if !Arc::ptr_eq(&c.inner.shared, s) {
-                return Err(VkError::ForeignObject {
-                    what: "a command buffer",
-                });
-            }
-            if c.inner.family != slot.family {
-                return Err(VkError::InvalidArgument(format!(
-                    "a command buffer recorded for queue family {} was submitted to the {lane:?} lane, \
-                     whose queue is in family {}; record it for this lane",
-                    c.inner.family, slot.family
-                )));
-            }
-        }
-        for (t, _) in waits.iter().chain(signals) {
-            if !Arc::ptr_eq(&t.inner.shared, s) {
-                return Err(VkError::ForeignObject { what: "a timeline" });
-            }
-        }
-        let stage = vk::PipelineStageFlags2::ALL_COMMANDS;
-        let wait_infos: Vec<vk::SemaphoreSubmitInfo<'_>> = waits
-            .iter()
-            .map(|(t, v)| {
-                vk::SemaphoreSubmitInfo::default()
-                    .semaphore(t.inner.semaphore)
-                    .value(*v)
-                    .stage_mask(stage)
-            })
-            .collect();
-        let cb_infos: Vec<vk::CommandBufferSubmitInfo<'_>> = cmds
-            .iter()
-            .map(|c| vk::CommandBufferSubmitInfo::default().command_buffer(c.inner.cb))
-            .collect();
-
-        s.sweep(slot_index);
-        let mut state = lock(&slot.state);
-        let value = state.last + 1;
-        let mut signal_infos: Vec<vk::SemaphoreSubmitInfo<'_>> = signals
-            .iter()
-            .map(|(t, v)| {
-                vk::SemaphoreSubmitInfo::default()
-                    .semaphore(t.inner.semaphore)
-                    .value(*v)
-                    .stage_mask(stage)
-            })
-            .collect();
-        signal_infos.push(
-            vk::SemaphoreSubmitInfo::default()
-                .semaphore(slot.progress)
-                .value(value)
-                .stage_mask(stage),
-        );
-        let submit = vk::SubmitInfo2::default()
-            .wait_semaphore_infos(&wait_infos)
-            .command_buffer_infos(&cb_infos)
-            .signal_semaphore_infos(&signal_infos);
-        // SAFETY: the queue is locked (external synchronisation); every command
-        // buffer is executable (finished recording) and recorded with
-        // SIMULTANEOUS_USE, so resubmitting a pending one is allowed; every semaphore
-        // is a live timeline semaphore of this device (checked above).
-        let r = unsafe {
-            match &s.sync2 {
-                Sync2::Core => s
-                    .device
-                    .queue_submit2(state.queue, &[submit], vk::Fence::null()),
-                Sync2::Khr(k) => k.queue_submit2(state.queue, &[submit], vk::Fence::null()),
-            }
-        };
-        r.map_err(call("vkQueueSubmit2"))?;
-        state.last = value;
-        drop(state);
-
-        let mut keep: Vec<Arc<dyn Send + Sync>> = Vec::new();
-        for c in cmds {
-            keep.push(Arc::clone(&c.inner) as Arc<dyn Send + Sync>);
-        }
-        for (t, _) in waits.iter().chain(signals) {
-            keep.push(Arc::clone(&t.inner) as Arc<dyn Send + Sync>);
-        }
-        lock(&slot.keep).push((value, keep));
-        slot.submitted.fetch_add(1, Ordering::Relaxed);
-        s.submissions.fetch_add(1, Ordering::Relaxed);
-        Ok(())
     }
 }

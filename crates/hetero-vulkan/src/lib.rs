@@ -34,12 +34,13 @@ mod memory;
 mod pipeline;
 mod query;
 mod queue;
+mod submit;
 mod timeline;
 
 pub use ash::vk;
-pub use cache::{cache_dir, CacheStatus};
+pub use cache::{cache_dir, CacheLocation, CacheStatus};
 pub use command::{CommandBuffer, Recorder};
-pub use device::{CacheLocation, Gpu, OpenOptions};
+pub use device::{Gpu, OpenOptions};
 pub use error::{Result, VkError};
 pub use info::{
     ApiVersion, DeviceInfo, DeviceType, Features, Limits, MemoryHeapInfo, MemoryTypeInfo,
