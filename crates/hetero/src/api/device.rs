@@ -275,6 +275,20 @@ impl Device {
     /// A kernel's typed error when it has no code this device runs.
     #[inline]
     pub(crate) fn check_code(&self, kernel: &crate::exec::kernel::KernelInner) -> Result<()> {
+        let device_code = self.inner.runs_device_code;
+        let has = if device_code {
+            kernel.code.is_some()
+        } else {
+            kernel.f.is_some()
+        };
+        if has {
+            return Ok(());
+        }
+        self.no_code(kernel)
+    }
+
+    #[cold]
+    fn no_code(&self, kernel: &crate::exec::kernel::KernelInner) -> Result<()> {
         kernel.runs_on(self.inner.runs_device_code, &self.properties().name)
     }
 
