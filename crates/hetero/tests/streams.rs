@@ -108,8 +108,15 @@ fn waiting_stream_does_not_stall_shared_queue() {
     let a = d.create_stream().unwrap();
     let c = d.create_stream().unwrap();
     let b = d.create_stream().unwrap();
-    assert_eq!(a.hardware_queue(), b.hardware_queue());
-    assert_ne!(a.hardware_queue(), c.hardware_queue());
+    // The mapping where the device has the two queues asked for (Vulkan maps
+    // every stream onto its one compute lane: there, all three share it, the
+    // harder case for a stall).
+    if d.properties().hardware_queues == 2 {
+        assert_eq!(a.hardware_queue(), b.hardware_queue());
+        assert_ne!(a.hardware_queue(), c.hardware_queue());
+    } else {
+        assert_eq!(common::backend(), common::Backend::Vulkan);
+    }
     // c is held by a host event that only b's callback signals.
     let go = Arc::new(d.host_event());
     c.wait_event(go.event()).unwrap();

@@ -16,9 +16,18 @@
 //! Flights complete in submission order (one device timeline, `flights`,
 //! signalled with each flight's number), and their ops in recorded order:
 //! each stream's timeline completes in value order. A host callback runs when
-//! its stream has nothing in flight; an async op starts when the device has
-//! nothing in flight (it reaches its buffers' bytes directly), and is polled
-//! at each look until it is done.
+//! its stream has nothing in flight, on this thread, and ends the look (so
+//! the next op is chosen by the streams' priorities as they are then, not as
+//! they were before the callback ran). An async op starts when its stream and
+//! the device have nothing in flight (it reaches its buffers' bytes
+//! directly) and its buffers' access locks are free; it takes them, is
+//! polled at each look until it is done, and gives them back when it
+//! completes. Meanwhile other streams go on: an op is recorded only while
+//! nobody holds a lock it conflicts with (an async op's, or the host's in a
+//! synchronous access). Recorded ops hold no locks (the barrier between ops
+//! orders them among themselves), so a host access that starts after an op
+//! of another stream was recorded is not ordered against it: order them by
+//! an event, as on every backend.
 
 use super::{Shared, VulkanStream};
 use crate::exec::kernel::DeviceCode;
@@ -74,9 +83,11 @@ pub(super) struct Engine {
     pipelines: HashMap<(usize, u32), (Arc<DeviceCode>, Pipeline)>,
     /// An async op is pending: look again soon.
     polling: bool,
-    /// The stream whose async op has started and is not done: nothing else
-    /// is recorded meanwhile (the op reaches its buffers' bytes directly).
-    async_stream: Option<u64>,
+    /// The streams whose oldest op is an async op that has started (it holds
+    /// its buffers' access locks until it completes).
+    started: Vec<u64>,
+    /// A host callback ran in this look: take nothing more, look again.
+    rescan: bool,
 }
 
 impl Engine {
@@ -88,7 +99,8 @@ impl Engine {
             next_seq: 1,
             pipelines: HashMap::new(),
             polling: false,
-            async_stream: None,
+            started: Vec::new(),
+            rescan: false,
         }
     }
 
@@ -163,13 +175,15 @@ impl Engine {
     fn flush(&mut self, sh: &Shared) -> bool {
         let mut rec: Option<Recorder> = None;
         let mut ops: Vec<Taken> = Vec::new();
+        self.rescan = false;
         let streams = std::mem::take(&mut self.streams);
         for s in &streams {
             self.take_from(sh, s, &mut rec, &mut ops);
         }
         self.streams = streams;
         if ops.is_empty() {
-            return false;
+            // A callback that ran may have made more ready: look again now.
+            return self.rescan;
         }
         let seq = match rec {
             None => 0,
@@ -222,13 +236,15 @@ impl Engine {
         rec: &mut Option<Recorder>,
         ops: &mut Vec<Taken>,
     ) {
-        if self.async_stream.is_some_and(|id| id != s.id) {
-            return;
-        }
         for _ in 0..TAKE_PER_STREAM {
+            if self.rescan {
+                return;
+            }
             let in_flight = s.in_flight.load(Ordering::Relaxed);
             let device_idle = self.flights.is_empty() && rec.is_none();
+            let started = self.started.contains(&s.id);
             let mut polling = false;
+            let mut starts = false;
             // SAFETY: the engine thread is the ring's only consumer (and holds
             // every stream, as polling an async op requires).
             let ready = unsafe {
@@ -244,11 +260,14 @@ impl Engine {
                                 || self.recorded_here(timeline.stream, *value)
                         }
                         Body::Host(_) => in_flight == 0,
-                        Body::Async(a)
-                            if in_flight == 0
-                                && (device_idle || self.async_stream == Some(s.id)) =>
-                        {
-                            match a.poll(None, || true) {
+                        Body::Async(a) if in_flight == 0 && (device_idle || started) => {
+                            // It starts with its buffers' locks (released
+                            // when it completes, `complete_async`).
+                            let start = || {
+                                starts = op.try_acquire_access();
+                                starts
+                            };
+                            match a.poll(None, start) {
                                 crate::exec::async_op::AsyncPoll::Ready => true,
                                 crate::exec::async_op::AsyncPoll::Pending => {
                                     polling = true;
@@ -257,13 +276,22 @@ impl Engine {
                             }
                         }
                         Body::Async(_) => false,
-                        _ => true,
+                        // Nobody (a started async op, a host access) may hold
+                        // a lock it conflicts with: take them and give them
+                        // back (recorded ops are ordered by barriers).
+                        _ => {
+                            let free = op.try_acquire_access();
+                            if free {
+                                op.release_access(0);
+                            }
+                            free
+                        }
                     }
                 })
             };
             self.polling |= polling;
-            if polling {
-                self.async_stream = Some(s.id);
+            if starts {
+                self.started.push(s.id);
             }
             if ready != Some(true) {
                 return;
@@ -273,9 +301,12 @@ impl Engine {
                 return;
             };
             let value = pos + 1;
-            // What runs alone, if anything, was this stream's first op.
-            if self.async_stream == Some(s.id) {
-                self.async_stream = None;
+            if let Body::Async(_) = &op.body {
+                // A started async op gives its locks back, however it ends.
+                if let Some(i) = self.started.iter().position(|&id| id == s.id) {
+                    self.started.swap_remove(i);
+                    op.release_access(0);
+                }
             }
             let mut taken = Taken {
                 stream: s.clone(),
@@ -297,6 +328,9 @@ impl Engine {
                         taken.op = op;
                         s.in_flight.fetch_add(1, Ordering::Relaxed);
                         complete(sh, taken, None);
+                        // The callback took time: look at the streams again
+                        // (priorities may have changed, or more come).
+                        self.rescan = true;
                         continue;
                     }
                     Body::Async(a) => {
