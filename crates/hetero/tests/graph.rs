@@ -19,6 +19,7 @@ fn double_plus() -> Kernel {
             *v = input[base + j] * 2 + add;
         }
     })
+    .wgsl(common::wgsl::map("u32", 1, "x0[i] * 2u + s(0u)"), "main")
 }
 
 fn is_graph_error(r: Result<impl std::fmt::Debug, Error>) -> String {

@@ -6,6 +6,8 @@
 //! stream waits for its work).
 #![allow(dead_code)]
 
+pub mod wgsl;
+
 use hetero::{BackendKind, Device, DeviceConfig, Event, HostEvent, Stream, TimeMode};
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
