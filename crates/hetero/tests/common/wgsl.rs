@@ -11,11 +11,18 @@
 /// (`u32` or `f32`). `expr` may use `i`, `x0[i]`…, `y[i]` (the old value) and
 /// `s(k)` (scalar slot `k` as a `u32`).
 pub fn map(ty: &str, reads: usize, expr: &str) -> String {
+    map_with(ty, reads, "", expr)
+}
+
+/// As [`map`], with WGSL functions (`prelude`) that `expr` may call.
+pub fn map_with(ty: &str, reads: usize, prelude: &str, expr: &str) -> String {
     let mut src = String::from(
         "struct Scalars { v: array<vec2<u32>, 8> }\n\
          var<push_constant> pc: Scalars;\n\
          fn s(k: u32) -> u32 { return pc.v[k].x; }\n",
     );
+    src += prelude;
+    src += "\n";
     for r in 0..reads {
         src += &format!("@group(0) @binding({r}) var<storage, read> x{r}: array<{ty}>;\n");
     }
@@ -46,9 +53,13 @@ pub fn nothing(buffers: usize) -> String {
     src
 }
 
-/// WGSL that does not compile (an unknown name on line 3): a kernel that
-/// fails on a device that compiles device code, as a panicking closure
-/// fails on one that runs host code.
-pub const FAILS: &str = "@group(0) @binding(0) var<storage, read_write> y: array<u32>;\n\
-     @compute @workgroup_size(64)\n\
-     fn main() { y[0] = this_name_is_not_defined; }\n";
+/// WGSL that does not compile (an unknown name): a kernel that fails on a
+/// device that compiles device code, as a panicking closure fails on one
+/// that runs host code. The failing line ends in a comment saying `why`, so
+/// the compiler's message (which quotes the line) says it too.
+pub fn fails(why: &str) -> String {
+    format!(
+        "@compute @workgroup_size(64)\n\
+         fn main() {{ let x: u32 = this_name_is_not_defined; }} // {why}\n"
+    )
+}

@@ -416,6 +416,16 @@ impl Engine {
     fn record(&mut self, sh: &Shared, rec: &mut Recorder, op: &Op) -> Result<After, String> {
         let vk = |e: hetero_vulkan::VkError| e.to_string();
         rec.barrier();
+        // Nothing to move (an empty buffer has no chunk to name).
+        let empty = match &op.body {
+            Body::Copy { bytes, .. } | Body::Fill { bytes, .. } => *bytes == 0,
+            Body::HostWrite { data, .. } => data.is_empty(),
+            Body::HostRead { out, .. } => out.lock().unwrap_or_else(|p| p.into_inner()).is_empty(),
+            _ => false,
+        };
+        if empty {
+            return Ok(After::Nothing);
+        }
         match &op.body {
             Body::Copy {
                 src,
