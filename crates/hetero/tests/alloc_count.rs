@@ -80,7 +80,7 @@ fn counter_sees_this_threads_allocations_only() {
 fn launching_a_built_kernel_allocates_nothing() {
     let dev = device();
     let s = dev.create_stream().expect("stream");
-    let k = Kernel::new("empty", |_| {});
+    let k = Kernel::new("empty", |_| {}).wgsl(common::wgsl::nothing(0), "main");
     let grid = Grid::new(1);
     // Warm-up: first use of any lazily initialised state.
     for _ in 0..1000 {
@@ -112,7 +112,11 @@ fn launching_with_buffer_args_fills_and_copies_allocate_nothing() {
     let k = Kernel::new("touch", |blk| {
         let x = blk.read::<u32>(0)[0];
         blk.write::<u32>(0)[0] = x;
-    });
+    })
+    .wgsl(
+        common::wgsl::map("u32", 1, "select(y[i], x0[0], i == 0u)"),
+        "main",
+    );
     let grid = Grid::new(1);
     let round = || {
         for _ in 0..100 {
@@ -138,7 +142,7 @@ fn re_recording_an_event_and_waiting_on_it_allocate_nothing() {
         dev.create_stream().expect("s"),
         dev.create_stream().expect("t"),
     );
-    let k = Kernel::new("empty", |_| {});
+    let k = Kernel::new("empty", |_| {}).wgsl(common::wgsl::nothing(0), "main");
     let mut e = hetero::Event::new();
     let round = |e: &mut hetero::Event| {
         for _ in 0..100 {

@@ -95,6 +95,50 @@ fn another_thread_completes_an_async_op_in_stream_order() {
     assert!(pinned.as_slice().unwrap().iter().all(|&b| b == 7));
 }
 
+/// While an async op works on a buffer, other streams go on with other work,
+/// but an op of another stream that touches that buffer (not ordered by an
+/// event) waits until the async op completes, never racing it.
+#[test]
+fn other_streams_run_beside_an_async_op_but_not_on_its_buffer() {
+    if common::skipped("other_streams_run_beside_an_async_op_but_not_on_its_buffer") {
+        return;
+    }
+    let dev = common::device();
+    let (s, t, u) = (
+        dev.create_stream().unwrap(),
+        dev.create_stream().unwrap(),
+        dev.create_stream().unwrap(),
+    );
+    let mut pinned = dev.alloc_pinned::<u8>(4096).unwrap();
+    let go = common::Gate::new();
+    let unused = Arc::new(AtomicBool::new(false));
+    s.enqueue_async(
+        "by-thread",
+        &[AsyncArg::write_pinned(&mut pinned)],
+        by_thread(go.waiter(), 9, unused.clone(), unused),
+    )
+    .unwrap();
+    go.wait_reached_polling(&s);
+    // Unrelated work on another stream completes while the op is pending.
+    let other = dev.alloc::<u8>(4096).unwrap();
+    u.fill(&other, 3u8).unwrap();
+    u.synchronize().unwrap();
+    assert_eq!(u.read_to_vec(&other).unwrap(), vec![3u8; 4096]);
+    // A copy from the buffer the op writes waits for it.
+    let dst = dev.alloc::<u8>(4096).unwrap();
+    t.copy_h2d(&pinned, &dst).unwrap();
+    common::settle(&dev);
+    assert!(!s.query().unwrap(), "done before the thread was let go");
+    assert!(
+        !t.query().unwrap(),
+        "a copy of the buffer ran while the async op was writing it"
+    );
+    go.open();
+    t.synchronize().unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(t.read_to_vec(&dst).unwrap(), vec![9u8; 4096]);
+}
+
 #[test]
 fn parked_engines_still_poll_async_ops() {
     // Engines that park at once (Block) wake every `async_poll` while an async

@@ -324,6 +324,24 @@ fn mix(seed: u32, i: usize, inputs: &[&[u32]]) -> u32 {
     v
 }
 
+/// `mix` as WGSL over `n_reads` inputs (`u32` arithmetic wraps in WGSL too).
+fn mix_wgsl(seed: u32, n_reads: usize) -> String {
+    let mut v = format!("(({seed}u * (i + 1u)) ^ 0x9e3779b9u)");
+    for k in 0..n_reads {
+        v = format!(
+            "(rotl({v}, {r}u) + x{k}[i % arrayLength(&x{k})] * {m}u)",
+            r = 5 + k,
+            m = 2 * k + 3
+        );
+    }
+    common::wgsl::map_with(
+        "u32",
+        n_reads,
+        "fn rotl(v: u32, r: u32) -> u32 { return (v << r) | (v >> (32u - r)); }",
+        &v,
+    )
+}
+
 /// A callback's update of its host cell: order-sensitive.
 fn host_update(old: u32, value: u32) -> u32 {
     old.wrapping_mul(31).wrapping_add(value) ^ (old >> 7)
@@ -397,6 +415,12 @@ fn execute(spec: &Spec, steps: &[Step], mode: Mode) -> (Vec<Vec<u32>>, [u32; HOS
         .iter()
         .map(|&n| dev.alloc::<u32>(n).expect("buffer"))
         .collect();
+    // A fresh buffer's contents are unspecified (Device::alloc): the
+    // reference starts from zeros.
+    for b in &bufs {
+        streams[0].fill(b, 0u32).expect("zero");
+    }
+    streams[0].synchronize().expect("zeroed");
     let cells: Arc<[AtomicU32; HOST_CELLS]> = Arc::new(Default::default());
     let mut events: Vec<Event> = Vec::new();
     if let Mode::Graph(_) = mode {
@@ -442,7 +466,8 @@ fn execute(spec: &Spec, steps: &[Step], mode: Mode) -> (Vec<Vec<u32>>, [u32; HOS
                     for (j, v) in b.write::<u32>(0).iter_mut().enumerate() {
                         *v = mix(seed, base + j, &inputs);
                     }
-                });
+                })
+                .wgsl(mix_wgsl(seed, n_reads), "main");
                 let mut args: Vec<Arg<'_>> = reads.iter().map(|r| Arg::read(&bufs[*r])).collect();
                 args.push(Arg::write(&bufs[*write]));
                 streams[*s]

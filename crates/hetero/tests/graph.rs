@@ -19,6 +19,7 @@ fn double_plus() -> Kernel {
             *v = input[base + j] * 2 + add;
         }
     })
+    .wgsl(common::wgsl::map("u32", 1, "x0[i] * 2u + s(0u)"), "main")
 }
 
 fn is_graph_error(r: Result<impl std::fmt::Debug, Error>) -> String {
@@ -85,7 +86,11 @@ fn explicit_fork_join_graph_runs_every_branch_and_reports_its_shape() {
         for (j, v) in b.write::<u32>(0).iter_mut().enumerate() {
             *v = ins.iter().map(|x| x[j]).sum();
         }
-    });
+    })
+    .wgsl(
+        common::wgsl::map("u32", 6, "x0[i] + x1[i] + x2[i] + x3[i] + x4[i] + x5[i]"),
+        "main",
+    );
     let mut args: Vec<Arg<'_>> = outs.iter().map(Arg::read).collect();
     args.push(Arg::write(&sum));
     g.kernel(&add, Grid::new(1), &args, &branches).unwrap();
@@ -319,6 +324,9 @@ fn graph_internal_buffers_share_an_arena_by_lifetime() {
 
 #[test]
 fn lanes_are_held_to_the_memory_budget_and_free_without_buffers() {
+    if common::skipped("lanes_are_held_to_the_memory_budget_and_free_without_buffers") {
+        return;
+    }
     let dev = common::device_with(|c| c.compute_units(2));
     let s = dev.create_stream().unwrap();
     let k = double_plus();
@@ -433,7 +441,8 @@ fn scalars_update_in_place_like_a_reinstantiate() {
         for (j, v) in b.write::<u32>(0).iter_mut().enumerate() {
             *v = input[base + j] * 3;
         }
-    });
+    })
+    .wgsl(common::wgsl::map("u32", 1, "x0[i] * 3u"), "main");
     exec.set_kernel(n, &triple, Grid::new(4)).unwrap();
     s.launch_graph(&exec).unwrap();
     assert_eq!(s.read_to_vec(&b).unwrap(), vec![3; 16]);
@@ -556,7 +565,8 @@ fn fault_skips_dependents_only(units: usize, interleaved: bool) {
         }
     };
     let mut g = Graph::new(&dev).unwrap();
-    let boom = Kernel::new("boom", |_| panic!("node failed on purpose"));
+    let boom = Kernel::new("boom", |_| panic!("node failed on purpose"))
+        .wgsl(common::wgsl::fails("node failed on purpose"), "main");
     let bad = g.kernel(&boom, Grid::new(1), &[], &[]).unwrap();
     let (after, other) = if interleaved {
         let other = g.host(add(10), &[]).unwrap();
@@ -654,7 +664,7 @@ fn empty_and_zero_sized_graphs_launch() {
     let z = dev.alloc::<f64>(0).unwrap();
     cb.copy_d2d(&empty, &z).unwrap();
     cb.launch(
-        &Kernel::new("nothing", |_| {}),
+        &Kernel::new("nothing", |_| {}).wgsl(common::wgsl::nothing(1), "main"),
         Grid::new(1),
         &[Arg::write(&empty)],
     )
@@ -792,6 +802,9 @@ fn a_buffer_dropped_after_binding_keeps_its_memory_for_the_table() {
 
 #[test]
 fn multi_block_kernel_nodes_run_every_block_once() {
+    if common::skipped("multi_block_kernel_nodes_run_every_block_once") {
+        return;
+    }
     let dev = common::device();
     let s = dev.create_stream().unwrap();
     let n = 1 << 16;
@@ -858,6 +871,9 @@ fn multi_block_kernel_nodes_run_every_block_once() {
 
 #[test]
 fn blocking_calls_inside_graph_nodes_work_or_refuse_never_hang() {
+    if common::skipped("blocking_calls_inside_graph_nodes_work_or_refuse_never_hang") {
+        return;
+    }
     use std::sync::Mutex;
     let dev = common::device();
     let s = dev.create_stream().unwrap();

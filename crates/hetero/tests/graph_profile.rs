@@ -20,6 +20,7 @@ fn double() -> Kernel {
             *o = i * 2;
         }
     })
+    .wgsl(common::wgsl::map("u32", 1, "x0[i] * 2u"), "main")
 }
 
 /// out = a + b.
@@ -30,10 +31,14 @@ fn add() -> Kernel {
             *o = x + y;
         }
     })
+    .wgsl(common::wgsl::map("u32", 2, "x0[i] + x1[i]"), "main")
 }
 
 #[test]
 fn graph_launches_nest_in_the_trace_and_fill_the_graphs_section() {
+    if common::skipped("graph_launches_nest_in_the_trace_and_fill_the_graphs_section") {
+        return;
+    }
     const N: usize = 256;
     let dev = common::device();
     let s = dev.create_stream().unwrap();

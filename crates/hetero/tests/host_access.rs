@@ -25,7 +25,8 @@ fn a_kernel_that_found_its_buffer_held_by_the_host_runs_when_the_host_lets_go() 
             for (i, v) in b.write::<u32>(0).iter_mut().enumerate() {
                 *v = (off + i) as u32;
             }
-        });
+        })
+        .wgsl(common::wgsl::map("u32", 0, "i"), "main");
         let ones = vec![9u32; N];
         let mut out = vec![0u32; N];
         for round in 0..ROUNDS {

@@ -186,6 +186,9 @@ fn bad_regions_are_typed_errors() {
 
 #[test]
 fn kernels_read_and_write_pitched_buffers_by_rows() {
+    if common::skipped("kernels_read_and_write_pitched_buffers_by_rows") {
+        return;
+    }
     let dev = common::device();
     let s = dev.create_stream().expect("stream");
     let (w, h) = (13usize, 11usize);

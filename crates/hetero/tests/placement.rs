@@ -135,7 +135,8 @@ fn placement_wait_is_bounded_and_zero_turns_it_off() {
     let (a, b) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
     let x = dev.alloc::<u32>(64 * 1024).unwrap();
     let y = dev.alloc::<u32>(64 * 1024).unwrap();
-    let fill = Kernel::new("fill", |b| b.write::<u32>(0).fill(7));
+    let fill = Kernel::new("fill", |b| b.write::<u32>(0).fill(7))
+        .wgsl(common::wgsl::map("u32", 0, "7u"), "main");
     a.launch(&fill, Grid::new(1), &[Arg::write(&x)]).unwrap();
     b.wait_event(&a.record_event().unwrap()).unwrap();
     b.copy_d2d(&x, &y).unwrap();

@@ -16,12 +16,21 @@
 //! Flights complete in submission order (one device timeline, `flights`,
 //! signalled with each flight's number), and their ops in recorded order:
 //! each stream's timeline completes in value order. A host callback runs when
-//! its stream has nothing in flight; an async op starts when the device has
-//! nothing in flight (it reaches its buffers' bytes directly), and is polled
-//! at each look until it is done.
+//! its stream has nothing in flight, on this thread, and ends the look (so
+//! the next op is chosen by the streams' priorities as they are then, not as
+//! they were before the callback ran). An async op starts when its stream and
+//! the device have nothing in flight (it reaches its buffers' bytes
+//! directly) and its buffers' access locks are free; it takes them, is
+//! polled at each look until it is done, and gives them back when it
+//! completes. Meanwhile other streams go on: an op is recorded only while
+//! nobody holds a lock it conflicts with (an async op's, or the host's in a
+//! synchronous access). Recorded ops hold no locks (the barrier between ops
+//! orders them among themselves), so a host access that starts after an op
+//! of another stream was recorded is not ordered against it: order them by
+//! an event, as on every backend.
 
 use super::{Shared, VulkanStream};
-use crate::exec::kernel::DeviceCode;
+use crate::exec::kernel::{DeviceCode, KernelInner};
 use crate::exec::op::{self, Body, Op};
 use crate::exec::storage::Storage;
 use hetero_vulkan::{CommandBuffer, Lane, Pipeline, Recorder};
@@ -30,6 +39,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// Push-constant bytes of every pipeline: a graph kernel node's scalars, one
+/// 8-byte slot each (`Block::scalars`), `MAX_SCALARS` of them.
+const PUSH_BYTES: u32 = (crate::exec::graph::plan::MAX_SCALARS * 8) as u32;
+
 /// Ops one flush takes from one stream at most (so a long stream does not
 /// hold back the others' first submission).
 const TAKE_PER_STREAM: usize = 256;
@@ -37,8 +50,8 @@ const TAKE_PER_STREAM: usize = 256;
 /// What an op needs when the device has run it.
 enum After {
     Nothing,
-    /// Keep these bytes until the op completes (a staging buffer the device reads).
-    Keep(#[allow(dead_code)] hetero_memory::PinnedAllocation),
+    /// Keep these bytes until the op completes (staging buffers the device reads).
+    Keep(#[allow(dead_code)] Vec<hetero_memory::PinnedAllocation>),
     /// Copy the staging buffer into the host read's output.
     ReadBack {
         staging: hetero_memory::PinnedAllocation,
@@ -74,9 +87,11 @@ pub(super) struct Engine {
     pipelines: HashMap<(usize, u32), (Arc<DeviceCode>, Pipeline)>,
     /// An async op is pending: look again soon.
     polling: bool,
-    /// The stream whose async op has started and is not done: nothing else
-    /// is recorded meanwhile (the op reaches its buffers' bytes directly).
-    async_stream: Option<u64>,
+    /// The streams whose oldest op is an async op that has started (it holds
+    /// its buffers' access locks until it completes).
+    started: Vec<u64>,
+    /// A host callback ran in this look: take nothing more, look again.
+    rescan: bool,
 }
 
 impl Engine {
@@ -88,7 +103,8 @@ impl Engine {
             next_seq: 1,
             pipelines: HashMap::new(),
             polling: false,
-            async_stream: None,
+            started: Vec::new(),
+            rescan: false,
         }
     }
 
@@ -163,13 +179,15 @@ impl Engine {
     fn flush(&mut self, sh: &Shared) -> bool {
         let mut rec: Option<Recorder> = None;
         let mut ops: Vec<Taken> = Vec::new();
+        self.rescan = false;
         let streams = std::mem::take(&mut self.streams);
         for s in &streams {
             self.take_from(sh, s, &mut rec, &mut ops);
         }
         self.streams = streams;
         if ops.is_empty() {
-            return false;
+            // A callback that ran may have made more ready: look again now.
+            return self.rescan;
         }
         let seq = match rec {
             None => 0,
@@ -222,13 +240,15 @@ impl Engine {
         rec: &mut Option<Recorder>,
         ops: &mut Vec<Taken>,
     ) {
-        if self.async_stream.is_some_and(|id| id != s.id) {
-            return;
-        }
         for _ in 0..TAKE_PER_STREAM {
+            if self.rescan {
+                return;
+            }
             let in_flight = s.in_flight.load(Ordering::Relaxed);
             let device_idle = self.flights.is_empty() && rec.is_none();
+            let started = self.started.contains(&s.id);
             let mut polling = false;
+            let mut starts = false;
             // SAFETY: the engine thread is the ring's only consumer (and holds
             // every stream, as polling an async op requires).
             let ready = unsafe {
@@ -244,11 +264,14 @@ impl Engine {
                                 || self.recorded_here(timeline.stream, *value)
                         }
                         Body::Host(_) => in_flight == 0,
-                        Body::Async(a)
-                            if in_flight == 0
-                                && (device_idle || self.async_stream == Some(s.id)) =>
-                        {
-                            match a.poll(None, || true) {
+                        Body::Async(a) if in_flight == 0 && (device_idle || started) => {
+                            // It starts with its buffers' locks (released
+                            // when it completes, `complete_async`).
+                            let start = || {
+                                starts = op.try_acquire_access();
+                                starts
+                            };
+                            match a.poll(None, start) {
                                 crate::exec::async_op::AsyncPoll::Ready => true,
                                 crate::exec::async_op::AsyncPoll::Pending => {
                                     polling = true;
@@ -257,13 +280,31 @@ impl Engine {
                             }
                         }
                         Body::Async(_) => false,
-                        _ => true,
+                        // A launch with host nodes runs them on this thread,
+                        // between its device nodes, when the device is idle
+                        // (graph.rs).
+                        Body::Graph(l)
+                            if super::graph::has_host_nodes(l)
+                                && !(in_flight == 0 && device_idle) =>
+                        {
+                            false
+                        }
+                        // Nobody (a started async op, a host access) may hold
+                        // a lock it conflicts with: take them and give them
+                        // back (recorded ops are ordered by barriers).
+                        _ => {
+                            let free = op.try_acquire_access();
+                            if free {
+                                op.release_access(0);
+                            }
+                            free
+                        }
                     }
                 })
             };
             self.polling |= polling;
-            if polling {
-                self.async_stream = Some(s.id);
+            if starts {
+                self.started.push(s.id);
             }
             if ready != Some(true) {
                 return;
@@ -273,9 +314,12 @@ impl Engine {
                 return;
             };
             let value = pos + 1;
-            // What runs alone, if anything, was this stream's first op.
-            if self.async_stream == Some(s.id) {
-                self.async_stream = None;
+            if let Body::Async(_) = &op.body {
+                // A started async op gives its locks back, however it ends.
+                if let Some(i) = self.started.iter().position(|&id| id == s.id) {
+                    self.started.swap_remove(i);
+                    op.release_access(0);
+                }
             }
             let mut taken = Taken {
                 stream: s.clone(),
@@ -297,6 +341,9 @@ impl Engine {
                         taken.op = op;
                         s.in_flight.fetch_add(1, Ordering::Relaxed);
                         complete(sh, taken, None);
+                        // The callback took time: look at the streams again
+                        // (priorities may have changed, or more come).
+                        self.rescan = true;
                         continue;
                     }
                     Body::Async(a) => {
@@ -324,12 +371,11 @@ impl Engine {
                         }
                     }
                     Body::Record { .. } => taken.after = After::Stamp,
-                    Body::Graph(_) => {
-                        taken.result = Err(
-                            "graphs and command buffers do not run on the Vulkan backend yet; \
-                             launch their operations on a stream"
-                                .into(),
-                        )
+                    Body::Graph(l) => {
+                        let mut nodes = super::graph::Nodes::new(self, sh, rec);
+                        taken.result = nodes.run(l);
+                        taken.after = After::Keep(nodes.into_staging());
+                        s.recorded.store(value, Ordering::Relaxed);
                     }
                     _ => {
                         let r = rec_or_new(sh, rec).and_then(|r| self.record(sh, r, &op));
@@ -370,6 +416,16 @@ impl Engine {
     fn record(&mut self, sh: &Shared, rec: &mut Recorder, op: &Op) -> Result<After, String> {
         let vk = |e: hetero_vulkan::VkError| e.to_string();
         rec.barrier();
+        // Nothing to move (an empty buffer has no chunk to name).
+        let empty = match &op.body {
+            Body::Copy { bytes, .. } | Body::Fill { bytes, .. } => *bytes == 0,
+            Body::HostWrite { data, .. } => data.is_empty(),
+            Body::HostRead { out, .. } => out.lock().unwrap_or_else(|p| p.into_inner()).is_empty(),
+            _ => false,
+        };
+        if empty {
+            return Ok(After::Nothing);
+        }
         match &op.body {
             Body::Copy {
                 src,
@@ -417,7 +473,7 @@ impl Engine {
                 let (sc, so) = sh.place_pinned(&staging, *bytes)?;
                 rec.copy(&sc, so, &dc, d + *off as u64, *bytes as u64)
                     .map_err(vk)?;
-                Ok(After::Keep(staging))
+                Ok(After::Keep(vec![staging]))
             }
             Body::HostWrite { dst, off, data, .. } => {
                 let (dc, d) = sh.place(dst)?;
@@ -429,7 +485,7 @@ impl Engine {
                 let (sc, so) = sh.place_pinned(&staging, data.len())?;
                 rec.copy(&sc, so, &dc, d + *off as u64, data.len() as u64)
                     .map_err(vk)?;
-                Ok(After::Keep(staging))
+                Ok(After::Keep(vec![staging]))
             }
             Body::HostRead { src, off, out } => {
                 let len = out.lock().unwrap_or_else(|p| p.into_inner()).len();
@@ -479,40 +535,56 @@ impl Engine {
                 blocks,
                 args,
             } => {
-                let Some(code) = &kernel.code else {
-                    return Err(format!("kernel '{}' has no device code", kernel.name));
-                };
-                let n = args.as_slice_iter().count() as u32;
-                let max = sh.gpu.info().limits.max_compute_work_group_count[0];
-                if *blocks > max {
-                    return Err(format!(
-                        "kernel '{}': a grid of {blocks} blocks, this device dispatches at most {max} workgroups along x",
-                        kernel.name
-                    ));
-                }
-                let pipeline = self.pipeline(sh, kernel.name, code, n)?;
-                let mut places = Vec::with_capacity(n as usize);
+                let mut places = Vec::with_capacity(args.as_slice_iter().count());
                 for a in args.as_slice_iter() {
-                    places.push(match a.storage.bytes() {
-                        // An empty buffer binds a few bytes nothing else uses.
-                        0 => (sh.empty.clone(), 0, 4),
-                        b => {
-                            let (c, o) = sh.place(&a.storage)?;
-                            (c, o, b as u64)
-                        }
-                    });
+                    places.push(sh.binding(&a.storage, 0, a.storage.bytes())?);
                 }
-                let buffers: Vec<_> = places.iter().map(|(c, o, r)| (&**c, *o, *r)).collect();
-                rec.dispatch(&pipeline, &buffers, &[], [*blocks, 1, 1])
-                    .map_err(|e| format!("kernel '{}': {e}", kernel.name))?;
+                self.dispatch(sh, rec, kernel, *blocks, &places, &[])?;
                 Ok(After::Nothing)
             }
             _ => Ok(After::Nothing),
         }
     }
 
+    /// Records a dispatch of `kernel`'s device code over `blocks` workgroups,
+    /// binding `places` (chunk, offset, bytes) in order, with `scalars` as
+    /// push constants (zeros past them, up to `PUSH_BYTES`).
+    pub(super) fn dispatch(
+        &mut self,
+        sh: &Shared,
+        rec: &mut Recorder,
+        kernel: &KernelInner,
+        blocks: u32,
+        places: &[(Arc<hetero_vulkan::Chunk>, u64, u64)],
+        scalars: &[u64],
+    ) -> Result<(), String> {
+        let Some(code) = &kernel.code else {
+            return Err(format!(
+                "kernel '{}' has no device code; give it some with Kernel::wgsl or Kernel::spirv",
+                kernel.name
+            ));
+        };
+        let max = sh.gpu.info().limits.max_compute_work_group_count[0];
+        if blocks > max {
+            return Err(format!(
+                "kernel '{}': a grid of {blocks} blocks, this device dispatches at most {max} workgroups along x",
+                kernel.name
+            ));
+        }
+        let pipeline = self.pipeline(sh, kernel.name, code, places.len() as u32)?;
+        let mut push = [0u8; PUSH_BYTES as usize];
+        for (slot, v) in push.chunks_exact_mut(8).zip(scalars) {
+            slot.copy_from_slice(&v.to_le_bytes());
+        }
+        let buffers: Vec<_> = places.iter().map(|(c, o, r)| (&**c, *o, *r)).collect();
+        rec.dispatch(&pipeline, &buffers, &push, [blocks, 1, 1])
+            .map_err(|e| format!("kernel '{}': {e}", kernel.name))
+    }
+
     /// The compiled pipeline of `code` with `bindings` buffers (compiled at
-    /// its first use, through the device's pipeline cache).
+    /// its first use, through the device's pipeline cache). Every pipeline
+    /// takes `PUSH_BYTES` of push constants (a graph node's scalars; zeros
+    /// for a launch on a stream), so one pipeline serves both.
     fn pipeline(
         &mut self,
         sh: &Shared,
@@ -526,8 +598,10 @@ impl Engine {
         }
         let built = match &**code {
             DeviceCode::Wgsl { source, entry } => hetero_vulkan::compile_wgsl(source, entry)
-                .and_then(|words| Pipeline::new(&sh.gpu, &words, entry, bindings, 0)),
-            DeviceCode::Spirv { words, entry } => Pipeline::new(&sh.gpu, words, entry, bindings, 0),
+                .and_then(|words| Pipeline::new(&sh.gpu, &words, entry, bindings, PUSH_BYTES)),
+            DeviceCode::Spirv { words, entry } => {
+                Pipeline::new(&sh.gpu, words, entry, bindings, PUSH_BYTES)
+            }
         }
         .map_err(|e| format!("kernel '{name}': {e}"))?;
         self.pipelines.insert(key, (code.clone(), built.clone()));
@@ -535,7 +609,55 @@ impl Engine {
     }
 }
 
-fn rec_or_new<'a>(sh: &Shared, rec: &'a mut Option<Recorder>) -> Result<&'a mut Recorder, String> {
+impl Engine {
+    /// Submits what `rec` holds and waits until the device ran it (and every
+    /// flight before it): a graph's host node runs after the device nodes
+    /// recorded before it.
+    pub(super) fn submit_and_wait(
+        &mut self,
+        sh: &Shared,
+        rec: &mut Option<Recorder>,
+    ) -> Result<(), String> {
+        let Some(r) = rec.take() else {
+            return Ok(());
+        };
+        let seq = self.next_seq;
+        let cmd = r
+            .finish()
+            .and_then(|cmd| {
+                sh.gpu
+                    .submit(Lane::Compute, &[&cmd], &[], &[(&sh.flights, seq)])
+                    .map(|_| cmd)
+            })
+            .map_err(|e| {
+                if matches!(e, hetero_vulkan::VkError::DeviceLost { .. }) {
+                    sh.lose(e.to_string());
+                }
+                format!("submitting to the Vulkan device failed: {e}")
+            })?;
+        self.next_seq += 1;
+        self.flights.push_back(Flight {
+            seq,
+            _cmd: Some(cmd),
+            ops: Vec::new(),
+        });
+        loop {
+            match sh.flights.wait(seq, Duration::from_millis(100)) {
+                Ok(()) => return Ok(()),
+                Err(hetero_vulkan::VkError::Timeout { .. }) => {}
+                Err(e) => {
+                    sh.lose(format!("waiting for the device: {e}"));
+                    return Err(format!("waiting for the Vulkan device failed: {e}"));
+                }
+            }
+        }
+    }
+}
+
+pub(super) fn rec_or_new<'a>(
+    sh: &Shared,
+    rec: &'a mut Option<Recorder>,
+) -> Result<&'a mut Recorder, String> {
     if rec.is_none() {
         *rec = Some(sh.gpu.recorder(Lane::Compute).map_err(|e| e.to_string())?);
     }
@@ -544,7 +666,7 @@ fn rec_or_new<'a>(sh: &Shared, rec: &'a mut Option<Recorder>) -> Result<&'a mut 
 
 /// The 32-bit word `vkCmdFillBuffer` repeats for `pattern`, when the range
 /// allows it (offset and length multiples of 4, a pattern of 1, 2 or 4 bytes).
-fn fill_word(pattern: &[u8], off: usize, bytes: usize) -> Option<u32> {
+pub(super) fn fill_word(pattern: &[u8], off: usize, bytes: usize) -> Option<u32> {
     if !off.is_multiple_of(4) || !bytes.is_multiple_of(4) {
         return None;
     }
@@ -620,6 +742,26 @@ fn refuse_wait(
 }
 
 impl Shared {
+    /// What a dispatch binds for `bytes` of `s` from `off`: chunk, offset,
+    /// range (an empty range binds a few bytes nothing else uses).
+    pub(super) fn binding(
+        &self,
+        s: &Storage,
+        off: usize,
+        bytes: usize,
+    ) -> Result<(Arc<hetero_vulkan::Chunk>, u64, u64), String> {
+        if bytes == 0 {
+            return Ok(self.empty_binding());
+        }
+        let (c, o) = self.place(s)?;
+        Ok((c, o + off as u64, bytes as u64))
+    }
+
+    /// A few bytes nothing else uses, for an empty buffer argument.
+    pub(super) fn empty_binding(&self) -> (Arc<hetero_vulkan::Chunk>, u64, u64) {
+        (self.empty.clone(), 0, 4)
+    }
+
     /// The chunk and offset of `s`'s memory.
     pub(super) fn place(&self, s: &Storage) -> Result<(Arc<hetero_vulkan::Chunk>, u64), String> {
         let bytes = s.bytes() as u64;
@@ -642,7 +784,7 @@ impl Shared {
         })
     }
 
-    fn place_pinned(
+    pub(super) fn place_pinned(
         &self,
         a: &hetero_memory::PinnedAllocation,
         bytes: usize,
@@ -653,7 +795,7 @@ impl Shared {
     }
 
     /// `bytes` of pinned memory to stage through.
-    fn staging(&self, bytes: usize) -> Result<hetero_memory::PinnedAllocation, String> {
+    pub(super) fn staging(&self, bytes: usize) -> Result<hetero_memory::PinnedAllocation, String> {
         self.pinned
             .alloc(bytes.max(1), Storage::ALIGN)
             .map_err(|e| format!("staging {bytes} bytes: {e}"))

@@ -5,7 +5,8 @@
 //!
 //! Files (twins of the other backends where roles match): `mod.rs` the device
 //! and its `Shared` state, `stream.rs` the backend stream, `engine.rs` the
-//! thread that records, submits and completes, `memory.rs` the pools' chunk
+//! thread that records, submits and completes, `graph.rs` graph launches (their
+//! nodes recorded into the engine's flight), `memory.rs` the pools' chunk
 //! sources, `points.rs` the pool's stream points.
 //!
 //! Invariants: only the engine thread records, submits, and completes ops;
@@ -14,6 +15,7 @@
 //! last.
 
 mod engine;
+mod graph;
 mod memory;
 mod points;
 mod stream;

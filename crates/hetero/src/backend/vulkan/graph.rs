@@ -1,0 +1,221 @@
+//! Graph launches on the Vulkan device: the engine thread walks the plan's
+//! nodes in a dependency order (`RunState::run_all`, the runner every
+//! backend shares, so a failed node fails the launch and skips exactly its
+//! dependents) and records each device node into the flush's command buffer,
+//! a full barrier before each: kernels with device code (their scalars as
+//! push constants), copies, fills and 2-D copies. The launch completes with
+//! its flight, like any other op.
+//!
+//! Host nodes run on the engine thread, between the device nodes: a launch
+//! with any is taken only when its stream and the device have nothing in
+//! flight, and before each host node the engine submits what it recorded and
+//! waits until the device ran it (so the host node sees its predecessors'
+//! effects). Waits on events outside the graph were ops before the launch;
+//! wait and empty nodes record nothing.
+//!
+//! Operands resolve at launch: fixed buffers and bound slots to their chunk,
+//! the graph's own buffers to their place in the plan's arena.
+//!
+//! Invariants: a node is recorded only after every node it depends on was
+//! (the runner's order) and behind a full barrier, so it runs after them on
+//! the device; staging buffers of fills live until the launch completes
+//! (`Nodes::into_staging`).
+
+use super::engine::{fill_word, rec_or_new, Engine};
+use super::Shared;
+use crate::exec::graph::launch::{run_node, GraphLaunch, NodeHooks};
+use crate::exec::graph::run::RunState;
+use crate::exec::graph::{NodeBody, Operand};
+use hetero_vulkan::{Chunk, Recorder};
+use std::sync::Arc;
+
+/// Whether `l`'s plan has host nodes (its launch runs them on the engine
+/// thread, with the device idle).
+pub(super) fn has_host_nodes(l: &GraphLaunch) -> bool {
+    l.exec.nodes.iter().any(|n| matches!(n, NodeBody::Host(_)))
+}
+
+/// One launch being recorded: the runner's hooks.
+pub(super) struct Nodes<'a> {
+    engine: &'a mut Engine,
+    sh: &'a Shared,
+    rec: &'a mut Option<Recorder>,
+    staging: Vec<hetero_memory::PinnedAllocation>,
+}
+
+impl<'a> Nodes<'a> {
+    pub(super) fn new(
+        engine: &'a mut Engine,
+        sh: &'a Shared,
+        rec: &'a mut Option<Recorder>,
+    ) -> Self {
+        Nodes {
+            engine,
+            sh,
+            rec,
+            staging: Vec::new(),
+        }
+    }
+
+    /// Records (and runs the host nodes of) the launch `l`; its result: the
+    /// first failed node's message.
+    pub(super) fn run(&mut self, l: &GraphLaunch) -> Result<(), String> {
+        let run = RunState::take(&l.exec);
+        let result = run.run_all(l, self);
+        run.give_back(&l.exec);
+        result
+    }
+
+    /// The staging buffers the recorded nodes read: kept until the launch
+    /// completes.
+    pub(super) fn into_staging(self) -> Vec<hetero_memory::PinnedAllocation> {
+        self.staging
+    }
+
+    /// The chunk and offset where operand `o`'s buffer starts.
+    fn base(&self, l: &GraphLaunch, o: &Operand) -> Result<(Arc<Chunk>, u64), String> {
+        match o {
+            Operand::Fixed(s) => self.sh.place(s),
+            Operand::Slot(i) => {
+                let bound = l.table.as_ref().and_then(|t| t[*i as usize].as_ref());
+                match bound {
+                    Some(s) => self.sh.place(s),
+                    None => Err(format!(
+                        "slot {i} is not bound; bind a buffer to it (Bindings::bind) and \
+                         launch with launch_graph_with"
+                    )),
+                }
+            }
+            Operand::Internal(i) => match &l.exec.arena {
+                Some(a) => {
+                    let (c, o) = self.sh.place(a)?;
+                    Ok((c, o + l.exec.offsets[*i as usize] as u64))
+                }
+                None => Err(format!(
+                    "the graph's buffer {i} has no place: the plan has no arena"
+                )),
+            },
+        }
+    }
+
+    /// What a dispatch binds for `bytes` of operand `o` from `off`: chunk,
+    /// offset, range.
+    fn place(
+        &self,
+        l: &GraphLaunch,
+        o: &Operand,
+        off: usize,
+        bytes: usize,
+    ) -> Result<(Arc<Chunk>, u64, u64), String> {
+        if bytes == 0 {
+            return Ok(self.sh.empty_binding());
+        }
+        let (c, b) = self.base(l, o)?;
+        Ok((c, b + off as u64, bytes as u64))
+    }
+
+    /// Records node `v`'s device work (a barrier first).
+    fn record(&mut self, l: &GraphLaunch, v: u32) -> Result<(), String> {
+        let vk = |e: hetero_vulkan::VkError| e.to_string();
+        let e = &*l.exec;
+        let p = &l.params.nodes[v as usize];
+        if let Some(kernel) = &p.kernel {
+            let args = &e.args[p.args.0 as usize..p.args.1 as usize];
+            let mut places = Vec::with_capacity(args.len());
+            for a in args {
+                places.push(self.place(l, &a.operand, 0, a.len * a.elem.size)?);
+            }
+            let scalars = l.params.scalars_of(p);
+            let rec = rec_or_new(self.sh, self.rec)?;
+            rec.barrier();
+            return self
+                .engine
+                .dispatch(self.sh, rec, kernel, p.blocks, &places, scalars);
+        }
+        match &e.nodes[v as usize] {
+            NodeBody::Copy {
+                src,
+                src_off,
+                dst,
+                dst_off,
+                bytes,
+                ..
+            } => {
+                if *bytes == 0 {
+                    return Ok(());
+                }
+                let (sc, so, _) = self.place(l, src, *src_off, *bytes)?;
+                let (dc, d, _) = self.place(l, dst, *dst_off, *bytes)?;
+                let rec = rec_or_new(self.sh, self.rec)?;
+                rec.barrier();
+                rec.copy(&sc, so, &dc, d, *bytes as u64).map_err(vk)
+            }
+            NodeBody::Fill {
+                dst,
+                off,
+                bytes,
+                pattern,
+                pattern_len,
+            } => {
+                if *bytes == 0 {
+                    return Ok(());
+                }
+                let pattern = &pattern[..*pattern_len as usize];
+                let (dc, d, _) = self.place(l, dst, *off, *bytes)?;
+                // The word rule is about the device offset (`d`), which is
+                // the operand's offset plus a multiple of 4.
+                if let Some(word) = fill_word(pattern, d as usize, *bytes) {
+                    let rec = rec_or_new(self.sh, self.rec)?;
+                    rec.barrier();
+                    return rec.fill(&dc, d, *bytes as u64, word).map_err(vk);
+                }
+                let staging = self.sh.staging(*bytes)?;
+                // SAFETY: the staging allocation holds `bytes` bytes of
+                // host-visible memory that only this node uses.
+                unsafe {
+                    crate::exec::effects::fill_bytes(staging.ptr().as_ptr(), 0, *bytes, pattern)
+                };
+                let (sc, so) = self.sh.place_pinned(&staging, *bytes)?;
+                self.staging.push(staging);
+                let rec = rec_or_new(self.sh, self.rec)?;
+                rec.barrier();
+                rec.copy(&sc, so, &dc, d, *bytes as u64).map_err(vk)
+            }
+            NodeBody::Copy2D(c) => {
+                let (s, t) = (c.src_r, c.dst_r);
+                if s.height == 0 || s.width == 0 {
+                    return Ok(());
+                }
+                let (sc, so) = self.base(l, &c.src)?;
+                let (dc, d) = self.base(l, &c.dst)?;
+                let rec = rec_or_new(self.sh, self.rec)?;
+                rec.barrier();
+                for row in 0..s.height {
+                    rec.copy(
+                        &sc,
+                        so + (s.offset + row * s.pitch) as u64,
+                        &dc,
+                        d + (t.offset + row * t.pitch) as u64,
+                        s.width as u64,
+                    )
+                    .map_err(vk)?;
+                }
+                Ok(())
+            }
+            NodeBody::Host(_) => {
+                // After what the device nodes before it did.
+                self.engine.submit_and_wait(self.sh, self.rec)?;
+                run_node(l, v)
+            }
+            // A kernel node always has its kernel in the parameters; waits
+            // were ops before the launch.
+            NodeBody::Kernel { .. } | NodeBody::Wait { .. } | NodeBody::Empty => Ok(()),
+        }
+    }
+}
+
+impl NodeHooks for Nodes<'_> {
+    fn run(&mut self, l: &GraphLaunch, v: u32) -> Result<(), String> {
+        self.record(l, v)
+    }
+}
