@@ -48,7 +48,9 @@ fn bench_vulkan_reports_every_figure_or_why_not() {
     assert_eq!(v["bench"], "vulkan");
     assert_eq!(v["context"]["LP_NUM_THREADS"], "0", "{}", v["context"]);
     assert!(
-        v["context"]["device"].as_str().is_some_and(|d| !d.is_empty()),
+        v["context"]["device"]
+            .as_str()
+            .is_some_and(|d| !d.is_empty()),
         "no device name: {}",
         v["context"]
     );

@@ -97,10 +97,10 @@ pub fn run(quick: bool) -> Result<BenchReport> {
         }
     } else {
         Rounds {
-            graph: (5, 100),
-            op: (200, 3_000),
-            copy: (4, 60),
-            ahead: (2, 20),
+            graph: (5, 200),
+            op: (500, 10_000),
+            copy: (10, 200),
+            ahead: (3, 50),
             alloc: (200, 2_000),
         }
     };
