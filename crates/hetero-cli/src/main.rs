@@ -173,6 +173,10 @@ enum BenchCommand {
         #[arg(long, default_value = "emu:pcie4x16")]
         device: String,
     },
+    /// hetero on a Vulkan device beside raw ash on the same device: dispatches in a
+    /// recorded graph, one op end to end, a 64 MiB copy, submissions per op running
+    /// ahead, allocation (set LP_NUM_THREADS for lavapipe; it is printed).
+    Vulkan(BenchOpts),
 }
 
 /// A spinner on stderr for anything that may run longer than a second; hidden when
@@ -350,6 +354,15 @@ fn run_bench(which: BenchCommand) {
             bench_on("transfer", opts, &device, bench::transfer::run)
         }
         BenchCommand::Mpi(opts) => bench_mpi(opts),
+        BenchCommand::Vulkan(opts) => {
+            let pb = spinner(opts.json, "bench vulkan");
+            let rep = bench::vulkan::run(opts.quick);
+            pb.finish_and_clear();
+            match rep {
+                Ok(rep) => rep.print(opts.json),
+                Err(e) => fail("bench vulkan", e),
+            }
+        }
         which => {
             let (name, opts): (&str, BenchOpts) = match which {
                 BenchCommand::Submit(o) => ("submit", o),
@@ -361,7 +374,8 @@ fn run_bench(which: BenchCommand) {
                 BenchCommand::Graph(o) => ("graph", o),
                 BenchCommand::Link { .. }
                 | BenchCommand::Transfer { .. }
-                | BenchCommand::Mpi(_) => {
+                | BenchCommand::Mpi(_)
+                | BenchCommand::Vulkan(_) => {
                     unreachable!("handled above")
                 }
             };

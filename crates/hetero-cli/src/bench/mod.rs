@@ -1,6 +1,8 @@
 //! `hetero bench …`: every benchmark puts hetero beside a peer in the same run and
 //! reports the ratio. All commands share one JSON shape:
-//! `{"bench": NAME, "results": [{"name", "unit", "median", "p99", "n"}], "ratios": {..}}`.
+//! `{"bench": NAME, "results": [{"name", "unit", "median", "p99", "n"}], "ratios": {..}}`,
+//! with `"context"` (the run's setting) and `"unavailable"` (figures that could
+//! not be measured, each with why) where a benchmark has them.
 
 pub mod alloc;
 mod alloc_ahead;
@@ -17,6 +19,7 @@ pub mod submit;
 pub mod transfer;
 pub mod vmm;
 mod vmm_ipc;
+pub mod vulkan;
 
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -41,6 +44,13 @@ pub struct BenchReport {
     /// measured smaller than asked).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// The run's setting: the device, a driver's knobs (`LP_NUM_THREADS`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub context: BTreeMap<String, String>,
+    /// Figures that could not be measured in this run, each with why (never a
+    /// made-up number in `results`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub unavailable: BTreeMap<String, String>,
 }
 
 impl BenchReport {
@@ -50,6 +60,8 @@ impl BenchReport {
             results: Vec::new(),
             ratios: BTreeMap::new(),
             notes: Vec::new(),
+            context: BTreeMap::new(),
+            unavailable: BTreeMap::new(),
         }
     }
 
@@ -105,6 +117,9 @@ impl BenchReport {
             return;
         }
         println!("bench {}", self.bench);
+        for (k, v) in &self.context {
+            println!("  {k}: {v}");
+        }
         println!(
             "  {:<40} {:>6} {:>14} {:>14} {:>10}",
             "name", "unit", "median", "p99", "n"
@@ -117,6 +132,9 @@ impl BenchReport {
         }
         for (k, v) in &self.ratios {
             println!("  ratio {k:<34} {v:>10.3}");
+        }
+        for (name, why) in &self.unavailable {
+            println!("  unavailable {name}: {why}");
         }
         for n in &self.notes {
             println!("  note: {n}");
