@@ -385,13 +385,9 @@ fn running_ahead(
 /// Until then the figure is unavailable here; it can be counted from outside
 /// with a debugger (a breakpoint on `hetero_vulkan::device::Gpu::submit`
 /// while `running_ahead` runs).
-fn submission_count(_dev: &Device) -> Result<u64> {
-    Err(
-        "hetero's public API has no submission count (hetero_vulkan::Gpu::submissions() is \
-         inside the Vulkan backend, and the trace has no record per submission on Vulkan); \
-         needs Device::submissions() -> Option<u64>"
-            .into(),
-    )
+fn submission_count(dev: &Device) -> Result<u64> {
+    dev.driver_submissions()
+        .ok_or_else(|| "this device reports no driver submissions".into())
 }
 
 /// `Stream::alloc` + drop of 1 MiB (a pool hit), beside raw allocate, create,

@@ -254,6 +254,10 @@ impl Backend for VulkanBackend {
         self.shared.config.host_wait
     }
 
+    fn driver_submissions(&self) -> Option<u64> {
+        Some(self.shared.gpu.submissions())
+    }
+
     fn kick(&self) {
         self.shared.ring();
     }
