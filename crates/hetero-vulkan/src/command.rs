@@ -115,6 +115,17 @@ pub struct Recorder {
     keep: Vec<Arc<dyn Send + Sync>>,
     since_barrier: Vec<Access>,
     wrote: bool,
+    /// What the last dispatch bound (pipeline, storage buffers, push
+    /// constants): bindings persist in a command buffer, so a dispatch that
+    /// binds the same records only itself.
+    bound: Bound,
+}
+
+#[derive(Default)]
+struct Bound {
+    pipeline: vk::Pipeline,
+    buffers: Vec<(vk::Buffer, u64, u64)>,
+    push: Vec<u8>,
 }
 
 impl Drop for Recorder {
@@ -163,6 +174,7 @@ impl Recorder {
             pool,
             cb: vk::CommandBuffer::null(),
             descriptor_pools: Vec::new(),
+            bound: Bound::default(),
             keep: Vec::new(),
             since_barrier: Vec::new(),
             wrote: false,
@@ -316,6 +328,38 @@ impl Recorder {
         self.hazard(&accesses);
 
         let d = &s.device;
+        // What this dispatch binds that the last one did not.
+        let new_pipeline = self.bound.pipeline != p.pipeline;
+        let same_buffers = !new_pipeline
+            && self.bound.buffers.len() == buffers.len()
+            && self
+                .bound
+                .buffers
+                .iter()
+                .zip(buffers)
+                .all(|(b, (c, o, r))| *b == (c.inner.buffer, *o, *r));
+        let same_push = !new_pipeline && self.bound.push == push_constants;
+        if new_pipeline {
+            // SAFETY: the buffer is recording and ours; the pipeline is live and
+            // kept alive with this buffer (below).
+            unsafe { d.cmd_bind_pipeline(self.cb, vk::PipelineBindPoint::COMPUTE, p.pipeline) };
+            self.bound.pipeline = p.pipeline;
+            self.keep
+                .push(Arc::clone(&pipeline.inner) as Arc<dyn Send + Sync>);
+        }
+        if !same_buffers {
+            self.bound.buffers.clear();
+            self.bound
+                .buffers
+                .extend(buffers.iter().map(|(c, o, r)| (c.inner.buffer, *o, *r)));
+            for (c, _, _) in buffers {
+                self.keep.push(Arc::clone(&c.inner) as Arc<dyn Send + Sync>);
+            }
+        }
+        if !same_push {
+            self.bound.push.clear();
+            self.bound.push.extend_from_slice(push_constants);
+        }
         let infos: Vec<[vk::DescriptorBufferInfo; 1]> = buffers
             .iter()
             .map(|(c, o, r)| {
@@ -325,7 +369,7 @@ impl Recorder {
                     .range(*r)]
             })
             .collect();
-        let set = if p.push_descriptors || p.bindings == 0 {
+        let set = if same_buffers || p.push_descriptors || p.bindings == 0 {
             vk::DescriptorSet::null()
         } else {
             self.allocate_set(p.set_layout, p.bindings)?
@@ -345,8 +389,7 @@ impl Recorder {
         // buffers are live objects of this device, kept alive with this buffer; the
         // bindings and push-constant size match the layout (checked above).
         unsafe {
-            d.cmd_bind_pipeline(self.cb, vk::PipelineBindPoint::COMPUTE, p.pipeline);
-            if p.bindings > 0 {
+            if p.bindings > 0 && !same_buffers {
                 match (&s.push_descriptor, p.push_descriptors) {
                     (Some(push), true) => push.cmd_push_descriptor_set(
                         self.cb,
@@ -368,7 +411,7 @@ impl Recorder {
                     }
                 }
             }
-            if !push_constants.is_empty() {
+            if !push_constants.is_empty() && !same_push {
                 d.cmd_push_constants(
                     self.cb,
                     p.layout,
@@ -378,11 +421,6 @@ impl Recorder {
                 );
             }
             d.cmd_dispatch(self.cb, groups[0], groups[1], groups[2]);
-        }
-        self.keep
-            .push(Arc::clone(&pipeline.inner) as Arc<dyn Send + Sync>);
-        for (c, _, _) in buffers {
-            self.keep.push(Arc::clone(&c.inner) as Arc<dyn Send + Sync>);
         }
         Ok(())
     }

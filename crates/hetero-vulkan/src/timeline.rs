@@ -125,6 +125,37 @@ impl Timeline {
         }
     }
 
+    /// Blocks until any of `waits` reaches its value (`vkWaitSemaphores` with
+    /// `WAIT_ANY`), or `timeout` passes; whether one did. All the timelines
+    /// are of one device. (A thread that waits for the device and for the host
+    /// at once: the host signals a timeline of its own.)
+    pub fn wait_any(waits: &[(&Timeline, u64)], timeout: Duration) -> Result<bool> {
+        let Some((first, _)) = waits.first() else {
+            return Ok(false);
+        };
+        let shared = &first.inner.shared;
+        if waits
+            .iter()
+            .any(|(t, _)| !Arc::ptr_eq(&t.inner.shared, shared))
+        {
+            return Err(VkError::ForeignObject { what: "a timeline" });
+        }
+        let sems: Vec<vk::Semaphore> = waits.iter().map(|(t, _)| t.inner.semaphore).collect();
+        let values: Vec<u64> = waits.iter().map(|(_, v)| *v).collect();
+        let info = vk::SemaphoreWaitInfo::default()
+            .flags(vk::SemaphoreWaitFlags::ANY)
+            .semaphores(&sems)
+            .values(&values);
+        let ns = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
+        // SAFETY: the semaphores are live timeline semaphores of one device
+        // (checked); `info` and the arrays it points at live across the call.
+        match unsafe { shared.device.wait_semaphores(&info, ns) } {
+            Ok(()) => Ok(true),
+            Err(vk::Result::TIMEOUT) => Ok(false),
+            Err(e) => Err(call("vkWaitSemaphores")(e)),
+        }
+    }
+
     /// Blocks until the value reaches `value` (`vkWaitSemaphores`), or `timeout` passes.
     ///
     /// Errors: [`VkError::Timeout`]; [`VkError::TimelineFailed`] when a value up to

@@ -29,6 +29,26 @@ fn words(c: &Chunk, n: usize) -> Vec<u32> {
 }
 
 #[test]
+fn wait_any_returns_when_either_timeline_is_reached() {
+    let Some(gpu) = common::gpu() else { return };
+    let a = Timeline::new(&gpu, 0).expect("timeline");
+    let b = Timeline::new(&gpu, 0).expect("timeline");
+    let short = Duration::from_millis(20);
+    assert!(!Timeline::wait_any(&[(&a, 1), (&b, 1)], short).expect("wait"));
+    let signaller = {
+        let b = b.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            b.signal(1).expect("signal")
+        })
+    };
+    assert!(Timeline::wait_any(&[(&a, 1), (&b, 1)], LONG).expect("wait"));
+    assert_eq!((a.value().unwrap(), b.value().unwrap()), (0, 1));
+    signaller.join().expect("signaller");
+    assert!(Timeline::wait_any(&[], short).is_ok_and(|hit| !hit));
+}
+
+#[test]
 fn host_signal_and_wait_and_polling() {
     let Some(gpu) = common::gpu() else { return };
     let t = Timeline::new(&gpu, 5).expect("timeline");

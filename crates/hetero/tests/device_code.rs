@@ -106,3 +106,45 @@ fn wgsl_that_does_not_compile_fails_its_stream_with_the_line() {
     t.fill(&z, 5).unwrap();
     assert_eq!(t.read_to_vec(&z).unwrap(), vec![5; 64]);
 }
+
+/// A graph launched again and again (on a Vulkan device its recorded command
+/// buffer is resubmitted) with an unaligned fill staged through host memory,
+/// a kernel, and a slot rebound between launches: every launch acts on what
+/// is bound then, with its own fill.
+#[test]
+fn a_graph_replayed_with_rebinding_acts_on_each_launchs_buffers() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let n = 1000;
+    let x = s.alloc::<u32>(n).unwrap();
+    s.write_slice(&x, 0, &(0..n as u32).collect::<Vec<_>>())
+        .unwrap();
+    let bufs: Vec<_> = (0..3).map(|_| s.alloc::<u32>(n).unwrap()).collect();
+    let bytes = s.alloc::<u8>(64).unwrap();
+    s.fill(&bytes, 0u8).unwrap();
+    let cb = hetero::CommandBuffer::new(&dev).unwrap();
+    let y = cb.slot::<u32>(n).unwrap();
+    cb.fill(&y, 7u32).unwrap();
+    cb.fill_range(&bytes, 3, 5, 0xEEu8).unwrap();
+    cb.launch(
+        &add(),
+        Grid::new(n.div_ceil(64) as u32),
+        &[Arg::read(&x), Arg::write(&y)],
+    )
+    .unwrap();
+    let exec = cb.finish().unwrap();
+    for round in 0..6 {
+        let mut b = exec.bindings();
+        b.bind(&y, &bufs[round % 3]).unwrap();
+        // Twice with the same binding: the second replays the first's recording.
+        s.launch_graph_with(&exec, &b).unwrap();
+        s.launch_graph_with(&exec, &b).unwrap();
+        let out = s.read_to_vec(&bufs[round % 3]).unwrap();
+        for (i, v) in out.iter().enumerate() {
+            assert_eq!(*v, 7 + i as u32, "round {round}, element {i}");
+        }
+        let got = s.read_to_vec(&bytes).unwrap();
+        assert_eq!(&got[3..8], &[0xEE; 5], "round {round}");
+        s.fill(&bytes, 0u8).unwrap();
+    }
+}

@@ -447,6 +447,22 @@ impl Peer {
         Ok(cb)
     }
 
+    /// A command buffer that fills all of `dst` with `value` (so its memory is
+    /// written, as a copy's source in use is: an untouched buffer's pages are
+    /// the kernel's one zero page, which a CPU driver reads from cache).
+    pub fn record_fill(&self, dst: &Buffer, value: u32) -> Result<vk::CommandBuffer> {
+        let cb = self.allocate(self.recorded_pool)?;
+        self.record_into(cb, vk::CommandBufferUsageFlags::empty(), |p, cb| {
+            p.barrier(cb);
+            // SAFETY: recording; the buffer is live and its size a multiple of 4.
+            unsafe {
+                p.device
+                    .cmd_fill_buffer(cb, dst.buffer, 0, dst.bytes, value)
+            };
+        })?;
+        Ok(cb)
+    }
+
     /// A command buffer of one barrier and a copy of all of `src` into `dst`.
     pub fn record_copy(&self, src: &Buffer, dst: &Buffer) -> Result<vk::CommandBuffer> {
         let cb = self.allocate(self.recorded_pool)?;

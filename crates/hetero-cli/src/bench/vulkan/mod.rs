@@ -300,6 +300,9 @@ fn copy_64m(
     s.synchronize().map_err(e)?;
     let psrc = peer.buffer(COPY_BYTES as u64)?;
     let pdst = peer.buffer(COPY_BYTES as u64)?;
+    // Both sources hold data (hetero's was filled above).
+    let fill = peer.record_fill(&psrc, 7)?;
+    peer.submit_wait(fill)?;
     let cb = peer.record_copy(&psrc, &pdst)?;
     let (mut a, mut b) = paired(
         warm,

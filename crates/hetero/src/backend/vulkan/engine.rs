@@ -52,6 +52,8 @@ enum After {
     Nothing,
     /// Keep these bytes until the op completes (staging buffers the device reads).
     Keep(#[allow(dead_code)] Vec<hetero_memory::PinnedAllocation>),
+    /// The same, shared with a recorded graph that reads them at every launch.
+    KeepShared(#[allow(dead_code)] Arc<Vec<hetero_memory::PinnedAllocation>>),
     /// Copy the staging buffer into the host read's output.
     ReadBack {
         staging: hetero_memory::PinnedAllocation,
@@ -75,7 +77,7 @@ struct Taken {
 struct Flight {
     /// The value of `flights` that says it ran (0: no device work).
     seq: u64,
-    _cmd: Option<CommandBuffer>,
+    _cmds: Vec<CommandBuffer>,
     ops: Vec<Taken>,
 }
 
@@ -92,6 +94,13 @@ pub(super) struct Engine {
     started: Vec<u64>,
     /// A host callback ran in this look: take nothing more, look again.
     rescan: bool,
+    /// The doorbell's value this engine knows it reached or will reach.
+    doorbell: u64,
+    /// Command buffers of this flush finished before the open recorder (a
+    /// recorded graph's between them): submitted together, in order.
+    segments: Vec<CommandBuffer>,
+    /// Graphs recorded once, resubmitted while they stay the same.
+    pub(super) graphs: super::graph::Recorded,
 }
 
 impl Engine {
@@ -105,6 +114,9 @@ impl Engine {
             polling: false,
             started: Vec::new(),
             rescan: false,
+            doorbell: 0,
+            segments: Vec::new(),
+            graphs: super::graph::Recorded::default(),
         }
     }
 
@@ -124,10 +136,10 @@ impl Engine {
                 continue;
             }
             if let Some(f) = self.flights.front() {
-                // The device is busy: wait for its next flight, briefly, so
-                // new submissions are looked at too.
+                // The device is busy: wait for its next flight or for the
+                // next submission, whichever comes first.
                 if f.seq != 0 {
-                    let _ = sh.flights.wait(f.seq, Duration::from_micros(200));
+                    self.wait_device(sh, f.seq, seen);
                 }
                 continue;
             }
@@ -148,6 +160,24 @@ impl Engine {
                 Some(timeout),
             );
         }
+    }
+
+    /// Waits until the device completes flight `seq` or a submission comes
+    /// after `seen` (it signals the doorbell, see `Shared::ring`).
+    fn wait_device(&mut self, sh: &Shared, seq: u64, seen: u64) {
+        let target = self.doorbell + 1;
+        sh.doorbell_at.store(target, Ordering::SeqCst);
+        sh.device_wait.store(true, Ordering::SeqCst);
+        if sh.pending.load(Ordering::SeqCst) == seen {
+            let waits = [(&sh.flights, seq), (&sh.doorbell, target)];
+            if let Err(e) = hetero_vulkan::Timeline::wait_any(&waits, Duration::from_millis(50)) {
+                sh.lose(format!("waiting for the device: {e}"));
+            }
+        }
+        sh.device_wait.store(false, Ordering::SeqCst);
+        // Where the doorbell is now (a submitter that took an earlier wait may
+        // signal late, to the value it reads then): the next wait is past it.
+        self.doorbell = sh.doorbell.value().unwrap_or(target).max(self.doorbell);
     }
 
     /// Completes the flights the device has run, in order.
@@ -189,20 +219,29 @@ impl Engine {
             // A callback that ran may have made more ready: look again now.
             return self.rescan;
         }
-        let seq = match rec {
-            None => 0,
-            Some(r) => {
+        let seq = match self.close_segment(&mut rec) {
+            Err(e) => {
+                for t in &mut ops {
+                    if t.result.is_ok() {
+                        t.result = Err(e.clone());
+                    }
+                }
+                0
+            }
+            Ok(()) if self.segments.is_empty() => 0,
+            Ok(()) => {
                 let seq = self.next_seq;
-                match r.finish().and_then(|cmd| {
-                    sh.gpu
-                        .submit(Lane::Compute, &[&cmd], &[], &[(&sh.flights, seq)])
-                        .map(|_| cmd)
-                }) {
-                    Ok(cmd) => {
+                let cmds = std::mem::take(&mut self.segments);
+                let refs: Vec<&CommandBuffer> = cmds.iter().collect();
+                match sh
+                    .gpu
+                    .submit(Lane::Compute, &refs, &[], &[(&sh.flights, seq)])
+                {
+                    Ok(()) => {
                         self.next_seq += 1;
                         self.flights.push_back(Flight {
                             seq,
-                            _cmd: Some(cmd),
+                            _cmds: cmds,
                             ops,
                         });
                         return true;
@@ -226,10 +265,33 @@ impl Engine {
         };
         self.flights.push_back(Flight {
             seq,
-            _cmd: None,
+            _cmds: Vec::new(),
             ops,
         });
         true
+    }
+
+    /// Finishes the open recorder, if any, as the flush's next segment.
+    pub(super) fn close_segment(&mut self, rec: &mut Option<Recorder>) -> Result<(), String> {
+        if let Some(r) = rec.take() {
+            let cmd = r
+                .finish()
+                .map_err(|e| format!("finishing a command buffer failed: {e}"))?;
+            self.segments.push(cmd);
+        }
+        Ok(())
+    }
+
+    /// Appends an already recorded command buffer to the flush, after what
+    /// was recorded so far.
+    pub(super) fn append_segment(
+        &mut self,
+        rec: &mut Option<Recorder>,
+        cmd: CommandBuffer,
+    ) -> Result<(), String> {
+        self.close_segment(rec)?;
+        self.segments.push(cmd);
+        Ok(())
     }
 
     /// Takes the ops of `s` that are ready, recording device work into `rec`.
@@ -245,7 +307,7 @@ impl Engine {
                 return;
             }
             let in_flight = s.in_flight.load(Ordering::Relaxed);
-            let device_idle = self.flights.is_empty() && rec.is_none();
+            let device_idle = self.flights.is_empty() && rec.is_none() && self.segments.is_empty();
             let started = self.started.contains(&s.id);
             let mut polling = false;
             let mut starts = false;
@@ -372,9 +434,12 @@ impl Engine {
                     }
                     Body::Record { .. } => taken.after = After::Stamp,
                     Body::Graph(l) => {
-                        let mut nodes = super::graph::Nodes::new(self, sh, rec);
-                        taken.result = nodes.run(l);
-                        taken.after = After::Keep(nodes.into_staging());
+                        let (result, staging) = super::graph::launch(self, sh, rec, l);
+                        taken.result = result;
+                        taken.after = match staging {
+                            super::graph::Staging::Own(v) => After::Keep(v),
+                            super::graph::Staging::Shared(a) => After::KeepShared(a),
+                        };
                         s.recorded.store(value, Ordering::Relaxed);
                     }
                     _ => {
@@ -618,17 +683,15 @@ impl Engine {
         sh: &Shared,
         rec: &mut Option<Recorder>,
     ) -> Result<(), String> {
-        let Some(r) = rec.take() else {
+        self.close_segment(rec)?;
+        if self.segments.is_empty() {
             return Ok(());
-        };
+        }
         let seq = self.next_seq;
-        let cmd = r
-            .finish()
-            .and_then(|cmd| {
-                sh.gpu
-                    .submit(Lane::Compute, &[&cmd], &[], &[(&sh.flights, seq)])
-                    .map(|_| cmd)
-            })
+        let cmds = std::mem::take(&mut self.segments);
+        let refs: Vec<&CommandBuffer> = cmds.iter().collect();
+        sh.gpu
+            .submit(Lane::Compute, &refs, &[], &[(&sh.flights, seq)])
             .map_err(|e| {
                 if matches!(e, hetero_vulkan::VkError::DeviceLost { .. }) {
                     sh.lose(e.to_string());
@@ -638,7 +701,7 @@ impl Engine {
         self.next_seq += 1;
         self.flights.push_back(Flight {
             seq,
-            _cmd: Some(cmd),
+            _cmds: cmds,
             ops: Vec::new(),
         });
         loop {
@@ -710,7 +773,7 @@ fn complete(sh: &Shared, t: Taken, lost: Option<String>) {
                     stamp.store(sh.now_ns(), Ordering::Release);
                 }
             }
-            After::Keep(_) | After::Nothing => {}
+            After::Keep(_) | After::KeepShared(_) | After::Nothing => {}
         }
     }
     drop(op);

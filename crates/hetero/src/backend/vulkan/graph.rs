@@ -16,6 +16,13 @@
 //! Operands resolve at launch: fixed buffers and bound slots to their chunk,
 //! the graph's own buffers to their place in the plan's arena.
 //!
+//! A launch without host nodes is recorded once into a command buffer of its
+//! own (`Recorded`) and that buffer is resubmitted by the launches after it,
+//! as long as the plan, its parameters (`Arc` identity: an update after a
+//! launch copies them, see `GraphExec::params_mut`) and where its bound slots
+//! lie (chunk and offset) stay the same; else it is recorded again. A launch
+//! whose recording failed is not kept.
+//!
 //! Invariants: a node is recorded only after every node it depends on was
 //! (the runner's order) and behind a full barrier, so it runs after them on
 //! the device; staging buffers of fills live until the launch completes
@@ -24,13 +31,140 @@
 use super::engine::{fill_word, rec_or_new, Engine};
 use super::Shared;
 use crate::exec::graph::launch::{run_node, GraphLaunch, NodeHooks};
+use crate::exec::graph::plan::{Params, Plan};
 use crate::exec::graph::run::RunState;
 use crate::exec::graph::{NodeBody, Operand};
-use hetero_vulkan::{Chunk, Recorder};
-use std::sync::Arc;
+use hetero_memory::PinnedAllocation;
+use hetero_vulkan::{Chunk, CommandBuffer, Recorder};
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+
+/// Recorded graphs kept at most (the oldest plan's goes first).
+const KEEP_RECORDED: usize = 64;
+
+/// A graph launch recorded once, with what it was recorded for.
+struct Kept {
+    plan: Weak<Plan>,
+    /// The parameters it was recorded with (held, so their address stays theirs).
+    params: Arc<Params>,
+    /// Where each slot's buffer lay: chunk address, offset, bytes.
+    slots: Vec<Option<(usize, u64, u64)>>,
+    cmd: CommandBuffer,
+    /// Staging buffers its fills copy from: kept with it, and by each launch
+    /// until it completes.
+    staging: Arc<Vec<PinnedAllocation>>,
+    /// When it was last used (`Recorded::tick`).
+    used: u64,
+}
+
+/// The engine's recorded graphs, by plan address.
+#[derive(Default)]
+pub(super) struct Recorded {
+    kept: HashMap<usize, Kept>,
+    tick: u64,
+}
+
+/// Where the slots of `l` lie now (`None`: unbound or unused).
+fn slot_places(sh: &Shared, l: &GraphLaunch) -> Result<Vec<Option<(usize, u64, u64)>>, String> {
+    let Some(t) = &l.table else {
+        return Ok(Vec::new());
+    };
+    t.iter()
+        .enumerate()
+        .map(|(i, s)| match s.as_ref().filter(|_| l.exec.slot_used[i]) {
+            Some(s) => {
+                let (c, o) = sh.place(s)?;
+                Ok(Some((Arc::as_ptr(&c) as usize, o, s.bytes() as u64)))
+            }
+            None => Ok(None),
+        })
+        .collect()
+}
+
+/// The staging buffers a launch reads until it completes.
+pub(super) enum Staging {
+    Own(Vec<PinnedAllocation>),
+    Shared(Arc<Vec<PinnedAllocation>>),
+}
+
+/// Runs graph launch `l` into the engine's flush: resubmits its recorded
+/// command buffer when it still fits, else records it (and keeps it when it
+/// has no host nodes and recorded without a fault). The launch's result and
+/// the staging buffers it needs until it completes.
+pub(super) fn launch(
+    engine: &mut Engine,
+    sh: &Shared,
+    rec: &mut Option<Recorder>,
+    l: &GraphLaunch,
+) -> (Result<(), String>, Staging) {
+    if has_host_nodes(l) {
+        let mut nodes = Nodes::new(engine, sh, rec);
+        let result = nodes.run(l);
+        return (result, Staging::Own(nodes.into_staging()));
+    }
+    let key = Arc::as_ptr(&l.exec) as usize;
+    let slots = match slot_places(sh, l) {
+        Ok(s) => s,
+        Err(m) => return (Err(m), Staging::Own(Vec::new())),
+    };
+    engine.graphs.tick += 1;
+    let tick = engine.graphs.tick;
+    let hit = engine.graphs.kept.get_mut(&key).and_then(|k| {
+        let same =
+            Arc::ptr_eq(&k.params, &l.params) && k.slots == slots && k.plan.strong_count() > 0;
+        same.then(|| {
+            k.used = tick;
+            (k.cmd.clone(), k.staging.clone())
+        })
+    });
+    if let Some((cmd, staging)) = hit {
+        return (engine.append_segment(rec, cmd), Staging::Shared(staging));
+    }
+    // Recorded on its own, then appended to the flush.
+    let mut own: Option<Recorder> = None;
+    let mut nodes = Nodes::new(engine, sh, &mut own);
+    let result = nodes.run(l);
+    let staging = nodes.into_staging();
+    let Some(r) = own else {
+        return (result, Staging::Own(staging));
+    };
+    let cmd = match r.finish() {
+        Ok(c) => c,
+        Err(e) => {
+            let m = format!("finishing a graph's command buffer failed: {e}");
+            return (Err(m), Staging::Own(staging));
+        }
+    };
+    if let Err(m) = engine.append_segment(rec, cmd.clone()) {
+        return (Err(m), Staging::Own(staging));
+    }
+    if result.is_err() {
+        return (result, Staging::Own(staging));
+    }
+    let staging = Arc::new(staging);
+    let g = &mut engine.graphs;
+    g.kept.retain(|_, k| k.plan.strong_count() > 0);
+    if g.kept.len() >= KEEP_RECORDED {
+        if let Some(oldest) = g.kept.iter().min_by_key(|(_, k)| k.used).map(|(a, _)| *a) {
+            g.kept.remove(&oldest);
+        }
+    }
+    g.kept.insert(
+        key,
+        Kept {
+            plan: Arc::downgrade(&l.exec),
+            params: l.params.clone(),
+            slots,
+            cmd,
+            staging: staging.clone(),
+            used: tick,
+        },
+    );
+    (Ok(()), Staging::Shared(staging))
+}
 
 /// Whether `l`'s plan has host nodes (its launch runs them on the engine
-/// thread, with the device idle).
+/// thread, with the device idle, and is recorded at every launch).
 pub(super) fn has_host_nodes(l: &GraphLaunch) -> bool {
     l.exec.nodes.iter().any(|n| matches!(n, NodeBody::Host(_)))
 }

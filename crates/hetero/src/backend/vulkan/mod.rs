@@ -46,6 +46,12 @@ pub(crate) struct Shared {
     /// Submissions so far: the engine parks until it moves.
     pending: AtomicU64,
     bell: Parker,
+    /// While the engine waits for the device it also waits for this timeline
+    /// to reach `doorbell_at`: the first submission meanwhile signals it
+    /// (`device_wait` taken from true to false: one signal per wait).
+    doorbell: hetero_vulkan::Timeline,
+    doorbell_at: AtomicU64,
+    device_wait: AtomicBool,
     shutdown: AtomicBool,
     /// Signalled with each flight's number when the device has run it.
     flights: hetero_vulkan::Timeline,
@@ -61,8 +67,17 @@ pub(crate) struct Shared {
 impl Shared {
     /// A submission came: the engine looks again.
     pub(crate) fn ring(&self) {
-        self.pending.fetch_add(1, Ordering::Release);
+        // SeqCst with the engine's store of `device_wait` then its look at
+        // `pending`: either it sees this submission, or this sees it waiting.
+        self.pending.fetch_add(1, Ordering::SeqCst);
         self.bell.wake(1);
+        if self.device_wait.load(Ordering::SeqCst) && self.device_wait.swap(false, Ordering::SeqCst)
+        {
+            // The one signal of this wait, to the value the engine waits for.
+            let _ = self
+                .doorbell
+                .signal(self.doorbell_at.load(Ordering::SeqCst));
+        }
     }
 
     pub(crate) fn now_ns(&self) -> u64 {
@@ -134,6 +149,7 @@ impl VulkanBackend {
                 .map_err(setup)?,
         );
         let flights = hetero_vulkan::Timeline::new(&gpu, 0).map_err(setup)?;
+        let doorbell = hetero_vulkan::Timeline::new(&gpu, 0).map_err(setup)?;
         let shared = Arc::new(Shared {
             device,
             config: config.clone(),
@@ -142,6 +158,9 @@ impl VulkanBackend {
             next_stream: AtomicU64::new(1),
             pending: AtomicU64::new(0),
             bell: Parker::new(),
+            doorbell,
+            doorbell_at: AtomicU64::new(0),
+            device_wait: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             flights,
             device_mem,
