@@ -42,13 +42,17 @@ use std::sync::{Arc, Weak};
 /// Recorded graphs kept at most (the oldest plan's goes first).
 const KEEP_RECORDED: usize = 64;
 
+/// Where a slot's buffer lay when a graph was recorded: chunk address,
+/// offset, bytes (`None`: unbound or unused).
+type SlotPlace = Option<(usize, u64, u64)>;
+
 /// A graph launch recorded once, with what it was recorded for.
 struct Kept {
     plan: Weak<Plan>,
     /// The parameters it was recorded with (held, so their address stays theirs).
     params: Arc<Params>,
     /// Where each slot's buffer lay: chunk address, offset, bytes.
-    slots: Vec<Option<(usize, u64, u64)>>,
+    slots: Vec<SlotPlace>,
     cmd: CommandBuffer,
     /// Staging buffers its fills copy from: kept with it, and by each launch
     /// until it completes.
@@ -65,7 +69,7 @@ pub(super) struct Recorded {
 }
 
 /// Where the slots of `l` lie now (`None`: unbound or unused).
-fn slot_places(sh: &Shared, l: &GraphLaunch) -> Result<Vec<Option<(usize, u64, u64)>>, String> {
+fn slot_places(sh: &Shared, l: &GraphLaunch) -> Result<Vec<SlotPlace>, String> {
     let Some(t) = &l.table else {
         return Ok(Vec::new());
     };
