@@ -43,9 +43,12 @@ use std::time::Duration;
 /// 8-byte slot each (`Block::scalars`), `MAX_SCALARS` of them.
 const PUSH_BYTES: u32 = (crate::exec::graph::plan::MAX_SCALARS * 8) as u32;
 
-/// Ops one flush takes from one stream at most (so a long stream does not
-/// hold back the others' first submission).
+/// Ops one pass of a flush takes from one stream at most (so a long stream
+/// does not hold back the others' first submission).
 const TAKE_PER_STREAM: usize = 256;
+
+/// Passes over the streams in one flush at most.
+const PASSES: usize = 8;
 
 /// What an op needs when the device has run it.
 enum After {
@@ -70,6 +73,21 @@ struct Taken {
     op: Op,
     result: Result<(), String>,
     after: After,
+    times: Times,
+}
+
+/// The timestamp queries an op's commands write (see `Engine::stamp`).
+#[derive(Default)]
+pub(super) struct Times {
+    /// Queries it holds, released when it completes (flights complete in the
+    /// order their queries were taken).
+    pub(super) held: u32,
+    /// Its start and end, while profiling.
+    span: Option<(u32, u32)>,
+    /// A record's point.
+    stamp: Option<u32>,
+    /// A graph launch's nodes (node, start, end), while profiling.
+    pub(super) nodes: Vec<(u32, u32, u32)>,
 }
 
 /// One submission (or, with no device work, a group of ops that complete
@@ -96,6 +114,9 @@ pub(super) struct Engine {
     rescan: bool,
     /// The doorbell's value this engine knows it reached or will reach.
     doorbell: u64,
+    /// Timestamp queries taken and given back so far (a ring over the pool).
+    queries_taken: u64,
+    queries_freed: u64,
     /// Command buffers of this flush finished before the open recorder (a
     /// recorded graph's between them): submitted together, in order.
     segments: Vec<CommandBuffer>,
@@ -115,6 +136,8 @@ impl Engine {
             started: Vec::new(),
             rescan: false,
             doorbell: 0,
+            queries_taken: 0,
+            queries_freed: 0,
             segments: Vec::new(),
             graphs: super::graph::Recorded::default(),
         }
@@ -180,6 +203,22 @@ impl Engine {
         self.doorbell = sh.doorbell.value().unwrap_or(target).max(self.doorbell);
     }
 
+    /// A timestamp query written into `rec` when the work recorded before it
+    /// is done; `None` when the device has none or every query is in use
+    /// (the caller counts it in `held`, released when its op completes).
+    pub(super) fn stamp(&mut self, sh: &Shared, rec: &mut Recorder, held: &mut u32) -> Option<u32> {
+        let pool = sh.queries.as_ref()?;
+        let count = u64::from(pool.count());
+        if self.queries_taken - self.queries_freed >= count {
+            return None;
+        }
+        let q = (self.queries_taken % count) as u32;
+        rec.timestamp(pool, q).ok()?;
+        self.queries_taken += 1;
+        *held += 1;
+        Some(q)
+    }
+
     /// Completes the flights the device has run, in order.
     fn retire(&mut self, sh: &Shared) {
         let done = match sh.flights.value() {
@@ -198,8 +237,13 @@ impl Engine {
                 break;
             };
             let lost = (f.seq != 0 && f.seq > done).then(|| sh.lost()).flatten();
+            // The flight's timestamps, read at once (one driver call per
+            // run of queries: a read can cost tens of µs on a CPU driver).
+            let held: u64 = f.ops.iter().map(|t| u64::from(t.times.held)).sum();
+            let stamps = Stamps::read(sh, self.queries_freed, held);
+            self.queries_freed += held;
             for t in f.ops {
-                complete(sh, t, lost.clone());
+                complete(sh, t, lost.clone(), &stamps);
             }
         }
     }
@@ -210,11 +254,21 @@ impl Engine {
         let mut rec: Option<Recorder> = None;
         let mut ops: Vec<Taken> = Vec::new();
         self.rescan = false;
-        let streams = std::mem::take(&mut self.streams);
-        for s in &streams {
-            self.take_from(sh, s, &mut rec, &mut ops);
+        // Again while a pass took something: a stream whose wait was met by
+        // an op another stream recorded later in the pass goes on in this
+        // flush too (a pipeline of streams hands each tile on in one
+        // submission, not one per stage). `self.streams` stays in place:
+        // `recorded_here` looks at it.
+        for _ in 0..PASSES {
+            let before = ops.len();
+            for i in 0..self.streams.len() {
+                let s = self.streams[i].clone();
+                self.take_from(sh, &s, &mut rec, &mut ops);
+            }
+            if ops.len() == before || self.rescan {
+                break;
+            }
         }
-        self.streams = streams;
         if ops.is_empty() {
             // A callback that ran may have made more ready: look again now.
             return self.rescan;
@@ -389,6 +443,7 @@ impl Engine {
                 op: Op::new(Body::Host(None)),
                 result: Ok(()),
                 after: After::Nothing,
+                times: Times::default(),
             };
             if let Some(lost) = sh.lost() {
                 taken.result = Err(lost);
@@ -402,7 +457,7 @@ impl Engine {
                         }
                         taken.op = op;
                         s.in_flight.fetch_add(1, Ordering::Relaxed);
-                        complete(sh, taken, None);
+                        complete(sh, taken, None, &Stamps::default());
                         // The callback took time: look at the streams again
                         // (priorities may have changed, or more come).
                         self.rescan = true;
@@ -414,7 +469,7 @@ impl Engine {
                         taken.result = unsafe { a.take_result() };
                         taken.op = op;
                         s.in_flight.fetch_add(1, Ordering::Relaxed);
-                        complete(sh, taken, None);
+                        complete(sh, taken, None, &Stamps::default());
                         continue;
                     }
                     Body::Wait {
@@ -432,9 +487,19 @@ impl Engine {
                             ));
                         }
                     }
-                    Body::Record { .. } => taken.after = After::Stamp,
+                    Body::Record { .. } => {
+                        taken.after = After::Stamp;
+                        // The device's time when the work before it is done,
+                        // where the device has timestamps.
+                        if sh.queries.is_some() {
+                            if let Ok(r) = rec_or_new(sh, rec) {
+                                taken.times.stamp = self.stamp(sh, r, &mut taken.times.held);
+                            }
+                        }
+                    }
                     Body::Graph(l) => {
-                        let (result, staging) = super::graph::launch(self, sh, rec, l);
+                        let (result, staging) =
+                            super::graph::launch(self, sh, rec, l, &mut taken.times);
                         taken.result = result;
                         taken.after = match staging {
                             super::graph::Staging::Own(v) => After::Keep(v),
@@ -443,7 +508,18 @@ impl Engine {
                         s.recorded.store(value, Ordering::Relaxed);
                     }
                     _ => {
-                        let r = rec_or_new(sh, rec).and_then(|r| self.record(sh, r, &op));
+                        let profiling = crate::exec::clock::profiling();
+                        let times = &mut taken.times;
+                        let r = rec_or_new(sh, rec).and_then(|r| {
+                            let start = profiling.then(|| self.stamp(sh, r, &mut times.held));
+                            let after = self.record(sh, r, &op)?;
+                            if let Some(Some(start)) = start {
+                                if let Some(end) = self.stamp(sh, r, &mut times.held) {
+                                    times.span = Some((start, end));
+                                }
+                            }
+                            Ok(after)
+                        });
                         match r {
                             Ok(after) => {
                                 taken.after = after;
@@ -456,6 +532,11 @@ impl Engine {
             }
             if taken.result.is_err() {
                 s.faulted.store(true, Ordering::Relaxed);
+            } else {
+                // Taken in order: whatever is recorded from now on runs
+                // after this op and everything before it on its stream (a
+                // wait, a record: ordered by what was recorded before them).
+                s.recorded.store(value, Ordering::Relaxed);
             }
             taken.op = op;
             s.in_flight.fetch_add(1, Ordering::Relaxed);
@@ -746,16 +827,20 @@ pub(super) fn fill_word(pattern: &[u8], off: usize, bytes: usize) -> Option<u32>
 }
 
 /// Completes a taken op: its after-work, then its stream's timeline.
-fn complete(sh: &Shared, t: Taken, lost: Option<String>) {
+fn complete(sh: &Shared, t: Taken, lost: Option<String>, stamps: &Stamps) {
     let Taken {
         stream,
         value,
         op,
         mut result,
         after,
+        times,
     } = t;
     if let (Some(m), Ok(())) = (lost, &result) {
         result = Err(m);
+    }
+    if crate::exec::clock::profiling() {
+        trace(sh, &stream, value, &op, &times, result.is_err(), stamps);
     }
     if result.is_ok() {
         match after {
@@ -770,7 +855,8 @@ fn complete(sh: &Shared, t: Taken, lost: Option<String>) {
             }
             After::Stamp => {
                 if let Body::Record { stamp } = &op.body {
-                    stamp.store(sh.now_ns(), Ordering::Release);
+                    let at = times.stamp.and_then(|q| stamps.get(q));
+                    stamp.store(at.unwrap_or_else(|| sh.now_ns()), Ordering::Release);
                 }
             }
             After::Keep(_) | After::KeepShared(_) | After::Nothing => {}
@@ -784,6 +870,115 @@ fn complete(sh: &Shared, t: Taken, lost: Option<String>) {
             stream.faulted.store(true, Ordering::Relaxed);
             stream.timeline.fail(value, Arc::from(m))
         }
+    }
+}
+
+/// The profiler's records of a completed op (and of a graph launch's nodes),
+/// on the device's clock where it wrote timestamps, else at completion.
+fn trace(
+    sh: &Shared,
+    stream: &VulkanStream,
+    value: u64,
+    op: &Op,
+    times: &Times,
+    failed: bool,
+    stamps: &Stamps,
+) {
+    use crate::exec::op::CopyKind;
+    use hetero_trace::EngineKind as E;
+    let now = sh.now_ns();
+    let span =
+        |(a, b): (u32, u32)| -> Option<(u64, u64)> { Some((stamps.get(a)?, stamps.get(b)?)) };
+    let (start_ns, end_ns) = times.span.and_then(span).unwrap_or((now, now));
+    let engine = match &op.body {
+        Body::Kernel { .. } | Body::Graph(_) => E::Compute,
+        Body::Copy { kind, .. } => match kind {
+            CopyKind::H2D => E::CopyH2D,
+            CopyKind::D2H => E::CopyD2H,
+            CopyKind::D2D => E::CopyD2D,
+        },
+        Body::HostWrite { .. } => E::CopyH2D,
+        Body::HostRead { .. } => E::CopyD2H,
+        Body::CopyBatch(_) | Body::Copy2D(_) | Body::Fill { .. } => E::CopyD2D,
+        _ => E::Host,
+    };
+    let (kind, dep) = op.trace_kind();
+    hetero_trace::record_op(hetero_trace::OpRecord {
+        kind,
+        name: op.name(),
+        stream: stream.id,
+        queue: 0,
+        engine,
+        engine_index: 0,
+        seq: value,
+        submit_ns: op.submit_ns,
+        start_ns,
+        end_ns,
+        bytes: op.bytes(),
+        dep,
+        failed,
+        node: None,
+    });
+    if let Body::Graph(l) = &op.body {
+        for &(v, a, b) in &times.nodes {
+            let Some((start_ns, end_ns)) = span((a, b)) else {
+                continue;
+            };
+            let body = &l.exec.nodes[v as usize];
+            let (kind, bytes) = crate::exec::graph::launch::node_kind(body);
+            hetero_trace::record_op(hetero_trace::OpRecord {
+                kind,
+                name: body.name(),
+                stream: stream.id,
+                queue: 0,
+                engine: E::Compute,
+                engine_index: 0,
+                seq: value,
+                submit_ns: op.submit_ns,
+                start_ns,
+                end_ns,
+                bytes,
+                dep: None,
+                failed: false,
+                node: Some(crate::exec::graph::launch::node_ref(&l.exec, v)),
+            });
+        }
+    }
+}
+
+/// A flight's timestamps on the profiler's clock, by query index.
+#[derive(Default)]
+struct Stamps {
+    first: u32,
+    ns: Vec<Option<u64>>,
+    pool: u32,
+}
+
+impl Stamps {
+    /// The `held` queries from the `freed`-th taken (a ring over the pool).
+    fn read(sh: &Shared, freed: u64, held: u64) -> Stamps {
+        let Some(pool) = sh.queries.as_ref().filter(|_| held > 0) else {
+            return Stamps::default();
+        };
+        let count = pool.count();
+        let first = (freed % u64::from(count)) as u32;
+        let held = held.min(u64::from(count)) as u32;
+        // At most two runs: up to the pool's end, then from its start.
+        let head = held.min(count - first);
+        let mut device = pool.read_ns(first, head).unwrap_or_default();
+        if held > head {
+            device.extend(pool.read_ns(0, held - head).unwrap_or_default());
+        }
+        Stamps {
+            first,
+            ns: sh.to_host_ns(&device),
+            pool: count,
+        }
+    }
+
+    fn get(&self, q: u32) -> Option<u64> {
+        let i = (q + self.pool - self.first) % self.pool.max(1);
+        self.ns.get(i as usize).copied().flatten()
     }
 }
 

@@ -28,7 +28,7 @@
 //! the device; staging buffers of fills live until the launch completes
 //! (`Nodes::into_staging`).
 
-use super::engine::{fill_word, rec_or_new, Engine};
+use super::engine::{fill_word, rec_or_new, Engine, Times};
 use super::Shared;
 use crate::exec::graph::launch::{run_node, GraphLaunch, NodeHooks};
 use crate::exec::graph::plan::{Params, Plan};
@@ -100,9 +100,13 @@ pub(super) fn launch(
     sh: &Shared,
     rec: &mut Option<Recorder>,
     l: &GraphLaunch,
+    times: &mut Times,
 ) -> (Result<(), String>, Staging) {
-    if has_host_nodes(l) {
+    // While profiling each launch is recorded with its nodes' timestamps.
+    let profiling = crate::exec::clock::profiling();
+    if has_host_nodes(l) || profiling {
         let mut nodes = Nodes::new(engine, sh, rec);
+        nodes.times = profiling.then_some(times);
         let result = nodes.run(l);
         return (result, Staging::Own(nodes.into_staging()));
     }
@@ -179,6 +183,8 @@ pub(super) struct Nodes<'a> {
     sh: &'a Shared,
     rec: &'a mut Option<Recorder>,
     staging: Vec<hetero_memory::PinnedAllocation>,
+    /// Where the nodes' timestamps go, while profiling.
+    times: Option<&'a mut Times>,
 }
 
 impl<'a> Nodes<'a> {
@@ -192,6 +198,7 @@ impl<'a> Nodes<'a> {
             sh,
             rec,
             staging: Vec::new(),
+            times: None,
         }
     }
 
@@ -354,6 +361,25 @@ impl<'a> Nodes<'a> {
 
 impl NodeHooks for Nodes<'_> {
     fn run(&mut self, l: &GraphLaunch, v: u32) -> Result<(), String> {
-        self.record(l, v)
+        let Some(times) = self.times.as_deref_mut() else {
+            return self.record(l, v);
+        };
+        // Timestamps around the node's commands (a host node submits and
+        // waits before it runs: its span is on the host's side of that).
+        let mut held = 0;
+        let start = rec_or_new(self.sh, self.rec)
+            .ok()
+            .and_then(|r| self.engine.stamp(self.sh, r, &mut held));
+        times.held += held;
+        let result = self.record(l, v);
+        let times = self.times.as_deref_mut().expect("set above");
+        if let (Some(a), Ok(r)) = (start, rec_or_new(self.sh, self.rec)) {
+            let mut held = 0;
+            if let Some(b) = self.engine.stamp(self.sh, r, &mut held) {
+                times.nodes.push((v, a, b));
+            }
+            times.held += held;
+        }
+        result
     }
 }

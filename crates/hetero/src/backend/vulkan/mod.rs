@@ -62,7 +62,40 @@ pub(crate) struct Shared {
     empty: Arc<hetero_vulkan::Chunk>,
     /// Why the device is lost, once it is.
     lost: OnceLock<String>,
+    /// Timestamp queries (`None` where the compute queue writes none).
+    pub(crate) queries: Option<hetero_vulkan::QueryPool>,
+    /// The device clock against this process's (see `query_ns`).
+    clock: Mutex<DeviceClock>,
 }
+
+/// A calibration of the device's timestamps against the host clock, and the
+/// offset of that clock (`CLOCK_MONOTONIC`) from the profiler's.
+struct DeviceClock {
+    at: std::time::Instant,
+    calibration: Option<hetero_vulkan::Calibration>,
+    /// `CLOCK_MONOTONIC` minus `crate::exec::clock::now_ns`, ns.
+    offset: i128,
+}
+
+impl DeviceClock {
+    fn measure(gpu: &hetero_vulkan::Gpu) -> DeviceClock {
+        let offset =
+            i128::from(hetero_vulkan::host_now_ns()) - i128::from(crate::exec::clock::now_ns());
+        DeviceClock {
+            at: std::time::Instant::now(),
+            calibration: gpu.calibrate().ok(),
+            offset,
+        }
+    }
+}
+
+/// Timestamp queries in the device's pool: at most this many ops' worth in
+/// flight at once (past it, ops go without and records take their
+/// completion time).
+const QUERIES: u32 = 8192;
+
+/// How old a calibration may get before the next timestamp read makes a new one.
+const RECALIBRATE: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Shared {
     /// A submission came: the engine looks again.
@@ -90,6 +123,22 @@ impl Shared {
 
     fn lost(&self) -> Option<String> {
         self.lost.get().cloned()
+    }
+
+    /// Device timestamps (ns) on the profiler's clock (`None` where the
+    /// device wrote none, or there is no calibration).
+    pub(crate) fn to_host_ns(&self, device: &[Option<u64>]) -> Vec<Option<u64>> {
+        let mut c = self.clock.lock().unwrap_or_else(|p| p.into_inner());
+        if c.at.elapsed() > RECALIBRATE {
+            *c = DeviceClock::measure(&self.gpu);
+        }
+        device
+            .iter()
+            .map(|d| {
+                let host = i128::from(c.calibration.as_ref()?.to_host_ns((*d)?));
+                u64::try_from(host - c.offset).ok()
+            })
+            .collect()
     }
 }
 
@@ -168,6 +217,8 @@ impl VulkanBackend {
             pinned,
             empty,
             lost: OnceLock::new(),
+            queries: hetero_vulkan::QueryPool::new(&gpu, QUERIES).ok(),
+            clock: Mutex::new(DeviceClock::measure(&gpu)),
         });
         pool.set_stream_points(Arc::new(points::Points {
             shared: Arc::downgrade(&shared),
