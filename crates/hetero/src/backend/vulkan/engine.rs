@@ -498,8 +498,23 @@ impl Engine {
                         }
                     }
                     Body::Graph(l) => {
+                        // While profiling, the launch's span around its nodes'.
+                        let profiling = crate::exec::clock::profiling();
+                        let mut held = 0;
+                        let start = profiling
+                            .then(|| rec_or_new(sh, rec).ok())
+                            .flatten()
+                            .and_then(|r| self.stamp(sh, r, &mut held));
+                        taken.times.held += held;
                         let (result, staging) =
                             super::graph::launch(self, sh, rec, l, &mut taken.times);
+                        if let (Some(a), Ok(r)) = (start, rec_or_new(sh, rec)) {
+                            let mut held = 0;
+                            if let Some(b) = self.stamp(sh, r, &mut held) {
+                                taken.times.span = Some((a, b));
+                            }
+                            taken.times.held += held;
+                        }
                         taken.result = result;
                         taken.after = match staging {
                             super::graph::Staging::Own(v) => After::Keep(v),

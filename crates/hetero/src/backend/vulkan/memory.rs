@@ -26,10 +26,12 @@ use std::sync::{Arc, Mutex};
 
 const PAGE: usize = 4096;
 
-/// Where chunks live: `address → (chunk, its size)`.
+/// Where chunks live: `address → (chunk, bytes from the address, the
+/// address's offset in the chunk)` (the offset is not 0 for imported host
+/// memory, whose chunk starts at the page below it).
 #[derive(Default)]
 pub(crate) struct Table {
-    chunks: BTreeMap<u64, (Arc<hetero_vulkan::Chunk>, u64)>,
+    chunks: BTreeMap<u64, (Arc<hetero_vulkan::Chunk>, u64, u64)>,
 }
 
 /// One kind of the device's memory (device-local or pinned), as the pool's
@@ -90,6 +92,32 @@ impl Chunks {
         }
     }
 
+    /// Adds host memory the device imported (`Device::register_host`):
+    /// `bytes` at `at`, which lies at `offset` in `chunk`, so `resolve` finds it.
+    pub(crate) fn insert_imported(
+        &self,
+        at: u64,
+        bytes: u64,
+        chunk: hetero_vulkan::Chunk,
+        offset: u64,
+    ) {
+        self.table
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .chunks
+            .insert(at, (Arc::new(chunk), bytes, offset));
+    }
+
+    /// Forgets the imported memory at `at` (recorded commands keep their
+    /// reference until they are done).
+    pub(crate) fn forget_imported(&self, at: u64) {
+        self.table
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .chunks
+            .remove(&at);
+    }
+
     /// The chunk holding `bytes` at `addr`, and the offset there; `None` when
     /// no chunk of this memory holds the whole range.
     pub(crate) fn resolve(
@@ -98,9 +126,9 @@ impl Chunks {
         bytes: u64,
     ) -> Option<(Arc<hetero_vulkan::Chunk>, u64)> {
         let t = self.table.lock().unwrap_or_else(|p| p.into_inner());
-        let (&base, (chunk, size)) = t.chunks.range(..=addr).next_back()?;
-        let off = addr - base;
-        (off.checked_add(bytes)? <= *size).then(|| (chunk.clone(), off))
+        let (&at, (chunk, size, offset)) = t.chunks.range(..=addr).next_back()?;
+        let off = addr - at;
+        (off.checked_add(bytes)? <= *size).then(|| (chunk.clone(), offset + off))
     }
 
     fn memory_error(e: hetero_vulkan::VkError, requested: usize) -> MemoryError {
@@ -163,7 +191,7 @@ impl ChunkSource for Chunks {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .chunks
-                    .insert(ptr.as_ptr() as u64, (Arc::new(chunk), size as u64));
+                    .insert(ptr.as_ptr() as u64, (Arc::new(chunk), size as u64, 0));
                 Ok(Chunk {
                     ptr,
                     size,
@@ -183,7 +211,7 @@ impl ChunkSource for Chunks {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .chunks
-                    .insert(ptr.as_ptr() as u64, (Arc::new(chunk), size as u64));
+                    .insert(ptr.as_ptr() as u64, (Arc::new(chunk), size as u64, 0));
                 Ok(Chunk {
                     ptr,
                     size,

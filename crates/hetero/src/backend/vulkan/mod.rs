@@ -117,6 +117,35 @@ impl Shared {
         crate::exec::clock::now_ns()
     }
 
+    /// Imports `bytes` of host memory at `ptr` (the whole pages around it),
+    /// where the device shares the host's memory; the address it is found at.
+    fn import_host(&self, ptr: *const u8, bytes: usize) -> Option<u64> {
+        use hetero_vulkan::DeviceType;
+        let info = self.gpu.info();
+        if !matches!(
+            info.device_type,
+            DeviceType::Cpu | DeviceType::IntegratedGpu
+        ) || !info.features.external_memory_host
+        {
+            return None;
+        }
+        let align = info.limits.min_imported_host_pointer_alignment?.max(1);
+        let base = (ptr as u64) / align * align;
+        let end = (ptr as u64 + bytes as u64).div_ceil(align) * align;
+        let start = std::ptr::NonNull::new(base as *mut u8)?;
+        // SAFETY: the pages lie in the caller's live allocation (or share its
+        // first and last page with it, mapped as long as it is); the
+        // registration keeps it alive until its undo ran, and the undo waits
+        // until the device is idle and has let go of the chunk before the
+        // memory is freed.
+        let chunk =
+            unsafe { hetero_vulkan::Chunk::import_host(&self.gpu, start, end - base) }.ok()?;
+        let at = ptr as u64;
+        self.pinned_mem
+            .insert_imported(at, bytes as u64, chunk, at - base);
+        Some(at)
+    }
+
     fn lose(&self, why: String) {
         let _ = self.lost.set(format!("the Vulkan device was lost: {why}"));
     }
@@ -332,8 +361,23 @@ impl Backend for VulkanBackend {
         self.shared.ring();
     }
 
+    /// Page-locks the memory and, on a device that shares the host's memory
+    /// (a CPU or integrated GPU with `VK_EXT_external_memory_host`, IREE's
+    /// rule), imports it so copies reach it in place. On a discrete GPU the
+    /// device cannot reach it: a copy with it fails its stream, saying so.
     fn register_host(&self, ptr: *const u8, bytes: usize) -> (u64, Box<dyn FnOnce() + Send>) {
         let locked = super::lock_host(ptr, bytes);
-        (ptr as u64, Box::new(move || super::unlock_host(locked)))
+        let imported = self.shared.import_host(ptr, bytes);
+        let shared = Arc::downgrade(&self.shared);
+        let undo = move || {
+            if let (Some(base), Some(sh)) = (imported, shared.upgrade()) {
+                sh.pinned_mem.forget_imported(base);
+                // No command may use imported memory once it is gone: wait
+                // until the device is idle (and has let go of the chunk).
+                let _ = sh.gpu.wait_idle();
+            }
+            super::unlock_host(locked)
+        };
+        (ptr as u64, Box::new(undo))
     }
 }
