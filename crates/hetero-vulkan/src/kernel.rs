@@ -100,6 +100,41 @@ fn literal_string(words: &[u32]) -> Option<String> {
     None
 }
 
+/// The storage-buffer bindings of descriptor set 0 that the module declares
+/// (`OpDecorate … Binding` on a variable also decorated `DescriptorSet 0`),
+/// sorted. Call it on words [`check_spirv`] accepted.
+pub fn spirv_bindings(words: &[u32]) -> Vec<u32> {
+    const OP_DECORATE: u32 = 71;
+    const BINDING: u32 = 33;
+    const DESCRIPTOR_SET: u32 = 34;
+    let (mut binding, mut set) = (Vec::new(), Vec::new());
+    let mut at = 5;
+    while at < words.len() {
+        let count = (words[at] >> 16) as usize;
+        if count == 0 {
+            break;
+        }
+        if let Some(inst) = words.get(at..at + count) {
+            if words[at] & 0xffff == OP_DECORATE && count >= 4 {
+                match inst[2] {
+                    BINDING => binding.push((inst[1], inst[3])),
+                    DESCRIPTOR_SET => set.push((inst[1], inst[3])),
+                    _ => {}
+                }
+            }
+        }
+        at += count;
+    }
+    let mut out: Vec<u32> = binding
+        .iter()
+        .filter(|(id, _)| set.iter().any(|(v, s)| v == id && *s == 0))
+        .map(|(_, b)| *b)
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
 /// Checks that `words` is a structurally sound SPIR-V module with a GLCompute entry
 /// point named `entry` (see the module docs for what is and is not checked).
 pub fn check_spirv(words: &[u32], entry: &str) -> Result<()> {
@@ -193,6 +228,12 @@ mod tests {
             check_spirv(&words, "other"),
             Err(VkError::NoEntryPoint { available, .. }) if available == ["main"]
         ));
+    }
+
+    #[test]
+    fn bindings_of_set_0_are_listed() {
+        let words = compile_wgsl(SAXPY, "main").expect("compiles");
+        assert_eq!(spirv_bindings(&words), vec![0, 1]);
     }
 
     #[test]

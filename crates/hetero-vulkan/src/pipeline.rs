@@ -73,6 +73,16 @@ impl Pipeline {
         bindings: u32,
         push_constant_bytes: u32,
     ) -> Result<Pipeline> {
+        check_spirv(spirv, entry)?;
+        if let Some(&past) = crate::kernel::spirv_bindings(spirv)
+            .iter()
+            .find(|&&b| b >= bindings)
+        {
+            return Err(VkError::InvalidArgument(format!(
+                "the shader binds storage buffer {past} (set 0) but the pipeline has {bindings} \
+                 binding(s): pass a buffer for every binding the shader declares"
+            )));
+        }
         let shared = Arc::clone(&gpu.shared);
         let s = &*shared;
         let max_push = s.info.limits.max_push_constants_size;
@@ -82,7 +92,6 @@ impl Pipeline {
                  (maxPushConstantsSize); pass larger parameters in a storage buffer"
             )));
         }
-        check_spirv(spirv, entry)?;
         let entry_c = std::ffi::CString::new(entry).map_err(|_| {
             VkError::InvalidArgument(format!("entry point name {entry:?} contains a NUL byte"))
         })?;

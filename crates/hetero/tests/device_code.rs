@@ -148,3 +148,43 @@ fn a_graph_replayed_with_rebinding_acts_on_each_launchs_buffers() {
         s.fill(&bytes, 0u8).unwrap();
     }
 }
+
+/// What a device that compiles code refuses, as typed errors in the stream
+/// that launched it (other streams go on): SPIR-V that is not SPIR-V, and a
+/// kernel whose code binds more buffers than the launch passes (the driver
+/// would otherwise get a pipeline whose layout lacks a binding the shader uses).
+#[test]
+fn bad_device_code_fails_its_stream_with_a_typed_reason() {
+    let dev = common::device();
+    if !dev.properties().runs_device_code {
+        return;
+    }
+    let s = dev.create_stream().unwrap();
+    let y = s.alloc::<u32>(64).unwrap();
+    let garbage = Kernel::from_wgsl("unused", "", "main").spirv(vec![0xdead_beef; 16], "main");
+    s.launch(&garbage, Grid::new(1), &[Arg::write(&y)]).unwrap();
+    let e = s.synchronize().unwrap_err().to_string();
+    assert!(e.contains("SPIR-V"), "{e}");
+    let t = dev.create_stream().unwrap();
+    let two = Kernel::from_wgsl("two", ADD, "main");
+    t.launch(&two, Grid::new(1), &[Arg::write(&y)]).unwrap();
+    let e = t.synchronize().unwrap_err().to_string();
+    assert!(e.contains("binds storage buffer 1"), "{e}");
+    let u = dev.create_stream().unwrap();
+    u.fill(&y, 3).unwrap();
+    assert_eq!(u.read_to_vec(&y).unwrap(), vec![3; 64]);
+}
+
+/// Opening a Vulkan device that is not there is a typed error that says how
+/// to see the ones that are (or what to install); asking any device for more
+/// memory than it has is a typed error too.
+#[test]
+fn missing_devices_and_too_much_memory_are_typed_errors() {
+    match hetero::Device::new(hetero::DeviceConfig::default().vulkan(99)) {
+        Err(Error::Setup(m)) => assert!(m.contains("hetero info") || m.contains("install"), "{m}"),
+        other => panic!("expected a setup error, got {other:?}"),
+    }
+    let dev = common::device();
+    let e = dev.alloc::<u8>(1 << 50).unwrap_err();
+    assert!(matches!(e, Error::Memory(_)), "{e}");
+}

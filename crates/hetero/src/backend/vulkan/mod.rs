@@ -195,6 +195,17 @@ impl VulkanBackend {
         let instance = hetero_vulkan::Instance::load().map_err(setup)?;
         let gpu = Arc::new(hetero_vulkan::Gpu::open(&instance, index).map_err(setup)?);
         let info = gpu.info().clone();
+        // Every buffer starts at a multiple of `Storage::ALIGN` in its chunk:
+        // a binding's offset must be a multiple of the device's alignment.
+        let align = info.limits.min_storage_buffer_offset_alignment;
+        if align > Storage::ALIGN as u64 || !(Storage::ALIGN as u64).is_multiple_of(align.max(1)) {
+            return Err(Error::Setup(format!(
+                "Vulkan device {}: storage buffers must start at multiples of {align} bytes, \
+                 hetero places buffers at multiples of {}; this device is not supported",
+                info.name,
+                Storage::ALIGN
+            )));
+        }
         let heap = info
             .memory_heaps
             .iter()
