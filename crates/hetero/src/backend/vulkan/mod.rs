@@ -181,8 +181,22 @@ pub(crate) struct VulkanBackend {
 /// The Vulkan devices present (what `hetero info` prints), or the typed
 /// error that says what to install.
 pub fn devices() -> Result<Vec<hetero_vulkan::DeviceInfo>> {
-    let instance = hetero_vulkan::Instance::load().map_err(setup)?;
-    instance.list_devices().map_err(setup)
+    instance()?.list_devices().map_err(setup)
+}
+
+/// The process's one Vulkan instance (IREE keeps one too): made at the first
+/// need and kept, so devices come and go without creating and destroying
+/// instances beside each other (which layers handle badly at exit). A failed
+/// load is not kept: a later call tries again.
+fn instance() -> Result<hetero_vulkan::Instance> {
+    static INSTANCE: Mutex<Option<hetero_vulkan::Instance>> = Mutex::new(None);
+    let mut held = INSTANCE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(i) = held.as_ref() {
+        return Ok(i.clone());
+    }
+    let i = hetero_vulkan::Instance::load().map_err(setup)?;
+    *held = Some(i.clone());
+    Ok(i)
 }
 
 fn setup(e: hetero_vulkan::VkError) -> Error {
@@ -192,7 +206,7 @@ fn setup(e: hetero_vulkan::VkError) -> Error {
 impl VulkanBackend {
     pub(crate) fn new(device: u64, config: DeviceConfig, index: usize) -> Result<Self> {
         config.validate()?;
-        let instance = hetero_vulkan::Instance::load().map_err(setup)?;
+        let instance = instance()?;
         let gpu = Arc::new(hetero_vulkan::Gpu::open(&instance, index).map_err(setup)?);
         let info = gpu.info().clone();
         // Every buffer starts at a multiple of `Storage::ALIGN` in its chunk:
