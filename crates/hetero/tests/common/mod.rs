@@ -8,7 +8,10 @@
 
 pub mod wgsl;
 
-use hetero::{BackendKind, Device, DeviceConfig, Event, HostEvent, Stream, TimeMode};
+use hetero::{
+    Arg, BackendKind, Device, DeviceBuffer, DeviceConfig, Event, Grid, HostEvent, Kernel, Stream,
+    TimeMode,
+};
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -207,15 +210,6 @@ const VULKAN_SKIPS: &[(&str, &str)] = &[
         VK_HOST_KERNEL,
     ),
     (
-        "reuse_same_stream_reuses_memory_while_its_work_is_queued",
-        VK_HOST_KERNEL,
-    ),
-    (
-        "reuse_a_buffer_used_on_two_streams_waits_for_both",
-        VK_HOST_KERNEL,
-    ),
-    ("reuse_random_programs_never_mix_buffers", VK_HOST_KERNEL),
-    (
         "blocking_calls_inside_graph_nodes_work_or_refuse_never_hang",
         VK_HOST_KERNEL,
     ),
@@ -399,4 +393,54 @@ pub fn within<R: Send + 'static>(
     });
     rx.recv_timeout(std::time::Duration::from_secs(secs))
         .unwrap_or_else(|_| panic!("{what}: still running after {secs} s (hung)"))
+}
+
+/// Checks that read a buffer in stream order and say later what they saw:
+/// each check is a kernel that writes into a result buffer of its own the
+/// buffer's first element and how many elements differ from it (host code and
+/// its WGSL twin alike, so a device that runs compiled code checks the same
+/// thing as one that runs the closure). The result buffers are allocated up
+/// front (`Checks::new`), so they take no part in the reuse a test watches.
+pub struct Checks {
+    kernel: Kernel,
+    free: Vec<DeviceBuffer<u32>>,
+    queued: Vec<(DeviceBuffer<u32>, u32)>,
+}
+
+impl Checks {
+    /// Room for `n` checks on `d`.
+    pub fn new(d: &Device, n: usize) -> Checks {
+        let kernel = Kernel::new("check", |b| {
+            let x = b.read::<u32>(0);
+            let first = x.first().copied().unwrap_or(0);
+            let differ = x.iter().filter(|v| **v != first).count() as u32;
+            b.write::<u32>(0).copy_from_slice(&[first, differ]);
+        })
+        .wgsl(wgsl::check_uniform(1), "main");
+        let free = (0..n)
+            .map(|_| d.alloc::<u32>(2).expect("a check's result buffer"))
+            .collect();
+        Checks {
+            kernel,
+            free,
+            queued: Vec::new(),
+        }
+    }
+
+    /// Queues on `s` a check that every element of `buf` is `want`.
+    pub fn launch(&mut self, s: &Stream, buf: &DeviceBuffer<u32>, want: u32) {
+        let r = self.free.pop().expect("Checks::new made room for every check");
+        s.launch(&self.kernel, Grid::new(1), &[Arg::read(buf), Arg::write(&r)])
+            .expect("check queued");
+        self.queued.push((r, want));
+    }
+
+    /// How many checks (once their streams are synchronized) saw a buffer
+    /// that was not all its own value, read on `s`.
+    pub fn wrong(&self, s: &Stream) -> usize {
+        self.queued
+            .iter()
+            .filter(|(r, want)| s.read_to_vec(r).expect("a check's result") != [*want, 0])
+            .count()
+    }
 }
