@@ -200,14 +200,9 @@ const VULKAN_SKIPS: &[(&str, &str)] = &[
         "memory_a_slow_kernel_uses_is_not_reused_by_another_stream",
         VK_HOST_KERNEL,
     ),
-    ("kernel_panic_stays_in_its_stream", VK_HOST_KERNEL),
     (
         "kernel_type_mismatch_fails_stream_not_process",
         VK_HOST_VIEWS,
-    ),
-    (
-        "dropping_buffers_and_streams_with_pending_work_waits",
-        VK_HOST_KERNEL,
     ),
     (
         "blocking_calls_inside_graph_nodes_work_or_refuse_never_hang",
