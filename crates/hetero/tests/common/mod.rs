@@ -197,10 +197,6 @@ const VULKAN_SKIPS: &[(&str, &str)] = &[
         VK_HOST_KERNEL,
     ),
     (
-        "memory_a_slow_kernel_uses_is_not_reused_by_another_stream",
-        VK_HOST_KERNEL,
-    ),
-    (
         "kernel_type_mismatch_fails_stream_not_process",
         VK_HOST_VIEWS,
     ),
