@@ -205,10 +205,6 @@ const VULKAN_SKIPS: &[(&str, &str)] = &[
         VK_HOST_KERNEL,
     ),
     (
-        "multi_block_kernel_nodes_run_every_block_once",
-        VK_HOST_KERNEL,
-    ),
-    (
         "kernels_read_and_write_pitched_buffers_by_rows",
         VK_HOST_VIEWS,
     ),
