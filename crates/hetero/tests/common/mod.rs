@@ -185,10 +185,6 @@ const VULKAN_SKIPS: &[(&str, &str)] = &[
         VK_NO_AGING,
     ),
     (
-        "a_panic_payload_that_panics_on_drop_does_not_kill_the_engine",
-        VK_HOST_KERNEL,
-    ),
-    (
         "dropping_the_last_stream_in_a_kernel_does_not_hang",
         VK_HOST_KERNEL,
     ),
