@@ -840,7 +840,11 @@ fn multi_block_kernel_nodes_run_every_block_once() {
         .kernel(
             &k,
             Grid::new(grids[0]),
-            &[Arg::read(&input), Arg::write(&outs[0]), Arg::write(&counts[0])],
+            &[
+                Arg::read(&input),
+                Arg::write(&outs[0]),
+                Arg::write(&counts[0]),
+            ],
             &[],
         )
         .unwrap();
@@ -848,7 +852,11 @@ fn multi_block_kernel_nodes_run_every_block_once() {
         .kernel(
             &k,
             Grid::new(grids[1]),
-            &[Arg::read(&input), Arg::write(&outs[1]), Arg::write(&counts[1])],
+            &[
+                Arg::read(&input),
+                Arg::write(&outs[1]),
+                Arg::write(&counts[1]),
+            ],
             &[],
         )
         .unwrap();

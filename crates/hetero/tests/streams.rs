@@ -323,8 +323,8 @@ fn dropping_buffers_and_streams_with_pending_work_waits() {
         let held = Gate::hold(&s);
         s.copy_h2d(&h, &x).unwrap();
         drop(h); // the pending copy keeps the memory alive
-        // The kernel reads what the copy wrote; a callback behind it says the
-        // stream got that far.
+                 // The kernel reads what the copy wrote; a callback behind it says the
+                 // stream got that far.
         checks.launch(&s, &x, 3);
         drop(x);
         let dn = done.clone();
