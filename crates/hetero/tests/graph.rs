@@ -811,38 +811,63 @@ fn multi_block_kernel_nodes_run_every_block_once() {
     let input = dev.alloc::<u32>(n).unwrap();
     let outs: Vec<_> = (0..3).map(|_| dev.alloc::<u32>(n).unwrap()).collect();
     s.fill(&input, 5u32).unwrap();
-    let blocks_seen = Arc::new(AtomicU32::new(0));
-    let seen = blocks_seen.clone();
+    // Each node counts its blocks in a buffer of one element per block: a
+    // block adds 1 to its own element (the closure's part of a write argument
+    // as long as the grid is one element per block; the twin's element is its
+    // workgroup's index), so every element equals the number of launches.
+    let grids = [37u32, 64, 5];
+    let counts: Vec<_> = grids
+        .iter()
+        .map(|&blocks| dev.alloc::<u32>(blocks as usize).unwrap())
+        .collect();
+    for c in &counts {
+        s.fill(c, 0u32).unwrap();
+    }
     let k = Kernel::new("double_counted", move |b| {
-        seen.fetch_add(1, Ordering::Relaxed);
         let input = b.read::<u32>(0);
         let base = b.write_offset(0);
         for (j, v) in b.write::<u32>(0).iter_mut().enumerate() {
             *v = input[base + j] * 2 + 1;
         }
-    });
+        for c in b.write::<u32>(1) {
+            *c += 1;
+        }
+    })
+    .wgsl(DOUBLE_COUNTED, "main");
     // Two independent multi-block nodes (two lanes) and one after both.
     let mut g = Graph::new(&dev).unwrap();
     let a = g
         .kernel(
             &k,
-            Grid::new(37),
-            &[Arg::read(&input), Arg::write(&outs[0])],
+            Grid::new(grids[0]),
+            &[
+                Arg::read(&input),
+                Arg::write(&outs[0]),
+                Arg::write(&counts[0]),
+            ],
             &[],
         )
         .unwrap();
     let b = g
         .kernel(
             &k,
-            Grid::new(64),
-            &[Arg::read(&input), Arg::write(&outs[1])],
+            Grid::new(grids[1]),
+            &[
+                Arg::read(&input),
+                Arg::write(&outs[1]),
+                Arg::write(&counts[1]),
+            ],
             &[],
         )
         .unwrap();
     g.kernel(
         &k,
-        Grid::new(5),
-        &[Arg::read(&outs[0]), Arg::write(&outs[2])],
+        Grid::new(grids[2]),
+        &[
+            Arg::read(&outs[0]),
+            Arg::write(&outs[2]),
+            Arg::write(&counts[2]),
+        ],
         &[a, b],
     )
     .unwrap();
@@ -850,17 +875,26 @@ fn multi_block_kernel_nodes_run_every_block_once() {
     for round in 1..=4u32 {
         s.launch_graph(&exec).unwrap();
         s.synchronize().unwrap();
-        assert_eq!(blocks_seen.load(Ordering::Relaxed), round * (37 + 64 + 5));
+        for (c, &blocks) in counts.iter().zip(&grids) {
+            assert_eq!(
+                s.read_to_vec(c).unwrap(),
+                vec![round; blocks as usize],
+                "a node of {blocks} blocks, launch {round}"
+            );
+        }
     }
     assert_eq!(s.read_to_vec(&outs[0]).unwrap(), vec![11; n]);
     assert_eq!(s.read_to_vec(&outs[1]).unwrap(), vec![11; n]);
     assert_eq!(s.read_to_vec(&outs[2]).unwrap(), vec![23; n]);
-    // A block that fails fails the node and the launch.
+    // A block that fails fails the node and the launch. (Device code cannot
+    // fail one block: its twin fails to compile, failing every block of the
+    // node, which fails the node and the launch the same way.)
     let boom = Kernel::new("boom_in_block", |b| {
         if b.index() == 3 {
             panic!("block 3 failed");
         }
-    });
+    })
+    .wgsl(common::wgsl::fails("block 3 failed"), "main");
     let mut g = Graph::new(&dev).unwrap();
     g.kernel(&boom, Grid::new(8), &[], &[]).unwrap();
     let exec = g.instantiate().unwrap();
@@ -868,6 +902,27 @@ fn multi_block_kernel_nodes_run_every_block_once() {
     let err = s.synchronize().unwrap_err().to_string();
     assert!(err.contains("block 3"), "{err}");
 }
+
+/// The WGSL twin of `double_counted`: `y[i] = x[i] * 2 + 1` over the grid,
+/// and one invocation of each workgroup adds 1 to its workgroup's count.
+const DOUBLE_COUNTED: &str = "
+@group(0) @binding(0) var<storage, read> x: array<u32>;
+@group(0) @binding(1) var<storage, read_write> y: array<u32>;
+@group(0) @binding(2) var<storage, read_write> counts: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) id: vec3<u32>,
+        @builtin(local_invocation_index) lane: u32,
+        @builtin(workgroup_id) group: vec3<u32>,
+        @builtin(num_workgroups) groups: vec3<u32>) {
+    if (lane == 0u) { counts[group.x] = counts[group.x] + 1u; }
+    var i = id.x;
+    loop {
+        if (i >= arrayLength(&y)) { break; }
+        y[i] = x[i] * 2u + 1u;
+        i = i + groups.x * 64u;
+    }
+}
+";
 
 #[test]
 fn blocking_calls_inside_graph_nodes_work_or_refuse_never_hang() {

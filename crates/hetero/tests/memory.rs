@@ -20,21 +20,32 @@ fn memory_a_slow_kernel_uses_is_not_reused_by_another_stream() {
     let t = d.create_stream().unwrap();
     let n = 64 * 1024;
     let x = s.alloc::<u32>(n).unwrap();
+    let seen = d.alloc::<u32>(2).unwrap();
     // The kernel writes its buffer, waits at the gate while t allocates and
-    // fills, then checks nobody else wrote it.
+    // fills, then looks whether anybody else wrote it: it writes x[0] and how
+    // many elements are not 1 into `seen`.
     let running = Gate::new();
     let wait = running.waiter();
     let k = Kernel::new("slow-owner", move |b| {
         let out = b.write::<u32>(0);
         out.fill(1);
         wait();
-        assert!(
-            out.iter().all(|v| *v == 1),
-            "memory was reused under a running kernel"
-        );
-    });
-    s.launch(&k, Grid::new(1), &[Arg::write(&x)]).unwrap();
-    running.wait_reached();
+        let differ = out.iter().filter(|v| **v != 1).count() as u32;
+        b.write::<u32>(1).copy_from_slice(&[out[0], differ]);
+    })
+    .wgsl(SLOW_OWNER, "main");
+    s.launch(&k, Grid::new(1), &[Arg::write(&x), Arg::write(&seen)])
+        .unwrap();
+    // Device code has no gate: its twin is slow instead, reading its buffer
+    // 40 times over, and t's work starts while it is in flight (or still
+    // queued: the drop below comes right after the launch either way). The
+    // Vulkan device orders t's fills after the recorded kernel on its one
+    // queue, so there this checks the pool's side (t's buffers while the
+    // kernel's memory is pending, and the kernel's result after) rather than
+    // a race the gate makes certain.
+    if !d.properties().runs_device_code {
+        running.wait_reached();
+    }
     drop(x); // stream-ordered free while the kernel runs
     for _ in 0..8 {
         let y = t.alloc::<u32>(n).unwrap();
@@ -42,8 +53,43 @@ fn memory_a_slow_kernel_uses_is_not_reused_by_another_stream() {
         t.synchronize().unwrap();
     }
     running.open();
-    s.synchronize().expect("the kernel's memory stayed its own");
+    s.synchronize().expect("the kernel ran");
+    assert_eq!(
+        s.read_to_vec(&seen).unwrap(),
+        vec![1, 0],
+        "memory was reused under a running kernel"
+    );
 }
+
+/// The WGSL twin of `slow-owner`: one workgroup writes 1s, reads them back
+/// 40 times (each invocation its own elements: 41 000 loop iterations, under
+/// lavapipe's limit), and writes what it saw.
+const SLOW_OWNER: &str = "
+@group(0) @binding(0) var<storage, read_write> x: array<u32>;
+@group(0) @binding(1) var<storage, read_write> seen: array<u32>;
+var<workgroup> differ: atomic<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) lane: u32) {
+    if (lane == 0u) { atomicStore(&differ, 0u); }
+    var i = lane;
+    loop {
+        if (i >= arrayLength(&x)) { break; }
+        x[i] = 1u;
+        i = i + 64u;
+    }
+    workgroupBarrier();
+    for (var round = 0u; round < 40u; round = round + 1u) {
+        i = lane;
+        loop {
+            if (i >= arrayLength(&x)) { break; }
+            if (x[i] != 1u) { atomicAdd(&differ, 1u); }
+            i = i + 64u;
+        }
+    }
+    workgroupBarrier();
+    if (lane == 0u) { seen[0] = x[0]; seen[1] = atomicLoad(&differ); }
+}
+";
 
 #[test]
 fn memory_same_stream_reuse_hits_the_cache_without_os_calls() {

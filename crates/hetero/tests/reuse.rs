@@ -5,11 +5,9 @@
 
 mod common;
 
-use common::{settle, Gate};
+use common::{settle, Checks, Gate};
 use hetero::{Arg, Device, DeviceBuffer, DeviceConfig, Grid, Kernel, PoolConfig, Stream};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 
 fn dev(config: DeviceConfig) -> Device {
     Device::new(config.compute_units(2)).expect("host device")
@@ -79,35 +77,22 @@ fn fill_elsewhere_waits_for_the_gate(
     );
 }
 
-/// Fails with `what` if any checker counted a wrong element.
-fn assert_clean(bad: &AtomicUsize, what: &str) {
-    assert_eq!(bad.load(Ordering::Relaxed), 0, "{what}");
-}
-
-/// A kernel that counts the elements of its buffer that are not `want`.
-fn checker(want: u32, bad: &Arc<AtomicUsize>) -> Kernel {
-    let bad = bad.clone();
-    Kernel::new("check", move |b| {
-        let n = b.read::<u32>(0).iter().filter(|v| **v != want).count();
-        bad.fetch_add(n, Ordering::Relaxed);
-    })
-}
-
 #[test]
 fn reuse_same_stream_reuses_memory_while_its_work_is_queued() {
     if common::skipped("reuse_same_stream_reuses_memory_while_its_work_is_queued") {
         return;
     }
-    let (d, s, _t) = warm_streams();
+    let rounds = 200u32;
+    // The checks' result buffers come before the warm block and the stats.
+    let (d, s, _t) = two_streams();
+    let mut checks = Checks::new(&d, rounds as usize);
+    drop(s.alloc::<u32>(N).unwrap());
     let open = gate(&s);
     let before = d.memory_stats();
-    let bad = Arc::new(AtomicUsize::new(0));
-    let rounds = 200u32;
     for i in 0..rounds {
         let b = s.alloc::<u32>(N).unwrap();
         s.fill(&b, i).unwrap();
-        s.launch(&checker(i, &bad), Grid::new(1), &[Arg::read(&b)])
-            .unwrap();
+        checks.launch(&s, &b, i);
         // Dropped with a fill and a kernel queued behind the closed gate.
     }
     let queued = d.memory_stats();
@@ -121,9 +106,10 @@ fn reuse_same_stream_reuses_memory_while_its_work_is_queued() {
     assert!(queued.cache_hits >= before.cache_hits + u64::from(rounds) - 1);
     open.open();
     s.synchronize().expect("every round ran");
-    assert_clean(
-        &bad,
-        "a round saw another round's values: reuse broke stream order",
+    assert_eq!(
+        checks.wrong(&s),
+        0,
+        "a round saw another round's values: reuse broke stream order"
     );
 }
 
@@ -176,16 +162,15 @@ fn reuse_a_buffer_used_on_two_streams_waits_for_both() {
     if common::skipped("reuse_a_buffer_used_on_two_streams_waits_for_both") {
         return;
     }
-    let (_d, s, t) = two_streams();
+    let (d, s, t) = two_streams();
+    let mut checks = Checks::new(&d, 1);
     let a = s.alloc::<u32>(N).unwrap();
     s.fill(&a, 5).unwrap();
     s.synchronize().unwrap();
     // t reads a behind its gate; a is then dropped. Its memory must not come
     // back to s while t's kernel may still read it.
     let open = gate(&t);
-    let bad = Arc::new(AtomicUsize::new(0));
-    t.launch(&checker(5, &bad), Grid::new(1), &[Arg::read(&a)])
-        .unwrap();
+    checks.launch(&t, &a, 5);
     drop(a);
     for _ in 0..4 {
         let b = s.alloc::<u32>(N).unwrap();
@@ -194,7 +179,7 @@ fn reuse_a_buffer_used_on_two_streams_waits_for_both() {
     s.synchronize().unwrap();
     open.open();
     t.synchronize().unwrap();
-    assert_clean(&bad, "s overwrote memory t still read");
+    assert_eq!(checks.wrong(&t), 0, "s overwrote memory t still read");
 }
 
 #[test]
@@ -248,10 +233,11 @@ fn reuse_random_programs_never_mix_buffers() {
     // Gates sit in order on a stream of their own, so only the oldest closed one
     // holds an engine; a held stream waits on the event after its gate.
     let gates = d.create_stream().unwrap();
-    let bad = Arc::new(AtomicUsize::new(0));
     let mut next_value = 1u32;
     for seed in 1..=12u64 {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ seed);
+        // At most one check per step.
+        let mut checks = Checks::new(&d, 150);
         let mut live: Vec<Live> = Vec::new();
         let mut held: VecDeque<Gate> = VecDeque::new();
         for _ in 0..150 {
@@ -275,9 +261,7 @@ fn reuse_random_programs_never_mix_buffers() {
                     let value = next_value;
                     next_value += 1;
                     streams[user].fill(&buf, value).unwrap();
-                    streams[user]
-                        .launch(&checker(value, &bad), Grid::new(1), &[Arg::read(&buf)])
-                        .unwrap();
+                    checks.launch(&streams[user], &buf, value);
                     live.push(Live {
                         buf,
                         value,
@@ -297,9 +281,7 @@ fn reuse_random_programs_never_mix_buffers() {
                         next_value += 1;
                         streams[s].fill(&l.buf, l.value).unwrap();
                     }
-                    streams[s]
-                        .launch(&checker(l.value, &bad), Grid::new(1), &[Arg::read(&l.buf)])
-                        .unwrap();
+                    checks.launch(&streams[s], &l.buf, l.value);
                     l.last = s;
                 }
                 _ if !live.is_empty() => {
@@ -314,9 +296,10 @@ fn reuse_random_programs_never_mix_buffers() {
         for s in &streams {
             s.synchronize().unwrap();
         }
-        assert_clean(
-            &bad,
-            &format!("seed {seed}: a buffer saw another buffer's values"),
+        assert_eq!(
+            checks.wrong(&streams[0]),
+            0,
+            "seed {seed}: a buffer saw another buffer's values"
         );
     }
     let st = d.memory_stats();

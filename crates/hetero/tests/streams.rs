@@ -139,11 +139,15 @@ fn kernel_panic_stays_in_its_stream() {
     let bad = d.create_stream().unwrap();
     let good = d.create_stream().unwrap();
     let waiter = d.create_stream().unwrap();
+    // Device code cannot panic: its twin fails to compile, so the whole kernel
+    // fails where the closure's block 3 does. What is checked, the fault's
+    // reach (its stream, its events and their waiters, nothing else), is the same.
     let k = Kernel::new("boom", |b| {
         if b.index() == 3 {
             panic!("block three exploded");
         }
-    });
+    })
+    .wgsl(common::wgsl::fails("block three exploded"), "main");
     bad.launch(&k, Grid::new(8), &[]).unwrap();
     let ran_after = Arc::new(AtomicUsize::new(0));
     let r = ran_after.clone();
@@ -310,24 +314,27 @@ fn dropping_buffers_and_streams_with_pending_work_waits() {
         return;
     }
     let d = dev();
+    let mut checks = common::Checks::new(&d, 1);
     let done = Arc::new(AtomicUsize::new(0));
     {
         let s = d.create_stream().unwrap();
-        let h = d.pinned_from_slice(&vec![3u64; 4096]).unwrap();
-        let x = d.alloc::<u64>(4096).unwrap();
-        let dn = done.clone();
+        let h = d.pinned_from_slice(&vec![3u32; 4096]).unwrap();
+        let x = d.alloc::<u32>(4096).unwrap();
         let held = Gate::hold(&s);
         s.copy_h2d(&h, &x).unwrap();
         drop(h); // the pending copy keeps the memory alive
-        let k = Kernel::new("check", move |b| {
-            assert!(b.read::<u64>(0).iter().all(|v| *v == 3));
-            dn.fetch_add(1, Ordering::SeqCst);
-        });
-        s.launch(&k, Grid::new(1), &[Arg::read(&x)]).unwrap();
+                 // The kernel reads what the copy wrote; a callback behind it says the
+                 // stream got that far.
+        checks.launch(&s, &x, 3);
         drop(x);
+        let dn = done.clone();
+        s.host_fn(move || {
+            dn.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
         assert!(
             !s.query().unwrap(),
-            "the gate holds the copy and the kernel"
+            "the gate holds the copy, the kernel and the callback"
         );
         assert_eq!(done.load(Ordering::SeqCst), 0);
         // Opened just before the stream drops, with the copy and the kernel
@@ -335,6 +342,8 @@ fn dropping_buffers_and_streams_with_pending_work_waits() {
         drop(held);
     } // stream dropped: waits
     assert_eq!(done.load(Ordering::SeqCst), 1);
+    let t = d.create_stream().unwrap();
+    assert_eq!(checks.wrong(&t), 0, "the kernel read the copied data");
 }
 
 #[test]

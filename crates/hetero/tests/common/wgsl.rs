@@ -63,3 +63,33 @@ pub fn fails(why: &str) -> String {
          fn main() {{ let x: u32 = this_name_is_not_defined; }} // {why}\n"
     )
 }
+
+/// A kernel that checks its first buffer `x` (`u32`) is uniform: it writes
+/// `x[0]` and the number of elements that differ from it into its second
+/// buffer `r` (two `u32`). One workgroup does it all (launch one block);
+/// `passes` > 1 reads the buffer that many times, each invocation its own
+/// elements, so the kernel stays running (and looking) for a while: keep
+/// `passes * len / 64` under lavapipe's ~64 000 iterations per invocation.
+pub fn check_uniform(passes: u32) -> String {
+    format!(
+        "@group(0) @binding(0) var<storage, read> x: array<u32>;\n\
+         @group(0) @binding(1) var<storage, read_write> r: array<u32>;\n\
+         var<workgroup> differ: atomic<u32>;\n\
+         @compute @workgroup_size(64)\n\
+         fn main(@builtin(local_invocation_index) lane: u32) {{\n\
+             if (lane == 0u) {{ atomicStore(&differ, 0u); }}\n\
+             workgroupBarrier();\n\
+             let first = x[0];\n\
+             for (var round = 0u; round < {passes}u; round = round + 1u) {{\n\
+                 var i = lane;\n\
+                 loop {{\n\
+                     if (i >= arrayLength(&x)) {{ break; }}\n\
+                     if (x[i] != first) {{ atomicAdd(&differ, 1u); }}\n\
+                     i = i + 64u;\n\
+                 }}\n\
+             }}\n\
+             workgroupBarrier();\n\
+             if (lane == 0u) {{ r[0] = first; r[1] = atomicLoad(&differ); }}\n\
+         }}\n"
+    )
+}
