@@ -74,7 +74,7 @@ impl fmt::Display for ApiVersion {
 }
 
 /// One queue family: what its hardware queues can run and how many there are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct QueueFamilyInfo {
     pub flags: vk::QueueFlags,
     pub count: u32,
@@ -83,14 +83,14 @@ pub struct QueueFamilyInfo {
 }
 
 /// One memory heap.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct MemoryHeapInfo {
     pub size: u64,
     pub flags: vk::MemoryHeapFlags,
 }
 
 /// One memory type: its properties and the heap it draws from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct MemoryTypeInfo {
     pub heap: u32,
     pub flags: vk::MemoryPropertyFlags,
@@ -168,9 +168,98 @@ impl fmt::Display for Bytes {
     }
 }
 
-fn flags<T: fmt::Debug>(flags: T) -> String {
-    // ash prints flags as `A | B`; compact them.
-    format!("{flags:?}").replace(" | ", "|")
+/// Flag names joined by `|` (ash names flags only with its `debug`
+/// feature, which costs the main job's build seconds; these are the ones
+/// hetero prints).
+pub(crate) fn flags<F: Flags>(flags: F) -> String {
+    let bits = flags.bits();
+    let mut names: Vec<String> = F::NAMES
+        .iter()
+        .filter(|(b, _)| bits & b == *b)
+        .map(|(_, n)| (*n).to_string())
+        .collect();
+    let rest = F::NAMES.iter().fold(bits, |r, (b, _)| r & !b);
+    if rest != 0 {
+        names.push(format!("{rest:#x}"));
+    }
+    if names.is_empty() {
+        return "0".into();
+    }
+    names.join("|")
+}
+
+/// A Vulkan flags type with the names of its bits.
+pub(crate) trait Flags: Copy {
+    const NAMES: &'static [(u32, &'static str)];
+    fn bits(self) -> u32;
+}
+
+impl Flags for vk::QueueFlags {
+    const NAMES: &'static [(u32, &'static str)] = &[
+        (0x1, "GRAPHICS"),
+        (0x2, "COMPUTE"),
+        (0x4, "TRANSFER"),
+        (0x8, "SPARSE_BINDING"),
+        (0x10, "PROTECTED"),
+        (0x20, "VIDEO_DECODE"),
+        (0x40, "VIDEO_ENCODE"),
+        (0x100, "OPTICAL_FLOW"),
+    ];
+    fn bits(self) -> u32 {
+        self.as_raw()
+    }
+}
+
+impl Flags for vk::MemoryHeapFlags {
+    const NAMES: &'static [(u32, &'static str)] = &[(0x1, "DEVICE_LOCAL"), (0x2, "MULTI_INSTANCE")];
+    fn bits(self) -> u32 {
+        self.as_raw()
+    }
+}
+
+impl Flags for vk::MemoryPropertyFlags {
+    const NAMES: &'static [(u32, &'static str)] = &[
+        (0x1, "DEVICE_LOCAL"),
+        (0x2, "HOST_VISIBLE"),
+        (0x4, "HOST_COHERENT"),
+        (0x8, "HOST_CACHED"),
+        (0x10, "LAZILY_ALLOCATED"),
+        (0x20, "PROTECTED"),
+        (0x40, "DEVICE_COHERENT_AMD"),
+        (0x80, "DEVICE_UNCACHED_AMD"),
+        (0x100, "RDMA_CAPABLE_NV"),
+    ];
+    fn bits(self) -> u32 {
+        self.as_raw()
+    }
+}
+
+impl fmt::Debug for QueueFamilyInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueueFamilyInfo")
+            .field("flags", &format_args!("{}", flags(self.flags)))
+            .field("count", &self.count)
+            .field("timestamp_valid_bits", &self.timestamp_valid_bits)
+            .finish()
+    }
+}
+
+impl fmt::Debug for MemoryHeapInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryHeapInfo")
+            .field("size", &self.size)
+            .field("flags", &format_args!("{}", flags(self.flags)))
+            .finish()
+    }
+}
+
+impl fmt::Debug for MemoryTypeInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryTypeInfo")
+            .field("heap", &self.heap)
+            .field("flags", &format_args!("{}", flags(self.flags)))
+            .finish()
+    }
 }
 
 impl fmt::Display for DeviceInfo {

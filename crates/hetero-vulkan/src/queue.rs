@@ -39,7 +39,7 @@ impl Lane {
 }
 
 /// Which hardware queue one lane uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct LaneQueue {
     /// Queue family index.
     pub family: u32,
@@ -51,6 +51,18 @@ pub struct LaneQueue {
     pub flags: vk::QueueFlags,
     /// Valid timestamp bits on this family (0: no timestamps).
     pub timestamp_valid_bits: u32,
+}
+
+impl fmt::Debug for LaneQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LaneQueue")
+            .field("family", &self.family)
+            .field("index", &self.index)
+            .field("aliased", &self.aliased)
+            .field("flags", &format_args!("{}", crate::info::flags(self.flags)))
+            .field("timestamp_valid_bits", &self.timestamp_valid_bits)
+            .finish()
+    }
 }
 
 /// The hardware queue of each lane.
