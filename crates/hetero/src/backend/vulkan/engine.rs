@@ -29,19 +29,16 @@
 //! of another stream was recorded is not ordered against it: order them by
 //! an event, as on every backend.
 
+use super::complete::{complete, Stamps};
+use super::record::rec_or_new;
 use super::{Shared, VulkanStream};
-use crate::exec::kernel::{DeviceCode, KernelInner};
+use crate::exec::kernel::DeviceCode;
 use crate::exec::op::{self, Body, Op};
-use crate::exec::storage::Storage;
 use hetero_vulkan::{CommandBuffer, Lane, Pipeline, Recorder};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-/// Push-constant bytes of every pipeline: a graph kernel node's scalars, one
-/// 8-byte slot each (`Block::scalars`), `MAX_SCALARS` of them.
-const PUSH_BYTES: u32 = (crate::exec::graph::plan::MAX_SCALARS * 8) as u32;
 
 /// Ops one pass of a flush takes from one stream at most (so a long stream
 /// does not hold back the others' first submission).
@@ -51,7 +48,7 @@ const TAKE_PER_STREAM: usize = 256;
 const PASSES: usize = 8;
 
 /// What an op needs when the device has run it.
-enum After {
+pub(super) enum After {
     Nothing,
     /// Keep these bytes until the op completes (staging buffers the device reads).
     Keep(#[allow(dead_code)] Vec<hetero_memory::PinnedAllocation>),
@@ -67,13 +64,13 @@ enum After {
 }
 
 /// An op taken from its stream, completed with its flight.
-struct Taken {
-    stream: Arc<VulkanStream>,
-    value: u64,
-    op: Op,
-    result: Result<(), String>,
-    after: After,
-    times: Times,
+pub(super) struct Taken {
+    pub(super) stream: Arc<VulkanStream>,
+    pub(super) value: u64,
+    pub(super) op: Op,
+    pub(super) result: Result<(), String>,
+    pub(super) after: After,
+    pub(super) times: Times,
 }
 
 /// The timestamp queries an op's commands write (see `Engine::stamp`).
@@ -83,9 +80,9 @@ pub(super) struct Times {
     /// order their queries were taken).
     pub(super) held: u32,
     /// Its start and end, while profiling.
-    span: Option<(u32, u32)>,
+    pub(super) span: Option<(u32, u32)>,
     /// A record's point.
-    stamp: Option<u32>,
+    pub(super) stamp: Option<u32>,
     /// A graph launch's nodes (node, start, end), while profiling.
     pub(super) nodes: Vec<(u32, u32, u32)>,
 }
@@ -104,7 +101,7 @@ pub(super) struct Engine {
     seen: u64,
     flights: VecDeque<Flight>,
     next_seq: u64,
-    pipelines: HashMap<(usize, u32), (Arc<DeviceCode>, Pipeline)>,
+    pub(super) pipelines: HashMap<(usize, u32), (Arc<DeviceCode>, Pipeline)>,
     /// An async op is pending: look again soon.
     polling: bool,
     /// The streams whose oldest op is an async op that has started (it holds
@@ -572,202 +569,6 @@ impl Engine {
             .iter()
             .any(|s| s.id == stream && s.faulted.load(Ordering::Relaxed))
     }
-
-    /// Records `op`'s device work; what it needs when it completes.
-    fn record(&mut self, sh: &Shared, rec: &mut Recorder, op: &Op) -> Result<After, String> {
-        let vk = |e: hetero_vulkan::VkError| e.to_string();
-        rec.barrier();
-        // Nothing to move (an empty buffer has no chunk to name).
-        let empty = match &op.body {
-            Body::Copy { bytes, .. } | Body::Fill { bytes, .. } => *bytes == 0,
-            Body::HostWrite { data, .. } => data.is_empty(),
-            Body::HostRead { out, .. } => out.lock().unwrap_or_else(|p| p.into_inner()).is_empty(),
-            _ => false,
-        };
-        if empty {
-            return Ok(After::Nothing);
-        }
-        match &op.body {
-            Body::Copy {
-                src,
-                src_off,
-                dst,
-                dst_off,
-                bytes,
-                ..
-            } => {
-                let (sc, so) = sh.place(src)?;
-                let (dc, d) = sh.place(dst)?;
-                rec.copy(
-                    &sc,
-                    so + *src_off as u64,
-                    &dc,
-                    d + *dst_off as u64,
-                    *bytes as u64,
-                )
-                .map_err(vk)?;
-                Ok(After::Nothing)
-            }
-            Body::Fill {
-                dst,
-                off,
-                bytes,
-                pattern,
-                pattern_len,
-                ..
-            } => {
-                let (dc, d) = sh.place(dst)?;
-                let pattern = &pattern[..*pattern_len as usize];
-                if let Some(word) = fill_word(pattern, *off, *bytes) {
-                    rec.fill(&dc, d + *off as u64, *bytes as u64, word)
-                        .map_err(vk)?;
-                    return Ok(After::Nothing);
-                }
-                // Another pattern, or an unaligned range: fill a staging buffer
-                // on the host and copy it.
-                let staging = sh.staging(*bytes)?;
-                // SAFETY: the staging allocation holds `bytes` bytes of
-                // host-visible memory that only this op uses.
-                unsafe {
-                    crate::exec::effects::fill_bytes(staging.ptr().as_ptr(), 0, *bytes, pattern)
-                };
-                let (sc, so) = sh.place_pinned(&staging, *bytes)?;
-                rec.copy(&sc, so, &dc, d + *off as u64, *bytes as u64)
-                    .map_err(vk)?;
-                Ok(After::Keep(vec![staging]))
-            }
-            Body::HostWrite { dst, off, data, .. } => {
-                let (dc, d) = sh.place(dst)?;
-                let staging = sh.staging(data.len())?;
-                // SAFETY: as for a fill's staging buffer, `data.len()` bytes.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(data.as_ptr(), staging.ptr().as_ptr(), data.len())
-                };
-                let (sc, so) = sh.place_pinned(&staging, data.len())?;
-                rec.copy(&sc, so, &dc, d + *off as u64, data.len() as u64)
-                    .map_err(vk)?;
-                Ok(After::Keep(vec![staging]))
-            }
-            Body::HostRead { src, off, out } => {
-                let len = out.lock().unwrap_or_else(|p| p.into_inner()).len();
-                let (sc, so) = sh.place(src)?;
-                let staging = sh.staging(len)?;
-                let (dc, d) = sh.place_pinned(&staging, len)?;
-                rec.copy(&sc, so + *off as u64, &dc, d, len as u64)
-                    .map_err(vk)?;
-                Ok(After::ReadBack {
-                    staging,
-                    out: out.clone(),
-                })
-            }
-            Body::CopyBatch(b) => {
-                for g in &b.segs {
-                    let (sc, so) = sh.place(&b.storages[g.src as usize].0)?;
-                    let (dc, d) = sh.place(&b.storages[g.dst as usize].0)?;
-                    rec.copy(
-                        &sc,
-                        so + g.src_off as u64,
-                        &dc,
-                        d + g.dst_off as u64,
-                        g.len as u64,
-                    )
-                    .map_err(vk)?;
-                }
-                Ok(After::Nothing)
-            }
-            Body::Copy2D(c) => {
-                let (sc, so) = sh.place(&c.src)?;
-                let (dc, d) = sh.place(&c.dst)?;
-                let (s, t) = (c.src_r, c.dst_r);
-                for row in 0..s.height {
-                    rec.copy(
-                        &sc,
-                        so + (s.offset + row * s.pitch) as u64,
-                        &dc,
-                        d + (t.offset + row * t.pitch) as u64,
-                        s.width as u64,
-                    )
-                    .map_err(vk)?;
-                }
-                Ok(After::Nothing)
-            }
-            Body::Kernel {
-                kernel,
-                blocks,
-                args,
-            } => {
-                let mut places = Vec::with_capacity(args.as_slice_iter().count());
-                for a in args.as_slice_iter() {
-                    places.push(sh.binding(&a.storage, 0, a.storage.bytes())?);
-                }
-                self.dispatch(sh, rec, kernel, *blocks, &places, &[])?;
-                Ok(After::Nothing)
-            }
-            _ => Ok(After::Nothing),
-        }
-    }
-
-    /// Records a dispatch of `kernel`'s device code over `blocks` workgroups,
-    /// binding `places` (chunk, offset, bytes) in order, with `scalars` as
-    /// push constants (zeros past them, up to `PUSH_BYTES`).
-    pub(super) fn dispatch(
-        &mut self,
-        sh: &Shared,
-        rec: &mut Recorder,
-        kernel: &KernelInner,
-        blocks: u32,
-        places: &[(Arc<hetero_vulkan::Chunk>, u64, u64)],
-        scalars: &[u64],
-    ) -> Result<(), String> {
-        let Some(code) = &kernel.code else {
-            return Err(format!(
-                "kernel '{}' has no device code; give it some with Kernel::wgsl or Kernel::spirv",
-                kernel.name
-            ));
-        };
-        let max = sh.gpu.info().limits.max_compute_work_group_count[0];
-        if blocks > max {
-            return Err(format!(
-                "kernel '{}': a grid of {blocks} blocks, this device dispatches at most {max} workgroups along x",
-                kernel.name
-            ));
-        }
-        let pipeline = self.pipeline(sh, kernel.name, code, places.len() as u32)?;
-        let mut push = [0u8; PUSH_BYTES as usize];
-        for (slot, v) in push.chunks_exact_mut(8).zip(scalars) {
-            slot.copy_from_slice(&v.to_le_bytes());
-        }
-        let buffers: Vec<_> = places.iter().map(|(c, o, r)| (&**c, *o, *r)).collect();
-        rec.dispatch(&pipeline, &buffers, &push, [blocks, 1, 1])
-            .map_err(|e| format!("kernel '{}': {e}", kernel.name))
-    }
-
-    /// The compiled pipeline of `code` with `bindings` buffers (compiled at
-    /// its first use, through the device's pipeline cache). Every pipeline
-    /// takes `PUSH_BYTES` of push constants (a graph node's scalars; zeros
-    /// for a launch on a stream), so one pipeline serves both.
-    fn pipeline(
-        &mut self,
-        sh: &Shared,
-        name: &str,
-        code: &Arc<DeviceCode>,
-        bindings: u32,
-    ) -> Result<Pipeline, String> {
-        let key = (Arc::as_ptr(code) as usize, bindings);
-        if let Some((_, p)) = self.pipelines.get(&key) {
-            return Ok(p.clone());
-        }
-        let built = match &**code {
-            DeviceCode::Wgsl { source, entry } => hetero_vulkan::compile_wgsl(source, entry)
-                .and_then(|words| Pipeline::new(&sh.gpu, &words, entry, bindings, PUSH_BYTES)),
-            DeviceCode::Spirv { words, entry } => {
-                Pipeline::new(&sh.gpu, words, entry, bindings, PUSH_BYTES)
-            }
-        }
-        .map_err(|e| format!("kernel '{name}': {e}"))?;
-        self.pipelines.insert(key, (code.clone(), built.clone()));
-        Ok(built)
-    }
 }
 
 impl Engine {
@@ -813,190 +614,6 @@ impl Engine {
     }
 }
 
-pub(super) fn rec_or_new<'a>(
-    sh: &Shared,
-    rec: &'a mut Option<Recorder>,
-) -> Result<&'a mut Recorder, String> {
-    if rec.is_none() {
-        *rec = Some(sh.gpu.recorder(Lane::Compute).map_err(|e| e.to_string())?);
-    }
-    Ok(rec.as_mut().expect("made above"))
-}
-
-/// The 32-bit word `vkCmdFillBuffer` repeats for `pattern`, when the range
-/// allows it (offset and length multiples of 4, a pattern of 1, 2 or 4 bytes).
-pub(super) fn fill_word(pattern: &[u8], off: usize, bytes: usize) -> Option<u32> {
-    if !off.is_multiple_of(4) || !bytes.is_multiple_of(4) {
-        return None;
-    }
-    let mut w = [0u8; 4];
-    match pattern.len() {
-        1 | 2 | 4 => {
-            for (i, b) in w.iter_mut().enumerate() {
-                *b = pattern[i % pattern.len()];
-            }
-            Some(u32::from_ne_bytes(w))
-        }
-        _ => None,
-    }
-}
-
-/// Completes a taken op: its after-work, then its stream's timeline.
-fn complete(sh: &Shared, t: Taken, lost: Option<String>, stamps: &Stamps) {
-    let Taken {
-        stream,
-        value,
-        op,
-        mut result,
-        after,
-        times,
-    } = t;
-    if let (Some(m), Ok(())) = (lost, &result) {
-        result = Err(m);
-    }
-    if crate::exec::clock::profiling() {
-        trace(sh, &stream, value, &op, &times, result.is_err(), stamps);
-    }
-    if result.is_ok() {
-        match after {
-            After::ReadBack { staging, out } => {
-                let mut out = out.lock().unwrap_or_else(|p| p.into_inner());
-                let n = out.len();
-                // SAFETY: the staging buffer holds `n` bytes the device wrote
-                // (its flight completed: the writes are visible to the host).
-                unsafe {
-                    std::ptr::copy_nonoverlapping(staging.ptr().as_ptr(), out.as_mut_ptr(), n)
-                };
-            }
-            After::Stamp => {
-                if let Body::Record { stamp } = &op.body {
-                    let at = times.stamp.and_then(|q| stamps.get(q));
-                    stamp.store(at.unwrap_or_else(|| sh.now_ns()), Ordering::Release);
-                }
-            }
-            After::Keep(_) | After::KeepShared(_) | After::Nothing => {}
-        }
-    }
-    drop(op);
-    stream.in_flight.fetch_sub(1, Ordering::Relaxed);
-    match result {
-        Ok(()) => stream.timeline.complete(value),
-        Err(m) => {
-            stream.faulted.store(true, Ordering::Relaxed);
-            stream.timeline.fail(value, Arc::from(m))
-        }
-    }
-}
-
-/// The profiler's records of a completed op (and of a graph launch's nodes),
-/// on the device's clock where it wrote timestamps, else at completion.
-fn trace(
-    sh: &Shared,
-    stream: &VulkanStream,
-    value: u64,
-    op: &Op,
-    times: &Times,
-    failed: bool,
-    stamps: &Stamps,
-) {
-    use crate::exec::op::CopyKind;
-    use hetero_trace::EngineKind as E;
-    let now = sh.now_ns();
-    let span =
-        |(a, b): (u32, u32)| -> Option<(u64, u64)> { Some((stamps.get(a)?, stamps.get(b)?)) };
-    let (start_ns, end_ns) = times.span.and_then(span).unwrap_or((now, now));
-    let engine = match &op.body {
-        Body::Kernel { .. } | Body::Graph(_) => E::Compute,
-        Body::Copy { kind, .. } => match kind {
-            CopyKind::H2D => E::CopyH2D,
-            CopyKind::D2H => E::CopyD2H,
-            CopyKind::D2D => E::CopyD2D,
-        },
-        Body::HostWrite { .. } => E::CopyH2D,
-        Body::HostRead { .. } => E::CopyD2H,
-        Body::CopyBatch(_) | Body::Copy2D(_) | Body::Fill { .. } => E::CopyD2D,
-        _ => E::Host,
-    };
-    let (kind, dep) = op.trace_kind();
-    hetero_trace::record_op(hetero_trace::OpRecord {
-        kind,
-        name: op.name(),
-        stream: stream.id,
-        queue: 0,
-        engine,
-        engine_index: 0,
-        seq: value,
-        submit_ns: op.submit_ns,
-        start_ns,
-        end_ns,
-        bytes: op.bytes(),
-        dep,
-        failed,
-        node: None,
-    });
-    if let Body::Graph(l) = &op.body {
-        for &(v, a, b) in &times.nodes {
-            let Some((start_ns, end_ns)) = span((a, b)) else {
-                continue;
-            };
-            let body = &l.exec.nodes[v as usize];
-            let (kind, bytes) = crate::exec::graph::launch::node_kind(body);
-            hetero_trace::record_op(hetero_trace::OpRecord {
-                kind,
-                name: body.name(),
-                stream: stream.id,
-                queue: 0,
-                engine: E::Compute,
-                engine_index: 0,
-                seq: value,
-                submit_ns: op.submit_ns,
-                start_ns,
-                end_ns,
-                bytes,
-                dep: None,
-                failed: false,
-                node: Some(crate::exec::graph::launch::node_ref(&l.exec, v)),
-            });
-        }
-    }
-}
-
-/// A flight's timestamps on the profiler's clock, by query index.
-#[derive(Default)]
-struct Stamps {
-    first: u32,
-    ns: Vec<Option<u64>>,
-    pool: u32,
-}
-
-impl Stamps {
-    /// The `held` queries from the `freed`-th taken (a ring over the pool).
-    fn read(sh: &Shared, freed: u64, held: u64) -> Stamps {
-        let Some(pool) = sh.queries.as_ref().filter(|_| held > 0) else {
-            return Stamps::default();
-        };
-        let count = pool.count();
-        let first = (freed % u64::from(count)) as u32;
-        let held = held.min(u64::from(count)) as u32;
-        // At most two runs: up to the pool's end, then from its start.
-        let head = held.min(count - first);
-        let mut device = pool.read_ns(first, head).unwrap_or_default();
-        if held > head {
-            device.extend(pool.read_ns(0, held - head).unwrap_or_default());
-        }
-        Stamps {
-            first,
-            ns: sh.to_host_ns(&device),
-            pool: count,
-        }
-    }
-
-    fn get(&self, q: u32) -> Option<u64> {
-        let i = (q + self.pool - self.first) % self.pool.max(1);
-        self.ns.get(i as usize).copied().flatten()
-    }
-}
-
 /// A wait made inside a host callback on the engine thread: it would wait for
 /// the engine itself, so it is refused unless already satisfied.
 fn refuse_wait(
@@ -1012,65 +629,4 @@ fn refuse_wait(
         "{what} from a host callback on a Vulkan device: its engine cannot progress until \
          the callback returns; wait outside the callback"
     )))
-}
-
-impl Shared {
-    /// What a dispatch binds for `bytes` of `s` from `off`: chunk, offset,
-    /// range (an empty range binds a few bytes nothing else uses).
-    pub(super) fn binding(
-        &self,
-        s: &Storage,
-        off: usize,
-        bytes: usize,
-    ) -> Result<(Arc<hetero_vulkan::Chunk>, u64, u64), String> {
-        if bytes == 0 {
-            return Ok(self.empty_binding());
-        }
-        let (c, o) = self.place(s)?;
-        Ok((c, o + off as u64, bytes as u64))
-    }
-
-    /// A few bytes nothing else uses, for an empty buffer argument.
-    pub(super) fn empty_binding(&self) -> (Arc<hetero_vulkan::Chunk>, u64, u64) {
-        (self.empty.clone(), 0, 4)
-    }
-
-    /// The chunk and offset of `s`'s memory.
-    pub(super) fn place(&self, s: &Storage) -> Result<(Arc<hetero_vulkan::Chunk>, u64), String> {
-        let bytes = s.bytes() as u64;
-        let found = if s.host_visible() {
-            self.pinned_mem.resolve(s.host_ptr() as u64, bytes)
-        } else {
-            self.device_mem.resolve(s.device_addr(), bytes)
-        };
-        found.ok_or_else(|| {
-            if s.host_visible() {
-                "host memory the Vulkan device cannot reach (registered host memory is not \
-                 supported on Vulkan yet: use pinned buffers from Device::alloc_pinned)"
-                    .to_string()
-            } else {
-                format!(
-                    "a buffer at {:#x} that is not this Vulkan device's memory",
-                    s.device_addr()
-                )
-            }
-        })
-    }
-
-    pub(super) fn place_pinned(
-        &self,
-        a: &hetero_memory::PinnedAllocation,
-        bytes: usize,
-    ) -> Result<(Arc<hetero_vulkan::Chunk>, u64), String> {
-        self.pinned_mem
-            .resolve(a.ptr().as_ptr() as u64, bytes as u64)
-            .ok_or_else(|| "a staging buffer outside the device's pinned memory".to_string())
-    }
-
-    /// `bytes` of pinned memory to stage through.
-    pub(super) fn staging(&self, bytes: usize) -> Result<hetero_memory::PinnedAllocation, String> {
-        self.pinned
-            .alloc(bytes.max(1), Storage::ALIGN)
-            .map_err(|e| format!("staging {bytes} bytes: {e}"))
-    }
 }

@@ -28,7 +28,8 @@
 //! the device; staging buffers of fills live until the launch completes
 //! (`Nodes::into_staging`).
 
-use super::engine::{fill_word, rec_or_new, Engine, Times};
+use super::engine::{Engine, Times};
+use super::record::{fill_word, rec_or_new};
 use super::Shared;
 use crate::exec::graph::launch::{run_node, GraphLaunch, NodeHooks};
 use crate::exec::graph::plan::{Params, Plan};

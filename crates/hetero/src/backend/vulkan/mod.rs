@@ -14,10 +14,12 @@
 //! command buffer holds the `Gpu` it came from, so the device is destroyed
 //! last.
 
+mod complete;
 mod engine;
 mod graph;
 mod memory;
 mod points;
+mod record;
 mod stream;
 
 use crate::backend::{Backend, BackendStream, DeviceProperties};

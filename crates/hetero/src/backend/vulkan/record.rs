@@ -1,0 +1,307 @@
+//! Recording an op's device work into the flush's command buffer: copies,
+//! fills, staged host reads and writes, batches, 2-D copies and dispatches
+//! (with their pipelines), and where a storage's bytes are on the device.
+
+use super::engine::{After, Engine};
+use super::Shared;
+use crate::exec::kernel::{DeviceCode, KernelInner};
+use crate::exec::op::{Body, Op};
+use crate::exec::storage::Storage;
+use hetero_vulkan::{Lane, Pipeline, Recorder};
+use std::sync::Arc;
+
+/// Push-constant bytes of every pipeline: a graph kernel node's scalars, one
+/// 8-byte slot each (`Block::scalars`), `MAX_SCALARS` of them.
+const PUSH_BYTES: u32 = (crate::exec::graph::plan::MAX_SCALARS * 8) as u32;
+
+impl Engine {
+    /// Records `op`'s device work; what it needs when it completes.
+    pub(super) fn record(
+        &mut self,
+        sh: &Shared,
+        rec: &mut Recorder,
+        op: &Op,
+    ) -> Result<After, String> {
+        let vk = |e: hetero_vulkan::VkError| e.to_string();
+        rec.barrier();
+        // Nothing to move (an empty buffer has no chunk to name).
+        let empty = match &op.body {
+            Body::Copy { bytes, .. } | Body::Fill { bytes, .. } => *bytes == 0,
+            Body::HostWrite { data, .. } => data.is_empty(),
+            Body::HostRead { out, .. } => out.lock().unwrap_or_else(|p| p.into_inner()).is_empty(),
+            _ => false,
+        };
+        if empty {
+            return Ok(After::Nothing);
+        }
+        match &op.body {
+            Body::Copy {
+                src,
+                src_off,
+                dst,
+                dst_off,
+                bytes,
+                ..
+            } => {
+                let (sc, so) = sh.place(src)?;
+                let (dc, d) = sh.place(dst)?;
+                rec.copy(
+                    &sc,
+                    so + *src_off as u64,
+                    &dc,
+                    d + *dst_off as u64,
+                    *bytes as u64,
+                )
+                .map_err(vk)?;
+                Ok(After::Nothing)
+            }
+            Body::Fill {
+                dst,
+                off,
+                bytes,
+                pattern,
+                pattern_len,
+                ..
+            } => {
+                let (dc, d) = sh.place(dst)?;
+                let pattern = &pattern[..*pattern_len as usize];
+                if let Some(word) = fill_word(pattern, *off, *bytes) {
+                    rec.fill(&dc, d + *off as u64, *bytes as u64, word)
+                        .map_err(vk)?;
+                    return Ok(After::Nothing);
+                }
+                // Another pattern, or an unaligned range: fill a staging buffer
+                // on the host and copy it.
+                let staging = sh.staging(*bytes)?;
+                // SAFETY: the staging allocation holds `bytes` bytes of
+                // host-visible memory that only this op uses.
+                unsafe {
+                    crate::exec::effects::fill_bytes(staging.ptr().as_ptr(), 0, *bytes, pattern)
+                };
+                let (sc, so) = sh.place_pinned(&staging, *bytes)?;
+                rec.copy(&sc, so, &dc, d + *off as u64, *bytes as u64)
+                    .map_err(vk)?;
+                Ok(After::Keep(vec![staging]))
+            }
+            Body::HostWrite { dst, off, data, .. } => {
+                let (dc, d) = sh.place(dst)?;
+                let staging = sh.staging(data.len())?;
+                // SAFETY: as for a fill's staging buffer, `data.len()` bytes.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(data.as_ptr(), staging.ptr().as_ptr(), data.len())
+                };
+                let (sc, so) = sh.place_pinned(&staging, data.len())?;
+                rec.copy(&sc, so, &dc, d + *off as u64, data.len() as u64)
+                    .map_err(vk)?;
+                Ok(After::Keep(vec![staging]))
+            }
+            Body::HostRead { src, off, out } => {
+                let len = out.lock().unwrap_or_else(|p| p.into_inner()).len();
+                let (sc, so) = sh.place(src)?;
+                let staging = sh.staging(len)?;
+                let (dc, d) = sh.place_pinned(&staging, len)?;
+                rec.copy(&sc, so + *off as u64, &dc, d, len as u64)
+                    .map_err(vk)?;
+                Ok(After::ReadBack {
+                    staging,
+                    out: out.clone(),
+                })
+            }
+            Body::CopyBatch(b) => {
+                for g in &b.segs {
+                    let (sc, so) = sh.place(&b.storages[g.src as usize].0)?;
+                    let (dc, d) = sh.place(&b.storages[g.dst as usize].0)?;
+                    rec.copy(
+                        &sc,
+                        so + g.src_off as u64,
+                        &dc,
+                        d + g.dst_off as u64,
+                        g.len as u64,
+                    )
+                    .map_err(vk)?;
+                }
+                Ok(After::Nothing)
+            }
+            Body::Copy2D(c) => {
+                let (sc, so) = sh.place(&c.src)?;
+                let (dc, d) = sh.place(&c.dst)?;
+                let (s, t) = (c.src_r, c.dst_r);
+                for row in 0..s.height {
+                    rec.copy(
+                        &sc,
+                        so + (s.offset + row * s.pitch) as u64,
+                        &dc,
+                        d + (t.offset + row * t.pitch) as u64,
+                        s.width as u64,
+                    )
+                    .map_err(vk)?;
+                }
+                Ok(After::Nothing)
+            }
+            Body::Kernel {
+                kernel,
+                blocks,
+                args,
+            } => {
+                let mut places = Vec::with_capacity(args.as_slice_iter().count());
+                for a in args.as_slice_iter() {
+                    places.push(sh.binding(&a.storage, 0, a.storage.bytes())?);
+                }
+                self.dispatch(sh, rec, kernel, *blocks, &places, &[])?;
+                Ok(After::Nothing)
+            }
+            _ => Ok(After::Nothing),
+        }
+    }
+
+    /// Records a dispatch of `kernel`'s device code over `blocks` workgroups,
+    /// binding `places` (chunk, offset, bytes) in order, with `scalars` as
+    /// push constants (zeros past them, up to `PUSH_BYTES`).
+    pub(super) fn dispatch(
+        &mut self,
+        sh: &Shared,
+        rec: &mut Recorder,
+        kernel: &KernelInner,
+        blocks: u32,
+        places: &[(Arc<hetero_vulkan::Chunk>, u64, u64)],
+        scalars: &[u64],
+    ) -> Result<(), String> {
+        let Some(code) = &kernel.code else {
+            return Err(format!(
+                "kernel '{}' has no device code; give it some with Kernel::wgsl or Kernel::spirv",
+                kernel.name
+            ));
+        };
+        let max = sh.gpu.info().limits.max_compute_work_group_count[0];
+        if blocks > max {
+            return Err(format!(
+                "kernel '{}': a grid of {blocks} blocks, this device dispatches at most {max} workgroups along x",
+                kernel.name
+            ));
+        }
+        let pipeline = self.pipeline(sh, kernel.name, code, places.len() as u32)?;
+        let mut push = [0u8; PUSH_BYTES as usize];
+        for (slot, v) in push.chunks_exact_mut(8).zip(scalars) {
+            slot.copy_from_slice(&v.to_le_bytes());
+        }
+        let buffers: Vec<_> = places.iter().map(|(c, o, r)| (&**c, *o, *r)).collect();
+        rec.dispatch(&pipeline, &buffers, &push, [blocks, 1, 1])
+            .map_err(|e| format!("kernel '{}': {e}", kernel.name))
+    }
+
+    /// The compiled pipeline of `code` with `bindings` buffers (compiled at
+    /// its first use, through the device's pipeline cache). Every pipeline
+    /// takes `PUSH_BYTES` of push constants (a graph node's scalars; zeros
+    /// for a launch on a stream), so one pipeline serves both.
+    fn pipeline(
+        &mut self,
+        sh: &Shared,
+        name: &str,
+        code: &Arc<DeviceCode>,
+        bindings: u32,
+    ) -> Result<Pipeline, String> {
+        let key = (Arc::as_ptr(code) as usize, bindings);
+        if let Some((_, p)) = self.pipelines.get(&key) {
+            return Ok(p.clone());
+        }
+        let built = match &**code {
+            DeviceCode::Wgsl { source, entry } => hetero_vulkan::compile_wgsl(source, entry)
+                .and_then(|words| Pipeline::new(&sh.gpu, &words, entry, bindings, PUSH_BYTES)),
+            DeviceCode::Spirv { words, entry } => {
+                Pipeline::new(&sh.gpu, words, entry, bindings, PUSH_BYTES)
+            }
+        }
+        .map_err(|e| format!("kernel '{name}': {e}"))?;
+        self.pipelines.insert(key, (code.clone(), built.clone()));
+        Ok(built)
+    }
+}
+
+pub(super) fn rec_or_new<'a>(
+    sh: &Shared,
+    rec: &'a mut Option<Recorder>,
+) -> Result<&'a mut Recorder, String> {
+    if rec.is_none() {
+        *rec = Some(sh.gpu.recorder(Lane::Compute).map_err(|e| e.to_string())?);
+    }
+    Ok(rec.as_mut().expect("made above"))
+}
+
+/// The 32-bit word `vkCmdFillBuffer` repeats for `pattern`, when the range
+/// allows it (offset and length multiples of 4, a pattern of 1, 2 or 4 bytes).
+pub(super) fn fill_word(pattern: &[u8], off: usize, bytes: usize) -> Option<u32> {
+    if !off.is_multiple_of(4) || !bytes.is_multiple_of(4) {
+        return None;
+    }
+    let mut w = [0u8; 4];
+    match pattern.len() {
+        1 | 2 | 4 => {
+            for (i, b) in w.iter_mut().enumerate() {
+                *b = pattern[i % pattern.len()];
+            }
+            Some(u32::from_ne_bytes(w))
+        }
+        _ => None,
+    }
+}
+
+impl Shared {
+    /// What a dispatch binds for `bytes` of `s` from `off`: chunk, offset,
+    /// range (an empty range binds a few bytes nothing else uses).
+    pub(super) fn binding(
+        &self,
+        s: &Storage,
+        off: usize,
+        bytes: usize,
+    ) -> Result<(Arc<hetero_vulkan::Chunk>, u64, u64), String> {
+        if bytes == 0 {
+            return Ok(self.empty_binding());
+        }
+        let (c, o) = self.place(s)?;
+        Ok((c, o + off as u64, bytes as u64))
+    }
+
+    /// A few bytes nothing else uses, for an empty buffer argument.
+    pub(super) fn empty_binding(&self) -> (Arc<hetero_vulkan::Chunk>, u64, u64) {
+        (self.empty.clone(), 0, 4)
+    }
+
+    /// The chunk and offset of `s`'s memory.
+    pub(super) fn place(&self, s: &Storage) -> Result<(Arc<hetero_vulkan::Chunk>, u64), String> {
+        let bytes = s.bytes() as u64;
+        let found = if s.host_visible() {
+            self.pinned_mem.resolve(s.host_ptr() as u64, bytes)
+        } else {
+            self.device_mem.resolve(s.device_addr(), bytes)
+        };
+        found.ok_or_else(|| {
+            if s.host_visible() {
+                "host memory the Vulkan device cannot reach (registered host memory is not \
+                 supported on Vulkan yet: use pinned buffers from Device::alloc_pinned)"
+                    .to_string()
+            } else {
+                format!(
+                    "a buffer at {:#x} that is not this Vulkan device's memory",
+                    s.device_addr()
+                )
+            }
+        })
+    }
+
+    pub(super) fn place_pinned(
+        &self,
+        a: &hetero_memory::PinnedAllocation,
+        bytes: usize,
+    ) -> Result<(Arc<hetero_vulkan::Chunk>, u64), String> {
+        self.pinned_mem
+            .resolve(a.ptr().as_ptr() as u64, bytes as u64)
+            .ok_or_else(|| "a staging buffer outside the device's pinned memory".to_string())
+    }
+
+    /// `bytes` of pinned memory to stage through.
+    pub(super) fn staging(&self, bytes: usize) -> Result<hetero_memory::PinnedAllocation, String> {
+        self.pinned
+            .alloc(bytes.max(1), Storage::ALIGN)
+            .map_err(|e| format!("staging {bytes} bytes: {e}"))
+    }
+}
