@@ -83,6 +83,24 @@ fn c_str_field(bytes: &[c_char]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+/// The loader, opened once per process and kept: never closed, so the drivers
+/// it loaded stay loaded until exit (what they keep until then stays theirs,
+/// and instances come and go without loading them again).
+fn entry() -> Result<ash::Entry> {
+    static ENTRY: std::sync::Mutex<Option<ash::Entry>> = std::sync::Mutex::new(None);
+    let mut kept = ENTRY.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(e) = kept.as_ref() {
+        return Ok(e.clone());
+    }
+    // SAFETY: loading the library runs its initialisers; the Vulkan loader is
+    // meant to be loaded this way and keeps no state that conflicts with ours.
+    let e = unsafe { ash::Entry::load() }.map_err(|e| VkError::LoaderMissing {
+        reason: e.to_string(),
+    })?;
+    *kept = Some(e.clone());
+    Ok(e)
+}
+
 impl Instance {
     /// Opens the loader (libvulkan.so.1) and creates an instance for Vulkan 1.3, or
     /// the loader's version when older (1.2 is the least this layer accepts).
@@ -90,11 +108,7 @@ impl Instance {
     /// Errors: [`VkError::LoaderMissing`] without a loader, [`VkError::NoDevice`]
     /// when the loader lists no device; both say what to install.
     pub fn load() -> Result<Instance> {
-        // SAFETY: loading the library runs its initialisers; the Vulkan loader is
-        // meant to be loaded this way and keeps no state that conflicts with ours.
-        let entry = unsafe { ash::Entry::load() }.map_err(|e| VkError::LoaderMissing {
-            reason: e.to_string(),
-        })?;
+        let entry = entry()?;
         // SAFETY: `entry` holds valid loader function pointers.
         let loader = unsafe { entry.try_enumerate_instance_version() }
             .map_err(call("vkEnumerateInstanceVersion"))?

@@ -17,10 +17,20 @@ pub fn device_index() -> usize {
         .unwrap_or(0)
 }
 
-/// The instance, or None (after printing why) when Vulkan is missing.
+/// The instance, or None (after printing why) when Vulkan is missing. The
+/// first one is kept for the whole run: while an instance lives, the loader
+/// keeps the drivers loaded; unloading Mesa's drivers leaks an allocation of
+/// their once-initialisation each time (LeakSanitizer under `ci/asan.sh`).
+/// Tests that need instances of their own still make them.
 pub fn instance() -> Option<Instance> {
+    static KEPT: std::sync::Mutex<Option<Instance>> = std::sync::Mutex::new(None);
     match Instance::load() {
-        Ok(i) => Some(i),
+        Ok(i) => {
+            KEPT.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert_with(|| i.clone());
+            Some(i)
+        }
         Err(e) if required() => panic!("HETERO_REQUIRE_VULKAN=1 but Vulkan is unavailable: {e}"),
         Err(e) => {
             eprintln!("skipping: Vulkan is unavailable ({e})");
