@@ -10,7 +10,7 @@ mod streams;
 #[cfg(feature = "vulkan")]
 pub(crate) mod vulkan;
 
-pub(crate) use streams::StreamList;
+pub(crate) use streams::{HasStreams, Points, StreamList};
 
 use crate::exec::op::Op;
 use crate::exec::storage::{MemoryKind, Reach, Storage};

@@ -28,7 +28,6 @@ mod engine;
 mod graph;
 mod iommu;
 mod memory;
-mod points;
 mod stream;
 
 pub use iommu::{IommuStats, IotlbCounts};
@@ -101,6 +100,16 @@ pub(crate) struct Shared {
     shutdown: AtomicBool,
     /// This device context's page table and I/O TLB.
     pub(crate) iommu: Arc<iommu::Iommu>,
+}
+
+impl super::HasStreams for Shared {
+    type Stream = EmuStream;
+    fn stream_list(&self) -> &super::StreamList<EmuStream> {
+        &self.streams
+    }
+    fn clock_ns(&self) -> u64 {
+        self.now_ns()
+    }
 }
 
 impl Shared {
@@ -201,9 +210,7 @@ impl EmuBackend {
             emu: emu.clone(),
             config: config.clone(),
         });
-        pool.set_stream_points(Arc::new(points::Points {
-            shared: Arc::downgrade(&shared),
-        }));
+        pool.set_stream_points(super::Points::new(&shared));
         // Records about this device's memory are stamped with its clock.
         let weak: Weak<Shared> = Arc::downgrade(&shared);
         let clock: Weak<dyn crate::exec::clock::DeviceClock> = weak;

@@ -28,7 +28,6 @@ mod engine;
 mod graph;
 mod hw_queue;
 mod kernel_job;
-mod points;
 mod stream;
 
 use super::{Backend, BackendStream, DeviceProperties};
@@ -44,7 +43,6 @@ use engine::EngineThread;
 use graph::GraphSlot;
 use hw_queue::{HwQueue, QueueState};
 use kernel_job::JobSlot;
-use points::Points;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -79,6 +77,13 @@ struct Shared {
     /// Per engine: asleep in `park`, or about to be. Written only by that
     /// engine, read by others deciding whether to leave it an op (`defers`).
     parked: Box<[CachePadded<AtomicBool>]>,
+}
+
+impl super::HasStreams for Shared {
+    type Stream = HostStream;
+    fn stream_list(&self) -> &super::StreamList<HostStream> {
+        &self.streams
+    }
 }
 
 pub(crate) struct HostBackend {
@@ -136,9 +141,7 @@ impl HostBackend {
         });
         // The pool learns where streams stand from their timelines; weakly, so
         // that the pool does not keep the engines' state alive.
-        pool.set_stream_points(Arc::new(Points {
-            shared: Arc::downgrade(&shared),
-        }));
+        pool.set_stream_points(super::Points::new(&shared));
         let props = DeviceProperties {
             name: format!("host ({} compute units)", config.compute_units),
             backend: "host",

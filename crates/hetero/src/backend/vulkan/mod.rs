@@ -5,9 +5,10 @@
 //!
 //! Files (twins of the other backends where roles match): `mod.rs` the device
 //! and its `Shared` state, `stream.rs` the backend stream, `engine.rs` the
-//! thread that records, submits and completes, `graph.rs` graph launches (their
+//! thread that takes ops, flushes and submits (`record.rs` an op's device work,
+//! `complete.rs` a flight's completion), `graph.rs` graph launches (their
 //! nodes recorded into the engine's flight), `memory.rs` the pools' chunk
-//! sources, `points.rs` the pool's stream points.
+//! sources (the pool's stream points are every backend's `backend::Points`).
 //!
 //! Invariants: only the engine thread records, submits, and completes ops;
 //! streams only push to their rings and ring the bell. Every `Chunk` and
@@ -18,7 +19,6 @@ mod complete;
 mod engine;
 mod graph;
 mod memory;
-mod points;
 mod record;
 mod stream;
 
@@ -98,6 +98,13 @@ const QUERIES: u32 = 8192;
 
 /// How old a calibration may get before the next timestamp read makes a new one.
 const RECALIBRATE: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl super::HasStreams for Shared {
+    type Stream = VulkanStream;
+    fn stream_list(&self) -> &super::StreamList<VulkanStream> {
+        &self.streams
+    }
+}
 
 impl Shared {
     /// A submission came: the engine looks again.
@@ -276,9 +283,7 @@ impl VulkanBackend {
             queries: hetero_vulkan::QueryPool::new(&gpu, QUERIES).ok(),
             clock: Mutex::new(DeviceClock::measure(&gpu)),
         });
-        pool.set_stream_points(Arc::new(points::Points {
-            shared: Arc::downgrade(&shared),
-        }));
+        pool.set_stream_points(super::Points::new(&shared));
         let plan = gpu.queue_plan();
         let props = DeviceProperties {
             name: format!("vulkan {} ({})", info.name, info.driver_name),
