@@ -103,9 +103,15 @@ pub(super) fn launch(
     l: &GraphLaunch,
     times: &mut Times,
 ) -> (Result<(), String>, Staging) {
-    // While profiling each launch is recorded with its nodes' timestamps.
+    // While profiling each launch is recorded with its nodes' timestamps. A
+    // kept recording means the plan has no host nodes: they are looked for
+    // only when there is none.
     let profiling = crate::exec::clock::profiling();
-    if has_host_nodes(l) || profiling {
+    let kept = engine
+        .graphs
+        .kept
+        .contains_key(&(Arc::as_ptr(&l.exec) as usize));
+    if profiling || (!kept && has_host_nodes(l)) {
         let mut nodes = Nodes::new(engine, sh, rec);
         nodes.times = profiling.then_some(times);
         let result = nodes.run(l);

@@ -48,16 +48,11 @@ impl BackendStream for VulkanStream {
                 Ok(pos) => break pos,
                 Err(back) => {
                     op = back;
-                    let oldest = self.ring.head() + 1;
+                    // The engine takes what is there, then room appears.
                     if let Some(sh) = self.shared.upgrade() {
                         sh.ring();
                     }
-                    self.timeline.wait_until(
-                        oldest,
-                        self.host_wait,
-                        "a submission to a full stream",
-                        || self.ring.tail().saturating_sub(self.ring.head()) < self.ring.capacity(),
-                    )?;
+                    crate::backend::wait_for_room(&self.ring, &self.timeline, self.host_wait)?;
                 }
             }
         };
