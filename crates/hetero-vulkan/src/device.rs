@@ -10,7 +10,7 @@
 
 use std::ffi::{c_char, CStr};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ash::vk;
@@ -31,6 +31,11 @@ pub struct OpenOptions {
     pub disable_calibrated_timestamps: bool,
     /// Where the pipeline cache is loaded from and saved to.
     pub cache: CacheLocation,
+    /// Fault injection, for testing how a program handles a lost device: the
+    /// device reports `VK_ERROR_DEVICE_LOST` at this submission (1: the
+    /// first) and from every call that can report it after that, as a driver
+    /// does after a crash or a reset. Work submitted before still runs.
+    pub lose_at_submission: Option<u64>,
 }
 
 /// Which entry points synchronization2 comes from.
@@ -58,11 +63,32 @@ pub(crate) struct DeviceShared {
     pub(crate) host_query_reset: bool,
     pub(crate) cache: PipelineCacheStore,
     pub(crate) submissions: AtomicU64,
+    /// The device was lost (the driver said so, or the injected fault fired):
+    /// every call that can report it does from then on.
+    pub(crate) lost: AtomicBool,
+    /// The submission the injected loss fires at (`u64::MAX`: none).
+    pub(crate) lose_at: u64,
 }
 
 impl DeviceShared {
     pub(crate) fn slot(&self, lane: Lane) -> &QueueSlot {
         &self.queues[self.lanes[lane.index()]]
+    }
+
+    /// `Err(DeviceLost)` once the device is lost.
+    pub(crate) fn check_lost(&self, call: &'static str) -> Result<()> {
+        if self.lost.load(Ordering::Acquire) {
+            return Err(VkError::DeviceLost { call });
+        }
+        Ok(())
+    }
+
+    /// Notes a driver's answer: a lost device stays lost.
+    pub(crate) fn note<T>(&self, r: Result<T>) -> Result<T> {
+        if let Err(VkError::DeviceLost { .. }) = &r {
+            self.lost.store(true, Ordering::Release);
+        }
+        r
     }
 
     pub(crate) fn name(&self) -> String {
@@ -351,6 +377,8 @@ impl Gpu {
             lanes,
             cache,
             submissions: AtomicU64::new(0),
+            lost: AtomicBool::new(false),
+            lose_at: options.lose_at_submission.unwrap_or(u64::MAX),
         };
         Ok(Gpu {
             shared: Arc::new(shared),
@@ -373,6 +401,12 @@ impl Gpu {
     }
 
     /// Submissions made so far on all lanes.
+    /// Whether the device was lost (see [`VkError::DeviceLost`]): nothing
+    /// submitted to it runs any more.
+    pub fn is_lost(&self) -> bool {
+        self.shared.lost.load(Ordering::Acquire)
+    }
+
     pub fn submissions(&self) -> u64 {
         self.shared.submissions.load(Ordering::Relaxed)
     }

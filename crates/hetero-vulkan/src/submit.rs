@@ -26,6 +26,7 @@ impl Gpu {
         signals: &[(&Timeline, u64)],
     ) -> Result<()> {
         let s = &self.shared;
+        s.check_lost("vkQueueSubmit2")?;
         let slot_index = s.lanes[lane.index()];
         let slot = &s.queues[slot_index];
         for c in cmds {
@@ -64,6 +65,12 @@ impl Gpu {
 
         s.sweep(slot_index);
         let mut state = lock(&slot.state);
+        if s.submissions.load(Ordering::Relaxed) + 1 >= s.lose_at {
+            s.lost.store(true, Ordering::Release);
+            return Err(VkError::DeviceLost {
+                call: "vkQueueSubmit2",
+            });
+        }
         let value = state.last + 1;
         let mut signal_infos: Vec<vk::SemaphoreSubmitInfo<'_>> = signals
             .iter()
@@ -96,7 +103,7 @@ impl Gpu {
                 Sync2::Khr(k) => k.queue_submit2(state.queue, &[submit], vk::Fence::null()),
             }
         };
-        r.map_err(call("vkQueueSubmit2"))?;
+        s.note(r.map_err(call("vkQueueSubmit2")))?;
         state.last = value;
         drop(state);
 

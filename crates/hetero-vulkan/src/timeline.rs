@@ -80,14 +80,15 @@ impl Timeline {
 
     /// The current value (polls the counter; does not block).
     pub fn value(&self) -> Result<u64> {
+        let shared = &self.inner.shared;
+        shared.check_lost("vkGetSemaphoreCounterValue")?;
         // SAFETY: the semaphore is a live timeline semaphore of this device.
-        unsafe {
-            self.inner
-                .shared
+        let r = unsafe {
+            shared
                 .device
                 .get_semaphore_counter_value(self.inner.semaphore)
-        }
-        .map_err(call("vkGetSemaphoreCounterValue"))
+        };
+        shared.note(r.map_err(call("vkGetSemaphoreCounterValue")))
     }
 
     /// Sets the value from the host. It must be greater than the current value and
@@ -134,6 +135,7 @@ impl Timeline {
             return Ok(false);
         };
         let shared = &first.inner.shared;
+        shared.check_lost("vkWaitSemaphores")?;
         if waits
             .iter()
             .any(|(t, _)| !Arc::ptr_eq(&t.inner.shared, shared))
@@ -152,7 +154,7 @@ impl Timeline {
         match unsafe { shared.device.wait_semaphores(&info, ns) } {
             Ok(()) => Ok(true),
             Err(vk::Result::TIMEOUT) => Ok(false),
-            Err(e) => Err(call("vkWaitSemaphores")(e)),
+            Err(e) => shared.note(Err(call("vkWaitSemaphores")(e))),
         }
     }
 
@@ -161,6 +163,7 @@ impl Timeline {
     /// Errors: [`VkError::Timeout`]; [`VkError::TimelineFailed`] when a value up to
     /// `value` was marked failed.
     pub fn wait(&self, value: u64, timeout: Duration) -> Result<()> {
+        self.inner.shared.check_lost("vkWaitSemaphores")?;
         let sems = [self.inner.semaphore];
         let values = [value];
         let info = vk::SemaphoreWaitInfo::default()
@@ -177,7 +180,7 @@ impl Timeline {
                     timeout_ms: timeout.as_millis(),
                 })
             }
-            Err(e) => return Err(call("vkWaitSemaphores")(e)),
+            Err(e) => return self.inner.shared.note(Err(call("vkWaitSemaphores")(e))),
         }
         // Work that signalled the value may have completed: release what it held.
         self.inner.shared.sweep_all();

@@ -28,6 +28,11 @@ pub enum Error {
         stream_device: u64,
     },
 
+    /// The device was lost (a driver crash, hang or reset): its pending work
+    /// did not complete and it takes no more.
+    #[error("device {device} was lost ({reason}); work that had not completed did not run: drop the Device and create a new one")]
+    DeviceLost { device: u64, reason: String },
+
     /// The stream was destroyed; no more work can be submitted to it.
     #[error("stream {stream} was destroyed; create a new stream with Device::create_stream")]
     StreamDestroyed { stream: u64 },

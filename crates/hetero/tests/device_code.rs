@@ -188,3 +188,56 @@ fn missing_devices_and_too_much_memory_are_typed_errors() {
     let e = dev.alloc::<u8>(1 << 50).unwrap_err();
     assert!(matches!(e, Error::Memory(_)), "{e}");
 }
+
+/// A device the driver loses (injected at its third submission, as a GPU
+/// reset would) fails the work that had not completed, on every stream, with
+/// a reason that says so; refuses new work, streams and memory with
+/// `DeviceLost`; loses no host data; and hangs nobody. A new device works.
+#[test]
+fn a_lost_device_fails_its_pending_work_and_refuses_new_work() {
+    if common::skipped("a_lost_device_fails_its_pending_work_and_refuses_new_work") {
+        return;
+    }
+    let dev = common::device_with(|c| c.lose_device_at_submission(3));
+    let a = dev.create_stream().unwrap();
+    let b = dev.create_stream().unwrap();
+    let host: Vec<u32> = (0..4096).collect();
+    let pinned = dev.pinned_from_slice(&host).unwrap();
+    let x = a.alloc::<u32>(host.len()).unwrap();
+    // Stream b waits on the host, so its work is pending when the device goes.
+    let go = dev.host_event();
+    b.wait_event(go.event()).unwrap();
+    let y = b.alloc::<u32>(16).unwrap();
+    b.fill(&y, 7).unwrap();
+    let mut failed = None;
+    for round in 0..8u32 {
+        // Refused at submission once the engine saw the loss, or failed in
+        // the stream when it was pending.
+        let r = a
+            .copy_h2d(&pinned, &x)
+            .and_then(|()| a.fill(&x, round))
+            .and_then(|()| a.synchronize());
+        if let Err(e) = r {
+            failed = Some((round, e));
+            break;
+        }
+    }
+    let (round, e) = failed.expect("the device was lost at its third submission");
+    assert!(round <= 2, "lost at round {round}");
+    assert!(e.to_string().contains("lost"), "{e}");
+    go.signal();
+    let e = b.synchronize().unwrap_err();
+    assert!(e.to_string().contains("lost"), "{e}");
+    assert!(matches!(dev.synchronize(), Err(Error::DeviceLost { .. })));
+    assert!(matches!(a.fill(&x, 1), Err(Error::DeviceLost { .. })));
+    assert!(matches!(dev.create_stream(), Err(Error::DeviceLost { .. })));
+    assert!(matches!(dev.alloc::<u8>(64), Err(Error::DeviceLost { .. })));
+    assert_eq!(pinned.as_slice().unwrap(), &host[..]);
+    drop((x, y, a, b, pinned));
+    drop(dev);
+    let fresh = common::device();
+    let s = fresh.create_stream().unwrap();
+    let z = s.alloc::<u32>(64).unwrap();
+    s.fill(&z, 5).unwrap();
+    assert_eq!(s.read_to_vec(&z).unwrap(), vec![5; 64]);
+}

@@ -120,6 +120,7 @@ pub struct DeviceConfig {
     pub(crate) height_alignment: usize,
     pub(crate) graph_memory_slack: f64,
     pub(crate) placement_wait: std::time::Duration,
+    pub(crate) lose_device_at: Option<u64>,
 }
 
 impl Default for DeviceConfig {
@@ -142,6 +143,7 @@ impl Default for DeviceConfig {
             height_alignment: 2,
             graph_memory_slack: GRAPH_MEMORY_SLACK,
             placement_wait: Self::PLACEMENT_WAIT,
+            lose_device_at: None,
         }
     }
 }
@@ -164,12 +166,23 @@ impl DeviceConfig {
         self.backend(BackendKind::Emu(emu))
     }
 
-    /// The backend the device will run on.
     /// Runs the device on the `index`-th Vulkan device (see [`BackendKind::Vulkan`]).
     pub fn vulkan(self, index: usize) -> Self {
         self.backend(BackendKind::Vulkan { index })
     }
 
+    /// Fault injection, for testing how a program handles a lost device
+    /// (Vulkan only; other backends have no driver to lose and ignore it):
+    /// the driver reports the device lost at its `n`-th submission (1: the
+    /// first) and from every call after, as after a GPU crash or reset. Work
+    /// that has not completed fails with [`Error::DeviceLost`](crate::Error)
+    /// or a stream fault that says so; new work is refused.
+    pub fn lose_device_at_submission(mut self, n: u64) -> Self {
+        self.lose_device_at = Some(n.max(1));
+        self
+    }
+
+    /// The backend the device will run on.
     pub fn backend_kind(&self) -> &BackendKind {
         &self.backend
     }

@@ -58,9 +58,9 @@ impl Backend {
     /// What this backend cannot run: `(test, reason)`, in one or more tables.
     pub fn skips(self) -> &'static [&'static [(&'static str, &'static str)]] {
         match self {
-            Backend::Host => &[VIRTUAL_TIME_SKIPS],
-            Backend::EmuVirtual => &[EMU_SKIPS],
-            Backend::EmuReal => &[EMU_SKIPS, VIRTUAL_TIME_SKIPS],
+            Backend::Host => &[VIRTUAL_TIME_SKIPS, NO_DRIVER_SKIPS],
+            Backend::EmuVirtual => &[EMU_SKIPS, NO_DRIVER_SKIPS],
+            Backend::EmuReal => &[EMU_SKIPS, VIRTUAL_TIME_SKIPS, NO_DRIVER_SKIPS],
             Backend::Vulkan => &[VULKAN_SKIPS, VIRTUAL_TIME_SKIPS],
         }
     }
@@ -106,6 +106,13 @@ const VIRTUAL_TIME_ONLY: &str = "virtual time only: AsyncContext::complete_at_ns
 const VIRTUAL_TIME_SKIPS: &[(&str, &str)] = &[(
     "in_virtual_time_an_async_op_completes_at_the_time_it_asks",
     VIRTUAL_TIME_ONLY,
+)];
+
+/// What a backend without a device driver (host, emu) cannot run, and why.
+const NO_DRIVER_SKIPS: &[(&str, &str)] = &[(
+    "a_lost_device_fails_its_pending_work_and_refuses_new_work",
+    "device loss is injected at the driver's submission (DeviceConfig::lose_device_at_submission); \
+     the host and the emulated device have no driver to lose and ignore the setting",
 )];
 
 /// What the emulated device cannot run, in either time mode, and why.

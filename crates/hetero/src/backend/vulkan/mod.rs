@@ -163,6 +163,17 @@ impl Shared {
         self.lost.get().cloned()
     }
 
+    /// `Err(DeviceLost)` once the device is lost.
+    pub(crate) fn check_lost(&self) -> Result<()> {
+        match self.lost.get() {
+            None => Ok(()),
+            Some(why) => Err(Error::DeviceLost {
+                device: self.device,
+                reason: why.clone(),
+            }),
+        }
+    }
+
     /// Device timestamps (ns) on the profiler's clock (`None` where the
     /// device wrote none, or there is no calibration).
     pub(crate) fn to_host_ns(&self, device: &[Option<u64>]) -> Vec<Option<u64>> {
@@ -216,7 +227,17 @@ impl VulkanBackend {
     pub(crate) fn new(device: u64, config: DeviceConfig, index: usize) -> Result<Self> {
         config.validate()?;
         let instance = instance()?;
-        let gpu = Arc::new(hetero_vulkan::Gpu::open(&instance, index).map_err(setup)?);
+        let gpu = Arc::new(
+            hetero_vulkan::Gpu::open_with(
+                &instance,
+                index,
+                &hetero_vulkan::OpenOptions {
+                    lose_at_submission: config.lose_device_at,
+                    ..Default::default()
+                },
+            )
+            .map_err(setup)?,
+        );
         let info = gpu.info().clone();
         // Every buffer starts at a multiple of `Storage::ALIGN` in its chunk:
         // a binding's offset must be a multiple of the device's alignment.
@@ -316,6 +337,7 @@ impl Backend for VulkanBackend {
 
     fn create_stream(&self, priority: u8) -> Result<Arc<dyn BackendStream>> {
         let sh = &self.shared;
+        sh.check_lost()?;
         let id = sh.next_stream.fetch_add(1, Ordering::Relaxed);
         let stream = Arc::new(VulkanStream {
             id,
@@ -335,6 +357,7 @@ impl Backend for VulkanBackend {
     }
 
     fn allocate(&self, kind: MemoryKind, bytes: usize, stream: u64) -> Result<Arc<Storage>> {
+        self.shared.check_lost()?;
         match kind {
             MemoryKind::Device => {
                 let mut s = Storage::device_arc(self.shared.device, &self.pool, bytes, stream)?;
@@ -365,7 +388,9 @@ impl Backend for VulkanBackend {
             .shared
             .streams
             .map(|s| (s.timeline.clone(), s.submitted()));
-        super::wait_all(points, self.shared.config.host_wait)
+        let r = super::wait_all(points, self.shared.config.host_wait);
+        self.shared.check_lost()?;
+        r
     }
 
     fn shutdown(&self) {

@@ -43,22 +43,22 @@ impl BackendStream for VulkanStream {
         if self.closed.load(Ordering::Relaxed) {
             return Err(Error::StreamDestroyed { stream: self.id });
         }
+        let Some(sh) = self.shared.upgrade() else {
+            return Err(Error::StreamDestroyed { stream: self.id });
+        };
+        sh.check_lost()?;
         let pos = loop {
             match self.ring.try_push(op) {
                 Ok(pos) => break pos,
                 Err(back) => {
                     op = back;
                     // The engine takes what is there, then room appears.
-                    if let Some(sh) = self.shared.upgrade() {
-                        sh.ring();
-                    }
+                    sh.ring();
                     crate::backend::wait_for_room(&self.ring, &self.timeline, self.host_wait)?;
                 }
             }
         };
-        if let Some(sh) = self.shared.upgrade() {
-            sh.ring();
-        }
+        sh.ring();
         Ok(pos + 1)
     }
 
