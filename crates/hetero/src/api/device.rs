@@ -389,6 +389,18 @@ impl Device {
         Ok(PinnedBuffer::from_storage(s, len))
     }
 
+    /// A pinned host buffer for data the device writes and the host reads
+    /// (the destination of `copy_d2h`): on Vulkan, memory of a HOST_CACHED
+    /// type where the device has a coherent one, so host reads run at cache
+    /// speed (`alloc_pinned` gives write-combined memory where the device
+    /// has it: fast for the host to write, slow to read). Elsewhere the same
+    /// as `alloc_pinned`. Contents unspecified.
+    pub fn alloc_pinned_readback<T: Pod>(&self, len: usize) -> Result<PinnedBuffer<T>> {
+        let bytes = Self::bytes_for::<T>(len)?;
+        let s = self.inner.backend().allocate_readback(bytes)?;
+        Ok(PinnedBuffer::from_storage(s, len))
+    }
+
     /// The device pool's counters: allocated, reserved, peak, cache hit rate,
     /// fragmentation, OS calls.
     pub fn memory_stats(&self) -> hetero_memory::PoolStats {

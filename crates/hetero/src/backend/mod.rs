@@ -101,6 +101,12 @@ pub(crate) trait Backend: Send + Sync {
     fn pool(&self) -> &Arc<hetero_memory::DevicePool>;
     /// The pinned host pool.
     fn pinned_pool(&self) -> &hetero_memory::PinnedPool;
+    /// Pinned memory the device writes and the host reads (read back): a
+    /// backend with a cached host-visible memory type gives it here; the
+    /// others give plain pinned memory.
+    fn allocate_readback(&self, bytes: usize) -> Result<Arc<Storage>> {
+        self.allocate(MemoryKind::Pinned, bytes, 0)
+    }
     /// Waits until every operation submitted so far on any stream has completed.
     fn synchronize(&self) -> Result<()>;
     /// Stops the engines after all submitted work completed.

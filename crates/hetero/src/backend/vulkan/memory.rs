@@ -8,7 +8,10 @@
 //!   pointer into memory, and a stray host access faults at once.
 //! - Pinned memory: chunks of host-visible, coherent memory, mapped; the
 //!   mapping is the chunk's host address (the pinned pool hands out parts of
-//!   it, which the host reads and writes directly).
+//!   it, which the host reads and writes directly). Two kinds: for uploads
+//!   (host writes, device reads: uncached, write-combined where the device
+//!   has it) and for readback (device writes, host reads: HOST_CACHED, so
+//!   host reads run at cache speed instead of one bus read per access).
 //!
 //! [`Chunks::resolve`] leads an address of either kind back to its chunk and
 //! offset, which is what a recorded copy or dispatch binds.
@@ -50,15 +53,21 @@ enum Kind {
         /// Free ranges of `range`: offset → length.
         free: Mutex<BTreeMap<usize, usize>>,
     },
-    /// Host-visible memory at its mapping.
-    Pinned,
+    /// Host-visible, coherent memory at its mapping, of the type for `use_`.
+    Pinned {
+        use_: MemoryUse,
+        /// The device has no coherent memory type for `use_`: chunks are of
+        /// the upload type (coherent) instead, so no host access needs a
+        /// flush or an invalidate.
+        fallback: std::sync::atomic::AtomicBool,
+    },
 }
 
 impl std::fmt::Debug for Chunks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let kind = match self.kind {
             Kind::Device { .. } => "device-local",
-            Kind::Pinned => "pinned",
+            Kind::Pinned { .. } => "pinned",
         };
         f.debug_struct("vulkan::Chunks")
             .field("kind", &kind)
@@ -83,13 +92,44 @@ impl Chunks {
         })
     }
 
-    /// Host-visible memory for pinned buffers.
-    pub(crate) fn pinned(gpu: Arc<Gpu>) -> Chunks {
+    /// Host-visible memory for pinned buffers, of the type for `use_`
+    /// (`Upload` or `Readback`).
+    pub(crate) fn pinned(gpu: Arc<Gpu>, use_: MemoryUse) -> Chunks {
         Chunks {
             gpu,
-            kind: Kind::Pinned,
+            kind: Kind::Pinned {
+                use_,
+                fallback: Default::default(),
+            },
             table: Mutex::new(Table::default()),
         }
+    }
+
+    /// A mapped chunk of `size` bytes for `use_`, coherent: a readback type
+    /// that is not coherent (some mobile GPUs have cached memory only without
+    /// coherence) gives way to the upload type, once and for good.
+    fn pinned_chunk(
+        &self,
+        size: usize,
+        use_: MemoryUse,
+        fallback: &std::sync::atomic::AtomicBool,
+    ) -> Result<hetero_vulkan::Chunk, MemoryError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let coherent = hetero_vulkan::vk::MemoryPropertyFlags::HOST_COHERENT;
+        if use_ != MemoryUse::Upload && !fallback.load(Relaxed) {
+            let c = hetero_vulkan::Chunk::new(&self.gpu, size as u64, use_)
+                .map_err(|e| Self::memory_error(e, size))?;
+            if c.memory_flags().contains(coherent) {
+                return Ok(c);
+            }
+            tracing::info!(
+                "Vulkan: no coherent {use_:?} memory type; pinned readback buffers use the \
+                 upload type (uncached host reads)"
+            );
+            fallback.store(true, Relaxed);
+        }
+        hetero_vulkan::Chunk::new(&self.gpu, size as u64, MemoryUse::Upload)
+            .map_err(|e| Self::memory_error(e, size))
     }
 
     /// Adds host memory the device imported (`Device::register_host`):
@@ -200,9 +240,8 @@ impl ChunkSource for Chunks {
                     notes: Vec::new(),
                 })
             }
-            Kind::Pinned => {
-                let chunk = hetero_vulkan::Chunk::new(&self.gpu, size as u64, MemoryUse::Upload)
-                    .map_err(|e| Self::memory_error(e, size))?;
+            Kind::Pinned { use_, fallback } => {
+                let chunk = self.pinned_chunk(size, *use_, fallback)?;
                 let ptr = chunk.mapped().ok_or_else(|| MemoryError::InvalidRequest {
                     what: "host-visible Vulkan memory that is not mapped".into(),
                     hint: "this is a bug in the Vulkan backend",

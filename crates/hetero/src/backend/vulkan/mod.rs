@@ -60,6 +60,10 @@ pub(crate) struct Shared {
     device_mem: Arc<Chunks>,
     pinned_mem: Arc<Chunks>,
     pinned: Arc<hetero_memory::PinnedPool>,
+    /// Pinned memory of the readback type (HOST_CACHED where there is one):
+    /// staging for reads from the device, and `Device::alloc_pinned_readback`.
+    readback_mem: Arc<Chunks>,
+    readback: Arc<hetero_memory::PinnedPool>,
     /// A few bytes an empty kernel argument binds.
     empty: Arc<hetero_vulkan::Chunk>,
     /// Why the device is lost, once it is.
@@ -272,10 +276,21 @@ impl VulkanBackend {
             pool_config.max_reserved(limit),
             device_mem.clone(),
         )?);
-        let pinned_mem = Arc::new(Chunks::pinned(gpu.clone()));
+        let pinned_mem = Arc::new(Chunks::pinned(
+            gpu.clone(),
+            hetero_vulkan::MemoryUse::Upload,
+        ));
         let pinned = Arc::new(hetero_memory::PinnedPool::with_source(
             config.pinned.clone(),
             pinned_mem.clone(),
+        )?);
+        let readback_mem = Arc::new(Chunks::pinned(
+            gpu.clone(),
+            hetero_vulkan::MemoryUse::Readback,
+        ));
+        let readback = Arc::new(hetero_memory::PinnedPool::with_source(
+            config.pinned.clone(),
+            readback_mem.clone(),
         )?);
         let empty = Arc::new(
             hetero_vulkan::Chunk::new(&gpu, 256, hetero_vulkan::MemoryUse::DeviceLocal)
@@ -299,6 +314,8 @@ impl VulkanBackend {
             device_mem,
             pinned_mem,
             pinned,
+            readback_mem,
+            readback,
             empty,
             lost: OnceLock::new(),
             queries: hetero_vulkan::QueryPool::new(&gpu, QUERIES).ok(),
@@ -381,6 +398,11 @@ impl Backend for VulkanBackend {
 
     fn pinned_pool(&self) -> &hetero_memory::PinnedPool {
         &self.shared.pinned
+    }
+
+    fn allocate_readback(&self, bytes: usize) -> Result<Arc<Storage>> {
+        self.shared.check_lost()?;
+        Storage::pinned_arc(self.shared.device, &self.shared.readback, bytes)
     }
 
     fn synchronize(&self) -> Result<()> {

@@ -98,7 +98,7 @@ impl Engine {
             Body::HostRead { src, off, out } => {
                 let len = out.lock().unwrap_or_else(|p| p.into_inner()).len();
                 let (sc, so) = sh.place(src)?;
-                let staging = sh.staging(len)?;
+                let staging = sh.readback_staging(len)?;
                 let (dc, d) = sh.place_pinned(&staging, len)?;
                 rec.copy(&sc, so + *off as u64, &dc, d, len as u64)
                     .map_err(vk)?;
@@ -270,7 +270,7 @@ impl Shared {
     pub(super) fn place(&self, s: &Storage) -> Result<(Arc<hetero_vulkan::Chunk>, u64), String> {
         let bytes = s.bytes() as u64;
         let found = if s.host_visible() {
-            self.pinned_mem.resolve(s.host_ptr() as u64, bytes)
+            self.resolve_pinned(s.host_ptr() as u64, bytes)
         } else {
             self.device_mem.resolve(s.device_addr(), bytes)
         };
@@ -293,9 +293,25 @@ impl Shared {
         a: &hetero_memory::PinnedAllocation,
         bytes: usize,
     ) -> Result<(Arc<hetero_vulkan::Chunk>, u64), String> {
-        self.pinned_mem
-            .resolve(a.ptr().as_ptr() as u64, bytes as u64)
+        self.resolve_pinned(a.ptr().as_ptr() as u64, bytes as u64)
             .ok_or_else(|| "a staging buffer outside the device's pinned memory".to_string())
+    }
+
+    /// The chunk and offset of pinned memory of either type.
+    fn resolve_pinned(&self, addr: u64, bytes: u64) -> Option<(Arc<hetero_vulkan::Chunk>, u64)> {
+        self.pinned_mem
+            .resolve(addr, bytes)
+            .or_else(|| self.readback_mem.resolve(addr, bytes))
+    }
+
+    /// `bytes` of readback memory for the device to write and the host to read.
+    pub(super) fn readback_staging(
+        &self,
+        bytes: usize,
+    ) -> Result<hetero_memory::PinnedAllocation, String> {
+        self.readback
+            .alloc(bytes.max(1), Storage::ALIGN)
+            .map_err(|e| format!("staging {bytes} bytes: {e}"))
     }
 
     /// `bytes` of pinned memory to stage through.
