@@ -969,3 +969,91 @@ fn blocking_calls_inside_graph_nodes_work_or_refuse_never_hang() {
     }
     assert_eq!(other.read_to_vec(&buf).unwrap(), vec![7; 64]);
 }
+
+/// A long graph (100 kernel nodes, more than one recorded segment on a
+/// Vulkan device) updated between launches: a new scalar on one node, a
+/// slot one node reads rebound elsewhere, a new kernel on another. Every
+/// launch computes with what was set when it was submitted, every node's
+/// output is checked (untouched nodes included), and launches already
+/// submitted keep their values.
+#[test]
+fn updates_to_single_nodes_of_a_long_graph_take_effect_at_each_launch() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    const NODES: usize = 100;
+    let x = s.alloc::<u32>(16).unwrap();
+    s.fill(&x, 1u32).unwrap();
+    let other = s.alloc::<u32>(16).unwrap();
+    s.fill(&other, 10u32).unwrap();
+    let outs: Vec<_> = (0..NODES).map(|_| s.alloc::<u32>(16).unwrap()).collect();
+    let mut g = Graph::new(&dev).unwrap();
+    let input = g.slot::<u32>(16).unwrap();
+    let ids: Vec<_> = outs
+        .iter()
+        .enumerate()
+        .map(|(i, o)| {
+            let from = if i == 5 {
+                Arg::read(&input)
+            } else {
+                Arg::read(&x)
+            };
+            g.kernel(&double_plus(), Grid::new(1), &[from, Arg::write(o)], &[])
+                .unwrap()
+        })
+        .collect();
+    let mut exec = g.instantiate().unwrap();
+    for (i, &n) in ids.iter().enumerate() {
+        exec.set_scalars(n, &[i as u64]).unwrap();
+    }
+    // What each node's output must be: 2 * input + scalar (or a kernel's own rule).
+    let mut want: Vec<u32> = (0..NODES as u32).map(|i| 2 + i).collect();
+    want[5] = 2 * 10 + 5;
+    let check = |want: &[u32], round: &str| {
+        for (i, o) in outs.iter().enumerate() {
+            assert_eq!(
+                s.read_to_vec(o).unwrap(),
+                vec![want[i]; 16],
+                "{round}: node {i}"
+            );
+        }
+    };
+    let mut bind = exec.bindings();
+    bind.bind(&input, &other).unwrap();
+    s.launch_graph_with(&exec, &bind).unwrap();
+    check(&want, "first launch");
+    s.launch_graph_with(&exec, &bind).unwrap();
+    check(&want, "replayed");
+    // One scalar, far into the graph.
+    exec.set_scalars(ids[70], &[1000]).unwrap();
+    s.launch_graph_with(&exec, &bind).unwrap();
+    want[70] = 2 + 1000;
+    check(&want, "scalar of node 70");
+    // A submitted launch keeps its values; the next one sees the update.
+    let gate = common::Gate::hold(&s);
+    s.launch_graph_with(&exec, &bind).unwrap();
+    exec.set_scalars(ids[3], &[500]).unwrap();
+    gate.open();
+    check(&want, "launch submitted before the update");
+    s.launch_graph_with(&exec, &bind).unwrap();
+    want[3] = 2 + 500;
+    check(&want, "scalar of node 3");
+    // The slot node 5 reads, rebound to another buffer.
+    let mut bind = exec.bindings();
+    bind.bind(&input, &x).unwrap();
+    s.launch_graph_with(&exec, &bind).unwrap();
+    want[5] = 2 + 5;
+    check(&want, "slot rebound");
+    // Another kernel on node 99.
+    let triple = Kernel::new("triple", |b| {
+        let input = b.read::<u32>(0);
+        let base = b.write_offset(0);
+        for (j, v) in b.write::<u32>(0).iter_mut().enumerate() {
+            *v = input[base + j] * 3;
+        }
+    })
+    .wgsl(common::wgsl::map("u32", 1, "x0[i] * 3u"), "main");
+    exec.set_kernel(ids[99], &triple, Grid::new(1)).unwrap();
+    s.launch_graph_with(&exec, &bind).unwrap();
+    want[99] = 3;
+    check(&want, "kernel of node 99");
+}

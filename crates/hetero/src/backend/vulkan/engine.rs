@@ -53,7 +53,7 @@ pub(super) enum After {
     /// Keep these bytes until the op completes (staging buffers the device reads).
     Keep(#[allow(dead_code)] Vec<hetero_memory::PinnedAllocation>),
     /// The same, shared with a recorded graph that reads them at every launch.
-    KeepShared(#[allow(dead_code)] Arc<Vec<hetero_memory::PinnedAllocation>>),
+    KeepShared(#[allow(dead_code)] Vec<Arc<Vec<hetero_memory::PinnedAllocation>>>),
     /// Copy the staging buffer into the host read's output.
     ReadBack {
         staging: hetero_memory::PinnedAllocation,

@@ -16,11 +16,15 @@
 //! Operands resolve at launch: fixed buffers and bound slots to their chunk,
 //! the graph's own buffers to their place in the plan's arena.
 //!
-//! A launch without host nodes is recorded once into a command buffer of its
-//! own (`Recorded`) and that buffer is resubmitted by the launches after it,
-//! as long as the plan, its parameters (`Arc` identity: an update after a
-//! launch copies them, see `GraphExec::params_mut`) and where its bound slots
-//! lie (chunk and offset) stay the same; else it is recorded again. A launch
+//! A launch without host nodes is recorded once (`Recorded`), in segments of
+//! `SEGMENT_NODES` consecutive nodes, each its own command buffer, and the
+//! launches after it resubmit the segments (all in the one submission of
+//! their flush). An update (`GraphExec::set_scalars`, `set_kernel`: the
+//! parameters are copied on write, so `Arc` identity says whether any
+//! changed, and `Params::same_node` which) or a rebinding that moves a slot
+//! (chunk and offset) re-records only the segments holding a node it
+//! changed: a node's push constants and descriptors live in its command
+//! buffer, so its segment is recorded again, never the whole graph. A launch
 //! whose recording failed is not kept.
 //!
 //! Invariants: a node is recorded only after every node it depends on was
@@ -43,9 +47,29 @@ use std::sync::{Arc, Weak};
 /// Recorded graphs kept at most (the oldest plan's goes first).
 const KEEP_RECORDED: usize = 64;
 
+/// Nodes per segment of a kept recording (each its own command buffer): an
+/// update re-records only the segments holding the nodes it changed. Small
+/// enough that re-recording one costs little (32 dispatches, tens of µs on a
+/// CPU driver), large enough that the segments of a 1 000-node graph are a
+/// short list to resubmit.
+const SEGMENT_NODES: usize = 32;
+
 /// Where a slot's buffer lay when a graph was recorded: chunk address,
 /// offset, bytes (`None`: unbound or unused).
 type SlotPlace = Option<(usize, u64, u64)>;
+
+/// A run of consecutive nodes (in the order the launch recorded them) in one
+/// command buffer.
+struct Segment {
+    nodes: Vec<u32>,
+    /// The slots its nodes use.
+    slots: Vec<u32>,
+    /// `None` when its nodes record nothing (waits, empty nodes, empty copies).
+    cmd: Option<CommandBuffer>,
+    /// Staging buffers its fills copy from: kept with it, and by each launch
+    /// until it completes.
+    staging: Arc<Vec<PinnedAllocation>>,
+}
 
 /// A graph launch recorded once, with what it was recorded for.
 struct Kept {
@@ -54,10 +78,7 @@ struct Kept {
     params: Arc<Params>,
     /// Where each slot's buffer lay: chunk address, offset, bytes.
     slots: Vec<SlotPlace>,
-    cmd: CommandBuffer,
-    /// Staging buffers its fills copy from: kept with it, and by each launch
-    /// until it completes.
-    staging: Arc<Vec<PinnedAllocation>>,
+    segments: Vec<Segment>,
     /// When it was last used (`Recorded::tick`).
     used: u64,
 }
@@ -86,16 +107,48 @@ fn slot_places(sh: &Shared, l: &GraphLaunch) -> Result<Vec<SlotPlace>, String> {
         .collect()
 }
 
+/// The slots node `v` of `l` uses.
+fn node_slots(l: &GraphLaunch, v: u32, out: &mut Vec<u32>) {
+    let e = &*l.exec;
+    let mut add = |o: &Operand| {
+        if let Operand::Slot(i) = o {
+            if !out.contains(i) {
+                out.push(*i);
+            }
+        }
+    };
+    let p = &l.params.nodes[v as usize];
+    if p.kernel.is_some() {
+        e.args[p.args.0 as usize..p.args.1 as usize]
+            .iter()
+            .for_each(|a| add(&a.operand));
+        return;
+    }
+    match &e.nodes[v as usize] {
+        NodeBody::Copy { src, dst, .. } => {
+            add(src);
+            add(dst);
+        }
+        NodeBody::Fill { dst, .. } => add(dst),
+        NodeBody::Copy2D(c) => {
+            add(&c.src);
+            add(&c.dst);
+        }
+        _ => {}
+    }
+}
+
 /// The staging buffers a launch reads until it completes.
 pub(super) enum Staging {
     Own(Vec<PinnedAllocation>),
-    Shared(Arc<Vec<PinnedAllocation>>),
+    Shared(Vec<Arc<Vec<PinnedAllocation>>>),
 }
 
 /// Runs graph launch `l` into the engine's flush: resubmits its recorded
-/// command buffer when it still fits, else records it (and keeps it when it
-/// has no host nodes and recorded without a fault). The launch's result and
-/// the staging buffers it needs until it completes.
+/// segments when they still fit (re-recording the segments an update or a
+/// rebinding changed), else records it (and keeps it when it has no host
+/// nodes and recorded without a fault). The launch's result and the staging
+/// buffers it needs until it completes.
 pub(super) fn launch(
     engine: &mut Engine,
     sh: &Shared,
@@ -107,56 +160,50 @@ pub(super) fn launch(
     // kept recording means the plan has no host nodes: they are looked for
     // only when there is none.
     let profiling = crate::exec::clock::profiling();
-    let kept = engine
-        .graphs
-        .kept
-        .contains_key(&(Arc::as_ptr(&l.exec) as usize));
+    let key = Arc::as_ptr(&l.exec) as usize;
+    let kept = engine.graphs.kept.contains_key(&key);
     if profiling || (!kept && has_host_nodes(l)) {
         let mut nodes = Nodes::new(engine, sh, rec);
         nodes.times = profiling.then_some(times);
         let result = nodes.run(l);
         return (result, Staging::Own(nodes.into_staging()));
     }
-    let key = Arc::as_ptr(&l.exec) as usize;
     let slots = match slot_places(sh, l) {
         Ok(s) => s,
         Err(m) => return (Err(m), Staging::Own(Vec::new())),
     };
     engine.graphs.tick += 1;
     let tick = engine.graphs.tick;
-    let hit = engine.graphs.kept.get_mut(&key).and_then(|k| {
-        let same =
-            Arc::ptr_eq(&k.params, &l.params) && k.slots == slots && k.plan.strong_count() > 0;
-        same.then(|| {
+    if let Some(mut k) = engine.graphs.kept.remove(&key) {
+        if k.plan.strong_count() > 0 && refresh(engine, sh, l, &mut k, slots.clone()).is_ok() {
             k.used = tick;
-            (k.cmd.clone(), k.staging.clone())
-        })
-    });
-    if let Some((cmd, staging)) = hit {
-        return (engine.append_segment(rec, cmd), Staging::Shared(staging));
-    }
-    // Recorded on its own, then appended to the flush.
-    let mut own: Option<Recorder> = None;
-    let mut nodes = Nodes::new(engine, sh, &mut own);
-    let result = nodes.run(l);
-    let staging = nodes.into_staging();
-    let Some(r) = own else {
-        return (result, Staging::Own(staging));
-    };
-    let cmd = match r.finish() {
-        Ok(c) => c,
-        Err(e) => {
-            let m = format!("finishing a graph's command buffer failed: {e}");
-            return (Err(m), Staging::Own(staging));
+            let result = append(engine, rec, &k.segments);
+            let staging = k.segments.iter().map(|g| g.staging.clone()).collect();
+            engine.graphs.kept.insert(key, k);
+            return (result, Staging::Shared(staging));
         }
+        // A segment failed to record again: record the launch whole (its
+        // result says which node failed, and skips its dependents).
+    }
+    let mut own: Option<Recorder> = None;
+    let mut seg = Segmenting {
+        nodes: Nodes::new(engine, sh, &mut own),
+        segments: Vec::new(),
+        current: Vec::new(),
     };
-    if let Err(m) = engine.append_segment(rec, cmd.clone()) {
-        return (Err(m), Staging::Own(staging));
+    let result = seg.run(l);
+    let segments = match seg.finish(l) {
+        Ok(s) => s,
+        Err(m) => return (Err(m), Staging::Own(Vec::new())),
+    };
+    let appended = append(engine, rec, &segments);
+    let staging: Vec<_> = segments.iter().map(|g| g.staging.clone()).collect();
+    if let Err(m) = appended {
+        return (Err(m), Staging::Shared(staging));
     }
     if result.is_err() {
-        return (result, Staging::Own(staging));
+        return (result, Staging::Shared(staging));
     }
-    let staging = Arc::new(staging);
     let g = &mut engine.graphs;
     g.kept.retain(|_, k| k.plan.strong_count() > 0);
     if g.kept.len() >= KEEP_RECORDED {
@@ -170,12 +217,127 @@ pub(super) fn launch(
             plan: Arc::downgrade(&l.exec),
             params: l.params.clone(),
             slots,
-            cmd,
-            staging: staging.clone(),
+            segments,
             used: tick,
         },
     );
     (Ok(()), Staging::Shared(staging))
+}
+
+/// Appends the segments' command buffers to the flush, in order.
+fn append(
+    engine: &mut Engine,
+    rec: &mut Option<Recorder>,
+    segments: &[Segment],
+) -> Result<(), String> {
+    for cmd in segments.iter().filter_map(|g| g.cmd.as_ref()) {
+        engine.append_segment(rec, cmd.clone())?;
+    }
+    Ok(())
+}
+
+/// Brings kept recording `k` up to date with launch `l` (whose slots lie at
+/// `slots`): re-records the segments holding a node whose parameters
+/// changed or a slot that moved. A recording still pending on the device
+/// stays valid: a re-recorded segment is a new command buffer, and the old
+/// one lives while a flight holds it.
+fn refresh(
+    engine: &mut Engine,
+    sh: &Shared,
+    l: &GraphLaunch,
+    k: &mut Kept,
+    slots: Vec<SlotPlace>,
+) -> Result<(), String> {
+    let same_params = Arc::ptr_eq(&k.params, &l.params);
+    if same_params && k.slots == slots {
+        return Ok(());
+    }
+    let moved = |i: &u32| k.slots.get(*i as usize) != slots.get(*i as usize);
+    for g in &mut k.segments {
+        let changed = (!same_params
+            && g.nodes
+                .iter()
+                .any(|&v| !l.params.same_node(&k.params, v as usize)))
+            || g.slots.iter().any(moved);
+        if !changed {
+            continue;
+        }
+        let mut own: Option<Recorder> = None;
+        let mut nodes = Nodes::new(engine, sh, &mut own);
+        for &v in &g.nodes {
+            nodes.record(l, v)?;
+        }
+        let staging = nodes.into_staging();
+        g.cmd = own
+            .map(|r| r.finish())
+            .transpose()
+            .map_err(|e| format!("finishing a graph's command buffer failed: {e}"))?;
+        g.staging = Arc::new(staging);
+    }
+    k.params = l.params.clone();
+    k.slots = slots;
+    Ok(())
+}
+
+/// Records a launch into segments of `SEGMENT_NODES` nodes (the runner's
+/// hooks around `Nodes`).
+struct Segmenting<'a> {
+    nodes: Nodes<'a>,
+    segments: Vec<Segment>,
+    current: Vec<u32>,
+}
+
+impl Segmenting<'_> {
+    fn run(&mut self, l: &GraphLaunch) -> Result<(), String> {
+        let run = RunState::take(&l.exec);
+        let result = run.run_all(l, self);
+        run.give_back(&l.exec);
+        result
+    }
+
+    /// Closes the open segment, if it has nodes.
+    fn close(&mut self, l: &GraphLaunch) -> Result<(), String> {
+        if self.current.is_empty() {
+            return Ok(());
+        }
+        let nodes = std::mem::take(&mut self.current);
+        let mut slots = Vec::new();
+        for &v in &nodes {
+            node_slots(l, v, &mut slots);
+        }
+        let cmd = self
+            .nodes
+            .rec
+            .take()
+            .map(|r| r.finish())
+            .transpose()
+            .map_err(|e| format!("finishing a graph's command buffer failed: {e}"))?;
+        let staging = Arc::new(std::mem::take(&mut self.nodes.staging));
+        self.segments.push(Segment {
+            nodes,
+            slots,
+            cmd,
+            staging,
+        });
+        Ok(())
+    }
+
+    /// The segments recorded.
+    fn finish(mut self, l: &GraphLaunch) -> Result<Vec<Segment>, String> {
+        self.close(l)?;
+        Ok(self.segments)
+    }
+}
+
+impl NodeHooks for Segmenting<'_> {
+    fn run(&mut self, l: &GraphLaunch, v: u32) -> Result<(), String> {
+        let result = self.nodes.record(l, v);
+        self.current.push(v);
+        if self.current.len() == SEGMENT_NODES {
+            self.close(l)?;
+        }
+        result
+    }
 }
 
 /// Whether `l`'s plan has host nodes (its launch runs them on the engine

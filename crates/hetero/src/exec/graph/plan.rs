@@ -178,6 +178,21 @@ impl Params {
     pub(crate) fn scalars(&self, v: usize) -> &[u64] {
         self.scalars_of(&self.nodes[v])
     }
+
+    /// Whether node `v` runs the same in `self` and `other` (parameters of
+    /// one plan): the same kernel, blocks, arguments and scalars.
+    pub(crate) fn same_node(&self, other: &Params, v: usize) -> bool {
+        let (a, b) = (&self.nodes[v], &other.nodes[v]);
+        let kernel = match (&a.kernel, &b.kernel) {
+            (Some(x), Some(y)) => Arc::ptr_eq(x, y),
+            (None, None) => true,
+            _ => false,
+        };
+        kernel
+            && a.blocks == b.blocks
+            && a.args == b.args
+            && self.scalars_of(a) == other.scalars_of(b)
+    }
 }
 
 /// What instantiate made of a graph.
