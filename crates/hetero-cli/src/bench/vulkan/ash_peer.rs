@@ -17,6 +17,9 @@ use std::ffi::CStr;
 
 type Result<T> = std::result::Result<T, String>;
 
+/// Push-constant bytes of every kernel's layout (hetero's 8 scalar slots).
+const PUSH_BYTES: u32 = 64;
+
 fn call(what: &'static str) -> impl Fn(vk::Result) -> String {
     move |e| format!("{what} failed: {e}")
 }
@@ -310,9 +313,15 @@ impl Peer {
                 .map_err(call("vkCreateDescriptorSetLayout"))?;
             self.set_layouts.push(set_layout);
             let layouts = [set_layout];
+            // 64 bytes of push constants, as hetero gives every kernel.
+            let push = [vk::PushConstantRange::default()
+                .stage_flags(vk::ShaderStageFlags::COMPUTE)
+                .size(PUSH_BYTES)];
             let layout = d
                 .create_pipeline_layout(
-                    &vk::PipelineLayoutCreateInfo::default().set_layouts(&layouts),
+                    &vk::PipelineLayoutCreateInfo::default()
+                        .set_layouts(&layouts)
+                        .push_constant_ranges(&push),
                     None,
                 )
                 .map_err(call("vkCreatePipelineLayout"))?;
@@ -523,6 +532,48 @@ impl Peer {
             p.bind(cb, k);
             // SAFETY: recording, a compute pipeline bound.
             unsafe { p.device.cmd_dispatch(cb, 1, 1, 1) };
+        })?;
+        self.submit_wait(cb)
+    }
+
+    /// What a program on raw Vulkan does to change one dispatch's push
+    /// constant in a recorded command buffer: reset its pool, record the `n`
+    /// dispatches of `k` again (each with its barrier and its constants, the
+    /// one at `changed` given `value`), submit, wait.
+    pub fn rerecord_and_submit(
+        &mut self,
+        k: &Kernel,
+        n: usize,
+        changed: usize,
+        value: u32,
+    ) -> Result<()> {
+        // SAFETY: the op buffer's last submission was waited for: not pending.
+        unsafe {
+            self.device
+                .reset_command_pool(self.op_pool, vk::CommandPoolResetFlags::empty())
+                .map_err(call("vkResetCommandPool"))?;
+        }
+        let cb = self.op_cb;
+        self.record_into(cb, vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT, |p, cb| {
+            p.bind(cb, k);
+            for i in 0..n {
+                p.barrier(cb);
+                let mut words = [0u8; PUSH_BYTES as usize];
+                let v = if i == changed { value } else { 1 };
+                words[..4].copy_from_slice(&v.to_ne_bytes());
+                // SAFETY: recording, a compute pipeline bound whose layout
+                // has PUSH_BYTES of push constants.
+                unsafe {
+                    p.device.cmd_push_constants(
+                        cb,
+                        k.layout,
+                        vk::ShaderStageFlags::COMPUTE,
+                        0,
+                        &words,
+                    );
+                    p.device.cmd_dispatch(cb, 1, 1, 1)
+                };
+            }
         })?;
         self.submit_wait(cb)
     }

@@ -17,6 +17,11 @@
 //! - `vulkan/submits-per-op-running-ahead`: 10 000 empty launches on one stream,
 //!   then one `synchronize`; `vkQueueSubmit2` calls per op (see
 //!   [`submission_count`]), beside `vulkan/running-ahead-per-op-ns`.
+//! - `vulkan/graph-update-launch-ns`: one node's scalar changed in a graph of
+//!   1 000 one-workgroup dispatches, then the graph launched and waited for
+//!   (hetero re-records the one segment of 32 nodes holding it). Peer
+//!   `ash/rerecord-submit-ns`: the whole command buffer re-recorded with the
+//!   new push constant, submitted, waited for.
 //! - `vulkan/alloc-free-hit-ns`: `Stream::alloc` of 1 MiB and its drop (a hit in
 //!   the stream's cache). Peer `ash/allocate-bind-free-ns`: vkAllocateMemory,
 //!   vkCreateBuffer, vkBindBufferMemory, vkDestroyBuffer, vkFreeMemory.
@@ -36,6 +41,12 @@ use std::time::Instant;
 const TINY: &str = "@group(0) @binding(0) var<storage, read_write> x: array<u32>;\n\
                     @compute @workgroup_size(1)\n\
                     fn main() { x[0] = x[0] + 1u; }\n";
+/// As `TINY`, adding its first scalar (a push constant).
+const TINY_SCALAR: &str = "struct Scalars { v: array<vec2<u32>, 8> }\n\
+                           var<push_constant> pc: Scalars;\n\
+                           @group(0) @binding(0) var<storage, read_write> x: array<u32>;\n\
+                           @compute @workgroup_size(1)\n\
+                           fn main() { x[0] = x[0] + pc.v[0].x; }\n";
 /// One workgroup that does nothing.
 const EMPTY: &str = "@compute @workgroup_size(1)\nfn main() {}\n";
 const DISPATCHES: usize = 1_000;
@@ -109,12 +120,16 @@ pub fn run(quick: bool) -> Result<BenchReport> {
     let empty_spirv = hetero_vulkan::compile_wgsl(EMPTY, "main").map_err(|e| e.to_string())?;
 
     dispatch_in_graph(&mut rep, &dev, &mut peer, &tiny_spirv, r.graph)?;
+    let scalar_spirv =
+        hetero_vulkan::compile_wgsl(TINY_SCALAR, "main").map_err(|e| e.to_string())?;
+    graph_update(&mut rep, &dev, &mut peer, &scalar_spirv, r.graph)?;
     op_end_to_end(&mut rep, &s, &mut peer, &empty_spirv, r.op)?;
     copy_64m(&mut rep, &dev, &s, &mut peer, r.copy)?;
     running_ahead(&mut rep, &dev, &s, r.ahead)?;
     alloc_free(&mut rep, &s, &peer, r.alloc)?;
 
     rep.ratio_of("vulkan/dispatch-in-graph-ns", "ash/dispatch-in-cmdbuf-ns");
+    rep.ratio_of("vulkan/graph-update-launch-ns", "ash/rerecord-submit-ns");
     rep.ratio_of("vulkan/op-end-to-end-ns", "ash/submit-wait-ns");
     rep.ratio_of("vulkan/op-end-to-end-ns", "ash/submit-wait-reuse-ns");
     rep.ratio_of("vulkan/copy-64m-gbps", "ash/copy-64m-gbps");
@@ -238,6 +253,73 @@ fn dispatch_in_graph(
             rep.push_samples("ash/dispatch-in-cmdbuf-ns", "ns", &mut b);
         }
     }
+    Ok(())
+}
+
+/// One node's scalar changed in a 1 000-dispatch graph, then the graph
+/// launched and waited for: per launch. Peer: a raw Vulkan program changing
+/// one push constant re-records the whole command buffer.
+fn graph_update(
+    rep: &mut BenchReport,
+    dev: &Device,
+    peer: &mut Peer,
+    spirv: &[u32],
+    (warm, reps): (usize, usize),
+) -> Result<()> {
+    let e = |e: hetero::Error| e.to_string();
+    let s = dev.create_stream().map_err(e)?;
+    let k = Kernel::from_wgsl("tiny_scalar", TINY_SCALAR, "main");
+    let x = dev.alloc::<u32>(64).map_err(e)?;
+    s.fill(&x, 0u32).map_err(e)?;
+    let mut g = hetero::Graph::new(dev).map_err(e)?;
+    let mut ids = Vec::with_capacity(DISPATCHES);
+    for _ in 0..DISPATCHES {
+        let prev: Vec<_> = ids.last().copied().into_iter().collect();
+        ids.push(
+            g.kernel(&k, Grid::new(1), &[Arg::write(&x)], &prev)
+                .map_err(e)?,
+        );
+    }
+    let mut exec = g.instantiate().map_err(e)?;
+    for &n in &ids {
+        exec.set_scalars(n, &[1]).map_err(e)?;
+    }
+    s.launch_graph(&exec).map_err(e)?;
+    s.synchronize().map_err(e)?;
+    let changed = DISPATCHES / 2;
+    let buf = peer.buffer(256)?;
+    let pk = peer.kernel(spirv, Some(&buf))?;
+    let (mut round, mut peer_round) = (0u32, 0u32);
+    let mut want = DISPATCHES as u32;
+    let (mut a, mut b) = paired(
+        warm,
+        reps,
+        || {
+            round += 1;
+            let t = Instant::now();
+            exec.set_scalars(ids[changed], &[u64::from(round % 7)])
+                .expect("set_scalars");
+            s.launch_graph(&exec).expect("launch_graph");
+            s.synchronize().expect("synchronize");
+            want += DISPATCHES as u32 - 1 + round % 7;
+            ns_since(t)
+        },
+        || {
+            peer_round += 1;
+            let t = Instant::now();
+            peer.rerecord_and_submit(&pk, DISPATCHES, changed, peer_round % 7)
+                .expect("the ash peer's re-recording");
+            ns_since(t)
+        },
+    );
+    let got = s.read_to_vec(&x).map_err(e)?[0];
+    if got != want {
+        return Err(format!(
+            "the updated graph computed {got}, {want} expected: an update was lost"
+        ));
+    }
+    rep.push_samples("vulkan/graph-update-launch-ns", "ns", &mut a);
+    rep.push_samples("ash/rerecord-submit-ns", "ns", &mut b);
     Ok(())
 }
 

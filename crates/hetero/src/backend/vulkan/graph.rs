@@ -16,16 +16,17 @@
 //! Operands resolve at launch: fixed buffers and bound slots to their chunk,
 //! the graph's own buffers to their place in the plan's arena.
 //!
-//! A launch without host nodes is recorded once (`Recorded`), in segments of
-//! `SEGMENT_NODES` consecutive nodes, each its own command buffer, and the
-//! launches after it resubmit the segments (all in the one submission of
-//! their flush). An update (`GraphExec::set_scalars`, `set_kernel`: the
-//! parameters are copied on write, so `Arc` identity says whether any
-//! changed, and `Params::same_node` which) or a rebinding that moves a slot
-//! (chunk and offset) re-records only the segments holding a node it
-//! changed: a node's push constants and descriptors live in its command
-//! buffer, so its segment is recorded again, never the whole graph. A launch
-//! whose recording failed is not kept.
+//! A launch without host nodes is recorded once (`Recorded`) into one
+//! command buffer, which the launches after it resubmit. An update
+//! (`GraphExec::set_scalars`, `set_kernel`: the parameters are copied on
+//! write, so `Arc` identity says whether any changed, and
+//! `Params::same_node` which) or a rebinding that moves a slot (chunk and
+//! offset) splits it, the first time, into segments of `segment_nodes`
+//! consecutive nodes, each its own command buffer (all resubmitted in the
+//! one submission of their flush), and from then on re-records only the
+//! segments holding a node it changed: a node's push constants and
+//! descriptors live in its command buffer, so its segment is recorded again,
+//! never the whole graph. A launch whose recording failed is not kept.
 //!
 //! Invariants: a node is recorded only after every node it depends on was
 //! (the runner's order) and behind a full barrier, so it runs after them on
@@ -47,12 +48,15 @@ use std::sync::{Arc, Weak};
 /// Recorded graphs kept at most (the oldest plan's goes first).
 const KEEP_RECORDED: usize = 64;
 
-/// Nodes per segment of a kept recording (each its own command buffer): an
-/// update re-records only the segments holding the nodes it changed. Small
-/// enough that re-recording one costs little (32 dispatches, tens of µs on a
-/// CPU driver), large enough that the segments of a 1 000-node graph are a
-/// short list to resubmit.
-const SEGMENT_NODES: usize = 32;
+/// The nodes per segment once a kept recording is split for updates: about
+/// √(16·n) for n nodes, at least 32. Each segment is its own command buffer:
+/// more segments make an update cheaper (it re-records one, at about 0.5 µs
+/// per dispatch on lavapipe) and every launch dearer (about 9 µs per command
+/// buffer there; about 1 µs on a GPU); √(16·n) is near the least of the two
+/// summed on lavapipe (√(2·9/0.5 · n) ≈ 4.2·√n) and on a GPU (√(5n)).
+fn segment_nodes(n: usize) -> usize {
+    (((16 * n) as f64).sqrt().ceil() as usize).max(32)
+}
 
 /// Where a slot's buffer lay when a graph was recorded: chunk address,
 /// offset, bytes (`None`: unbound or unused).
@@ -253,34 +257,68 @@ fn refresh(
         return Ok(());
     }
     let moved = |i: &u32| k.slots.get(*i as usize) != slots.get(*i as usize);
+    let size = segment_nodes(l.exec.nodes.len());
+    if k.segments.len() == 1 && k.segments[0].nodes.len() > size {
+        // The first update: split the recording, recording every segment.
+        let order = std::mem::take(&mut k.segments[0].nodes);
+        k.segments = order
+            .chunks(size)
+            .map(|c| {
+                let mut slots = Vec::new();
+                c.iter().for_each(|&v| node_slots(l, v, &mut slots));
+                Segment {
+                    nodes: c.to_vec(),
+                    slots,
+                    cmd: None,
+                    staging: Arc::default(),
+                }
+            })
+            .collect();
+        for g in &mut k.segments {
+            record_segment(engine, sh, l, g)?;
+        }
+        k.params = l.params.clone();
+        k.slots = slots;
+        return Ok(());
+    }
     for g in &mut k.segments {
         let changed = (!same_params
             && g.nodes
                 .iter()
                 .any(|&v| !l.params.same_node(&k.params, v as usize)))
             || g.slots.iter().any(moved);
-        if !changed {
-            continue;
+        if changed {
+            record_segment(engine, sh, l, g)?;
         }
-        let mut own: Option<Recorder> = None;
-        let mut nodes = Nodes::new(engine, sh, &mut own);
-        for &v in &g.nodes {
-            nodes.record(l, v)?;
-        }
-        let staging = nodes.into_staging();
-        g.cmd = own
-            .map(|r| r.finish())
-            .transpose()
-            .map_err(|e| format!("finishing a graph's command buffer failed: {e}"))?;
-        g.staging = Arc::new(staging);
     }
     k.params = l.params.clone();
     k.slots = slots;
     Ok(())
 }
 
-/// Records a launch into segments of `SEGMENT_NODES` nodes (the runner's
-/// hooks around `Nodes`).
+/// Records segment `g`'s nodes of launch `l` into a new command buffer.
+fn record_segment(
+    engine: &mut Engine,
+    sh: &Shared,
+    l: &GraphLaunch,
+    g: &mut Segment,
+) -> Result<(), String> {
+    let mut own: Option<Recorder> = None;
+    let mut nodes = Nodes::new(engine, sh, &mut own);
+    for &v in &g.nodes {
+        nodes.record(l, v)?;
+    }
+    let staging = nodes.into_staging();
+    g.cmd = own
+        .map(|r| r.finish())
+        .transpose()
+        .map_err(|e| format!("finishing a graph's command buffer failed: {e}"))?;
+    g.staging = Arc::new(staging);
+    Ok(())
+}
+
+/// Records a launch into one segment (the runner's hooks around `Nodes`,
+/// noting the order it recorded the nodes in).
 struct Segmenting<'a> {
     nodes: Nodes<'a>,
     segments: Vec<Segment>,
@@ -333,9 +371,6 @@ impl NodeHooks for Segmenting<'_> {
     fn run(&mut self, l: &GraphLaunch, v: u32) -> Result<(), String> {
         let result = self.nodes.record(l, v);
         self.current.push(v);
-        if self.current.len() == SEGMENT_NODES {
-            self.close(l)?;
-        }
         result
     }
 }
