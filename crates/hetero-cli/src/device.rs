@@ -37,7 +37,7 @@ impl DeviceSpec {
                      wall clock (use --device emu[:PRESET] --time {t})"
                 )),
             },
-            BackendKind::Vulkan { index } => match time {
+            BackendKind::Vulkan { index, .. } => match time {
                 None => Ok(DeviceSpec::Vulkan(index)),
                 Some(t) => Err(format!(
                     "--time {t} applies to an emulated device; a Vulkan device runs on its own clock"

@@ -568,6 +568,12 @@ impl Recorder {
                 what: "timestamps on this lane's queue family (timestampValidBits is 0)",
             });
         }
+        if !self.computes {
+            return Err(VkError::Unsupported {
+                device: self.shared.name(),
+                what: "timestamps on a transfer-only queue (vkCmdResetQueryPool needs a compute queue)",
+            });
+        }
         if query >= pool.inner.count {
             return Err(VkError::InvalidArgument(format!(
                 "timestamp query {query} of a pool of {}",

@@ -131,8 +131,8 @@ impl Device {
             crate::BackendKind::Host => Box::new(HostBackend::new(id, config)?),
             crate::BackendKind::Emu(emu) => Box::new(EmuBackend::new(id, config, emu)?),
             #[cfg(feature = "vulkan")]
-            crate::BackendKind::Vulkan { index } => Box::new(
-                crate::backend::vulkan::VulkanBackend::new(id, config, index)?,
+            crate::BackendKind::Vulkan { index, split_lanes } => Box::new(
+                crate::backend::vulkan::VulkanBackend::new(id, config, index, split_lanes)?,
             ),
             #[cfg(not(feature = "vulkan"))]
             crate::BackendKind::Vulkan { .. } => return Err(Error::Setup(

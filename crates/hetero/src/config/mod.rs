@@ -56,29 +56,54 @@ pub enum BackendKind {
     Host,
     /// An emulated discrete accelerator.
     Emu(emu::EmuConfig),
-    /// A Vulkan device (the `index`-th the loader lists; `hetero info` shows them).
-    Vulkan { index: usize },
+    /// A Vulkan device (the `index`-th the loader lists; `hetero info` shows
+    /// them). Copies go on the transfer lane where the device's queue plan
+    /// gives it a queue of its own (a copy engine); `split_lanes` sends them
+    /// there even where it aliases the compute queue (one-queue devices such
+    /// as lavapipe): the two-lane path with its cross-lane waits, run where
+    /// there is one queue (`HETERO_BACKEND=vulkan:0,lanes=split`).
+    Vulkan { index: usize, split_lanes: bool },
 }
 
 impl BackendKind {
     /// Parses `host`, `emu` or `emu:PRESET[,time=real|virtual][,capacity=BYTES]`,
-    /// or `vulkan[:INDEX]` (the `HETERO_BACKEND` syntax).
+    /// or `vulkan[:INDEX][,lanes=split]` (the `HETERO_BACKEND` syntax).
     pub fn parse(spec: &str) -> Result<Self, crate::Error> {
         match spec.trim() {
             "" | "host" => Ok(BackendKind::Host),
-            "vulkan" => Ok(BackendKind::Vulkan { index: 0 }),
-            s if s.starts_with("vulkan:") => s["vulkan:".len()..]
-                .parse()
-                .map(|index| BackendKind::Vulkan { index })
-                .map_err(|_| {
-                    crate::Error::InvalidArgument(format!(
-                        "{s:?}: the Vulkan device index must be a number (vulkan:0 is the first device; `hetero info` lists them)"
-                    ))
-                }),
+            s if s == "vulkan" || s.starts_with("vulkan:") || s.starts_with("vulkan,") => {
+                Self::parse_vulkan(s)
+            }
             s => emu::EmuConfig::parse(s)
                 .map(BackendKind::Emu)
                 .map_err(crate::Error::InvalidArgument),
         }
+    }
+
+    fn parse_vulkan(s: &str) -> Result<Self, crate::Error> {
+        let bad = |what: String| {
+            crate::Error::InvalidArgument(format!(
+                "{s:?}: {what}; the syntax is vulkan[:INDEX][,lanes=split] (vulkan:0 is the first \
+             device; `hetero info` lists them)"
+            ))
+        };
+        let mut parts = s.split(',');
+        let head = parts.next().unwrap_or_default();
+        let index = match head.strip_prefix("vulkan:") {
+            None => 0,
+            Some(i) => i
+                .parse()
+                .map_err(|_| bad(format!("the device index {i:?} is not a number")))?,
+        };
+        let mut split_lanes = false;
+        for p in parts {
+            match p {
+                "lanes=split" => split_lanes = true,
+                "lanes=auto" => split_lanes = false,
+                other => return Err(bad(format!("unknown option {other:?}"))),
+            }
+        }
+        Ok(BackendKind::Vulkan { index, split_lanes })
     }
 
     /// `HETERO_BACKEND` if set (an unknown value is an error), else `Host`.
@@ -168,7 +193,10 @@ impl DeviceConfig {
 
     /// Runs the device on the `index`-th Vulkan device (see [`BackendKind::Vulkan`]).
     pub fn vulkan(self, index: usize) -> Self {
-        self.backend(BackendKind::Vulkan { index })
+        self.backend(BackendKind::Vulkan {
+            index,
+            split_lanes: false,
+        })
     }
 
     /// Fault injection, for testing how a program handles a lost device

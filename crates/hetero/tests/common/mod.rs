@@ -174,10 +174,7 @@ const VK_RECORDING_ALLOCATES: &str = "counts allocations on the engine threads; 
 const VK_NO_PLACEMENT: &str = "placement by data is the host engines' policy; the Vulkan \
      backend has one engine thread and one queue, so the check would pass vacuously";
 const VK_ONE_UNIT: &str = "asserts a plan of several lanes; a plan has at most one lane per \
-     compute unit and the Vulkan device reports one (everything runs on its compute lane)";
-const VK_NO_TRACE: &str = "the Vulkan backend writes no profiler records yet (no \
-     hetero_trace::record_op in backend/vulkan; device timestamps are not wired), so there are \
-     no launch or node records to nest";
+     compute unit and the Vulkan device reports one (its kernels all run on its compute lane)";
 const VK_NO_AGING: &str = "the Vulkan engine takes every stream at each look, in priority \
      order (backend/vulkan/engine.rs): a low-priority stream never starves, but its ops do not \
      wait the host scheduler's aging count (backend/host/stream.rs AGING_TICKS) that the test \

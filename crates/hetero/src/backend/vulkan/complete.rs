@@ -16,6 +16,7 @@ pub(super) fn complete(sh: &Shared, t: Taken, lost: Option<String>, stamps: &Sta
         mut result,
         after,
         times,
+        ..
     } = t;
     if let (Some(m), Ok(())) = (lost, &result) {
         result = Err(m);

@@ -5,17 +5,30 @@
 //! One thread owns everything here (`Engine`): the flights in submission
 //! order, the pipelines, and the streams' engine-side fields. Streams only push.
 //!
-//! Ordering: every op runs on the compute lane's queue, and a recorded op
-//! waits for everything recorded before it (a full barrier between ops). So
-//! work from different streams is serialised in the order it was recorded,
-//! never raced, and a wait on an event of another stream of this device
-//! costs nothing on the device once that stream's op is recorded: it was
-//! recorded, so it runs first. (A real GPU could overlap more; the lanes are
-//! there for it, see docs/ARCHITECTURE.md.)
+//! Lanes: kernels and graphs run on the compute lane; copies, fills and
+//! host reads and writes on the transfer lane when the device has one of
+//! its own (a copy engine's queue, or `split_lanes`), else on the compute
+//! lane too. On one lane a recorded op waits for everything recorded on it
+//! before (a full barrier between ops, and queue order between
+//! submissions), so a wait on an event of another stream costs nothing on
+//! the device once that stream's op is recorded on the same lane.
 //!
-//! Flights complete in submission order (one device timeline, `flights`,
-//! signalled with each flight's number), and their ops in recorded order:
-//! each stream's timeline completes in value order. A host callback runs when
+//! Across lanes, ordering is by batches: a flush records into numbered
+//! batches (the number is global and only grows), each batch one submission
+//! per lane that has work in it, signalling that lane's timeline
+//! (`Shared::lanes`) with the batch's number. Each stream knows, per lane,
+//! the last batch its later ops must follow (`VulkanStream::deps`: its own
+//! ops and those of the events it waited on). An op for lane L that must
+//! follow batch b of the other lane goes in a later batch than b (the open
+//! batch is closed when b is the open one), and its batch's submission on L
+//! waits for the other lane's timeline to reach b: a semaphore wait in the
+//! submission, only where a stream crosses lanes. Waits only point to lower
+//! batches, so they never form a cycle.
+//!
+//! Completion: the ops of a flush complete in recorded order, each once its
+//! lane's timeline reached its batch (an op with no device work once those
+//! before it did), and flushes in order: each stream's timeline completes in
+//! value order. A host callback runs when
 //! its stream has nothing in flight, on this thread, and ends the look (so
 //! the next op is chosen by the streams' priorities as they are then, not as
 //! they were before the callback ran). An async op starts when its stream and
@@ -71,6 +84,8 @@ pub(super) struct Taken {
     pub(super) result: Result<(), String>,
     pub(super) after: After,
     pub(super) times: Times,
+    /// The lane and batch its device work is in (batch 0: none).
+    pub(super) at: (usize, u64),
 }
 
 /// The timestamp queries an op's commands write (see `Engine::stamp`).
@@ -87,20 +102,37 @@ pub(super) struct Times {
     pub(super) nodes: Vec<(u32, u32, u32)>,
 }
 
-/// One submission (or, with no device work, a group of ops that complete
-/// once the flights before them have).
+/// One flush: its ops in recorded order, each with the (lane, batch) its
+/// device work is in (batch 0: none), completed from the front.
 struct Flight {
-    /// The value of `flights` that says it ran (0: no device work).
-    seq: u64,
-    _cmds: Vec<CommandBuffer>,
-    ops: Vec<Taken>,
+    ops: VecDeque<Taken>,
+}
+
+/// A batch closed and not yet submitted: per lane, its command buffers and
+/// the other lane's batch it waits for (0: none).
+struct Closed {
+    batch: u64,
+    lanes: [(Vec<CommandBuffer>, u64); 2],
 }
 
 pub(super) struct Engine {
     streams: Vec<Arc<VulkanStream>>,
     seen: u64,
     flights: VecDeque<Flight>,
-    next_seq: u64,
+    /// The open batch: what is recorded now goes in it.
+    batch: u64,
+    /// Per lane: command buffers of the open batch finished before the
+    /// lane's open recorder (a recorded graph's between them), and the other
+    /// lane's batch the open batch must wait for.
+    segments: [Vec<CommandBuffer>; 2],
+    waits: [u64; 2],
+    /// Batches of this flush closed before the open one.
+    closed: Vec<Closed>,
+    /// Per lane: the batch it has completed, as last read.
+    done: [u64; 2],
+    /// Per lane: the last batch closed with work on it (what a wait for the
+    /// lane may name: a batch without work there signals nothing).
+    signalled: [u64; 2],
     pub(super) pipelines: HashMap<(usize, u32), (Arc<DeviceCode>, Pipeline)>,
     /// An async op is pending: look again soon.
     polling: bool,
@@ -114,12 +146,14 @@ pub(super) struct Engine {
     /// Timestamp queries taken and given back so far (a ring over the pool).
     queries_taken: u64,
     queries_freed: u64,
-    /// Command buffers of this flush finished before the open recorder (a
-    /// recorded graph's between them): submitted together, in order.
-    segments: Vec<CommandBuffer>,
     /// Graphs recorded once, resubmitted while they stay the same.
     pub(super) graphs: super::graph::Recorded,
 }
+
+/// The flush's open recorder of each lane (compute, transfer).
+pub(super) type Recs = [Option<Recorder>; 2];
+
+const LANES: [Lane; 2] = [Lane::Compute, Lane::Transfer];
 
 impl Engine {
     pub(super) fn new() -> Self {
@@ -127,7 +161,12 @@ impl Engine {
             streams: Vec::with_capacity(16),
             seen: u64::MAX,
             flights: VecDeque::new(),
-            next_seq: 1,
+            batch: 1,
+            segments: [Vec::new(), Vec::new()],
+            waits: [0, 0],
+            closed: Vec::new(),
+            done: [0, 0],
+            signalled: [0, 0],
             pipelines: HashMap::new(),
             polling: false,
             started: Vec::new(),
@@ -135,7 +174,6 @@ impl Engine {
             doorbell: 0,
             queries_taken: 0,
             queries_freed: 0,
-            segments: Vec::new(),
             graphs: super::graph::Recorded::default(),
         }
     }
@@ -155,12 +193,15 @@ impl Engine {
             if took {
                 continue;
             }
-            if let Some(f) = self.flights.front() {
-                // The device is busy: wait for its next flight or for the
-                // next submission, whichever comes first.
-                if f.seq != 0 {
-                    self.wait_device(sh, f.seq, seen);
-                }
+            if let Some(at) = self
+                .flights
+                .front()
+                .and_then(|f| f.ops.front())
+                .map(|t| t.at)
+            {
+                // The device is busy: wait for the oldest op's batch or for
+                // the next submission, whichever comes first.
+                self.wait_device(sh, at, seen);
                 continue;
             }
             if sh.shutdown.load(Ordering::Acquire) && self.streams.iter().all(|s| s.ring.is_empty())
@@ -182,14 +223,14 @@ impl Engine {
         }
     }
 
-    /// Waits until the device completes flight `seq` or a submission comes
+    /// Waits until lane `lane` completes batch `batch` or a submission comes
     /// after `seen` (it signals the doorbell, see `Shared::ring`).
-    fn wait_device(&mut self, sh: &Shared, seq: u64, seen: u64) {
+    fn wait_device(&mut self, sh: &Shared, (lane, batch): (usize, u64), seen: u64) {
         let target = self.doorbell + 1;
         sh.doorbell_at.store(target, Ordering::SeqCst);
         sh.device_wait.store(true, Ordering::SeqCst);
         if sh.pending.load(Ordering::SeqCst) == seen {
-            let waits = [(&sh.flights, seq), (&sh.doorbell, target)];
+            let waits = [(&sh.lanes[lane], batch), (&sh.doorbell, target)];
             if let Err(e) = hetero_vulkan::Timeline::wait_any(&waits, Duration::from_millis(50)) {
                 sh.lose(format!("waiting for the device: {e}"));
             }
@@ -216,40 +257,49 @@ impl Engine {
         Some(q)
     }
 
-    /// Completes the flights the device has run, in order.
+    /// Completes the ops the device has run, in order.
     fn retire(&mut self, sh: &Shared) {
-        let done = match sh.flights.value() {
-            Ok(v) => v,
-            Err(e) => {
-                sh.lose(format!("reading the device's progress: {e}"));
-                u64::MAX
+        let lanes = if sh.two_lanes { 2 } else { 1 };
+        for (l, done) in self.done.iter_mut().enumerate().take(lanes) {
+            match sh.lanes[l].value() {
+                Ok(v) => *done = v,
+                Err(e) => sh.lose(format!("reading the device's progress: {e}")),
             }
-        };
-        while self
-            .flights
-            .front()
-            .is_some_and(|f| f.seq <= done || sh.lost().is_some())
-        {
-            let Some(f) = self.flights.pop_front() else {
-                break;
-            };
-            let lost = (f.seq != 0 && f.seq > done).then(|| sh.lost()).flatten();
-            // The flight's timestamps, read at once (one driver call per
-            // run of queries: a read can cost tens of µs on a CPU driver).
-            let held: u64 = f.ops.iter().map(|t| u64::from(t.times.held)).sum();
+        }
+        let lost = sh.lost();
+        while let Some(f) = self.flights.front_mut() {
+            // The ready prefix of the oldest flush.
+            let ready = f
+                .ops
+                .iter()
+                .take_while(|t| lost.is_some() || t.at.1 <= self.done[t.at.0])
+                .count();
+            // Its timestamps, read at once (one driver call per run of
+            // queries: a read can cost tens of µs on a CPU driver).
+            let held: u64 = f
+                .ops
+                .iter()
+                .take(ready)
+                .map(|t| u64::from(t.times.held))
+                .sum();
             let stamps = Stamps::read(sh, self.queries_freed, held);
             self.queries_freed += held;
-            for t in f.ops {
-                complete(sh, t, lost.clone(), &stamps);
+            for t in f.ops.drain(..ready) {
+                let failed = (t.at.1 > self.done[t.at.0]).then(|| lost.clone()).flatten();
+                complete(sh, t, failed, &stamps);
             }
+            if !f.ops.is_empty() {
+                return;
+            }
+            self.flights.pop_front();
         }
     }
 
-    /// Takes what is ready from every stream into one submission; whether
-    /// anything was taken.
+    /// Takes what is ready from every stream into one flush (a submission
+    /// per lane and batch); whether anything was taken.
     fn flush(&mut self, sh: &Shared) -> bool {
-        let mut rec: Option<Recorder> = None;
-        let mut ops: Vec<Taken> = Vec::new();
+        let mut recs: Recs = [None, None];
+        let mut ops: VecDeque<Taken> = VecDeque::new();
         self.rescan = false;
         // Again while a pass took something: a stream whose wait was met by
         // an op another stream recorded later in the pass goes on in this
@@ -260,7 +310,7 @@ impl Engine {
             let before = ops.len();
             for i in 0..self.streams.len() {
                 let s = self.streams[i].clone();
-                self.take_from(sh, &s, &mut rec, &mut ops);
+                self.take_from(sh, &s, &mut recs, &mut ops);
             }
             if ops.len() == before || self.rescan {
                 break;
@@ -270,95 +320,162 @@ impl Engine {
             // A callback that ran may have made more ready: look again now.
             return self.rescan;
         }
-        let seq = match self.close_segment(&mut rec) {
-            Err(e) => {
-                for t in &mut ops {
+        if let Err((from, m)) = self.submit_batches(sh, &mut recs) {
+            // What was not submitted did not run: its ops fail.
+            for t in &mut ops {
+                if t.at.1 >= from {
+                    t.at.1 = 0;
                     if t.result.is_ok() {
-                        t.result = Err(e.clone());
-                    }
-                }
-                0
-            }
-            Ok(()) if self.segments.is_empty() => 0,
-            Ok(()) => {
-                let seq = self.next_seq;
-                let cmds = std::mem::take(&mut self.segments);
-                let refs: Vec<&CommandBuffer> = cmds.iter().collect();
-                match sh
-                    .gpu
-                    .submit(Lane::Compute, &refs, &[], &[(&sh.flights, seq)])
-                {
-                    Ok(()) => {
-                        self.next_seq += 1;
-                        self.flights.push_back(Flight {
-                            seq,
-                            _cmds: cmds,
-                            ops,
-                        });
-                        return true;
-                    }
-                    Err(e) => {
-                        // Nothing of this flush ran: its ops fail, the device
-                        // is gone for what comes after if it was lost.
-                        if matches!(e, hetero_vulkan::VkError::DeviceLost { .. }) {
-                            sh.lose(e.to_string());
-                        }
-                        let message = format!("submitting to the Vulkan device failed: {e}");
-                        for t in &mut ops {
-                            if t.result.is_ok() {
-                                t.result = Err(message.clone());
-                            }
-                        }
-                        0
+                        t.result = Err(m.clone());
                     }
                 }
             }
-        };
-        self.flights.push_back(Flight {
-            seq,
-            _cmds: Vec::new(),
-            ops,
-        });
+        }
+        self.flights.push_back(Flight { ops });
         true
     }
 
-    /// Finishes the open recorder, if any, as the flush's next segment.
-    pub(super) fn close_segment(&mut self, rec: &mut Option<Recorder>) -> Result<(), String> {
-        if let Some(r) = rec.take() {
-            let cmd = r
-                .finish()
-                .map_err(|e| format!("finishing a command buffer failed: {e}"))?;
-            self.segments.push(cmd);
+    /// Closes the open batch and submits every closed one, in order: per
+    /// lane with work in it, one `vkQueueSubmit2` that waits for the other
+    /// lane where the batch must, and signals the lane's timeline with the
+    /// batch's number. A failed submission loses the device (a later batch
+    /// waiting for it would never start): the batch it failed at is the error.
+    pub(super) fn submit_batches(
+        &mut self,
+        sh: &Shared,
+        recs: &mut Recs,
+    ) -> Result<(), (u64, String)> {
+        let first = self.closed.first().map_or(self.batch, |c| c.batch);
+        let closing = self.close_batch(recs);
+        let closed = std::mem::take(&mut self.closed);
+        if let Err(m) = closing {
+            sh.lose(m.clone());
+            return Err((first, m));
+        }
+        for c in closed {
+            for (l, (cmds, wait)) in c.lanes.iter().enumerate() {
+                if cmds.is_empty() {
+                    continue;
+                }
+                let other = 1 - l;
+                let waits: Vec<(&hetero_vulkan::Timeline, u64)> = if *wait > self.done[other] {
+                    vec![(&sh.lanes[other], *wait)]
+                } else {
+                    Vec::new()
+                };
+                let refs: Vec<&CommandBuffer> = cmds.iter().collect();
+                if let Err(e) = sh
+                    .gpu
+                    .submit(LANES[l], &refs, &waits, &[(&sh.lanes[l], c.batch)])
+                {
+                    // Nothing of this batch on ran, and a later batch
+                    // waiting for it would never start: the device is
+                    // gone for what comes after.
+                    let m = format!("submitting to the Vulkan device failed: {e}");
+                    sh.lose(m.clone());
+                    return Err((c.batch, m));
+                }
+            }
         }
         Ok(())
     }
 
-    /// Appends an already recorded command buffer to the flush, after what
-    /// was recorded so far.
+    /// Closes the open batch: its recorders finish into its lanes' command
+    /// buffers; the next batch opens.
+    pub(super) fn close_batch(&mut self, recs: &mut Recs) -> Result<(), String> {
+        let mut closed = Closed {
+            batch: self.batch,
+            lanes: [(Vec::new(), 0), (Vec::new(), 0)],
+        };
+        let mut result = Ok(());
+        for (l, rec) in recs.iter_mut().enumerate() {
+            if let Err(m) = self.close_segment(l, rec) {
+                result = Err(m);
+            }
+            closed.lanes[l] = (std::mem::take(&mut self.segments[l]), self.waits[l]);
+            self.waits[l] = 0;
+        }
+        if closed.lanes.iter().any(|(c, _)| !c.is_empty()) {
+            for (l, (cmds, _)) in closed.lanes.iter().enumerate() {
+                if !cmds.is_empty() {
+                    self.signalled[l] = self.batch;
+                }
+            }
+            self.closed.push(closed);
+            self.batch += 1;
+        }
+        result
+    }
+
+    /// Finishes lane `l`'s open recorder, if any, as the batch's next segment.
+    pub(super) fn close_segment(
+        &mut self,
+        l: usize,
+        rec: &mut Option<Recorder>,
+    ) -> Result<(), String> {
+        if let Some(r) = rec.take() {
+            let cmd = r
+                .finish()
+                .map_err(|e| format!("finishing a command buffer failed: {e}"))?;
+            self.segments[l].push(cmd);
+        }
+        Ok(())
+    }
+
+    /// Appends an already recorded command buffer to the compute lane's
+    /// part of the open batch, after what was recorded there so far.
     pub(super) fn append_segment(
         &mut self,
         rec: &mut Option<Recorder>,
         cmd: CommandBuffer,
     ) -> Result<(), String> {
-        self.close_segment(rec)?;
-        self.segments.push(cmd);
+        self.close_segment(0, rec)?;
+        self.segments[0].push(cmd);
         Ok(())
     }
 
-    /// Takes the ops of `s` that are ready, recording device work into `rec`.
+    /// Nothing is recorded or in flight: the device is idle.
+    fn device_idle(&self, recs: &Recs) -> bool {
+        self.flights.is_empty()
+            && recs.iter().all(|r| r.is_none())
+            && self.segments.iter().all(|s| s.is_empty())
+            && self.closed.is_empty()
+    }
+
+    /// Prepares the open batch for device work of stream `s` on lane `l`:
+    /// past the other lane's batch the stream must follow when that is the
+    /// open one, and waiting for it. The batch the work goes in.
+    fn enter(&mut self, s: &VulkanStream, l: usize, recs: &mut Recs) -> Result<u64, String> {
+        let other = 1 - l;
+        let need = s.deps[other].load(Ordering::Relaxed);
+        let open_there = recs[other].is_some() || !self.segments[other].is_empty();
+        if need >= self.batch && open_there {
+            self.close_batch(recs)?;
+        }
+        let need = need.min(self.signalled[other]);
+        if need > self.done[other] {
+            self.waits[l] = self.waits[l].max(need);
+        }
+        s.deps[l].store(self.batch, Ordering::Relaxed);
+        s.lane.store(l as u8, Ordering::Relaxed);
+        Ok(self.batch)
+    }
+
+    /// Takes the ops of `s` that are ready, recording device work into
+    /// the lanes' recorders.
     fn take_from(
         &mut self,
         sh: &Shared,
         s: &Arc<VulkanStream>,
-        rec: &mut Option<Recorder>,
-        ops: &mut Vec<Taken>,
+        recs: &mut Recs,
+        ops: &mut VecDeque<Taken>,
     ) {
         for _ in 0..TAKE_PER_STREAM {
             if self.rescan {
                 return;
             }
             let in_flight = s.in_flight.load(Ordering::Relaxed);
-            let device_idle = self.flights.is_empty() && rec.is_none() && self.segments.is_empty();
+            let device_idle = self.device_idle(recs);
             let started = self.started.contains(&s.id);
             let mut polling = false;
             let mut starts = false;
@@ -441,6 +558,7 @@ impl Engine {
                 result: Ok(()),
                 after: After::Nothing,
                 times: Times::default(),
+                at: (0, 0),
             };
             if let Some(lost) = sh.lost() {
                 taken.result = Err(lost);
@@ -482,30 +600,50 @@ impl Engine {
                                 "waited on an event of stream {}, which failed",
                                 timeline.stream
                             ));
+                        } else {
+                            self.follow(s, timeline.stream);
                         }
                     }
                     Body::Record { .. } => {
                         taken.after = After::Stamp;
                         // The device's time when the work before it is done,
-                        // where the device has timestamps.
+                        // where the device has timestamps: on the lane of
+                        // the stream's last device work.
                         if sh.queries.is_some() {
-                            if let Ok(r) = rec_or_new(sh, rec) {
-                                taken.times.stamp = self.stamp(sh, r, &mut taken.times.held);
+                            let l = usize::from(s.lane.load(Ordering::Relaxed));
+                            if let Ok(b) = self.enter(s, l, recs) {
+                                if let Ok(r) = rec_or_new(sh, &mut recs[l], l) {
+                                    taken.times.stamp = self.stamp(sh, r, &mut taken.times.held);
+                                    taken.at = (l, b);
+                                }
                             }
                         }
                     }
                     Body::Graph(l) => {
-                        // While profiling, the launch's span around its nodes'.
+                        // On the compute lane. While profiling, the launch's
+                        // span around its nodes'.
+                        let batch = match self.enter(s, 0, recs) {
+                            Ok(b) => b,
+                            Err(m) => {
+                                taken.result = Err(m);
+                                0
+                            }
+                        };
+                        taken.at = (0, batch);
+                        let rec = &mut recs[0];
                         let profiling = crate::exec::clock::profiling();
                         let mut held = 0;
                         let start = profiling
-                            .then(|| rec_or_new(sh, rec).ok())
+                            .then(|| rec_or_new(sh, rec, 0).ok())
                             .flatten()
                             .and_then(|r| self.stamp(sh, r, &mut held));
                         taken.times.held += held;
-                        let (result, staging) =
-                            super::graph::launch(self, sh, rec, l, &mut taken.times);
-                        if let (Some(a), Ok(r)) = (start, rec_or_new(sh, rec)) {
+                        let (result, staging) = if batch == 0 {
+                            (taken.result.clone(), super::graph::Staging::Own(Vec::new()))
+                        } else {
+                            super::graph::launch(self, sh, rec, l, &mut taken.times)
+                        };
+                        if let (Some(a), Ok(r)) = (start, rec_or_new(sh, rec, 0)) {
                             let mut held = 0;
                             if let Some(b) = self.stamp(sh, r, &mut held) {
                                 taken.times.span = Some((a, b));
@@ -513,6 +651,13 @@ impl Engine {
                             taken.times.held += held;
                         }
                         taken.result = result;
+                        // It completes with the batch its last nodes are in
+                        // (a host node submits and waits: the open batch may
+                        // have moved on, or have nothing of it).
+                        if batch != 0 {
+                            let open = recs[0].is_some() || !self.segments[0].is_empty();
+                            taken.at = (0, if open { self.batch } else { self.signalled[0] });
+                        }
                         taken.after = match staging {
                             super::graph::Staging::Own(v) => After::Keep(v),
                             super::graph::Staging::Shared(a) => After::KeepShared(a),
@@ -520,9 +665,14 @@ impl Engine {
                         s.recorded.store(value, Ordering::Relaxed);
                     }
                     _ => {
+                        let l = Self::lane_of(sh, &op.body);
                         let profiling = crate::exec::clock::profiling();
+                        let r = self.enter(s, l, recs).and_then(|b| {
+                            taken.at = (l, b);
+                            rec_or_new(sh, &mut recs[l], l)
+                        });
                         let times = &mut taken.times;
-                        let r = rec_or_new(sh, rec).and_then(|r| {
+                        let r = r.and_then(|r| {
                             let start = profiling.then(|| self.stamp(sh, r, &mut times.held));
                             let after = self.record(sh, r, &op)?;
                             if let Some(Some(start)) = start {
@@ -537,7 +687,13 @@ impl Engine {
                                 taken.after = after;
                                 s.recorded.store(value, Ordering::Relaxed);
                             }
-                            Err(m) => taken.result = Err(m),
+                            Err(m) => {
+                                // Nothing of it will run (its lane's batch
+                                // may get no submission): it completes, failed,
+                                // in its turn.
+                                taken.at = (0, 0);
+                                taken.result = Err(m)
+                            }
                         }
                     }
                 }
@@ -552,7 +708,33 @@ impl Engine {
             }
             taken.op = op;
             s.in_flight.fetch_add(1, Ordering::Relaxed);
-            ops.push(taken);
+            ops.push_back(taken);
+        }
+    }
+
+    /// The lane an op with device work runs on: copies, fills and host reads
+    /// and writes on the transfer lane where there are two, the rest on the
+    /// compute lane.
+    fn lane_of(sh: &Shared, body: &Body) -> usize {
+        let copies = matches!(
+            body,
+            Body::Copy { .. }
+                | Body::Fill { .. }
+                | Body::HostWrite { .. }
+                | Body::HostRead { .. }
+                | Body::CopyBatch(_)
+                | Body::Copy2D(_)
+        );
+        usize::from(copies && sh.two_lanes)
+    }
+
+    /// Stream `s` waited on an event of stream `of` of this device: what
+    /// follows in `s` follows what `of` recorded, on both lanes.
+    fn follow(&self, s: &VulkanStream, of: u64) {
+        if let Some(t) = self.streams.iter().find(|t| t.id == of) {
+            for l in 0..2 {
+                s.deps[l].fetch_max(t.deps[l].load(Ordering::Relaxed), Ordering::Relaxed);
+            }
         }
     }
 
@@ -572,45 +754,33 @@ impl Engine {
 }
 
 impl Engine {
-    /// Submits what `rec` holds and waits until the device ran it (and every
-    /// flight before it): a graph's host node runs after the device nodes
-    /// recorded before it.
+    /// Submits what the flush recorded so far and waits until the device ran
+    /// it (and everything before it): a graph's host node runs after the
+    /// device nodes recorded before it. A launch with host nodes is taken
+    /// only when the device is idle, so all there is is on the compute lane.
     pub(super) fn submit_and_wait(
         &mut self,
         sh: &Shared,
         rec: &mut Option<Recorder>,
     ) -> Result<(), String> {
-        self.close_segment(rec)?;
-        if self.segments.is_empty() {
-            return Ok(());
-        }
-        let seq = self.next_seq;
-        let cmds = std::mem::take(&mut self.segments);
-        let refs: Vec<&CommandBuffer> = cmds.iter().collect();
-        sh.gpu
-            .submit(Lane::Compute, &refs, &[], &[(&sh.flights, seq)])
-            .map_err(|e| {
-                if matches!(e, hetero_vulkan::VkError::DeviceLost { .. }) {
-                    sh.lose(e.to_string());
-                }
-                format!("submitting to the Vulkan device failed: {e}")
-            })?;
-        self.next_seq += 1;
-        self.flights.push_back(Flight {
-            seq,
-            _cmds: cmds,
-            ops: Vec::new(),
-        });
-        loop {
-            match sh.flights.wait(seq, Duration::from_millis(100)) {
-                Ok(()) => return Ok(()),
-                Err(hetero_vulkan::VkError::Timeout { .. }) => {}
-                Err(e) => {
-                    sh.lose(format!("waiting for the device: {e}"));
-                    return Err(format!("waiting for the Vulkan device failed: {e}"));
+        debug_assert!(self.segments[1].is_empty());
+        let mut recs: Recs = [rec.take(), None];
+        self.submit_batches(sh, &mut recs).map_err(|(_, m)| m)?;
+        for l in 0..2 {
+            let target = self.signalled[l];
+            loop {
+                match sh.lanes[l].wait(target, Duration::from_millis(100)) {
+                    Ok(()) => break,
+                    Err(hetero_vulkan::VkError::Timeout { .. }) => {}
+                    Err(e) => {
+                        sh.lose(format!("waiting for the device: {e}"));
+                        return Err(format!("waiting for the Vulkan device failed: {e}"));
+                    }
                 }
             }
+            self.done[l] = self.done[l].max(target);
         }
+        Ok(())
     }
 }
 

@@ -475,7 +475,7 @@ impl<'a> Nodes<'a> {
                 places.push(self.place(l, &a.operand, 0, a.len * a.elem.size)?);
             }
             let scalars = l.params.scalars_of(p);
-            let rec = rec_or_new(self.sh, self.rec)?;
+            let rec = rec_or_new(self.sh, self.rec, 0)?;
             rec.barrier();
             return self
                 .engine
@@ -495,7 +495,7 @@ impl<'a> Nodes<'a> {
                 }
                 let (sc, so, _) = self.place(l, src, *src_off, *bytes)?;
                 let (dc, d, _) = self.place(l, dst, *dst_off, *bytes)?;
-                let rec = rec_or_new(self.sh, self.rec)?;
+                let rec = rec_or_new(self.sh, self.rec, 0)?;
                 rec.barrier();
                 rec.copy(&sc, so, &dc, d, *bytes as u64).map_err(vk)
             }
@@ -514,7 +514,7 @@ impl<'a> Nodes<'a> {
                 // The word rule is about the device offset (`d`), which is
                 // the operand's offset plus a multiple of 4.
                 if let Some(word) = fill_word(pattern, d as usize, *bytes) {
-                    let rec = rec_or_new(self.sh, self.rec)?;
+                    let rec = rec_or_new(self.sh, self.rec, 0)?;
                     rec.barrier();
                     return rec.fill(&dc, d, *bytes as u64, word).map_err(vk);
                 }
@@ -526,7 +526,7 @@ impl<'a> Nodes<'a> {
                 };
                 let (sc, so) = self.sh.place_pinned(&staging, *bytes)?;
                 self.staging.push(staging);
-                let rec = rec_or_new(self.sh, self.rec)?;
+                let rec = rec_or_new(self.sh, self.rec, 0)?;
                 rec.barrier();
                 rec.copy(&sc, so, &dc, d, *bytes as u64).map_err(vk)
             }
@@ -537,7 +537,7 @@ impl<'a> Nodes<'a> {
                 }
                 let (sc, so) = self.base(l, &c.src)?;
                 let (dc, d) = self.base(l, &c.dst)?;
-                let rec = rec_or_new(self.sh, self.rec)?;
+                let rec = rec_or_new(self.sh, self.rec, 0)?;
                 rec.barrier();
                 for row in 0..s.height {
                     rec.copy(
@@ -571,13 +571,13 @@ impl NodeHooks for Nodes<'_> {
         // Timestamps around the node's commands (a host node submits and
         // waits before it runs: its span is on the host's side of that).
         let mut held = 0;
-        let start = rec_or_new(self.sh, self.rec)
+        let start = rec_or_new(self.sh, self.rec, 0)
             .ok()
             .and_then(|r| self.engine.stamp(self.sh, r, &mut held));
         times.held += held;
         let result = self.record(l, v);
         let times = self.times.as_deref_mut().expect("set above");
-        if let (Some(a), Ok(r)) = (start, rec_or_new(self.sh, self.rec)) {
+        if let (Some(a), Ok(r)) = (start, rec_or_new(self.sh, self.rec, 0)) {
             let mut held = 0;
             if let Some(b) = self.engine.stamp(self.sh, r, &mut held) {
                 times.nodes.push((v, a, b));

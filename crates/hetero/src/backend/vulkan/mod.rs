@@ -55,8 +55,11 @@ pub(crate) struct Shared {
     doorbell_at: AtomicU64,
     device_wait: AtomicBool,
     shutdown: AtomicBool,
-    /// Signalled with each flight's number when the device has run it.
-    flights: hetero_vulkan::Timeline,
+    /// Per lane (compute, transfer): signalled with each batch's number when
+    /// the device has run that lane's part of it (engine.rs).
+    lanes: [hetero_vulkan::Timeline; 2],
+    /// Copies go on the transfer lane (its own queue, or `split_lanes`).
+    two_lanes: bool,
     device_mem: Arc<Chunks>,
     pinned_mem: Arc<Chunks>,
     pinned: Arc<hetero_memory::PinnedPool>,
@@ -228,7 +231,12 @@ fn setup(e: hetero_vulkan::VkError) -> Error {
 }
 
 impl VulkanBackend {
-    pub(crate) fn new(device: u64, config: DeviceConfig, index: usize) -> Result<Self> {
+    pub(crate) fn new(
+        device: u64,
+        config: DeviceConfig,
+        index: usize,
+        split_lanes: bool,
+    ) -> Result<Self> {
         config.validate()?;
         let instance = instance()?;
         let gpu = Arc::new(
@@ -296,7 +304,11 @@ impl VulkanBackend {
             hetero_vulkan::Chunk::new(&gpu, 256, hetero_vulkan::MemoryUse::DeviceLocal)
                 .map_err(setup)?,
         );
-        let flights = hetero_vulkan::Timeline::new(&gpu, 0).map_err(setup)?;
+        let lanes = [
+            hetero_vulkan::Timeline::new(&gpu, 0).map_err(setup)?,
+            hetero_vulkan::Timeline::new(&gpu, 0).map_err(setup)?,
+        ];
+        let two_lanes = split_lanes || !gpu.queue_plan().transfer.aliased;
         let doorbell = hetero_vulkan::Timeline::new(&gpu, 0).map_err(setup)?;
         let shared = Arc::new(Shared {
             device,
@@ -310,7 +322,8 @@ impl VulkanBackend {
             doorbell_at: AtomicU64::new(0),
             device_wait: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
-            flights,
+            lanes,
+            two_lanes,
             device_mem,
             pinned_mem,
             pinned,
@@ -328,7 +341,7 @@ impl VulkanBackend {
             backend: "vulkan",
             compute_units: 1,
             copy_engines: [1, 1, 1],
-            hardware_queues: 1,
+            hardware_queues: if plan.transfer.aliased { 1 } else { 2 },
             link_peak_gbps: None,
             runs_device_code: true,
         };
@@ -365,6 +378,8 @@ impl Backend for VulkanBackend {
             in_flight: AtomicU32::new(0),
             recorded: AtomicU64::new(0),
             faulted: AtomicBool::new(false),
+            deps: [AtomicU64::new(0), AtomicU64::new(0)],
+            lane: AtomicU8::new(0),
             shared: Arc::downgrade(sh),
             host_wait: sh.config.host_wait,
         });

@@ -217,12 +217,15 @@ impl Engine {
     }
 }
 
+/// The open recorder of lane `lane` (0: compute, 1: transfer), begun if none is.
 pub(super) fn rec_or_new<'a>(
     sh: &Shared,
     rec: &'a mut Option<Recorder>,
+    lane: usize,
 ) -> Result<&'a mut Recorder, String> {
     if rec.is_none() {
-        *rec = Some(sh.gpu.recorder(Lane::Compute).map_err(|e| e.to_string())?);
+        let lane = [Lane::Compute, Lane::Transfer][lane];
+        *rec = Some(sh.gpu.recorder(lane).map_err(|e| e.to_string())?);
     }
     Ok(rec.as_mut().expect("made above"))
 }

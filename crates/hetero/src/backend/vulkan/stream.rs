@@ -26,6 +26,13 @@ pub(crate) struct VulkanStream {
     pub(crate) recorded: AtomicU64,
     /// An op of the stream failed: the ones after it are skipped.
     pub(crate) faulted: AtomicBool,
+    /// Per lane (compute, transfer): the last batch holding device work this
+    /// stream's later ops must follow (its own recorded ops, and those of the
+    /// events it waited on); 0: none. Engine thread only.
+    pub(crate) deps: [AtomicU64; 2],
+    /// The lane of its last op with device work (a record's timestamp goes
+    /// there). Engine thread only.
+    pub(crate) lane: AtomicU8,
     pub(crate) shared: Weak<Shared>,
     pub(crate) host_wait: CompletionMode,
 }
