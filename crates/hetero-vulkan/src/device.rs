@@ -36,6 +36,33 @@ pub struct OpenOptions {
     /// first) and from every call that can report it after that, as a driver
     /// does after a crash or a reset. Work submitted before still runs.
     pub lose_at_submission: Option<u64>,
+    /// The priority of this device's queues among every program's queues on
+    /// the device (VK_KHR_global_priority / VK_EXT_global_priority), where
+    /// the driver has it; see [`Gpu::queue_priority`] for what was granted.
+    pub queue_priority: Option<QueuePriority>,
+}
+
+/// A queue's priority among all queues of the device, every process's
+/// (`VkQueueGlobalPriorityKHR`). Above `Medium` a driver may ask for
+/// privileges (`VK_ERROR_NOT_PERMITTED`); the device then opens at the
+/// default priority.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QueuePriority {
+    Low,
+    Medium,
+    High,
+    Realtime,
+}
+
+impl QueuePriority {
+    fn raw(self) -> vk::QueueGlobalPriorityKHR {
+        match self {
+            QueuePriority::Low => vk::QueueGlobalPriorityKHR::LOW,
+            QueuePriority::Medium => vk::QueueGlobalPriorityKHR::MEDIUM,
+            QueuePriority::High => vk::QueueGlobalPriorityKHR::HIGH,
+            QueuePriority::Realtime => vk::QueueGlobalPriorityKHR::REALTIME,
+        }
+    }
 }
 
 /// Which entry points synchronization2 comes from.
@@ -68,6 +95,9 @@ pub(crate) struct DeviceShared {
     pub(crate) lost: AtomicBool,
     /// The submission the injected loss fires at (`u64::MAX`: none).
     pub(crate) lose_at: u64,
+    /// The global priority the queues were created with, where one was asked
+    /// for and granted.
+    pub(crate) priority: Option<QueuePriority>,
 }
 
 impl DeviceShared {
@@ -262,14 +292,6 @@ impl Gpu {
             }
         }
         let priorities = [1.0f32; 2];
-        let queue_infos: Vec<vk::DeviceQueueCreateInfo<'_>> = family_counts
-            .iter()
-            .map(|&(family, n)| {
-                vk::DeviceQueueCreateInfo::default()
-                    .queue_family_index(family)
-                    .queue_priorities(&priorities[..n as usize])
-            })
-            .collect();
 
         let core13 = effective.at_least(1, 3);
         let f = info.features;
@@ -287,20 +309,64 @@ impl Gpu {
         enable(f.external_memory_host, ash::khr::external_memory::NAME);
         enable(!core13, ash::khr::synchronization2::NAME);
 
-        let mut f12 = vk::PhysicalDeviceVulkan12Features::default()
-            .timeline_semaphore(true)
-            .buffer_device_address(f.buffer_device_address)
-            .host_query_reset(f.host_query_reset);
-        let mut s2 = vk::PhysicalDeviceSynchronization2Features::default().synchronization2(true);
-        let create = vk::DeviceCreateInfo::default()
-            .queue_create_infos(&queue_infos)
-            .enabled_extension_names(&extensions)
-            .push_next(&mut f12)
-            .push_next(&mut s2);
-        // SAFETY: `pd` belongs to the live instance; every extension and feature
-        // enabled was reported by the device; the create-info chain lives across the call.
-        let device = unsafe { ishared.instance.create_device(pd, &create, None) }
-            .map_err(call("vkCreateDevice"))?;
+        // The device, its queues at `priority` (global priority) when given.
+        let create_device = |priority: Option<QueuePriority>| {
+            let mut global: Vec<vk::DeviceQueueGlobalPriorityCreateInfoKHR<'_>> = family_counts
+                .iter()
+                .map(|_| {
+                    vk::DeviceQueueGlobalPriorityCreateInfoKHR::default().global_priority(
+                        priority.map_or(vk::QueueGlobalPriorityKHR::MEDIUM, QueuePriority::raw),
+                    )
+                })
+                .collect();
+            let queue_infos: Vec<vk::DeviceQueueCreateInfo<'_>> = family_counts
+                .iter()
+                .zip(global.iter_mut())
+                .map(|(&(family, n), g)| {
+                    let q = vk::DeviceQueueCreateInfo::default()
+                        .queue_family_index(family)
+                        .queue_priorities(&priorities[..n as usize]);
+                    if priority.is_some() {
+                        q.push_next(g)
+                    } else {
+                        q
+                    }
+                })
+                .collect();
+            let mut extensions = extensions.clone();
+            if priority.is_some() {
+                extensions.push(if f.global_priority_khr {
+                    ash::khr::global_priority::NAME.as_ptr()
+                } else {
+                    ash::ext::global_priority::NAME.as_ptr()
+                });
+            }
+            let mut f12 = vk::PhysicalDeviceVulkan12Features::default()
+                .timeline_semaphore(true)
+                .buffer_device_address(f.buffer_device_address)
+                .host_query_reset(f.host_query_reset);
+            let mut s2 =
+                vk::PhysicalDeviceSynchronization2Features::default().synchronization2(true);
+            let create = vk::DeviceCreateInfo::default()
+                .queue_create_infos(&queue_infos)
+                .enabled_extension_names(&extensions)
+                .push_next(&mut f12)
+                .push_next(&mut s2);
+            // SAFETY: `pd` belongs to the live instance; every extension and
+            // feature enabled was reported by the device (global priority
+            // only where it has the extension); the create-info chain lives
+            // across the call.
+            unsafe { ishared.instance.create_device(pd, &create, None) }
+        };
+        let wanted = options.queue_priority.filter(|_| f.global_priority);
+        let (device, priority) = match wanted.map(|p| (p, create_device(Some(p)))) {
+            Some((p, Ok(d))) => (d, Some(p)),
+            // A priority the process may not take: the default one.
+            Some((_, Err(vk::Result::ERROR_NOT_PERMITTED_KHR))) | None => {
+                (create_device(None).map_err(call("vkCreateDevice"))?, None)
+            }
+            Some((_, Err(e))) => return Err(call("vkCreateDevice")(e)),
+        };
 
         // From here on, a failure must destroy what was made: build the shared
         // struct early so its Drop does it.
@@ -379,6 +445,7 @@ impl Gpu {
             submissions: AtomicU64::new(0),
             lost: AtomicBool::new(false),
             lose_at: options.lose_at_submission.unwrap_or(u64::MAX),
+            priority,
         };
         Ok(Gpu {
             shared: Arc::new(shared),
@@ -401,6 +468,13 @@ impl Gpu {
     }
 
     /// Submissions made so far on all lanes.
+    /// The global priority its queues were created with: the one asked for
+    /// in [`OpenOptions::queue_priority`] where the driver has global
+    /// priorities and granted it, else `None` (the default priority).
+    pub fn queue_priority(&self) -> Option<QueuePriority> {
+        self.shared.priority
+    }
+
     /// Whether the device was lost (see [`VkError::DeviceLost`]): nothing
     /// submitted to it runs any more.
     pub fn is_lost(&self) -> bool {

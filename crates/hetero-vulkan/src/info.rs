@@ -126,6 +126,8 @@ pub struct Features {
     pub external_memory_host: bool,
     /// VK_KHR_global_priority or VK_EXT_global_priority.
     pub global_priority: bool,
+    /// The KHR one of the two (the same structures; the EXT one otherwise).
+    pub global_priority_khr: bool,
     pub sparse_binding: bool,
     /// Vulkan 1.2's hostQueryReset.
     pub host_query_reset: bool,

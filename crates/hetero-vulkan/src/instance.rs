@@ -309,7 +309,9 @@ impl Instance {
                 push_descriptor: has(ash::khr::push_descriptor::NAME),
                 calibrated_timestamps,
                 external_memory_host,
-                global_priority: has(c"VK_KHR_global_priority") || has(c"VK_EXT_global_priority"),
+                global_priority: has(ash::khr::global_priority::NAME)
+                    || has(ash::ext::global_priority::NAME),
+                global_priority_khr: has(ash::khr::global_priority::NAME),
                 sparse_binding,
                 host_query_reset: v12 && f12.host_query_reset == vk::TRUE,
             },

@@ -40,7 +40,7 @@ mod timeline;
 pub use ash::vk;
 pub use cache::{cache_dir, CacheLocation, CacheStatus};
 pub use command::{CommandBuffer, Recorder};
-pub use device::{Gpu, OpenOptions};
+pub use device::{Gpu, OpenOptions, QueuePriority};
 pub use error::{Result, VkError};
 pub use info::{
     ApiVersion, DeviceInfo, DeviceType, Features, Limits, MemoryHeapInfo, MemoryTypeInfo,

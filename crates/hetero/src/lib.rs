@@ -44,7 +44,9 @@ pub use config::emu::{
     EmuConfig, TimeMode, DEFAULT_INLINE_COPY_MAX, DEFAULT_IOTLB_ENTRIES, DEFAULT_IOTLB_MISS_NS,
 };
 pub use config::link::LinkPreset;
-pub use config::{BackendKind, Coalescing, CompletionMode, DeviceConfig, GRAPH_MEMORY_SLACK};
+pub use config::{
+    BackendKind, Coalescing, CompletionMode, DeviceConfig, QueuePriority, GRAPH_MEMORY_SLACK,
+};
 pub use error::{Error, RegionProblem, Result};
 pub use exec::async_op::{AsyncContext, AsyncOp};
 pub use exec::clock;

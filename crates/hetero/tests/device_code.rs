@@ -241,3 +241,29 @@ fn a_lost_device_fails_its_pending_work_and_refuses_new_work() {
     s.fill(&z, 5).unwrap();
     assert_eq!(s.read_to_vec(&z).unwrap(), vec![5; 64]);
 }
+
+/// A queue priority among the device's programs is asked for; a driver
+/// without global priorities (lavapipe), or one that refuses it, opens the
+/// device at the default, and says which it granted; the device works.
+#[test]
+fn a_queue_priority_is_granted_or_left_at_the_default() {
+    for p in [hetero::QueuePriority::Low, hetero::QueuePriority::Realtime] {
+        let dev = common::device_with(|c| c.queue_priority(p));
+        let granted = dev.properties().queue_priority;
+        assert!(granted.is_none() || granted == Some(p), "{granted:?}");
+        if let Some(Ok(info)) = (common::backend() == common::Backend::Vulkan)
+            .then(hetero::vulkan::devices)
+            .map(|r| r.map(|d| d[0].clone()))
+        {
+            if !info.features.global_priority {
+                assert_eq!(granted, None, "{} has no global priorities", info.name);
+            }
+        } else {
+            assert_eq!(granted, None, "only a Vulkan device has queue priorities");
+        }
+        let s = dev.create_stream().unwrap();
+        let y = s.alloc::<u32>(256).unwrap();
+        s.fill(&y, 9).unwrap();
+        assert_eq!(s.read_to_vec(&y).unwrap(), vec![9; 256]);
+    }
+}

@@ -90,6 +90,10 @@ pub struct DeviceProperties {
     pub link_peak_gbps: Option<f64>,
     /// Kernels run as device code (WGSL or SPIR-V), not host closures.
     pub runs_device_code: bool,
+    /// The priority the device's queues have among every program's on the
+    /// device, where one was asked for and the driver granted it (Vulkan's
+    /// global priority; `None`: the default).
+    pub queue_priority: Option<crate::config::QueuePriority>,
 }
 
 pub(crate) trait Backend: Send + Sync {

@@ -146,6 +146,19 @@ pub struct DeviceConfig {
     pub(crate) graph_memory_slack: f64,
     pub(crate) placement_wait: std::time::Duration,
     pub(crate) lose_device_at: Option<u64>,
+    pub(crate) queue_priority: Option<QueuePriority>,
+}
+
+/// A device queue's priority among every program's queues on the device
+/// (Vulkan's global priority). Inside one device, streams are ordered by
+/// their own priorities (`Device::create_stream_with_priority`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QueuePriority {
+    Low,
+    Medium,
+    High,
+    /// Usually needs privileges (the device then opens at the default).
+    Realtime,
 }
 
 impl Default for DeviceConfig {
@@ -169,6 +182,7 @@ impl Default for DeviceConfig {
             graph_memory_slack: GRAPH_MEMORY_SLACK,
             placement_wait: Self::PLACEMENT_WAIT,
             lose_device_at: None,
+            queue_priority: None,
         }
     }
 }
@@ -207,6 +221,16 @@ impl DeviceConfig {
     /// or a stream fault that says so; new work is refused.
     pub fn lose_device_at_submission(mut self, n: u64) -> Self {
         self.lose_device_at = Some(n.max(1));
+        self
+    }
+
+    /// Asks for this priority for the device's queues among every program's
+    /// (Vulkan devices whose driver has VK_KHR/EXT_global_priority; a
+    /// priority the process may not take, or a driver without it, leaves
+    /// the default: `DeviceProperties::queue_priority` says what was
+    /// granted). Other backends ignore it.
+    pub fn queue_priority(mut self, priority: QueuePriority) -> Self {
+        self.queue_priority = Some(priority);
         self
     }
 

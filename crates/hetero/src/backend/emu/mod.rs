@@ -232,6 +232,7 @@ impl EmuBackend {
             hardware_queues: config.hardware_queues,
             link_peak_gbps: Some(emu.link.peak_gbps()),
             runs_device_code: false,
+            queue_priority: None,
         };
         let driver = match emu.time {
             TimeMode::Virtual => None,

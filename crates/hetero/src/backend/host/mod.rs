@@ -150,6 +150,7 @@ impl HostBackend {
             hardware_queues: config.hardware_queues,
             link_peak_gbps: None,
             runs_device_code: false,
+            queue_priority: None,
         };
         let mut engines = Vec::with_capacity(config.compute_units);
         for index in 0..config.compute_units {

@@ -344,6 +344,9 @@ impl VulkanBackend {
             hardware_queues: if plan.transfer.aliased { 1 } else { 2 },
             link_peak_gbps: None,
             runs_device_code: true,
+            queue_priority: config
+                .queue_priority
+                .filter(|_| gpu.queue_priority().is_some()),
         };
         tracing::debug!("vulkan device {index}: {plan}");
         let sh = shared.clone();

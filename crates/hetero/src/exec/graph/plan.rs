@@ -181,6 +181,7 @@ impl Params {
 
     /// Whether node `v` runs the same in `self` and `other` (parameters of
     /// one plan): the same kernel, blocks, arguments and scalars.
+    #[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
     pub(crate) fn same_node(&self, other: &Params, v: usize) -> bool {
         let (a, b) = (&self.nodes[v], &other.nodes[v]);
         let kernel = match (&a.kernel, &b.kernel) {
