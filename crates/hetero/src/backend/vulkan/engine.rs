@@ -57,6 +57,10 @@ use std::time::Duration;
 /// does not hold back the others' first submission).
 const TAKE_PER_STREAM: usize = 256;
 
+/// How long an engine whose completion mode is `Spin` or `Yield` polls the
+/// device before it looks at its streams again.
+const SPIN_ROUND: Duration = Duration::from_millis(20);
+
 /// Passes over the streams in one flush at most.
 const PASSES: usize = 8;
 
@@ -225,7 +229,25 @@ impl Engine {
 
     /// Waits until lane `lane` completes batch `batch` or a submission comes
     /// after `seen` (it signals the doorbell, see `Shared::ring`).
+    ///
+    /// It polls the lane's counter first, as the engine's completion mode
+    /// says (`DeviceConfig::engine_idle`: for the spin budget under `Auto`),
+    /// then blocks in `vkWaitSemaphores`.
     fn wait_device(&mut self, sh: &Shared, (lane, batch): (usize, u64), seen: u64) {
+        let spin = match sh.config.engine_idle {
+            crate::CompletionMode::Block => None,
+            crate::CompletionMode::Auto { spin } => Some(spin),
+            crate::CompletionMode::Spin | crate::CompletionMode::Yield => Some(SPIN_ROUND),
+        };
+        if let Some(budget) = spin.filter(|b| !b.is_zero()) {
+            let mut ready = || {
+                sh.lanes[lane].value().map_or(true, |v| v >= batch)
+                    || sh.pending.load(Ordering::Acquire) != seen
+            };
+            if crate::exec::park::spin_for(budget, &mut ready) {
+                return;
+            }
+        }
         let target = self.doorbell + 1;
         sh.doorbell_at.store(target, Ordering::SeqCst);
         sh.device_wait.store(true, Ordering::SeqCst);
