@@ -308,6 +308,13 @@ impl Recorder {
                     "binding {i} at offset {offset}: must be a multiple of {align} (minStorageBufferOffsetAlignment)"
                 )));
             }
+            let least = p.min_bytes.get(i).copied().unwrap_or(0);
+            if *range < least {
+                return Err(VkError::InvalidArgument(format!(
+                    "binding {i} of {range} bytes: the shader's type for it spans at least \
+                     {least} bytes; pass a buffer of at least that size"
+                )));
+            }
             if *range == 0 || *range > u64::from(limits.max_storage_buffer_range) {
                 return Err(VkError::InvalidArgument(format!(
                     "binding {i} of {range} bytes: a storage buffer binding takes 1..={} bytes \

@@ -135,6 +135,143 @@ pub fn spirv_bindings(words: &[u32]) -> Vec<u32> {
     out
 }
 
+/// The least size in bytes of each storage-buffer binding of descriptor set 0
+/// that the module declares, from its type: `(binding, bytes)`, sorted. A
+/// runtime-sized array counts none of its elements (any length fits), a
+/// fixed array its last element at its stride; a type it cannot size counts
+/// 0. A lower bound: a binding smaller than it is out of bounds for the
+/// shader. Call it on words [`check_spirv`] accepted.
+pub fn spirv_binding_sizes(words: &[u32]) -> Vec<(u32, u64)> {
+    use std::collections::HashMap;
+    const OP_TYPE_INT: u32 = 21;
+    const OP_TYPE_FLOAT: u32 = 22;
+    const OP_TYPE_VECTOR: u32 = 23;
+    const OP_TYPE_MATRIX: u32 = 24;
+    const OP_TYPE_ARRAY: u32 = 28;
+    const OP_TYPE_RUNTIME_ARRAY: u32 = 29;
+    const OP_TYPE_STRUCT: u32 = 30;
+    const OP_TYPE_POINTER: u32 = 32;
+    const OP_CONSTANT: u32 = 43;
+    const OP_VARIABLE: u32 = 59;
+    const OP_DECORATE: u32 = 71;
+    const OP_MEMBER_DECORATE: u32 = 72;
+    const ARRAY_STRIDE: u32 = 6;
+    const BINDING: u32 = 33;
+    const DESCRIPTOR_SET: u32 = 34;
+    const OFFSET: u32 = 35;
+    enum Ty {
+        Scalar(u64),
+        Vector(u32, u64),
+        Matrix(u32, u64),
+        Array(u32, u32),
+        Runtime,
+        Struct(Vec<u32>),
+    }
+    let mut types: HashMap<u32, Ty> = HashMap::new();
+    let mut consts: HashMap<u32, u64> = HashMap::new();
+    let mut strides: HashMap<u32, u64> = HashMap::new();
+    let mut offsets: HashMap<(u32, u32), u64> = HashMap::new();
+    let mut pointers: HashMap<u32, u32> = HashMap::new();
+    let mut vars: HashMap<u32, u32> = HashMap::new();
+    let (mut binding, mut set) = (Vec::new(), Vec::new());
+    let mut at = 5;
+    while at < words.len() {
+        let count = (words[at] >> 16) as usize;
+        let Some(i) = words.get(at..at + count).filter(|_| count > 0) else {
+            break;
+        };
+        match (words[at] & 0xffff, count) {
+            (OP_TYPE_INT | OP_TYPE_FLOAT, 3..) => {
+                types.insert(i[1], Ty::Scalar(u64::from(i[2]) / 8));
+            }
+            (OP_TYPE_VECTOR, 4..) => {
+                types.insert(i[1], Ty::Vector(i[2], u64::from(i[3])));
+            }
+            (OP_TYPE_MATRIX, 4..) => {
+                types.insert(i[1], Ty::Matrix(i[2], u64::from(i[3])));
+            }
+            (OP_TYPE_ARRAY, 4..) => {
+                types.insert(i[1], Ty::Array(i[2], i[3]));
+            }
+            (OP_TYPE_RUNTIME_ARRAY, 3..) => {
+                types.insert(i[1], Ty::Runtime);
+            }
+            (OP_TYPE_STRUCT, 2..) => {
+                types.insert(i[1], Ty::Struct(i[2..].to_vec()));
+            }
+            (OP_TYPE_POINTER, 4..) => {
+                pointers.insert(i[1], i[3]);
+            }
+            (OP_CONSTANT, 4..) => {
+                consts.insert(i[2], u64::from(i[3]));
+            }
+            (OP_VARIABLE, 4..) => {
+                vars.insert(i[2], i[1]);
+            }
+            (OP_DECORATE, 4..) => match i[2] {
+                BINDING => binding.push((i[1], i[3])),
+                DESCRIPTOR_SET => set.push((i[1], i[3])),
+                ARRAY_STRIDE => {
+                    strides.insert(i[1], u64::from(i[3]));
+                }
+                _ => {}
+            },
+            (OP_MEMBER_DECORATE, 5..) if i[3] == OFFSET => {
+                offsets.insert((i[1], i[2]), u64::from(i[4]));
+            }
+            _ => {}
+        }
+        at += count;
+    }
+    // The least bytes a value of type `t` spans (0 when unknown); `depth`
+    // bounds a malformed module's cycles.
+    fn size(
+        t: u32,
+        depth: u32,
+        types: &HashMap<u32, Ty>,
+        consts: &HashMap<u32, u64>,
+        strides: &HashMap<u32, u64>,
+        offsets: &HashMap<(u32, u32), u64>,
+    ) -> u64 {
+        if depth > 16 {
+            return 0;
+        }
+        let of = |t: u32| size(t, depth + 1, types, consts, strides, offsets);
+        match types.get(&t) {
+            Some(Ty::Scalar(b)) => *b,
+            Some(Ty::Vector(c, n)) => of(*c).saturating_mul(*n),
+            Some(Ty::Matrix(c, n)) => of(*c).saturating_mul(*n),
+            Some(Ty::Array(e, len)) => match (consts.get(len), strides.get(&t)) {
+                (Some(0), _) | (None, _) => 0,
+                (Some(n), Some(stride)) => (n - 1).saturating_mul(*stride).saturating_add(of(*e)),
+                (Some(n), None) => of(*e).saturating_mul(*n),
+            },
+            Some(Ty::Runtime) | None => 0,
+            Some(Ty::Struct(members)) => members
+                .iter()
+                .enumerate()
+                .map(|(m, &mt)| {
+                    let off = offsets.get(&(t, m as u32)).copied().unwrap_or(0);
+                    off.saturating_add(of(mt))
+                })
+                .max()
+                .unwrap_or(0),
+        }
+    }
+    let mut out: Vec<(u32, u64)> = binding
+        .iter()
+        .filter(|(id, _)| set.iter().any(|(v, s)| v == id && *s == 0))
+        .map(|&(id, b)| {
+            let ty = vars.get(&id).and_then(|p| pointers.get(p)).copied();
+            let bytes = ty.map_or(0, |t| size(t, 0, &types, &consts, &strides, &offsets));
+            (b, bytes)
+        })
+        .collect();
+    out.sort_unstable();
+    out.dedup_by_key(|(b, _)| *b);
+    out
+}
+
 /// Checks that `words` is a structurally sound SPIR-V module with a GLCompute entry
 /// point named `entry` (see the module docs for what is and is not checked).
 pub fn check_spirv(words: &[u32], entry: &str) -> Result<()> {
@@ -219,6 +356,27 @@ mod tests {
         fn main(@builtin(global_invocation_id) id: vec3<u32>) {
             if id.x < arrayLength(&y) { y[id.x] = a * x[id.x] + y[id.x]; }
         }";
+
+    #[test]
+    fn binding_sizes_come_from_the_shader_types() {
+        let src = "
+            struct Params { scale: f32, offset: vec4<f32>, table: array<u32, 8> }
+            struct Tail { n: u32, data: array<f32> }
+            @group(0) @binding(0) var<storage, read> p: Params;
+            @group(0) @binding(1) var<storage, read_write> t: Tail;
+            @group(0) @binding(2) var<storage, read_write> y: array<u32>;
+            @group(0) @binding(3) var<storage, read> m: array<mat2x2<f32>, 3>;
+            @compute @workgroup_size(1) fn main() {
+                y[0] = p.table[7] + u32(p.scale + p.offset.x) + t.n + u32(t.data[0] + m[2][1].y);
+            }";
+        let words = compile_wgsl(src, "main").unwrap();
+        // Params: scale at 0, offset at 16 (16 bytes), table at 32 (8 × 4).
+        // Tail: n at 0, data from 4 (any length). m: 3 × 16 bytes.
+        assert_eq!(
+            spirv_binding_sizes(&words),
+            vec![(0, 64), (1, 4), (2, 0), (3, 48)]
+        );
+    }
 
     #[test]
     fn compiled_wgsl_passes_the_structural_check() {

@@ -47,7 +47,7 @@ pub use info::{
     QueueFamilyInfo,
 };
 pub use instance::Instance;
-pub use kernel::{check_spirv, compile_wgsl, spirv_bindings};
+pub use kernel::{check_spirv, compile_wgsl, spirv_binding_sizes, spirv_bindings};
 pub use memory::{choose_memory_type, Chunk, MemoryUse};
 pub use pipeline::Pipeline;
 pub use query::{host_now_ns, Calibration, CalibrationMethod, QueryPool};

@@ -19,6 +19,8 @@ pub(crate) struct PipelineInner {
     pub(crate) bindings: u32,
     pub(crate) push_constant_bytes: u32,
     pub(crate) push_descriptors: bool,
+    /// Per binding: the least bytes the shader's type spans (0: any).
+    pub(crate) min_bytes: Vec<u64>,
 }
 
 impl Drop for PipelineInner {
@@ -82,6 +84,12 @@ impl Pipeline {
                 "the shader binds storage buffer {past} (set 0) but the pipeline has {bindings} \
                  binding(s): pass a buffer for every binding the shader declares"
             )));
+        }
+        let mut min_bytes = vec![0; bindings as usize];
+        for (b, bytes) in crate::kernel::spirv_binding_sizes(spirv) {
+            if let Some(m) = min_bytes.get_mut(b as usize) {
+                *m = bytes;
+            }
         }
         let shared = Arc::clone(&gpu.shared);
         let s = &*shared;
@@ -180,6 +188,7 @@ impl Pipeline {
                 bindings,
                 push_constant_bytes,
                 push_descriptors,
+                min_bytes,
             }),
         })
     }

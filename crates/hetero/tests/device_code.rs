@@ -150,9 +150,10 @@ fn a_graph_replayed_with_rebinding_acts_on_each_launchs_buffers() {
 }
 
 /// What a device that compiles code refuses, as typed errors in the stream
-/// that launched it (other streams go on): SPIR-V that is not SPIR-V, and a
+/// that launched it (other streams go on): SPIR-V that is not SPIR-V, a
 /// kernel whose code binds more buffers than the launch passes (the driver
-/// would otherwise get a pipeline whose layout lacks a binding the shader uses).
+/// would otherwise get a pipeline whose layout lacks a binding the shader
+/// uses), and a buffer smaller than the shader's type for it.
 #[test]
 fn bad_device_code_fails_its_stream_with_a_typed_reason() {
     let dev = common::device();
@@ -170,6 +171,20 @@ fn bad_device_code_fails_its_stream_with_a_typed_reason() {
     t.launch(&two, Grid::new(1), &[Arg::write(&y)]).unwrap();
     let e = t.synchronize().unwrap_err().to_string();
     assert!(e.contains("binds storage buffer 1"), "{e}");
+    // A buffer smaller than the shader's fixed-size type: refused, not read
+    // out of bounds.
+    let fixed = Kernel::from_wgsl(
+        "fixed",
+        "@group(0) @binding(0) var<storage, read_write> t: array<u32, 64>;\n\
+         @compute @workgroup_size(1) fn main() { t[63] = 1u; }\n",
+        "main",
+    );
+    let w = dev.create_stream().unwrap();
+    let small = w.alloc::<u32>(16).unwrap();
+    w.launch(&fixed, Grid::new(1), &[Arg::write(&small)])
+        .unwrap();
+    let e = w.synchronize().unwrap_err().to_string();
+    assert!(e.contains("at least 256 bytes"), "{e}");
     let u = dev.create_stream().unwrap();
     u.fill(&y, 3).unwrap();
     assert_eq!(u.read_to_vec(&y).unwrap(), vec![3; 64]);
