@@ -375,7 +375,14 @@ impl Engine {
             return Err((first, m));
         }
         for c in closed {
-            for (l, (cmds, wait)) in c.lanes.iter().enumerate() {
+            // The two lanes' parts of a batch are independent (what one
+            // needs of the other is in earlier batches): they go in either
+            // order, alternating, so that on one queue (`lanes=split`) a
+            // dependency wrongly left inside a batch breaks results in
+            // either direction instead of hiding behind queue order.
+            let order = if c.batch % 2 == 0 { [0, 1] } else { [1, 0] };
+            for l in order {
+                let (cmds, wait) = &c.lanes[l];
                 if cmds.is_empty() {
                     continue;
                 }
