@@ -520,7 +520,8 @@ impl Engine {
                             timeline, value, ..
                         } => {
                             timeline.is_reached(*value)
-                                || self.recorded_here(timeline.stream, *value)
+                                || (timeline.device == sh.device
+                                    && self.recorded_here(timeline.stream, *value))
                         }
                         Body::Host(_) => in_flight == 0,
                         Body::Async(a) if in_flight == 0 && (device_idle || started) => {
@@ -623,13 +624,14 @@ impl Engine {
                     } => {
                         let failed = *fault
                             && (timeline.error_for(*v).is_some()
-                                || self.faulted_here(timeline.stream));
+                                || (timeline.device == sh.device
+                                    && self.faulted_here(timeline.stream)));
                         if failed {
                             taken.result = Err(format!(
                                 "waited on an event of stream {}, which failed",
                                 timeline.stream
                             ));
-                        } else {
+                        } else if timeline.device == sh.device {
                             self.follow(s, timeline.stream);
                         }
                     }
