@@ -76,7 +76,26 @@ pub(crate) struct Timeline {
     pub(crate) host_wait: CompletionMode,
     /// Set for a device in virtual time: waits drive it.
     driver: OnceLock<std::sync::Weak<dyn Driver>>,
+    /// The smallest value a watcher waits for (`u64::MAX`: none).
+    watch_at: AtomicU64,
+    /// Devices to kick when a value is reached: streams of other devices of a
+    /// context that wait on this timeline (their engines do not look at it
+    /// otherwise). One entry per wait, removed when it fires.
+    watchers: std::sync::Mutex<Vec<(u64, Watcher)>>,
 }
+
+/// A watcher: the value it waits for is beside it in the list.
+#[derive(Clone)]
+struct Watcher(Kick);
+
+impl std::fmt::Debug for Watcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Watcher")
+    }
+}
+
+/// What a completion calls to make another device look at its waits again.
+pub(crate) type Kick = Arc<dyn Fn() + Send + Sync>;
 
 impl Timeline {
     pub(crate) fn new(device: u64, stream: u64, host_wait: CompletionMode) -> Self {
@@ -92,6 +111,46 @@ impl Timeline {
             device,
             host_wait,
             driver: OnceLock::new(),
+            watch_at: AtomicU64::new(u64::MAX),
+            watchers: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Calls `kick` once `value` is reached (at once if it is). Same protocol
+    /// as parked host waiters (see the module invariants): the watcher is
+    /// published, then the value checked; a completion stores, then looks.
+    pub(crate) fn watch(&self, value: u64, kick: Kick) {
+        {
+            let mut w = self.watchers.lock().unwrap_or_else(|p| p.into_inner());
+            w.push((value, Watcher(kick)));
+            let min = w.iter().map(|e| e.0).min().unwrap_or(u64::MAX);
+            self.watch_at.store(min, Ordering::SeqCst);
+        }
+        crate::exec::loom::fence(Ordering::SeqCst);
+        if self.is_reached(value) {
+            self.fire_watchers(self.completed());
+        }
+    }
+
+    #[cold]
+    fn fire_watchers(&self, reached: u64) {
+        let fired: Vec<Kick> = {
+            let mut w = self.watchers.lock().unwrap_or_else(|p| p.into_inner());
+            let mut fired = Vec::new();
+            w.retain(|(v, k)| {
+                if *v <= reached {
+                    fired.push(k.0.clone());
+                    false
+                } else {
+                    true
+                }
+            });
+            let min = w.iter().map(|e| e.0).min().unwrap_or(u64::MAX);
+            self.watch_at.store(min, Ordering::SeqCst);
+            fired
+        };
+        for k in fired {
+            k();
         }
     }
 
@@ -139,6 +198,9 @@ impl Timeline {
         crate::exec::loom::fence(Ordering::SeqCst);
         if value >= self.wake_at.load(Ordering::Relaxed) {
             self.parker.wake_fenced(u32::MAX);
+        }
+        if value >= self.watch_at.load(Ordering::Relaxed) {
+            self.fire_watchers(value);
         }
     }
 

@@ -26,10 +26,12 @@ mod dma;
 mod driver;
 mod engine;
 mod graph;
+mod group;
 mod iommu;
 mod memory;
 mod stream;
 
+pub(crate) use group::join;
 pub use iommu::{IommuStats, IotlbCounts};
 
 use super::{Backend, BackendStream, DeviceProperties};
@@ -100,6 +102,8 @@ pub(crate) struct Shared {
     shutdown: AtomicBool,
     /// This device context's page table and I/O TLB.
     pub(crate) iommu: Arc<iommu::Iommu>,
+    /// The emulated devices of this device's context, once it joined one.
+    pub(crate) group: std::sync::OnceLock<Arc<group::Group>>,
 }
 
 impl super::HasStreams for Shared {
@@ -206,6 +210,7 @@ impl EmuBackend {
             priorities: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
             iommu,
+            group: std::sync::OnceLock::new(),
             reach: arena.reach(),
             emu: emu.clone(),
             config: config.clone(),
@@ -385,5 +390,9 @@ impl Backend for EmuBackend {
 
     fn reach(&self) -> Reach {
         self.shared.reach
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
     }
 }

@@ -1,28 +1,34 @@
 //! The emulated device's clock: the next event (a completion, or a transfer's
 //! end at the rates the link gives the transfers on the wire together) and the
 //! advance to it.
-use super::Sim;
+use super::{Sim, Transfer};
 use crate::backend::emu::Shared;
 use crate::config::link::{Dir, LinkPreset};
 use std::sync::atomic::Ordering;
 
 impl Sim {
-    /// Per-direction state of the link: transfers with bytes on the wire.
-    fn on_wire(&self) -> [usize; 2] {
-        let mut n = [0usize; 2];
+    /// Per-direction state of the links: transfers with bytes on the wire,
+    /// over the host link (`[0]`) and over peer links (`[1]`).
+    fn on_wire(&self) -> [[usize; 2]; 2] {
+        let mut n = [[0usize; 2]; 2];
         for r in &self.running {
             if let Some(t) = &r.transfer {
                 if t.setup_until <= self.now {
-                    n[t.dir as usize] += 1;
+                    n[usize::from(t.peer.is_some())][t.dir as usize] += 1;
                 }
             }
         }
         n
     }
 
-    fn rate(link: &LinkPreset, dir: Dir, wire: [usize; 2]) -> f64 {
+    /// The rate of `t`, bytes per ns, with `wire` transfers on its link's wires.
+    fn rate(link: &LinkPreset, t: &Transfer, wire: [usize; 2]) -> f64 {
         let both = wire[0] > 0 && wire[1] > 0;
-        link.wire_rate(dir, both) / wire[dir as usize].max(1) as f64
+        let full = match &t.peer {
+            Some(p) => p.wire_rate(t.dir, both),
+            None => link.wire_rate(t.dir, both),
+        };
+        full / wire[t.dir as usize].max(1) as f64
     }
 
     /// When the next op completes or a transfer's data phase begins.
@@ -40,7 +46,12 @@ impl Sim {
                         usize::from(t.dir == Dir::H2D),
                         usize::from(t.dir == Dir::D2H),
                     ];
-                    let rate = Self::rate(link, t.dir, if alone { on_wire } else { wire });
+                    let w = if alone {
+                        on_wire
+                    } else {
+                        wire[usize::from(t.peer.is_some())]
+                    };
+                    let rate = Self::rate(link, t, w);
                     let from = t.setup_until.max(self.now);
                     let end = from + (t.remaining / rate).ceil().max(0.0) as u64;
                     end.max(t.floor)
@@ -61,9 +72,9 @@ impl Sim {
                 // `next_event`): it runs alone from its setup end.
                 let from = tr.setup_until.max(now);
                 if from < t {
-                    let mut w = wire;
+                    let mut w = wire[usize::from(tr.peer.is_some())];
                     w[tr.dir as usize] = w[tr.dir as usize].max(1);
-                    tr.remaining -= Self::rate(link, tr.dir, w) * (t - from) as f64;
+                    tr.remaining -= Self::rate(link, tr, w) * (t - from) as f64;
                 }
             }
         }

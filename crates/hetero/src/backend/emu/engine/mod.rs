@@ -84,6 +84,9 @@ struct Transfer {
     remaining: f64,
     /// It completes no earlier than this (a 2-D copy's device side).
     floor: u64,
+    /// A peer copy: over this link (out of the device: `D2H`, into it: `H2D`),
+    /// not the host's.
+    peer: Option<crate::config::peer::PeerLink>,
 }
 
 struct Running {
@@ -250,6 +253,16 @@ impl Sim {
                         })
                     }),
                     Body::Record { .. } | Body::Host(_) => Some(Plan::Now(Ok(()))),
+                    // A peer copy takes this end's engine of its direction
+                    // (out of the device or into it).
+                    Body::Copy { src, dst, .. } if src.device != dst.device => {
+                        let kind = if src.device == sh.device {
+                            CopyKind::D2H
+                        } else {
+                            CopyKind::H2D
+                        };
+                        self.free_copy(kind).map(Plan::Engine)
+                    }
                     Body::Copy { kind, .. } => self.free_copy(*kind).map(Plan::Engine),
                     Body::HostWrite { .. } => self.free_copy(CopyKind::H2D).map(Plan::Engine),
                     Body::HostRead { .. } => self.free_copy(CopyKind::D2H).map(Plan::Engine),
@@ -404,6 +417,21 @@ impl Sim {
         now: u64,
         at: (u64, u32, u64),
     ) -> (Option<Transfer>, u64, Result<(), String>) {
+        if let Some(peer) = dma::peer_copy(sh, op) {
+            return match peer {
+                Ok((dir, link, wire)) => {
+                    let t = Transfer {
+                        dir,
+                        setup_until: now + link.setup_ns,
+                        remaining: wire,
+                        floor: now,
+                        peer: Some(link),
+                    };
+                    (Some(t), now, Ok(()))
+                }
+                Err(fault) => (None, now, Err(fault)),
+            };
+        }
         if let Engine::Copy(k, i) = engine {
             match dma::plan(sh, (k as u8, i as u32), op) {
                 // A fault: refused before any byte moved.
@@ -417,6 +445,7 @@ impl Sim {
                                 setup_until: now + p.setup_ns,
                                 remaining: p.wire_bytes,
                                 floor: now + p.floor_ns,
+                                peer: None,
                             };
                             (Some(t), now, Ok(()))
                         }
@@ -559,7 +588,10 @@ fn merge_run(
         return;
     };
     let kind = match &first.body {
-        Body::Copy { kind, bytes, .. } if *bytes <= max_bytes => *kind,
+        // (A peer copy is no host-link descriptor chain: it merges nothing.)
+        Body::Copy {
+            kind, bytes, src, dst, ..
+        } if *bytes <= max_bytes && src.device == dst.device => *kind,
         _ => return,
     };
     while merged.len() + 1 < window {
