@@ -88,9 +88,7 @@ impl Drop for DeviceInner {
         let (Some(backend), profile_to) = (self.backend.take(), self.profile_to.take()) else {
             return;
         };
-        let staging = std::mem::take(
-            &mut *self.staging.lock().unwrap_or_else(|p| p.into_inner()),
-        );
+        let staging = std::mem::take(&mut *self.staging.lock().unwrap_or_else(|p| p.into_inner()));
         // This thread's recycled buffers of the device give their memory back
         // now (other threads' when newer ones push them out, or at exit).
         crate::exec::storage::release_warm(backend.pool());
@@ -246,11 +244,7 @@ impl Device {
     /// The device's staging stream for peer copies (a new one when the last
     /// failed: a fault it took on from a waited stream stays with that copy).
     pub(crate) fn staging_stream(&self) -> Result<Stream> {
-        let mut st = self
-            .inner
-            .staging
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut st = self.inner.staging.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(q) = st.current.take() {
             if q.timeline().fault_at().is_none() {
                 st.current = Some(q);

@@ -85,7 +85,11 @@ impl PeerLink {
 
     /// Every preset.
     pub fn all() -> Vec<PeerLink> {
-        vec![Self::pcie4_switch(), Self::pcie4_host_bridge(), Self::nvlink3()]
+        vec![
+            Self::pcie4_switch(),
+            Self::pcie4_host_bridge(),
+            Self::nvlink3(),
+        ]
     }
 
     /// The preset called `name`.
@@ -137,7 +141,10 @@ mod tests {
 
     #[test]
     fn presets_are_found_by_name() {
-        assert_eq!(PeerLink::by_name("nvlink3").map(|p| p.name), Some("nvlink3"));
+        assert_eq!(
+            PeerLink::by_name("nvlink3").map(|p| p.name),
+            Some("nvlink3")
+        );
         assert!(PeerLink::by_name("pcie9").is_none());
     }
 }

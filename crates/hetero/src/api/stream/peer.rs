@@ -100,7 +100,9 @@ impl Stream {
         let Some(other_dev) = ctx.device(other) else {
             return Err(Error::DeviceContext {
                 op: OP,
-                detail: format!("device {other} was dropped; its buffers outlive it only as handles"),
+                detail: format!(
+                    "device {other} was dropped; its buffers outlive it only as handles"
+                ),
             });
         };
         let path = ctx

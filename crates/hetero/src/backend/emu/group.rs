@@ -183,7 +183,10 @@ pub(crate) fn join(
     }
     let group = Arc::new(Group {
         lock: Mutex::new(()),
-        members: shared.iter().map(|s| (s.device, Arc::downgrade(s))).collect(),
+        members: shared
+            .iter()
+            .map(|s| (s.device, Arc::downgrade(s)))
+            .collect(),
         links,
         reaches: shared.iter().map(|s| (s.device, s.reach)).collect(),
     });

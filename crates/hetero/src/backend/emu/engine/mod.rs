@@ -590,7 +590,11 @@ fn merge_run(
     let kind = match &first.body {
         // (A peer copy is no host-link descriptor chain: it merges nothing.)
         Body::Copy {
-            kind, bytes, src, dst, ..
+            kind,
+            bytes,
+            src,
+            dst,
+            ..
         } if *bytes <= max_bytes && src.device == dst.device => *kind,
         _ => return,
     };
