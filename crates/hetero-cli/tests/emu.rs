@@ -302,11 +302,13 @@ fn bench_link_peer_reaches_the_peer_links_figure() {
         );
         let key = "emu/peer-gbps-64m / preset/peer-gbps";
         assert!(v["ratios"][key].is_number(), "{key} missing: {v}");
-        let both = value("emu/peer-bidir-out-gbps-64m");
-        assert!(
-            (both / value("preset/peer-bidir-gbps") - 1.0).abs() < 0.05,
-            "{link}: {both}"
-        );
+        for dir in ["out", "back"] {
+            let both = value(&format!("emu/peer-bidir-{dir}-gbps-64m"));
+            assert!(
+                (both / value("preset/peer-bidir-gbps") - 1.0).abs() < 0.05,
+                "{link} {dir}: {both}"
+            );
+        }
     }
 }
 

@@ -405,3 +405,107 @@ fn peer_copy_modelled_time_matches_the_link_model() {
         );
     }
 }
+
+/// Copies on one link share it, whichever end issued them, and a peer copy
+/// takes a copy engine at both ends: modelled times (virtual time).
+#[test]
+fn peer_copies_share_their_link_and_take_an_engine_at_both_ends() {
+    // Two copy engines per direction: two copies into b can run at once.
+    let emu_with = |engines: usize| {
+        let cfg = EmuConfig::new(LinkPreset::pcie4x16()).capacity(1 << 30);
+        let cfg = DeviceConfig::default()
+            .emu(cfg)
+            .copy_engines(engines, engines, 1);
+        Device::new(cfg).expect("emu")
+    };
+    let (a, b) = (emu_with(2), emu_with(2));
+    let link = PeerLink::pcie4_switch();
+    let _ctx = Context::with_peer_link(&[a.clone(), b.clone()], Some(link.clone())).expect("ctx");
+    let n = (16 << 20) / 4;
+    let bytes = 16u64 << 20;
+    let buf = |d: &Device| d.alloc::<u32>(n).expect("buffer");
+    let (xa, ya, xb, yb) = (buf(&a), buf(&a), buf(&b), buf(&b));
+    let (sa, sb) = (
+        a.create_stream().expect("sa"),
+        b.create_stream().expect("sb"),
+    );
+    // Time of a's and b's work after one start, in device ns.
+    let run = |fa: &dyn Fn(), fb: &dyn Fn()| -> (f64, f64) {
+        sa.synchronize().expect("idle");
+        sb.synchronize().expect("idle");
+        let start = sa.record_event().expect("start");
+        sb.wait_event(&start).expect("wait");
+        let start_b = sb.record_event().expect("start b");
+        fa();
+        fb();
+        let (ea, eb) = (sa.record_event().expect("a"), sb.record_event().expect("b"));
+        sa.synchronize().expect("a");
+        sb.synchronize().expect("b");
+        (
+            start.elapsed_ms(&ea).expect("t") * 1e6,
+            start_b.elapsed_ms(&eb).expect("t") * 1e6,
+        )
+    };
+    let alone = link.transfer_ns(bytes);
+    let wire = alone - link.setup_ns as f64;
+    // Two copies a → b, one issued on each end: one lane, half the rate each.
+    let (ta, tb) = run(&|| sa.copy_peer(&xa, &xb).expect("a→b on a"), &|| {
+        sb.copy_peer(&ya, &yb).expect("a→b on b")
+    });
+    let shared = link.setup_ns as f64 + 2.0 * wire;
+    for t in [ta, tb] {
+        assert!(
+            (t - shared).abs() < 10.0,
+            "one lane shared: {t} vs {shared}"
+        );
+    }
+    // a → b on a, b → a on b: both lanes, each at the both-at-once rate.
+    let (ta, tb) = run(&|| sa.copy_peer(&xa, &xb).expect("a→b"), &|| {
+        sb.copy_peer(&yb, &ya).expect("b→a")
+    });
+    let both = link.setup_ns as f64 + wire * link.gbps / link.bidir_gbps;
+    for t in [ta, tb] {
+        assert!((t - both).abs() < 10.0, "both lanes: {t} vs {both}");
+    }
+    // With one engine per direction, b's only H2D engine carries a's copy
+    // into b: b's own H2D copy waits for it, then takes the host link's time;
+    // and a second copy a → b issued on b waits too.
+    let (a, b) = (emu_with(1), emu_with(1));
+    let _ctx = Context::with_peer_link(&[a.clone(), b.clone()], Some(link.clone())).expect("ctx");
+    let (xa, ya, xb, yb) = (buf(&a), buf(&a), buf(&b), buf(&b));
+    let (sa, sb) = (
+        a.create_stream().expect("sa"),
+        b.create_stream().expect("sb"),
+    );
+    let run = |fa: &dyn Fn(), fb: &dyn Fn()| -> (f64, f64) {
+        sa.synchronize().expect("idle");
+        sb.synchronize().expect("idle");
+        let start = sa.record_event().expect("start");
+        sb.wait_event(&start).expect("wait");
+        let start_b = sb.record_event().expect("start b");
+        fa();
+        fb();
+        let (ea, eb) = (sa.record_event().expect("a"), sb.record_event().expect("b"));
+        sa.synchronize().expect("a");
+        sb.synchronize().expect("b");
+        (
+            start.elapsed_ms(&ea).expect("t") * 1e6,
+            start_b.elapsed_ms(&eb).expect("t") * 1e6,
+        )
+    };
+    let (ta, tb) = run(&|| sa.copy_peer(&xa, &xb).expect("a→b on a"), &|| {
+        sb.copy_peer(&ya, &yb).expect("a→b on b")
+    });
+    assert!((ta - alone).abs() < 10.0, "{ta} vs {alone}");
+    assert!((tb - 2.0 * alone).abs() < 10.0, "{tb} vs 2 x {alone}");
+    let h = b.alloc_pinned::<u32>(n).expect("pinned");
+    let (ta, tb) = run(&|| sa.copy_peer(&xa, &xb).expect("a→b"), &|| {
+        sb.copy_h2d(&h, &yb).expect("h2d on b")
+    });
+    let h2d = LinkPreset::pcie4x16().transfer_ns(bytes, false);
+    assert!((ta - alone).abs() < 10.0, "{ta} vs {alone}");
+    assert!(
+        tb >= ta + h2d - 10.0,
+        "b's H2D waited for its engine: {tb} vs {ta} + {h2d}"
+    );
+}

@@ -250,9 +250,11 @@ pub fn run_peer(
         let end = s.record_event()?;
         s.synchronize()?;
         let alone = gbps(n, &start, &end)?;
-        // Both ways: a → b on a's stream, b → a on b's, after one start.
+        // Both ways at once: a → b issued on a, b → a issued on b, after one
+        // start (each timed by its own device's events).
         let start = s.record_event()?;
         t.wait_event(&start)?;
+        let t_start = t.record_event()?;
         s.copy_peer(&x, &y)?;
         let out_end = s.record_event()?;
         t.copy_peer(&u, &v)?;
@@ -262,7 +264,7 @@ pub fn run_peer(
         Ok([
             alone,
             gbps(n, &start, &out_end)?,
-            gbps(n, &start, &back_end)?,
+            gbps(n, &t_start, &back_end)?,
         ])
     };
     let mut samples: [Vec<f64>; 3] = Default::default();
@@ -284,9 +286,8 @@ pub fn run_peer(
     rep.notes = vec![
         format!("peer link {}: {}", link.name, link.source),
         format!(
-            "two emu:{} devices in virtual time; both ways at once, each device's copy \
-             engine carries its own direction (the model shares a link's rate only among \
-             copies issued on one device)",
+            "two emu:{} devices in virtual time; both ways at once: a → b issued on a, \
+             b → a issued on b (each copy takes a copy engine at both ends)",
             host_link.name
         ),
     ];

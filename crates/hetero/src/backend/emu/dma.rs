@@ -90,12 +90,12 @@ fn dir_of(kind: CopyKind) -> Dir {
 /// whose storages are of two devices): `None` for any other op. Moves the
 /// bytes now, from the source device's memory to the destination's (each
 /// reached through its own device's `Reach`), and returns the direction on
-/// this device's side of the peer link (out: `D2H`, in: `H2D`), the link and
-/// the bytes on its wire; or the fault when the devices have no direct link.
+/// this device's side of the peer link (out: `D2H`, in: `H2D`), the link's
+/// lane the copy takes and the bytes on its wire; or the fault when the devices have no direct link.
 pub(crate) fn peer_copy(
     sh: &Shared,
     op: &Op,
-) -> Option<Result<(Dir, crate::config::peer::PeerLink, f64), String>> {
+) -> Option<Result<(Dir, super::group::PeerWire, f64), String>> {
     let Body::Copy {
         src,
         src_off,
@@ -117,8 +117,8 @@ pub(crate) fn peer_copy(
             src.device, dst.device
         )));
     };
-    let (Some(link), Some(from), Some(to)) = (
-        group.link(src.device, dst.device),
+    let (Some(wire), Some(from), Some(to)) = (
+        group.wire(src.device, dst.device),
         group.reach_of(src.device),
         group.reach_of(dst.device),
     ) else {
@@ -147,7 +147,8 @@ pub(crate) fn peer_copy(
     } else {
         Dir::H2D
     };
-    Some(Ok((dir, link.clone(), link.wire_bytes(*bytes as u64))))
+    let on_wire = wire.link.wire_bytes(*bytes as u64);
+    Some(Ok((dir, wire, on_wire)))
 }
 
 /// Device-memory time of `height` rows of `width` bytes, ns.

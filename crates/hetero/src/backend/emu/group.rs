@@ -7,13 +7,24 @@
 //! the earliest next event, so a stream of one device waiting on an event of
 //! another starts at the modelled time it completed, and a run's trace hashes
 //! stay deterministic (members are dispatched in device-id order).
+//!
+//! A peer copy takes a copy engine at both ends (out of the source, into the
+//! destination), whichever device's stream issued it, and the copies on one
+//! link share its rate (`PeerWire`, counted from each copy's start to its
+//! completion, across the models). In virtual time that is exact: every
+//! member moves to each event together, progress first, completions after.
+//! In real time each device's driver applies the counts it sees when it
+//! catches up, so a rate change made by the other device between two of its
+//! events is applied from its last event: approximate by up to that gap.
 
 use super::engine::{self, Sim};
 use super::{EmuBackend, Shared};
 use crate::config::emu::TimeMode;
+use crate::config::link::Dir;
 use crate::config::peer::PeerLink;
 use crate::exec::storage::Reach;
 use crate::{Error, Result};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 pub(crate) struct Group {
@@ -21,19 +32,70 @@ pub(crate) struct Group {
     lock: Mutex<()>,
     /// By device id.
     members: Vec<(u64, Weak<Shared>)>,
-    /// The direct links, per unordered pair.
-    links: Vec<(u64, u64, PeerLink)>,
+    /// The direct links, per unordered pair `(a, b)` with `a < b`, and the
+    /// copies on each of its two lanes (0: a → b, 1: b → a), whichever
+    /// device's model runs them: they share the link's rate.
+    links: Vec<(u64, u64, PeerLink, Arc<[AtomicUsize; 2]>)>,
     /// How each member's engines reach its memory (fixed at creation).
     reaches: Vec<(u64, Reach)>,
 }
 
+/// A peer copy's place on its link: the link, its lanes' counts of copies,
+/// and which lane (direction) this copy takes. A copy counts on its lane from
+/// its start to its completion (`enter`, `Drop`).
+pub(crate) struct PeerWire {
+    pub(crate) link: PeerLink,
+    lanes: Arc<[AtomicUsize; 2]>,
+    lane: usize,
+    entered: bool,
+}
+
+impl PeerWire {
+    /// The copy is on its lane from now on.
+    pub(crate) fn enter(mut self) -> Self {
+        self.lanes[self.lane].fetch_add(1, Ordering::Relaxed);
+        self.entered = true;
+        self
+    }
+
+    /// Raw wire rate (bytes per ns) this copy gets now: the link's (its
+    /// both-at-once rate while the other lane carries data), shared equally
+    /// among the copies on its lane.
+    pub(crate) fn rate(&self) -> f64 {
+        let same = self.lanes[self.lane].load(Ordering::Relaxed).max(1);
+        let both = self.lanes[1 - self.lane].load(Ordering::Relaxed) > 0;
+        self.link.wire_rate(Dir::H2D, both) / same as f64
+    }
+}
+
+impl Drop for PeerWire {
+    fn drop(&mut self) {
+        if self.entered {
+            self.lanes[self.lane].fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
 impl Group {
-    /// The peer link between devices `a` and `b`, if they have one.
-    pub(crate) fn link(&self, a: u64, b: u64) -> Option<&PeerLink> {
+    /// The lane of the link from device `src` to `dst`, if they have a link.
+    pub(crate) fn wire(&self, src: u64, dst: u64) -> Option<PeerWire> {
         self.links
             .iter()
-            .find(|(x, y, _)| (*x, *y) == (a, b) || (*x, *y) == (b, a))
-            .map(|(_, _, l)| l)
+            .find(|(a, b, _, _)| (*a, *b) == (src, dst) || (*a, *b) == (dst, src))
+            .map(|(a, _, link, lanes)| PeerWire {
+                link: link.clone(),
+                lanes: lanes.clone(),
+                lane: usize::from(*a != src),
+                entered: false,
+            })
+    }
+
+    /// Member `device`, if it is alive.
+    pub(crate) fn member(&self, device: u64) -> Option<Arc<Shared>> {
+        self.members
+            .iter()
+            .find(|(d, _)| *d == device)
+            .and_then(|(_, w)| w.upgrade())
     }
 
     /// How the engines reach member `device`'s memory.
@@ -136,9 +198,14 @@ fn next_event(sims: &[MutexGuard<'_, Sim>], members: &[Arc<Shared>]) -> Option<u
         .min()
 }
 
+/// Every member to `t`: first every transfer's progress (at the rates of the
+/// interval, which copies on shared links fix), then what ends.
 fn advance_all(sims: &mut [MutexGuard<'_, Sim>], members: &[Arc<Shared>], t: u64) {
     for (sim, sh) in sims.iter_mut().zip(members) {
-        sim.advance_to(sh, t);
+        sim.progress_to(sh, t);
+    }
+    for (sim, sh) in sims.iter_mut().zip(members) {
+        sim.finish_now(sh);
     }
 }
 
@@ -187,7 +254,10 @@ pub(crate) fn join(
             .iter()
             .map(|s| (s.device, Arc::downgrade(s)))
             .collect(),
-        links,
+        links: links
+            .into_iter()
+            .map(|(a, b, l)| (a.min(b), a.max(b), l, Arc::default()))
+            .collect(),
         reaches: shared.iter().map(|s| (s.device, s.reach)).collect(),
     });
     // Taken before any member joins: no model of the group runs meanwhile.

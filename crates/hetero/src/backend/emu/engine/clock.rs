@@ -7,28 +7,29 @@ use crate::config::link::{Dir, LinkPreset};
 use std::sync::atomic::Ordering;
 
 impl Sim {
-    /// Per-direction state of the links: transfers with bytes on the wire,
-    /// over the host link (`[0]`) and over peer links (`[1]`).
-    fn on_wire(&self) -> [[usize; 2]; 2] {
-        let mut n = [[0usize; 2]; 2];
+    /// Per-direction state of the host link: transfers with bytes on the wire.
+    fn on_wire(&self) -> [usize; 2] {
+        let mut n = [0usize; 2];
         for r in &self.running {
             if let Some(t) = &r.transfer {
-                if t.setup_until <= self.now {
-                    n[usize::from(t.peer.is_some())][t.dir as usize] += 1;
+                if t.setup_until <= self.now && t.peer.is_none() {
+                    n[t.dir as usize] += 1;
                 }
             }
         }
         n
     }
 
-    /// The rate of `t`, bytes per ns, with `wire` transfers on its link's wires.
+    /// The rate of `t`, bytes per ns, with `wire` transfers on the host link's
+    /// wires (a peer copy's rate is its link's: `PeerWire::rate`).
     fn rate(link: &LinkPreset, t: &Transfer, wire: [usize; 2]) -> f64 {
-        let both = wire[0] > 0 && wire[1] > 0;
-        let full = match &t.peer {
-            Some(p) => p.wire_rate(t.dir, both),
-            None => link.wire_rate(t.dir, both),
-        };
-        full / wire[t.dir as usize].max(1) as f64
+        match &t.peer {
+            Some(p) => p.rate(),
+            None => {
+                let both = wire[0] > 0 && wire[1] > 0;
+                link.wire_rate(t.dir, both) / wire[t.dir as usize].max(1) as f64
+            }
+        }
     }
 
     /// When the next op completes or a transfer's data phase begins.
@@ -46,11 +47,7 @@ impl Sim {
                         usize::from(t.dir == Dir::H2D),
                         usize::from(t.dir == Dir::D2H),
                     ];
-                    let w = if alone {
-                        on_wire
-                    } else {
-                        wire[usize::from(t.peer.is_some())]
-                    };
+                    let w = if alone { on_wire } else { wire };
                     let rate = Self::rate(link, t, w);
                     let from = t.setup_until.max(self.now);
                     let end = from + (t.remaining / rate).ceil().max(0.0) as u64;
@@ -63,6 +60,13 @@ impl Sim {
 
     /// Moves the clock to `t` (no event lies in between) and completes what ends.
     pub(crate) fn advance_to(&mut self, sh: &Shared, t: u64) {
+        self.progress_to(sh, t);
+        self.finish_now(sh);
+    }
+
+    /// Moves the clock to `t` (no event lies in between): every transfer's
+    /// bytes progress at the interval's rates.
+    pub(crate) fn progress_to(&mut self, sh: &Shared, t: u64) {
         let link = &sh.emu.link;
         let wire = self.on_wire();
         let now = self.now;
@@ -72,7 +76,7 @@ impl Sim {
                 // `next_event`): it runs alone from its setup end.
                 let from = tr.setup_until.max(now);
                 if from < t {
-                    let mut w = wire[usize::from(tr.peer.is_some())];
+                    let mut w = wire;
                     w[tr.dir as usize] = w[tr.dir as usize].max(1);
                     tr.remaining -= Self::rate(link, tr, w) * (t - from) as f64;
                 }
@@ -80,6 +84,10 @@ impl Sim {
         }
         self.now = self.now.max(t);
         sh.publish_now(self.now);
+    }
+
+    /// Completes what ends at the current time.
+    pub(crate) fn finish_now(&mut self, sh: &Shared) {
         let now = self.now;
         // What ends now, completed in start order (deterministic): sequence
         // numbers first, so each op moves once, out of `running` into `complete`.
@@ -96,8 +104,15 @@ impl Sim {
             let Some(i) = self.running.iter().position(|r| r.seq == seq) else {
                 continue;
             };
-            let r = self.running.swap_remove(i);
-            self.mark(r.engine, true);
+            let mut r = self.running.swap_remove(i);
+            self.mark(sh, r.engine, true);
+            // A peer copy: off its link, and the other end's engine free (its
+            // driver looks again: in real time it may be parked).
+            r.transfer = None;
+            if let Some((other, k, i)) = r.remote.take() {
+                other.set_copy_busy(k, i, false);
+                other.submitted();
+            }
             r.stream.in_flight.store(false, Ordering::Relaxed);
             self.complete(sh, r);
         }

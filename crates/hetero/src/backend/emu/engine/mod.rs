@@ -84,9 +84,8 @@ struct Transfer {
     remaining: f64,
     /// It completes no earlier than this (a 2-D copy's device side).
     floor: u64,
-    /// A peer copy: over this link (out of the device: `D2H`, into it: `H2D`),
-    /// not the host's.
-    peer: Option<crate::config::peer::PeerLink>,
+    /// A peer copy: over this link, not the host's.
+    peer: Option<super::group::PeerWire>,
 }
 
 struct Running {
@@ -103,13 +102,15 @@ struct Running {
     /// Copies merged into this one's descriptor chain (coalescing), with their
     /// values: they complete with it, in order.
     merged: Vec<(Op, u64)>,
+    /// A peer copy's engine on the other device (its direction and index),
+    /// freed with this op's.
+    remote: Option<(Arc<Shared>, usize, usize)>,
 }
 
 pub(crate) struct Sim {
     pub(crate) now: u64,
     streams: Vec<Arc<EmuStream>>,
     generation: u64,
-    copy_free: [Vec<bool>; 3],
     compute_free: Vec<bool>,
     running: Vec<Running>,
     next_seq: u64,
@@ -129,12 +130,11 @@ pub(crate) struct Sim {
 }
 
 impl Sim {
-    pub(crate) fn new(copy_engines: [usize; 3], compute_units: usize) -> Self {
+    pub(crate) fn new(compute_units: usize) -> Self {
         Sim {
             now: 0,
             streams: Vec::new(),
             generation: u64::MAX,
-            copy_free: copy_engines.map(|n| vec![true; n]),
             compute_free: vec![true; compute_units],
             running: Vec::new(),
             next_seq: 0,
@@ -227,6 +227,8 @@ impl Sim {
             Skip,
             Now(Result<(), String>),
             Engine(Engine),
+            /// A peer copy: this device's engine and the other device's.
+            Peer(Engine, Arc<Shared>, usize, usize),
             /// An async op that is done, completing at this device time or later.
             Async(u64),
         }
@@ -253,22 +255,32 @@ impl Sim {
                         })
                     }),
                     Body::Record { .. } | Body::Host(_) => Some(Plan::Now(Ok(()))),
-                    // A peer copy takes this end's engine of its direction
-                    // (out of the device or into it).
+                    // A peer copy takes a copy engine at both ends: out of
+                    // the source (D2H), into the destination (H2D).
                     Body::Copy { src, dst, .. } if src.device != dst.device => {
-                        let kind = if src.device == sh.device {
-                            CopyKind::D2H
+                        let (kind, other, remote_kind) = if src.device == sh.device {
+                            (CopyKind::D2H, dst.device, CopyKind::H2D)
                         } else {
-                            CopyKind::H2D
+                            (CopyKind::H2D, src.device, CopyKind::D2H)
                         };
-                        self.free_copy(kind).map(Plan::Engine)
+                        let local = self.free_copy(sh, kind)?;
+                        match sh.group.get().and_then(|g| g.member(other)) {
+                            Some(remote) => {
+                                let k = remote_kind as usize;
+                                let i = remote.free_copy_engine(k)?;
+                                Some(Plan::Peer(local, remote, k, i))
+                            }
+                            // (No group or the other device is gone: the
+                            // start faults the copy.)
+                            None => Some(Plan::Engine(local)),
+                        }
                     }
-                    Body::Copy { kind, .. } => self.free_copy(*kind).map(Plan::Engine),
-                    Body::HostWrite { .. } => self.free_copy(CopyKind::H2D).map(Plan::Engine),
-                    Body::HostRead { .. } => self.free_copy(CopyKind::D2H).map(Plan::Engine),
-                    Body::CopyBatch(b) => self.free_copy(b.kind).map(Plan::Engine),
-                    Body::Copy2D(c) => self.free_copy(c.kind).map(Plan::Engine),
-                    Body::Fill { .. } => self.free_copy(CopyKind::D2D).map(Plan::Engine),
+                    Body::Copy { kind, .. } => self.free_copy(sh, *kind).map(Plan::Engine),
+                    Body::HostWrite { .. } => self.free_copy(sh, CopyKind::H2D).map(Plan::Engine),
+                    Body::HostRead { .. } => self.free_copy(sh, CopyKind::D2H).map(Plan::Engine),
+                    Body::CopyBatch(b) => self.free_copy(sh, b.kind).map(Plan::Engine),
+                    Body::Copy2D(c) => self.free_copy(sh, c.kind).map(Plan::Engine),
+                    Body::Fill { .. } => self.free_copy(sh, CopyKind::D2D).map(Plan::Engine),
                     Body::Kernel { blocks, .. } => self.free_units(*blocks).map(Plan::Engine),
                     // A launch takes every compute unit free when it starts.
                     Body::Graph(_) => self.free_units(u32::MAX).map(Plan::Engine),
@@ -294,6 +306,7 @@ impl Sim {
         self.next_seq += 1;
         let now = self.now;
         let (mut result, mut engine) = (Ok(()), Engine::None);
+        let mut remote = None;
         // In virtual time an async op that asked for a later device time
         // completes then (its stream in flight until), like a fixed-length op.
         let async_end = match &plan {
@@ -324,7 +337,13 @@ impl Sim {
                 }
             }
             Plan::Engine(e) => {
-                self.take(e);
+                self.take(sh, e);
+                engine = e;
+            }
+            Plan::Peer(e, other, k, i) => {
+                self.take(sh, e);
+                other.set_copy_busy(k, i, true);
+                remote = Some((other, k, i));
                 engine = e;
             }
             Plan::Async(_) => {
@@ -358,6 +377,7 @@ impl Sim {
             result,
             seq,
             merged,
+            remote,
         };
         if engine == Engine::None && async_end.is_none() {
             self.completed_at_start = true;
@@ -369,12 +389,9 @@ impl Sim {
         true
     }
 
-    fn free_copy(&self, kind: CopyKind) -> Option<Engine> {
+    fn free_copy(&self, sh: &Shared, kind: CopyKind) -> Option<Engine> {
         let k = kind as usize;
-        self.copy_free[k]
-            .iter()
-            .position(|&f| f)
-            .map(|i| Engine::Copy(k, i))
+        sh.free_copy_engine(k).map(|i| Engine::Copy(k, i))
     }
 
     /// As many free compute units as the grid can use (at least one).
@@ -389,13 +406,13 @@ impl Sim {
         Some(Engine::Compute(first, run))
     }
 
-    fn take(&mut self, e: Engine) {
-        self.mark(e, false);
+    fn take(&mut self, sh: &Shared, e: Engine) {
+        self.mark(sh, e, false);
     }
 
-    fn mark(&mut self, e: Engine, free: bool) {
+    fn mark(&mut self, sh: &Shared, e: Engine, free: bool) {
         match e {
-            Engine::Copy(k, i) => self.copy_free[k][i] = free,
+            Engine::Copy(k, i) => sh.set_copy_busy(k, i, !free),
             Engine::Compute(first, n) => {
                 for f in &mut self.compute_free[first..first + n] {
                     *f = free;
@@ -419,13 +436,13 @@ impl Sim {
     ) -> (Option<Transfer>, u64, Result<(), String>) {
         if let Some(peer) = dma::peer_copy(sh, op) {
             return match peer {
-                Ok((dir, link, wire)) => {
+                Ok((dir, wire, bytes)) => {
                     let t = Transfer {
                         dir,
-                        setup_until: now + link.setup_ns,
-                        remaining: wire,
+                        setup_until: now + wire.link.setup_ns,
+                        remaining: bytes,
                         floor: now,
-                        peer: Some(link),
+                        peer: Some(wire.enter()),
                     };
                     (Some(t), now, Ok(()))
                 }
