@@ -312,17 +312,20 @@ fn devices_in_no_common_context_are_refused_with_typed_errors() {
         sa.copy_peer_range(&x, 4, &z, 0, 5),
         Err(Error::OutOfBounds { .. })
     ));
-    // A stream on neither end.
+    // A stream on neither end (e2's, in a context of its own), and a copy
+    // within one device on a stream of another.
     let w = c.alloc::<u32>(8).expect("w");
-    let sc = c.create_stream().expect("sc");
-    let x2 = a.alloc::<u32>(8).expect("x2");
-    let _ = (&x2, &sc);
     let e2 = emu(TimeMode::Virtual);
-    let _c3 = Context::new(&[e2.clone()]).expect("alone");
+    let _c3 = Context::new(std::slice::from_ref(&e2)).expect("alone");
     let s_e2 = e2.create_stream().expect("s");
     assert!(matches!(
         s_e2.copy_peer(&x, &w),
         Err(Error::DeviceContext { .. })
+    ));
+    let w2 = c.alloc::<u32>(8).expect("w2");
+    assert!(matches!(
+        sa.copy_peer(&w2, &w),
+        Err(Error::WrongDevice { .. })
     ));
 }
 
