@@ -17,7 +17,7 @@
 //!   stream cost every completion a futex wake, a syscall on the engine's path.)
 
 use crate::config::CompletionMode;
-use crate::exec::loom::{AtomicU64, Ordering};
+use crate::exec::loom::{AtomicU64, Mutex, Ordering};
 use crate::exec::park::Parker;
 use crate::Error;
 use crossbeam_utils::CachePadded;
@@ -81,7 +81,7 @@ pub(crate) struct Timeline {
     /// Devices to kick when a value is reached: streams of other devices of a
     /// context that wait on this timeline (their engines do not look at it
     /// otherwise). One entry per wait, removed when it fires.
-    watchers: std::sync::Mutex<Vec<(u64, Watcher)>>,
+    watchers: Mutex<Vec<(u64, Watcher)>>,
 }
 
 /// A watcher: the value it waits for is beside it in the list.
@@ -112,7 +112,7 @@ impl Timeline {
             host_wait,
             driver: OnceLock::new(),
             watch_at: AtomicU64::new(u64::MAX),
-            watchers: std::sync::Mutex::new(Vec::new()),
+            watchers: Mutex::new(Vec::new()),
         }
     }
 
@@ -408,6 +408,29 @@ mod loom_tests {
             tl.fail(2, std::sync::Arc::from("boom"));
             let r = waiter.join().expect("waiter thread");
             assert!(matches!(r, Err(Error::StreamFault { value: 2, .. })));
+        });
+    }
+
+    /// A watcher registered while its value completes on another thread is
+    /// kicked: the watch publishes, then checks; the completion stores, then
+    /// looks; they never both miss. (Without the fence in `watch`, or with
+    /// the completion's look before its store, this model fails.)
+    #[test]
+    fn a_watcher_is_kicked_when_its_value_completes() {
+        loom::model(|| {
+            let tl = Arc::new(Timeline::new(0, 7, CompletionMode::Block));
+            let kicks = Arc::new(crate::exec::loom::AtomicUsize::new(0));
+            let t2 = tl.clone();
+            let done = loom::thread::spawn(move || t2.complete(1));
+            let k = kicks.clone();
+            tl.watch(
+                1,
+                std::sync::Arc::new(move || {
+                    k.fetch_add(1, Ordering::Relaxed);
+                }),
+            );
+            done.join().expect("completer");
+            assert!(kicks.load(Ordering::Relaxed) >= 1);
         });
     }
 
