@@ -229,6 +229,13 @@ pub(crate) fn join(
     members: &[(u64, &dyn super::Backend)],
     links: Vec<(u64, u64, PeerLink)>,
 ) -> Result<()> {
+    if engine::in_sim() {
+        return Err(Error::WouldDeadlock(
+            "Context::new from a kernel or host callback on an emulated device: the device's \
+             model runs the callback; make the context outside it"
+                .into(),
+        ));
+    }
     let mut shared: Vec<Arc<Shared>> = Vec::with_capacity(members.len());
     for (id, b) in members {
         let emu = b
@@ -270,17 +277,22 @@ pub(crate) fn join(
             });
         }
     }
+    // Each model's lock once, after every member knows its group: a real-time
+    // driver that looked before the group was set finishes that step first,
+    // and every later step takes the group's lock. In virtual time the
+    // members' clocks are brought to the latest of them meanwhile.
+    let mut sims: Vec<MutexGuard<'_, Sim>> = shared
+        .iter()
+        .map(|m| m.sim.lock().unwrap_or_else(|p| p.into_inner()))
+        .collect();
     if shared[0].emu.time == TimeMode::Virtual {
-        let mut sims: Vec<MutexGuard<'_, Sim>> = shared
-            .iter()
-            .map(|m| m.sim.lock().unwrap_or_else(|p| p.into_inner()))
-            .collect();
         let _inside = engine::InSim::enter();
         let t = sims.iter().map(|s| s.now).max().unwrap_or(0);
         for (sim, sh) in sims.iter_mut().zip(&shared) {
             catch_up(sim, sh, t);
         }
     }
+    drop(sims);
     drop(held);
     Ok(())
 }
