@@ -57,6 +57,32 @@ impl DeviceSpec {
         }
     }
 
+    /// Parses a list of devices, `SPEC,SPEC,…` (each as `--device` takes it;
+    /// an option such as `time=real` after a spec belongs to that spec:
+    /// `emu:pcie4x16,time=real,emu:pcie4x16`).
+    pub fn parse_list(list: &str) -> Result<Vec<DeviceSpec>, String> {
+        let mut specs: Vec<String> = Vec::new();
+        for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            match specs.last_mut() {
+                Some(last) if part.contains('=') => {
+                    last.push(',');
+                    last.push_str(part);
+                }
+                _ if part.contains('=') => {
+                    return Err(format!(
+                        "--devices: option {part:?} comes before any device; write it after \
+                         the device it is for (emu:pcie4x16,time=real)"
+                    ))
+                }
+                _ => specs.push(part.to_string()),
+            }
+        }
+        if specs.is_empty() {
+            return Err("--devices: no devices; list them, e.g. emu:pcie4x16,emu:pcie4x16".into());
+        }
+        specs.iter().map(|s| DeviceSpec::parse(s, None)).collect()
+    }
+
     /// The device's configuration: the demo's host configuration, on this backend.
     pub fn config(&self) -> DeviceConfig {
         let base = device_config();
@@ -117,6 +143,18 @@ mod tests {
         assert_eq!((d.name().as_str(), d.time()), ("emu:pcie4x16", "virtual"));
         assert!(DeviceSpec::parse("host", Some("real")).is_err());
         assert!(DeviceSpec::parse("emu", Some("fast")).is_err());
+        let l = DeviceSpec::parse_list("emu:pcie4x16,time=real,emu,host").expect("list");
+        let names: Vec<_> = l.iter().map(|d| (d.name(), d.time())).collect();
+        assert_eq!(
+            names,
+            [
+                ("emu:pcie4x16".to_string(), "real"),
+                ("emu:pcie4x16".to_string(), "virtual"),
+                ("host".to_string(), "wall")
+            ]
+        );
+        assert!(DeviceSpec::parse_list("time=real,emu").is_err());
+        assert!(DeviceSpec::parse_list("").is_err());
         assert!(DeviceSpec::parse("emu:nope", None)
             .unwrap_err()
             .contains("pcie4x16"));

@@ -1,7 +1,8 @@
 //! `hetero info`: what this machine offers the runtime, the backends and the
 //! emulated device's link presets.
 
-use hetero::{LinkPreset, SystemInfo, WakeLatency};
+use crate::device::DeviceSpec;
+use hetero::{Context, LinkPreset, PeerLink, PeerPath, SystemInfo, Topology, WakeLatency};
 use serde_json::{json, Value};
 
 fn gib(b: Option<u64>) -> String {
@@ -25,6 +26,72 @@ fn preset_json(p: &LinkPreset) -> Value {
     })
 }
 
+fn peer_json(p: &PeerLink) -> Value {
+    json!({
+        "name": p.name,
+        "setup_ns": p.setup_ns,
+        "gbps": p.gbps,
+        "bidir_gbps": p.bidir_gbps,
+        "source": p.source,
+    })
+}
+
+/// A context's topology as JSON: its devices and every pair's path.
+pub fn topology_json(t: &Topology) -> Value {
+    json!({
+        "devices": t.devices.iter().map(|d| json!({
+            "id": d.id, "name": d.name, "backend": d.backend,
+        })).collect::<Vec<_>>(),
+        "pairs": t.pairs.iter().map(|p| json!({
+            "a": p.a,
+            "b": p.b,
+            "path": p.path.describe(),
+            "link": match &p.path { PeerPath::Link(l) => peer_json(l), _ => Value::Null },
+            "reason": match &p.path { PeerPath::Staged { reason } => json!(reason), _ => Value::Null },
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Opens the devices `list` names (`--devices`) in one context with
+/// `peer_link` (a preset name, or `none`) between emulated pairs.
+pub fn open_context(list: &str, peer_link: &str) -> Result<Context, String> {
+    let link = match peer_link {
+        "none" => None,
+        name => Some(PeerLink::by_name(name).ok_or_else(|| {
+            format!(
+                "--peer-link {name:?} is not a preset; use one of {} or none",
+                PeerLink::names().join(", ")
+            )
+        })?),
+    };
+    let devices = DeviceSpec::parse_list(list)?
+        .iter()
+        .map(|s| s.open())
+        .collect::<hetero::Result<Vec<_>>>()
+        .map_err(|e| e.to_string())?;
+    Context::with_peer_link(&devices, link).map_err(|e| e.to_string())
+}
+
+fn print_topology(t: &Topology) {
+    println!("  context               {} devices", t.devices.len());
+    for d in &t.devices {
+        println!("    device {:<3} {}", d.id, d.name);
+    }
+    for p in &t.pairs {
+        let detail = match &p.path {
+            PeerPath::Link(l) => format!(
+                "{:.1} GB/s one way, {:.1} each way both at once, setup {:.1} us",
+                l.gbps,
+                l.bidir_gbps,
+                l.setup_ns as f64 / 1e3
+            ),
+            PeerPath::SharedMemory => "one copy in host memory".into(),
+            PeerPath::Staged { reason } => format!("through pinned host memory: {reason}"),
+        };
+        println!("    {} <-> {}  {}  ({detail})", p.a, p.b, p.path.describe());
+    }
+}
+
 /// The probe as JSON (with `wake` from [`SystemInfo::wake_latency`]).
 pub fn to_json(s: &SystemInfo, wake: Option<WakeLatency>) -> Value {
     json!({
@@ -45,6 +112,7 @@ pub fn to_json(s: &SystemInfo, wake: Option<WakeLatency>) -> Value {
         "backends": s.backends,
         "vulkan": vulkan_json(),
         "emu_presets": LinkPreset::all().iter().map(preset_json).collect::<Vec<_>>(),
+        "peer_links": PeerLink::all().iter().map(peer_json).collect::<Vec<_>>(),
     })
 }
 
@@ -91,12 +159,17 @@ fn print_vulkan() {
     }
 }
 
-/// Prints the probe as text or JSON.
-pub fn print(json_out: bool) {
+/// Prints the probe as text or JSON; with `context` (from `--devices`), its
+/// topology too.
+pub fn print(json_out: bool, context: Option<&Context>) {
     let s = SystemInfo::probe();
     let wake = SystemInfo::wake_latency();
     if json_out {
-        println!("{}", to_json(&s, wake));
+        let mut v = to_json(&s, wake);
+        if let Some(c) = context {
+            v["context"] = topology_json(c.topology());
+        }
+        println!("{v}");
         return;
     }
     println!("hetero info");
@@ -162,5 +235,19 @@ pub fn print(json_out: bool) {
             p.memory_gbps
         );
         println!("    {:<10} source: {}", "", p.source);
+    }
+    println!("  peer links            (--peer-link NAME between emulated devices of a context)");
+    for p in PeerLink::all() {
+        println!(
+            "    {:<18} {:6.1} GB/s one way, {:6.1} each way both at once, setup {:.1} us",
+            p.name,
+            p.gbps,
+            p.bidir_gbps,
+            p.setup_ns as f64 / 1e3
+        );
+        println!("    {:<18} source: {}", "", p.source);
+    }
+    if let Some(c) = context {
+        print_topology(c.topology());
     }
 }

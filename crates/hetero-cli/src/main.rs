@@ -95,6 +95,10 @@ enum Command {
         /// The distributed stencil's iterations.
         #[arg(long, default_value_t = 50)]
         iters: usize,
+        /// Split the tiles over this many emulated devices of one context
+        /// (the --device preset each) and report the speedup over one of them.
+        #[arg(long, default_value_t = 1)]
+        devices: usize,
     },
     /// Benchmarks, each beside a peer in the same run.
     Bench {
@@ -106,6 +110,15 @@ enum Command {
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
+        /// Open these devices in one context and print its topology
+        /// (e.g. emu:pcie4x16,emu:pcie4x16; options follow their device:
+        /// emu:pcie4x16,time=real,host).
+        #[arg(long)]
+        devices: Option<String>,
+        /// The peer link between emulated devices of that context: a preset
+        /// (pcie4-switch, pcie4-host-bridge, nvlink3) or none.
+        #[arg(long, default_value = "pcie4-switch")]
+        peer_link: String,
     },
     /// Run a built-in workload (demo, pipeline) with the profiler on and write
     /// trace.json, report.md, report.json and timeline.svg.
@@ -163,6 +176,13 @@ enum BenchCommand {
         /// The emulated device: emu or emu:PRESET (virtual time).
         #[arg(long, default_value = "emu:pcie4x16")]
         device: String,
+        /// Instead: a copy between two such devices of one context over a peer
+        /// link (`emu/peer-gbps-64m`), beside the peer link preset's figure.
+        #[arg(long)]
+        peer: bool,
+        /// The peer link for --peer: pcie4-switch, pcie4-host-bridge or nvlink3.
+        #[arg(long, default_value = "pcie4-switch")]
+        peer_link: String,
     },
     /// Copy batches, 2-D copies and IOMMU page sizes on an emulated link, and the CPU 2-D
     /// copy beside memcpy.
@@ -212,6 +232,29 @@ fn main() {
             workload,
             device,
             json,
+            devices,
+            ..
+        } if devices != 1 => {
+            let spec = device.spec();
+            let pb = spinner(json, "demo --devices");
+            let result = demo::run_multi(&spec, devices, workload.config(&spec), |m| {
+                pb.set_message(m.to_string())
+            });
+            pb.finish_and_clear();
+            match result {
+                Ok(r) if json => println!("{}", serde_json::to_string(&r).expect("serialise")),
+                Ok(r) if !r.verified => fail(
+                    "demo --devices",
+                    "the output differs from the CPU reference",
+                ),
+                Ok(r) => r.print(),
+                Err(e) => fail("demo --devices", e),
+            }
+        }
+        Command::Demo {
+            workload,
+            device,
+            json,
             ..
         } => {
             let spec = device.spec();
@@ -228,7 +271,16 @@ fn main() {
                 Err(e) => fail("demo", e),
             }
         }
-        Command::Info { json } => info::print(json),
+        Command::Info {
+            json,
+            devices,
+            peer_link,
+        } => {
+            let ctx = devices.map(|d| {
+                info::open_context(&d, &peer_link).unwrap_or_else(|e| fail("info --devices", e))
+            });
+            info::print(json, ctx.as_ref())
+        }
         Command::Profile {
             workload,
             out,
@@ -349,7 +401,24 @@ fn distributed_demo(_grid: usize, _iters: usize, _json: bool) {
 #[cfg(feature = "bench")]
 fn run_bench(which: BenchCommand) {
     match which {
-        BenchCommand::Link { opts, device } => bench_on("link", opts, &device, bench::link::run),
+        BenchCommand::Link {
+            opts,
+            device,
+            peer: true,
+            peer_link,
+        } => {
+            let spec = DeviceSpec::parse(&device, None).unwrap_or_else(|e| fail("--device", e));
+            let pb = spinner(opts.json, "bench link --peer");
+            let rep = bench::link::run_peer(opts.quick, &spec, &peer_link);
+            pb.finish_and_clear();
+            match rep {
+                Ok(rep) => rep.print(opts.json),
+                Err(e) => fail("bench link --peer", e),
+            }
+        }
+        BenchCommand::Link { opts, device, .. } => {
+            bench_on("link", opts, &device, bench::link::run)
+        }
         BenchCommand::Transfer { opts, device } => {
             bench_on("transfer", opts, &device, bench::transfer::run)
         }

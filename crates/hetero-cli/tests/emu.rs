@@ -218,3 +218,132 @@ fn bench_transfer_reports_every_named_result_beside_its_peer() {
     assert!((ratio - median("emu/batch-4096x8k-over-one-32m")).abs() < 1e-9);
     assert!(median("emu/per-call-4096x8k-ns") > median("emu/batch-4096x8k-ns"));
 }
+
+#[test]
+fn info_prints_a_contexts_topology() {
+    let v = hetero(&[
+        "info",
+        "--json",
+        "--devices",
+        "emu:pcie4x16,emu:pcie4x16,time=virtual,emu:pcie3x16",
+        "--peer-link",
+        "nvlink3",
+    ]);
+    let names: Vec<&str> = v["peer_links"]
+        .as_array()
+        .expect("peer links")
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["pcie4-switch", "pcie4-host-bridge", "nvlink3"]);
+    let ctx = &v["context"];
+    assert_eq!(ctx["devices"].as_array().expect("devices").len(), 3);
+    let pairs = ctx["pairs"].as_array().expect("pairs");
+    assert_eq!(pairs.len(), 3, "{ctx}");
+    for p in pairs {
+        assert_eq!(p["path"], "link:nvlink3", "{p}");
+        assert_eq!(p["link"]["gbps"], 270.0, "{p}");
+        assert!(p["link"]["source"].is_string());
+    }
+    // Without a peer link every emulated pair is staged, with the reason.
+    let v = hetero(&[
+        "info",
+        "--json",
+        "--devices",
+        "emu,emu",
+        "--peer-link",
+        "none",
+    ]);
+    let p = &v["context"]["pairs"][0];
+    assert_eq!(p["path"], "staged", "{p}");
+    assert!(p["reason"].is_string(), "{p}");
+    // A host device beside emulated ones in real time: staged.
+    let v = hetero(&["info", "--json", "--devices", "host,emu,time=real"]);
+    assert_eq!(v["context"]["pairs"][0]["path"], "staged");
+}
+
+#[test]
+fn info_refuses_a_context_it_cannot_make() {
+    let out = Command::new(env!("CARGO_BIN_EXE_hetero"))
+        .args(["info", "--devices", "host,emu"])
+        .output()
+        .expect("run hetero");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("time=real"), "{err}");
+}
+
+#[test]
+#[cfg(feature = "bench")]
+fn bench_link_peer_reaches_the_peer_links_figure() {
+    for link in ["pcie4-switch", "nvlink3"] {
+        let v = hetero(&[
+            "bench",
+            "link",
+            "--peer",
+            "--peer-link",
+            link,
+            "--quick",
+            "--json",
+        ]);
+        let results = v["results"].as_array().expect("results");
+        let value = |name: &str| -> f64 {
+            results
+                .iter()
+                .find(|r| r["name"] == name)
+                .unwrap_or_else(|| panic!("{name} missing in {v}"))["median"]
+                .as_f64()
+                .expect("median")
+        };
+        let (emu, preset) = (value("emu/peer-gbps-64m"), value("preset/peer-gbps"));
+        assert!(
+            (emu / preset - 1.0).abs() < 0.05,
+            "{link}: {emu} vs {preset}"
+        );
+        let key = "emu/peer-gbps-64m / preset/peer-gbps";
+        assert!(v["ratios"][key].is_number(), "{key} missing: {v}");
+        for dir in ["out", "back"] {
+            let both = value(&format!("emu/peer-bidir-{dir}-gbps-64m"));
+            assert!(
+                (both / value("preset/peer-bidir-gbps") - 1.0).abs() < 0.05,
+                "{link} {dir}: {both}"
+            );
+        }
+    }
+}
+
+#[test]
+fn demo_over_two_emulated_devices_is_verified_and_faster() {
+    let args = [
+        "demo",
+        "--device",
+        "emu:pcie4x16",
+        "--devices",
+        "2",
+        "--json",
+        "--tiles",
+        "16",
+        "--tile-kib",
+        "16",
+        "--reps",
+        "1",
+    ];
+    let v = hetero(&args);
+    assert_eq!(v["verified"], true, "{v}");
+    assert_eq!(v["devices"], 2);
+    assert_eq!(v["shares"], serde_json::json!([8, 8]));
+    assert_eq!(f(&v, "bound_speedup"), 2.0);
+    // Modelled: two devices with links of their own halve the pipeline's time
+    // (up to the pipeline's fill and drain at half the tiles).
+    let s = f(&v, "speedup");
+    assert!(s > 1.6 && s <= 2.0 + 1e-9, "speedup {s}: {v}");
+    // Virtual time: the same run gives the same figures and trace hashes.
+    let again = hetero(&args);
+    assert_eq!(v["trace_hashes"], again["trace_hashes"]);
+    assert_eq!(v["devices_ms"], again["devices_ms"]);
+    let out = Command::new(env!("CARGO_BIN_EXE_hetero"))
+        .args(["demo", "--devices", "2"])
+        .output()
+        .expect("run hetero");
+    assert!(!out.status.success(), "host devices are refused");
+}

@@ -33,6 +33,11 @@ pub enum Error {
     #[error("device {device} was lost ({reason}); work that had not completed did not run: drop the Device and create a new one")]
     DeviceLost { device: u64, reason: String },
 
+    /// Devices used together that are not in one context, or a context that
+    /// cannot be made as asked.
+    #[error("{op}: {detail}")]
+    DeviceContext { op: &'static str, detail: String },
+
     /// The stream was destroyed; no more work can be submitted to it.
     #[error("stream {stream} was destroyed; create a new stream with Device::create_stream")]
     StreamDestroyed { stream: u64 },
@@ -41,9 +46,11 @@ pub enum Error {
     #[error("{op}: the event was never recorded; call Stream::record(&mut event) first")]
     EventNotRecorded { op: &'static str },
 
-    /// An event of another device was used.
+    /// An event of a device outside the stream's context was used.
     #[error(
-        "{op}: the event belongs to device {event_device}, the stream to device {stream_device}"
+        "{op}: the event belongs to device {event_device}, the stream to device {stream_device}, \
+         and they are in no context together; join them with hetero::Context::new to wait \
+         across devices"
     )]
     EventWrongDevice {
         op: &'static str,

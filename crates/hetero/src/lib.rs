@@ -31,6 +31,7 @@ pub mod vulkan {
 pub use api::async_op::AsyncArg;
 pub use api::batch::CopyBatch;
 pub use api::buffer::{Arg, DeviceBuffer, PinnedBuffer};
+pub use api::context::{Context, PeerPair, PeerPath, Topology, TopologyDevice};
 pub use api::device::Device;
 pub use api::event::{Event, HostEvent};
 pub use api::graph::{Bindings, CommandBuffer, Graph, GraphExec, NodeId, PinnedSlot, Slot};
@@ -44,6 +45,7 @@ pub use config::emu::{
     EmuConfig, TimeMode, DEFAULT_INLINE_COPY_MAX, DEFAULT_IOTLB_ENTRIES, DEFAULT_IOTLB_MISS_NS,
 };
 pub use config::link::LinkPreset;
+pub use config::peer::PeerLink;
 pub use config::{
     BackendKind, Coalescing, CompletionMode, DeviceConfig, QueuePriority, GRAPH_MEMORY_SLACK,
 };

@@ -9,8 +9,8 @@
 use super::BenchReport;
 use crate::device::DeviceSpec;
 use hetero::{
-    Device, DeviceBuffer, DeviceConfig, EmuConfig, Event, LinkPreset, PinnedBuffer, Result,
-    TimeMode,
+    Context, Device, DeviceBuffer, DeviceConfig, EmuConfig, Event, LinkPreset, PeerLink,
+    PinnedBuffer, Result, TimeMode,
 };
 
 /// The transfer sizes and their names in results.
@@ -215,6 +215,82 @@ pub fn run(quick: bool, spec: &DeviceSpec) -> std::result::Result<BenchReport, S
         ));
     }
     rep.notes = notes;
+    Ok(rep)
+}
+
+/// `bench link --peer`: a copy between two emulated devices of one context
+/// over the peer link `peer` (GB/s from events on the issuing device), alone
+/// and both ways at once, beside the preset's figures.
+pub fn run_peer(
+    quick: bool,
+    spec: &DeviceSpec,
+    peer: &str,
+) -> std::result::Result<BenchReport, String> {
+    let link = PeerLink::by_name(peer).ok_or_else(|| {
+        format!(
+            "--peer-link {peer:?} is not a preset; use one of {}",
+            PeerLink::names().join(", ")
+        )
+    })?;
+    let (a, host_link) = device_for(spec)?;
+    let (b, _) = device_for(spec)?;
+    let _ctx = Context::with_peer_link(&[a.clone(), b.clone()], Some(link.clone()))
+        .map_err(|e| e.to_string())?;
+    let reps = if quick { 1 } else { 3 };
+    let mut rep = BenchReport::new("link");
+    rep.push_value("preset/peer-gbps", "GB/s", link.gbps, 1);
+    rep.push_value("preset/peer-bidir-gbps", "GB/s", link.bidir_gbps, 1);
+    let run = || -> Result<[f64; 3]> {
+        let n = 64 << 20;
+        let (x, y) = (a.alloc::<u8>(n)?, b.alloc::<u8>(n)?);
+        let (u, v) = (b.alloc::<u8>(n)?, a.alloc::<u8>(n)?);
+        let (s, t) = (a.create_stream()?, b.create_stream()?);
+        let start = s.record_event()?;
+        s.copy_peer(&x, &y)?;
+        let end = s.record_event()?;
+        s.synchronize()?;
+        let alone = gbps(n, &start, &end)?;
+        // Both ways at once: a → b issued on a, b → a issued on b, after one
+        // start (each timed by its own device's events).
+        let start = s.record_event()?;
+        t.wait_event(&start)?;
+        let t_start = t.record_event()?;
+        s.copy_peer(&x, &y)?;
+        let out_end = s.record_event()?;
+        t.copy_peer(&u, &v)?;
+        let back_end = t.record_event()?;
+        s.synchronize()?;
+        t.synchronize()?;
+        Ok([
+            alone,
+            gbps(n, &start, &out_end)?,
+            gbps(n, &t_start, &back_end)?,
+        ])
+    };
+    let mut samples: [Vec<f64>; 3] = Default::default();
+    for _ in 0..reps {
+        let r = run().map_err(|e| e.to_string())?;
+        for (all, v) in samples.iter_mut().zip(r) {
+            all.push(v);
+        }
+    }
+    let names = [
+        ("emu/peer-gbps-64m", "preset/peer-gbps"),
+        ("emu/peer-bidir-out-gbps-64m", "preset/peer-bidir-gbps"),
+        ("emu/peer-bidir-back-gbps-64m", "preset/peer-bidir-gbps"),
+    ];
+    for ((result, reference), s) in names.iter().zip(&mut samples) {
+        rep.push_samples(result, "GB/s", s);
+        rep.ratio(&format!("{result} / {reference}"), result, reference);
+    }
+    rep.notes = vec![
+        format!("peer link {}: {}", link.name, link.source),
+        format!(
+            "two emu:{} devices in virtual time; both ways at once: a → b issued on a, \
+             b → a issued on b (each copy takes a copy engine at both ends)",
+            host_link.name
+        ),
+    ];
     Ok(rep)
 }
 

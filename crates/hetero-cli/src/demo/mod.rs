@@ -18,16 +18,19 @@
 //! Files: `report.rs` (the config and the report), `kernel.rs` (the scale
 //! kernel and its CPU reference), `model.rs` (the emulated device's stage
 //! models and the clock), `pipeline.rs` (the serial and pipelined runs),
-//! `spin_pair.rs` (the host peer); this file runs the whole demo.
+//! `spin_pair.rs` (the host peer), `multi.rs` (`--devices N`: the tiles split
+//! over N emulated devices of one context); this file runs the whole demo.
 
 mod kernel;
 mod model;
+mod multi;
 mod pipeline;
 mod report;
 pub mod spin_pair;
 
 pub use kernel::{reference, scale_in_place, scale_into, EMU_KERNEL_WORK, PASS};
 pub use model::link_period_ns;
+pub use multi::{run_multi, MultiReport};
 pub use pipeline::{pipeline, pipeline_on};
 pub use report::{default_tile_bytes, DemoConfig, DemoReport, PeerRun, StageModel};
 

@@ -13,6 +13,17 @@ use std::sync::Arc;
 
 static NEXT_DEVICE: AtomicU64 = AtomicU64::new(1);
 
+/// A device held weakly (a context's list of its devices: the devices hold
+/// the context).
+#[derive(Clone)]
+pub(crate) struct WeakDevice(std::sync::Weak<DeviceInner>);
+
+impl WeakDevice {
+    pub(crate) fn upgrade(&self) -> Option<Device> {
+        self.0.upgrade().map(|inner| Device { inner })
+    }
+}
+
 /// A device: compute units, copy engines, hardware queues and memory. Cloning gives
 /// another handle to the same device.
 ///
@@ -48,6 +59,20 @@ struct DeviceInner {
     graph_memory_slack: f64,
     /// [`DeviceProperties::runs_device_code`], read at every launch.
     runs_device_code: bool,
+    /// An emulated device in virtual time (its clock runs only when driven).
+    virtual_time: bool,
+    /// The context the device joined (once; it stays in it for its life).
+    context: std::sync::OnceLock<Arc<crate::api::context::ContextShared>>,
+    /// The stream staged peer copies use on this device (`api/stream/peer.rs`),
+    /// made at the first; one that failed is retired and replaced.
+    staging: std::sync::Mutex<Staging>,
+}
+
+#[derive(Default)]
+struct Staging {
+    current: Option<Arc<dyn crate::backend::BackendStream>>,
+    /// Failed staging streams, released when the device drops.
+    retired: Vec<Arc<dyn crate::backend::BackendStream>>,
 }
 
 impl DeviceInner {
@@ -63,12 +88,16 @@ impl Drop for DeviceInner {
         let (Some(backend), profile_to) = (self.backend.take(), self.profile_to.take()) else {
             return;
         };
+        let staging = std::mem::take(&mut *self.staging.lock().unwrap_or_else(|p| p.into_inner()));
         // This thread's recycled buffers of the device give their memory back
         // now (other threads' when newer ones push them out, or at exit).
         crate::exec::storage::release_warm(backend.pool());
         // Shutting down waits for all work and joins the engines: on an engine
         // thread (a callback holding the last handle) that is done elsewhere.
         crate::exec::thread::off_engine("shut the device down", move || {
+            for q in staging.current.into_iter().chain(staging.retired) {
+                q.release();
+            }
             shutdown(backend, profile_to)
         });
     }
@@ -157,8 +186,81 @@ impl Device {
                 pitch_rules,
                 graph_memory_slack,
                 runs_device_code,
+                virtual_time: clock == hetero_trace::TraceClock::Virtual,
+                context: std::sync::OnceLock::new(),
+                staging: std::sync::Mutex::new(Staging::default()),
             }),
         })
+    }
+
+    /// The context the device belongs to ([`Context::new`](crate::Context::new)), if any.
+    pub fn context(&self) -> Option<crate::Context> {
+        self.inner
+            .context
+            .get()
+            .map(|c| crate::Context::from_shared(c.clone()))
+    }
+
+    pub(crate) fn context_shared(&self) -> Option<&Arc<crate::api::context::ContextShared>> {
+        self.inner.context.get()
+    }
+
+    /// Joins `ctx` (once); false if the device is in a context already.
+    pub(crate) fn join_context(&self, ctx: &Arc<crate::api::context::ContextShared>) -> bool {
+        self.inner.context.set(ctx.clone()).is_ok()
+    }
+
+    /// Whether device `other` is this device or in this device's context.
+    pub(crate) fn shares_context(&self, other: u64) -> bool {
+        other == self.id() || self.context_shared().is_some_and(|c| c.contains(other))
+    }
+
+    pub(crate) fn is_virtual_time(&self) -> bool {
+        self.inner.virtual_time
+    }
+
+    pub(crate) fn backend(&self) -> &dyn Backend {
+        self.inner.backend()
+    }
+
+    pub(crate) fn downgrade(&self) -> WeakDevice {
+        WeakDevice(Arc::downgrade(&self.inner))
+    }
+
+    /// What makes this device look at its streams' waits again, for another
+    /// device's timeline to call when a value this device waits for is
+    /// reached (it holds the device weakly).
+    pub(crate) fn kicker(&self) -> crate::exec::timeline::Kick {
+        let weak = Arc::downgrade(&self.inner);
+        Arc::new(move || {
+            if let Some(d) = weak.upgrade() {
+                if let Some(b) = d.backend.as_deref() {
+                    b.kick();
+                }
+            }
+        })
+    }
+
+    /// The device's staging stream for peer copies (a new one when the last
+    /// failed: a fault it took on from a waited stream stays with that copy).
+    pub(crate) fn staging_stream(&self) -> Result<Stream> {
+        let mut st = self.inner.staging.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(q) = st.current.take() {
+            if q.timeline().fault_at().is_none() {
+                st.current = Some(q);
+            } else {
+                st.retired.push(q);
+            }
+        }
+        let q = match &st.current {
+            Some(q) => q.clone(),
+            None => {
+                let q = self.inner.backend().create_stream(PRIORITY_LOWEST)?;
+                st.current = Some(q.clone());
+                q
+            }
+        };
+        Ok(Stream::internal(q, self.clone()))
     }
 
     /// The device's id (unique in the process).

@@ -5,6 +5,7 @@
 pub(crate) mod async_op;
 pub(crate) mod batch;
 pub(crate) mod buffer;
+pub(crate) mod context;
 pub(crate) mod device;
 pub(crate) mod event;
 pub(crate) mod graph;

@@ -157,6 +157,11 @@ pub(crate) trait Backend: Send + Sync {
     fn reach(&self) -> Reach {
         Reach::HOST
     }
+    /// The backend itself, for a backend that joins others of its kind (the
+    /// emulated devices of a context).
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
 }
 
 pub(crate) trait BackendStream: Send + Sync {

@@ -2,6 +2,7 @@
 
 pub(crate) mod emu;
 pub(crate) mod link;
+pub(crate) mod peer;
 
 /// What one ring slot of a stream costs for the stream's life, about: the op,
 /// its sequence number and the kernel a host slot keeps (checked against the

@@ -17,7 +17,7 @@
 //!   stream cost every completion a futex wake, a syscall on the engine's path.)
 
 use crate::config::CompletionMode;
-use crate::exec::loom::{AtomicU64, Ordering};
+use crate::exec::loom::{AtomicU64, Mutex, Ordering};
 use crate::exec::park::Parker;
 use crate::Error;
 use crossbeam_utils::CachePadded;
@@ -76,7 +76,26 @@ pub(crate) struct Timeline {
     pub(crate) host_wait: CompletionMode,
     /// Set for a device in virtual time: waits drive it.
     driver: OnceLock<std::sync::Weak<dyn Driver>>,
+    /// The smallest value a watcher waits for (`u64::MAX`: none).
+    watch_at: AtomicU64,
+    /// Devices to kick when a value is reached: streams of other devices of a
+    /// context that wait on this timeline (their engines do not look at it
+    /// otherwise). One entry per wait, removed when it fires.
+    watchers: Mutex<Vec<(u64, Watcher)>>,
 }
+
+/// A watcher: the value it waits for is beside it in the list.
+#[derive(Clone)]
+struct Watcher(Kick);
+
+impl std::fmt::Debug for Watcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Watcher")
+    }
+}
+
+/// What a completion calls to make another device look at its waits again.
+pub(crate) type Kick = Arc<dyn Fn() + Send + Sync>;
 
 impl Timeline {
     pub(crate) fn new(device: u64, stream: u64, host_wait: CompletionMode) -> Self {
@@ -92,6 +111,46 @@ impl Timeline {
             device,
             host_wait,
             driver: OnceLock::new(),
+            watch_at: AtomicU64::new(u64::MAX),
+            watchers: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Calls `kick` once `value` is reached (at once if it is). Same protocol
+    /// as parked host waiters (see the module invariants): the watcher is
+    /// published, then the value checked; a completion stores, then looks.
+    pub(crate) fn watch(&self, value: u64, kick: Kick) {
+        {
+            let mut w = self.watchers.lock().unwrap_or_else(|p| p.into_inner());
+            w.push((value, Watcher(kick)));
+            let min = w.iter().map(|e| e.0).min().unwrap_or(u64::MAX);
+            self.watch_at.store(min, Ordering::SeqCst);
+        }
+        crate::exec::loom::fence(Ordering::SeqCst);
+        if self.is_reached(value) {
+            self.fire_watchers(self.completed());
+        }
+    }
+
+    #[cold]
+    fn fire_watchers(&self, reached: u64) {
+        let fired: Vec<Kick> = {
+            let mut w = self.watchers.lock().unwrap_or_else(|p| p.into_inner());
+            let mut fired = Vec::new();
+            w.retain(|(v, k)| {
+                if *v <= reached {
+                    fired.push(k.0.clone());
+                    false
+                } else {
+                    true
+                }
+            });
+            let min = w.iter().map(|e| e.0).min().unwrap_or(u64::MAX);
+            self.watch_at.store(min, Ordering::SeqCst);
+            fired
+        };
+        for k in fired {
+            k();
         }
     }
 
@@ -139,6 +198,9 @@ impl Timeline {
         crate::exec::loom::fence(Ordering::SeqCst);
         if value >= self.wake_at.load(Ordering::Relaxed) {
             self.parker.wake_fenced(u32::MAX);
+        }
+        if value >= self.watch_at.load(Ordering::Relaxed) {
+            self.fire_watchers(value);
         }
     }
 
@@ -346,6 +408,29 @@ mod loom_tests {
             tl.fail(2, std::sync::Arc::from("boom"));
             let r = waiter.join().expect("waiter thread");
             assert!(matches!(r, Err(Error::StreamFault { value: 2, .. })));
+        });
+    }
+
+    /// A watcher registered while its value completes on another thread is
+    /// kicked: the watch publishes, then checks; the completion stores, then
+    /// looks; they never both miss. (Without the fence in `watch`, or with
+    /// the completion's look before its store, this model fails.)
+    #[test]
+    fn a_watcher_is_kicked_when_its_value_completes() {
+        loom::model(|| {
+            let tl = Arc::new(Timeline::new(0, 7, CompletionMode::Block));
+            let kicks = Arc::new(crate::exec::loom::AtomicUsize::new(0));
+            let t2 = tl.clone();
+            let done = loom::thread::spawn(move || t2.complete(1));
+            let k = kicks.clone();
+            tl.watch(
+                1,
+                std::sync::Arc::new(move || {
+                    k.fetch_add(1, Ordering::Relaxed);
+                }),
+            );
+            done.join().expect("completer");
+            assert!(kicks.load(Ordering::Relaxed) >= 1);
         });
     }
 

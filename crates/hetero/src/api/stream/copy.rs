@@ -58,7 +58,7 @@ impl Stream {
         Ok(())
     }
 
-    fn same_len(op: &'static str, a: usize, b: usize) -> Result<()> {
+    pub(super) fn same_len(op: &'static str, a: usize, b: usize) -> Result<()> {
         if a != b {
             return Err(Error::SizeMismatch {
                 op,

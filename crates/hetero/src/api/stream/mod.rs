@@ -17,6 +17,7 @@ use std::sync::Arc;
 mod alloc;
 mod copy;
 mod host_access;
+mod peer;
 
 /// Highest (most urgent) stream priority.
 pub const PRIORITY_HIGHEST: u8 = 0;
@@ -40,10 +41,16 @@ struct StreamHandle {
     capture: Arc<CaptureSlot>,
     /// H2D copies of at most this many bytes take the inline path (0: never).
     inline_max: usize,
+    /// A device's staging stream (`Device::staging_stream`): the device
+    /// releases it, not the handle.
+    internal: bool,
 }
 
 impl Drop for StreamHandle {
     fn drop(&mut self) {
+        if self.internal {
+            return;
+        }
         // The release waits for the stream's work; on an engine thread (a callback
         // dropping the last handle) that work includes the running op.
         let queue = self.queue.clone();
@@ -82,6 +89,21 @@ impl Stream {
                 device,
                 capture: Arc::default(),
                 inline_max,
+                internal: false,
+            }),
+        }
+    }
+
+    /// A handle to a device's own staging stream (dropping it releases nothing).
+    pub(crate) fn internal(queue: Arc<dyn BackendStream>, device: Device) -> Self {
+        let inline_max = device.inline_copy_max();
+        Stream {
+            inner: Arc::new(StreamHandle {
+                queue,
+                device,
+                capture: Arc::default(),
+                inline_max,
+                internal: true,
             }),
         }
     }
@@ -357,18 +379,30 @@ impl Stream {
         if crate::api::graph::capture::is_capture_timeline(&p.timeline) {
             return crate::api::graph::capture::wait(&self.inner.capture, self.id(), p);
         }
-        if p.timeline.device != self.inner.device.id() {
+        let dev = &self.inner.device;
+        let foreign = p.timeline.device != dev.id();
+        if foreign && self.is_capturing() {
+            return Err(Error::Graph {
+                op: "wait_event",
+                detail: "a capture records one device's work and the event is of another \
+                         device: wait on it before beginning the capture"
+                    .into(),
+            });
+        }
+        if foreign && !dev.shares_context(p.timeline.device) {
             return Err(Error::EventWrongDevice {
                 op: "wait_event",
                 event_device: p.timeline.device,
-                stream_device: self.inner.device.id(),
+                stream_device: dev.id(),
             });
         }
         if self.q().is_closed() {
             return Err(Error::StreamDestroyed { stream: self.id() });
         }
         // Own stream: already ordered. Completed without fault: nothing to wait for.
-        if p.timeline.stream == self.id() || matches!(p.timeline.status(p.value), Some(Ok(()))) {
+        if (!foreign && p.timeline.stream == self.id())
+            || matches!(p.timeline.status(p.value), Some(Ok(())))
+        {
             return Ok(());
         }
         self.submit(Body::Wait {
@@ -376,6 +410,11 @@ impl Stream {
             value: p.value,
             fault: true,
         })?;
+        if foreign {
+            // This device's engines look at the wait again when the other
+            // device reaches the value (nothing else tells them).
+            p.timeline.watch(p.value, dev.kicker());
+        }
         Ok(())
     }
 

@@ -86,6 +86,71 @@ fn dir_of(kind: CopyKind) -> Dir {
     }
 }
 
+/// A copy between this device and another of its context (`Body::Copy`
+/// whose storages are of two devices): `None` for any other op. Moves the
+/// bytes now, from the source device's memory to the destination's (each
+/// reached through its own device's `Reach`), and returns the direction on
+/// this device's side of the peer link (out: `D2H`, in: `H2D`), the link's
+/// lane the copy takes and the bytes on its wire; or the fault when the devices have no direct link.
+pub(crate) fn peer_copy(
+    sh: &Shared,
+    op: &Op,
+) -> Option<Result<(Dir, super::group::PeerWire, f64), String>> {
+    let Body::Copy {
+        src,
+        src_off,
+        dst,
+        dst_off,
+        bytes,
+        ..
+    } = &op.body
+    else {
+        return None;
+    };
+    if src.device == dst.device {
+        return None;
+    }
+    let Some(group) = sh.group.get() else {
+        return Some(Err(format!(
+            "peer copy from device {} to device {}: this device is in no context with the \
+             other; this is a bug in hetero (the stream checks it)",
+            src.device, dst.device
+        )));
+    };
+    let (Some(wire), Some(from), Some(to)) = (
+        group.wire(src.device, dst.device),
+        group.reach_of(src.device),
+        group.reach_of(dst.device),
+    ) else {
+        return Some(Err(format!(
+            "peer copy from device {} to device {}: no direct link between them; this is a \
+             bug in hetero (the stream stages such copies)",
+            src.device, dst.device
+        )));
+    };
+    // SAFETY: both ranges were bounds-checked at enqueue and lie in memory of
+    // two different devices (two arenas), kept alive by the op's storages.
+    // The group's lock is held (whoever runs a model of the context holds it),
+    // so no engine of either device touches either range meanwhile, and host
+    // code reaches device memory only through ops these models run.
+    unsafe {
+        crate::exec::effects::copy_bytes(
+            src.engine_ptr(from),
+            *src_off,
+            dst.engine_ptr(to),
+            *dst_off,
+            *bytes,
+        )
+    }
+    let dir = if src.device == sh.device {
+        Dir::D2H
+    } else {
+        Dir::H2D
+    };
+    let on_wire = wire.link.wire_bytes(*bytes as u64);
+    Some(Ok((dir, wire, on_wire)))
+}
+
 /// Device-memory time of `height` rows of `width` bytes, ns.
 fn rows_ns(link: &LinkPreset, width: usize, height: usize) -> u64 {
     let sectors = height as f64 * width.div_ceil(SECTOR) as f64 * SECTOR as f64;

@@ -28,6 +28,9 @@ const IDLE_SPIN_NS: u64 = 200_000;
 impl Shared {
     /// Runs the model (virtual time) until `ready()` or nothing more can happen.
     fn run_virtual(&self, ready: &mut dyn FnMut() -> bool) -> Result<bool> {
+        if let Some(g) = self.group.get() {
+            return g.run_virtual(ready);
+        }
         if engine::in_sim() {
             return Err(Error::WouldDeadlock(
                 "a kernel or host callback on the emulated device waits for that device's \
@@ -52,6 +55,9 @@ impl Shared {
 
     /// One event of progress (a host poll in virtual time).
     fn step_virtual(&self) {
+        if let Some(g) = self.group.get() {
+            return g.step_virtual();
+        }
         if engine::in_sim() {
             return;
         }
@@ -83,6 +89,9 @@ impl Shared {
         loop {
             let seen = self.bell.pending.load(Ordering::Acquire);
             let next = {
+                // A member of a context's group runs its model only while no
+                // other member runs its own (peer copies reach both memories).
+                let _held = self.group.get().map(|g| g.hold());
                 let mut sim = self.sim.lock().unwrap_or_else(|p| p.into_inner());
                 // Catch the model up with the wall clock, event by event (rates
                 // change only at events), starting what became ready on the way.

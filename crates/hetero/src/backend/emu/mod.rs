@@ -26,10 +26,12 @@ mod dma;
 mod driver;
 mod engine;
 mod graph;
+mod group;
 mod iommu;
 mod memory;
 mod stream;
 
+pub(crate) use group::join;
 pub use iommu::{IommuStats, IotlbCounts};
 
 use super::{Backend, BackendStream, DeviceProperties};
@@ -100,6 +102,14 @@ pub(crate) struct Shared {
     shutdown: AtomicBool,
     /// This device context's page table and I/O TLB.
     pub(crate) iommu: Arc<iommu::Iommu>,
+    /// The emulated devices of this device's context, once it joined one.
+    pub(crate) group: std::sync::OnceLock<Arc<group::Group>>,
+    /// Per direction (H2D, D2H, D2D), which copy engines are busy (bit per
+    /// engine). Here, not in the model, because a peer copy started in the
+    /// model of another device of the context takes one of this device's
+    /// engines too; written only by whoever runs a model (the model's lock,
+    /// and in a context the group's lock, make that one thread at a time).
+    pub(crate) copy_busy: [std::sync::atomic::AtomicU64; 3],
 }
 
 impl super::HasStreams for Shared {
@@ -116,6 +126,21 @@ impl Shared {
     /// Copy engines per direction (H2D, D2H, D2D).
     pub(crate) fn copy_engines(&self) -> [usize; 3] {
         self.config.copy_engines
+    }
+
+    /// The first free copy engine of direction `k`, if any.
+    pub(crate) fn free_copy_engine(&self, k: usize) -> Option<usize> {
+        let busy = self.copy_busy[k].load(Ordering::Relaxed);
+        (0..self.config.copy_engines[k].min(64)).find(|i| busy & (1 << i) == 0)
+    }
+
+    /// Marks copy engine `i` of direction `k` busy or free.
+    pub(crate) fn set_copy_busy(&self, k: usize, i: usize, busy: bool) {
+        if busy {
+            self.copy_busy[k].fetch_or(1 << i, Ordering::Relaxed);
+        } else {
+            self.copy_busy[k].fetch_and(!(1 << i), Ordering::Relaxed);
+        }
     }
 
     pub(crate) fn real_time(&self) -> bool {
@@ -192,7 +217,7 @@ impl EmuBackend {
         )?;
         let shared = Arc::new(Shared {
             device,
-            sim: Mutex::new(Sim::new(config.copy_engines, config.compute_units)),
+            sim: Mutex::new(Sim::new(config.compute_units)),
             streams: super::StreamList::new(),
             next_stream: AtomicU64::new(1),
             bell: Arc::new(Doorbell {
@@ -206,6 +231,8 @@ impl EmuBackend {
             priorities: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
             iommu,
+            group: std::sync::OnceLock::new(),
+            copy_busy: Default::default(),
             reach: arena.reach(),
             emu: emu.clone(),
             config: config.clone(),
@@ -386,5 +413,9 @@ impl Backend for EmuBackend {
 
     fn reach(&self) -> Reach {
         self.shared.reach
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
     }
 }

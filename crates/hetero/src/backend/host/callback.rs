@@ -211,7 +211,9 @@ fn engine_wait(
     let top = TOP.with(|t| t.get());
     // SAFETY: see `find_frame`; the innermost frame is alive below this call.
     let blocked = (!top.is_null()).then(|| unsafe { (&*(*top).stream, (*top).value) });
-    let hint = pack_hint(timeline.stream, value);
+    // Hints name streams of this device only (a wait on another device of a
+    // context is no step in a cycle of this device's engines).
+    let hint = pack_hint(timeline.stream, value).filter(|_| timeline.device == sh.device);
     if let (Some((s, at)), Some(h)) = (blocked, hint) {
         s.blocked_at.store(at, Ordering::Relaxed);
         s.blocked_on.store(h, Ordering::Release);

@@ -113,7 +113,7 @@ impl EngineThread {
                 if matches!(ready, Readiness::NotReady) && matches!(op.body, Body::Async(_)) {
                     self.async_head = Some(stream.id);
                 }
-                (ready, wait_hint_of(op))
+                (ready, wait_hint_of(op, stream.timeline.device))
             })
         };
         let engine = match decision {

@@ -314,12 +314,14 @@ pub(super) fn unpack_hint(hint: u64) -> (u64, u64) {
     (hint >> HINT_VALUE_BITS, hint & ((1 << HINT_VALUE_BITS) - 1))
 }
 
-/// What a wait op waits for, packed, or `None` when the op is not a wait.
-pub(super) fn wait_hint_of(op: &Op) -> Option<u64> {
+/// What a wait op waits for, packed, or `None` when the op is not a wait on
+/// a stream of `device` (hints name streams of their own device only: a wait
+/// on another device of a context gives none).
+pub(super) fn wait_hint_of(op: &Op, device: u64) -> Option<u64> {
     match &op.body {
         Body::Wait {
             timeline, value, ..
-        } => pack_hint(timeline.stream, *value),
+        } if timeline.device == device => pack_hint(timeline.stream, *value),
         _ => None,
     }
 }

@@ -622,11 +622,18 @@ impl Engine {
                         value: v,
                         fault,
                     } => {
-                        let failed = *fault
-                            && (timeline.error_for(*v).is_some()
-                                || (timeline.device == sh.device
-                                    && self.faulted_here(timeline.stream)));
-                        if failed {
+                        let error = timeline.error_for(*v).filter(|_| *fault);
+                        // An op of this device that failed when it was
+                        // recorded has not failed its timeline yet.
+                        let failed_here = *fault
+                            && timeline.device == sh.device
+                            && self.faulted_here(timeline.stream);
+                        if let Some(e) = error {
+                            taken.result = Err(format!(
+                                "waited on an event of stream {}, which failed: {e}",
+                                timeline.stream
+                            ));
+                        } else if failed_here {
                             taken.result = Err(format!(
                                 "waited on an event of stream {}, which failed",
                                 timeline.stream

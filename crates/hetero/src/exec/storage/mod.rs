@@ -232,6 +232,15 @@ impl Storage {
         self.pending_ready()
     }
 
+    /// Like [`Storage::use_on`] for an op on a stream of another device (a
+    /// peer copy): stream ids name streams of one device only, so the memory
+    /// is marked to return to its pool only once its last op completed.
+    pub(crate) fn use_off_device(&self) -> Option<(&Arc<Timeline>, u64)> {
+        self.shared.store(true, Ordering::Relaxed);
+        self.used_on_more.store(true, Ordering::Relaxed);
+        self.pending_ready()
+    }
+
     pub(crate) fn set_driver(
         &mut self,
         driver: std::sync::Weak<dyn crate::exec::timeline::Driver>,

@@ -84,6 +84,8 @@ struct Transfer {
     remaining: f64,
     /// It completes no earlier than this (a 2-D copy's device side).
     floor: u64,
+    /// A peer copy: over this link, not the host's.
+    peer: Option<super::group::PeerWire>,
 }
 
 struct Running {
@@ -100,13 +102,15 @@ struct Running {
     /// Copies merged into this one's descriptor chain (coalescing), with their
     /// values: they complete with it, in order.
     merged: Vec<(Op, u64)>,
+    /// A peer copy's engine on the other device (its direction and index),
+    /// freed with this op's.
+    remote: Option<(Arc<Shared>, usize, usize)>,
 }
 
 pub(crate) struct Sim {
     pub(crate) now: u64,
     streams: Vec<Arc<EmuStream>>,
     generation: u64,
-    copy_free: [Vec<bool>; 3],
     compute_free: Vec<bool>,
     running: Vec<Running>,
     next_seq: u64,
@@ -126,12 +130,11 @@ pub(crate) struct Sim {
 }
 
 impl Sim {
-    pub(crate) fn new(copy_engines: [usize; 3], compute_units: usize) -> Self {
+    pub(crate) fn new(compute_units: usize) -> Self {
         Sim {
             now: 0,
             streams: Vec::new(),
             generation: u64::MAX,
-            copy_free: copy_engines.map(|n| vec![true; n]),
             compute_free: vec![true; compute_units],
             running: Vec::new(),
             next_seq: 0,
@@ -224,6 +227,8 @@ impl Sim {
             Skip,
             Now(Result<(), String>),
             Engine(Engine),
+            /// A peer copy: this device's engine and the other device's.
+            Peer(Engine, Arc<Shared>, usize, usize),
             /// An async op that is done, completing at this device time or later.
             Async(u64),
         }
@@ -250,12 +255,32 @@ impl Sim {
                         })
                     }),
                     Body::Record { .. } | Body::Host(_) => Some(Plan::Now(Ok(()))),
-                    Body::Copy { kind, .. } => self.free_copy(*kind).map(Plan::Engine),
-                    Body::HostWrite { .. } => self.free_copy(CopyKind::H2D).map(Plan::Engine),
-                    Body::HostRead { .. } => self.free_copy(CopyKind::D2H).map(Plan::Engine),
-                    Body::CopyBatch(b) => self.free_copy(b.kind).map(Plan::Engine),
-                    Body::Copy2D(c) => self.free_copy(c.kind).map(Plan::Engine),
-                    Body::Fill { .. } => self.free_copy(CopyKind::D2D).map(Plan::Engine),
+                    // A peer copy takes a copy engine at both ends: out of
+                    // the source (D2H), into the destination (H2D).
+                    Body::Copy { src, dst, .. } if src.device != dst.device => {
+                        let (kind, other, remote_kind) = if src.device == sh.device {
+                            (CopyKind::D2H, dst.device, CopyKind::H2D)
+                        } else {
+                            (CopyKind::H2D, src.device, CopyKind::D2H)
+                        };
+                        let local = self.free_copy(sh, kind)?;
+                        match sh.group.get().and_then(|g| g.member(other)) {
+                            Some(remote) => {
+                                let k = remote_kind as usize;
+                                let i = remote.free_copy_engine(k)?;
+                                Some(Plan::Peer(local, remote, k, i))
+                            }
+                            // (No group or the other device is gone: the
+                            // start faults the copy.)
+                            None => Some(Plan::Engine(local)),
+                        }
+                    }
+                    Body::Copy { kind, .. } => self.free_copy(sh, *kind).map(Plan::Engine),
+                    Body::HostWrite { .. } => self.free_copy(sh, CopyKind::H2D).map(Plan::Engine),
+                    Body::HostRead { .. } => self.free_copy(sh, CopyKind::D2H).map(Plan::Engine),
+                    Body::CopyBatch(b) => self.free_copy(sh, b.kind).map(Plan::Engine),
+                    Body::Copy2D(c) => self.free_copy(sh, c.kind).map(Plan::Engine),
+                    Body::Fill { .. } => self.free_copy(sh, CopyKind::D2D).map(Plan::Engine),
                     Body::Kernel { blocks, .. } => self.free_units(*blocks).map(Plan::Engine),
                     // A launch takes every compute unit free when it starts.
                     Body::Graph(_) => self.free_units(u32::MAX).map(Plan::Engine),
@@ -281,6 +306,7 @@ impl Sim {
         self.next_seq += 1;
         let now = self.now;
         let (mut result, mut engine) = (Ok(()), Engine::None);
+        let mut remote = None;
         // In virtual time an async op that asked for a later device time
         // completes then (its stream in flight until), like a fixed-length op.
         let async_end = match &plan {
@@ -311,7 +337,13 @@ impl Sim {
                 }
             }
             Plan::Engine(e) => {
-                self.take(e);
+                self.take(sh, e);
+                engine = e;
+            }
+            Plan::Peer(e, other, k, i) => {
+                self.take(sh, e);
+                other.set_copy_busy(k, i, true);
+                remote = Some((other, k, i));
                 engine = e;
             }
             Plan::Async(_) => {
@@ -345,6 +377,7 @@ impl Sim {
             result,
             seq,
             merged,
+            remote,
         };
         if engine == Engine::None && async_end.is_none() {
             self.completed_at_start = true;
@@ -356,12 +389,9 @@ impl Sim {
         true
     }
 
-    fn free_copy(&self, kind: CopyKind) -> Option<Engine> {
+    fn free_copy(&self, sh: &Shared, kind: CopyKind) -> Option<Engine> {
         let k = kind as usize;
-        self.copy_free[k]
-            .iter()
-            .position(|&f| f)
-            .map(|i| Engine::Copy(k, i))
+        sh.free_copy_engine(k).map(|i| Engine::Copy(k, i))
     }
 
     /// As many free compute units as the grid can use (at least one).
@@ -376,13 +406,13 @@ impl Sim {
         Some(Engine::Compute(first, run))
     }
 
-    fn take(&mut self, e: Engine) {
-        self.mark(e, false);
+    fn take(&mut self, sh: &Shared, e: Engine) {
+        self.mark(sh, e, false);
     }
 
-    fn mark(&mut self, e: Engine, free: bool) {
+    fn mark(&mut self, sh: &Shared, e: Engine, free: bool) {
         match e {
-            Engine::Copy(k, i) => self.copy_free[k][i] = free,
+            Engine::Copy(k, i) => sh.set_copy_busy(k, i, !free),
             Engine::Compute(first, n) => {
                 for f in &mut self.compute_free[first..first + n] {
                     *f = free;
@@ -404,6 +434,21 @@ impl Sim {
         now: u64,
         at: (u64, u32, u64),
     ) -> (Option<Transfer>, u64, Result<(), String>) {
+        if let Some(peer) = dma::peer_copy(sh, op) {
+            return match peer {
+                Ok((dir, wire, bytes)) => {
+                    let t = Transfer {
+                        dir,
+                        setup_until: now + wire.link.setup_ns,
+                        remaining: bytes,
+                        floor: now,
+                        peer: Some(wire.enter()),
+                    };
+                    (Some(t), now, Ok(()))
+                }
+                Err(fault) => (None, now, Err(fault)),
+            };
+        }
         if let Engine::Copy(k, i) = engine {
             match dma::plan(sh, (k as u8, i as u32), op) {
                 // A fault: refused before any byte moved.
@@ -417,6 +462,7 @@ impl Sim {
                                 setup_until: now + p.setup_ns,
                                 remaining: p.wire_bytes,
                                 floor: now + p.floor_ns,
+                                peer: None,
                             };
                             (Some(t), now, Ok(()))
                         }
@@ -559,7 +605,14 @@ fn merge_run(
         return;
     };
     let kind = match &first.body {
-        Body::Copy { kind, bytes, .. } if *bytes <= max_bytes => *kind,
+        // (A peer copy is no host-link descriptor chain: it merges nothing.)
+        Body::Copy {
+            kind,
+            bytes,
+            src,
+            dst,
+            ..
+        } if *bytes <= max_bytes && src.device == dst.device => *kind,
         _ => return,
     };
     while merged.len() + 1 < window {
