@@ -63,16 +63,47 @@ struct DeviceInner {
     virtual_time: bool,
     /// The context the device joined (once; it stays in it for its life).
     context: std::sync::OnceLock<Arc<crate::api::context::ContextShared>>,
-    /// The stream staged peer copies use on this device (`api/stream/peer.rs`),
-    /// made at the first; one that failed is retired and replaced.
+    /// The streams staged peer copies use on this device (`api/stream/peer.rs`).
     staging: std::sync::Mutex<Staging>,
 }
 
+/// Staging streams: one per staged copy in flight. A copy takes one whose
+/// work is complete and did not fail (so no fault it waited on can still
+/// reach it), or a new one, and gives it back when its ops are submitted.
+/// One that failed is retired: a fault it took on from a waited stream stays
+/// with the copy that waited.
 #[derive(Default)]
 struct Staging {
-    current: Option<Arc<dyn crate::backend::BackendStream>>,
+    idle: Vec<Arc<dyn crate::backend::BackendStream>>,
     /// Failed staging streams, released when the device drops.
     retired: Vec<Arc<dyn crate::backend::BackendStream>>,
+}
+
+/// A staging stream lent to one staged copy (`Device::staging_stream`):
+/// back to the device's idle list when dropped.
+pub(crate) struct StagingStream {
+    stream: Stream,
+    queue: Arc<dyn crate::backend::BackendStream>,
+    device: Device,
+}
+
+impl std::ops::Deref for StagingStream {
+    type Target = Stream;
+    fn deref(&self) -> &Stream {
+        &self.stream
+    }
+}
+
+impl Drop for StagingStream {
+    fn drop(&mut self) {
+        let mut st = self
+            .device
+            .inner
+            .staging
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        st.idle.push(self.queue.clone());
+    }
 }
 
 impl DeviceInner {
@@ -95,7 +126,7 @@ impl Drop for DeviceInner {
         // Shutting down waits for all work and joins the engines: on an engine
         // thread (a callback holding the last handle) that is done elsewhere.
         crate::exec::thread::off_engine("shut the device down", move || {
-            for q in staging.current.into_iter().chain(staging.retired) {
+            for q in staging.idle.into_iter().chain(staging.retired) {
                 q.release();
             }
             shutdown(backend, profile_to)
@@ -241,26 +272,29 @@ impl Device {
         })
     }
 
-    /// The device's staging stream for peer copies (a new one when the last
-    /// failed: a fault it took on from a waited stream stays with that copy).
-    pub(crate) fn staging_stream(&self) -> Result<Stream> {
+    /// A staging stream for one peer copy (see [`Staging`]): an idle one
+    /// whose work completed without a fault, else a new one.
+    pub(crate) fn staging_stream(&self) -> Result<StagingStream> {
         let mut st = self.inner.staging.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(q) = st.current.take() {
-            if q.timeline().fault_at().is_none() {
-                st.current = Some(q);
-            } else {
-                st.retired.push(q);
+        let mut found = None;
+        let mut pending = Vec::new();
+        for q in std::mem::take(&mut st.idle) {
+            match q.timeline().status(q.submitted()) {
+                Some(Ok(())) if found.is_none() => found = Some(q),
+                Some(Err(_)) => st.retired.push(q),
+                _ => pending.push(q),
             }
         }
-        let q = match &st.current {
-            Some(q) => q.clone(),
-            None => {
-                let q = self.inner.backend().create_stream(PRIORITY_LOWEST)?;
-                st.current = Some(q.clone());
-                q
-            }
+        st.idle = pending;
+        let queue = match found {
+            Some(q) => q,
+            None => self.inner.backend().create_stream(PRIORITY_LOWEST)?,
         };
-        Ok(Stream::internal(q, self.clone()))
+        Ok(StagingStream {
+            stream: Stream::internal(queue.clone(), self.clone()),
+            queue,
+            device: self.clone(),
+        })
     }
 
     /// The device's id (unique in the process).

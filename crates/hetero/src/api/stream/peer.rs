@@ -173,16 +173,11 @@ impl Stream {
         bytes: usize,
     ) -> Result<()> {
         let here = self.device().id();
-        let sa = if a.id() == here {
-            self.clone()
-        } else {
-            a.staging_stream()?
-        };
-        let sb = if b.id() == here {
-            self.clone()
-        } else {
-            b.staging_stream()?
-        };
+        // The other end's part on a staging stream lent to this copy alone.
+        let lent_a = (a.id() != here).then(|| a.staging_stream()).transpose()?;
+        let lent_b = (b.id() != here).then(|| b.staging_stream()).transpose()?;
+        let sa: &Stream = lent_a.as_deref().unwrap_or(self);
+        let sb: &Stream = lent_b.as_deref().unwrap_or(self);
         let host_a = a.properties().backend == "host";
         let host_b = b.properties().backend == "host";
         // Pinned memory of each non-host end (its IOMMU maps only its own).
