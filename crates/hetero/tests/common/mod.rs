@@ -58,10 +58,10 @@ impl Backend {
     /// What this backend cannot run: `(test, reason)`, in one or more tables.
     pub fn skips(self) -> &'static [&'static [(&'static str, &'static str)]] {
         match self {
-            Backend::Host => &[VIRTUAL_TIME_SKIPS, NO_DRIVER_SKIPS],
+            Backend::Host => &[VIRTUAL_TIME_SKIPS, NO_DRIVER_SKIPS, NO_CAPACITY_SKIPS],
             Backend::EmuVirtual => &[EMU_SKIPS, NO_DRIVER_SKIPS],
             Backend::EmuReal => &[EMU_SKIPS, VIRTUAL_TIME_SKIPS, NO_DRIVER_SKIPS],
-            Backend::Vulkan => &[VULKAN_SKIPS, VIRTUAL_TIME_SKIPS],
+            Backend::Vulkan => &[VULKAN_SKIPS, VIRTUAL_TIME_SKIPS, VULKAN_MANAGED_SKIPS],
         }
     }
 }
@@ -114,6 +114,93 @@ const NO_DRIVER_SKIPS: &[(&str, &str)] = &[(
     "device loss is injected at the driver's submission (DeviceConfig::lose_device_at_submission); \
      the host and the emulated device have no driver to lose and ignore the setting",
 )];
+
+/// What a device whose memory is the host's cannot run, and why.
+const NO_CAPACITY_SKIPS: &[(&str, &str)] = &[
+    (
+        "read_mostly_keeps_a_replica_and_preferred_host_pages_are_evicted_first",
+        HOST_ONE_MEMORY,
+    ),
+    (
+        "eviction_copies_nothing_for_clean_pages_and_each_dirty_page_once",
+        HOST_ONE_MEMORY,
+    ),
+    (
+        "a_working_set_past_capacity_is_a_typed_error_naming_the_figures",
+        HOST_ONE_MEMORY,
+    ),
+    ("thrashing_pages_are_throttled_then_pinned", HOST_ONE_MEMORY),
+    (
+        "random_programs_past_capacity_match_the_sequential_model",
+        HOST_ONE_MEMORY,
+    ),
+];
+const HOST_ONE_MEMORY: &str = "the host device's memory is the host's: a managed buffer has one \
+     copy, nothing is resident elsewhere, so there is no device capacity to pass (EmuConfig::capacity \
+     is an emu setting)";
+
+/// Managed memory is not built on the Vulkan backend (`alloc_managed` is a
+/// typed error there: tests/managed.rs).
+const VULKAN_MANAGED_SKIPS: &[(&str, &str)] = &[
+    (
+        "kernels_and_host_guards_see_each_others_writes",
+        VK_NO_MANAGED,
+    ),
+    ("a_sub_range_argument_moves_only_its_pages", VK_NO_MANAGED),
+    (
+        "kernels_on_several_streams_follow_submission_order_on_shared_pages",
+        VK_NO_MANAGED,
+    ),
+    (
+        "try_guards_refuse_while_queued_work_uses_the_pages_and_plain_guards_wait",
+        VK_NO_MANAGED,
+    ),
+    (
+        "a_guard_holds_later_work_and_a_second_guard_on_its_thread_is_refused",
+        VK_NO_MANAGED,
+    ),
+    (
+        "host_threads_reading_while_kernels_write_never_see_torn_data",
+        VK_NO_MANAGED,
+    ),
+    (
+        "prefetch_moves_pages_ahead_so_the_kernel_and_the_host_copy_nothing",
+        VK_NO_MANAGED,
+    ),
+    (
+        "read_mostly_keeps_a_replica_and_preferred_host_pages_are_evicted_first",
+        VK_NO_MANAGED,
+    ),
+    (
+        "eviction_copies_nothing_for_clean_pages_and_each_dirty_page_once",
+        VK_NO_MANAGED,
+    ),
+    (
+        "a_working_set_past_capacity_is_a_typed_error_naming_the_figures",
+        VK_NO_MANAGED,
+    ),
+    ("thrashing_pages_are_throttled_then_pinned", VK_NO_MANAGED),
+    (
+        "migrations_are_recorded_with_their_reason_and_sum_to_the_stats",
+        VK_NO_MANAGED,
+    ),
+    (
+        "empty_huge_and_misused_buffers_are_inputs_not_crashes",
+        VK_NO_MANAGED,
+    ),
+    (
+        "copies_between_managed_and_device_buffers_follow_the_pages",
+        VK_NO_MANAGED,
+    ),
+    ("random_programs_match_the_sequential_model", VK_NO_MANAGED),
+    (
+        "random_programs_past_capacity_match_the_sequential_model",
+        VK_NO_MANAGED,
+    ),
+];
+const VK_NO_MANAGED: &str = "managed memory is built for the host and emu backends only: on \
+     Vulkan the device copy would be VkDeviceMemory the host-side page table cannot name yet, \
+     and Device::alloc_managed returns Error::Managed saying so";
 
 /// What the emulated device cannot run, in either time mode, and why.
 const EMU_SKIPS: &[(&str, &str)] = &[

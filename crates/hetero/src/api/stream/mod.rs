@@ -263,6 +263,9 @@ impl Stream {
     /// Launches `kernel` over `grid`, giving it `args` (see [`Arg`]).
     #[inline]
     pub fn launch(&self, kernel: &Kernel, grid: Grid, args: &[Arg<'_>]) -> Result<()> {
+        if args.iter().any(|a| a.managed.is_some()) {
+            return crate::api::managed::launch(self, kernel, grid, args);
+        }
         if grid.blocks == 0 {
             return Err(Error::EmptyGrid {
                 kernel: kernel.inner.name,
