@@ -137,7 +137,7 @@ impl Shared {
 /// let buf = dev.alloc_managed::<f32>(1024).unwrap();
 /// buf.write(..).unwrap().fill(1.0);
 /// let double = Kernel::new("double", |b| {
-///     for x in b.slice_mut::<f32>(0) {
+///     for x in b.write::<f32>(0) {
 ///         *x *= 2.0;
 ///     }
 /// });

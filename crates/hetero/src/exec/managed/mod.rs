@@ -16,7 +16,10 @@
 //!   hold), `reads`: the points of queued readers since (kernels' reads, host
 //!   read guards' holds).
 //!
-//! Transitions (`d` the acting device):
+//! - `touched`: written at least once anywhere. An untouched page is zero in
+//!   every memory, so making it resident copies nothing (first touch).
+//!
+//! Transitions (`d` the acting device; "copy in" only for a touched page):
 //! ```text
 //!   device read on d:    d ∉ valid → copy in (from the host)   valid ∪= {d}
 //!                        without ReadMostly other devices drop theirs
