@@ -213,6 +213,33 @@ fn a_guard_holds_later_work_and_a_second_guard_on_its_thread_is_refused() {
 }
 
 #[test]
+fn a_failing_kernel_fails_its_stream_and_the_buffer_stays_usable() {
+    if common::skipped("a_failing_kernel_fails_its_stream_and_the_buffer_stays_usable") {
+        return;
+    }
+    let dev = common::device();
+    let (bad, good) = (
+        dev.create_stream().expect("s"),
+        dev.create_stream().expect("s"),
+    );
+    let buf = dev.alloc_managed::<u32>(20_000).expect("managed");
+    host_fill(&buf, |_| 5);
+    let boom = Kernel::new("boom", |b| {
+        let _ = b.write::<u32>(0);
+        panic!("injected");
+    });
+    bad.launch(&boom, 1.into(), &[Arg::managed_write_range(&buf, ..10_000)])
+        .expect("launch");
+    // Another stream's work on the same pages waits for it, and runs.
+    good.launch(&affine(1, 1), 2.into(), &[Arg::managed_write(&buf)])
+        .expect("launch");
+    good.synchronize().expect("the other stream goes on");
+    assert!(bad.synchronize().is_err(), "the fault stays on its stream");
+    let g = buf.read(10_000..).expect("read after a fault elsewhere");
+    assert!(g.iter().all(|&x| x == 6));
+}
+
+#[test]
 fn host_threads_reading_while_kernels_write_never_see_torn_data() {
     if common::skipped("host_threads_reading_while_kernels_write_never_see_torn_data") {
         return;
@@ -475,6 +502,25 @@ fn thrashing_pages_are_throttled_then_pinned() {
     assert!(st.thrash_events > 0, "{st:?}");
     assert!(st.throttled_pages > 0, "{st:?}");
     assert!(st.pinned_pages > 0, "{st:?}");
+    // The same rounds with throttling off: the same thrash is seen, no page is
+    // throttled or pinned.
+    let dev = device_of_capacity(1 << 20);
+    dev.set_managed_thrash_throttling(false);
+    let s = dev.create_stream().expect("stream");
+    let buf = dev.alloc_managed::<u32>(24 * words).expect("1.5x capacity");
+    for round in 0..40 {
+        let r = if round % 2 == 0 {
+            0..12 * words
+        } else {
+            12 * words..24 * words
+        };
+        s.launch(&touch, 1.into(), &[Arg::managed_read_range(&buf, r)])
+            .expect("launch");
+    }
+    s.synchronize().expect("sync");
+    let off = dev.managed_stats();
+    assert!(off.thrash_events > 0, "{off:?}");
+    assert_eq!((off.throttled_pages, off.pinned_pages), (0, 0), "{off:?}");
 }
 
 #[test]

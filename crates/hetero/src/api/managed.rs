@@ -320,6 +320,14 @@ impl Device {
         space_of(self).lock().stats
     }
 
+    /// Turns thrash throttling and pinning on (the default) or off for this
+    /// device's managed pages: off, eviction is least-recently-used order
+    /// alone (thrash events are still counted in [`ManagedStats`]). For
+    /// comparing the two; nothing already evicted changes.
+    pub fn set_managed_thrash_throttling(&self, on: bool) {
+        space_of(self).lock().no_throttle = !on;
+    }
+
     /// (budget, capacity, held by the pool) of a device with its own memory.
     fn managed_budget(&self) -> Option<(usize, usize, usize)> {
         if self.properties().backend == "host" {

@@ -338,6 +338,9 @@ pub(crate) struct Space {
     /// work that itself waits for one). Lets a host thread see that a wait
     /// would end only after a guard it holds drops.
     blocked: HashMap<usize, Vec<(u64, usize)>>,
+    /// Thrash throttling and pinning off (`Device::set_managed_thrash_throttling`):
+    /// thrash events are still counted, eviction ignores them.
+    pub(crate) no_throttle: bool,
 }
 
 fn key(t: &Arc<Timeline>) -> usize {
@@ -444,7 +447,8 @@ impl Space {
                     }
                     for (p, page) in t.pages.iter().enumerate() {
                         if page.has(mem) && !own.contains_key(&(b, p)) {
-                            victims.push((victim_rank(page, mem), page.tick, b, p, t.page_len(p)));
+                            let rank = victim_rank(page, mem, !self.no_throttle);
+                            victims.push((rank, page.tick, b, p, t.page_len(p)));
                         }
                     }
                 }
@@ -576,10 +580,10 @@ impl Space {
                     if now - at < w {
                         page.thrash += 1;
                         self.stats.thrash_events += 1;
-                        if page.thrash == THROTTLE_AFTER {
+                        if page.thrash == THROTTLE_AFTER && !self.no_throttle {
                             self.stats.throttled_pages += 1;
                         }
-                        if page.thrash == PIN_AFTER {
+                        if page.thrash == PIN_AFTER && !self.no_throttle {
                             self.stats.pinned_pages += 1;
                         }
                     }
@@ -757,12 +761,12 @@ impl Space {
 
 /// Lower goes first: idle before busy; preferring the host, then no
 /// preference, then throttled, then preferring this device, then pinned.
-fn victim_rank(page: &Page, mem: u8) -> u8 {
-    let class = if page.thrash >= PIN_AFTER {
+fn victim_rank(page: &Page, mem: u8, throttle: bool) -> u8 {
+    let class = if throttle && page.thrash >= PIN_AFTER {
         4
     } else if page.preferred == Some(mem) {
         3
-    } else if page.thrash >= THROTTLE_AFTER {
+    } else if throttle && page.thrash >= THROTTLE_AFTER {
         2
     } else if page.preferred == Some(HOST) {
         0
