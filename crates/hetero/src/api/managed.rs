@@ -387,25 +387,37 @@ impl<T: Pod> ManagedBuffer<T> {
         range: impl RangeBounds<usize>,
         write: bool,
     ) -> Result<Access> {
+        self.access_elems(op, range, write).map(|(a, _)| a)
+    }
+
+    /// The access and its element count (a byte count says nothing for a
+    /// zero-sized `T`).
+    fn access_elems(
+        &self,
+        op: &'static str,
+        range: impl RangeBounds<usize>,
+        write: bool,
+    ) -> Result<(Access, usize)> {
         let (start, count) = elems(self.len, range);
         crate::api::stream::check_range(op, self.len, start, count)?;
         let size = std::mem::size_of::<T>();
-        Ok(Access {
+        let a = Access {
             buffer: self.shared.id,
             off: start * size,
             bytes: count * size,
             write,
-        })
+        };
+        Ok((a, count))
     }
 
     /// Reads elements `range` on the host: waits for queued work that writes
     /// their pages, copies dirty pages back, and holds them: work submitted
     /// while the guard lives that writes them waits for its drop.
     pub fn read(&self, range: impl RangeBounds<usize>) -> Result<ManagedRead<'_, T>> {
-        let a = self.access("ManagedBuffer::read", range, false)?;
+        let (a, count) = self.access_elems("ManagedBuffer::read", range, false)?;
         let hold = host_access(&self.shared, "ManagedBuffer::read", a, false)?;
         Ok(ManagedRead {
-            data: self.host_elems(&a),
+            data: self.host_elems(&a, count),
             hold: Some(hold),
             _not_send: PhantomData,
         })
@@ -415,10 +427,10 @@ impl<T: Pod> ManagedBuffer<T> {
     /// queued work still writes those pages (on a device in virtual time the
     /// refusal lets the model make a step, so polling progresses).
     pub fn try_read(&self, range: impl RangeBounds<usize>) -> Result<ManagedRead<'_, T>> {
-        let a = self.access("ManagedBuffer::try_read", range, false)?;
+        let (a, count) = self.access_elems("ManagedBuffer::try_read", range, false)?;
         let hold = host_access(&self.shared, "ManagedBuffer::try_read", a, true)?;
         Ok(ManagedRead {
-            data: self.host_elems(&a),
+            data: self.host_elems(&a, count),
             hold: Some(hold),
             _not_send: PhantomData,
         })
@@ -431,10 +443,10 @@ impl<T: Pod> ManagedBuffer<T> {
     /// pages waits for this one; on the same thread it is
     /// [`Error::WouldDeadlock`].
     pub fn write(&self, range: impl RangeBounds<usize>) -> Result<ManagedWrite<'_, T>> {
-        let a = self.access("ManagedBuffer::write", range, true)?;
+        let (a, count) = self.access_elems("ManagedBuffer::write", range, true)?;
         let hold = host_access(&self.shared, "ManagedBuffer::write", a, false)?;
         Ok(ManagedWrite {
-            data: self.host_elems(&a),
+            data: self.host_elems(&a, count),
             shared: &self.shared,
             access: a,
             hold: Some(hold),
@@ -445,10 +457,10 @@ impl<T: Pod> ManagedBuffer<T> {
     /// [`ManagedBuffer::write`] without waiting: [`Error::BufferBusy`] while
     /// queued work still uses those pages.
     pub fn try_write(&self, range: impl RangeBounds<usize>) -> Result<ManagedWrite<'_, T>> {
-        let a = self.access("ManagedBuffer::try_write", range, true)?;
+        let (a, count) = self.access_elems("ManagedBuffer::try_write", range, true)?;
         let hold = host_access(&self.shared, "ManagedBuffer::try_write", a, true)?;
         Ok(ManagedWrite {
-            data: self.host_elems(&a),
+            data: self.host_elems(&a, count),
             shared: &self.shared,
             access: a,
             hold: Some(hold),
@@ -456,15 +468,14 @@ impl<T: Pod> ManagedBuffer<T> {
         })
     }
 
-    fn host_elems(&self, a: &Access) -> (*mut T, usize) {
-        let size = std::mem::size_of::<T>().max(1);
+    fn host_elems(&self, a: &Access, count: usize) -> (*mut T, usize) {
         let base = self.shared.host.host_ptr();
         let ptr = if a.bytes == 0 {
             base
         } else {
             base.wrapping_add(a.off)
         };
-        (ptr.cast::<T>(), a.bytes / size)
+        (ptr.cast::<T>(), count)
     }
 
     /// Moves elements `range` to `to` on `stream`, ordered like any op there

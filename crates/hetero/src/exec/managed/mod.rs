@@ -337,7 +337,8 @@ pub(crate) struct Space {
     /// for which live hold (a memory wait this file planned, on a hold or on
     /// work that itself waits for one). Lets a host thread see that a wait
     /// would end only after a guard it holds drops.
-    blocked: HashMap<usize, Vec<(u64, usize)>>,
+    /// The timeline is kept so its address names it while the entry lives.
+    blocked: HashMap<usize, (Arc<Timeline>, Vec<(u64, usize)>)>,
     /// Thrash throttling and pinning off (`Device::set_managed_thrash_throttling`):
     /// thrash events are still counted, eviction ignores them.
     pub(crate) no_throttle: bool,
@@ -356,7 +357,7 @@ impl Space {
     /// A hold ended: nothing waits for it any more.
     pub(crate) fn release_hold(&mut self, hold: usize) {
         self.live_holds.remove(&hold);
-        self.blocked.retain(|_, v| {
+        self.blocked.retain(|_, (_, v)| {
             v.retain(|&(_, k)| k != hold);
             !v.is_empty()
         });
@@ -369,7 +370,7 @@ impl Space {
         if self.live_holds.contains(&k) {
             out.push(k);
         }
-        if let Some(v) = self.blocked.get(&k) {
+        if let Some((_, v)) = self.blocked.get(&k) {
             out.extend(v.iter().filter(|&&(at, _)| at <= p.value).map(|&(_, h)| h));
         }
         out
@@ -379,7 +380,10 @@ impl Space {
     pub(crate) fn note_wait(&mut self, t: &Arc<Timeline>, at: u64, p: &Point) {
         let holds = self.holds_behind(p);
         if !holds.is_empty() {
-            let v = self.blocked.entry(key(t)).or_default();
+            let (_, v) = self
+                .blocked
+                .entry(key(t))
+                .or_insert_with(|| (t.clone(), Vec::new()));
             v.extend(holds.into_iter().map(|h| (at, h)));
         }
     }
