@@ -7,7 +7,9 @@
 //!   streams (its input pages move by its declared arguments), its result
 //!   prefetched to the host on the same stream. Ratio
 //!   `emu/managed-pipeline-over-explicit` (target ≤ 1.05). Reps interleave the
-//!   two sides.
+//!   sides. `emu/managed-one-stream-pipeline-ms` puts every tile on one
+//!   stream: its migrations still overlap its kernels (they run on the
+//!   stream's migration stream), its prefetches to the host do not.
 //! - `emu/oversubscribed-2x-bytes` beside `emu/oversubscribed-2x-minimum-bytes`:
 //!   a kernel streaming (reading and writing in place) over a managed buffer
 //!   twice the device's capacity, then a host read of all of it; the minimum
@@ -124,10 +126,10 @@ fn explicit(dev: &Device, data: &[f32], tiles: usize) -> Result<f64> {
     Ok(ms)
 }
 
-/// The managed pipeline: modelled ms.
-fn managed(dev: &Device, data: &[f32], tiles: usize) -> Result<f64> {
+/// The managed pipeline over `nstreams` streams: modelled ms.
+fn managed(dev: &Device, data: &[f32], tiles: usize, nstreams: usize) -> Result<f64> {
     let k = stage_kernel();
-    let streams: Vec<Stream> = (0..3)
+    let streams: Vec<Stream> = (0..nstreams)
         .map(|_| dev.create_stream().map_err(err))
         .collect::<Result<_>>()?;
     let m_in: ManagedBuffer<f32> = dev.alloc_managed(tiles * TILE).map_err(err)?;
@@ -136,7 +138,7 @@ fn managed(dev: &Device, data: &[f32], tiles: usize) -> Result<f64> {
     sync_all(&streams)?;
     let t0 = dev.now_ns();
     for t in 0..tiles {
-        let s = &streams[t % 3];
+        let s = &streams[t % nstreams];
         let r = t * TILE..(t + 1) * TILE;
         s.launch(
             &k,
@@ -275,17 +277,24 @@ pub fn run(quick: bool, spec: &DeviceSpec) -> Result<BenchReport> {
     let tiles = if quick { 12 } else { 48 };
     let reps = if quick { 1 } else { 3 };
     let data = input(tiles);
-    let (mut ex, mut ma) = (Vec::new(), Vec::new());
+    let (mut ex, mut ma, mut one) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..reps {
         // Interleaved, each on a fresh device (the same model state).
         ex.push(explicit(&device_for(spec, 1 << 30)?, &data, tiles)?);
-        ma.push(managed(&device_for(spec, 1 << 30)?, &data, tiles)?);
+        ma.push(managed(&device_for(spec, 1 << 30)?, &data, tiles, 3)?);
+        one.push(managed(&device_for(spec, 1 << 30)?, &data, tiles, 1)?);
     }
     rep.push_samples("emu/explicit-pipeline-ms", "ms", &mut ex);
     rep.push_samples("emu/managed-pipeline-ms", "ms", &mut ma);
+    rep.push_samples("emu/managed-one-stream-pipeline-ms", "ms", &mut one);
     rep.ratio(
         "emu/managed-pipeline-over-explicit",
         "emu/managed-pipeline-ms",
+        "emu/explicit-pipeline-ms",
+    );
+    rep.ratio(
+        "emu/managed-one-stream-over-explicit",
+        "emu/managed-one-stream-pipeline-ms",
         "emu/explicit-pipeline-ms",
     );
     let capacity = if quick { 32 << 20 } else { 128 << 20 };

@@ -1,7 +1,7 @@
 //! Managed buffers: one buffer for the host and the device, coherent per page
 //! (64 KiB by default). Kernels and copies declare what they read and write,
 //! and the pages they cover are made resident on their device by copies
-//! ordered on their stream before they start; host guards copy pages back and
+//! ordered before they start (on their stream's migration stream, overlapping its earlier work); host guards copy pages back and
 //! hold them while they live; hints prefetch and advise; past the device's
 //! capacity pages are evicted. The page state machine, its ordering rules and
 //! its lock are `exec/managed/mod.rs`; this file builds and submits the ops it
@@ -119,7 +119,7 @@ impl Shared {
 ///
 /// - Kernels take it as [`Arg::managed_read`] / [`Arg::managed_write`] (or a
 ///   sub-range: only its pages move); before the kernel starts, the pages it
-///   covers are copied to its device on its stream. A write marks them dirty
+///   covers are copied to its device first (on the stream's migration stream). A write marks them dirty
 ///   there and invalidates the host's copy.
 /// - The host reads and writes it through guards ([`ManagedBuffer::read`],
 ///   [`ManagedBuffer::write`]) that wait for queued work on the pages they
@@ -478,11 +478,14 @@ impl<T: Pod> ManagedBuffer<T> {
         (ptr.cast::<T>(), count)
     }
 
-    /// Moves elements `range` to `to` on `stream`, ordered like any op there
-    /// (after the queued work on those pages): to the device, copies of the
-    /// pages it lacks; to the host, copies back of dirty pages, and without
-    /// ReadMostly the device's copies go (their room with them). Nothing on
-    /// the host device, where there is one memory.
+    /// Moves elements `range` to `to` for `stream`: to the device, copies of
+    /// the pages it lacks, which `stream`'s later work waits for; to the
+    /// host, copies back of dirty pages after the queued work on them (the
+    /// stream's own included), which the stream's later work does not wait
+    /// for, and without ReadMostly the device's copies go (their room with
+    /// them). The copies run on the stream's migration stream, on the copy
+    /// engines, overlapping its other work; [`Stream::synchronize`] covers
+    /// them. Nothing on the host device, where there is one memory.
     pub fn prefetch(
         &self,
         range: impl RangeBounds<usize>,
@@ -853,7 +856,31 @@ fn device_op(
                 pool,
             }
         })?;
-    submit_plan(stream, &mut st, &plan, mem, reason, budget.map(|b| b.0))?;
+    if !plan.moves.is_empty() || !plan.evictions.is_empty() {
+        // The copies go on the stream's migration stream, after only the
+        // pages' own queued work (planned from that stream's side, so this
+        // stream's earlier work on the pages counts too), overlapping the
+        // rest of this stream's work; this stream waits for them.
+        let m = stream.migration_stream(false)?;
+        let copies = st
+            .plan_device(&accesses, mem, m.id(), budget.map(|b| b.0))
+            .map_err(|e| Error::Managed {
+                op: "managed migration",
+                detail: format!("a plan changed under its lock: {e:?}"),
+            })?;
+        submit_plan(m, &mut st, &copies, mem, reason, budget.map(|b| b.0))?;
+        let done = point_of(
+            m.backend_stream().timeline(),
+            m.backend_stream().submitted(),
+        );
+        let at = stream.submit(Body::Wait {
+            timeline: done.timeline.clone(),
+            value: done.value,
+            fault: true,
+        })?;
+        st.note_wait(stream.backend_stream().timeline(), at, &done);
+    }
+    submit_waits(stream, &mut st, &plan.waits)?;
     let Some(f) = submit else {
         return Ok(());
     };
@@ -873,24 +900,29 @@ fn device_op(
 /// Prefetch to the host on `stream`: copies back, then the device's copies
 /// go (without ReadMostly).
 fn prefetch_to_host(stream: &Stream, sh: &Shared, a: Access) -> Result<()> {
+    // On the stream's migration stream, after the queued work on those pages
+    // (this stream's included): the stream's later work does not wait for
+    // the copies back (work on those pages waits through the pages, a host
+    // guard too), and `Stream::synchronize` covers them.
+    let m = stream.migration_stream(true)?;
     let mut st = sh.space.lock();
-    let plan = st.plan_to_host(&a, stream.id());
-    submit_waits(stream, &mut st, &plan.waits)?;
-    let timeline = stream.backend_stream().timeline().clone();
-    let mut last = None;
-    for m in &plan.moves {
-        let v = copy_run(stream, sh, m, CopyKind::D2H, MigrationReason::Prefetch)?;
-        let p = point_of(&timeline, v);
-        st.apply_move(m, HOST, Some(p.clone()), MigrationReason::Prefetch, None);
-        last = Some(p);
+    let plan = st.plan_to_host(&a, m.id());
+    submit_waits(m, &mut st, &plan.waits)?;
+    let timeline = m.backend_stream().timeline().clone();
+    for mv in &plan.moves {
+        let v = copy_run(m, sh, mv, CopyKind::D2H, MigrationReason::Prefetch)?;
+        st.apply_move(
+            mv,
+            HOST,
+            Some(point_of(&timeline, v)),
+            MigrationReason::Prefetch,
+            None,
+        );
     }
-    // The dropped device copies are ordered after this stream's queued work
-    // on them: the waits above, or the stream's current end.
-    let at = last.or_else(|| {
-        let v = stream.backend_stream().submitted();
-        (v > 0).then(|| point_of(&timeline, v))
-    });
-    st.apply_to_host(&a, at);
+    // The dropped device copies are ordered after the migration stream's
+    // end: the waits and copies above.
+    let v = m.backend_stream().submitted();
+    st.apply_to_host(&a, (v > 0).then(|| point_of(&timeline, v)));
     Ok(())
 }
 
