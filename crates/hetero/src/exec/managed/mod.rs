@@ -321,6 +321,10 @@ pub struct ManagedStats {
     pub resident_bytes: u64,
 }
 
+/// A stream timeline, and from which of its values it waits for which live
+/// hold: `(value, hold)`.
+type Blocked = (Arc<Timeline>, Vec<(u64, usize)>);
+
 /// The managed state of one device: every managed buffer's table, what each
 /// memory holds, and the totals.
 #[derive(Default)]
@@ -338,7 +342,7 @@ pub(crate) struct Space {
     /// work that itself waits for one). Lets a host thread see that a wait
     /// would end only after a guard it holds drops.
     /// The timeline is kept so its address names it while the entry lives.
-    blocked: HashMap<usize, (Arc<Timeline>, Vec<(u64, usize)>)>,
+    blocked: HashMap<usize, Blocked>,
     /// Thrash throttling and pinning off (`Device::set_managed_thrash_throttling`):
     /// thrash events are still counted, eviction ignores them.
     pub(crate) no_throttle: bool,
