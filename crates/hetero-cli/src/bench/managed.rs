@@ -363,9 +363,17 @@ pub fn run(quick: bool, spec: &DeviceSpec) -> Result<BenchReport> {
         "emu/fault-driven-over-declared".into(),
         "not built: hetero has no fault-driven device migration mode to compare against".into(),
     );
-    rep.unavailable.insert(
-        "host/managed-first-touch-gbps".into(),
-        "not built: host-side faults (userfaultfd) are not implemented; host access goes through guards".into(),
-    );
+    for name in [
+        "host/managed-first-touch-gbps",
+        "host/managed-prefetch-to-host-over-fresh-memcpy",
+        "host/managed-read-back-tree-over-64k",
+    ] {
+        rep.unavailable.insert(
+            name.into(),
+            "not built: host-side faults (userfaultfd, mprotect) are not implemented; the host \
+             reaches managed memory through guards only"
+                .into(),
+        );
+    }
     Ok(rep)
 }
