@@ -388,6 +388,72 @@ fn read_mostly_keeps_a_replica_and_preferred_host_pages_are_evicted_first() {
 }
 
 #[test]
+fn accessed_by_pages_are_copied_back_to_the_device_when_a_write_guard_drops() {
+    if common::skipped("accessed_by_pages_are_copied_back_to_the_device_when_a_write_guard_drops") {
+        return;
+    }
+    let dev = common::device();
+    let s = dev.create_stream().expect("stream");
+    let buf = dev.alloc_managed::<u32>(64 * 1024).expect("managed");
+    buf.advise(.., Advice::AccessedBy(Location::Device(dev.id())))
+        .expect("advise");
+    host_fill(&buf, |i| i as u32);
+    let before = dev.managed_stats();
+    s.launch(&affine(1, 1), 2.into(), &[Arg::managed_write(&buf)])
+        .expect("launch");
+    s.synchronize().expect("sync");
+    let after = dev.managed_stats();
+    assert_eq!(after.declared_pages, before.declared_pages, "already there");
+    if moves() {
+        assert_eq!(after.resident_bytes, 256 << 10);
+        assert_eq!(after.prefetch_pages, 4, "the refresh after the guard");
+    }
+    assert!(buf
+        .read(..)
+        .expect("read")
+        .iter()
+        .enumerate()
+        .all(|(i, &x)| x == i as u32 + 1));
+}
+
+#[test]
+fn threads_with_their_own_streams_and_ranges_run_side_by_side() {
+    if common::skipped("threads_with_their_own_streams_and_ranges_run_side_by_side") {
+        return;
+    }
+    let dev = common::device();
+    let n = 4 * 32 * 1024;
+    let buf = std::sync::Arc::new(dev.alloc_managed::<u32>(n).expect("managed"));
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let (dev, buf) = (dev.clone(), buf.clone());
+            std::thread::spawn(move || {
+                let s = dev.create_stream().expect("stream");
+                let r = w * n / 4..(w + 1) * n / 4;
+                for round in 0..10u32 {
+                    buf.write(r.clone()).expect("write").fill(round);
+                    s.launch(
+                        &affine(3, w as u32),
+                        2.into(),
+                        &[Arg::managed_write_range(&buf, r.clone())],
+                    )
+                    .expect("launch");
+                    let want = round * 3 + w as u32;
+                    assert!(buf
+                        .read(r.clone())
+                        .expect("read")
+                        .iter()
+                        .all(|&x| x == want));
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().expect("worker");
+    }
+}
+
+#[test]
 fn eviction_copies_nothing_for_clean_pages_and_each_dirty_page_once() {
     if common::skipped("eviction_copies_nothing_for_clean_pages_and_each_dirty_page_once") {
         return;
