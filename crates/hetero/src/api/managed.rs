@@ -1,9 +1,10 @@
 //! Managed buffers: one buffer for the host and the device, coherent per page
 //! (64 KiB by default). Kernels and copies declare what they read and write,
 //! and the pages they cover are made resident on their device by copies
-//! ordered before they start (on their stream's migration stream, overlapping its earlier work); host guards copy pages back and
-//! hold them while they live; hints prefetch and advise; past the device's
-//! capacity pages are evicted. The page state machine, its ordering rules and
+//! ordered before they start (on their stream's migration stream,
+//! overlapping its earlier work); host guards copy pages back and hold them
+//! while they live; hints prefetch and advise; past the device's capacity
+//! pages are evicted. The page state machine, its ordering rules and
 //! its lock are `exec/managed/mod.rs`; this file builds and submits the ops it
 //! plans.
 //!
@@ -119,8 +120,8 @@ impl Shared {
 ///
 /// - Kernels take it as [`Arg::managed_read`] / [`Arg::managed_write`] (or a
 ///   sub-range: only its pages move); before the kernel starts, the pages it
-///   covers are copied to its device first (on the stream's migration stream). A write marks them dirty
-///   there and invalidates the host's copy.
+///   covers are copied to its device (on the stream's migration stream). A
+///   write marks them dirty there and invalidates the host's copy.
 /// - The host reads and writes it through guards ([`ManagedBuffer::read`],
 ///   [`ManagedBuffer::write`]) that wait for queued work on the pages they
 ///   cover and copy dirty pages back; the `try_` forms return
