@@ -56,6 +56,18 @@ fn host_fill(buf: &ManagedBuffer<u32>, f: impl Fn(usize) -> u32) {
 }
 
 #[test]
+fn alloc_managed_works_where_built_and_is_a_typed_error_elsewhere() {
+    let dev = common::device();
+    match (common::backend(), dev.alloc_managed::<u32>(16)) {
+        (common::Backend::Vulkan, Err(Error::Managed { op, .. })) => {
+            assert_eq!(op, "alloc_managed")
+        }
+        (common::Backend::Vulkan, other) => panic!("expected Error::Managed, got {other:?}"),
+        (_, r) => assert_eq!(r.expect("managed").len(), 16),
+    }
+}
+
+#[test]
 fn kernels_and_host_guards_see_each_others_writes() {
     if common::skipped("kernels_and_host_guards_see_each_others_writes") {
         return;

@@ -194,6 +194,18 @@ const VULKAN_MANAGED_SKIPS: &[(&str, &str)] = &[
     ),
     ("random_programs_match_the_sequential_model", VK_NO_MANAGED),
     (
+        "a_failing_kernel_fails_its_stream_and_the_buffer_stays_usable",
+        VK_NO_MANAGED,
+    ),
+    (
+        "accessed_by_pages_are_copied_back_to_the_device_when_a_write_guard_drops",
+        VK_NO_MANAGED,
+    ),
+    (
+        "threads_with_their_own_streams_and_ranges_run_side_by_side",
+        VK_NO_MANAGED,
+    ),
+    (
         "random_programs_past_capacity_match_the_sequential_model",
         VK_NO_MANAGED,
     ),
