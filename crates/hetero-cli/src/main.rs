@@ -184,6 +184,16 @@ enum BenchCommand {
         #[arg(long, default_value = "pcie4-switch")]
         peer_link: String,
     },
+    /// Managed buffers in modelled time: the demo's pipeline with managed memory beside
+    /// explicit copies, and streaming past twice the device's capacity beside the
+    /// minimum bytes.
+    Managed {
+        #[command(flatten)]
+        opts: BenchOpts,
+        /// The emulated device: emu or emu:PRESET (virtual time).
+        #[arg(long, default_value = "emu:pcie4x16")]
+        device: String,
+    },
     /// Copy batches, 2-D copies and IOMMU page sizes on an emulated link, and the CPU 2-D
     /// copy beside memcpy.
     Transfer {
@@ -422,6 +432,9 @@ fn run_bench(which: BenchCommand) {
         BenchCommand::Transfer { opts, device } => {
             bench_on("transfer", opts, &device, bench::transfer::run)
         }
+        BenchCommand::Managed { opts, device } => {
+            bench_on("managed", opts, &device, bench::managed::run)
+        }
         BenchCommand::Mpi(opts) => bench_mpi(opts),
         BenchCommand::Vulkan(opts) => {
             let pb = spinner(opts.json, "bench vulkan");
@@ -443,6 +456,7 @@ fn run_bench(which: BenchCommand) {
                 BenchCommand::Graph(o) => ("graph", o),
                 BenchCommand::Link { .. }
                 | BenchCommand::Transfer { .. }
+                | BenchCommand::Managed { .. }
                 | BenchCommand::Mpi(_)
                 | BenchCommand::Vulkan(_) => {
                     unreachable!("handled above")

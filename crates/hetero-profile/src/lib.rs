@@ -28,7 +28,7 @@ use hetero_trace::Trace;
 pub use graphs::{GraphPlanSummary, GraphUsage, LaneUsage, NodeKindUsage};
 pub use report::{
     AllocatorReport, AllocatorStats, EngineGaps, EngineUsage, Gap, IotlbUsage, KindLatency,
-    MemorySummary, OpSummary, Report, ReportOptions, StreamUsage,
+    MemorySummary, MigrationSum, OpSummary, Report, ReportOptions, StreamUsage,
 };
 pub use stats::Percentiles;
 pub use timeline::{lane_labels, timeline_svg};

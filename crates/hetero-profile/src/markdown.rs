@@ -219,6 +219,26 @@ impl Report {
                 )?;
             }
         }
+        if !self.migrations.is_empty() {
+            writeln!(md, "\n## Migrations (managed memory)\n")?;
+            writeln!(md, "| reason | direction | runs | pages | bytes |")?;
+            writeln!(md, "| --- | --- | ---: | ---: | ---: |")?;
+            let (mut pages, mut bytes) = (0, 0);
+            for m in &self.migrations {
+                let dir = if m.to_host { "to host" } else { "to device" };
+                writeln!(
+                    md,
+                    "| {} | {dir} | {} | {} | {} |",
+                    m.reason,
+                    m.runs,
+                    m.pages,
+                    fmt_bytes(m.bytes)
+                )?;
+                pages += m.pages;
+                bytes += m.bytes;
+            }
+            writeln!(md, "| total | | | {pages} | {} |", fmt_bytes(bytes))?;
+        }
         if let Some(a) = &self.allocator {
             writeln!(md, "\n## Allocator\n")?;
             writeln!(

@@ -120,6 +120,22 @@ pub struct Report {
     /// I/O TLB lookups per copy engine (a device behind an IOMMU).
     #[serde(default)]
     pub iotlb: Vec<IotlbUsage>,
+    /// Managed-memory migrations, summed per reason and direction.
+    #[serde(default)]
+    pub migrations: Vec<MigrationSum>,
+}
+
+/// The managed-memory migrations of one reason and direction.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MigrationSum {
+    /// "declared", "host access", "prefetch" or "eviction".
+    pub reason: String,
+    /// Towards the host (else towards the device).
+    pub to_host: bool,
+    /// Runs of pages moved (one copy each, or none for clean evictions).
+    pub runs: u64,
+    pub pages: u64,
+    pub bytes: u64,
 }
 
 /// One copy engine's I/O TLB lookups: pages of host memory its DMAs translated.
@@ -460,6 +476,26 @@ impl Report {
             })
             .collect();
 
+        let mut sums: std::collections::BTreeMap<
+            (hetero_trace::MigrationReason, bool),
+            MigrationSum,
+        > = std::collections::BTreeMap::new();
+        for m in &trace.migrations {
+            let e = sums
+                .entry((m.reason, m.to_host))
+                .or_insert_with(|| MigrationSum {
+                    reason: m.reason.as_str().to_string(),
+                    to_host: m.to_host,
+                    runs: 0,
+                    pages: 0,
+                    bytes: 0,
+                });
+            e.runs += 1;
+            e.pages += u64::from(m.pages);
+            e.bytes += m.bytes;
+        }
+        let migrations = sums.into_values().collect();
+
         Report {
             device_name: trace.device_name.clone(),
             window_start_ns,
@@ -480,6 +516,7 @@ impl Report {
             memory,
             allocator,
             iotlb,
+            migrations,
         }
     }
 

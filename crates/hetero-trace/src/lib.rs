@@ -38,10 +38,10 @@ mod recorder;
 
 pub use chrome::write_chrome_trace;
 pub use record::{
-    EngineKind, GraphPlan, IotlbRecord, MemKind, MemRecord, NodeRef, OpKind, OpRecord, Trace,
-    TraceClock,
+    EngineKind, GraphPlan, IotlbRecord, MemKind, MemRecord, MigrationReason, MigrationRecord,
+    NodeRef, OpKind, OpRecord, Trace, TraceClock,
 };
 pub use recorder::{
-    enabled, now_ns, record_iotlb, record_mem, record_op, set_clock, set_device_name, set_enabled,
-    set_graph_plan, set_stream_name, take,
+    enabled, now_ns, record_iotlb, record_mem, record_migration, record_op, set_clock,
+    set_device_name, set_enabled, set_graph_plan, set_stream_name, take,
 };

@@ -250,6 +250,54 @@ pub struct Trace {
     /// I/O TLB lookups per copy engine while recording, from
     /// [`crate::record_iotlb`] (a device behind an IOMMU), by engine.
     pub iotlb: Vec<IotlbRecord>,
+    /// Managed-memory migrations while recording, from
+    /// [`crate::record_migration`], in the order they were submitted.
+    pub migrations: Vec<MigrationRecord>,
+}
+
+/// Why managed pages moved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum MigrationReason {
+    /// A kernel or copy declared it reads or writes them (made resident before
+    /// it starts).
+    Declared,
+    /// A host read or write guard needed them on the host.
+    HostAccess,
+    /// An explicit prefetch.
+    Prefetch,
+    /// Evicted to make room on a device past its capacity (a dirty page is
+    /// copied back once; a clean one moves no bytes).
+    Eviction,
+}
+
+impl MigrationReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MigrationReason::Declared => "declared",
+            MigrationReason::HostAccess => "host access",
+            MigrationReason::Prefetch => "prefetch",
+            MigrationReason::Eviction => "eviction",
+        }
+    }
+}
+
+/// One managed-memory migration: a run of pages of one buffer moved between
+/// memories (a clean eviction moves no bytes: `bytes` is 0, `pages` counts it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MigrationRecord {
+    /// When it was submitted, from [`crate::now_ns`].
+    pub ts_ns: u64,
+    /// The stream its copy is ordered on (0: none, a clean eviction).
+    pub stream: u64,
+    /// The managed buffer's id.
+    pub buffer: u64,
+    /// Bytes copied.
+    pub bytes: u64,
+    /// Pages moved (or dropped, for a clean eviction).
+    pub pages: u32,
+    /// Towards the host (else towards the device).
+    pub to_host: bool,
+    pub reason: MigrationReason,
 }
 
 /// I/O TLB lookups one copy engine made: the pages of host memory its DMAs

@@ -18,7 +18,9 @@ use std::time::Instant;
 
 use crate::log::{channel, Log, Writer};
 use crate::loom::Arc;
-use crate::record::{EngineKind, GraphPlan, IotlbRecord, MemRecord, OpRecord, Trace, TraceClock};
+use crate::record::{
+    EngineKind, GraphPlan, IotlbRecord, MemRecord, MigrationRecord, OpRecord, Trace, TraceClock,
+};
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static EPOCH: OnceLock<Instant> = OnceLock::new();
@@ -30,6 +32,7 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     clock: TraceClock::Wall,
     graphs: BTreeMap::new(),
     iotlb: BTreeMap::new(),
+    migrations: Vec::new(),
 });
 
 struct Registry {
@@ -41,6 +44,7 @@ struct Registry {
     graphs: BTreeMap<u32, GraphPlan>,
     /// (engine, index) → (hits, misses), summed until `take`.
     iotlb: BTreeMap<(u8, u32), (EngineKind, u64, u64)>,
+    migrations: Vec<MigrationRecord>,
 }
 
 /// Adds one DMA's I/O TLB lookups on copy engine (`engine`, `index`): cheap
@@ -56,6 +60,16 @@ pub fn record_iotlb(engine: EngineKind, index: u32, hits: u64, misses: u64) {
         .or_insert((engine, 0, 0));
     e.1 += hits;
     e.2 += misses;
+}
+
+/// Records one managed-memory migration (a run of pages): one lock per
+/// migration, nothing when recording is off. Migrations are page runs, far
+/// fewer than ops.
+pub fn record_migration(r: MigrationRecord) {
+    if !enabled() {
+        return;
+    }
+    registry().migrations.push(r);
 }
 
 /// This thread's writers, created on its first record of each type.
@@ -198,6 +212,7 @@ pub fn take() -> Trace {
                 misses,
             })
             .collect();
+        trace.migrations = std::mem::take(&mut reg.migrations);
     }
     trace.sort();
     trace

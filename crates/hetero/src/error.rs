@@ -116,6 +116,24 @@ pub enum Error {
         detail: &'static str,
     },
 
+    /// One access to managed memory (a kernel launch, a copy, a prefetch)
+    /// covers more pages than the device can hold at once: nothing was
+    /// submitted.
+    #[error("{op}: its managed pages need {needed} bytes on device {device}, which holds at most {budget} bytes of managed pages (capacity {capacity} bytes, {pool} of them held by its pool); split the work over smaller ranges (Arg::managed_read_range / managed_write_range) or give the device more capacity")]
+    ManagedWorkingSet {
+        op: String,
+        device: u64,
+        needed: usize,
+        budget: usize,
+        capacity: usize,
+        pool: usize,
+    },
+
+    /// Managed memory used wrongly, or where it is not available (the message
+    /// says which and what to do).
+    #[error("{op}: {detail}")]
+    Managed { op: &'static str, detail: String },
+
     /// The device's memory could not satisfy an allocation (the message names the
     /// requested, reserved, allocated, free and largest free bytes), or the memory
     /// configuration is invalid.

@@ -37,6 +37,7 @@ pub use api::event::{Event, HostEvent};
 pub use api::graph::{Bindings, CommandBuffer, Graph, GraphExec, NodeId, PinnedSlot, Slot};
 pub use api::kernel::Kernel;
 pub use api::kernels;
+pub use api::managed::{ManagedBuffer, ManagedRead, ManagedWrite};
 pub use api::pitched::PitchedBuffer;
 pub use api::stream::{Stream, PRIORITY_HIGHEST, PRIORITY_LOWEST};
 pub use backend::emu::{IommuStats, IotlbCounts};
@@ -54,6 +55,9 @@ pub use exec::async_op::{AsyncContext, AsyncOp};
 pub use exec::clock;
 pub use exec::graph::plan::{PlanReport, MAX_SCALARS};
 pub use exec::kernel::{Block, Grid, KernelCost, INLINE_KERNEL_ARGS, MAX_KERNEL_ARGS};
+pub use exec::managed::{
+    Advice, Location, ManagedStats, MigrationReason, DEFAULT_PAGE_BYTES, PIN_AFTER, THROTTLE_AFTER,
+};
 pub use exec::op::CopyKind;
 pub use exec::rows::{PitchedLayout, Region2D, Rows, RowsMut};
 pub use exec::storage::MemoryKind;

@@ -11,6 +11,7 @@ pub mod graph;
 pub mod graph_arena;
 mod graph_cholesky;
 pub mod link;
+pub mod managed;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod pipeline;

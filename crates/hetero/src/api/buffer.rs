@@ -160,6 +160,9 @@ pub struct Arg<'a> {
     pub(crate) storage: &'a Arc<Storage>,
     pub(crate) elem: &'static crate::exec::kernel::ElemInfo,
     pub(crate) write: bool,
+    /// Set for a managed buffer (`api/managed.rs`): `storage` is then its
+    /// device copy, and the launch passes a view of the declared range.
+    pub(crate) managed: Option<crate::api::managed::ManagedArg<'a>>,
 }
 
 impl<'a> Arg<'a> {
@@ -169,6 +172,7 @@ impl<'a> Arg<'a> {
             storage: &buf.storage,
             elem: crate::exec::kernel::ElemInfo::of::<T>(),
             write: false,
+            managed: None,
         }
     }
 

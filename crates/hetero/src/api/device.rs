@@ -404,6 +404,18 @@ impl Device {
         self.inner.backend().driver_submissions()
     }
 
+    /// Whether this device still exists, without keeping it alive (per-device
+    /// state kept elsewhere, such as managed memory's, is dropped with it).
+    pub(crate) fn weak(&self) -> std::sync::Weak<dyn std::any::Any + Send + Sync> {
+        let a: Arc<dyn std::any::Any + Send + Sync> = self.inner.clone();
+        Arc::downgrade(&a)
+    }
+
+    /// The device pool (managed memory's budget is what it leaves).
+    pub(crate) fn pool(&self) -> &Arc<hetero_memory::DevicePool> {
+        self.inner.backend().pool()
+    }
+
     pub(crate) fn reach(&self) -> crate::exec::storage::Reach {
         self.inner.backend().reach()
     }

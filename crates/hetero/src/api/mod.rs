@@ -11,5 +11,6 @@ pub(crate) mod event;
 pub(crate) mod graph;
 pub(crate) mod kernel;
 pub mod kernels;
+pub(crate) mod managed;
 pub(crate) mod pitched;
 pub(crate) mod stream;

@@ -11,6 +11,7 @@ pub(crate) mod effects;
 pub(crate) mod graph;
 pub(crate) mod kernel;
 pub(crate) mod loom;
+pub(crate) mod managed;
 pub(crate) mod op;
 pub(crate) mod park;
 pub(crate) mod point;

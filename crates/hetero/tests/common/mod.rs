@@ -58,10 +58,10 @@ impl Backend {
     /// What this backend cannot run: `(test, reason)`, in one or more tables.
     pub fn skips(self) -> &'static [&'static [(&'static str, &'static str)]] {
         match self {
-            Backend::Host => &[VIRTUAL_TIME_SKIPS, NO_DRIVER_SKIPS],
+            Backend::Host => &[VIRTUAL_TIME_SKIPS, NO_DRIVER_SKIPS, NO_CAPACITY_SKIPS],
             Backend::EmuVirtual => &[EMU_SKIPS, NO_DRIVER_SKIPS],
             Backend::EmuReal => &[EMU_SKIPS, VIRTUAL_TIME_SKIPS, NO_DRIVER_SKIPS],
-            Backend::Vulkan => &[VULKAN_SKIPS, VIRTUAL_TIME_SKIPS],
+            Backend::Vulkan => &[VULKAN_SKIPS, VIRTUAL_TIME_SKIPS, VULKAN_MANAGED_SKIPS],
         }
     }
 }
@@ -114,6 +114,57 @@ const NO_DRIVER_SKIPS: &[(&str, &str)] = &[(
     "device loss is injected at the driver's submission (DeviceConfig::lose_device_at_submission); \
      the host and the emulated device have no driver to lose and ignore the setting",
 )];
+
+/// What a device whose memory is the host's cannot run, and why.
+const NO_CAPACITY_SKIPS: &[(&str, &str)] = &[
+    (
+        "read_mostly_keeps_a_replica_and_preferred_host_pages_are_evicted_first",
+        HOST_ONE_MEMORY,
+    ),
+    (
+        "eviction_copies_nothing_for_clean_pages_and_each_dirty_page_once",
+        HOST_ONE_MEMORY,
+    ),
+    (
+        "a_working_set_past_capacity_is_a_typed_error_naming_the_figures",
+        HOST_ONE_MEMORY,
+    ),
+    ("thrashing_pages_are_throttled_then_pinned", HOST_ONE_MEMORY),
+    (
+        "random_programs_past_capacity_match_the_sequential_model",
+        HOST_ONE_MEMORY,
+    ),
+];
+const HOST_ONE_MEMORY: &str = "the host device's memory is the host's: a managed buffer has one \
+     copy, nothing is resident elsewhere, so there is no device capacity to pass (EmuConfig::capacity \
+     is an emu setting)";
+
+/// What a Vulkan device cannot run of managed memory, and why.
+const VULKAN_MANAGED_SKIPS: &[(&str, &str)] = &[
+    (
+        "read_mostly_keeps_a_replica_and_preferred_host_pages_are_evicted_first",
+        VK_MANAGED_WHOLE,
+    ),
+    (
+        "eviction_copies_nothing_for_clean_pages_and_each_dirty_page_once",
+        VK_MANAGED_WHOLE,
+    ),
+    (
+        "a_working_set_past_capacity_is_a_typed_error_naming_the_figures",
+        VK_MANAGED_WHOLE,
+    ),
+    (
+        "thrashing_pages_are_throttled_then_pinned",
+        VK_MANAGED_WHOLE,
+    ),
+    (
+        "random_programs_past_capacity_match_the_sequential_model",
+        VK_MANAGED_WHOLE,
+    ),
+];
+const VK_MANAGED_WHOLE: &str = "a managed buffer's device copy on Vulkan is one allocation of the \
+     whole buffer (api/managed.rs), so there is no page-by-page capacity to pass or evict from \
+     (EmuConfig::capacity is an emu setting)";
 
 /// What the emulated device cannot run, in either time mode, and why.
 const EMU_SKIPS: &[(&str, &str)] = &[

@@ -44,6 +44,10 @@ struct StreamHandle {
     /// A device's staging stream (`Device::staging_stream`): the device
     /// releases it, not the handle.
     internal: bool,
+    /// Where managed memory's migrations for this stream's work go (made at
+    /// first use, `api/managed.rs`): towards the device (and evictions), and
+    /// prefetches to the host, so neither direction queues behind the other.
+    migrations: [std::sync::OnceLock<Stream>; 2],
 }
 
 impl Drop for StreamHandle {
@@ -90,6 +94,7 @@ impl Stream {
                 capture: Arc::default(),
                 inline_max,
                 internal: false,
+                migrations: Default::default(),
             }),
         }
     }
@@ -104,6 +109,7 @@ impl Stream {
                 capture: Arc::default(),
                 inline_max,
                 internal: true,
+                migrations: Default::default(),
             }),
         }
     }
@@ -114,6 +120,28 @@ impl Stream {
 
     pub(crate) fn backend_stream(&self) -> &dyn BackendStream {
         self.q()
+    }
+
+    /// The stream managed memory's migration copies for this stream's work
+    /// run on (`api/managed.rs`): the copy engines, overlapping this stream's
+    /// other work. One towards the device (with evictions), one for
+    /// prefetches to the host, so neither direction queues behind the other.
+    pub(crate) fn migration_stream(&self, to_host: bool) -> Result<&Stream> {
+        let cell = &self.inner.migrations[usize::from(to_host)];
+        if let Some(s) = cell.get() {
+            return Ok(s);
+        }
+        let s = self
+            .inner
+            .device
+            .create_stream_with_priority(self.priority())?;
+        let dir = if to_host {
+            "to the host"
+        } else {
+            "to the device"
+        };
+        s.set_name(format!("managed migrations {dir} for stream {}", self.id()));
+        Ok(cell.get_or_init(|| s))
     }
 
     pub(crate) fn capture_slot(&self) -> &Arc<CaptureSlot> {
@@ -285,6 +313,9 @@ impl Stream {
     /// Launches `kernel` over `grid`, giving it `args` (see [`Arg`]).
     #[inline]
     pub fn launch(&self, kernel: &Kernel, grid: Grid, args: &[Arg<'_>]) -> Result<()> {
+        if args.iter().any(|a| a.managed.is_some()) {
+            return crate::api::managed::launch(self, kernel, grid, args);
+        }
         if grid.blocks == 0 {
             return Err(Error::EmptyGrid {
                 kernel: kernel.inner.name,
@@ -418,13 +449,20 @@ impl Stream {
         Ok(())
     }
 
-    /// Blocks until all work submitted so far completed; returns the stream's fault
+    /// Blocks until all work submitted so far completed (managed prefetches
+    /// for it included); returns the stream's fault
     /// if it failed.
     pub fn synchronize(&self) -> Result<()> {
         self.not_capturing("Stream::synchronize")?;
         self.q()
             .timeline()
-            .wait(self.q().submitted(), self.inner.device.host_wait())
+            .wait(self.q().submitted(), self.inner.device.host_wait())?;
+        // Managed memory's migrations for this stream's work (prefetches to
+        // the host run there without the stream waiting for them).
+        for m in self.inner.migrations.iter().filter_map(|m| m.get()) {
+            m.synchronize()?;
+        }
+        Ok(())
     }
 
     /// `Ok(true)` when all submitted work completed, `Ok(false)` while some is

@@ -93,6 +93,13 @@ impl Reach {
         }
     }
 
+    /// The device address at which this reach finds host address `host`:
+    /// how memory the backend did not allocate itself (a managed buffer's
+    /// device copy) is named so its engines find it.
+    pub(crate) fn device_addr_of(self, host: *const u8) -> u64 {
+        (host as usize).wrapping_sub(self.delta) as u64
+    }
+
     #[inline]
     fn at(self, device_addr: u64) -> *mut u8 {
         (device_addr as usize).wrapping_add(self.delta) as *mut u8

@@ -1,0 +1,1274 @@
+//! Managed buffers: one buffer for the host and the device, coherent per page
+//! (64 KiB by default). Kernels and copies declare what they read and write,
+//! and the pages they cover are made resident on their device by copies
+//! ordered before they start (on their stream's migration stream,
+//! overlapping its earlier work); host guards copy pages back and hold them
+//! while they live; hints prefetch and advise; past the device's capacity
+//! pages are evicted. The page state machine, its ordering rules and
+//! its lock are `exec/managed/mod.rs`; this file builds and submits the ops it
+//! plans.
+//!
+//! Who touches what: the host reaches a managed buffer only through a guard
+//! (`read` / `write` and their `try_` forms), which waits for the queued work
+//! on the pages it covers and, while it lives, is itself queued work on them
+//! (a host event every later op on those pages waits for). The device
+//! reaches it only through ops built here, each on views of the page ranges
+//! it declared. So no host slice ever overlaps a device write, on any backend.
+//!
+//! Backends: on the host device a managed buffer is the host's memory, one
+//! copy (nothing moves; the ordering is the same). On the emulated device the
+//! host copy is pinned memory and the device copy a window of modelled device
+//! memory (`exec/managed/window.rs`), and pages move by copies over the
+//! modelled link on the copy engines. On a Vulkan device the host copy is
+//! pinned memory and the device copy one device-local allocation of the
+//! whole buffer (no eviction); pages move by copies on its transfer lane.
+
+use crate::api::buffer::{Arg, DeviceBuffer};
+use crate::exec::managed::{
+    view, window::Window, Access, Advice, Location, ManagedStats, MigrationReason, Move, Plan,
+    Point, Space, Table, DEFAULT_PAGE_BYTES, HOST,
+};
+use crate::exec::op::{Body, CopyKind};
+use crate::exec::storage::{Backing, MemoryKind, Registration, Storage};
+use crate::exec::timeline::Timeline;
+use crate::{Device, Error, Grid, Kernel, Result, Stream};
+use bytemuck::Pod;
+use std::cell::RefCell;
+use std::marker::PhantomData;
+use std::ops::{Bound, RangeBounds};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+
+/// The managed state of each device that had managed buffers, by device id,
+/// kept while the device exists (so its figures outlive its buffers).
+#[allow(clippy::type_complexity)]
+static SPACES: Mutex<Vec<(u64, Weak<dyn std::any::Any + Send + Sync>, Arc<SpaceLock>)>> =
+    Mutex::new(Vec::new());
+
+/// One device's managed state behind its one lock (see `exec/managed`).
+///
+/// A thread may hold the lock while its submission waits for ring room,
+/// which only the device's engines make: so an engine thread (a host
+/// callback) never takes it. Managed operations there are refused with
+/// `WouldDeadlock` (`lock_for`), drops hand their part to another thread,
+/// and the figures are read from a copy published at each unlock.
+pub(crate) struct SpaceLock {
+    state: Mutex<Space>,
+    /// `Space::stats` as of the last unlock.
+    published: Mutex<ManagedStats>,
+}
+
+/// The locked state; publishes its figures when it unlocks.
+pub(crate) struct SpaceGuard<'a> {
+    guard: MutexGuard<'a, Space>,
+    published: &'a Mutex<ManagedStats>,
+}
+
+impl std::ops::Deref for SpaceGuard<'_> {
+    type Target = Space;
+    fn deref(&self) -> &Space {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for SpaceGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Space {
+        &mut self.guard
+    }
+}
+
+impl Drop for SpaceGuard<'_> {
+    fn drop(&mut self) {
+        *self.published.lock().unwrap_or_else(|p| p.into_inner()) = self.guard.stats;
+    }
+}
+
+impl SpaceLock {
+    /// The state, off an engine thread (see the type's docs).
+    fn lock(&self) -> SpaceGuard<'_> {
+        debug_assert!(!crate::exec::thread::on_engine_thread());
+        // The state is updated only after each submission succeeded, never
+        // left half-changed by a panic between them.
+        SpaceGuard {
+            guard: self.state.lock().unwrap_or_else(|p| p.into_inner()),
+            published: &self.published,
+        }
+    }
+
+    /// The state for `op`; refused on an engine thread, where waiting for
+    /// the lock could wait for this very engine.
+    fn lock_for(&self, op: &'static str) -> Result<SpaceGuard<'_>> {
+        if crate::exec::thread::on_engine_thread() {
+            return Err(Error::WouldDeadlock(format!(
+                "{op} from a host callback or kernel: managed memory's state may be held by a \
+                 thread waiting for this engine; call it outside the callback"
+            )));
+        }
+        Ok(self.lock())
+    }
+
+    /// Runs `f` on the state now, or, on an engine thread, on a thread of
+    /// its own (a drop there must not wait for the lock).
+    fn later(self: &Arc<Self>, f: impl FnOnce(&mut Space) + Send + 'static) {
+        let me = self.clone();
+        crate::exec::thread::off_engine("release managed memory", move || f(&mut me.lock()));
+    }
+}
+
+fn space_of(device: &Device) -> Arc<SpaceLock> {
+    let mut spaces = SPACES.lock().unwrap_or_else(|p| p.into_inner());
+    spaces.retain(|(_, w, _)| w.strong_count() > 0);
+    if let Some((_, _, s)) = spaces.iter().find(|(d, _, _)| *d == device.id()) {
+        return s.clone();
+    }
+    let s = Arc::new(SpaceLock {
+        state: Mutex::new(Space::default()),
+        published: Mutex::new(ManagedStats::default()),
+    });
+    spaces.push((device.id(), device.weak(), s.clone()));
+    s
+}
+
+static NEXT_BUFFER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// What every handle of one managed buffer shares.
+pub(crate) struct Shared {
+    id: u64,
+    device: Device,
+    space: Arc<SpaceLock>,
+    /// The host's copy (the only one on the host device).
+    host: Arc<Storage>,
+    /// The device's copy (`host` again on the host device).
+    dev: Arc<Storage>,
+    /// The device's memory index (`HOST` on the host device).
+    mem: u8,
+    bytes: usize,
+    page_bytes: usize,
+    /// Where copies back for host guards and AccessedBy refreshes go.
+    migration: OnceLock<Stream>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let id = self.id;
+        self.space.later(move |st| st.remove(id));
+    }
+}
+
+impl Shared {
+    fn migration_stream(&self) -> Result<&Stream> {
+        if let Some(s) = self.migration.get() {
+            return Ok(s);
+        }
+        let s = self.device.create_stream()?;
+        s.set_name(format!("managed buffer {} migrations", self.id));
+        Ok(self.migration.get_or_init(|| s))
+    }
+
+    /// Memory index of a location, if this buffer's context has it.
+    fn mem_of(&self, l: Location) -> Option<u8> {
+        match l {
+            Location::Host => Some(HOST),
+            Location::Device(d) if d == self.device.id() => Some(self.mem),
+            Location::Device(_) => None,
+        }
+    }
+}
+
+/// A buffer the host and the device both use, moved between their memories
+/// by page (64 KiB by default) as work declares it: like CUDA's managed
+/// memory, without device-side faults. It starts zeroed.
+///
+/// - Kernels take it as [`Arg::managed_read`] / [`Arg::managed_write`] (or a
+///   sub-range: only its pages move); before the kernel starts, the pages it
+///   covers are copied to its device (on the stream's migration stream). A
+///   write marks them dirty there and invalidates the host's copy.
+/// - The host reads and writes it through guards ([`ManagedBuffer::read`],
+///   [`ManagedBuffer::write`]) that wait for queued work on the pages they
+///   cover and copy dirty pages back; the `try_` forms return
+///   [`Error::BufferBusy`] instead of waiting.
+/// - Conflicting accesses to a page take effect in submission order whatever
+///   their streams (later work waits for earlier work on the same pages); so
+///   no event is needed between streams that share a managed buffer.
+/// - Hints: [`ManagedBuffer::prefetch`], [`ManagedBuffer::advise`].
+///
+/// ```
+/// use hetero::{Arg, Device, Kernel};
+/// let dev = Device::host().unwrap();
+/// let s = dev.create_stream().unwrap();
+/// let buf = dev.alloc_managed::<f32>(1024).unwrap();
+/// buf.write(..).unwrap().fill(1.0);
+/// let double = Kernel::new("double", |b| {
+///     for x in b.write::<f32>(0) {
+///         *x *= 2.0;
+///     }
+/// });
+/// s.launch(&double, 4.into(), &[Arg::managed_write(&buf)]).unwrap();
+/// assert!(buf.read(..).unwrap().iter().all(|&x| x == 2.0));
+/// ```
+pub struct ManagedBuffer<T: Pod> {
+    pub(crate) shared: Arc<Shared>,
+    len: usize,
+    _t: PhantomData<T>,
+}
+
+impl<T: Pod> std::fmt::Debug for ManagedBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ManagedBuffer")
+            .field("id", &self.shared.id)
+            .field("len", &self.len)
+            .field("elem", &std::any::type_name::<T>())
+            .field("page_bytes", &self.shared.page_bytes)
+            .field("device", &self.shared.device.id())
+            .finish()
+    }
+}
+
+/// A managed argument's buffer and element range, checked at launch.
+#[derive(Clone, Copy)]
+pub(crate) struct ManagedArg<'a> {
+    pub(crate) shared: &'a Arc<Shared>,
+    pub(crate) len: usize,
+    pub(crate) start: usize,
+    pub(crate) count: usize,
+}
+
+fn elems(len: usize, range: impl RangeBounds<usize>) -> (usize, usize) {
+    let start = match range.start_bound() {
+        Bound::Included(&s) => s,
+        Bound::Excluded(&s) => s.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e.saturating_add(1),
+        Bound::Excluded(&e) => e,
+        Bound::Unbounded => len,
+    };
+    (start, end.saturating_sub(start))
+}
+
+impl<'a> Arg<'a> {
+    /// The kernel reads all of managed buffer `buf`; its pages are made
+    /// resident on the kernel's device first.
+    pub fn managed_read<T: Pod>(buf: &'a ManagedBuffer<T>) -> Self {
+        Self::managed_read_range(buf, ..)
+    }
+
+    /// The kernel reads elements `range` of `buf` (it sees only them: element 0
+    /// of its view is `range.start`); only their pages move.
+    pub fn managed_read_range<T: Pod>(
+        buf: &'a ManagedBuffer<T>,
+        range: impl RangeBounds<usize>,
+    ) -> Self {
+        let (start, count) = elems(buf.len, range);
+        Arg {
+            storage: &buf.shared.dev,
+            elem: crate::exec::kernel::ElemInfo::of::<T>(),
+            write: false,
+            managed: Some(ManagedArg {
+                shared: &buf.shared,
+                len: buf.len,
+                start,
+                count,
+            }),
+        }
+    }
+
+    /// The kernel writes all of `buf`, split across blocks as [`Arg::write`]
+    /// splits a device buffer; its pages are made resident first (their
+    /// current contents too: a kernel may read what it writes) and are dirty on
+    /// the device afterwards.
+    pub fn managed_write<T: Pod>(buf: &'a ManagedBuffer<T>) -> Self {
+        Self::managed_write_range(buf, ..)
+    }
+
+    /// The kernel writes elements `range` of `buf` (its view starts at
+    /// `range.start`).
+    pub fn managed_write_range<T: Pod>(
+        buf: &'a ManagedBuffer<T>,
+        range: impl RangeBounds<usize>,
+    ) -> Self {
+        Arg {
+            write: true,
+            ..Self::managed_read_range(buf, range)
+        }
+    }
+}
+
+impl Device {
+    /// A managed buffer of `len` elements with 64 KiB pages, zeroed. On the
+    /// Vulkan backend a typed error (not built there).
+    pub fn alloc_managed<T: Pod>(&self, len: usize) -> Result<ManagedBuffer<T>> {
+        self.alloc_managed_with_page::<T>(len, DEFAULT_PAGE_BYTES)
+    }
+
+    /// A managed buffer whose coherence unit is `page_bytes` (a power of two
+    /// from 4 KiB to 1 GiB).
+    pub fn alloc_managed_with_page<T: Pod>(
+        &self,
+        len: usize,
+        page_bytes: usize,
+    ) -> Result<ManagedBuffer<T>> {
+        let op = "alloc_managed";
+        if !page_bytes.is_power_of_two() || !(4096..=1 << 30).contains(&page_bytes) {
+            return Err(Error::InvalidArgument(format!(
+                "{op}: page size {page_bytes} bytes; give a power of two from 4096 to 1 GiB"
+            )));
+        }
+        let bytes = Device::bytes_for::<T>(len)?;
+        let backend = self.properties().backend;
+        let (host, dev, mem, window) = match backend {
+            "host" => {
+                let b = self.alloc::<T>(len)?;
+                let s: Arc<Storage> = (*b.storage).clone();
+                drop(b);
+                zero(&s);
+                (s.clone(), s, HOST, None)
+            }
+            "emu" => {
+                let host = self.alloc_pinned::<u8>(bytes)?.storage;
+                zero(&host);
+                let w =
+                    Arc::new(Window::new(bytes).map_err(|detail| Error::Managed { op, detail })?);
+                let mut s = Storage::from_parts(
+                    self.id(),
+                    MemoryKind::Device,
+                    w.ptr(),
+                    bytes,
+                    Backing::Registered(Registration {
+                        _memory: Box::new(w.clone()),
+                        undo: None,
+                    }),
+                );
+                s.set_device_memory(self.reach().device_addr_of(w.ptr().as_ptr()));
+                (host, Arc::new(s), 1, Some(w))
+            }
+            "vulkan" => {
+                // The host copy in pinned memory the device reaches, the
+                // device's a whole allocation of its own (zeroed: an
+                // untouched page is zero everywhere).
+                let host = self.alloc_pinned::<u8>(bytes)?.storage;
+                zero(&host);
+                let d = self.alloc::<u8>(bytes)?;
+                let s = self.create_stream()?;
+                s.fill(&d, 0u8)?;
+                s.synchronize()?;
+                let dev: Arc<Storage> = (*d.storage).clone();
+                (host, dev, 1, None)
+            }
+            other => {
+                return Err(Error::Managed {
+                    op,
+                    detail: format!(
+                        "the {other} backend has no managed memory yet: use DeviceBuffer with \
+                         explicit copies there"
+                    ),
+                })
+            }
+        };
+        let space = space_of(self);
+        let id = NEXT_BUFFER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        space.lock_for(op)?.tables.insert(
+            id,
+            Table::new(bytes, page_bytes, host.clone(), dev.clone(), mem, window),
+        );
+        Ok(ManagedBuffer {
+            shared: Arc::new(Shared {
+                id,
+                device: self.clone(),
+                space,
+                host,
+                dev,
+                mem,
+                bytes,
+                page_bytes,
+                migration: OnceLock::new(),
+            }),
+            len,
+            _t: PhantomData,
+        })
+    }
+
+    /// What managed memory on this device did so far: bytes each way, pages
+    /// per reason, evictions, thrashing, resident bytes.
+    pub fn managed_stats(&self) -> ManagedStats {
+        *space_of(self)
+            .published
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Turns thrash throttling and pinning on (the default) or off for this
+    /// device's managed pages: off, eviction is least-recently-used order
+    /// alone (thrash events are still counted in [`ManagedStats`]). For
+    /// comparing the two; nothing already evicted changes.
+    pub fn set_managed_thrash_throttling(&self, on: bool) {
+        space_of(self).later(move |st| st.no_throttle = !on);
+    }
+
+    /// (budget, capacity, held by the pool) of a device with its own memory.
+    fn managed_budget(&self) -> Option<(usize, usize, usize)> {
+        // The host has one memory; a Vulkan device copy is allocated whole.
+        if matches!(self.properties().backend, "host" | "vulkan") {
+            return None;
+        }
+        let pool = self.pool();
+        let capacity = pool.config().max_reserved;
+        let held = pool.stats().reserved;
+        Some((capacity.saturating_sub(held), capacity, held))
+    }
+}
+
+/// Zeroes new managed memory the host can reach.
+fn zero(s: &Storage) {
+    if s.bytes() == 0 {
+        return;
+    }
+    // SAFETY: a storage just allocated, host-visible, of `bytes()` bytes, that
+    // no op has been given yet.
+    unsafe { std::ptr::write_bytes(s.host_ptr(), 0, s.bytes()) };
+}
+
+impl<T: Pod> ManagedBuffer<T> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size in bytes.
+    pub fn size_bytes(&self) -> usize {
+        self.shared.bytes
+    }
+
+    /// The coherence unit, bytes.
+    pub fn page_bytes(&self) -> usize {
+        self.shared.page_bytes
+    }
+
+    /// The id of the device the buffer belongs to.
+    pub fn device_id(&self) -> u64 {
+        self.shared.device.id()
+    }
+
+    /// The buffer's id (what migration records name).
+    pub fn id(&self) -> u64 {
+        self.shared.id
+    }
+
+    fn access(
+        &self,
+        op: &'static str,
+        range: impl RangeBounds<usize>,
+        write: bool,
+    ) -> Result<Access> {
+        self.access_elems(op, range, write).map(|(a, _)| a)
+    }
+
+    /// The access and its element count (a byte count says nothing for a
+    /// zero-sized `T`).
+    fn access_elems(
+        &self,
+        op: &'static str,
+        range: impl RangeBounds<usize>,
+        write: bool,
+    ) -> Result<(Access, usize)> {
+        let (start, count) = elems(self.len, range);
+        crate::api::stream::check_range(op, self.len, start, count)?;
+        let size = std::mem::size_of::<T>();
+        let a = Access {
+            buffer: self.shared.id,
+            off: start * size,
+            bytes: count * size,
+            write,
+        };
+        Ok((a, count))
+    }
+
+    /// Reads elements `range` on the host: waits for queued work that writes
+    /// their pages, copies dirty pages back, and holds them: work submitted
+    /// while the guard lives that writes them waits for its drop.
+    pub fn read(&self, range: impl RangeBounds<usize>) -> Result<ManagedRead<'_, T>> {
+        let (a, count) = self.access_elems("ManagedBuffer::read", range, false)?;
+        let hold = host_access(&self.shared, "ManagedBuffer::read", a, false)?;
+        Ok(ManagedRead {
+            data: self.host_elems(&a, count),
+            hold: Some(hold),
+            _not_send: PhantomData,
+        })
+    }
+
+    /// [`ManagedBuffer::read`] without waiting: [`Error::BufferBusy`] while
+    /// queued work still writes those pages (on a device in virtual time the
+    /// refusal lets the model make a step, so polling progresses).
+    pub fn try_read(&self, range: impl RangeBounds<usize>) -> Result<ManagedRead<'_, T>> {
+        let (a, count) = self.access_elems("ManagedBuffer::try_read", range, false)?;
+        let hold = host_access(&self.shared, "ManagedBuffer::try_read", a, true)?;
+        Ok(ManagedRead {
+            data: self.host_elems(&a, count),
+            hold: Some(hold),
+            _not_send: PhantomData,
+        })
+    }
+
+    /// Writes elements `range` on the host: waits for every queued op on their
+    /// pages, copies dirty pages back (the rest of a page keeps its data),
+    /// and invalidates the device's copies; work submitted while the guard
+    /// lives on those pages waits for its drop. A second guard over the same
+    /// pages waits for this one; on the same thread it is
+    /// [`Error::WouldDeadlock`].
+    pub fn write(&self, range: impl RangeBounds<usize>) -> Result<ManagedWrite<'_, T>> {
+        let (a, count) = self.access_elems("ManagedBuffer::write", range, true)?;
+        let hold = host_access(&self.shared, "ManagedBuffer::write", a, false)?;
+        Ok(ManagedWrite {
+            data: self.host_elems(&a, count),
+            shared: &self.shared,
+            access: a,
+            hold: Some(hold),
+            _not_send: PhantomData,
+        })
+    }
+
+    /// [`ManagedBuffer::write`] without waiting: [`Error::BufferBusy`] while
+    /// queued work still uses those pages.
+    pub fn try_write(&self, range: impl RangeBounds<usize>) -> Result<ManagedWrite<'_, T>> {
+        let (a, count) = self.access_elems("ManagedBuffer::try_write", range, true)?;
+        let hold = host_access(&self.shared, "ManagedBuffer::try_write", a, true)?;
+        Ok(ManagedWrite {
+            data: self.host_elems(&a, count),
+            shared: &self.shared,
+            access: a,
+            hold: Some(hold),
+            _not_send: PhantomData,
+        })
+    }
+
+    fn host_elems(&self, a: &Access, count: usize) -> (*mut T, usize) {
+        let base = self.shared.host.host_ptr();
+        let ptr = if a.bytes == 0 {
+            base
+        } else {
+            base.wrapping_add(a.off)
+        };
+        (ptr.cast::<T>(), count)
+    }
+
+    /// Moves elements `range` to `to` for `stream`: to the device, copies of
+    /// the pages it lacks, which `stream`'s later work waits for; to the
+    /// host, copies back of dirty pages after the queued work on them (the
+    /// stream's own included), which the stream's later work does not wait
+    /// for, and without ReadMostly the device's copies go (their room with
+    /// them). The copies run on the stream's migration stream, on the copy
+    /// engines, overlapping its other work; [`Stream::synchronize`] covers
+    /// them. Nothing on the host device, where there is one memory.
+    pub fn prefetch(
+        &self,
+        range: impl RangeBounds<usize>,
+        to: Location,
+        stream: &Stream,
+    ) -> Result<()> {
+        let op = "ManagedBuffer::prefetch";
+        let a = self.access(op, range, false)?;
+        check_stream(op, stream, &self.shared)?;
+        let Some(mem) = self.shared.mem_of(to) else {
+            return Err(not_in_context(op, to, &self.shared));
+        };
+        if mem == HOST && self.shared.mem != HOST {
+            return prefetch_to_host(stream, &self.shared, a);
+        }
+        device_op(
+            stream,
+            op,
+            &[(&self.shared, a)],
+            MigrationReason::Prefetch,
+            None,
+        )
+    }
+
+    /// Sets `advice` on the pages elements `range` cover (a page is advised
+    /// when the range touches it).
+    pub fn advise(&self, range: impl RangeBounds<usize>, advice: Advice) -> Result<()> {
+        self.set_advice("ManagedBuffer::advise", range, advice, true)
+    }
+
+    /// Clears `advice` on the pages elements `range` cover.
+    pub fn unadvise(&self, range: impl RangeBounds<usize>, advice: Advice) -> Result<()> {
+        self.set_advice("ManagedBuffer::unadvise", range, advice, false)
+    }
+
+    fn set_advice(
+        &self,
+        op: &'static str,
+        range: impl RangeBounds<usize>,
+        advice: Advice,
+        on: bool,
+    ) -> Result<()> {
+        let a = self.access(op, range, false)?;
+        if let Advice::PreferredLocation(l) | Advice::AccessedBy(l) = advice {
+            if self.shared.mem_of(l).is_none() {
+                return Err(not_in_context(op, l, &self.shared));
+            }
+        }
+        let sh = &self.shared;
+        sh.space
+            .lock_for(op)?
+            .advise(a.buffer, a.off, a.bytes, advice, |l| sh.mem_of(l), on);
+        Ok(())
+    }
+}
+
+fn not_in_context(op: &'static str, l: Location, sh: &Shared) -> Error {
+    Error::Managed {
+        op,
+        detail: format!(
+            "{l:?} is not a memory of this buffer: it belongs to device {}; name the host or \
+             that device",
+            sh.device.id()
+        ),
+    }
+}
+
+fn check_stream(op: &'static str, stream: &Stream, sh: &Shared) -> Result<()> {
+    if stream.device().id() != sh.device.id() {
+        return Err(Error::WrongDevice {
+            op,
+            buffer_device: sh.device.id(),
+            stream_device: stream.device().id(),
+        });
+    }
+    if stream.is_capturing() {
+        return Err(Error::Managed {
+            op,
+            detail: "managed buffers cannot be recorded into a graph or command buffer yet: \
+                     use them on a stream that is not capturing"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+thread_local! {
+    /// The holds (host-event timelines) of the guards this thread has: a wait
+    /// for one of them would never end.
+    static HELD: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A guard's hold: the host event later ops on its pages wait for.
+struct Hold {
+    event: crate::HostEvent,
+    key: usize,
+    space: Arc<SpaceLock>,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.event.signal();
+        let key = self.key;
+        self.space.later(move |st| st.release_hold(key));
+        let _ = HELD.try_with(|h| {
+            let mut h = h.borrow_mut();
+            if let Some(i) = h.iter().position(|&k| k == key) {
+                h.swap_remove(i);
+            }
+        });
+    }
+}
+
+fn point_of(timeline: &Arc<Timeline>, value: u64) -> Point {
+    Point {
+        timeline: timeline.clone(),
+        value,
+    }
+}
+
+/// Waits (or, `try_`, refuses) until no queued work conflicts with `a`,
+/// copies its dirty pages back, and takes the hold.
+fn host_access(sh: &Shared, op: &'static str, a: Access, try_: bool) -> Result<Hold> {
+    loop {
+        let mut st = sh.space.lock_for(op)?;
+        let plan = st.plan_host(&a);
+        if !plan.waits.is_empty() {
+            let own = HELD.with(|h| {
+                let h = h.borrow();
+                plan.waits
+                    .iter()
+                    .any(|p| st.holds_behind(p).iter().any(|k| h.contains(k)))
+            });
+            drop(st);
+            if own {
+                return Err(Error::WouldDeadlock(format!(
+                    "{op}: it would wait for work on these pages that waits for a guard this \
+                     thread holds; drop that guard first"
+                )));
+            }
+            if try_ {
+                for p in &plan.waits {
+                    p.timeline.poll_driver();
+                }
+                return Err(Error::BufferBusy {
+                    op,
+                    detail: "queued work on its pages has not completed",
+                });
+            }
+            for p in &plan.waits {
+                p.timeline
+                    .wait_for(p.value, sh.device.host_wait(), "managed host access")?;
+            }
+            continue;
+        }
+        let mut last = None;
+        if !plan.moves.is_empty() {
+            let s = sh.migration_stream()?;
+            for m in &plan.moves {
+                let v = copy_run(s, sh, m, CopyKind::D2H, MigrationReason::HostAccess)?;
+                let p = point_of(s.backend_stream().timeline(), v);
+                st.apply_move(m, HOST, Some(p.clone()), MigrationReason::HostAccess, None);
+                last = Some(p);
+            }
+        }
+        let event = sh.device.host_event();
+        let hp = event
+            .event()
+            .point
+            .as_ref()
+            .map(|p| point_of(&p.timeline, p.value))
+            .expect("a host event is recorded at creation");
+        let key = Arc::as_ptr(&hp.timeline) as usize;
+        st.add_hold(&hp.timeline);
+        st.apply_use(&a, HOST, hp);
+        drop(st);
+        HELD.with(|h| h.borrow_mut().push(key));
+        let hold = Hold {
+            event,
+            key,
+            space: sh.space.clone(),
+        };
+        if let Some(p) = last {
+            // Only its end matters: a failed copy back fails its stream, which
+            // `ManagedStats` and the trace show; the bytes are what they are.
+            p.timeline
+                .wait_for(p.value, sh.device.host_wait(), "managed copy back")?;
+        }
+        return Ok(hold);
+    }
+}
+
+/// Submits one migration copy of run `m` of `sh` on `stream`; its value.
+fn copy_run(
+    stream: &Stream,
+    sh: &Shared,
+    m: &Move,
+    kind: CopyKind,
+    reason: MigrationReason,
+) -> Result<u64> {
+    copy_table_run(stream, &sh.host, &sh.dev, sh.id, m, kind, reason)
+}
+
+fn copy_table_run(
+    stream: &Stream,
+    host: &Arc<Storage>,
+    dev: &Arc<Storage>,
+    buffer: u64,
+    m: &Move,
+    kind: CopyKind,
+    reason: MigrationReason,
+) -> Result<u64> {
+    let reach = stream.device().reach();
+    let h = view(host, m.off, m.bytes, reach);
+    let d = view(dev, m.off, m.bytes, reach);
+    let (src, dst) = if kind == CopyKind::H2D {
+        (h, d)
+    } else {
+        (d, h)
+    };
+    let v = stream.submit(Body::Copy {
+        kind,
+        src,
+        src_off: 0,
+        dst,
+        dst_off: 0,
+        bytes: m.bytes,
+        _pending: None,
+    })?;
+    record(stream.id(), buffer, m, kind == CopyKind::D2H, reason, true);
+    Ok(v)
+}
+
+fn record(
+    stream: u64,
+    buffer: u64,
+    m: &Move,
+    to_host: bool,
+    reason: MigrationReason,
+    copied: bool,
+) {
+    if hetero_trace::enabled() {
+        hetero_trace::record_migration(hetero_trace::MigrationRecord {
+            ts_ns: hetero_trace::now_ns(),
+            stream,
+            buffer,
+            bytes: if copied { m.bytes as u64 } else { 0 },
+            pages: (m.pages.end - m.pages.start) as u32,
+            to_host,
+            reason,
+        });
+    }
+}
+
+/// Memory waits for `waits`, one per timeline (its latest value).
+fn submit_waits(stream: &Stream, st: &mut Space, waits: &[Point]) -> Result<()> {
+    let mut last: Vec<(&Arc<Timeline>, u64)> = Vec::new();
+    for p in waits {
+        match last.iter_mut().find(|(t, _)| Arc::ptr_eq(t, &p.timeline)) {
+            Some((_, v)) => *v = (*v).max(p.value),
+            None => last.push((&p.timeline, p.value)),
+        }
+    }
+    for (t, v) in last {
+        if t.is_reached(v) {
+            continue;
+        }
+        let at = stream.submit(Body::Wait {
+            timeline: t.clone(),
+            value: v,
+            fault: false,
+        })?;
+        st.note_wait(stream.backend_stream().timeline(), at, &point_of(t, v));
+    }
+    Ok(())
+}
+
+/// Submits a device plan's waits, evictions and copies in on `stream`,
+/// applying each to the state as it is submitted.
+fn submit_plan(
+    stream: &Stream,
+    st: &mut Space,
+    plan: &Plan,
+    mem: u8,
+    reason: MigrationReason,
+    budget: Option<usize>,
+) -> Result<()> {
+    submit_waits(stream, st, &plan.waits)?;
+    let timeline = stream.backend_stream().timeline().clone();
+    for e in &plan.evictions {
+        let Some(t) = st.tables.get(&e.buffer) else {
+            continue;
+        };
+        if e.copy {
+            let (host, dev) = (t.host.clone(), t.dev.clone());
+            let v = copy_table_run(
+                stream,
+                &host,
+                &dev,
+                e.buffer,
+                e,
+                CopyKind::D2H,
+                MigrationReason::Eviction,
+            )?;
+            st.apply_eviction(e, mem, Some(point_of(&timeline, v)));
+        } else {
+            record(
+                stream.id(),
+                e.buffer,
+                e,
+                true,
+                MigrationReason::Eviction,
+                false,
+            );
+            st.apply_eviction(e, mem, None);
+        }
+    }
+    for m in &plan.moves {
+        let Some(t) = st.tables.get(&m.buffer) else {
+            continue;
+        };
+        if m.copy {
+            let (host, dev) = (t.host.clone(), t.dev.clone());
+            let v = copy_table_run(stream, &host, &dev, m.buffer, m, CopyKind::H2D, reason)?;
+            st.apply_move(m, mem, Some(point_of(&timeline, v)), reason, budget);
+        } else {
+            st.apply_move(m, mem, None, reason, budget);
+        }
+    }
+    Ok(())
+}
+
+/// What `device_op` submits over views of the declared ranges: its value.
+type SubmitOp<'f> = dyn FnMut(&[Arc<Storage>]) -> Result<u64> + 'f;
+
+/// Makes `uses` resident on `stream`'s device (waits, evictions, copies in),
+/// then submits `op` over views of them (if any) and records its accesses.
+fn device_op(
+    stream: &Stream,
+    op: &str,
+    uses: &[(&Arc<Shared>, Access)],
+    reason: MigrationReason,
+    submit: Option<&mut SubmitOp<'_>>,
+) -> Result<()> {
+    let Some((first, _)) = uses.first() else {
+        return match submit {
+            Some(f) => f(&[]).map(|_| ()),
+            None => Ok(()),
+        };
+    };
+    for (sh, _) in uses {
+        check_stream("managed access", stream, sh)?;
+    }
+    let mem = first.mem;
+    let budget = stream.device().managed_budget();
+    let accesses: Vec<Access> = uses.iter().map(|(_, a)| *a).collect();
+    let mut st = first.space.lock_for("a managed access")?;
+    let plan = st
+        .plan_device(&accesses, mem, stream.id(), budget.map(|b| b.0))
+        .map_err(|e| {
+            let (_, capacity, pool) = budget.unwrap_or_default();
+            Error::ManagedWorkingSet {
+                op: op.to_string(),
+                device: stream.device().id(),
+                needed: e.needed,
+                budget: e.budget,
+                capacity,
+                pool,
+            }
+        })?;
+    if !plan.moves.is_empty() || !plan.evictions.is_empty() {
+        // The copies go on the stream's migration stream, after only the
+        // pages' own queued work (planned from that stream's side, so this
+        // stream's earlier work on the pages counts too), overlapping the
+        // rest of this stream's work; this stream waits for them.
+        let m = stream.migration_stream(false)?;
+        let copies = st
+            .plan_device(&accesses, mem, m.id(), budget.map(|b| b.0))
+            .map_err(|e| Error::Managed {
+                op: "managed migration",
+                detail: format!("a plan changed under its lock: {e:?}"),
+            })?;
+        submit_plan(m, &mut st, &copies, mem, reason, budget.map(|b| b.0))?;
+        let done = point_of(
+            m.backend_stream().timeline(),
+            m.backend_stream().submitted(),
+        );
+        let at = stream.submit(Body::Wait {
+            timeline: done.timeline.clone(),
+            value: done.value,
+            fault: true,
+        })?;
+        st.note_wait(stream.backend_stream().timeline(), at, &done);
+    }
+    submit_waits(stream, &mut st, &plan.waits)?;
+    let Some(f) = submit else {
+        return Ok(());
+    };
+    let reach = stream.device().reach();
+    let views: Vec<Arc<Storage>> = uses
+        .iter()
+        .map(|(sh, a)| view(&sh.dev, a.off, a.bytes, reach))
+        .collect();
+    let v = f(&views)?;
+    let p = point_of(stream.backend_stream().timeline(), v);
+    for a in &accesses {
+        st.apply_use(a, mem, p.clone());
+    }
+    Ok(())
+}
+
+/// Prefetch to the host on `stream`: copies back, then the device's copies
+/// go (without ReadMostly).
+fn prefetch_to_host(stream: &Stream, sh: &Shared, a: Access) -> Result<()> {
+    // On the stream's migration stream, after the queued work on those pages
+    // (this stream's included): the stream's later work does not wait for
+    // the copies back (work on those pages waits through the pages, a host
+    // guard too), and `Stream::synchronize` covers them.
+    let m = stream.migration_stream(true)?;
+    let mut st = sh.space.lock_for("prefetch")?;
+    let plan = st.plan_to_host(&a, m.id());
+    submit_waits(m, &mut st, &plan.waits)?;
+    let timeline = m.backend_stream().timeline().clone();
+    for mv in &plan.moves {
+        let v = copy_run(m, sh, mv, CopyKind::D2H, MigrationReason::Prefetch)?;
+        st.apply_move(
+            mv,
+            HOST,
+            Some(point_of(&timeline, v)),
+            MigrationReason::Prefetch,
+            None,
+        );
+    }
+    // The dropped device copies are ordered after the migration stream's
+    // end: the waits and copies above.
+    let v = m.backend_stream().submitted();
+    st.apply_to_host(&a, (v > 0).then(|| point_of(&timeline, v)));
+    Ok(())
+}
+
+/// `Stream::launch` with managed arguments among `args`.
+pub(crate) fn launch(stream: &Stream, kernel: &Kernel, grid: Grid, args: &[Arg<'_>]) -> Result<()> {
+    let name = kernel.inner.name;
+    if grid.blocks() == 0 {
+        return Err(Error::EmptyGrid { kernel: name });
+    }
+    stream.device().check_code(&kernel.inner)?;
+    if args.len() > crate::MAX_KERNEL_ARGS {
+        return Err(Error::TooManyArgs {
+            kernel: name,
+            count: args.len(),
+            max: crate::MAX_KERNEL_ARGS,
+        });
+    }
+    let mut uses: Vec<(&Arc<Shared>, Access)> = Vec::new();
+    let mut slots: Vec<Option<usize>> = Vec::with_capacity(args.len());
+    for (i, a) in args.iter().enumerate() {
+        match &a.managed {
+            Some(m) => {
+                check_stream("launch", stream, m.shared)?;
+                crate::api::stream::check_range("launch", m.len, m.start, m.count)?;
+                let size = a.elem.size;
+                let acc = Access {
+                    buffer: m.shared.id,
+                    off: m.start * size,
+                    bytes: m.count * size,
+                    write: a.write,
+                };
+                for (sh, b) in &uses {
+                    let overlap = acc.off < b.off + b.bytes && b.off < acc.off + acc.bytes;
+                    if sh.id == acc.buffer && overlap && (acc.write || b.write) {
+                        return Err(Error::Aliasing { op: "launch" });
+                    }
+                }
+                slots.push(Some(uses.len()));
+                uses.push((m.shared, acc));
+            }
+            None => {
+                stream.check_storage("launch", a.storage)?;
+                for b in &args[..i] {
+                    if b.managed.is_none()
+                        && Arc::ptr_eq(a.storage, b.storage)
+                        && (a.write || b.write)
+                    {
+                        return Err(Error::Aliasing { op: "launch" });
+                    }
+                }
+                slots.push(None);
+            }
+        }
+    }
+    // A Vulkan device binds a range at a multiple of its storage alignment
+    // (which divides `Storage::ALIGN`).
+    if stream.device().properties().backend == "vulkan" {
+        for a in args {
+            let Some(m) = &a.managed else { continue };
+            let at = m.start * a.elem.size;
+            if at % Storage::ALIGN != 0 {
+                return Err(Error::Managed {
+                    op: "launch",
+                    detail: format!(
+                        "a managed range argument from element {} ({at} bytes in) on a Vulkan \
+                         device: a kernel's range must start at a multiple of {} bytes; pass a \
+                         range that does, or the whole buffer",
+                        m.start,
+                        Storage::ALIGN
+                    ),
+                });
+            }
+        }
+    }
+    if stream.is_capturing() {
+        return Err(Error::Managed {
+            op: "launch",
+            detail: "managed buffers cannot be recorded into a graph or command buffer yet: \
+                     launch on a stream that is not capturing"
+                .into(),
+        });
+    }
+    let mut submit = |views: &[Arc<Storage>]| -> Result<u64> {
+        for a in args.iter().filter(|a| a.managed.is_none()) {
+            stream.order_use(a.storage)?;
+        }
+        let list: Vec<Arg<'_>> = args
+            .iter()
+            .zip(&slots)
+            .map(|(a, slot)| match slot {
+                Some(i) => Arg {
+                    storage: &views[*i],
+                    managed: None,
+                    ..*a
+                },
+                None => *a,
+            })
+            .collect();
+        stream.backend_stream().submit_launch(
+            &kernel.inner,
+            grid.blocks(),
+            crate::exec::kernel::ArgList::from_args(&list),
+        )
+    };
+    device_op(
+        stream,
+        name,
+        &uses,
+        MigrationReason::Declared,
+        Some(&mut submit),
+    )
+}
+
+impl Stream {
+    /// Copies `count` elements of managed `src` from `src_offset` into device
+    /// buffer `dst` at `dst_offset`, after making those pages resident here.
+    pub fn copy_from_managed<T: Pod>(
+        &self,
+        src: &ManagedBuffer<T>,
+        src_offset: usize,
+        dst: &DeviceBuffer<T>,
+        dst_offset: usize,
+        count: usize,
+    ) -> Result<()> {
+        let op = "copy_from_managed";
+        let a = src.access(op, src_offset..src_offset.saturating_add(count), false)?;
+        self.check_storage(op, &dst.storage)?;
+        crate::api::stream::check_range(op, dst.len(), dst_offset, count)?;
+        let size = std::mem::size_of::<T>();
+        let mut submit = |views: &[Arc<Storage>]| -> Result<u64> {
+            self.order_use(&dst.storage)?;
+            self.submit(Body::Copy {
+                kind: CopyKind::D2D,
+                src: views[0].clone(),
+                src_off: 0,
+                dst: (*dst.storage).clone(),
+                dst_off: dst_offset * size,
+                bytes: count * size,
+                _pending: None,
+            })
+        };
+        device_op(
+            self,
+            op,
+            &[(&src.shared, a)],
+            MigrationReason::Declared,
+            Some(&mut submit),
+        )
+    }
+
+    /// Copies `count` elements of device buffer `src` from `src_offset` into
+    /// managed `dst` at `dst_offset` (those pages are dirty here afterwards).
+    pub fn copy_to_managed<T: Pod>(
+        &self,
+        src: &DeviceBuffer<T>,
+        src_offset: usize,
+        dst: &ManagedBuffer<T>,
+        dst_offset: usize,
+        count: usize,
+    ) -> Result<()> {
+        let op = "copy_to_managed";
+        let a = dst.access(op, dst_offset..dst_offset.saturating_add(count), true)?;
+        self.check_storage(op, &src.storage)?;
+        crate::api::stream::check_range(op, src.len(), src_offset, count)?;
+        let size = std::mem::size_of::<T>();
+        let mut submit = |views: &[Arc<Storage>]| -> Result<u64> {
+            self.order_use(&src.storage)?;
+            self.submit(Body::Copy {
+                kind: CopyKind::D2D,
+                src: (*src.storage).clone(),
+                src_off: src_offset * size,
+                dst: views[0].clone(),
+                dst_off: 0,
+                bytes: count * size,
+                _pending: None,
+            })
+        };
+        device_op(
+            self,
+            op,
+            &[(&dst.shared, a)],
+            MigrationReason::Declared,
+            Some(&mut submit),
+        )
+    }
+}
+
+/// A host read of a managed range; derefs to `&[T]`. Not `Send`: its hold is
+/// this thread's (a wait for it here would be refused, not deadlock).
+pub struct ManagedRead<'a, T: Pod> {
+    data: (*mut T, usize),
+    hold: Option<Hold>,
+    _not_send: PhantomData<(&'a [T], *const ())>,
+}
+
+impl<T: Pod> std::ops::Deref for ManagedRead<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: the range lies in the host copy (bounds checked), its pages
+        // are valid on the host (copied back before the guard was made), and
+        // no op or guard writes them while this hold lives (every writer waits
+        // for it, module doc); aligned as the buffer is.
+        unsafe { std::slice::from_raw_parts(self.data.0, self.data.1) }
+    }
+}
+
+impl<T: Pod> Drop for ManagedRead<'_, T> {
+    fn drop(&mut self) {
+        drop(self.hold.take());
+    }
+}
+
+/// A host write of a managed range; derefs to `&mut [T]`. On drop the hold
+/// ends; pages advised `AccessedBy` a device are copied to it at once.
+pub struct ManagedWrite<'a, T: Pod> {
+    data: (*mut T, usize),
+    shared: &'a Arc<Shared>,
+    access: Access,
+    hold: Option<Hold>,
+    _not_send: PhantomData<(&'a mut [T], *const ())>,
+}
+
+impl<T: Pod> std::ops::Deref for ManagedWrite<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: as `ManagedRead`, and this guard is the pages' only user.
+        unsafe { std::slice::from_raw_parts(self.data.0, self.data.1) }
+    }
+}
+
+impl<T: Pod> std::ops::DerefMut for ManagedWrite<'_, T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: no op or other guard reads or writes these pages while the
+        // hold lives (each waits for it), and `&mut self` makes this the only
+        // slice of them.
+        unsafe { std::slice::from_raw_parts_mut(self.data.0, self.data.1) }
+    }
+}
+
+impl<T: Pod> Drop for ManagedWrite<'_, T> {
+    fn drop(&mut self) {
+        drop(self.hold.take());
+        let sh = self.shared;
+        if sh.mem == HOST {
+            return;
+        }
+        // An AccessedBy refresh: not from an engine thread (see `SpaceLock`).
+        let Ok(st) = sh.space.lock_for("a write guard's AccessedBy refresh") else {
+            return;
+        };
+        let missing = st.accessed_by_missing(&self.access, sh.mem);
+        drop(st);
+        if missing.is_empty() {
+            return;
+        }
+        let refresh = sh.migration_stream().and_then(|s| {
+            let uses: Vec<(&Arc<Shared>, Access)> = missing.iter().map(|a| (sh, *a)).collect();
+            device_op(
+                s,
+                "AccessedBy refresh",
+                &uses,
+                MigrationReason::Prefetch,
+                None,
+            )
+        });
+        if let Err(e) = refresh {
+            // The pages stay on the host; the next kernel copies them in.
+            tracing::debug!(error = %e, "refreshing AccessedBy pages failed");
+        }
+    }
+}
