@@ -226,17 +226,9 @@ const VK_NO_PLACEMENT: &str = "placement by data is the host engines' policy; th
      backend has one engine thread and one queue, so the check would pass vacuously";
 const VK_ONE_UNIT: &str = "asserts a plan of several lanes; a plan has at most one lane per \
      compute unit and the Vulkan device reports one (its kernels all run on its compute lane)";
-const VK_NO_AGING: &str = "the Vulkan engine takes every stream at each look, in priority \
-     order (backend/vulkan/engine.rs): a low-priority stream never starves, but its ops do not \
-     wait the host scheduler's aging count (backend/host/stream.rs AGING_TICKS) that the test \
-     asserts between them";
 
 /// What the Vulkan backend cannot run, and why.
 const VULKAN_SKIPS: &[(&str, &str)] = &[
-    (
-        "low_priority_progresses_under_continuous_high_priority_work",
-        VK_NO_AGING,
-    ),
     (
         "async_ops_progress_between_the_blocks_of_a_running_kernel",
         VK_ASYNC_AFTER_DEVICE,

@@ -61,6 +61,10 @@ const TAKE_PER_STREAM: usize = 256;
 /// device before it looks at its streams again.
 const SPIN_ROUND: Duration = Duration::from_millis(20);
 
+/// Ops taken from other streams per level a waiting stream's priority
+/// improves (the host scheduler's figure, `backend/host/stream.rs`).
+const AGING_TICKS: u64 = 16;
+
 /// Passes over the streams in one flush at most.
 const PASSES: usize = 8;
 
@@ -190,8 +194,24 @@ impl Engine {
             let seen = sh.pending.load(Ordering::Acquire);
             self.retire(sh);
             sh.streams.refresh(&mut self.streams, &mut self.seen);
-            self.streams
-                .sort_by_key(|s| (s.priority.load(Ordering::Relaxed), s.id));
+            // Priority order, aged as the host scheduler ages it: a stream's
+            // priority improves by one level per `AGING_TICKS` ops taken
+            // since it was last served (or made), so a low-priority stream
+            // never starves behind continuous high-priority callbacks, each
+            // of which ends a look.
+            let tick = sh.tick.load(Ordering::Relaxed);
+            self.streams.sort_by_key(|s| {
+                let waited =
+                    tick.saturating_sub(s.last_served.load(Ordering::Relaxed)) / AGING_TICKS;
+                let base = i64::from(s.priority.load(Ordering::Relaxed));
+                // Ties go to the stream served last, as on the host.
+                let served = std::cmp::Reverse(s.last_served.load(Ordering::Relaxed));
+                (
+                    base - i64::try_from(waited).unwrap_or(i64::MAX),
+                    served,
+                    s.id,
+                )
+            });
             self.polling = false;
             let took = self.flush(sh);
             if took {
@@ -574,6 +594,9 @@ impl Engine {
                 return;
             };
             let value = pos + 1;
+            let tick = sh.tick.load(Ordering::Relaxed) + 1;
+            sh.tick.store(tick, Ordering::Relaxed);
+            s.last_served.store(tick, Ordering::Relaxed);
             if let Body::Async(_) = &op.body {
                 // A started async op gives its locks back, however it ends.
                 if let Some(i) = self.started.iter().position(|&id| id == s.id) {

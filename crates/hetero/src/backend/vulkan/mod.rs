@@ -60,6 +60,8 @@ pub(crate) struct Shared {
     lanes: [hetero_vulkan::Timeline; 2],
     /// Copies go on the transfer lane (its own queue, or `split_lanes`).
     two_lanes: bool,
+    /// Ops the engine has taken (the aging clock; written by the engine only).
+    tick: AtomicU64,
     device_mem: Arc<Chunks>,
     pinned_mem: Arc<Chunks>,
     pinned: Arc<hetero_memory::PinnedPool>,
@@ -324,6 +326,7 @@ impl VulkanBackend {
             shutdown: AtomicBool::new(false),
             lanes,
             two_lanes,
+            tick: AtomicU64::new(0),
             device_mem,
             pinned_mem,
             pinned,
@@ -383,6 +386,7 @@ impl Backend for VulkanBackend {
             faulted: AtomicBool::new(false),
             deps: [AtomicU64::new(0), AtomicU64::new(0)],
             lane: AtomicU8::new(0),
+            last_served: AtomicU64::new(sh.tick.load(Ordering::Relaxed)),
             shared: Arc::downgrade(sh),
             host_wait: sh.config.host_wait,
         });

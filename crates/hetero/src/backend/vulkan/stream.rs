@@ -33,6 +33,10 @@ pub(crate) struct VulkanStream {
     /// The lane of its last op with device work (a record's timestamp goes
     /// there). Engine thread only.
     pub(crate) lane: AtomicU8,
+    /// The engine's op count when it last took an op of this stream (or when
+    /// the stream was made): how long it has waited (aging). Written by the
+    /// engine thread only.
+    pub(crate) last_served: AtomicU64,
     pub(crate) shared: Weak<Shared>,
     pub(crate) host_wait: CompletionMode,
 }
