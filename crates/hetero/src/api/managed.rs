@@ -492,26 +492,14 @@ impl<T: Pod> ManagedBuffer<T> {
     /// their pages, copies dirty pages back, and holds them: work submitted
     /// while the guard lives that writes them waits for its drop.
     pub fn read(&self, range: impl RangeBounds<usize>) -> Result<ManagedRead<'_, T>> {
-        let (a, count) = self.access_elems("ManagedBuffer::read", range, false)?;
-        let hold = host_access(&self.shared, "ManagedBuffer::read", a, false)?;
-        Ok(ManagedRead {
-            data: self.host_elems(&a, count),
-            hold: Some(hold),
-            _not_send: PhantomData,
-        })
+        self.read_guard("ManagedBuffer::read", range, false)
     }
 
     /// [`ManagedBuffer::read`] without waiting: [`Error::BufferBusy`] while
     /// queued work still writes those pages (on a device in virtual time the
     /// refusal lets the model make a step, so polling progresses).
     pub fn try_read(&self, range: impl RangeBounds<usize>) -> Result<ManagedRead<'_, T>> {
-        let (a, count) = self.access_elems("ManagedBuffer::try_read", range, false)?;
-        let hold = host_access(&self.shared, "ManagedBuffer::try_read", a, true)?;
-        Ok(ManagedRead {
-            data: self.host_elems(&a, count),
-            hold: Some(hold),
-            _not_send: PhantomData,
-        })
+        self.read_guard("ManagedBuffer::try_read", range, true)
     }
 
     /// Writes elements `range` on the host: waits for every queued op on their
@@ -521,22 +509,40 @@ impl<T: Pod> ManagedBuffer<T> {
     /// pages waits for this one; on the same thread it is
     /// [`Error::WouldDeadlock`].
     pub fn write(&self, range: impl RangeBounds<usize>) -> Result<ManagedWrite<'_, T>> {
-        let (a, count) = self.access_elems("ManagedBuffer::write", range, true)?;
-        let hold = host_access(&self.shared, "ManagedBuffer::write", a, false)?;
-        Ok(ManagedWrite {
-            data: self.host_elems(&a, count),
-            shared: &self.shared,
-            access: a,
-            hold: Some(hold),
-            _not_send: PhantomData,
-        })
+        self.write_guard("ManagedBuffer::write", range, false)
     }
 
     /// [`ManagedBuffer::write`] without waiting: [`Error::BufferBusy`] while
     /// queued work still uses those pages.
     pub fn try_write(&self, range: impl RangeBounds<usize>) -> Result<ManagedWrite<'_, T>> {
-        let (a, count) = self.access_elems("ManagedBuffer::try_write", range, true)?;
-        let hold = host_access(&self.shared, "ManagedBuffer::try_write", a, true)?;
+        self.write_guard("ManagedBuffer::try_write", range, true)
+    }
+
+    /// A read guard over `range` (`try_`: refused instead of waiting).
+    fn read_guard(
+        &self,
+        op: &'static str,
+        range: impl RangeBounds<usize>,
+        try_: bool,
+    ) -> Result<ManagedRead<'_, T>> {
+        let (a, count) = self.access_elems(op, range, false)?;
+        let hold = host_access(&self.shared, op, a, try_)?;
+        Ok(ManagedRead {
+            data: self.host_elems(&a, count),
+            hold: Some(hold),
+            _not_send: PhantomData,
+        })
+    }
+
+    /// A write guard over `range` (`try_`: refused instead of waiting).
+    fn write_guard(
+        &self,
+        op: &'static str,
+        range: impl RangeBounds<usize>,
+        try_: bool,
+    ) -> Result<ManagedWrite<'_, T>> {
+        let (a, count) = self.access_elems(op, range, true)?;
+        let hold = host_access(&self.shared, op, a, try_)?;
         Ok(ManagedWrite {
             data: self.host_elems(&a, count),
             shared: &self.shared,

@@ -86,21 +86,15 @@ pub(crate) fn check_range(op: &'static str, len: usize, offset: usize, count: us
 
 impl Stream {
     pub(crate) fn new(queue: Arc<dyn BackendStream>, device: Device) -> Self {
-        let inline_max = device.inline_copy_max();
-        Stream {
-            inner: Arc::new(StreamHandle {
-                queue,
-                device,
-                capture: Arc::default(),
-                inline_max,
-                internal: false,
-                migrations: Default::default(),
-            }),
-        }
+        Self::handle(queue, device, false)
     }
 
     /// A handle to a device's own staging stream (dropping it releases nothing).
     pub(crate) fn internal(queue: Arc<dyn BackendStream>, device: Device) -> Self {
+        Self::handle(queue, device, true)
+    }
+
+    fn handle(queue: Arc<dyn BackendStream>, device: Device, internal: bool) -> Self {
         let inline_max = device.inline_copy_max();
         Stream {
             inner: Arc::new(StreamHandle {
@@ -108,7 +102,7 @@ impl Stream {
                 device,
                 capture: Arc::default(),
                 inline_max,
-                internal: true,
+                internal,
                 migrations: Default::default(),
             }),
         }

@@ -312,15 +312,20 @@ impl Shared {
         &self,
         bytes: usize,
     ) -> Result<hetero_memory::PinnedAllocation, String> {
-        self.readback
-            .alloc(bytes.max(1), Storage::ALIGN)
-            .map_err(|e| format!("staging {bytes} bytes: {e}"))
+        stage_from(&self.readback, bytes)
     }
 
     /// `bytes` of pinned memory to stage through.
     pub(super) fn staging(&self, bytes: usize) -> Result<hetero_memory::PinnedAllocation, String> {
-        self.pinned
-            .alloc(bytes.max(1), Storage::ALIGN)
-            .map_err(|e| format!("staging {bytes} bytes: {e}"))
+        stage_from(&self.pinned, bytes)
     }
+}
+
+/// `bytes` of `pool`'s pinned memory to stage through.
+fn stage_from(
+    pool: &hetero_memory::PinnedPool,
+    bytes: usize,
+) -> Result<hetero_memory::PinnedAllocation, String> {
+    pool.alloc(bytes.max(1), Storage::ALIGN)
+        .map_err(|e| format!("staging {bytes} bytes: {e}"))
 }
