@@ -268,6 +268,39 @@ fn callback_waiting_on_another_stream_works_with_one_compute_unit() {
     });
 }
 
+/// A callback waiting for a stream whose next op waits (through an event)
+/// for work after the callback itself: the wait is refused, not hung, and
+/// both streams complete once the callback returns.
+#[test]
+fn callback_waiting_for_a_stream_that_waits_for_it_is_an_error() {
+    within(60, "chain back", || {
+        let dev = device(common::config().compute_units(1));
+        let (a, b) = (
+            dev.create_stream().expect("a"),
+            dev.create_stream().expect("b"),
+        );
+        // a is held until everything below is queued.
+        let go = dev.host_event();
+        a.wait_event(go.event()).expect("gate");
+        let slot: Arc<std::sync::Mutex<Option<Event>>> = Arc::default();
+        let wanted = slot.clone();
+        let got = in_callback(&a, move || {
+            let e = wanted.lock().expect("lock").clone().expect("set");
+            e.synchronize()
+        });
+        let after = a.record_event().expect("after the callback");
+        let buf = Arc::new(b.alloc::<u32>(64).expect("alloc"));
+        b.wait_event(&after).expect("b waits for a");
+        b.fill(&buf, 7).expect("fill");
+        *slot.lock().expect("lock") = Some(b.record_event().expect("eb"));
+        go.signal();
+        let r = recv(&got);
+        assert!(is_deadlock(&r), "{r:?}");
+        dev.synchronize().expect("both streams complete");
+        assert_eq!(b.read_to_vec(&buf).expect("read"), vec![7; 64]);
+    });
+}
+
 /// A callback submitting more to its own stream than the ring holds: those that
 /// fit are taken, the one that would wait for the callback itself is an error.
 #[test]

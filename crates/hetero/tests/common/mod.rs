@@ -214,8 +214,6 @@ const VK_KERNEL_CALLS_RUNTIME: &str = "the kernel calls into the runtime (drops 
 const VK_GATED_KERNEL: &str = "holds a kernel running at a host gate (so the test knows it is \
      running) and checks from inside it that its closure was not dropped; device code can neither \
      wait for the host nor see its own kernel's handle";
-const VK_CALLBACK_WAITS: &str = "Vulkan runs host callbacks on its one engine thread: a \
-     callback's wait for its own device is refused with WouldDeadlock by design, as on emu";
 const VK_HOST_VIEWS: &str = "checks host-side typed views of a kernel's arguments (Block::read \
      with a mismatched element type, Block::write_rows of a flat buffer split between blocks); a \
      WGSL kernel binds raw storage buffers, so there is no view to check";
@@ -232,10 +230,6 @@ const VULKAN_SKIPS: &[(&str, &str)] = &[
     (
         "async_ops_progress_between_the_blocks_of_a_running_kernel",
         VK_ASYNC_AFTER_DEVICE,
-    ),
-    (
-        "callback_waiting_on_another_stream_works_with_one_compute_unit",
-        VK_CALLBACK_WAITS,
     ),
     (
         "dropping_the_last_stream_in_a_kernel_does_not_hang",

@@ -28,10 +28,12 @@
 //! Completion: the ops of a flush complete in recorded order, each once its
 //! lane's timeline reached its batch (an op with no device work once those
 //! before it did), and flushes in order: each stream's timeline completes in
-//! value order. A host callback runs when
-//! its stream has nothing in flight, on this thread, and ends the look (so
-//! the next op is chosen by the streams' priorities as they are then, not as
-//! they were before the callback ran). An async op starts when its stream and
+//! value order. A host callback is taken when
+//! its stream has nothing in flight and ends the look: what the look took is
+//! submitted, then the callback runs on this thread between looks
+//! (`callback.rs`: a wait inside it makes looks itself, its own stream
+//! takes nothing until it returns), and the next op is chosen by the
+//! streams' priorities as they are then, not as they were before it ran. An async op starts when its stream and
 //! the device have nothing in flight (it reaches its buffers' bytes
 //! directly) and its buffers' access locks are free; it takes them, is
 //! polled at each look until it is done, and gives them back when it
@@ -46,7 +48,7 @@ use super::complete::{complete, Stamps};
 use super::record::rec_or_new;
 use super::{Shared, VulkanStream};
 use crate::exec::kernel::DeviceCode;
-use crate::exec::op::{self, Body, Op};
+use crate::exec::op::{Body, Op};
 use hetero_vulkan::{CommandBuffer, Lane, Pipeline, Recorder};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
@@ -67,6 +69,23 @@ const AGING_TICKS: u64 = 16;
 
 /// Passes over the streams in one flush at most.
 const PASSES: usize = 8;
+
+/// How long a look made inside a host callback's wait parks at most when
+/// there is nothing to do (what it waits for may come from another thread).
+const NESTED_PARK: Duration = Duration::from_millis(1);
+
+/// What one look of the engine did.
+pub(super) enum Step {
+    /// It took work or waited for the device: look again.
+    Again,
+    /// Nothing was ready and nothing is in flight; it parked a while.
+    Idle,
+    /// A host callback is ready: the caller runs it (with the engine free,
+    /// so a wait inside it can make more looks: `callback.rs`).
+    Callback(Box<Taken>),
+    /// The device is dropped and every stream is empty.
+    Shutdown,
+}
 
 /// What an op needs when the device has run it.
 pub(super) enum After {
@@ -147,8 +166,12 @@ pub(super) struct Engine {
     /// The streams whose oldest op is an async op that has started (it holds
     /// its buffers' access locks until it completes).
     started: Vec<u64>,
-    /// A host callback ran in this look: take nothing more, look again.
+    /// A host callback was taken in this look: take nothing more, submit
+    /// what was taken and run it.
     rescan: bool,
+    /// The host callback taken in this look (its stream's `in_callback` is
+    /// set until it completes).
+    callback: Option<Box<Taken>>,
     /// The doorbell's value this engine knows it reached or will reach.
     doorbell: u64,
     /// Timestamp queries taken and given back so far (a ring over the pool).
@@ -179,6 +202,7 @@ impl Engine {
             polling: false,
             started: Vec::new(),
             rescan: false,
+            callback: None,
             doorbell: 0,
             queries_taken: 0,
             queries_freed: 0,
@@ -186,65 +210,79 @@ impl Engine {
         }
     }
 
-    /// The engine thread's loop.
-    pub(super) fn run(mut self, sh: &Arc<Shared>) {
-        crate::exec::thread::mark_engine_thread();
-        crate::exec::timeline::set_engine_wait(refuse_wait);
-        loop {
-            let seen = sh.pending.load(Ordering::Acquire);
-            self.retire(sh);
-            sh.streams.refresh(&mut self.streams, &mut self.seen);
-            // Priority order, aged as the host scheduler ages it: a stream's
-            // priority improves by one level per `AGING_TICKS` ops taken
-            // since it was last served (or made), so a low-priority stream
-            // never starves behind continuous high-priority callbacks, each
-            // of which ends a look.
-            let tick = sh.tick.load(Ordering::Relaxed);
-            self.streams.sort_by_key(|s| {
-                let waited =
-                    tick.saturating_sub(s.last_served.load(Ordering::Relaxed)) / AGING_TICKS;
-                let base = i64::from(s.priority.load(Ordering::Relaxed));
-                // Ties go to the stream served last, as on the host.
-                let served = std::cmp::Reverse(s.last_served.load(Ordering::Relaxed));
-                (
-                    base - i64::try_from(waited).unwrap_or(i64::MAX),
-                    served,
-                    s.id,
-                )
-            });
-            self.polling = false;
-            let took = self.flush(sh);
-            if took {
-                continue;
-            }
-            if let Some(at) = self
-                .flights
-                .front()
-                .and_then(|f| f.ops.front())
-                .map(|t| t.at)
-            {
-                // The device is busy: wait for the oldest op's batch or for
-                // the next submission, whichever comes first.
-                self.wait_device(sh, at, seen);
-                continue;
-            }
-            if sh.shutdown.load(Ordering::Acquire) && self.streams.iter().all(|s| s.ring.is_empty())
-            {
-                return;
-            }
-            let timeout = if self.polling {
-                sh.config.async_poll
-            } else {
-                Duration::from_millis(50)
-            };
-            sh.bell.park_until(
-                || {
-                    sh.pending.load(Ordering::Acquire) != seen
-                        || sh.shutdown.load(Ordering::Acquire)
-                },
-                Some(timeout),
-            );
+    /// One look of the engine thread's loop (`callback::run`): completes
+    /// what the device ran, takes and submits what is ready, else waits a
+    /// while for the device or a submission. `nested`: the look is made
+    /// inside a host callback's wait, which ends when it holds (so waits
+    /// here are short and end when it does).
+    pub(super) fn step(
+        &mut self,
+        sh: &Arc<Shared>,
+        nested: Option<&mut dyn FnMut() -> bool>,
+    ) -> Step {
+        let seen = sh.pending.load(Ordering::Acquire);
+        self.retire(sh);
+        sh.streams.refresh(&mut self.streams, &mut self.seen);
+        // Priority order, aged as the host scheduler ages it: a stream's
+        // priority improves by one level per `AGING_TICKS` ops taken
+        // since it was last served (or made), so a low-priority stream
+        // never starves behind continuous high-priority callbacks, each
+        // of which ends a look.
+        let tick = sh.tick.load(Ordering::Relaxed);
+        self.streams.sort_by_key(|s| {
+            let waited = tick.saturating_sub(s.last_served.load(Ordering::Relaxed)) / AGING_TICKS;
+            let base = i64::from(s.priority.load(Ordering::Relaxed));
+            // Ties go to the stream served last, as on the host.
+            let served = std::cmp::Reverse(s.last_served.load(Ordering::Relaxed));
+            (
+                base - i64::try_from(waited).unwrap_or(i64::MAX),
+                served,
+                s.id,
+            )
+        });
+        self.polling = false;
+        let took = self.flush(sh);
+        if let Some(cb) = self.callback.take() {
+            return Step::Callback(cb);
         }
+        if took {
+            return Step::Again;
+        }
+        if let Some(at) = self
+            .flights
+            .front()
+            .and_then(|f| f.ops.front())
+            .map(|t| t.at)
+        {
+            // The device is busy: wait for the oldest op's batch or for
+            // the next submission, whichever comes first.
+            self.wait_device(sh, at, seen);
+            return Step::Again;
+        }
+        let nested_wait = nested.is_some();
+        if !nested_wait
+            && sh.shutdown.load(Ordering::Acquire)
+            && self.streams.iter().all(|s| s.ring.is_empty())
+        {
+            return Step::Shutdown;
+        }
+        let timeout = if self.polling {
+            sh.config.async_poll
+        } else if nested_wait {
+            NESTED_PARK
+        } else {
+            Duration::from_millis(50)
+        };
+        let mut ready = nested;
+        sh.bell.park_until(
+            || {
+                sh.pending.load(Ordering::Acquire) != seen
+                    || sh.shutdown.load(Ordering::Acquire)
+                    || ready.as_mut().is_some_and(|r| r())
+            },
+            Some(timeout),
+        );
+        Step::Idle
     }
 
     /// Waits until lane `lane` completes batch `batch` or a submission comes
@@ -520,7 +558,9 @@ impl Engine {
         ops: &mut VecDeque<Taken>,
     ) {
         for _ in 0..TAKE_PER_STREAM {
-            if self.rescan {
+            // A stream whose callback runs (or is about to) takes nothing
+            // until it returns.
+            if self.rescan || s.in_callback.load(Ordering::Relaxed) {
                 return;
             }
             let in_flight = s.in_flight.load(Ordering::Relaxed);
@@ -619,17 +659,17 @@ impl Engine {
                 taken.result = Err(String::new());
             } else {
                 match &mut op.body {
-                    Body::Host(f) => {
-                        if let Some(f) = f.take() {
-                            taken.result = op::catch_user(|| "host callback".into(), f);
-                        }
+                    Body::Host(_) => {
+                        // It runs once what this look took is submitted,
+                        // and the look ends: after it, the streams are
+                        // looked at again (priorities may have changed,
+                        // or more come).
                         taken.op = op;
                         s.in_flight.fetch_add(1, Ordering::Relaxed);
-                        complete(sh, taken, None, &Stamps::default());
-                        // The callback took time: look at the streams again
-                        // (priorities may have changed, or more come).
+                        s.in_callback.store(true, Ordering::Relaxed);
+                        self.callback = Some(Box::new(taken));
                         self.rescan = true;
-                        continue;
+                        return;
                     }
                     Body::Async(a) => {
                         // Polled to done in `peek_with` above.
@@ -807,6 +847,11 @@ impl Engine {
             .any(|s| s.id == stream && s.recorded.load(Ordering::Relaxed) >= value)
     }
 
+    /// The stream `id` of this device, as the engine last saw the list.
+    pub(super) fn stream(&self, id: u64) -> Option<&Arc<VulkanStream>> {
+        self.streams.iter().find(|s| s.id == id)
+    }
+
     fn faulted_here(&self, stream: u64) -> bool {
         self.streams
             .iter()
@@ -843,21 +888,4 @@ impl Engine {
         }
         Ok(())
     }
-}
-
-/// A wait made inside a host callback on the engine thread: it would wait for
-/// the engine itself, so it is refused unless already satisfied.
-fn refuse_wait(
-    _timeline: &crate::exec::timeline::Timeline,
-    _value: u64,
-    what: &'static str,
-    ready: &mut dyn FnMut() -> bool,
-) -> crate::Result<()> {
-    if ready() {
-        return Ok(());
-    }
-    Err(crate::Error::WouldDeadlock(format!(
-        "{what} from a host callback on a Vulkan device: its engine cannot progress until \
-         the callback returns; wait outside the callback"
-    )))
 }

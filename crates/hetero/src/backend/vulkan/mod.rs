@@ -15,6 +15,7 @@
 //! command buffer holds the `Gpu` it came from, so the device is destroyed
 //! last.
 
+mod callback;
 mod complete;
 mod engine;
 mod graph;
@@ -355,7 +356,7 @@ impl VulkanBackend {
         let sh = shared.clone();
         let engine = std::thread::Builder::new()
             .name("hetero-vk-engine".into())
-            .spawn(move || engine::Engine::new().run(&sh))
+            .spawn(move || callback::run(engine::Engine::new(), &sh))
             .map_err(|e| Error::Setup(format!("could not start the Vulkan engine thread: {e}")))?;
         Ok(VulkanBackend {
             shared,
@@ -384,6 +385,7 @@ impl Backend for VulkanBackend {
             in_flight: AtomicU32::new(0),
             recorded: AtomicU64::new(0),
             faulted: AtomicBool::new(false),
+            in_callback: AtomicBool::new(false),
             deps: [AtomicU64::new(0), AtomicU64::new(0)],
             lane: AtomicU8::new(0),
             last_served: AtomicU64::new(sh.tick.load(Ordering::Relaxed)),

@@ -1,7 +1,7 @@
 //! The Vulkan device's backend stream: an op ring its engine thread consumes.
 //!
 //! Invariants: producers only push (any thread); only the engine thread pops,
-//! and only it writes `in_flight`, `recorded` and `faulted`.
+//! and only it writes `in_flight`, `recorded`, `faulted` and `in_callback`.
 
 use super::Shared;
 use crate::backend::BackendStream;
@@ -26,6 +26,9 @@ pub(crate) struct VulkanStream {
     pub(crate) recorded: AtomicU64,
     /// An op of the stream failed: the ones after it are skipped.
     pub(crate) faulted: AtomicBool,
+    /// A host callback of the stream was taken and has not completed: the
+    /// engine takes nothing more from it. Engine thread only.
+    pub(crate) in_callback: AtomicBool,
     /// Per lane (compute, transfer): the last batch holding device work this
     /// stream's later ops must follow (its own recorded ops, and those of the
     /// events it waited on); 0: none. Engine thread only.
