@@ -847,14 +847,22 @@ mod tests {
     use crate::config::CompletionMode;
     use crate::exec::storage::MemoryKind;
 
+    /// Zeroed memory the storage owns (freed when it drops: the suite runs
+    /// under LeakSanitizer).
     fn storage(bytes: usize) -> Arc<Storage> {
-        let mem = Box::leak(vec![0u8; bytes.max(1)].into_boxed_slice());
+        let mut mem = vec![0u8; bytes.max(1)].into_boxed_slice();
+        let ptr = NonNull::new(mem.as_mut_ptr()).expect("not null");
+        let owner = crate::exec::storage::Registration {
+            // Moving the box moves no bytes: `ptr` stays valid while it lives.
+            _memory: Box::new(mem),
+            undo: None,
+        };
         Arc::new(Storage::from_parts(
             1,
             MemoryKind::Device,
-            NonNull::new(mem.as_mut_ptr()).expect("not null"),
+            ptr,
             bytes,
-            Backing::Empty,
+            Backing::Registered(owner),
         ))
     }
 
