@@ -16,17 +16,42 @@
 //! Operands resolve at launch: fixed buffers and bound slots to their chunk,
 //! the graph's own buffers to their place in the plan's arena.
 //!
-//! A launch without host nodes is recorded once (`Recorded`) into one
-//! command buffer, which the launches after it resubmit. An update
-//! (`GraphExec::set_scalars`, `set_kernel`: the parameters are copied on
-//! write, so `Arc` identity says whether any changed, and
-//! `Params::same_node` which) or a rebinding that moves a slot (chunk and
-//! offset) splits it, the first time, into segments of `segment_nodes`
-//! consecutive nodes, each its own command buffer (all resubmitted in the
-//! one submission of their flush), and from then on re-records only the
-//! segments holding a node it changed: a node's push constants and
-//! descriptors live in its command buffer, so its segment is recorded again,
-//! never the whole graph. A launch whose recording failed is not kept.
+//! A launch without host nodes is recorded once (`Recorded`) and its command
+//! buffers resubmitted by the launches after it. Its kernel nodes are
+//! recorded through their pipeline's graph variant (`Engine::dispatch_node`):
+//! scalars read from the node's slot of a host-visible parameter block, not
+//! push constants; buffers bound from update-after-bind descriptor sets
+//! where the driver has them, else in the command buffer. So an update
+//! (`GraphExec::set_scalars`: the parameters are copied on write, so `Arc`
+//! identity says whether any changed, and `Params::same_node` which) that
+//! keeps a node's kernel, grid and arguments is a write of its slot, and a
+//! rebinding that moves a slot (chunk and offset) rewrites the sets of the
+//! nodes that use it: nothing is recorded.
+//!
+//! Slots and sets must not change while a launch that reads them is pending
+//! (the spec forbids it even for update-after-bind descriptors), and a
+//! launch queued before an update must see the old values. Waiting for the
+//! pending launch would stall the engine thread and end running ahead (and
+//! the launch may still sit unsubmitted in the open batch); so a recording
+//! is kept in up to `COPIES` (two) copies, each with its own slots and sets,
+//! and a launch takes a copy that holds its values already, else the least
+//! recently used one the device has run (`Engine::compute_ran` on the batch
+//! it last went in), brought up to date (`refresh`). A loop of update and
+//! launch thus alternates between the two for the cost of one more
+//! recording; when both are pending (a third launch queued with other
+//! values) a copy is recorded anew in place of the older, whose pending
+//! launches hold what they read (command buffers hold the block and sets).
+//!
+//! What still records again: a change of shape (another kernel, grid or
+//! arguments), a kernel without a graph variant (its scalars are push
+//! constants), a moved slot of a copy or fill node, or of any node on a
+//! driver without update-after-bind (lavapipe). The first such change splits
+//! the copy into segments of `segment_nodes` consecutive nodes, each its own
+//! command buffer (all resubmitted in the one submission of their flush),
+//! and from then on only the segments holding such a change are recorded
+//! again, never the whole graph. Every command buffer recorded for a kept
+//! recording counts in `Device::graph_recordings`. A launch whose recording
+//! failed is not kept.
 //!
 //! Invariants: a node is recorded only after every node it depends on was
 //! (the runner's order) and behind a full barrier, so it runs after them on
