@@ -30,6 +30,8 @@ pub(crate) struct PipelineInner {
     /// A graph variant's parameter bytes (read from set 1); 0 for the others.
     pub(crate) param_bytes: u32,
     pub(crate) push_descriptors: bool,
+    /// A graph variant whose shader reads its parameters (set 1).
+    pub(crate) reads_params: bool,
     /// Set 0 is update-after-bind (a graph variant on a device with the feature).
     pub(crate) update_after_bind: bool,
     /// A graph variant's set 1 (its parameters); null for the others.
@@ -114,7 +116,15 @@ impl Pipeline {
     ) -> Result<Pipeline> {
         check_spirv(spirv, entry)?;
         let words = crate::kernel::params_from_memory(spirv)?;
-        Self::build(gpu, &words, entry, bindings, param_bytes, true)
+        // The rewrite adds two decorations exactly when the shader has
+        // push constants: one without reads no parameters, and a dispatch of
+        // it binds no parameter slot.
+        let reads = words.len() != spirv.len();
+        let mut p = Self::build(gpu, &words, entry, bindings, param_bytes, true)?;
+        Arc::get_mut(&mut p.inner)
+            .expect("just built, not shared")
+            .reads_params = reads;
+        Ok(p)
     }
 
     fn build(
@@ -275,6 +285,7 @@ impl Pipeline {
                 param_bytes: if graph { push_constant_bytes } else { 0 },
                 push_descriptors,
                 update_after_bind,
+                reads_params: false,
                 params_layout,
                 min_bytes,
             }),
