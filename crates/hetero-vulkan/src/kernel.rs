@@ -100,7 +100,12 @@ pub fn compile_wgsl(source: &str, entry: &str) -> Result<Vec<u32>> {
 ///
 /// Done on the words rather than on naga's IR so it serves kernels given as
 /// SPIR-V as well as WGSL ones. Call it on words [`check_spirv`] accepted.
+/// A module with 8- or 16-bit push constants is refused (their storage-buffer
+/// form needs capabilities the module does not declare).
 pub fn params_from_memory(words: &[u32]) -> Result<Vec<u32>> {
+    const OP_CAPABILITY: u32 = 17;
+    // StoragePushConstant16, StoragePushConstant8.
+    const SMALL_PUSH: [u32; 2] = [4435, 4450];
     const OP_TYPE_POINTER: u32 = 32;
     const OP_TYPE_FORWARD_POINTER: u32 = 39;
     const OP_VARIABLE: u32 = 59;
@@ -129,6 +134,13 @@ pub fn params_from_memory(words: &[u32]) -> Result<Vec<u32>> {
             )));
         }
         match (op, count) {
+            (OP_CAPABILITY, 2..) if SMALL_PUSH.contains(&out[at + 1]) => {
+                return Err(VkError::InvalidArgument(
+                    "the shader reads 8- or 16-bit push constants; as a storage buffer they \
+                     would need another capability: record its parameters as push constants"
+                        .into(),
+                ));
+            }
             (OP_TYPE_POINTER, 4..) if out[at + 2] == PUSH_CONSTANT => {
                 out[at + 2] = STORAGE_BUFFER;
             }
@@ -503,6 +515,13 @@ mod tests {
         };
         assert!(pc(&words) >= 2);
         assert_eq!(pc(&moved), 0);
+        // 16-bit push constants would need another capability as a buffer.
+        let mut small = words.clone();
+        small.splice(5..5, [(2 << 16) | 17, 4435]);
+        assert!(matches!(
+            params_from_memory(&small),
+            Err(VkError::InvalidArgument(m)) if m.contains("16-bit")
+        ));
     }
 
     #[test]
