@@ -1092,7 +1092,8 @@ fn updates_that_keep_the_shape_record_nothing_again() {
         })
         .collect();
     let mut exec = g.instantiate().unwrap();
-    for (i, &n) in ids.iter().enumerate() {
+    // Node 0 gets its first scalar only after the graph was recorded.
+    for (i, &n) in ids.iter().enumerate().skip(1) {
         exec.set_scalars(n, &[i as u64]).unwrap();
     }
     let mut want: Vec<u32> = (0..NODES as u32).map(|i| 2 + i).collect();
@@ -1167,4 +1168,21 @@ fn updates_that_keep_the_shape_record_nothing_again() {
     want[9] = 2 + 303;
     want[5] = 20 + scalar5;
     check(&want, "after the queued launches");
+    // A change of shape (another kernel) is recorded again.
+    let triple = Kernel::new("triple", |b| {
+        let input = b.read::<u32>(0);
+        let base = b.write_offset(0);
+        for (j, v) in b.write::<u32>(0).iter_mut().enumerate() {
+            *v = input[base + j] * 3;
+        }
+    })
+    .wgsl(common::wgsl::map("u32", 1, "x0[i] * 3u"), "main");
+    let before = dev.graph_recordings();
+    exec.set_kernel(ids[30], &triple, Grid::new(1)).unwrap();
+    s.launch_graph_with(&exec, &bind).unwrap();
+    want[30] = 3;
+    check(&want, "kernel of node 30");
+    if let (Some(a), Some(b)) = (before, dev.graph_recordings()) {
+        assert!(b > a, "a new kernel must be recorded");
+    }
 }
