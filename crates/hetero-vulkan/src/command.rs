@@ -20,10 +20,11 @@ use std::sync::Arc;
 
 use ash::vk;
 
+use crate::bound::{GraphSets, ParamBlock, SetId};
 use crate::device::{DeviceShared, Gpu};
 use crate::error::{call, Result, VkError};
 use crate::memory::Chunk;
-use crate::pipeline::Pipeline;
+use crate::pipeline::{check_buffers, Pipeline};
 use crate::query::QueryPool;
 use crate::queue::Lane;
 
@@ -270,12 +271,10 @@ impl Recorder {
         if !Arc::ptr_eq(&p.shared, &s) {
             return Err(VkError::ForeignObject { what: "a pipeline" });
         }
-        if buffers.len() != p.bindings as usize {
-            return Err(VkError::InvalidArgument(format!(
-                "dispatch with {} buffers, the pipeline binds {}",
-                buffers.len(),
-                p.bindings
-            )));
+        if p.params_layout != vk::DescriptorSetLayout::null() {
+            return Err(VkError::InvalidArgument(
+                "a graph variant pipeline: record it with dispatch_bound".into(),
+            ));
         }
         if push_constants.len() != p.push_constant_bytes as usize {
             return Err(VkError::InvalidArgument(format!(
@@ -298,37 +297,15 @@ impl Recorder {
                 )));
             }
         }
-        let align = limits.min_storage_buffer_offset_alignment.max(1);
-        let mut accesses = Vec::with_capacity(buffers.len());
-        for (i, (chunk, offset, range)) in buffers.iter().enumerate() {
-            self.own(chunk)?;
-            chunk.check_range("dispatch binding", *offset, *range)?;
-            if offset % align != 0 {
-                return Err(VkError::InvalidArgument(format!(
-                    "binding {i} at offset {offset}: must be a multiple of {align} (minStorageBufferOffsetAlignment)"
-                )));
-            }
-            let least = p.min_bytes.get(i).copied().unwrap_or(0);
-            if *range < least {
-                return Err(VkError::InvalidArgument(format!(
-                    "binding {i} of {range} bytes: the shader's type for it spans at least \
-                     {least} bytes; pass a buffer of at least that size"
-                )));
-            }
-            if *range == 0 || *range > u64::from(limits.max_storage_buffer_range) {
-                return Err(VkError::InvalidArgument(format!(
-                    "binding {i} of {range} bytes: a storage buffer binding takes 1..={} bytes \
-                     (maxStorageBufferRange)",
-                    limits.max_storage_buffer_range
-                )));
-            }
-            accesses.push(Access {
-                buffer: chunk.inner.buffer,
-                start: *offset,
-                end: offset + range,
+        let accesses = check_buffers(&s, p, buffers)?
+            .into_iter()
+            .map(|(buffer, start, end)| Access {
+                buffer,
+                start,
+                end,
                 write: true,
-            });
-        }
+            })
+            .collect::<Vec<_>>();
         if groups.contains(&0) {
             return Ok(());
         }
@@ -430,6 +407,215 @@ impl Recorder {
             d.cmd_dispatch(self.cb, groups[0], groups[1], groups[2]);
         }
         Ok(())
+    }
+
+    /// Records a dispatch of graph variant `pipeline` (see
+    /// [`Pipeline::graph_variant`]) over `groups` workgroups, its parameters
+    /// read from slot `slot` of `params`, which stays outside the command
+    /// buffer: [`ParamBlock::write`] changes what the recorded dispatch reads
+    /// without recording it again.
+    ///
+    /// Its buffers: where the pipeline's set 0 is update-after-bind
+    /// ([`Pipeline::rebinds_after_recording`]), through a set allocated from
+    /// `sets` (required then), which [`GraphSets::write`] can later point at
+    /// other buffers, again without recording; else as [`Recorder::dispatch`]
+    /// binds them, in the command buffer. The set allocated (`None` when the
+    /// buffers are in the command buffer or a zero group count recorded
+    /// nothing).
+    pub fn dispatch_bound(
+        &mut self,
+        pipeline: &Pipeline,
+        sets: Option<&GraphSets>,
+        buffers: &[(&Chunk, u64, u64)],
+        params: &ParamBlock,
+        slot: u32,
+        groups: [u32; 3],
+    ) -> Result<Option<SetId>> {
+        let s = Arc::clone(&self.shared);
+        if !self.computes {
+            return Err(VkError::InvalidArgument(format!(
+                "dispatch on the {:?} lane, whose queue family cannot run compute work; record it on Lane::Compute",
+                self.lane
+            )));
+        }
+        let p = &pipeline.inner;
+        if !Arc::ptr_eq(&p.shared, &s)
+            || !Arc::ptr_eq(&params.inner.shared, &s)
+            || sets.is_some_and(|g| !Arc::ptr_eq(&g.inner.shared, &s))
+        {
+            return Err(VkError::ForeignObject {
+                what: "a pipeline, set pool or parameter block",
+            });
+        }
+        if p.params_layout == vk::DescriptorSetLayout::null() {
+            return Err(VkError::InvalidArgument(
+                "dispatch_bound needs a graph variant pipeline (Pipeline::graph_variant)".into(),
+            ));
+        }
+        if p.update_after_bind && sets.is_none() {
+            return Err(VkError::InvalidArgument(
+                "the pipeline binds its buffers from update-after-bind sets: pass a GraphSets"
+                    .into(),
+            ));
+        }
+        if p.param_bytes > params.inner.bytes {
+            return Err(VkError::InvalidArgument(format!(
+                "the pipeline reads {} parameter bytes, the block's slots hold {}",
+                p.param_bytes, params.inner.bytes
+            )));
+        }
+        let offset = params.offset(slot)?;
+        let limits = &s.info.limits;
+        for (i, (g, max)) in groups
+            .iter()
+            .zip(limits.max_compute_work_group_count)
+            .enumerate()
+        {
+            if *g > max {
+                return Err(VkError::InvalidArgument(format!(
+                    "dispatch of {groups:?} groups: dimension {i} exceeds maxComputeWorkGroupCount {:?}; \
+                     split the dispatch",
+                    limits.max_compute_work_group_count
+                )));
+            }
+        }
+        let accesses = check_buffers(&s, p, buffers)?
+            .into_iter()
+            .map(|(buffer, start, end)| Access {
+                buffer,
+                start,
+                end,
+                write: true,
+            })
+            .collect::<Vec<_>>();
+        if groups.contains(&0) {
+            return Ok(None);
+        }
+        let d = &s.device;
+        // Set 0: from `sets`, or recorded here unless the last dispatch bound
+        // the same pipeline and buffers (a graph's nodes often do: then only
+        // set 1's offset is bound again).
+        let new_pipeline = self.bound.pipeline != p.pipeline;
+        let same_buffers = !new_pipeline
+            && self.bound.buffers.len() == buffers.len()
+            && self
+                .bound
+                .buffers
+                .iter()
+                .zip(buffers)
+                .all(|(b, (c, o, r))| *b == (c.inner.buffer, *o, *r));
+        let (set, set0) = match sets.filter(|_| p.update_after_bind) {
+            Some(g) => {
+                let id = g.allocate(pipeline)?;
+                g.write(id, pipeline, buffers)?;
+                self.keep.push(Arc::clone(&g.inner) as Arc<dyn Send + Sync>);
+                (Some(id), g.handle(id))
+            }
+            None if same_buffers || p.push_descriptors || p.bindings == 0 => {
+                (None, vk::DescriptorSet::null())
+            }
+            None => (None, self.allocate_set(p.set_layout, p.bindings)?),
+        };
+        self.hazard(&accesses);
+        if new_pipeline {
+            // SAFETY: the buffer is recording and ours; the pipeline is live and
+            // kept alive with this buffer (below).
+            unsafe { d.cmd_bind_pipeline(self.cb, vk::PipelineBindPoint::COMPUTE, p.pipeline) };
+            self.bound.pipeline = p.pipeline;
+            self.keep
+                .push(Arc::clone(&pipeline.inner) as Arc<dyn Send + Sync>);
+        }
+        // Push constants an ordinary dispatch bound are gone; set 0's buffers
+        // are what an unchanged next node may skip binding (not a set of
+        // `sets`: each node binds its own).
+        self.bound.push.clear();
+        self.bound.buffers.clear();
+        if set.is_none() {
+            self.bound
+                .buffers
+                .extend(buffers.iter().map(|(c, o, r)| (c.inner.buffer, *o, *r)));
+            if !same_buffers {
+                for (c, _, _) in buffers {
+                    self.keep.push(Arc::clone(&c.inner) as Arc<dyn Send + Sync>);
+                }
+            }
+        }
+        if p.reads_params {
+            self.keep
+                .push(Arc::clone(&params.inner) as Arc<dyn Send + Sync>);
+        }
+        let infos: Vec<[vk::DescriptorBufferInfo; 1]> = buffers
+            .iter()
+            .map(|(c, o, r)| {
+                [vk::DescriptorBufferInfo::default()
+                    .buffer(c.inner.buffer)
+                    .offset(*o)
+                    .range(*r)]
+            })
+            .collect();
+        let writes: Vec<vk::WriteDescriptorSet<'_>> = infos
+            .iter()
+            .enumerate()
+            .map(|(i, info)| {
+                vk::WriteDescriptorSet::default()
+                    .dst_set(set0)
+                    .dst_binding(i as u32)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .buffer_info(info)
+            })
+            .collect();
+        // SAFETY: the buffer is recording and ours; the pipeline, its layout,
+        // the sets and buffers are live objects of this device kept alive with
+        // this buffer (a `GraphSets` keeps the buffers its sets name); set 0
+        // was allocated with the pipeline's set layout (or is pushed, with the
+        // extension enabled), set 1 with one identically defined to its set 1
+        // (one dynamic storage buffer), whose dynamic offset is a multiple of
+        // the alignment within the block (`ParamBlock::offset`).
+        unsafe {
+            if set.is_none() && p.bindings > 0 && !same_buffers {
+                match (&s.push_descriptor, p.push_descriptors) {
+                    (Some(push), true) => push.cmd_push_descriptor_set(
+                        self.cb,
+                        vk::PipelineBindPoint::COMPUTE,
+                        p.layout,
+                        0,
+                        &writes,
+                    ),
+                    _ => d.update_descriptor_sets(&writes, &[]),
+                }
+            }
+            // Set 1 only where the shader reads it (binding a set costs on
+            // some drivers: about 0.1 µs a dispatch on lavapipe).
+            match (set0 != vk::DescriptorSet::null(), p.reads_params) {
+                (true, true) => d.cmd_bind_descriptor_sets(
+                    self.cb,
+                    vk::PipelineBindPoint::COMPUTE,
+                    p.layout,
+                    0,
+                    &[set0, params.inner.set],
+                    &[offset],
+                ),
+                (false, true) => d.cmd_bind_descriptor_sets(
+                    self.cb,
+                    vk::PipelineBindPoint::COMPUTE,
+                    p.layout,
+                    1,
+                    &[params.inner.set],
+                    &[offset],
+                ),
+                (true, false) => d.cmd_bind_descriptor_sets(
+                    self.cb,
+                    vk::PipelineBindPoint::COMPUTE,
+                    p.layout,
+                    0,
+                    &[set0],
+                    &[],
+                ),
+                (false, false) => {}
+            }
+            d.cmd_dispatch(self.cb, groups[0], groups[1], groups[2]);
+        }
+        Ok(set)
     }
 
     /// A descriptor set from this buffer's pools (the path without push descriptors).

@@ -344,7 +344,10 @@ impl Gpu {
             let mut f12 = vk::PhysicalDeviceVulkan12Features::default()
                 .timeline_semaphore(true)
                 .buffer_device_address(f.buffer_device_address)
-                .host_query_reset(f.host_query_reset);
+                .host_query_reset(f.host_query_reset)
+                .descriptor_binding_storage_buffer_update_after_bind(
+                    f.storage_buffer_update_after_bind,
+                );
             let mut s2 =
                 vk::PhysicalDeviceSynchronization2Features::default().synchronization2(true);
             let create = vk::DeviceCreateInfo::default()
@@ -460,6 +463,14 @@ impl Gpu {
     /// Which hardware queue each lane uses.
     pub fn queue_plan(&self) -> QueuePlan {
         self.shared.plan
+    }
+
+    /// True when storage-buffer descriptors can be rewritten while a recorded
+    /// command buffer binds them (Vulkan 1.2's
+    /// `descriptorBindingStorageBufferUpdateAfterBind`, enabled at creation
+    /// where the device has it): what [`crate::Pipeline::graph_variant`] needs.
+    pub fn supports_update_after_bind(&self) -> bool {
+        self.shared.info.features.storage_buffer_update_after_bind
     }
 
     /// True when storage buffers are bound by VK_KHR_push_descriptor (else from a pool).

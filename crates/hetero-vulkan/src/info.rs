@@ -131,6 +131,10 @@ pub struct Features {
     pub sparse_binding: bool,
     /// Vulkan 1.2's hostQueryReset.
     pub host_query_reset: bool,
+    /// Vulkan 1.2's descriptorBindingStorageBufferUpdateAfterBind: storage
+    /// buffer descriptors of a set a recorded command buffer binds can be
+    /// rewritten without invalidating it ([`crate::GraphSets`]).
+    pub storage_buffer_update_after_bind: bool,
 }
 
 /// Everything discovery learns about one physical device.
@@ -336,6 +340,7 @@ impl fmt::Display for DeviceInfo {
             ("global-priority", ft.global_priority),
             ("sparse-binding", ft.sparse_binding),
             ("host-query-reset", ft.host_query_reset),
+            ("update-after-bind", ft.storage_buffer_update_after_bind),
         ];
         let yes: Vec<&str> = list.iter().filter(|(_, on)| *on).map(|(n, _)| *n).collect();
         let no: Vec<&str> = list

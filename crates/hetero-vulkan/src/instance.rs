@@ -314,6 +314,8 @@ impl Instance {
                 global_priority_khr: has(ash::khr::global_priority::NAME),
                 sparse_binding,
                 host_query_reset: v12 && f12.host_query_reset == vk::TRUE,
+                storage_buffer_update_after_bind: v12
+                    && f12.descriptor_binding_storage_buffer_update_after_bind == vk::TRUE,
             },
         })
     }

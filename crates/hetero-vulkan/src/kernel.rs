@@ -86,6 +86,109 @@ pub fn compile_wgsl(source: &str, entry: &str) -> Result<Vec<u32>> {
     })
 }
 
+/// Rewrites a module so that its push-constant block is read from memory: a
+/// storage buffer at descriptor set 1, binding 0, with the same layout
+/// (push constants and storage buffers both use the std430-like explicit
+/// layout the module already decorates, and the block keeps its `Block`
+/// decoration). Every pointer type and variable of the `PushConstant`
+/// storage class becomes `StorageBuffer`, so each access chain reads the same
+/// offsets from the buffer; two `OpDecorate`s give the variable its set and
+/// binding. The `StorageBuffer` class is core from SPIR-V 1.3: an older module
+/// is declared 1.3 (a 1.0-1.2 module is a valid 1.3 one, and every Vulkan 1.1+
+/// device takes 1.3). A module with no push constants comes back unchanged
+/// but for that.
+///
+/// Done on the words rather than on naga's IR so it serves kernels given as
+/// SPIR-V as well as WGSL ones. Call it on words [`check_spirv`] accepted.
+/// A module with 8- or 16-bit push constants is refused (their storage-buffer
+/// form needs capabilities the module does not declare).
+pub fn params_from_memory(words: &[u32]) -> Result<Vec<u32>> {
+    const OP_CAPABILITY: u32 = 17;
+    // StoragePushConstant16, StoragePushConstant8.
+    const SMALL_PUSH: [u32; 2] = [4435, 4450];
+    const OP_TYPE_POINTER: u32 = 32;
+    const OP_TYPE_FORWARD_POINTER: u32 = 39;
+    const OP_VARIABLE: u32 = 59;
+    const ANNOTATIONS: [u32; 8] = [71, 72, 73, 74, 75, 332, 5632, 5633];
+    const OP_DECORATE: u32 = 71;
+    const PUSH_CONSTANT: u32 = 9;
+    const STORAGE_BUFFER: u32 = 12;
+    const BINDING: u32 = 33;
+    const DESCRIPTOR_SET: u32 = 34;
+    let mut out = words.to_vec();
+    if out.len() < 5 {
+        return Err(VkError::InvalidSpirv("shorter than the header".into()));
+    }
+    if (out[1] >> 8) & 0xffff < 0x0103 {
+        out[1] = 0x0001_0300;
+    }
+    let mut vars = Vec::new();
+    let mut first_annotation = None;
+    let mut at = 5;
+    while at < out.len() {
+        let count = (out[at] >> 16) as usize;
+        let op = out[at] & 0xffff;
+        if count == 0 || at + count > out.len() {
+            return Err(VkError::InvalidSpirv(format!(
+                "instruction at word {at} has a bad word count"
+            )));
+        }
+        match (op, count) {
+            (OP_CAPABILITY, 2..) if SMALL_PUSH.contains(&out[at + 1]) => {
+                return Err(VkError::InvalidArgument(
+                    "the shader reads 8- or 16-bit push constants; as a storage buffer they \
+                     would need another capability: record its parameters as push constants"
+                        .into(),
+                ));
+            }
+            (OP_TYPE_POINTER, 4..) if out[at + 2] == PUSH_CONSTANT => {
+                out[at + 2] = STORAGE_BUFFER;
+            }
+            (OP_TYPE_FORWARD_POINTER, 3..) if out[at + 2] == PUSH_CONSTANT => {
+                out[at + 2] = STORAGE_BUFFER;
+            }
+            (OP_VARIABLE, 4..) if out[at + 3] == PUSH_CONSTANT => {
+                out[at + 3] = STORAGE_BUFFER;
+                vars.push(out[at + 2]);
+            }
+            _ => {}
+        }
+        if first_annotation.is_none() && ANNOTATIONS.contains(&op) {
+            first_annotation = Some(at);
+        }
+        at += count;
+    }
+    if vars.is_empty() {
+        return Ok(out);
+    }
+    if vars.len() > 1 {
+        return Err(VkError::InvalidArgument(format!(
+            "the shader declares {} push-constant variables; a graph node's parameters are one block",
+            vars.len()
+        )));
+    }
+    // The block of a push constant is decorated `Block`, so the module has
+    // an annotation section to add to.
+    let Some(place) = first_annotation else {
+        return Err(VkError::InvalidSpirv(
+            "a push-constant variable without decorations (its block needs Block)".into(),
+        ));
+    };
+    let v = vars[0];
+    let decorations = [
+        (4 << 16) | OP_DECORATE,
+        v,
+        DESCRIPTOR_SET,
+        1,
+        (4 << 16) | OP_DECORATE,
+        v,
+        BINDING,
+        0,
+    ];
+    out.splice(place..place, decorations);
+    Ok(out)
+}
+
 /// Reads a SPIR-V literal string starting at `words`; None when unterminated.
 fn literal_string(words: &[u32]) -> Option<String> {
     let mut bytes = Vec::new();
@@ -385,6 +488,39 @@ mod tests {
         assert!(matches!(
             check_spirv(&words, "other"),
             Err(VkError::NoEntryPoint { available, .. }) if available == ["main"]
+        ));
+    }
+
+    #[test]
+    fn push_constants_move_to_set_1() {
+        let words = compile_wgsl(SAXPY, "main").expect("compiles");
+        let moved = params_from_memory(&words).expect("rewrites");
+        check_spirv(&moved, "main").expect("still well formed");
+        // Set 0 is unchanged; the block is now a storage buffer of set 1.
+        assert_eq!(spirv_bindings(&moved), vec![0, 1]);
+        assert_eq!(moved.len(), words.len() + 8);
+        let pc = |w: &[u32]| {
+            let mut n = 0;
+            let mut at = 5;
+            while at < w.len() {
+                let c = (w[at] >> 16) as usize;
+                if (w[at] & 0xffff == 32 && w[at + 2] == 9)
+                    || (w[at] & 0xffff == 59 && w[at + 3] == 9)
+                {
+                    n += 1;
+                }
+                at += c;
+            }
+            n
+        };
+        assert!(pc(&words) >= 2);
+        assert_eq!(pc(&moved), 0);
+        // 16-bit push constants would need another capability as a buffer.
+        let mut small = words.clone();
+        small.splice(5..5, [(2 << 16) | 17, 4435]);
+        assert!(matches!(
+            params_from_memory(&small),
+            Err(VkError::InvalidArgument(m)) if m.contains("16-bit")
         ));
     }
 

@@ -9,7 +9,8 @@
 //! Files, one concept each: `instance.rs` discovery, `info.rs` what a device
 //! offers, `device.rs` the logical device and submission, `queue.rs` the queue plan,
 //! `timeline.rs`, `memory.rs`, `kernel.rs` WGSL and SPIR-V checks, `pipeline.rs`,
-//! `cache.rs` the disk cache, `command.rs` recording and barriers, `query.rs`
+//! `cache.rs` the disk cache, `command.rs` recording and barriers, `bound.rs`
+//! descriptor sets and parameters a recorded dispatch reads from outside it, `query.rs`
 //! timestamps and calibration.
 //!
 //! Invariants: every Vulkan object is owned by a struct that holds an `Arc` of the
@@ -23,6 +24,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod bound;
 mod cache;
 mod command;
 mod device;
@@ -38,6 +40,7 @@ mod submit;
 mod timeline;
 
 pub use ash::vk;
+pub use bound::{GraphSets, ParamBlock, SetId};
 pub use cache::{cache_dir, CacheLocation, CacheStatus};
 pub use command::{CommandBuffer, Recorder};
 pub use device::{Gpu, OpenOptions, QueuePriority};
@@ -47,7 +50,9 @@ pub use info::{
     QueueFamilyInfo,
 };
 pub use instance::Instance;
-pub use kernel::{check_spirv, compile_wgsl, spirv_binding_sizes, spirv_bindings};
+pub use kernel::{
+    check_spirv, compile_wgsl, params_from_memory, spirv_binding_sizes, spirv_bindings,
+};
 pub use memory::{choose_memory_type, Chunk, MemoryUse};
 pub use pipeline::Pipeline;
 pub use query::{host_now_ns, Calibration, CalibrationMethod, QueryPool};

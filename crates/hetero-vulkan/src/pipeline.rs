@@ -2,6 +2,14 @@
 //! (bindings 0..n), a push-constant range, built through the device's pipeline
 //! cache. The set layout is a push-descriptor layout when VK_KHR_push_descriptor is
 //! in use; otherwise recording allocates descriptor sets from pools.
+//!
+//! A *graph variant* ([`Pipeline::graph_variant`]) reads what would be its push
+//! constants from memory instead: the shader's push-constant block becomes a
+//! storage buffer at set 1, binding 0 ([`crate::params_from_memory`]), bound
+//! as a dynamic storage buffer (one per parameter slot, [`crate::ParamBlock`]),
+//! and set 0 is an update-after-bind layout ([`crate::GraphSets`]): a
+//! recorded dispatch's buffers and scalars then change without recording it
+//! again.
 
 use std::sync::Arc;
 
@@ -10,6 +18,7 @@ use ash::vk;
 use crate::device::{DeviceShared, Gpu};
 use crate::error::{call, Result, VkError};
 use crate::kernel::check_spirv;
+use crate::memory::Chunk;
 
 pub(crate) struct PipelineInner {
     pub(crate) shared: Arc<DeviceShared>,
@@ -18,7 +27,15 @@ pub(crate) struct PipelineInner {
     pub(crate) set_layout: vk::DescriptorSetLayout,
     pub(crate) bindings: u32,
     pub(crate) push_constant_bytes: u32,
+    /// A graph variant's parameter bytes (read from set 1); 0 for the others.
+    pub(crate) param_bytes: u32,
     pub(crate) push_descriptors: bool,
+    /// A graph variant whose shader reads its parameters (set 1).
+    pub(crate) reads_params: bool,
+    /// Set 0 is update-after-bind (a graph variant on a device with the feature).
+    pub(crate) update_after_bind: bool,
+    /// A graph variant's set 1 (its parameters); null for the others.
+    pub(crate) params_layout: vk::DescriptorSetLayout,
     /// Per binding: the least bytes the shader's type spans (0: any).
     pub(crate) min_bytes: Vec<u64>,
 }
@@ -32,6 +49,9 @@ impl Drop for PipelineInner {
             d.destroy_pipeline(self.pipeline, None);
             d.destroy_pipeline_layout(self.layout, None);
             d.destroy_descriptor_set_layout(self.set_layout, None);
+            if self.params_layout != vk::DescriptorSetLayout::null() {
+                d.destroy_descriptor_set_layout(self.params_layout, None);
+            }
         }
     }
 }
@@ -75,6 +95,46 @@ impl Pipeline {
         bindings: u32,
         push_constant_bytes: u32,
     ) -> Result<Pipeline> {
+        Self::build(gpu, spirv, entry, bindings, push_constant_bytes, false)
+    }
+
+    /// The graph variant of the pipeline [`Pipeline::new`] builds from the
+    /// same arguments: its shader reads the `param_bytes` it would take as
+    /// push constants from a storage buffer at set 1, binding 0 (a
+    /// [`crate::ParamBlock`] slot). Where the device has
+    /// `descriptorBindingStorageBufferUpdateAfterBind`
+    /// ([`Gpu::supports_update_after_bind`]) its set 0 is bound from
+    /// [`crate::GraphSets`], whose descriptors can be rewritten after a
+    /// command buffer recorded them; elsewhere its buffers are recorded in
+    /// the command buffer as [`Pipeline::new`]'s are.
+    pub fn graph_variant(
+        gpu: &Gpu,
+        spirv: &[u32],
+        entry: &str,
+        bindings: u32,
+        param_bytes: u32,
+    ) -> Result<Pipeline> {
+        check_spirv(spirv, entry)?;
+        let words = crate::kernel::params_from_memory(spirv)?;
+        // The rewrite adds two decorations exactly when the shader has
+        // push constants: one without reads no parameters, and a dispatch of
+        // it binds no parameter slot.
+        let reads = words.len() != spirv.len();
+        let mut p = Self::build(gpu, &words, entry, bindings, param_bytes, true)?;
+        Arc::get_mut(&mut p.inner)
+            .expect("just built, not shared")
+            .reads_params = reads;
+        Ok(p)
+    }
+
+    fn build(
+        gpu: &Gpu,
+        spirv: &[u32],
+        entry: &str,
+        bindings: u32,
+        push_constant_bytes: u32,
+        graph: bool,
+    ) -> Result<Pipeline> {
         check_spirv(spirv, entry)?;
         if let Some(&past) = crate::kernel::spirv_bindings(spirv)
             .iter()
@@ -104,7 +164,8 @@ impl Pipeline {
             VkError::InvalidArgument(format!("entry point name {entry:?} contains a NUL byte"))
         })?;
         let d = &s.device;
-        let push_descriptors = s.push_descriptor.is_some();
+        let update_after_bind = graph && s.info.features.storage_buffer_update_after_bind;
+        let push_descriptors = s.push_descriptor.is_some() && !update_after_bind;
 
         let binding_list: Vec<vk::DescriptorSetLayoutBinding<'_>> = (0..bindings)
             .map(|b| {
@@ -117,44 +178,78 @@ impl Pipeline {
             .collect();
         let flags = if push_descriptors {
             vk::DescriptorSetLayoutCreateFlags::PUSH_DESCRIPTOR_KHR
+        } else if update_after_bind {
+            vk::DescriptorSetLayoutCreateFlags::UPDATE_AFTER_BIND_POOL
         } else {
             vk::DescriptorSetLayoutCreateFlags::empty()
         };
-        let set_info = vk::DescriptorSetLayoutCreateInfo::default()
+        let binding_flags = vec![vk::DescriptorBindingFlags::UPDATE_AFTER_BIND; binding_list.len()];
+        let mut flags_info =
+            vk::DescriptorSetLayoutBindingFlagsCreateInfo::default().binding_flags(&binding_flags);
+        let mut set_info = vk::DescriptorSetLayoutCreateInfo::default()
             .flags(flags)
             .bindings(&binding_list);
+        if update_after_bind {
+            set_info = set_info.push_next(&mut flags_info);
+        }
         // SAFETY: valid create info for a live device; the push-descriptor flag is set
-        // only with the extension enabled.
+        // only with the extension enabled, the update-after-bind flags only with
+        // the feature (checked by `graph_variant`).
         let set_layout = unsafe { d.create_descriptor_set_layout(&set_info, None) }
             .map_err(call("vkCreateDescriptorSetLayout"))?;
+        let params_layout = if graph {
+            let b = [vk::DescriptorSetLayoutBinding::default()
+                .binding(0)
+                .descriptor_type(vk::DescriptorType::STORAGE_BUFFER_DYNAMIC)
+                .descriptor_count(1)
+                .stage_flags(vk::ShaderStageFlags::COMPUTE)];
+            let info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&b);
+            // SAFETY: valid create info for a live device.
+            match unsafe { d.create_descriptor_set_layout(&info, None) } {
+                Ok(l) => l,
+                Err(e) => {
+                    // SAFETY: just created, unused.
+                    unsafe { d.destroy_descriptor_set_layout(set_layout, None) };
+                    return Err(call("vkCreateDescriptorSetLayout")(e));
+                }
+            }
+        } else {
+            vk::DescriptorSetLayout::null()
+        };
 
         let ranges = [vk::PushConstantRange::default()
             .stage_flags(vk::ShaderStageFlags::COMPUTE)
             .offset(0)
             .size(push_constant_bytes)];
-        let set_layouts = [set_layout];
+        let set_layouts = [set_layout, params_layout];
         let layout_info = vk::PipelineLayoutCreateInfo::default()
-            .set_layouts(&set_layouts)
-            .push_constant_ranges(if push_constant_bytes > 0 {
+            .set_layouts(&set_layouts[..if graph { 2 } else { 1 }])
+            .push_constant_ranges(if push_constant_bytes > 0 && !graph {
                 &ranges
             } else {
                 &[]
             });
+        let drop_sets = || {
+            // SAFETY: just created, unused.
+            unsafe {
+                d.destroy_descriptor_set_layout(set_layout, None);
+                if graph {
+                    d.destroy_descriptor_set_layout(params_layout, None);
+                }
+            }
+        };
         // SAFETY: as above.
         let layout = match unsafe { d.create_pipeline_layout(&layout_info, None) } {
             Ok(l) => l,
             Err(e) => {
-                // SAFETY: just created, unused.
-                unsafe { d.destroy_descriptor_set_layout(set_layout, None) };
+                drop_sets();
                 return Err(call("vkCreatePipelineLayout")(e));
             }
         };
         let cleanup = |e: VkError| {
             // SAFETY: just created, unused.
-            unsafe {
-                d.destroy_pipeline_layout(layout, None);
-                d.destroy_descriptor_set_layout(set_layout, None);
-            }
+            unsafe { d.destroy_pipeline_layout(layout, None) };
+            drop_sets();
             e
         };
 
@@ -186,11 +281,26 @@ impl Pipeline {
                 layout,
                 set_layout,
                 bindings,
-                push_constant_bytes,
+                push_constant_bytes: if graph { 0 } else { push_constant_bytes },
+                param_bytes: if graph { push_constant_bytes } else { 0 },
                 push_descriptors,
+                update_after_bind,
+                reads_params: false,
+                params_layout,
                 min_bytes,
             }),
         })
+    }
+
+    /// Whether a recorded dispatch's buffers can be rebound without recording
+    /// it again (a graph variant whose set 0 is update-after-bind).
+    pub fn rebinds_after_recording(&self) -> bool {
+        self.inner.update_after_bind
+    }
+
+    /// Whether this is a graph variant (bound with [`crate::Recorder::dispatch_bound`]).
+    pub fn is_graph_variant(&self) -> bool {
+        self.inner.params_layout != vk::DescriptorSetLayout::null()
     }
 
     /// Storage buffers the pipeline binds.
@@ -202,4 +312,49 @@ impl Pipeline {
     pub fn push_constant_bytes(&self) -> u32 {
         self.inner.push_constant_bytes
     }
+}
+
+/// Checks `buffers` (chunk, offset, range) against pipeline `p`'s bindings
+/// (device, range, alignment, the shader's least sizes, the range limit);
+/// the buffer ranges (buffer, start, end) a dispatch with them touches.
+pub(crate) fn check_buffers(
+    s: &Arc<DeviceShared>,
+    p: &PipelineInner,
+    buffers: &[(&Chunk, u64, u64)],
+) -> Result<Vec<(vk::Buffer, u64, u64)>> {
+    if buffers.len() != p.bindings as usize {
+        return Err(VkError::InvalidArgument(format!(
+            "dispatch with {} buffers, the pipeline binds {}",
+            buffers.len(),
+            p.bindings
+        )));
+    }
+    let limits = &s.info.limits;
+    let align = limits.min_storage_buffer_offset_alignment.max(1);
+    let mut accesses = Vec::with_capacity(buffers.len());
+    for (i, (chunk, offset, range)) in buffers.iter().enumerate() {
+        chunk.same_device(s)?;
+        chunk.check_range("dispatch binding", *offset, *range)?;
+        if offset % align != 0 {
+            return Err(VkError::InvalidArgument(format!(
+                    "binding {i} at offset {offset}: must be a multiple of {align} (minStorageBufferOffsetAlignment)"
+                )));
+        }
+        let least = p.min_bytes.get(i).copied().unwrap_or(0);
+        if *range < least {
+            return Err(VkError::InvalidArgument(format!(
+                "binding {i} of {range} bytes: the shader's type for it spans at least \
+                     {least} bytes; pass a buffer of at least that size"
+            )));
+        }
+        if *range == 0 || *range > u64::from(limits.max_storage_buffer_range) {
+            return Err(VkError::InvalidArgument(format!(
+                "binding {i} of {range} bytes: a storage buffer binding takes 1..={} bytes \
+                     (maxStorageBufferRange)",
+                limits.max_storage_buffer_range
+            )));
+        }
+        accesses.push((chunk.inner.buffer, *offset, offset + range));
+    }
+    Ok(accesses)
 }

@@ -354,3 +354,87 @@ fn a_damaged_cache_file_is_ignored_with_a_warning() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A graph variant dispatch recorded once reads new parameters after
+/// `ParamBlock::write` and, where set 0 is update-after-bind, new buffers
+/// after `GraphSets::write`, with no second recording.
+#[test]
+fn graph_variant_reads_parameters_and_buffers_changed_after_recording() {
+    let Some(gpu) = common::gpu() else { return };
+    graph_variant(&gpu);
+    // Set 0 from the recorder's pools rather than pushed (a device without
+    // VK_KHR_push_descriptor or update-after-bind).
+    let Some(gpu) = common::gpu_with(&OpenOptions {
+        disable_push_descriptors: true,
+        cache: CacheLocation::Off,
+        ..OpenOptions::default()
+    }) else {
+        return;
+    };
+    graph_variant(&gpu);
+}
+
+fn graph_variant(gpu: &Gpu) {
+    let n = 256usize;
+    let size = (n * 4) as u64;
+    let words = compile_wgsl(SAXPY, "main").expect("compile");
+    let pipeline = Pipeline::graph_variant(gpu, &words, "main", 2, 64).expect("pipeline");
+    assert!(pipeline.is_graph_variant());
+    assert_eq!(
+        pipeline.rebinds_after_recording(),
+        gpu.supports_update_after_bind()
+    );
+    let x = Chunk::new(gpu, size, MemoryUse::Upload).expect("x");
+    let y = [
+        Chunk::new(gpu, size, MemoryUse::Readback).expect("y0"),
+        Chunk::new(gpu, size, MemoryUse::Readback).expect("y1"),
+    ];
+    let xs: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    x.write(0, &bytes(&xs)).expect("write x");
+    for c in &y {
+        c.write(0, &bytes(&vec![1.0; n])).expect("write y");
+    }
+    let sets = hetero_vulkan::GraphSets::new(gpu);
+    let params = hetero_vulkan::ParamBlock::new(gpu, 2, 64).expect("params");
+    params.write(1, &2.0f32.to_le_bytes()).expect("a = 2");
+    let mut r = gpu.recorder(Lane::Compute).expect("recorder");
+    let set = r
+        .dispatch_bound(
+            &pipeline,
+            Some(&sets),
+            &[(&x, 0, size), (&y[0], 0, size)],
+            &params,
+            1,
+            [(n as u32).div_ceil(64), 1, 1],
+        )
+        .expect("dispatch");
+    assert_eq!(set.is_some(), pipeline.rebinds_after_recording());
+    let cmd = r.finish().expect("finish");
+    let done = Timeline::new(gpu, 0).expect("timeline");
+    let run = |value: u64| {
+        gpu.submit(Lane::Compute, &[&cmd], &[], &[(&done, value)])
+            .expect("submit");
+        done.wait(value, Duration::from_secs(60)).expect("wait");
+    };
+    let read = |c: &Chunk| {
+        let mut out = vec![0u8; size as usize];
+        c.read(0, &mut out).expect("read");
+        f32s(&out)
+    };
+    run(1);
+    assert_eq!(read(&y[0])[10], 21.0);
+    // New parameters: the same command buffer.
+    params.write(1, &3.0f32.to_le_bytes()).expect("a = 3");
+    run(2);
+    assert_eq!(read(&y[0])[10], 51.0);
+    let Some(set) = set else {
+        eprintln!("rebinding skipped: the device has no storage-buffer update-after-bind");
+        return;
+    };
+    sets.write(set, &pipeline, &[(&x, 0, size), (&y[1], 0, size)])
+        .expect("rebind y");
+    run(3);
+    assert_eq!(read(&y[1])[10], 31.0);
+    assert_eq!(read(&y[0])[10], 51.0, "the old destination is left alone");
+    assert_eq!(sets.len(), 1);
+}

@@ -1057,3 +1057,132 @@ fn updates_to_single_nodes_of_a_long_graph_take_effect_at_each_launch() {
     want[99] = 3;
     check(&want, "kernel of node 99");
 }
+
+/// Updates that keep every node's shape (new scalars; a slot rebound to
+/// another buffer of its size) reach a kept recording without recording it
+/// again (`Device::graph_recordings`, on a device that records graphs):
+/// scalars everywhere, rebindings where the device rebinds in place
+/// (`DeviceProperties::graph_rebinds_in_place`). Each launch computes with
+/// the values set when it was submitted, also with several launches of
+/// different values queued behind a held stream, and every node's output
+/// is checked, untouched ones included.
+#[test]
+fn updates_that_keep_the_shape_record_nothing_again() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    const NODES: usize = 40;
+    let x = s.alloc::<u32>(16).unwrap();
+    s.fill(&x, 1u32).unwrap();
+    let other = s.alloc::<u32>(16).unwrap();
+    s.fill(&other, 10u32).unwrap();
+    let outs: Vec<_> = (0..NODES).map(|_| s.alloc::<u32>(16).unwrap()).collect();
+    let mut g = Graph::new(&dev).unwrap();
+    let input = g.slot::<u32>(16).unwrap();
+    let ids: Vec<_> = outs
+        .iter()
+        .enumerate()
+        .map(|(i, o)| {
+            let from = if i == 5 {
+                Arg::read(&input)
+            } else {
+                Arg::read(&x)
+            };
+            g.kernel(&double_plus(), Grid::new(1), &[from, Arg::write(o)], &[])
+                .unwrap()
+        })
+        .collect();
+    let mut exec = g.instantiate().unwrap();
+    // Node 0 gets its first scalar only after the graph was recorded.
+    for (i, &n) in ids.iter().enumerate().skip(1) {
+        exec.set_scalars(n, &[i as u64]).unwrap();
+    }
+    let mut want: Vec<u32> = (0..NODES as u32).map(|i| 2 + i).collect();
+    want[5] = 2 * 10 + 5;
+    let check = |want: &[u32], round: &str| {
+        for (i, o) in outs.iter().enumerate() {
+            assert_eq!(
+                s.read_to_vec(o).unwrap(),
+                vec![want[i]; 16],
+                "{round}: node {i}"
+            );
+        }
+    };
+    let mut bind = exec.bindings();
+    bind.bind(&input, &other).unwrap();
+    s.launch_graph_with(&exec, &bind).unwrap();
+    check(&want, "first launch");
+    let recorded = dev.graph_recordings();
+    // New scalars on one node, then on several, launch after launch.
+    for round in 0..6u32 {
+        for k in 0..=round as usize % 3 {
+            let v = (round as usize * 7 + k * 13) % NODES;
+            exec.set_scalars(ids[v], &[u64::from(100 + round)]).unwrap();
+            want[v] = if v == 5 { 20 } else { 2 } + 100 + round;
+        }
+        s.launch_graph_with(&exec, &bind).unwrap();
+        check(&want, &format!("scalars, round {round}"));
+    }
+    assert_eq!(
+        dev.graph_recordings(),
+        recorded,
+        "new scalars recorded the graph again"
+    );
+    // The slot node 5 reads, rebound back and forth.
+    let scalar5 = want[5] - 20;
+    for round in 0..4 {
+        let (to, base) = if round % 2 == 0 {
+            (&x, 2)
+        } else {
+            (&other, 20)
+        };
+        let mut b = exec.bindings();
+        b.bind(&input, to).unwrap();
+        s.launch_graph_with(&exec, &b).unwrap();
+        want[5] = base + scalar5;
+        check(&want, &format!("rebound, round {round}"));
+    }
+    if dev.properties().graph_rebinds_in_place {
+        assert_eq!(
+            dev.graph_recordings(),
+            recorded,
+            "rebinding a slot recorded the graph again"
+        );
+    }
+    // Launches queued at once, each with its own scalar for node 9: each
+    // sees its own (an update never reaches a launch submitted before it).
+    let snaps: Vec<_> = (0..4).map(|_| s.alloc::<u32>(16).unwrap()).collect();
+    let gate = common::Gate::hold(&s);
+    for (r, snap) in snaps.iter().enumerate() {
+        exec.set_scalars(ids[9], &[300 + r as u64]).unwrap();
+        s.launch_graph_with(&exec, &bind).unwrap();
+        s.copy_d2d(&outs[9], snap).unwrap();
+    }
+    gate.open();
+    for (r, snap) in snaps.iter().enumerate() {
+        assert_eq!(
+            s.read_to_vec(snap).unwrap(),
+            vec![2 + 300 + r as u32; 16],
+            "queued launch {r}"
+        );
+    }
+    want[9] = 2 + 303;
+    want[5] = 20 + scalar5;
+    check(&want, "after the queued launches");
+    // A change of shape (another kernel) is recorded again.
+    let triple = Kernel::new("triple", |b| {
+        let input = b.read::<u32>(0);
+        let base = b.write_offset(0);
+        for (j, v) in b.write::<u32>(0).iter_mut().enumerate() {
+            *v = input[base + j] * 3;
+        }
+    })
+    .wgsl(common::wgsl::map("u32", 1, "x0[i] * 3u"), "main");
+    let before = dev.graph_recordings();
+    exec.set_kernel(ids[30], &triple, Grid::new(1)).unwrap();
+    s.launch_graph_with(&exec, &bind).unwrap();
+    want[30] = 3;
+    check(&want, "kernel of node 30");
+    if let (Some(a), Some(b)) = (before, dev.graph_recordings()) {
+        assert!(b > a, "a new kernel must be recorded");
+    }
+}

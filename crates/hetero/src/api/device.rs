@@ -404,6 +404,15 @@ impl Device {
         self.inner.backend().driver_submissions()
     }
 
+    /// Command buffers recorded so far for graph launches that the device
+    /// keeps and resubmits (a Vulkan device: the first launch of a graph
+    /// records it; an update re-records only where a node's shape changed,
+    /// or, on a device without update-after-bind descriptors, where a slot it
+    /// uses moved); `None` on devices that record none.
+    pub fn graph_recordings(&self) -> Option<u64> {
+        self.inner.backend().graph_recordings()
+    }
+
     /// Whether this device still exists, without keeping it alive (per-device
     /// state kept elsewhere, such as managed memory's, is dropped with it).
     pub(crate) fn weak(&self) -> std::sync::Weak<dyn std::any::Any + Send + Sync> {

@@ -94,6 +94,13 @@ pub struct DeviceProperties {
     /// device, where one was asked for and the driver granted it (Vulkan's
     /// global priority; `None`: the default).
     pub queue_priority: Option<crate::config::QueuePriority>,
+    /// A graph's slot rebound to another buffer reaches its recorded launch
+    /// without recording any of it again (nothing is recorded on the host and
+    /// the emulated device; on Vulkan, where the driver has update-after-bind
+    /// storage-buffer descriptors). False on a Vulkan driver without them
+    /// (lavapipe): a rebinding records again the segments whose nodes use
+    /// the slot. New scalars never record again.
+    pub graph_rebinds_in_place: bool,
 }
 
 pub(crate) trait Backend: Send + Sync {
@@ -136,6 +143,11 @@ pub(crate) trait Backend: Send + Sync {
     }
     /// Submissions to a driver so far, on a device that has one.
     fn driver_submissions(&self) -> Option<u64> {
+        None
+    }
+    /// Command buffers recorded for kept graph launches so far, on a device
+    /// that records them.
+    fn graph_recordings(&self) -> Option<u64> {
         None
     }
     /// The IOMMU's state, on a device behind one.

@@ -19,7 +19,9 @@
 //!   [`submission_count`]), beside `vulkan/running-ahead-per-op-ns`.
 //! - `vulkan/graph-update-launch-ns`: one node's scalar changed in a graph of
 //!   1 000 one-workgroup dispatches, then the graph launched and waited for
-//!   (hetero re-records the one segment of 32 nodes holding it). Peer
+//!   (hetero writes the node's parameter slot and records nothing:
+//!   `vulkan/graph-update-recordings-per-launch`, the command buffers
+//!   recorded per round from `Device::graph_recordings`, is 0). Peer
 //!   `ash/rerecord-submit-ns`: the whole command buffer re-recorded with the
 //!   new push constant, submitted, waited for.
 //! - `vulkan/alloc-free-hit-ns`: `Stream::alloc` of 1 MiB and its drop (a hit in
@@ -291,6 +293,7 @@ fn graph_update(
     let pk = peer.kernel(spirv, Some(&buf))?;
     let (mut round, mut peer_round) = (0u32, 0u32);
     let mut want = DISPATCHES as u32;
+    let recorded = dev.graph_recordings();
     let (mut a, mut b) = paired(
         warm,
         reps,
@@ -320,6 +323,14 @@ fn graph_update(
     }
     rep.push_samples("vulkan/graph-update-launch-ns", "ns", &mut a);
     rep.push_samples("ash/rerecord-submit-ns", "ns", &mut b);
+    if let (Some(before), Some(after)) = (recorded, dev.graph_recordings()) {
+        rep.push_value(
+            "vulkan/graph-update-recordings-per-launch",
+            "x",
+            (after - before) as f64 / f64::from(round.max(1)),
+            u64::from(round),
+        );
+    }
     Ok(())
 }
 

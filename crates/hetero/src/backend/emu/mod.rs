@@ -260,6 +260,7 @@ impl EmuBackend {
             link_peak_gbps: Some(emu.link.peak_gbps()),
             runs_device_code: false,
             queue_priority: None,
+            graph_rebinds_in_place: true,
         };
         let driver = match emu.time {
             TimeMode::Virtual => None,

@@ -151,6 +151,7 @@ impl HostBackend {
             link_peak_gbps: None,
             runs_device_code: false,
             queue_priority: None,
+            graph_rebinds_in_place: true,
         };
         let mut engines = Vec::with_capacity(config.compute_units);
         for index in 0..config.compute_units {

@@ -160,7 +160,9 @@ pub(super) struct Engine {
     /// Per lane: the last batch closed with work on it (what a wait for the
     /// lane may name: a batch without work there signals nothing).
     signalled: [u64; 2],
-    pub(super) pipelines: HashMap<(usize, u32), (Arc<DeviceCode>, Pipeline)>,
+    /// Compiled pipelines by device code, bindings and whether it is the
+    /// graph variant (scalars from memory, `Pipeline::graph_variant`).
+    pub(super) pipelines: HashMap<(usize, u32, bool), (Arc<DeviceCode>, Pipeline)>,
     /// An async op is pending: look again soon.
     polling: bool,
     /// The streams whose oldest op is an async op that has started (it holds
@@ -507,6 +509,22 @@ impl Engine {
             self.segments[l].push(cmd);
         }
         Ok(())
+    }
+
+    /// The open batch: what is recorded now goes in it.
+    pub(super) fn open_batch(&self) -> u64 {
+        self.batch
+    }
+
+    /// Whether the compute lane has run batch `b` (reading the device's
+    /// progress when the last reading says it has not).
+    pub(super) fn compute_ran(&mut self, sh: &Shared, b: u64) -> bool {
+        if b > self.done[0] && b < self.batch {
+            if let Ok(v) = sh.lanes[0].value() {
+                self.done[0] = self.done[0].max(v);
+            }
+        }
+        b <= self.done[0]
     }
 
     /// Appends an already recorded command buffer to the compute lane's

@@ -16,17 +16,42 @@
 //! Operands resolve at launch: fixed buffers and bound slots to their chunk,
 //! the graph's own buffers to their place in the plan's arena.
 //!
-//! A launch without host nodes is recorded once (`Recorded`) into one
-//! command buffer, which the launches after it resubmit. An update
-//! (`GraphExec::set_scalars`, `set_kernel`: the parameters are copied on
-//! write, so `Arc` identity says whether any changed, and
-//! `Params::same_node` which) or a rebinding that moves a slot (chunk and
-//! offset) splits it, the first time, into segments of `segment_nodes`
-//! consecutive nodes, each its own command buffer (all resubmitted in the
-//! one submission of their flush), and from then on re-records only the
-//! segments holding a node it changed: a node's push constants and
-//! descriptors live in its command buffer, so its segment is recorded again,
-//! never the whole graph. A launch whose recording failed is not kept.
+//! A launch without host nodes is recorded once (`Recorded`) and its command
+//! buffers resubmitted by the launches after it. Its kernel nodes are
+//! recorded through their pipeline's graph variant (`Engine::dispatch_node`):
+//! scalars read from the node's slot of a host-visible parameter block, not
+//! push constants; buffers bound from update-after-bind descriptor sets
+//! where the driver has them, else in the command buffer. So an update
+//! (`GraphExec::set_scalars`: the parameters are copied on write, so `Arc`
+//! identity says whether any changed, and `Params::same_node` which) that
+//! keeps a node's kernel, grid and arguments is a write of its slot, and a
+//! rebinding that moves a slot (chunk and offset) rewrites the sets of the
+//! nodes that use it: nothing is recorded.
+//!
+//! Slots and sets must not change while a launch that reads them is pending
+//! (the spec forbids it even for update-after-bind descriptors), and a
+//! launch queued before an update must see the old values. Waiting for the
+//! pending launch would stall the engine thread and end running ahead (and
+//! the launch may still sit unsubmitted in the open batch); so a recording
+//! is kept in up to `COPIES` (two) copies, each with its own slots and sets,
+//! and a launch takes a copy that holds its values already, else the least
+//! recently used one the device has run (`Engine::compute_ran` on the batch
+//! it last went in), brought up to date (`refresh`). A loop of update and
+//! launch thus alternates between the two for the cost of one more
+//! recording; when both are pending (a third launch queued with other
+//! values) a copy is recorded anew in place of the older, whose pending
+//! launches hold what they read (command buffers hold the block and sets).
+//!
+//! What still records again: a change of shape (another kernel, grid or
+//! arguments), a kernel without a graph variant (its scalars are push
+//! constants), a moved slot of a copy or fill node, or of any node on a
+//! driver without update-after-bind (lavapipe). The first such change splits
+//! the copy into segments of `segment_nodes` consecutive nodes, each its own
+//! command buffer (all resubmitted in the one submission of their flush),
+//! and from then on only the segments holding such a change are recorded
+//! again, never the whole graph. Every command buffer recorded for a kept
+//! recording counts in `Device::graph_recordings`. A launch whose recording
+//! failed is not kept.
 //!
 //! Invariants: a node is recorded only after every node it depends on was
 //! (the runner's order) and behind a full barrier, so it runs after them on
@@ -34,19 +59,28 @@
 //! (`Nodes::into_staging`).
 
 use super::engine::{Engine, Times};
-use super::record::{fill_word, rec_or_new};
+use super::record::{fill_word, param_bytes, rec_or_new, NodeDispatch, PUSH_BYTES};
 use super::Shared;
 use crate::exec::graph::launch::{run_node, GraphLaunch, NodeHooks};
 use crate::exec::graph::plan::{Params, Plan};
 use crate::exec::graph::run::RunState;
 use crate::exec::graph::{NodeBody, Operand};
 use hetero_memory::PinnedAllocation;
-use hetero_vulkan::{Chunk, CommandBuffer, Recorder};
+use hetero_vulkan::{Chunk, CommandBuffer, GraphSets, ParamBlock, Recorder, SetId};
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 /// Recorded graphs kept at most (the oldest plan's goes first).
 const KEEP_RECORDED: usize = 64;
+
+/// Copies of a recording kept at most. An update writes a copy no pending
+/// launch reads; with two, a loop of update-then-launch finds the copy
+/// before last free as soon as the device ran the launch before last, and
+/// never waits (see the module docs). A third launch queued with a third
+/// set of values while both are pending records a copy anew (as a first
+/// launch does) in place of the least recently used one.
+const COPIES: usize = 2;
 
 /// The nodes per segment once a kept recording is split for updates: about
 /// √(16·n) for n nodes, at least 32. Each segment is its own command buffer:
@@ -73,16 +107,35 @@ struct Segment {
     /// Staging buffers its fills copy from: kept with it, and by each launch
     /// until it completes.
     staging: Arc<Vec<PinnedAllocation>>,
+    /// Kernel nodes whose scalars are push constants in `cmd` (their kernel
+    /// has no graph variant): a new scalar records the segment again.
+    pushed: Vec<u32>,
+    /// Kernel nodes whose buffers are bound from `sets` (a device with
+    /// update-after-bind descriptors): a moved slot rewrites the set.
+    bound: Vec<(u32, SetId)>,
+    sets: GraphSets,
 }
 
-/// A graph launch recorded once, with what it was recorded for.
-struct Kept {
-    plan: Weak<Plan>,
-    /// The parameters it was recorded with (held, so their address stays theirs).
+/// One copy of a recording: its command buffers and what they read outside
+/// them, the nodes' parameter slots and (in the segments) descriptor sets.
+struct Copy {
+    /// The parameters it holds (held, so their address stays theirs).
     params: Arc<Params>,
     /// Where each slot's buffer lay: chunk address, offset, bytes.
     slots: Vec<SlotPlace>,
     segments: Vec<Segment>,
+    /// One slot per node, read by its kernel's graph variant.
+    block: ParamBlock,
+    /// The compute lane's batch its last launch went in (0: none to wait for).
+    batch: u64,
+    /// When it was last used (`Recorded::tick`).
+    used: u64,
+}
+
+/// A graph launch recorded once, in one or two copies.
+struct Kept {
+    plan: Weak<Plan>,
+    copies: Vec<Copy>,
     /// When it was last used (`Recorded::tick`).
     used: u64,
 }
@@ -178,20 +231,42 @@ pub(super) fn launch(
     };
     engine.graphs.tick += 1;
     let tick = engine.graphs.tick;
-    if let Some(mut k) = engine.graphs.kept.remove(&key) {
-        if k.plan.strong_count() > 0 && refresh(engine, sh, l, &mut k, slots.clone()).is_ok() {
-            k.used = tick;
-            let result = append(engine, rec, &k.segments);
-            let staging = k.segments.iter().map(|g| g.staging.clone()).collect();
-            engine.graphs.kept.insert(key, k);
-            return (result, Staging::Shared(staging));
+    let mut kept = engine
+        .graphs
+        .kept
+        .remove(&key)
+        .filter(|k| k.plan.strong_count() > 0);
+    if let Some(k) = &mut kept {
+        match pick(engine, sh, l, k, &slots) {
+            Ok(Some(i)) => {
+                let c = &mut k.copies[i];
+                let result = append(engine, rec, &c.segments);
+                c.batch = batch_of(engine, &c.segments);
+                c.used = tick;
+                k.used = tick;
+                let staging = c.segments.iter().map(|g| g.staging.clone()).collect();
+                engine.graphs.kept.insert(key, kept.expect("matched above"));
+                return (result, Staging::Shared(staging));
+            }
+            // Every copy is pending and holds other values: record another.
+            Ok(None) => {}
+            // A segment failed to record again: record the launch whole (its
+            // result says which node failed, and skips its dependents).
+            Err(_) => kept = None,
         }
-        // A segment failed to record again: record the launch whole (its
-        // result says which node failed, and skips its dependents).
     }
+    let block = match ParamBlock::new(&sh.gpu, l.exec.nodes.len() as u32, PUSH_BYTES) {
+        Ok(b) => b,
+        Err(e) => {
+            return (
+                Err(format!("a graph's parameter memory: {e}")),
+                Staging::Own(Vec::new()),
+            )
+        }
+    };
     let mut own: Option<Recorder> = None;
     let mut seg = Segmenting {
-        nodes: Nodes::new(engine, sh, &mut own),
+        nodes: Nodes::new(engine, sh, &mut own).with_params(block.clone()),
         segments: Vec::new(),
         current: Vec::new(),
     };
@@ -208,24 +283,83 @@ pub(super) fn launch(
     if result.is_err() {
         return (result, Staging::Shared(staging));
     }
+    let copy = Copy {
+        params: l.params.clone(),
+        slots,
+        batch: batch_of(engine, &segments),
+        segments,
+        block,
+        used: tick,
+    };
     let g = &mut engine.graphs;
-    g.kept.retain(|_, k| k.plan.strong_count() > 0);
-    if g.kept.len() >= KEEP_RECORDED {
-        if let Some(oldest) = g.kept.iter().min_by_key(|(_, k)| k.used).map(|(a, _)| *a) {
-            g.kept.remove(&oldest);
+    match kept {
+        Some(mut k) => {
+            if k.copies.len() >= COPIES {
+                // The least recently used goes; the launches pending with it
+                // hold its command buffers, and they what those read.
+                if let Some(i) = (0..k.copies.len()).min_by_key(|&i| k.copies[i].used) {
+                    k.copies.swap_remove(i);
+                }
+            }
+            k.copies.push(copy);
+            k.used = tick;
+            g.kept.insert(key, k);
+        }
+        None => {
+            g.kept.retain(|_, k| k.plan.strong_count() > 0);
+            if g.kept.len() >= KEEP_RECORDED {
+                if let Some(oldest) = g.kept.iter().min_by_key(|(_, k)| k.used).map(|(a, _)| *a) {
+                    g.kept.remove(&oldest);
+                }
+            }
+            g.kept.insert(
+                key,
+                Kept {
+                    plan: Arc::downgrade(&l.exec),
+                    copies: vec![copy],
+                    used: tick,
+                },
+            );
         }
     }
-    g.kept.insert(
-        key,
-        Kept {
-            plan: Arc::downgrade(&l.exec),
-            params: l.params.clone(),
-            slots,
-            segments,
-            used: tick,
-        },
-    );
     (Ok(()), Staging::Shared(staging))
+}
+
+/// The batch a launch of `segments` appended now runs in (0: they record
+/// nothing, so nothing reads their copy).
+fn batch_of(engine: &Engine, segments: &[Segment]) -> u64 {
+    if segments.iter().any(|g| g.cmd.is_some()) {
+        engine.open_batch()
+    } else {
+        0
+    }
+}
+
+/// The copy of `k` launch `l` (whose slots lie at `slots`) runs: one that
+/// holds its values already, else the least recently used one that no
+/// pending launch reads, brought up to date (`refresh`); `None` when every
+/// copy is pending and holds other values.
+fn pick(
+    engine: &mut Engine,
+    sh: &Shared,
+    l: &GraphLaunch,
+    k: &mut Kept,
+    slots: &[SlotPlace],
+) -> Result<Option<usize>, String> {
+    let current = |c: &Copy| Arc::ptr_eq(&c.params, &l.params) && c.slots == slots;
+    if let Some(i) = k.copies.iter().position(current) {
+        return Ok(Some(i));
+    }
+    let mut order: Vec<usize> = (0..k.copies.len()).collect();
+    order.sort_by_key(|&i| k.copies[i].used);
+    for i in order {
+        let b = k.copies[i].batch;
+        if b == 0 || engine.compute_ran(sh, b) {
+            refresh(engine, sh, l, &mut k.copies[i], slots.to_vec())?;
+            return Ok(Some(i));
+        }
+    }
+    Ok(None)
 }
 
 /// Appends the segments' command buffers to the flush, in order.
@@ -240,59 +374,109 @@ fn append(
     Ok(())
 }
 
-/// Brings kept recording `k` up to date with launch `l` (whose slots lie at
-/// `slots`): re-records the segments holding a node whose parameters
-/// changed or a slot that moved. A recording still pending on the device
-/// stays valid: a re-recorded segment is a new command buffer, and the old
-/// one lives while a flight holds it.
+/// Brings copy `c` (which no pending launch reads) up to date with launch
+/// `l`, whose slots lie at `slots`: a node whose scalars alone changed gets
+/// them written to its parameter slot, a kernel node bound from a set whose
+/// slot moved gets the set rewritten; the segments holding any other change
+/// (a new kernel or grid, scalars in the command buffer, a copy's or fill's
+/// moved slot, a slot moved on a device without update-after-bind) are
+/// recorded again.
 fn refresh(
     engine: &mut Engine,
     sh: &Shared,
     l: &GraphLaunch,
-    k: &mut Kept,
+    c: &mut Copy,
     slots: Vec<SlotPlace>,
 ) -> Result<(), String> {
-    let same_params = Arc::ptr_eq(&k.params, &l.params);
-    if same_params && k.slots == slots {
+    let same_params = Arc::ptr_eq(&c.params, &l.params);
+    if same_params && c.slots == slots {
         return Ok(());
     }
-    let moved = |i: &u32| k.slots.get(*i as usize) != slots.get(*i as usize);
+    let moved = |i: &u32| c.slots.get(*i as usize) != slots.get(*i as usize);
+    let mut dirty = vec![false; c.segments.len()];
+    let mut writes: Vec<u32> = Vec::new();
+    let mut rebinds: Vec<(usize, u32, SetId)> = Vec::new();
+    let mut used = Vec::new();
+    for (gi, g) in c.segments.iter().enumerate() {
+        let any_moved = g.slots.iter().any(moved);
+        for &v in &g.nodes {
+            let i = v as usize;
+            if !same_params && !l.params.same_node(&c.params, i) {
+                let (a, b) = (&l.params.nodes[i], &c.params.nodes[i]);
+                let same_kernel =
+                    matches!((&a.kernel, &b.kernel), (Some(x), Some(y)) if Arc::ptr_eq(x, y));
+                if same_kernel && a.blocks == b.blocks && a.args == b.args && !g.pushed.contains(&v)
+                {
+                    writes.push(v);
+                } else {
+                    dirty[gi] = true;
+                }
+            }
+            if any_moved {
+                used.clear();
+                node_slots(l, v, &mut used);
+                if used.iter().any(moved) {
+                    match g.bound.iter().find(|(n, _)| *n == v) {
+                        Some(&(_, id)) => rebinds.push((gi, v, id)),
+                        None => dirty[gi] = true,
+                    }
+                }
+            }
+        }
+    }
     let size = segment_nodes(l.exec.nodes.len());
-    if k.segments.len() == 1 && k.segments[0].nodes.len() > size {
-        // The first update: split the recording, recording every segment.
-        let order = std::mem::take(&mut k.segments[0].nodes);
-        k.segments = order
+    if dirty.iter().any(|d| *d) && c.segments.len() == 1 && c.segments[0].nodes.len() > size {
+        // The first re-recording: split the recording, recording every segment.
+        let order = std::mem::take(&mut c.segments[0].nodes);
+        c.segments = order
             .chunks(size)
-            .map(|c| {
+            .map(|n| {
                 let mut slots = Vec::new();
-                c.iter().for_each(|&v| node_slots(l, v, &mut slots));
+                n.iter().for_each(|&v| node_slots(l, v, &mut slots));
                 Segment {
-                    nodes: c.to_vec(),
+                    nodes: n.to_vec(),
                     slots,
                     cmd: None,
                     staging: Arc::default(),
+                    pushed: Vec::new(),
+                    bound: Vec::new(),
+                    sets: GraphSets::new(&sh.gpu),
                 }
             })
             .collect();
-        for g in &mut k.segments {
-            record_segment(engine, sh, l, g)?;
+        for g in &mut c.segments {
+            record_segment(engine, sh, l, g, &c.block)?;
         }
-        k.params = l.params.clone();
-        k.slots = slots;
+        c.params = l.params.clone();
+        c.slots = slots;
         return Ok(());
     }
-    for g in &mut k.segments {
-        let changed = (!same_params
-            && g.nodes
-                .iter()
-                .any(|&v| !l.params.same_node(&k.params, v as usize)))
-            || g.slots.iter().any(moved);
-        if changed {
-            record_segment(engine, sh, l, g)?;
-        }
+    for (g, _) in c.segments.iter_mut().zip(&dirty).filter(|(_, d)| **d) {
+        record_segment(engine, sh, l, g, &c.block)?;
     }
-    k.params = l.params.clone();
-    k.slots = slots;
+    let segment_of = |v: u32| c.segments.iter().position(|g| g.nodes.contains(&v));
+    for v in writes {
+        if segment_of(v).is_some_and(|gi| dirty[gi]) {
+            continue; // recorded again, with its parameters
+        }
+        c.block
+            .write(v, &param_bytes(l.params.scalars(v as usize)))
+            .map_err(|e| format!("writing graph node {v}'s parameters: {e}"))?;
+    }
+    for (gi, v, id) in rebinds {
+        if dirty[gi] {
+            continue;
+        }
+        let p = &l.params.nodes[v as usize];
+        let Some(kernel) = &p.kernel else { continue };
+        let mut places = Vec::new();
+        for a in &l.exec.args[p.args.0 as usize..p.args.1 as usize] {
+            places.push(place(sh, l, &a.operand, 0, a.len * a.elem.size)?);
+        }
+        engine.rebind_node(sh, kernel, &places, &c.segments[gi].sets, id)?;
+    }
+    c.params = l.params.clone();
+    c.slots = slots;
     Ok(())
 }
 
@@ -302,19 +486,68 @@ fn record_segment(
     sh: &Shared,
     l: &GraphLaunch,
     g: &mut Segment,
+    block: &ParamBlock,
 ) -> Result<(), String> {
     let mut own: Option<Recorder> = None;
-    let mut nodes = Nodes::new(engine, sh, &mut own);
+    let mut nodes = Nodes::new(engine, sh, &mut own).with_params(block.clone());
     for &v in &g.nodes {
         nodes.record(l, v)?;
     }
+    g.pushed = std::mem::take(&mut nodes.pushed);
+    g.bound = std::mem::take(&mut nodes.bound);
+    g.sets = nodes.sets.take().expect("set by with_params");
     let staging = nodes.into_staging();
+    if own.is_some() {
+        sh.graph_recordings.fetch_add(1, Ordering::Relaxed);
+    }
     g.cmd = own
         .map(|r| r.finish())
         .transpose()
         .map_err(|e| format!("finishing a graph's command buffer failed: {e}"))?;
     g.staging = Arc::new(staging);
     Ok(())
+}
+
+/// The chunk and offset where operand `o` of launch `l` starts.
+fn base(sh: &Shared, l: &GraphLaunch, o: &Operand) -> Result<(Arc<Chunk>, u64), String> {
+    match o {
+        Operand::Fixed(s) => sh.place(s),
+        Operand::Slot(i) => {
+            let bound = l.table.as_ref().and_then(|t| t[*i as usize].as_ref());
+            match bound {
+                Some(s) => sh.place(s),
+                None => Err(format!(
+                    "slot {i} is not bound; bind a buffer to it (Bindings::bind) and \
+                     launch with launch_graph_with"
+                )),
+            }
+        }
+        Operand::Internal(i) => match &l.exec.arena {
+            Some(a) => {
+                let (c, o) = sh.place(a)?;
+                Ok((c, o + l.exec.offsets[*i as usize] as u64))
+            }
+            None => Err(format!(
+                "the graph's buffer {i} has no place: the plan has no arena"
+            )),
+        },
+    }
+}
+
+/// What a dispatch binds for `bytes` of operand `o` of launch `l` from
+/// `off`: chunk, offset, range.
+fn place(
+    sh: &Shared,
+    l: &GraphLaunch,
+    o: &Operand,
+    off: usize,
+    bytes: usize,
+) -> Result<(Arc<Chunk>, u64, u64), String> {
+    if bytes == 0 {
+        return Ok(sh.empty_binding());
+    }
+    let (c, b) = base(sh, l, o)?;
+    Ok((c, b + off as u64, bytes as u64))
 }
 
 /// Records a launch into one segment (the runner's hooks around `Nodes`,
@@ -350,12 +583,22 @@ impl Segmenting<'_> {
             .map(|r| r.finish())
             .transpose()
             .map_err(|e| format!("finishing a graph's command buffer failed: {e}"))?;
+        if cmd.is_some() {
+            self.nodes
+                .sh
+                .graph_recordings
+                .fetch_add(1, Ordering::Relaxed);
+        }
         let staging = Arc::new(std::mem::take(&mut self.nodes.staging));
+        let sets = self.nodes.sets.replace(GraphSets::new(&self.nodes.sh.gpu));
         self.segments.push(Segment {
             nodes,
             slots,
             cmd,
             staging,
+            pushed: std::mem::take(&mut self.nodes.pushed),
+            bound: std::mem::take(&mut self.nodes.bound),
+            sets: sets.expect("set by with_params"),
         });
         Ok(())
     }
@@ -389,6 +632,14 @@ pub(super) struct Nodes<'a> {
     staging: Vec<hetero_memory::PinnedAllocation>,
     /// Where the nodes' timestamps go, while profiling.
     times: Option<&'a mut Times>,
+    /// For a kept recording: the nodes' parameter slots, and the sets of
+    /// the segment being recorded; kernel nodes are recorded through their
+    /// graph variant (`Engine::dispatch_node`).
+    block: Option<ParamBlock>,
+    sets: Option<GraphSets>,
+    /// Kernel nodes recorded with push constants, and with sets.
+    pushed: Vec<u32>,
+    bound: Vec<(u32, SetId)>,
 }
 
 impl<'a> Nodes<'a> {
@@ -403,7 +654,19 @@ impl<'a> Nodes<'a> {
             rec,
             staging: Vec::new(),
             times: None,
+            block: None,
+            sets: None,
+            pushed: Vec::new(),
+            bound: Vec::new(),
         }
+    }
+
+    /// Records kernel nodes through their graph variants, their scalars in
+    /// `block`'s slots (a kept recording).
+    fn with_params(mut self, block: ParamBlock) -> Self {
+        self.sets = Some(GraphSets::new(&self.sh.gpu));
+        self.block = Some(block);
+        self
     }
 
     /// Records (and runs the host nodes of) the launch `l`; its result: the
@@ -423,32 +686,9 @@ impl<'a> Nodes<'a> {
 
     /// The chunk and offset where operand `o`'s buffer starts.
     fn base(&self, l: &GraphLaunch, o: &Operand) -> Result<(Arc<Chunk>, u64), String> {
-        match o {
-            Operand::Fixed(s) => self.sh.place(s),
-            Operand::Slot(i) => {
-                let bound = l.table.as_ref().and_then(|t| t[*i as usize].as_ref());
-                match bound {
-                    Some(s) => self.sh.place(s),
-                    None => Err(format!(
-                        "slot {i} is not bound; bind a buffer to it (Bindings::bind) and \
-                         launch with launch_graph_with"
-                    )),
-                }
-            }
-            Operand::Internal(i) => match &l.exec.arena {
-                Some(a) => {
-                    let (c, o) = self.sh.place(a)?;
-                    Ok((c, o + l.exec.offsets[*i as usize] as u64))
-                }
-                None => Err(format!(
-                    "the graph's buffer {i} has no place: the plan has no arena"
-                )),
-            },
-        }
+        base(self.sh, l, o)
     }
 
-    /// What a dispatch binds for `bytes` of operand `o` from `off`: chunk,
-    /// offset, range.
     fn place(
         &self,
         l: &GraphLaunch,
@@ -456,11 +696,7 @@ impl<'a> Nodes<'a> {
         off: usize,
         bytes: usize,
     ) -> Result<(Arc<Chunk>, u64, u64), String> {
-        if bytes == 0 {
-            return Ok(self.sh.empty_binding());
-        }
-        let (c, b) = self.base(l, o)?;
-        Ok((c, b + off as u64, bytes as u64))
+        place(self.sh, l, o, off, bytes)
     }
 
     /// Records node `v`'s device work (a barrier first).
@@ -477,9 +713,20 @@ impl<'a> Nodes<'a> {
             let scalars = l.params.scalars_of(p);
             let rec = rec_or_new(self.sh, self.rec, 0)?;
             rec.barrier();
-            return self
-                .engine
-                .dispatch(self.sh, rec, kernel, p.blocks, &places, scalars);
+            let (Some(block), Some(sets)) = (&self.block, &self.sets) else {
+                return self
+                    .engine
+                    .dispatch(self.sh, rec, kernel, p.blocks, &places, scalars);
+            };
+            let how = self.engine.dispatch_node(
+                self.sh, rec, kernel, p.blocks, &places, scalars, block, v, sets,
+            )?;
+            match how {
+                NodeDispatch::Pushed => self.pushed.push(v),
+                NodeDispatch::Params(Some(id)) => self.bound.push((v, id)),
+                NodeDispatch::Params(None) => {}
+            }
+            return Ok(());
         }
         match &e.nodes[v as usize] {
             NodeBody::Copy {

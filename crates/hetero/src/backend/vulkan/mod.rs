@@ -63,6 +63,9 @@ pub(crate) struct Shared {
     two_lanes: bool,
     /// Ops the engine has taken (the aging clock; written by the engine only).
     tick: AtomicU64,
+    /// Command buffers recorded for graph launches that are kept for the
+    /// launches after them (graph.rs; `Device::graph_recordings`).
+    pub(crate) graph_recordings: AtomicU64,
     device_mem: Arc<Chunks>,
     pinned_mem: Arc<Chunks>,
     pinned: Arc<hetero_memory::PinnedPool>,
@@ -327,6 +330,7 @@ impl VulkanBackend {
             shutdown: AtomicBool::new(false),
             lanes,
             two_lanes,
+            graph_recordings: AtomicU64::new(0),
             tick: AtomicU64::new(0),
             device_mem,
             pinned_mem,
@@ -351,6 +355,7 @@ impl VulkanBackend {
             queue_priority: config
                 .queue_priority
                 .filter(|_| gpu.queue_priority().is_some()),
+            graph_rebinds_in_place: gpu.supports_update_after_bind(),
         };
         tracing::debug!("vulkan device {index}: {plan}");
         let sh = shared.clone();
@@ -458,6 +463,10 @@ impl Backend for VulkanBackend {
 
     fn driver_submissions(&self) -> Option<u64> {
         Some(self.shared.gpu.submissions())
+    }
+
+    fn graph_recordings(&self) -> Option<u64> {
+        Some(self.shared.graph_recordings.load(Ordering::Relaxed))
     }
 
     fn kick(&self) {

@@ -11,8 +11,30 @@ use hetero_vulkan::{Lane, Pipeline, Recorder};
 use std::sync::Arc;
 
 /// Push-constant bytes of every pipeline: a graph kernel node's scalars, one
-/// 8-byte slot each (`Block::scalars`), `MAX_SCALARS` of them.
-const PUSH_BYTES: u32 = (crate::exec::graph::plan::MAX_SCALARS * 8) as u32;
+/// 8-byte slot each (`Block::scalars`), `MAX_SCALARS` of them. A graph
+/// variant reads as many from its parameter slot.
+pub(super) const PUSH_BYTES: u32 = (crate::exec::graph::plan::MAX_SCALARS * 8) as u32;
+
+/// How a graph node's dispatch was recorded.
+pub(super) enum NodeDispatch {
+    /// Scalars as push constants, buffers in the command buffer: a change of
+    /// either records it again.
+    Pushed,
+    /// Scalars read from its parameter slot; buffers from the set given
+    /// (update-after-bind: rebound with `GraphSets::write`) or, `None`, in
+    /// the command buffer.
+    Params(Option<hetero_vulkan::SetId>),
+}
+
+/// `scalars` as a node's parameter bytes: one 8-byte slot each, zeros past
+/// them, `PUSH_BYTES` in all.
+pub(super) fn param_bytes(scalars: &[u64]) -> [u8; PUSH_BYTES as usize] {
+    let mut push = [0u8; PUSH_BYTES as usize];
+    for (slot, v) in push.chunks_exact_mut(8).zip(scalars) {
+        slot.copy_from_slice(&v.to_le_bytes());
+    }
+    push
+}
 
 impl Engine {
     /// Records `op`'s device work; what it needs when it completes.
@@ -179,37 +201,110 @@ impl Engine {
                 kernel.name
             ));
         }
-        let pipeline = self.pipeline(sh, kernel.name, code, places.len() as u32)?;
-        let mut push = [0u8; PUSH_BYTES as usize];
-        for (slot, v) in push.chunks_exact_mut(8).zip(scalars) {
-            slot.copy_from_slice(&v.to_le_bytes());
-        }
+        let pipeline = self.pipeline(sh, kernel.name, code, places.len() as u32, false)?;
+        let push = param_bytes(scalars);
         let buffers: Vec<_> = places.iter().map(|(c, o, r)| (&**c, *o, *r)).collect();
         rec.dispatch(&pipeline, &buffers, &push, [blocks, 1, 1])
             .map_err(|e| format!("kernel '{}': {e}", kernel.name))
     }
 
+    /// Records graph node `slot`'s dispatch of `kernel` for a kept
+    /// recording: through the kernel's graph variant, its scalars written to
+    /// slot `slot` of `params` (the caller makes sure no pending launch reads
+    /// it) and its buffers bound from `sets` where the device rebinds after
+    /// recording; as `dispatch` does, when the kernel has no graph variant.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn dispatch_node(
+        &mut self,
+        sh: &Shared,
+        rec: &mut Recorder,
+        kernel: &KernelInner,
+        blocks: u32,
+        places: &[(Arc<hetero_vulkan::Chunk>, u64, u64)],
+        scalars: &[u64],
+        params: &hetero_vulkan::ParamBlock,
+        slot: u32,
+        sets: &hetero_vulkan::GraphSets,
+    ) -> Result<NodeDispatch, String> {
+        let variant = kernel.code.as_ref().and_then(|code| {
+            self.pipeline(sh, kernel.name, code, places.len() as u32, true)
+                .ok()
+        });
+        let Some(pipeline) =
+            variant.filter(|_| blocks <= sh.gpu.info().limits.max_compute_work_group_count[0])
+        else {
+            // No code, no variant (a module it cannot rewrite), or a grid too
+            // large: as on a stream (which says what is wrong, if anything).
+            self.dispatch(sh, rec, kernel, blocks, places, scalars)?;
+            return Ok(NodeDispatch::Pushed);
+        };
+        params
+            .write(slot, &param_bytes(scalars))
+            .map_err(|e| format!("kernel '{}': writing its parameters: {e}", kernel.name))?;
+        let buffers: Vec<_> = places.iter().map(|(c, o, r)| (&**c, *o, *r)).collect();
+        let set = rec
+            .dispatch_bound(
+                &pipeline,
+                Some(sets),
+                &buffers,
+                params,
+                slot,
+                [blocks, 1, 1],
+            )
+            .map_err(|e| format!("kernel '{}': {e}", kernel.name))?;
+        Ok(NodeDispatch::Params(set))
+    }
+
+    /// Points graph node set `set` (recorded by `dispatch_node` for
+    /// `kernel`) at `places`.
+    pub(super) fn rebind_node(
+        &mut self,
+        sh: &Shared,
+        kernel: &KernelInner,
+        places: &[(Arc<hetero_vulkan::Chunk>, u64, u64)],
+        sets: &hetero_vulkan::GraphSets,
+        set: hetero_vulkan::SetId,
+    ) -> Result<(), String> {
+        let code = kernel
+            .code
+            .as_ref()
+            .ok_or_else(|| format!("kernel '{}' has no device code", kernel.name))?;
+        let pipeline = self.pipeline(sh, kernel.name, code, places.len() as u32, true)?;
+        let buffers: Vec<_> = places.iter().map(|(c, o, r)| (&**c, *o, *r)).collect();
+        sets.write(set, &pipeline, &buffers)
+            .map_err(|e| format!("kernel '{}': rebinding: {e}", kernel.name))
+    }
+
     /// The compiled pipeline of `code` with `bindings` buffers (compiled at
-    /// its first use, through the device's pipeline cache). Every pipeline
-    /// takes `PUSH_BYTES` of push constants (a graph node's scalars; zeros
-    /// for a launch on a stream), so one pipeline serves both.
+    /// its first use, through the device's pipeline cache); `graph`: its
+    /// graph variant, which reads `PUSH_BYTES` of scalars from a parameter
+    /// slot. Every other pipeline takes `PUSH_BYTES` of push constants (a
+    /// graph node's scalars; zeros for a launch on a stream), so one pipeline
+    /// serves both.
     fn pipeline(
         &mut self,
         sh: &Shared,
         name: &str,
         code: &Arc<DeviceCode>,
         bindings: u32,
+        graph: bool,
     ) -> Result<Pipeline, String> {
-        let key = (Arc::as_ptr(code) as usize, bindings);
+        let key = (Arc::as_ptr(code) as usize, bindings, graph);
         if let Some((_, p)) = self.pipelines.get(&key) {
             return Ok(p.clone());
         }
-        let built = match &**code {
-            DeviceCode::Wgsl { source, entry } => hetero_vulkan::compile_wgsl(source, entry)
-                .and_then(|words| Pipeline::new(&sh.gpu, &words, entry, bindings, PUSH_BYTES)),
-            DeviceCode::Spirv { words, entry } => {
+        let build = |words: &[u32], entry: &str| {
+            if graph {
+                Pipeline::graph_variant(&sh.gpu, words, entry, bindings, PUSH_BYTES)
+            } else {
                 Pipeline::new(&sh.gpu, words, entry, bindings, PUSH_BYTES)
             }
+        };
+        let built = match &**code {
+            DeviceCode::Wgsl { source, entry } => {
+                hetero_vulkan::compile_wgsl(source, entry).and_then(|words| build(&words, entry))
+            }
+            DeviceCode::Spirv { words, entry } => build(words, entry),
         }
         .map_err(|e| format!("kernel '{name}': {e}"))?;
         self.pipelines.insert(key, (code.clone(), built.clone()));
