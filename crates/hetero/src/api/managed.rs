@@ -24,6 +24,7 @@
 //! whole buffer (no eviction); pages move by copies on its transfer lane.
 
 use crate::api::buffer::{Arg, DeviceBuffer};
+use crate::exec::managed::fault::{self, Answer, HostView};
 use crate::exec::managed::{
     view, window::Window, Access, Advice, Location, ManagedStats, MigrationReason, Move, Plan,
     Point, Space, Table, DEFAULT_PAGE_BYTES, HOST,
@@ -143,12 +144,21 @@ pub(crate) struct Shared {
     mem: u8,
     bytes: usize,
     page_bytes: usize,
-    /// Where copies back for host guards and AccessedBy refreshes go.
+    /// Where copies back for host guards, host faults and AccessedBy
+    /// refreshes go.
     migration: OnceLock<Stream>,
+    /// The host view that faults, where the device has memory of its own
+    /// (the emulated device); `host` is its alias.
+    view: Option<Arc<HostView>>,
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
+        // Out of the registry before anything is locked: unregistering waits
+        // for handlers still reading the view.
+        if let Some(v) = &self.view {
+            v.unregister();
+        }
         let id = self.id;
         self.space.later(move |st| st.remove(id));
     }
@@ -316,6 +326,7 @@ impl Device {
         }
         let bytes = Device::bytes_for::<T>(len)?;
         let backend = self.properties().backend;
+        let mut view = None;
         let (host, dev, mem, window) = match backend {
             "host" => {
                 let b = self.alloc::<T>(len)?;
@@ -325,8 +336,28 @@ impl Device {
                 (s.clone(), s, HOST, None)
             }
             "emu" => {
-                let host = self.alloc_pinned::<u8>(bytes)?.storage;
-                zero(&host);
+                // The host copy: a memfd the engines reach through its alias,
+                // page-locked and mapped in the IOMMU as pinned memory is;
+                // the user's view of it faults (`exec/managed/fault.rs`).
+                let pages = bytes.div_ceil(page_bytes);
+                let hv = Arc::new(
+                    HostView::new(pages, page_bytes)
+                        .map_err(|detail| Error::Managed { op, detail })?,
+                );
+                let (addr, undo) = self
+                    .backend()
+                    .register_host(hv.alias().as_ptr(), hv.len());
+                let host = Arc::new(Storage::registered(
+                    self.id(),
+                    hv.alias(),
+                    bytes,
+                    addr,
+                    Registration {
+                        _memory: Box::new(hv.clone()),
+                        undo: Some(undo),
+                    },
+                ));
+                view = Some(hv);
                 let w =
                     Arc::new(Window::new(bytes).map_err(|detail| Error::Managed { op, detail })?);
                 let mut s = Storage::from_parts(
@@ -371,18 +402,27 @@ impl Device {
             id,
             Table::new(bytes, page_bytes, host.clone(), dev.clone(), mem, window),
         );
+        let shared = Arc::new(Shared {
+            id,
+            device: self.clone(),
+            space,
+            host,
+            dev,
+            mem,
+            bytes,
+            page_bytes,
+            migration: OnceLock::new(),
+            view,
+        });
+        if let Some(hv) = &shared.view {
+            let weak = Arc::downgrade(&shared);
+            hv.register(Box::new(move |hv, first, n, write, holds| {
+                resolve_fault(&weak, hv, first, n, write, holds)
+            }))
+            .map_err(|detail| Error::Managed { op, detail })?;
+        }
         Ok(ManagedBuffer {
-            shared: Arc::new(Shared {
-                id,
-                device: self.clone(),
-                space,
-                host,
-                dev,
-                mem,
-                bytes,
-                page_bytes,
-                migration: OnceLock::new(),
-            }),
+            shared,
             len,
             _t: PhantomData,
         })
@@ -457,6 +497,85 @@ impl<T: Pod> ManagedBuffer<T> {
     /// The buffer's id (what migration records name).
     pub fn id(&self) -> u64 {
         self.shared.id
+    }
+
+    /// The buffer's host view: memory the host dereferences directly, as
+    /// CUDA code touches managed memory through a plain pointer.
+    ///
+    /// On a device with memory of its own (the emulated device) the view's
+    /// pages are protected unless current on the host: a touch of a page a
+    /// kernel wrote (or is about to write) faults, waits for the queued work
+    /// on it, copies it back and retries; a host write to a page a device
+    /// holds a copy of faults once and makes the host's copy the only one
+    /// (`exec/managed/fault.rs`). So a touch sees every op submitted before
+    /// it, on any stream. On the host device the pointer is the buffer's one
+    /// memory and on Vulkan its host copy as it stands: nothing faults there,
+    /// so reach it through [`ManagedBuffer::as_slice`] /
+    /// [`ManagedBuffer::as_mut_slice`], which wait and copy back.
+    ///
+    /// Dereferencing it is `unsafe`, and sound while: no op or guard submitted
+    /// *after* the touch (by another thread, unordered with it) writes the
+    /// elements touched, as for any memory shared between threads; no kernel
+    /// or host callback dereferences it (a fault there that needs device work
+    /// aborts with a message: waiting would deadlock the engine); a thread
+    /// holding a host guard does not touch pages whose queued work waits for
+    /// that guard (aborts likewise); and the buffer outlives the use (a touch
+    /// after the drop is the normal crash).
+    pub fn host_ptr(&self) -> *mut T {
+        match &self.shared.view {
+            Some(v) => v.view().as_ptr().cast(),
+            None => self.shared.host.host_ptr().cast(),
+        }
+    }
+
+    /// The buffer on the host as a slice. With host faults (the emulated
+    /// device) the view itself: pages come back as they are touched. Without
+    /// (the host device, Vulkan) it first waits for queued work that writes
+    /// the buffer and copies dirty pages back. `&mut self`: no op can use the
+    /// buffer while the slice lives.
+    pub fn as_slice(&mut self) -> Result<&[T]> {
+        let (ptr, len) = self.host_slice("ManagedBuffer::as_slice", false)?;
+        // SAFETY: `len` elements of the host view (or host copy), aligned to a
+        // page; while `&mut self` is borrowed no op or guard can be made for
+        // the buffer, and work queued before is waited for (here, or by the
+        // fault on each page it touches), so the elements do not change.
+        Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+    }
+
+    /// The buffer on the host as a mutable slice: as [`ManagedBuffer::as_slice`];
+    /// without host faults it waits for every queued op on the buffer and
+    /// makes the host's copy the only one.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        let (ptr, len) = self.host_slice("ManagedBuffer::as_mut_slice", true)?;
+        // SAFETY: as `as_slice`; `&mut self` makes this the only slice.
+        Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
+    }
+
+    fn host_slice(&mut self, op: &'static str, write: bool) -> Result<(*mut T, usize)> {
+        if self.len == 0 || std::mem::size_of::<T>() == 0 {
+            return Ok((std::ptr::NonNull::dangling().as_ptr(), self.len));
+        }
+        if self.shared.view.is_none() {
+            let (a, _) = self.access_elems(op, .., write)?;
+            drop(host_access(&self.shared, op, a, false)?);
+        }
+        Ok((self.host_ptr(), self.len))
+    }
+
+    /// Signals taken on this buffer's host view so far (each resolved a
+    /// fault: a first touch, a copy back, a write to a shared page); 0
+    /// without host faults.
+    pub fn host_faults(&self) -> u64 {
+        self.shared.view.as_ref().map_or(0, |v| v.faults())
+    }
+
+    /// Turns the host view's tree prefetch on (the default) or off: after
+    /// faults on two consecutive pages of a 2 MiB block, a fault brings the
+    /// rest of the block (UVM's prefetch). Off, each fault brings one page.
+    pub fn set_host_fault_prefetch(&self, on: bool) {
+        if let Some(v) = &self.shared.view {
+            v.set_tree(on);
+        }
     }
 
     fn access(
@@ -678,6 +797,7 @@ impl Drop for Hold {
             let mut h = h.borrow_mut();
             if let Some(i) = h.iter().position(|&k| k == key) {
                 h.swap_remove(i);
+                fault::note_hold(-1);
             }
         });
     }
@@ -726,6 +846,7 @@ fn host_access(sh: &Shared, op: &'static str, a: Access, try_: bool) -> Result<H
             continue;
         }
         let mut last = None;
+        close_views(&mut st, &[(sh, a)]);
         if !plan.moves.is_empty() {
             let s = sh.migration_stream()?;
             for m in &plan.moves {
@@ -747,6 +868,7 @@ fn host_access(sh: &Shared, op: &'static str, a: Access, try_: bool) -> Result<H
         st.apply_use(&a, HOST, hp);
         drop(st);
         HELD.with(|h| h.borrow_mut().push(key));
+        fault::note_hold(1);
         let hold = Hold {
             event,
             key,
@@ -759,6 +881,111 @@ fn host_access(sh: &Shared, op: &'static str, a: Access, try_: bool) -> Result<H
                 .wait_for(p.value, sh.device.host_wait(), "managed copy back")?;
         }
         return Ok(hold);
+    }
+}
+
+/// The pages of `sh` an access covers.
+fn pages_of(sh: &Shared, a: &Access) -> std::ops::Range<usize> {
+    if a.bytes == 0 {
+        return 0..0;
+    }
+    a.off / sh.page_bytes..(a.off + a.bytes).div_ceil(sh.page_bytes)
+}
+
+/// Lowers the host views' access to what `uses` leave them (a writer's pages
+/// closed, a reader's read-only), before the work is submitted.
+/// Pages the view may have written count as touched (not all zero), so a
+/// copy in moves their bytes.
+fn close_views(st: &mut Space, uses: &[(&Shared, Access)]) {
+    for (sh, a) in uses {
+        if let Some(v) = &sh.view {
+            let access = if a.write { fault::CLOSED } else { fault::READ };
+            v.close(pages_of(sh, a), access, |p| st.mark_touched(sh.id, p));
+        }
+    }
+}
+
+/// Resolves a host fault on pages `first..first + n` of a buffer's view (the
+/// first written if `write`, the rest a tree prefetch, read), on the fault
+/// service thread: waits for their queued work, copies them back, and opens
+/// each at the access its state allows. `holds`: the faulting thread holds
+/// host guards (a wait for one of them is refused).
+fn resolve_fault(
+    weak: &Weak<Shared>,
+    hv: &HostView,
+    first: usize,
+    n: usize,
+    write: bool,
+    holds: bool,
+) -> Answer {
+    let Some(sh) = weak.upgrade() else {
+        return Answer::NotManaged;
+    };
+    let pb = sh.page_bytes;
+    let span = |p: usize, k: usize, write: bool| {
+        let off = (p * pb).min(sh.bytes);
+        Access {
+            buffer: sh.id,
+            off,
+            bytes: ((p + k) * pb).min(sh.bytes) - off,
+            write,
+        }
+    };
+    let accesses = [span(first, 1, write), span(first + 1, n - 1, false)];
+    loop {
+        let mut st = sh.space.lock();
+        let mut waits = Vec::new();
+        let mut moves = Vec::new();
+        for a in &accesses {
+            let plan = st.plan_host(a);
+            waits.extend(plan.waits);
+            moves.extend(plan.moves);
+        }
+        if !waits.is_empty() {
+            if holds && waits.iter().any(|p| !st.holds_behind(p).is_empty()) {
+                return Answer::WouldDeadlock;
+            }
+            drop(st);
+            for p in &waits {
+                // A failed op fails its stream; the bytes are what they are.
+                let _ = p
+                    .timeline
+                    .wait_for(p.value, sh.device.host_wait(), "managed host fault");
+            }
+            continue;
+        }
+        if !moves.is_empty() {
+            let Ok(s) = sh.migration_stream() else {
+                return Answer::Failed;
+            };
+            let mut last = None;
+            for m in &moves {
+                let Ok(v) = copy_run(s, &sh, m, CopyKind::D2H, MigrationReason::HostFault) else {
+                    return Answer::Failed;
+                };
+                let p = point_of(s.backend_stream().timeline(), v);
+                st.apply_move(m, HOST, Some(p.clone()), MigrationReason::HostFault, None);
+                last = Some(p);
+            }
+            drop(st);
+            if let Some(p) = last {
+                if p.timeline
+                    .wait_for(p.value, sh.device.host_wait(), "managed host fault")
+                    .is_err()
+                {
+                    return Answer::Failed;
+                }
+            }
+            // Plan again: the pages' state may have moved on meanwhile.
+            continue;
+        }
+        if write {
+            st.apply_host_write(&accesses[0]);
+        }
+        for p in first..first + n {
+            hv.open(p..p + 1, st.host_access(sh.id, p));
+        }
+        return Answer::Resolved;
     }
 }
 
@@ -926,6 +1153,7 @@ fn device_op(
     let mem = first.mem;
     let budget = stream.device().managed_budget();
     let accesses: Vec<Access> = uses.iter().map(|(_, a)| *a).collect();
+    let views: Vec<(&Shared, Access)> = uses.iter().map(|(sh, a)| (&***sh, *a)).collect();
     let mut st = first.space.lock_for("a managed access")?;
     let plan = st
         .plan_device(&accesses, mem, stream.id(), budget.map(|b| b.0))
@@ -940,6 +1168,7 @@ fn device_op(
                 pool,
             }
         })?;
+    close_views(&mut st, &views);
     if !plan.moves.is_empty() || !plan.evictions.is_empty() {
         // The copies go on the stream's migration stream, after only the
         // pages' own queued work (planned from that stream's side, so this

@@ -73,6 +73,7 @@ use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+pub(crate) mod fault;
 pub(crate) mod window;
 
 pub use hetero_trace::MigrationReason;
@@ -306,6 +307,8 @@ pub struct ManagedStats {
     pub prefetch_pages: u64,
     /// Pages copied back for host guards.
     pub host_access_pages: u64,
+    /// Pages copied back for host faults on a buffer's host view.
+    pub host_fault_pages: u64,
     /// Clean pages evicted (no bytes moved).
     pub clean_evictions: u64,
     /// Dirty pages evicted (each copied back once).
@@ -619,6 +622,7 @@ impl Space {
                 MigrationReason::Declared => self.stats.declared_pages += 1,
                 MigrationReason::Prefetch => self.stats.prefetch_pages += 1,
                 MigrationReason::HostAccess => self.stats.host_access_pages += 1,
+                MigrationReason::HostFault => self.stats.host_fault_pages += 1,
                 MigrationReason::Eviction => {}
             }
         }
@@ -655,6 +659,55 @@ impl Space {
         if dropped > 0 {
             self.resident[dev as usize] -= dropped;
             self.sync_resident(dev);
+        }
+    }
+
+    /// The host wrote `a` through its view (a fault, after every queued op on
+    /// the pages completed and the host's copy is current): the host's copy
+    /// is the only one.
+    pub(crate) fn apply_host_write(&mut self, a: &Access) {
+        let Some(t) = self.tables.get_mut(&a.buffer) else {
+            return;
+        };
+        let dev = t.dev_mem;
+        let mut dropped = 0;
+        for p in t.pages_of(a.off, a.bytes) {
+            let len = t.page_len(p);
+            let page = &mut t.pages[p];
+            if dev != HOST && page.has(dev) {
+                dropped += len;
+            }
+            page.valid = 1 << HOST;
+            page.touched = true;
+        }
+        if dropped > 0 {
+            self.resident[dev as usize] -= dropped;
+            self.sync_resident(dev);
+        }
+    }
+
+    /// Page `p` of `buffer` may hold data other than zero (its host view
+    /// may have written it).
+    pub(crate) fn mark_touched(&mut self, buffer: u64, p: usize) {
+        if let Some(page) = self.tables.get_mut(&buffer).and_then(|t| t.pages.get_mut(p)) {
+            page.touched = true;
+        }
+    }
+
+    /// What a buffer's host view may do with page `p` now: write where the
+    /// host holds the only copy and nothing is queued on it, read where its
+    /// copy is current, nothing otherwise.
+    pub(crate) fn host_access(&self, buffer: u64, p: usize) -> u32 {
+        let Some(page) = self.tables.get(&buffer).and_then(|t| t.pages.get(p)) else {
+            return fault::CLOSED;
+        };
+        let pending_write = page.last_write.as_ref().is_some_and(Point::pending);
+        if !page.has(HOST) || pending_write {
+            fault::CLOSED
+        } else if page.valid == 1 << HOST && !page.busy() {
+            fault::WRITE
+        } else {
+            fault::READ
         }
     }
 
