@@ -1259,7 +1259,37 @@ fn rerun(filter: &str, env: &[(&str, &str)]) -> std::process::Output {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    cmd.output().expect("the test binary runs again")
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("the test binary runs again");
+    let drain = |r: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut out = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut out);
+            }
+            out
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|r| Box::new(r) as _));
+    let stderr = drain(child.stderr.take().map(|r| Box::new(r) as _));
+    // A swallowed fault re-runs the access for ever: a hang is a failure.
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("child status") {
+            break status;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("{filter} with {env:?}: still running after 120 s (a swallowed fault loops)");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    std::process::Output {
+        status,
+        stdout: stdout.join().expect("stdout"),
+        stderr: stderr.join().expect("stderr"),
+    }
 }
 
 /// In a child (`HETERO_FAULT_CHILD` names what to touch): a fault outside
