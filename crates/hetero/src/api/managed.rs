@@ -26,7 +26,7 @@
 use crate::api::buffer::{Arg, DeviceBuffer};
 use crate::exec::managed::fault::{self, Answer, HostView};
 use crate::exec::managed::{
-    view, window::Window, Access, Advice, Location, ManagedStats, MigrationReason, Move, Plan,
+    view, window::Window, Access, Advice, DeviceFaultCost, Location, ManagedStats, MigrationReason, Move, Plan,
     Point, Space, Table, DEFAULT_PAGE_BYTES, HOST,
 };
 use crate::exec::op::{Body, CopyKind};
@@ -337,8 +337,10 @@ impl Device {
             }
             "emu" => {
                 // The host copy: a memfd the engines reach through its alias,
-                // page-locked and mapped in the IOMMU as pinned memory is;
-                // the user's view of it faults (`exec/managed/fault.rs`).
+                // mapped in the IOMMU but not page-locked (as CUDA's managed
+                // memory is not pinned): its pages are allocated as they are
+                // first written; the user's view of it faults
+                // (`exec/managed/fault.rs`).
                 let pages = bytes.div_ceil(page_bytes);
                 let hv = Arc::new(
                     HostView::new(pages, page_bytes)
@@ -346,7 +348,7 @@ impl Device {
                 );
                 let (addr, undo) = self
                     .backend()
-                    .register_host(hv.alias().as_ptr(), hv.len());
+                    .map_host(hv.alias().as_ptr(), hv.len());
                 let host = Arc::new(Storage::registered(
                     self.id(),
                     hv.alias(),
@@ -443,6 +445,20 @@ impl Device {
     /// comparing the two; nothing already evicted changes.
     pub fn set_managed_thrash_throttling(&self, on: bool) {
         space_of(self).later(move |st| st.no_throttle = !on);
+    }
+
+    /// Models a device that migrates on its own page faults instead of by
+    /// declared accesses, for comparing the two (`hetero bench managed`):
+    /// with `Some(cost)`, the pages a kernel or copy needs are still found
+    /// from its declared arguments (the model needs no real device faults),
+    /// but they move as a faulting device moves them: on the op's own stream,
+    /// after the work before it, each run of up to `cost.batch_faults` pages
+    /// (one fault per page) first costing `cost.batch_ns` of fault service,
+    /// so nothing overlaps. `None` (the default): declared-access migration.
+    /// Modelled time is honoured in virtual time; in real time the service
+    /// cost is not waited for.
+    pub fn set_managed_fault_model(&self, cost: Option<DeviceFaultCost>) {
+        space_of(self).later(move |st| st.fault_model = cost);
     }
 
     /// (budget, capacity, held by the pool) of a device with its own memory.
@@ -1169,7 +1185,34 @@ fn device_op(
             }
         })?;
     close_views(&mut st, &views);
-    if !plan.moves.is_empty() || !plan.evictions.is_empty() {
+    if let Some(cost) = st.fault_model.filter(|_| !plan.moves.is_empty()) {
+        // A faulting device: the kernel stalls on its faults, which are
+        // serviced in batches, then the pages move; all on its stream.
+        let faults: usize = plan.moves.iter().map(|m| m.pages.len()).sum();
+        let ns = faults.div_ceil(cost.batch_faults.max(1)) as u64 * cost.batch_ns;
+        // One fault servicer per device (UVM's, a driver thread per GPU):
+        // batches of different streams queue for it.
+        let servicer = st.fault_servicer.clone();
+        stream.enqueue_async(
+            "device fault service (model)",
+            &[],
+            move |cx: &mut crate::AsyncContext<'_>| {
+                use std::sync::atomic::Ordering::{AcqRel, Acquire};
+                let now = cx.now_ns();
+                let mut free = servicer.load(Acquire);
+                let end = loop {
+                    let end = free.max(now) + ns;
+                    match servicer.compare_exchange(free, end, AcqRel, Acquire) {
+                        Ok(_) => break end,
+                        Err(f) => free = f,
+                    }
+                };
+                cx.complete_at_ns(end);
+                std::task::Poll::Ready(Ok(()))
+            },
+        )?;
+        submit_plan(stream, &mut st, &plan, mem, reason, budget.map(|b| b.0))?;
+    } else if !plan.moves.is_empty() || !plan.evictions.is_empty() {
         // The copies go on the stream's migration stream, after only the
         // pages' own queued work (planned from that stream's side, so this
         // stream's earlier work on the pages counts too), overlapping the

@@ -138,6 +138,11 @@ const UFFDIO_REGISTER_MODE_WP: u64 = 1 << 1;
 const UFFDIO_REGISTER_MODE_MINOR: u64 = 1 << 2;
 const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1 << 0;
 const UFFDIO_CONTINUE_MODE_WP: u64 = 1 << 1;
+const UFFDIO_COPY_MODE_WP: u64 = 1 << 1;
+
+/// What a page the memfd never held is filled from (`UFFDIO_ZEROPAGE` is
+/// anonymous memory's only).
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
 const fn iowr(nr: u64, size: usize) -> u64 {
     (3 << 30) | ((size as u64) << 16) | (0xAA << 8) | nr
@@ -162,10 +167,12 @@ struct UffdioRegister {
     ioctls: u64,
 }
 #[repr(C)]
-struct UffdioZeropage {
-    range: UffdioRange,
+struct UffdioCopy {
+    dst: u64,
+    src: u64,
+    len: u64,
     mode: u64,
-    zeropage: i64,
+    copy: i64,
 }
 #[repr(C)]
 struct UffdioWriteprotect {
@@ -180,7 +187,7 @@ struct UffdioContinue {
 }
 const UFFDIO_API_IOCTL: u64 = iowr(0x3F, size_of::<UffdioApi>());
 const UFFDIO_REGISTER: u64 = iowr(0x00, size_of::<UffdioRegister>());
-const UFFDIO_ZEROPAGE: u64 = iowr(0x04, size_of::<UffdioZeropage>());
+const UFFDIO_COPY: u64 = iowr(0x03, size_of::<UffdioCopy>());
 const UFFDIO_WRITEPROTECT: u64 = iowr(0x06, size_of::<UffdioWriteprotect>());
 const UFFDIO_CONTINUE: u64 = iowr(0x07, size_of::<UffdioContinue>());
 
@@ -598,22 +605,37 @@ impl HostView {
                 libc::EAGAIN => continue,
                 libc::EEXIST => done += 4096,
                 _ => {
-                    // Not in the page cache: a zero page (the memfd's hole).
-                    let mut z = UffdioZeropage {
-                        range: UffdioRange {
-                            start: base + done,
-                            len: 4096,
+                    // Not in the page cache (the memfd's hole, never written):
+                    // zeros, allocated into it.
+                    let chunk = (len as u64 - done).min(ZEROS.len() as u64);
+                    let mut z = UffdioCopy {
+                        dst: base + done,
+                        src: ZEROS.as_ptr() as u64,
+                        len: chunk,
+                        mode: if access == READ {
+                            UFFDIO_COPY_MODE_WP
+                        } else {
+                            0
                         },
-                        mode: 0,
-                        zeropage: 0,
+                        copy: 0,
                     };
-                    if ioctl(fd, UFFDIO_ZEROPAGE, &mut z) == 0 {
-                        changed = true;
-                        if access == READ {
-                            self.write_protect(off + done as usize, 4096, true);
+                    match ioctl(fd, UFFDIO_COPY, &mut z) {
+                        0 => {
+                            changed = true;
+                            done += chunk;
                         }
+                        libc::EAGAIN => {}
+                        // Filled meanwhile (by the alias): map it next round.
+                        libc::EEXIST if z.copy <= 0 => {}
+                        _ if z.copy > 0 => {
+                            changed = true;
+                            done += z.copy as u64;
+                        }
+                        // Cannot be filled: leave it (the access faults again
+                        // and the service is asked, which closes nothing it
+                        // cannot open).
+                        _ => return changed,
                     }
-                    done += 4096;
                 }
             }
         }

@@ -350,6 +350,20 @@ pub(crate) struct Space {
     /// Thrash throttling and pinning off (`Device::set_managed_thrash_throttling`):
     /// thrash events are still counted, eviction ignores them.
     pub(crate) no_throttle: bool,
+    /// Migrate as a faulting device would (`Device::set_managed_fault_model`).
+    pub(crate) fault_model: Option<DeviceFaultCost>,
+    /// Device time at which the modelled fault servicer is free.
+    pub(crate) fault_servicer: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// What a modelled device page fault costs (`Device::set_managed_fault_model`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceFaultCost {
+    /// Faults serviced together (NVIDIA's UVM driver: up to 256 per batch,
+    /// `uvm_perf_fault_batch_count`).
+    pub batch_faults: usize,
+    /// Service time of one batch, ns, before its pages move.
+    pub batch_ns: u64,
 }
 
 fn key(t: &Arc<Timeline>) -> usize {
