@@ -1013,6 +1013,9 @@ fn copy_run(
     kind: CopyKind,
     reason: MigrationReason,
 ) -> Result<u64> {
+    if let (Some(v), CopyKind::D2H) = (&sh.view, kind) {
+        v.populate(m.off, m.bytes);
+    }
     copy_table_run(stream, &sh.host, &sh.dev, sh.id, m, kind, reason)
 }
 
