@@ -840,7 +840,11 @@ enum Step {
         value: u32,
     },
     /// A load through the host view (`as_slice`).
-    ViewRead { buf: usize, start: usize, len: usize },
+    ViewRead {
+        buf: usize,
+        start: usize,
+        len: usize,
+    },
 }
 
 /// Buffer length (elements), coherence page, longest range of a step.
@@ -1357,7 +1361,10 @@ fn a_fault_outside_managed_memory_is_the_normal_crash() {
             &[("HETERO_FAULT_CHILD", what)],
         );
         let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(!stdout.contains("survived"), "{what}: the fault was swallowed");
+        assert!(
+            !stdout.contains("survived"),
+            "{what}: the fault was swallowed"
+        );
         let sig = out.status.signal();
         // Under AddressSanitizer its report exits with status 1 instead.
         let asan = String::from_utf8_lossy(&out.stderr).contains("AddressSanitizer");

@@ -484,7 +484,10 @@ fn host_faults(rep: &mut BenchReport, quick: bool, spec: &DeviceSpec) -> Result<
     );
     rep.context.insert(
         "first touch / read back".into(),
-        format!("{} MiB, one touch per 4 KiB, 64 KiB granules", touch_bytes >> 20),
+        format!(
+            "{} MiB, one touch per 4 KiB, 64 KiB granules",
+            touch_bytes >> 20
+        ),
     );
     rep.notes.push(
         "all three first-touch sides count allocation plus touch: the managed host copy is a \
@@ -694,12 +697,8 @@ mod raw {
         SRC.store(src.as_ptr() as usize, Relaxed);
         let t0 = Instant::now();
         // SAFETY: the userfaultfd syscall makes a new descriptor.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_userfaultfd,
-                libc::O_CLOEXEC | libc::O_NONBLOCK,
-            )
-        } as i32;
+        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) }
+            as i32;
         if fd < 0 {
             return Err("userfaultfd refused".into());
         }

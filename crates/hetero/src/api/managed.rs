@@ -26,8 +26,8 @@
 use crate::api::buffer::{Arg, DeviceBuffer};
 use crate::exec::managed::fault::{self, Answer, HostView};
 use crate::exec::managed::{
-    view, window::Window, Access, Advice, DeviceFaultCost, Location, ManagedStats, MigrationReason, Move, Plan,
-    Point, Space, Table, DEFAULT_PAGE_BYTES, HOST,
+    view, window::Window, Access, Advice, DeviceFaultCost, Location, ManagedStats, MigrationReason,
+    Move, Plan, Point, Space, Table, DEFAULT_PAGE_BYTES, HOST,
 };
 use crate::exec::op::{Body, CopyKind};
 use crate::exec::storage::{Backing, MemoryKind, Registration, Storage};
@@ -346,9 +346,7 @@ impl Device {
                     HostView::new(pages, page_bytes)
                         .map_err(|detail| Error::Managed { op, detail })?,
                 );
-                let (addr, undo) = self
-                    .backend()
-                    .map_host(hv.alias().as_ptr(), hv.len());
+                let (addr, undo) = self.backend().map_host(hv.alias().as_ptr(), hv.len());
                 let host = Arc::new(Storage::registered(
                     self.id(),
                     hv.alias(),

@@ -407,9 +407,12 @@ impl Backend for EmuBackend {
         let iova = self.shared.iommu.map(ptr, bytes, 4096);
         let iommu = self.shared.iommu.clone();
         let host = ptr as usize;
-        (iova, Box::new(move || {
-            iommu.unmap(host as *const u8);
-        }))
+        (
+            iova,
+            Box::new(move || {
+                iommu.unmap(host as *const u8);
+            }),
+        )
     }
 
     fn iommu_stats(&self) -> Option<crate::IommuStats> {

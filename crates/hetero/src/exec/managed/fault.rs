@@ -72,8 +72,8 @@ use std::cell::Cell;
 use std::ffi::c_void;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
 use std::sync::OnceLock;
 
 /// The view may not touch the page.
@@ -402,7 +402,10 @@ impl HostView {
             };
             match ioctl(u.as_raw_fd(), UFFDIO_REGISTER, &mut reg) {
                 0 => uffd = true,
-                e => tracing::info!(errno = e, "UFFDIO_REGISTER refused: this view uses mprotect"),
+                e => tracing::info!(
+                    errno = e,
+                    "UFFDIO_REGISTER refused: this view uses mprotect"
+                ),
             }
         }
         let hv = HostView {
@@ -439,8 +442,10 @@ impl HostView {
                 .is_ok()
             {
                 slot.start.store(self.view.as_ptr() as usize, Release);
-                slot.end.store(self.view.as_ptr() as usize + self.len, Release);
-                slot.view.store(self as *const HostView as *mut HostView, Release);
+                slot.end
+                    .store(self.view.as_ptr() as usize + self.len, Release);
+                slot.view
+                    .store(self as *const HostView as *mut HostView, Release);
                 HIGH.fetch_max(i + 1, AcqRel);
                 self.slot.store(i, Release);
                 return Ok(());
@@ -706,7 +711,7 @@ impl HostView {
     fn tree_range(&self, p: usize) -> std::ops::Range<usize> {
         let prev = self.next.swap(p + 1, AcqRel);
         let per_block = (TREE_BYTES / self.page_bytes).max(1);
-        if per_block > 1 && self.tree.load(Relaxed) && prev == p && p % per_block != 0 {
+        if per_block > 1 && self.tree.load(Relaxed) && prev == p && !p.is_multiple_of(per_block) {
             let end = ((p / per_block + 1) * per_block).min(self.pages.len());
             self.next.store(end, Release);
             p..end
@@ -853,8 +858,10 @@ extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut c_
         return;
     }
     if crate::exec::thread::on_engine_thread() {
-        die(b"hetero: a kernel or host callback touched a managed buffer's host view on a page \
-that needs device work; waiting would deadlock its engine. Use guards or declared arguments.\n");
+        die(
+            b"hetero: a kernel or host callback touched a managed buffer's host view on a page \
+that needs device work; waiting would deadlock its engine. Use guards or declared arguments.\n",
+        );
     }
     match post(found.view, p, range.end - p, write) {
         Answer::Resolved => {}
@@ -950,7 +957,10 @@ fn post(view: *const HostView, page: usize, pages: usize, write: bool) -> Answer
     use rustix::thread::futex;
     loop {
         for r in &REQUESTS {
-            if r.state.compare_exchange(FREE, FILLING, AcqRel, Acquire).is_err() {
+            if r.state
+                .compare_exchange(FREE, FILLING, AcqRel, Acquire)
+                .is_err()
+            {
                 continue;
             }
             r.view.store(view as *mut HostView, Relaxed);
@@ -974,7 +984,7 @@ fn post(view: *const HostView, page: usize, pages: usize, write: bool) -> Answer
             return a;
         }
         // Every slot is taken: 64 threads fault at once.
-        let _ = rustix::thread::sched_yield();
+        rustix::thread::sched_yield();
     }
 }
 

@@ -703,7 +703,11 @@ impl Space {
     /// Page `p` of `buffer` may hold data other than zero (its host view
     /// may have written it).
     pub(crate) fn mark_touched(&mut self, buffer: u64, p: usize) {
-        if let Some(page) = self.tables.get_mut(&buffer).and_then(|t| t.pages.get_mut(p)) {
+        if let Some(page) = self
+            .tables
+            .get_mut(&buffer)
+            .and_then(|t| t.pages.get_mut(p))
+        {
             page.touched = true;
         }
     }
