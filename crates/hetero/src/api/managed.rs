@@ -8,12 +8,17 @@
 //! its lock are `exec/managed/mod.rs`; this file builds and submits the ops it
 //! plans.
 //!
-//! Who touches what: the host reaches a managed buffer only through a guard
+//! Who touches what: the host reaches a managed buffer through a guard
 //! (`read` / `write` and their `try_` forms), which waits for the queued work
 //! on the pages it covers and, while it lives, is itself queued work on them
-//! (a host event every later op on those pages waits for). The device
-//! reaches it only through ops built here, each on views of the page ranges
-//! it declared. So no host slice ever overlaps a device write, on any backend.
+//! (a host event every later op on those pages waits for), or through its host
+//! view (`host_ptr`, `as_slice`, `as_mut_slice`): on the emulated device a view
+//! whose pages are closed before work that writes them is submitted and
+//! reopened by host faults once current (`exec/managed/fault.rs`); elsewhere
+//! the host copy itself, reached safely only through the `&mut self` slices,
+//! which wait first. The device reaches it only through ops built here, each
+//! on views of the page ranges it declared. So no host slice ever overlaps a
+//! device write, on any backend.
 //!
 //! Backends: on the host device a managed buffer is the host's memory, one
 //! copy (nothing moves; the ordering is the same). On the emulated device the
