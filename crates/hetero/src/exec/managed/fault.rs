@@ -701,9 +701,14 @@ impl HostView {
             READ => MprotectFlags::READ,
             _ => MprotectFlags::READ | MprotectFlags::WRITE,
         };
-        // SAFETY: inside our view; only its protection changes (a raw
-        // syscall: async-signal-safe).
-        let _ = unsafe { rustix::mm::mprotect(self.view.as_ptr().add(off).cast(), len, flags) };
+        // SAFETY: inside our view; only its protection changes. Called by the
+        // runtime and the service thread only, never in the handler.
+        let r = unsafe { rustix::mm::mprotect(self.view.as_ptr().add(off).cast(), len, flags) };
+        if let Err(e) = r {
+            // Each protection run is a mapping of its own: past
+            // vm.max_map_count the kernel refuses more.
+            tracing::error!(error = %e, "protecting a managed host view failed (vm.max_map_count?)");
+        }
     }
 
     /// The pages a fault on page `p` brings: the rest of its 2 MiB block

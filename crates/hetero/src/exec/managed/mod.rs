@@ -919,13 +919,18 @@ mod tests {
     use crate::exec::storage::MemoryKind;
 
     fn storage(bytes: usize) -> Arc<Storage> {
-        let mem = Box::leak(vec![0u8; bytes.max(1)].into_boxed_slice());
+        // The storage owns its memory (a registration), so nothing leaks.
+        let mut mem = vec![0u8; bytes.max(1)].into_boxed_slice();
+        let ptr = NonNull::new(mem.as_mut_ptr()).expect("not null");
         Arc::new(Storage::from_parts(
             1,
             MemoryKind::Device,
-            NonNull::new(mem.as_mut_ptr()).expect("not null"),
+            ptr,
             bytes,
-            Backing::Empty,
+            Backing::Registered(Registration {
+                _memory: Box::new(mem),
+                undo: None,
+            }),
         ))
     }
 
