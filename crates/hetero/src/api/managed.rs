@@ -422,7 +422,12 @@ impl Device {
         if let Some(hv) = &shared.view {
             let weak = Arc::downgrade(&shared);
             hv.register(Box::new(move |hv, first, n, write, holds| {
-                resolve_fault(&weak, hv, first, n, write, holds)
+                let Some(sh) = weak.upgrade() else {
+                    return (Answer::NotManaged, None);
+                };
+                let answer = resolve_fault(&sh, hv, first, n, write, holds);
+                // The service drops it after answering (see `fault::Resolver`).
+                (answer, Some(Box::new(sh) as Box<dyn std::any::Any + Send>))
             }))
             .map_err(|detail| Error::Managed { op, detail })?;
         }
@@ -930,16 +935,13 @@ fn close_views(st: &mut Space, uses: &[(&Shared, Access)]) {
 /// each at the access its state allows. `holds`: the faulting thread holds
 /// host guards (a wait for one of them is refused).
 fn resolve_fault(
-    weak: &Weak<Shared>,
+    sh: &Arc<Shared>,
     hv: &HostView,
     first: usize,
     n: usize,
     write: bool,
     holds: bool,
 ) -> Answer {
-    let Some(sh) = weak.upgrade() else {
-        return Answer::NotManaged;
-    };
     let pb = sh.page_bytes;
     let span = |p: usize, k: usize, write: bool| {
         let off = (p * pb).min(sh.bytes);
@@ -979,7 +981,7 @@ fn resolve_fault(
             };
             let mut last = None;
             for m in &moves {
-                let Ok(v) = copy_run(s, &sh, m, CopyKind::D2H, MigrationReason::HostFault) else {
+                let Ok(v) = copy_run(s, sh, m, CopyKind::D2H, MigrationReason::HostFault) else {
                     return Answer::Failed;
                 };
                 let p = point_of(s.backend_stream().timeline(), v);

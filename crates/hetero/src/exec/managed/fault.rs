@@ -123,8 +123,15 @@ pub(crate) enum Answer {
 
 /// What resolves a slow fault on pages `first..first + n` (`write`: the
 /// access writes; `holds`: the faulting thread holds host guards). Called on
-/// the service thread.
-pub(crate) type Resolver = Box<dyn Fn(&HostView, usize, usize, bool, bool) -> Answer + Send + Sync>;
+/// the service thread. Besides the answer it returns what it kept alive
+/// meanwhile (the buffer), dropped only after the faulting thread was
+/// answered: dropping the buffer's last handle unregisters its view, which
+/// waits for that thread.
+pub(crate) type Resolver =
+    Box<dyn Fn(&HostView, usize, usize, bool, bool) -> Resolved + Send + Sync>;
+
+/// A resolver's answer and what it kept alive.
+pub(crate) type Resolved = (Answer, Option<Box<dyn std::any::Any + Send>>);
 
 // userfaultfd's ABI (linux/userfaultfd.h).
 const UFFD_API: u64 = 0xAA;
@@ -1009,16 +1016,17 @@ fn service() {
             let hv = unsafe { &*r.view.load(Acquire) };
             let (page, pages) = (r.page.load(Relaxed), r.pages.load(Relaxed));
             let (write, holds) = (r.write.load(Relaxed), r.holds.load(Relaxed));
-            let answer = match hv.resolver.get() {
+            let (answer, kept) = match hv.resolver.get() {
                 Some(f) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     f(hv, page, pages, write, holds)
                 }))
-                .unwrap_or(Answer::Failed),
-                None => Answer::NotManaged,
+                .unwrap_or((Answer::Failed, None)),
+                None => (Answer::NotManaged, None),
             };
             r.answer.store(answer as u32, Release);
             r.state.store(DONE, Release);
             let _ = futex::wake(&r.state, futex::Flags::PRIVATE, 1);
+            drop(kept);
         }
         if !any {
             let _ = futex::wait(&WAKE, futex::Flags::PRIVATE, seen, None);
