@@ -59,6 +59,11 @@
 //! a fault whose page waits for a host guard while the faulting thread holds
 //! a guard (`thread_holds`; the guard may be the one waited for).
 //!
+//! The service keeps the buffer alive while it resolves a fault and drops it
+//! only after answering (`Resolver`): a last handle dropped meanwhile would
+//! otherwise unregister the view on the service thread, waiting for the very
+//! thread it has yet to answer.
+//!
 //! A fault on memory no view covers goes to the handler that was installed
 //! before (Rust's stack-overflow check, a sanitizer's); where that is the
 //! default action, the default is restored and the handler returns, so the
