@@ -1393,6 +1393,7 @@ fn the_mprotect_fallback_passes_the_host_view_tests() {
         "host_fault",
         "host_write",
         "random_programs_match",
+        "threads_faulting",
     ] {
         let out = rerun(filter, &[("HETERO_MANAGED_FAULTS", "mprotect")]);
         assert!(
@@ -1404,6 +1405,64 @@ fn the_mprotect_fallback_passes_the_host_view_tests() {
         assert!(
             String::from_utf8_lossy(&out.stdout).contains(" passed;"),
             "{filter}: ran"
+        );
+    }
+}
+
+#[test]
+fn threads_faulting_on_one_buffer_at_once_each_see_and_leave_the_right_data() {
+    let dev = common::device();
+    let s = dev.create_stream().expect("stream");
+    let page = 64 << 10;
+    let pages = 64;
+    let per_page = page / 4;
+    let mut buf = dev.alloc_managed::<u32>(pages * per_page).expect("managed");
+    buf.as_mut_slice().expect("view").fill(1);
+    s.launch(&affine(1, 2), 4.into(), &[Arg::managed_write(&buf)])
+        .expect("launch");
+    // Drops the buffer's host copies, so every touch below faults (on emu),
+    // several threads at once, interleaved pages (tree prefetches race too).
+    s.synchronize().expect("sync");
+    let threads = 8;
+    // The mutable slice's pointer: on backends without faults it waits and
+    // brings the pages back first; on emu it is the host view as it stands.
+    let ptr = buf.as_mut_slice().expect("view").as_mut_ptr() as usize;
+    let before = dev.managed_stats().host_fault_pages;
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            scope.spawn(move || {
+                for p in (t..pages).step_by(threads) {
+                    for i in (p * per_page..(p + 1) * per_page).step_by(97) {
+                        // SAFETY: inside the buffer, which outlives the scope;
+                        // each thread touches only its own pages, and no op is
+                        // submitted meanwhile.
+                        let x = unsafe { (ptr as *mut u32).add(i) };
+                        assert_eq!(unsafe { x.read_volatile() }, 3, "page {p}");
+                        unsafe { x.write_volatile(10 + t as u32) };
+                    }
+                }
+            });
+        }
+    });
+    if faults() {
+        assert_eq!(
+            dev.managed_stats().host_fault_pages - before,
+            pages as u64,
+            "each page came back once, whichever thread faulted first"
+        );
+    }
+    s.launch(&affine(2, 0), 4.into(), &[Arg::managed_write(&buf)])
+        .expect("launch");
+    let v = buf.as_slice().expect("view");
+    for p in 0..pages {
+        let t = (p % threads) as u32;
+        for i in (p * per_page..(p + 1) * per_page).step_by(97) {
+            assert_eq!(v[i], 2 * (10 + t), "page {p} element {i}");
+        }
+        assert_eq!(
+            v[p * per_page + 1],
+            6,
+            "page {p}: an element no thread wrote"
         );
     }
 }
