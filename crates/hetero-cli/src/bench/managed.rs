@@ -333,18 +333,6 @@ pub fn run(quick: bool, spec: &DeviceSpec) -> Result<BenchReport> {
         faulting.set_managed_fault_model(Some(UVM_FAULT_COST));
         fd1.push(managed(&faulting, &data, tiles, 1)?);
     }
-    rep.push_samples("emu/fault-driven-one-stream-pipeline-ms", "ms", &mut fd1);
-    rep.ratio(
-        "emu/fault-driven-one-stream-over-declared",
-        "emu/fault-driven-one-stream-pipeline-ms",
-        "emu/managed-one-stream-pipeline-ms",
-    );
-    rep.push_samples("emu/fault-driven-pipeline-ms", "ms", &mut fd);
-    rep.ratio(
-        "emu/fault-driven-over-declared",
-        "emu/fault-driven-pipeline-ms",
-        "emu/managed-pipeline-ms",
-    );
     rep.push_samples("emu/explicit-pipeline-ms", "ms", &mut ex);
     rep.push_samples("emu/managed-pipeline-ms", "ms", &mut ma);
     rep.push_samples("emu/managed-one-stream-pipeline-ms", "ms", &mut one);
@@ -357,6 +345,18 @@ pub fn run(quick: bool, spec: &DeviceSpec) -> Result<BenchReport> {
         "emu/managed-one-stream-over-explicit",
         "emu/managed-one-stream-pipeline-ms",
         "emu/explicit-pipeline-ms",
+    );
+    rep.push_samples("emu/fault-driven-pipeline-ms", "ms", &mut fd);
+    rep.ratio(
+        "emu/fault-driven-over-declared",
+        "emu/fault-driven-pipeline-ms",
+        "emu/managed-pipeline-ms",
+    );
+    rep.push_samples("emu/fault-driven-one-stream-pipeline-ms", "ms", &mut fd1);
+    rep.ratio(
+        "emu/fault-driven-one-stream-over-declared",
+        "emu/fault-driven-one-stream-pipeline-ms",
+        "emu/managed-one-stream-pipeline-ms",
     );
     let capacity = if quick { 32 << 20 } else { 128 << 20 };
     let dev = device_for(spec, capacity)?;
