@@ -39,8 +39,11 @@
 //! - Fast path (the word allows the access, the page is only unmapped, as on
 //!   first touch): it sets the word's `BUSY` bit (a compare-and-swap; the
 //!   runtime's `close` waits for the bit to clear before it lowers the word,
-//!   so a page is never opened past a close), maps the page with one ioctl
-//!   (or `mprotect`), clears the bit and returns: the access is retried.
+//!   so a page is never opened past a close), maps the page
+//!   (`UFFDIO_CONTINUE`, or `UFFDIO_COPY` of zeros where the memfd has no
+//!   page yet), clears the bit and returns: the access is retried. Under
+//!   mprotect the protection is the word, so a fault on an open page is a
+//!   write to a `READ` page (the slow path) or a race with an opening.
 //! - Slow path (the page needs device work: a copy back, or a wait for queued
 //!   work): it posts the request in a fixed slot of `REQUESTS`, wakes the
 //!   service thread and sleeps on the slot (futex syscalls only). The service
