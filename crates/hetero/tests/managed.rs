@@ -1437,7 +1437,9 @@ fn threads_faulting_on_one_buffer_at_once_each_see_and_leave_the_right_data() {
                         // each thread touches only its own pages, and no op is
                         // submitted meanwhile.
                         let x = unsafe { (ptr as *mut u32).add(i) };
+                        // SAFETY: as above.
                         assert_eq!(unsafe { x.read_volatile() }, 3, "page {p}");
+                        // SAFETY: as above.
                         unsafe { x.write_volatile(10 + t as u32) };
                     }
                 }
