@@ -52,7 +52,10 @@ fn bench_managed_meets_its_modelled_targets() {
     // A faulting device cannot beat declared migration; on one stream its
     // fault service cannot hide behind other streams' copies.
     assert!(ratio("emu/fault-driven-over-declared") >= 1.0, "{v}");
-    assert!(ratio("emu/fault-driven-one-stream-over-declared") > 1.0, "{v}");
+    assert!(
+        ratio("emu/fault-driven-one-stream-over-declared") > 1.0,
+        "{v}"
+    );
     // The host-fault figures are wall time: present, not judged.
     for k in [
         "host/managed-first-touch-over-uffd",
