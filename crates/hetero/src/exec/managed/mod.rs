@@ -631,7 +631,16 @@ impl Space {
             let Some(point) = &point else {
                 continue;
             };
-            page.write(point.clone());
+            if to == HOST {
+                // A copy back for a host read is not ordered after the
+                // device copy's queued readers (a read waits for writers
+                // only): they stay, so a later write to either copy (a
+                // copy in, a host write) still waits for them.
+                page.reads.retain(Point::pending);
+                page.last_write = Some(point.clone());
+            } else {
+                page.write(point.clone());
+            }
             match reason {
                 MigrationReason::Declared => self.stats.declared_pages += 1,
                 MigrationReason::Prefetch => self.stats.prefetch_pages += 1,
@@ -983,6 +992,32 @@ mod tests {
         let host = s.plan_host(&all(4096, false));
         assert_eq!(host.moves.len(), 1);
         assert_eq!(host.waits.len(), 1, "waits for the writer");
+    }
+
+    #[test]
+    fn a_copy_back_keeps_the_device_copys_queued_readers() {
+        let mut s = space(1, 4096);
+        let a = all(4096, true);
+        s.apply_use(&a, 1, point(1, 1));
+        assert_eq!(s.page(7, 0).valid, 1 << 1, "dirty on the device");
+        // A kernel reading the device copy, still queued (point 2 of
+        // stream 2 is not reached).
+        let reader = point(2, 2);
+        s.apply_use(&all(4096, false), 1, reader.clone());
+        let back = s.plan_host(&all(4096, false));
+        assert_eq!(back.moves.len(), 1);
+        s.apply_move(
+            &back.moves[0],
+            HOST,
+            Some(point(3, 1)),
+            MigrationReason::HostAccess,
+            None,
+        );
+        // A host write now must wait for that reader too (a copy in after it
+        // would overwrite what it reads).
+        let mut waits = Vec::new();
+        s.page(7, 0).deps(true, 0, &mut waits);
+        assert!(waits.iter().any(|p| p.same(&reader)), "the reader is kept");
     }
 
     #[test]
