@@ -98,6 +98,14 @@ const BUSY: u32 = 4;
 const DIRTY: u32 = 8;
 /// The access bits of a word.
 const ACCESS: u32 = 3;
+/// Hint: the view's page may be write-protected (`READ` was applied since
+/// it was last cleared), so opening it to `WRITE` must clear that first.
+const WPD: u32 = 16;
+/// Hint: the view mapped this page before, so the memfd holds it and
+/// `UFFDIO_CONTINUE` maps it (else `UFFDIO_COPY` of zeros is tried first).
+const FILLED: u32 = 32;
+/// The hints a word keeps across access changes.
+const HINTS: u32 = WPD | FILLED;
 
 /// UVM's prefetch block.
 pub const TREE_BYTES: usize = 2 << 20;
@@ -538,7 +546,8 @@ impl HostView {
                 if !lower && w & DIRTY == 0 {
                     break false;
                 }
-                let new = (w & ACCESS).min(access);
+                let wp = if access == READ && lower { WPD } else { 0 };
+                let new = (w & ACCESS).min(access) | (w & HINTS) | wp;
                 if word.compare_exchange(w, new, AcqRel, Acquire).is_ok() {
                     if w & DIRTY != 0 {
                         dirty(p);
@@ -591,9 +600,9 @@ impl HostView {
                     break;
                 }
             }
-            self.map(p, access);
-            let dirty = word.load(Relaxed) & DIRTY | if access == WRITE { DIRTY } else { 0 };
-            word.store(access | dirty, Release);
+            let w = word.load(Relaxed);
+            self.map(p, access, w);
+            word.store(access | opened_bits(w, access), Release);
         }
     }
 
@@ -606,20 +615,34 @@ impl HostView {
     /// Maps page `p` into the view at `access`: whether anything changed
     /// (false: it was mapped already, so a fault on it was a write to a
     /// `READ` page, or a race with another thread's fault). Async-signal-safe.
-    fn map(&self, p: usize, access: u32) -> bool {
+    fn map(&self, p: usize, access: u32, hints: u32) -> bool {
         let (off, len) = self.bytes_of(&(p..p + 1));
         if !self.uffd {
             self.mprotect(off, len, access);
             return true;
         }
         let fd = UFFD.load(Acquire);
-        if access == WRITE {
+        if access == WRITE && hints & WPD != 0 {
             self.write_protect(off, len, false);
         }
+        // A page the view never mapped is most likely a hole: zeros first.
+        let mut zeros_first = hints & FILLED == 0;
         let base = self.view.as_ptr() as u64 + off as u64;
         let mut done = 0u64;
         let mut changed = false;
         while done < len as u64 {
+            if zeros_first {
+                match self.fill_zeros(fd, base + done, len as u64 - done, access) {
+                    Fill::Done(n) => {
+                        changed = true;
+                        done += n;
+                        continue;
+                    }
+                    Fill::Exists => zeros_first = false,
+                    Fill::Again => continue,
+                    Fill::Failed => return changed,
+                }
+            }
             let mut c = UffdioContinue {
                 range: UffdioRange {
                     start: base + done,
@@ -644,42 +667,39 @@ impl HostView {
             match e {
                 libc::EAGAIN => continue,
                 libc::EEXIST => done += 4096,
-                _ => {
-                    // Not in the page cache (the memfd's hole, never written):
-                    // zeros, allocated into it.
-                    let chunk = (len as u64 - done).min(ZEROS.len() as u64);
-                    let mut z = UffdioCopy {
-                        dst: base + done,
-                        src: ZEROS.as_ptr() as u64,
-                        len: chunk,
-                        mode: if access == READ {
-                            UFFDIO_COPY_MODE_WP
-                        } else {
-                            0
-                        },
-                        copy: 0,
-                    };
-                    match ioctl(fd, UFFDIO_COPY, &mut z) {
-                        0 => {
-                            changed = true;
-                            done += chunk;
-                        }
-                        libc::EAGAIN => {}
-                        // Filled meanwhile (by the alias): map it next round.
-                        libc::EEXIST if z.copy <= 0 => {}
-                        _ if z.copy > 0 => {
-                            changed = true;
-                            done += z.copy as u64;
-                        }
-                        // Cannot be filled: leave it (the access faults again
-                        // and the service is asked, which closes nothing it
-                        // cannot open).
-                        _ => return changed,
-                    }
-                }
+                // Not in the page cache (the memfd's hole, never written):
+                // zeros, allocated into it.
+                _ => zeros_first = true,
             }
         }
         changed
+    }
+
+    /// `UFFDIO_COPY` of zeros into up to `len` bytes at `at` (one chunk).
+    /// Async-signal-safe.
+    fn fill_zeros(&self, fd: i32, at: u64, len: u64, access: u32) -> Fill {
+        let chunk = len.min(ZEROS.len() as u64);
+        let mut z = UffdioCopy {
+            dst: at,
+            src: ZEROS.as_ptr() as u64,
+            len: chunk,
+            mode: if access == READ {
+                UFFDIO_COPY_MODE_WP
+            } else {
+                0
+            },
+            copy: 0,
+        };
+        match ioctl(fd, UFFDIO_COPY, &mut z) {
+            0 => Fill::Done(chunk),
+            _ if z.copy > 0 => Fill::Done(z.copy as u64),
+            libc::EAGAIN => Fill::Again,
+            // The memfd holds the page (or the view maps it): continue it.
+            libc::EEXIST => Fill::Exists,
+            // Cannot be filled: the access faults again and the service is
+            // asked.
+            _ => Fill::Failed,
+        }
     }
 
     fn zap(&self, off: usize, len: usize) {
@@ -772,8 +792,8 @@ impl HostView {
             if word.compare_exchange(w, w | BUSY, AcqRel, Acquire).is_err() {
                 continue;
             }
-            let changed = self.map(p, access);
-            word.store(if access == WRITE { w | DIRTY } else { w }, Release);
+            let changed = self.map(p, access, w);
+            word.store(access | opened_bits(w, access), Release);
             if p == first && !changed && access == READ {
                 // Mapped read-only already: the access writes.
                 need = Some(true);
@@ -811,6 +831,26 @@ impl Drop for HostView {
             // ends with the buffer, the registry no longer names it).
             let _ = unsafe { rustix::mm::munmap(p.as_ptr().cast(), self.len) };
         }
+    }
+}
+
+/// What `HostView::fill_zeros` did.
+enum Fill {
+    Done(u64),
+    Exists,
+    Again,
+    Failed,
+}
+
+/// The bits a word keeps or gains when its page is mapped at `access`: dirty
+/// once writable, filled, write-protected if read-only (cleared if opened
+/// writable, which clears the protection).
+fn opened_bits(w: u32, access: u32) -> u32 {
+    let kept = w & (DIRTY | FILLED | WPD);
+    match access {
+        WRITE => (kept & !WPD) | DIRTY | FILLED,
+        READ => kept | WPD | FILLED,
+        _ => kept,
     }
 }
 
