@@ -40,7 +40,9 @@
 //! the guard drops) is the page's `last_write` (write guard) or one of its
 //! `reads`: ops submitted meanwhile wait for it. So conflicting accesses to a
 //! page take effect in the order they were submitted, whatever their streams:
-//! a program's result is its sequential one. Accesses to different pages do
+//! a program's result is its sequential one. A copy back for a host read
+//! follows only `last_write`, so it leaves `reads` in place (the device
+//! copy's readers may still be queued). Accesses to different pages do
 //! not wait for each other. Points of completed work are dropped as they are
 //! met.
 //!
