@@ -263,6 +263,8 @@ pub enum MigrationReason {
     Declared,
     /// A host read or write guard needed them on the host.
     HostAccess,
+    /// A host touch of a buffer's host view faulted on them.
+    HostFault,
     /// An explicit prefetch.
     Prefetch,
     /// Evicted to make room on a device past its capacity (a dirty page is
@@ -275,6 +277,7 @@ impl MigrationReason {
         match self {
             MigrationReason::Declared => "declared",
             MigrationReason::HostAccess => "host access",
+            MigrationReason::HostFault => "host fault",
             MigrationReason::Prefetch => "prefetch",
             MigrationReason::Eviction => "eviction",
         }

@@ -55,8 +55,10 @@ pub use exec::async_op::{AsyncContext, AsyncOp};
 pub use exec::clock;
 pub use exec::graph::plan::{PlanReport, MAX_SCALARS};
 pub use exec::kernel::{Block, Grid, KernelCost, INLINE_KERNEL_ARGS, MAX_KERNEL_ARGS};
+pub use exec::managed::fault::{mechanism as host_fault_mechanism, FaultMechanism};
 pub use exec::managed::{
-    Advice, Location, ManagedStats, MigrationReason, DEFAULT_PAGE_BYTES, PIN_AFTER, THROTTLE_AFTER,
+    Advice, DeviceFaultCost, Location, ManagedStats, MigrationReason, DEFAULT_PAGE_BYTES,
+    PIN_AFTER, THROTTLE_AFTER,
 };
 pub use exec::op::CopyKind;
 pub use exec::rows::{PitchedLayout, Region2D, Rows, RowsMut};

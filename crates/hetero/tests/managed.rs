@@ -832,6 +832,19 @@ enum Step {
         which: u8,
         on: bool,
     },
+    /// A store through the host view (`as_mut_slice`).
+    ViewWrite {
+        buf: usize,
+        start: usize,
+        len: usize,
+        value: u32,
+    },
+    /// A load through the host view (`as_slice`).
+    ViewRead {
+        buf: usize,
+        start: usize,
+        len: usize,
+    },
 }
 
 /// Buffer length (elements), coherence page, longest range of a step.
@@ -922,12 +935,19 @@ fn step(shape: Shape) -> impl Strategy<Value = Step> {
                 on,
             }
         }),
+        (0..2usize, range(), any::<u32>()).prop_map(|(buf, (start, len), value)| Step::ViewWrite {
+            buf,
+            start,
+            len,
+            value
+        }),
+        (0..2usize, range()).prop_map(|(buf, (start, len))| Step::ViewRead { buf, start, len }),
     ]
 }
 
 fn run_program(dev: &Device, shape: Shape, steps: &[Step]) -> Result<(), TestCaseError> {
     let streams: Vec<Stream> = (0..3).map(|_| dev.create_stream().expect("s")).collect();
-    let bufs: Vec<ManagedBuffer<u32>> = (0..2)
+    let mut bufs: Vec<ManagedBuffer<u32>> = (0..2)
         .map(|_| {
             dev.alloc_managed_with_page::<u32>(shape.n, shape.page)
                 .expect("managed")
@@ -1035,6 +1055,19 @@ fn run_program(dev: &Device, shape: Shape, steps: &[Step]) -> Result<(), TestCas
                     bufs[buf].unadvise(r, advice).expect("unadvise");
                 }
             }
+            Step::ViewWrite {
+                buf,
+                start,
+                len,
+                value,
+            } => {
+                bufs[buf].as_mut_slice().expect("view")[start..start + len].fill(value);
+                model[buf][start..start + len].fill(value);
+            }
+            Step::ViewRead { buf, start, len } => {
+                let v = bufs[buf].as_slice().expect("view");
+                prop_assert_eq!(&v[start..start + len], &model[buf][start..start + len]);
+            }
         }
     }
     for (b, m) in bufs.iter().zip(&model) {
@@ -1073,4 +1106,365 @@ fn random_programs_past_capacity_match_the_sequential_model() {
         )
         .expect("every program matches the model");
     assert!(dev.managed_stats().clean_evictions + dev.managed_stats().dirty_evictions > 0);
+}
+
+/// Whether the device under test takes host faults (its own memory, on a
+/// backend with host views: the emulated device).
+fn faults() -> bool {
+    matches!(
+        common::backend(),
+        common::Backend::EmuVirtual | common::Backend::EmuReal
+    )
+}
+
+#[test]
+fn the_host_view_sees_kernel_writes_and_kernels_see_host_view_writes() {
+    let dev = common::device();
+    let s = dev.create_stream().expect("stream");
+    let mut buf = dev.alloc_managed::<u32>(100_000).expect("managed");
+    for (i, x) in buf.as_mut_slice().expect("view").iter_mut().enumerate() {
+        *x = i as u32;
+    }
+    s.launch(&affine(3, 1), 4.into(), &[Arg::managed_write(&buf)])
+        .expect("launch");
+    let before = dev.managed_stats().host_fault_pages;
+    // No synchronize: the touch itself waits for the kernel on its page.
+    let v = buf.as_slice().expect("view");
+    for (i, &x) in v.iter().enumerate() {
+        assert_eq!(x, i as u32 * 3 + 1, "element {i}");
+    }
+    if faults() {
+        let pages = (100_000 * 4usize).div_ceil(64 << 10) as u64;
+        assert_eq!(
+            dev.managed_stats().host_fault_pages - before,
+            pages,
+            "every page the kernel dirtied came back by a fault, once"
+        );
+        assert!(buf.host_faults() > 0);
+    }
+    // A host write to pages the device holds: the next kernel sees it.
+    buf.as_mut_slice().expect("view")[70_000] = 7;
+    s.launch(&affine(1, 1), 4.into(), &[Arg::managed_write(&buf)])
+        .expect("launch");
+    assert_eq!(buf.as_slice().expect("view")[70_000], 8);
+    assert_eq!(buf.as_slice().expect("view")[5], 17);
+}
+
+#[test]
+fn a_host_touch_waits_for_the_queued_kernel_on_its_page() {
+    if common::skipped("a_host_touch_waits_for_the_queued_kernel_on_its_page") {
+        return;
+    }
+    let dev = common::device();
+    let s = dev.create_stream().expect("stream");
+    let buf = dev.alloc_managed::<u32>(4096).expect("managed");
+    let gate = common::Gate::hold(&s);
+    s.launch(&affine(1, 5), 1.into(), &[Arg::managed_write(&buf)])
+        .expect("launch");
+    let ptr = buf.host_ptr() as usize;
+    let reader = std::thread::spawn(move || {
+        // SAFETY: the buffer outlives the thread (joined below) and nothing
+        // submitted after this touch writes the element.
+        unsafe { std::ptr::read_volatile((ptr as *const u32).add(100)) }
+    });
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(!reader.is_finished(), "the touch waits for the kernel");
+    gate.open();
+    assert_eq!(reader.join().expect("reader"), 5, "and then sees its write");
+}
+
+#[test]
+fn host_faults_bring_the_rest_of_a_2mib_block_after_two_sequential_faults() {
+    if common::skipped("host_faults_bring_the_rest_of_a_2mib_block_after_two_sequential_faults") {
+        return;
+    }
+    let dev = common::device();
+    let s = dev.create_stream().expect("stream");
+    let page = 64 << 10;
+    let per_block = (2 << 20) / page;
+    let n = 2 * per_block * page / 4;
+    for tree in [true, false] {
+        let buf = dev.alloc_managed::<u32>(n).expect("managed");
+        buf.set_host_fault_prefetch(tree);
+        s.launch(&affine(1, 9), 4.into(), &[Arg::managed_write(&buf)])
+            .expect("launch");
+        s.synchronize().expect("sync");
+        let before = dev.managed_stats().host_fault_pages;
+        let at = |p: usize| {
+            // SAFETY: inside the buffer, which outlives the read; nothing
+            // else uses it meanwhile.
+            unsafe { std::ptr::read_volatile(buf.host_ptr().add(p * page / 4)) }
+        };
+        assert_eq!(at(0), 9);
+        assert_eq!(at(1), 9);
+        let brought = dev.managed_stats().host_fault_pages - before;
+        let want = if tree { per_block } else { 2 } as u64;
+        assert_eq!(brought, want, "tree prefetch {tree}: pages copied back");
+        // The next block starts over: one page.
+        assert_eq!(at(per_block), 9);
+        assert_eq!(
+            dev.managed_stats().host_fault_pages - before,
+            want + 1,
+            "tree prefetch {tree}"
+        );
+    }
+}
+
+#[test]
+fn a_host_write_to_a_page_the_device_holds_invalidates_the_device_copy() {
+    if common::skipped("a_host_write_to_a_page_the_device_holds_invalidates_the_device_copy") {
+        return;
+    }
+    let dev = common::device();
+    let s = dev.create_stream().expect("stream");
+    let mut buf = dev.alloc_managed::<u32>(1 << 16).expect("managed");
+    buf.as_mut_slice().expect("view").fill(1);
+    // Copies every page to the device: the host's copies stay (clean).
+    buf.prefetch(.., Location::Device(dev.id()), &s)
+        .expect("prefetch");
+    s.synchronize().expect("sync");
+    let taken = buf.host_faults();
+    assert_eq!(buf.as_slice().expect("view")[3], 1, "reads need no fault");
+    // SAFETY: inside the buffer; nothing else uses it meanwhile.
+    unsafe { buf.host_ptr().add(20_000).write_volatile(41) };
+    if faults() {
+        assert_eq!(buf.host_faults(), taken + 1, "one fault: the write");
+    }
+    let out = dev.alloc::<u32>(1 << 16).expect("out");
+    s.copy_from_managed(&buf, 0, &out, 0, 1 << 16)
+        .expect("copy");
+    let back = s.read_to_vec(&out).expect("read");
+    assert_eq!(back[20_000], 41, "the device copy was refreshed");
+    assert_eq!(back[3], 1);
+}
+
+#[test]
+fn host_fault_mechanism_follows_the_environment() {
+    let dev = common::device();
+    let _buf = dev.alloc_managed::<u32>(16).expect("managed");
+    if !faults() {
+        return;
+    }
+    let m = hetero::host_fault_mechanism();
+    match std::env::var("HETERO_MANAGED_FAULTS").as_deref() {
+        Ok("mprotect") => assert!(
+            matches!(&m, hetero::FaultMechanism::Mprotect { reason } if reason.contains("HETERO_MANAGED_FAULTS")),
+            "{m:?}"
+        ),
+        // Root on a 6.x kernel here: userfaultfd is there.
+        _ => assert_eq!(m, hetero::FaultMechanism::Userfaultfd),
+    }
+}
+
+/// Runs this test binary again on `filter` with `env` set; its status.
+fn rerun(filter: &str, env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(std::env::current_exe().expect("test binary"));
+    cmd.args([filter, "--test-threads=1", "--nocapture"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("the test binary runs again");
+    let drain = |r: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut out = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut out);
+            }
+            out
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|r| Box::new(r) as _));
+    let stderr = drain(child.stderr.take().map(|r| Box::new(r) as _));
+    // A swallowed fault re-runs the access for ever: a hang is a failure.
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("child status") {
+            break status;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("{filter} with {env:?}: still running after 120 s (a swallowed fault loops)");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    std::process::Output {
+        status,
+        stdout: stdout.join().expect("stdout"),
+        stderr: stderr.join().expect("stderr"),
+    }
+}
+
+/// In a child (`HETERO_FAULT_CHILD` names what to touch): a fault outside
+/// every managed buffer, with the fault handlers installed, must kill.
+#[test]
+fn child_touching_unmanaged_memory() {
+    let Ok(what) = std::env::var("HETERO_FAULT_CHILD") else {
+        return;
+    };
+    let dev = common::device();
+    let buf = dev.alloc_managed::<u32>(1 << 14).expect("managed");
+    // SAFETY: deliberately faults (the parent expects this child to die).
+    unsafe {
+        match what.as_str() {
+            "segv" => {
+                let p = rustix::mm::mmap_anonymous(
+                    std::ptr::null_mut(),
+                    4096,
+                    rustix::mm::ProtFlags::empty(),
+                    rustix::mm::MapFlags::PRIVATE,
+                )
+                .expect("mmap");
+                std::ptr::read_volatile(p.cast::<u32>());
+            }
+            "bus" => {
+                // A shared mapping past the end of its (empty) file: SIGBUS.
+                let fd = rustix::fs::memfd_create("empty", rustix::fs::MemfdFlags::empty())
+                    .expect("memfd");
+                let p = rustix::mm::mmap(
+                    std::ptr::null_mut(),
+                    4096,
+                    rustix::mm::ProtFlags::READ,
+                    rustix::mm::MapFlags::SHARED,
+                    &fd,
+                    0,
+                )
+                .expect("mmap");
+                std::ptr::read_volatile(p.cast::<u32>());
+            }
+            _ => {
+                // A dropped buffer's view is no longer managed.
+                let p = buf.host_ptr();
+                drop(buf);
+                std::ptr::read_volatile(p);
+            }
+        }
+    }
+    println!("survived");
+}
+
+#[test]
+fn a_fault_outside_managed_memory_is_the_normal_crash() {
+    use std::os::unix::process::ExitStatusExt;
+    for (what, signals) in [
+        ("segv", &[libc_sig::SEGV][..]),
+        ("bus", &[libc_sig::BUS][..]),
+        ("dropped", &[libc_sig::SEGV, libc_sig::BUS][..]),
+    ] {
+        if what == "dropped" && !faults() {
+            // Without a view the pointer is pooled memory: no crash to expect.
+            continue;
+        }
+        let out = rerun(
+            "child_touching_unmanaged_memory",
+            &[("HETERO_FAULT_CHILD", what)],
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            !stdout.contains("survived"),
+            "{what}: the fault was swallowed"
+        );
+        let sig = out.status.signal();
+        // Under AddressSanitizer its report exits with status 1 instead.
+        let asan = String::from_utf8_lossy(&out.stderr).contains("AddressSanitizer");
+        assert!(
+            asan || sig.is_some_and(|s| signals.contains(&s)),
+            "{what}: died by {sig:?} ({}), expected one of {signals:?}",
+            out.status
+        );
+    }
+}
+
+/// Signal numbers on Linux (x86_64 and aarch64).
+mod libc_sig {
+    pub const BUS: i32 = 7;
+    pub const SEGV: i32 = 11;
+}
+
+#[test]
+fn the_mprotect_fallback_passes_the_host_view_tests() {
+    if !faults() || std::env::var("HETERO_MANAGED_FAULTS").is_ok() {
+        return;
+    }
+    for filter in [
+        "host_view",
+        "host_touch",
+        "host_fault",
+        "host_write",
+        "random_programs_match",
+        "threads_faulting",
+    ] {
+        let out = rerun(filter, &[("HETERO_MANAGED_FAULTS", "mprotect")]);
+        assert!(
+            out.status.success(),
+            "{filter} under mprotect: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains(" passed;"),
+            "{filter}: ran"
+        );
+    }
+}
+
+#[test]
+fn threads_faulting_on_one_buffer_at_once_each_see_and_leave_the_right_data() {
+    let dev = common::device();
+    let s = dev.create_stream().expect("stream");
+    let page = 64 << 10;
+    let pages = 64;
+    let per_page = page / 4;
+    let mut buf = dev.alloc_managed::<u32>(pages * per_page).expect("managed");
+    buf.as_mut_slice().expect("view").fill(1);
+    s.launch(&affine(1, 2), 4.into(), &[Arg::managed_write(&buf)])
+        .expect("launch");
+    // Drops the buffer's host copies, so every touch below faults (on emu),
+    // several threads at once, interleaved pages (tree prefetches race too).
+    s.synchronize().expect("sync");
+    let threads = 8;
+    // The mutable slice's pointer: on backends without faults it waits and
+    // brings the pages back first; on emu it is the host view as it stands.
+    let ptr = buf.as_mut_slice().expect("view").as_mut_ptr() as usize;
+    let before = dev.managed_stats().host_fault_pages;
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            scope.spawn(move || {
+                for p in (t..pages).step_by(threads) {
+                    for i in (p * per_page..(p + 1) * per_page).step_by(97) {
+                        // SAFETY: inside the buffer, which outlives the scope;
+                        // each thread touches only its own pages, and no op is
+                        // submitted meanwhile.
+                        let x = unsafe { (ptr as *mut u32).add(i) };
+                        // SAFETY: as above.
+                        assert_eq!(unsafe { x.read_volatile() }, 3, "page {p}");
+                        // SAFETY: as above.
+                        unsafe { x.write_volatile(10 + t as u32) };
+                    }
+                }
+            });
+        }
+    });
+    if faults() {
+        assert_eq!(
+            dev.managed_stats().host_fault_pages - before,
+            pages as u64,
+            "each page came back once, whichever thread faulted first"
+        );
+    }
+    s.launch(&affine(2, 0), 4.into(), &[Arg::managed_write(&buf)])
+        .expect("launch");
+    let v = buf.as_slice().expect("view");
+    for p in 0..pages {
+        let t = (p % threads) as u32;
+        for i in (p * per_page..(p + 1) * per_page).step_by(97) {
+            assert_eq!(v[i], 2 * (10 + t), "page {p} element {i}");
+        }
+        assert_eq!(
+            v[p * per_page + 1],
+            6,
+            "page {p}: an element no thread wrote"
+        );
+    }
 }

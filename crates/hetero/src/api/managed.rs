@@ -8,12 +8,17 @@
 //! its lock are `exec/managed/mod.rs`; this file builds and submits the ops it
 //! plans.
 //!
-//! Who touches what: the host reaches a managed buffer only through a guard
+//! Who touches what: the host reaches a managed buffer through a guard
 //! (`read` / `write` and their `try_` forms), which waits for the queued work
 //! on the pages it covers and, while it lives, is itself queued work on them
-//! (a host event every later op on those pages waits for). The device
-//! reaches it only through ops built here, each on views of the page ranges
-//! it declared. So no host slice ever overlaps a device write, on any backend.
+//! (a host event every later op on those pages waits for), or through its host
+//! view (`host_ptr`, `as_slice`, `as_mut_slice`): on the emulated device a view
+//! whose pages are closed before work that writes them is submitted and
+//! reopened by host faults once current (`exec/managed/fault.rs`); elsewhere
+//! the host copy itself, reached safely only through the `&mut self` slices,
+//! which wait first. The device reaches it only through ops built here, each
+//! on views of the page ranges it declared. So no host slice ever overlaps a
+//! device write, on any backend.
 //!
 //! Backends: on the host device a managed buffer is the host's memory, one
 //! copy (nothing moves; the ordering is the same). On the emulated device the
@@ -24,9 +29,10 @@
 //! whole buffer (no eviction); pages move by copies on its transfer lane.
 
 use crate::api::buffer::{Arg, DeviceBuffer};
+use crate::exec::managed::fault::{self, Answer, HostView};
 use crate::exec::managed::{
-    view, window::Window, Access, Advice, Location, ManagedStats, MigrationReason, Move, Plan,
-    Point, Space, Table, DEFAULT_PAGE_BYTES, HOST,
+    view, window::Window, Access, Advice, DeviceFaultCost, Location, ManagedStats, MigrationReason,
+    Move, Plan, Point, Space, Table, DEFAULT_PAGE_BYTES, HOST,
 };
 use crate::exec::op::{Body, CopyKind};
 use crate::exec::storage::{Backing, MemoryKind, Registration, Storage};
@@ -143,12 +149,21 @@ pub(crate) struct Shared {
     mem: u8,
     bytes: usize,
     page_bytes: usize,
-    /// Where copies back for host guards and AccessedBy refreshes go.
+    /// Where copies back for host guards, host faults and AccessedBy
+    /// refreshes go.
     migration: OnceLock<Stream>,
+    /// The host view that faults, where the device has memory of its own
+    /// (the emulated device); `host` is its alias.
+    view: Option<Arc<HostView>>,
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
+        // Out of the registry before anything is locked: unregistering waits
+        // for handlers still reading the view.
+        if let Some(v) = &self.view {
+            v.unregister();
+        }
         let id = self.id;
         self.space.later(move |st| st.remove(id));
     }
@@ -316,6 +331,7 @@ impl Device {
         }
         let bytes = Device::bytes_for::<T>(len)?;
         let backend = self.properties().backend;
+        let mut view = None;
         let (host, dev, mem, window) = match backend {
             "host" => {
                 let b = self.alloc::<T>(len)?;
@@ -325,8 +341,28 @@ impl Device {
                 (s.clone(), s, HOST, None)
             }
             "emu" => {
-                let host = self.alloc_pinned::<u8>(bytes)?.storage;
-                zero(&host);
+                // The host copy: a memfd the engines reach through its alias,
+                // mapped in the IOMMU but not page-locked (as CUDA's managed
+                // memory is not pinned): its pages are allocated as they are
+                // first written; the user's view of it faults
+                // (`exec/managed/fault.rs`).
+                let pages = bytes.div_ceil(page_bytes);
+                let hv = Arc::new(
+                    HostView::new(pages, page_bytes)
+                        .map_err(|detail| Error::Managed { op, detail })?,
+                );
+                let (addr, undo) = self.backend().map_host(hv.alias().as_ptr(), hv.len());
+                let host = Arc::new(Storage::registered(
+                    self.id(),
+                    hv.alias(),
+                    bytes,
+                    addr,
+                    Registration {
+                        _memory: Box::new(hv.clone()),
+                        undo: Some(undo),
+                    },
+                ));
+                view = Some(hv);
                 let w =
                     Arc::new(Window::new(bytes).map_err(|detail| Error::Managed { op, detail })?);
                 let mut s = Storage::from_parts(
@@ -371,18 +407,32 @@ impl Device {
             id,
             Table::new(bytes, page_bytes, host.clone(), dev.clone(), mem, window),
         );
+        let shared = Arc::new(Shared {
+            id,
+            device: self.clone(),
+            space,
+            host,
+            dev,
+            mem,
+            bytes,
+            page_bytes,
+            migration: OnceLock::new(),
+            view,
+        });
+        if let Some(hv) = &shared.view {
+            let weak = Arc::downgrade(&shared);
+            hv.register(Box::new(move |hv, first, n, write, holds| {
+                let Some(sh) = weak.upgrade() else {
+                    return (Answer::NotManaged, None);
+                };
+                let answer = resolve_fault(&sh, hv, first, n, write, holds);
+                // The service drops it after answering (see `fault::Resolver`).
+                (answer, Some(Box::new(sh) as Box<dyn std::any::Any + Send>))
+            }))
+            .map_err(|detail| Error::Managed { op, detail })?;
+        }
         Ok(ManagedBuffer {
-            shared: Arc::new(Shared {
-                id,
-                device: self.clone(),
-                space,
-                host,
-                dev,
-                mem,
-                bytes,
-                page_bytes,
-                migration: OnceLock::new(),
-            }),
+            shared,
             len,
             _t: PhantomData,
         })
@@ -403,6 +453,20 @@ impl Device {
     /// comparing the two; nothing already evicted changes.
     pub fn set_managed_thrash_throttling(&self, on: bool) {
         space_of(self).later(move |st| st.no_throttle = !on);
+    }
+
+    /// Models a device that migrates on its own page faults instead of by
+    /// declared accesses, for comparing the two (`hetero bench managed`):
+    /// with `Some(cost)`, the pages a kernel or copy needs are still found
+    /// from its declared arguments (the model needs no real device faults),
+    /// but they move as a faulting device moves them: on the op's own stream,
+    /// after the work before it, each run of up to `cost.batch_faults` pages
+    /// (one fault per page) first costing `cost.batch_ns` of fault service,
+    /// so nothing overlaps. `None` (the default): declared-access migration.
+    /// Modelled time is honoured in virtual time; in real time the service
+    /// cost is not waited for.
+    pub fn set_managed_fault_model(&self, cost: Option<DeviceFaultCost>) {
+        space_of(self).later(move |st| st.fault_model = cost);
     }
 
     /// (budget, capacity, held by the pool) of a device with its own memory.
@@ -457,6 +521,85 @@ impl<T: Pod> ManagedBuffer<T> {
     /// The buffer's id (what migration records name).
     pub fn id(&self) -> u64 {
         self.shared.id
+    }
+
+    /// The buffer's host view: memory the host dereferences directly, as
+    /// CUDA code touches managed memory through a plain pointer.
+    ///
+    /// On a device with memory of its own (the emulated device) the view's
+    /// pages are protected unless current on the host: a touch of a page a
+    /// kernel wrote (or is about to write) faults, waits for the queued work
+    /// on it, copies it back and retries; a host write to a page a device
+    /// holds a copy of faults once and makes the host's copy the only one
+    /// (`exec/managed/fault.rs`). So a touch sees every op submitted before
+    /// it, on any stream. On the host device the pointer is the buffer's one
+    /// memory and on Vulkan its host copy as it stands: nothing faults there,
+    /// so reach it through [`ManagedBuffer::as_slice`] /
+    /// [`ManagedBuffer::as_mut_slice`], which wait and copy back.
+    ///
+    /// Dereferencing it is `unsafe`, and sound while: no op or guard submitted
+    /// *after* the touch (by another thread, unordered with it) writes the
+    /// elements touched, as for any memory shared between threads; no kernel
+    /// or host callback dereferences it (a fault there that needs device work
+    /// aborts with a message: waiting would deadlock the engine); a thread
+    /// holding a host guard does not touch pages whose queued work waits for
+    /// that guard (aborts likewise); and the buffer outlives the use (a touch
+    /// after the drop is the normal crash).
+    pub fn host_ptr(&self) -> *mut T {
+        match &self.shared.view {
+            Some(v) => v.view().as_ptr().cast(),
+            None => self.shared.host.host_ptr().cast(),
+        }
+    }
+
+    /// The buffer on the host as a slice. With host faults (the emulated
+    /// device) the view itself: pages come back as they are touched. Without
+    /// (the host device, Vulkan) it first waits for queued work that writes
+    /// the buffer and copies dirty pages back. `&mut self`: no op can use the
+    /// buffer while the slice lives.
+    pub fn as_slice(&mut self) -> Result<&[T]> {
+        let (ptr, len) = self.host_slice("ManagedBuffer::as_slice", false)?;
+        // SAFETY: `len` elements of the host view (or host copy), aligned to a
+        // page; while `&mut self` is borrowed no op or guard can be made for
+        // the buffer, and work queued before is waited for (here, or by the
+        // fault on each page it touches), so the elements do not change.
+        Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+    }
+
+    /// The buffer on the host as a mutable slice: as [`ManagedBuffer::as_slice`];
+    /// without host faults it waits for every queued op on the buffer and
+    /// makes the host's copy the only one.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        let (ptr, len) = self.host_slice("ManagedBuffer::as_mut_slice", true)?;
+        // SAFETY: as `as_slice`; `&mut self` makes this the only slice.
+        Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
+    }
+
+    fn host_slice(&mut self, op: &'static str, write: bool) -> Result<(*mut T, usize)> {
+        if self.len == 0 || std::mem::size_of::<T>() == 0 {
+            return Ok((std::ptr::NonNull::dangling().as_ptr(), self.len));
+        }
+        if self.shared.view.is_none() {
+            let (a, _) = self.access_elems(op, .., write)?;
+            drop(host_access(&self.shared, op, a, false)?);
+        }
+        Ok((self.host_ptr(), self.len))
+    }
+
+    /// Signals taken on this buffer's host view so far (each resolved a
+    /// fault: a first touch, a copy back, a write to a shared page); 0
+    /// without host faults.
+    pub fn host_faults(&self) -> u64 {
+        self.shared.view.as_ref().map_or(0, |v| v.faults())
+    }
+
+    /// Turns the host view's tree prefetch on (the default) or off: after
+    /// faults on two consecutive pages of a 2 MiB block, a fault brings the
+    /// rest of the block (UVM's prefetch). Off, each fault brings one page.
+    pub fn set_host_fault_prefetch(&self, on: bool) {
+        if let Some(v) = &self.shared.view {
+            v.set_tree(on);
+        }
     }
 
     fn access(
@@ -678,6 +821,7 @@ impl Drop for Hold {
             let mut h = h.borrow_mut();
             if let Some(i) = h.iter().position(|&k| k == key) {
                 h.swap_remove(i);
+                fault::note_hold(-1);
             }
         });
     }
@@ -726,6 +870,7 @@ fn host_access(sh: &Shared, op: &'static str, a: Access, try_: bool) -> Result<H
             continue;
         }
         let mut last = None;
+        close_views(&mut st, &[(sh, a)]);
         if !plan.moves.is_empty() {
             let s = sh.migration_stream()?;
             for m in &plan.moves {
@@ -747,6 +892,7 @@ fn host_access(sh: &Shared, op: &'static str, a: Access, try_: bool) -> Result<H
         st.apply_use(&a, HOST, hp);
         drop(st);
         HELD.with(|h| h.borrow_mut().push(key));
+        fault::note_hold(1);
         let hold = Hold {
             event,
             key,
@@ -762,6 +908,108 @@ fn host_access(sh: &Shared, op: &'static str, a: Access, try_: bool) -> Result<H
     }
 }
 
+/// The pages of `sh` an access covers.
+fn pages_of(sh: &Shared, a: &Access) -> std::ops::Range<usize> {
+    if a.bytes == 0 {
+        return 0..0;
+    }
+    a.off / sh.page_bytes..(a.off + a.bytes).div_ceil(sh.page_bytes)
+}
+
+/// Lowers the host views' access to what `uses` leave them (a writer's pages
+/// closed, a reader's read-only), before the work is submitted.
+/// Pages the view may have written count as touched (not all zero), so a
+/// copy in moves their bytes.
+fn close_views(st: &mut Space, uses: &[(&Shared, Access)]) {
+    for (sh, a) in uses {
+        if let Some(v) = &sh.view {
+            let access = if a.write { fault::CLOSED } else { fault::READ };
+            v.close(pages_of(sh, a), access, |p| st.mark_touched(sh.id, p));
+        }
+    }
+}
+
+/// Resolves a host fault on pages `first..first + n` of a buffer's view (the
+/// first written if `write`, the rest a tree prefetch, read), on the fault
+/// service thread: waits for their queued work, copies them back, and opens
+/// each at the access its state allows. `holds`: the faulting thread holds
+/// host guards (a wait for one of them is refused).
+fn resolve_fault(
+    sh: &Arc<Shared>,
+    hv: &HostView,
+    first: usize,
+    n: usize,
+    write: bool,
+    holds: bool,
+) -> Answer {
+    let pb = sh.page_bytes;
+    let span = |p: usize, k: usize, write: bool| {
+        let off = (p * pb).min(sh.bytes);
+        Access {
+            buffer: sh.id,
+            off,
+            bytes: ((p + k) * pb).min(sh.bytes) - off,
+            write,
+        }
+    };
+    let accesses = [span(first, 1, write), span(first + 1, n - 1, false)];
+    loop {
+        let mut st = sh.space.lock();
+        let mut waits = Vec::new();
+        let mut moves = Vec::new();
+        for a in &accesses {
+            let plan = st.plan_host(a);
+            waits.extend(plan.waits);
+            moves.extend(plan.moves);
+        }
+        if !waits.is_empty() {
+            if holds && waits.iter().any(|p| !st.holds_behind(p).is_empty()) {
+                return Answer::WouldDeadlock;
+            }
+            drop(st);
+            for p in &waits {
+                // A failed op fails its stream; the bytes are what they are.
+                let _ = p
+                    .timeline
+                    .wait_for(p.value, sh.device.host_wait(), "managed host fault");
+            }
+            continue;
+        }
+        if !moves.is_empty() {
+            let Ok(s) = sh.migration_stream() else {
+                return Answer::Failed;
+            };
+            let mut last = None;
+            for m in &moves {
+                let Ok(v) = copy_run(s, sh, m, CopyKind::D2H, MigrationReason::HostFault) else {
+                    return Answer::Failed;
+                };
+                let p = point_of(s.backend_stream().timeline(), v);
+                st.apply_move(m, HOST, Some(p.clone()), MigrationReason::HostFault, None);
+                last = Some(p);
+            }
+            drop(st);
+            if let Some(p) = last {
+                if p.timeline
+                    .wait_for(p.value, sh.device.host_wait(), "managed host fault")
+                    .is_err()
+                {
+                    return Answer::Failed;
+                }
+            }
+            // Plan again: the pages' state may have moved on meanwhile.
+            continue;
+        }
+        if write {
+            st.apply_host_write(&accesses[0]);
+        }
+        for p in first..first + n {
+            hv.open(p..p + 1, st.host_access(sh.id, p));
+        }
+        return Answer::Resolved;
+    }
+}
+
 /// Submits one migration copy of run `m` of `sh` on `stream`; its value.
 fn copy_run(
     stream: &Stream,
@@ -770,6 +1018,9 @@ fn copy_run(
     kind: CopyKind,
     reason: MigrationReason,
 ) -> Result<u64> {
+    if let (Some(v), CopyKind::D2H) = (&sh.view, kind) {
+        v.populate(m.off, m.bytes);
+    }
     copy_table_run(stream, &sh.host, &sh.dev, sh.id, m, kind, reason)
 }
 
@@ -926,6 +1177,7 @@ fn device_op(
     let mem = first.mem;
     let budget = stream.device().managed_budget();
     let accesses: Vec<Access> = uses.iter().map(|(_, a)| *a).collect();
+    let views: Vec<(&Shared, Access)> = uses.iter().map(|(sh, a)| (&***sh, *a)).collect();
     let mut st = first.space.lock_for("a managed access")?;
     let plan = st
         .plan_device(&accesses, mem, stream.id(), budget.map(|b| b.0))
@@ -940,7 +1192,35 @@ fn device_op(
                 pool,
             }
         })?;
-    if !plan.moves.is_empty() || !plan.evictions.is_empty() {
+    close_views(&mut st, &views);
+    if let Some(cost) = st.fault_model.filter(|_| !plan.moves.is_empty()) {
+        // A faulting device: the kernel stalls on its faults, which are
+        // serviced in batches, then the pages move; all on its stream.
+        let faults: usize = plan.moves.iter().map(|m| m.pages.len()).sum();
+        let ns = faults.div_ceil(cost.batch_faults.max(1)) as u64 * cost.batch_ns;
+        // One fault servicer per device (UVM's, a driver thread per GPU):
+        // batches of different streams queue for it.
+        let servicer = st.fault_servicer.clone();
+        stream.enqueue_async(
+            "device fault service (model)",
+            &[],
+            move |cx: &mut crate::AsyncContext<'_>| {
+                use std::sync::atomic::Ordering::{AcqRel, Acquire};
+                let now = cx.now_ns();
+                let mut free = servicer.load(Acquire);
+                let end = loop {
+                    let end = free.max(now) + ns;
+                    match servicer.compare_exchange(free, end, AcqRel, Acquire) {
+                        Ok(_) => break end,
+                        Err(f) => free = f,
+                    }
+                };
+                cx.complete_at_ns(end);
+                std::task::Poll::Ready(Ok(()))
+            },
+        )?;
+        submit_plan(stream, &mut st, &plan, mem, reason, budget.map(|b| b.0))?;
+    } else if !plan.moves.is_empty() || !plan.evictions.is_empty() {
         // The copies go on the stream's migration stream, after only the
         // pages' own queued work (planned from that stream's side, so this
         // stream's earlier work on the pages counts too), overlapping the

@@ -58,10 +58,21 @@ impl Backend {
     /// What this backend cannot run: `(test, reason)`, in one or more tables.
     pub fn skips(self) -> &'static [&'static [(&'static str, &'static str)]] {
         match self {
-            Backend::Host => &[VIRTUAL_TIME_SKIPS, NO_DRIVER_SKIPS, NO_CAPACITY_SKIPS],
+            Backend::Host => &[
+                VIRTUAL_TIME_SKIPS,
+                NO_DRIVER_SKIPS,
+                NO_CAPACITY_SKIPS,
+                NO_FAULT_SKIPS,
+            ],
             Backend::EmuVirtual => &[EMU_SKIPS, NO_DRIVER_SKIPS],
             Backend::EmuReal => &[EMU_SKIPS, VIRTUAL_TIME_SKIPS, NO_DRIVER_SKIPS],
-            Backend::Vulkan => &[VULKAN_SKIPS, VIRTUAL_TIME_SKIPS, VULKAN_MANAGED_SKIPS],
+            Backend::Vulkan => &[
+                VULKAN_SKIPS,
+                VIRTUAL_TIME_SKIPS,
+                VULKAN_MANAGED_SKIPS,
+                NO_FAULT_SKIPS,
+                VULKAN_NO_FAULT_SKIPS,
+            ],
         }
     }
 }
@@ -138,6 +149,30 @@ const NO_CAPACITY_SKIPS: &[(&str, &str)] = &[
 const HOST_ONE_MEMORY: &str = "the host device's memory is the host's: a managed buffer has one \
      copy, nothing is resident elsewhere, so there is no device capacity to pass (EmuConfig::capacity \
      is an emu setting)";
+
+/// What a device without host faults on managed memory cannot run, and why.
+const NO_FAULT_SKIPS: &[(&str, &str)] = &[
+    (
+        "a_host_touch_waits_for_the_queued_kernel_on_its_page",
+        NO_HOST_FAULTS,
+    ),
+    (
+        "host_faults_bring_the_rest_of_a_2mib_block_after_two_sequential_faults",
+        NO_HOST_FAULTS,
+    ),
+];
+const NO_HOST_FAULTS: &str = "managed host faults exist where the device has memory of its own \
+     and the host copy is a view the runtime protects (the emulated device): on the host device \
+     the buffer is the host's plain memory, on Vulkan the host copy is the driver's pinned \
+     memory; a raw pointer touch there does not wait (as_slice/as_mut_slice do)";
+
+/// What a Vulkan device cannot run of host views, and why.
+const VULKAN_NO_FAULT_SKIPS: &[(&str, &str)] = &[(
+    "a_host_write_to_a_page_the_device_holds_invalidates_the_device_copy",
+    "writes through ManagedBuffer::host_ptr are not tracked on Vulkan (no host faults: the host \
+     copy is the driver's pinned memory, not a view the runtime protects); as_mut_slice marks \
+     the whole buffer written instead",
+)];
 
 /// What a Vulkan device cannot run of managed memory, and why.
 const VULKAN_MANAGED_SKIPS: &[(&str, &str)] = &[

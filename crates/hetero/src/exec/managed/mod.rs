@@ -40,7 +40,9 @@
 //! the guard drops) is the page's `last_write` (write guard) or one of its
 //! `reads`: ops submitted meanwhile wait for it. So conflicting accesses to a
 //! page take effect in the order they were submitted, whatever their streams:
-//! a program's result is its sequential one. Accesses to different pages do
+//! a program's result is its sequential one. A copy back for a host read
+//! follows only `last_write`, so it leaves `reads` in place (the device
+//! copy's readers may still be queued). Accesses to different pages do
 //! not wait for each other. Points of completed work are dropped as they are
 //! met.
 //!
@@ -73,6 +75,7 @@ use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+pub(crate) mod fault;
 pub(crate) mod window;
 
 pub use hetero_trace::MigrationReason;
@@ -306,6 +309,8 @@ pub struct ManagedStats {
     pub prefetch_pages: u64,
     /// Pages copied back for host guards.
     pub host_access_pages: u64,
+    /// Pages copied back for host faults on a buffer's host view.
+    pub host_fault_pages: u64,
     /// Clean pages evicted (no bytes moved).
     pub clean_evictions: u64,
     /// Dirty pages evicted (each copied back once).
@@ -347,6 +352,20 @@ pub(crate) struct Space {
     /// Thrash throttling and pinning off (`Device::set_managed_thrash_throttling`):
     /// thrash events are still counted, eviction ignores them.
     pub(crate) no_throttle: bool,
+    /// Migrate as a faulting device would (`Device::set_managed_fault_model`).
+    pub(crate) fault_model: Option<DeviceFaultCost>,
+    /// Device time at which the modelled fault servicer is free.
+    pub(crate) fault_servicer: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// What a modelled device page fault costs (`Device::set_managed_fault_model`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceFaultCost {
+    /// Faults serviced together (NVIDIA's UVM driver: up to 256 per batch,
+    /// `uvm_perf_fault_batch_count`).
+    pub batch_faults: usize,
+    /// Service time of one batch, ns, before its pages move.
+    pub batch_ns: u64,
 }
 
 fn key(t: &Arc<Timeline>) -> usize {
@@ -614,11 +633,21 @@ impl Space {
             let Some(point) = &point else {
                 continue;
             };
-            page.write(point.clone());
+            if to == HOST {
+                // A copy back for a host read is not ordered after the
+                // device copy's queued readers (a read waits for writers
+                // only): they stay, so a later write to either copy (a
+                // copy in, a host write) still waits for them.
+                page.reads.retain(Point::pending);
+                page.last_write = Some(point.clone());
+            } else {
+                page.write(point.clone());
+            }
             match reason {
                 MigrationReason::Declared => self.stats.declared_pages += 1,
                 MigrationReason::Prefetch => self.stats.prefetch_pages += 1,
                 MigrationReason::HostAccess => self.stats.host_access_pages += 1,
+                MigrationReason::HostFault => self.stats.host_fault_pages += 1,
                 MigrationReason::Eviction => {}
             }
         }
@@ -655,6 +684,59 @@ impl Space {
         if dropped > 0 {
             self.resident[dev as usize] -= dropped;
             self.sync_resident(dev);
+        }
+    }
+
+    /// The host wrote `a` through its view (a fault, after every queued op on
+    /// the pages completed and the host's copy is current): the host's copy
+    /// is the only one.
+    pub(crate) fn apply_host_write(&mut self, a: &Access) {
+        let Some(t) = self.tables.get_mut(&a.buffer) else {
+            return;
+        };
+        let dev = t.dev_mem;
+        let mut dropped = 0;
+        for p in t.pages_of(a.off, a.bytes) {
+            let len = t.page_len(p);
+            let page = &mut t.pages[p];
+            if dev != HOST && page.has(dev) {
+                dropped += len;
+            }
+            page.valid = 1 << HOST;
+            page.touched = true;
+        }
+        if dropped > 0 {
+            self.resident[dev as usize] -= dropped;
+            self.sync_resident(dev);
+        }
+    }
+
+    /// Page `p` of `buffer` may hold data other than zero (its host view
+    /// may have written it).
+    pub(crate) fn mark_touched(&mut self, buffer: u64, p: usize) {
+        if let Some(page) = self
+            .tables
+            .get_mut(&buffer)
+            .and_then(|t| t.pages.get_mut(p))
+        {
+            page.touched = true;
+        }
+    }
+
+    /// What a buffer's host view may do with page `p` now: write where the
+    /// host holds the only copy and nothing is queued on it, read where its
+    /// copy is current, nothing otherwise.
+    pub(crate) fn host_access(&self, buffer: u64, p: usize) -> u32 {
+        let Some(page) = self.tables.get(&buffer).and_then(|t| t.pages.get(p)) else {
+            return fault::CLOSED;
+        };
+        let pending_write = page.last_write.as_ref().is_some_and(Point::pending);
+        if !page.has(HOST) || pending_write {
+            fault::CLOSED
+        } else if page.valid == 1 << HOST && !page.busy() {
+            fault::WRITE
+        } else {
+            fault::READ
         }
     }
 
@@ -915,6 +997,32 @@ mod tests {
         let host = s.plan_host(&all(4096, false));
         assert_eq!(host.moves.len(), 1);
         assert_eq!(host.waits.len(), 1, "waits for the writer");
+    }
+
+    #[test]
+    fn a_copy_back_keeps_the_device_copys_queued_readers() {
+        let mut s = space(1, 4096);
+        let a = all(4096, true);
+        s.apply_use(&a, 1, point(1, 1));
+        assert_eq!(s.page(7, 0).valid, 1 << 1, "dirty on the device");
+        // A kernel reading the device copy, still queued (point 2 of
+        // stream 2 is not reached).
+        let reader = point(2, 2);
+        s.apply_use(&all(4096, false), 1, reader.clone());
+        let back = s.plan_host(&all(4096, false));
+        assert_eq!(back.moves.len(), 1);
+        s.apply_move(
+            &back.moves[0],
+            HOST,
+            Some(point(3, 1)),
+            MigrationReason::HostAccess,
+            None,
+        );
+        // A host write now must wait for that reader too (a copy in after it
+        // would overwrite what it reads).
+        let mut waits = Vec::new();
+        s.page(7, 0).deps(true, 0, &mut waits);
+        assert!(waits.iter().any(|p| p.same(&reader)), "the reader is kept");
     }
 
     #[test]
