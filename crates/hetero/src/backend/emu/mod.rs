@@ -168,6 +168,13 @@ impl Shared {
     }
 }
 
+/// The emulated device's configuration, if `backend` is one (the task
+/// layer's link and rate figures).
+pub(crate) fn config_of(backend: &dyn Backend) -> Option<EmuConfig> {
+    let emu = backend.as_any()?.downcast_ref::<EmuBackend>()?;
+    Some(emu.shared.emu.clone())
+}
+
 pub(crate) struct EmuBackend {
     shared: Arc<Shared>,
     props: DeviceProperties,
