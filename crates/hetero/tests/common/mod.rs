@@ -103,10 +103,17 @@ const VIRTUAL_TIME_ONLY: &str = "virtual time only: AsyncContext::complete_at_ns
 
 /// What a device without virtual time (the host, the emulated device in real
 /// time) cannot run, and why.
-const VIRTUAL_TIME_SKIPS: &[(&str, &str)] = &[(
-    "in_virtual_time_an_async_op_completes_at_the_time_it_asks",
-    VIRTUAL_TIME_ONLY,
-)];
+const VIRTUAL_TIME_SKIPS: &[(&str, &str)] = &[
+    (
+        "in_virtual_time_an_async_op_completes_at_the_time_it_asks",
+        VIRTUAL_TIME_ONLY,
+    ),
+    (
+        "placements_in_virtual_time_are_deterministic",
+        "virtual time only: in real time the task layer's clock and the observed times that \
+         train dmda's and the learning policy's models vary from run to run",
+    ),
+];
 
 /// What a backend without a device driver (host, emu) cannot run, and why.
 const NO_DRIVER_SKIPS: &[(&str, &str)] = &[(
@@ -229,6 +236,11 @@ const VK_ONE_UNIT: &str = "asserts a plan of several lanes; a plan has at most o
 
 /// What the Vulkan backend cannot run, and why.
 const VULKAN_SKIPS: &[(&str, &str)] = &[
+    (
+        "a_fault_fails_its_dependents_and_nothing_else",
+        "the fault is a panicking host closure; a Vulkan device runs the kernel's WGSL, which \
+         cannot fault on demand (tests/task_placement.rs)",
+    ),
     (
         "async_ops_progress_between_the_blocks_of_a_running_kernel",
         VK_ASYNC_AFTER_DEVICE,

@@ -737,18 +737,22 @@ impl<'a> TaskBuilder<'a> {
         self
     }
 
-    /// The kernel reads `d` (the next argument: [`Block::read`](crate::Block::read)).
+    /// The kernel reads `d`: its next read argument ([`Block::read`](crate::Block::read);
+    /// read and write arguments are numbered apart, in the order added).
     pub fn read<T: Pod + Send + Sync>(self, d: &TaskData<T>) -> Self {
         self.add(d, Mode::Read)
     }
 
-    /// The kernel writes all of `d` without reading it (split across blocks
-    /// as [`Arg::write`](crate::Arg::write) splits a buffer).
+    /// The kernel writes all of `d` without reading it: its next write
+    /// argument ([`Block::write`](crate::Block::write)), split across blocks
+    /// as [`Arg::write`](crate::Arg::write) splits a buffer. Its contents
+    /// before the task are not copied to the task's device.
     pub fn write<T: Pod + Send + Sync>(self, d: &TaskData<T>) -> Self {
         self.add(d, Mode::Write)
     }
 
-    /// The kernel reads and writes `d`.
+    /// The kernel reads and writes `d` (a write argument that holds the
+    /// current contents).
     pub fn read_write<T: Pod + Send + Sync>(self, d: &TaskData<T>) -> Self {
         self.add(d, Mode::ReadWrite)
     }
