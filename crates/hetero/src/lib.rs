@@ -40,7 +40,7 @@ pub use api::kernels;
 pub use api::managed::{ManagedBuffer, ManagedRead, ManagedWrite};
 pub use api::pitched::PitchedBuffer;
 pub use api::stream::{Stream, PRIORITY_HIGHEST, PRIORITY_LOWEST};
-pub use api::task::{PlacedTaskGraph, Task, TaskBuilder, TaskData, TaskGraph, TaskStats};
+pub use api::task::{PlacedTaskGraph, MAX_TASK_STREAMS, Task, TaskBuilder, TaskData, TaskGraph, TaskStats};
 pub use backend::emu::{IommuStats, IotlbCounts};
 pub use backend::DeviceProperties;
 pub use config::emu::{

@@ -37,6 +37,11 @@ pub use graph::{PlacedTaskGraph, TaskGraph};
 /// The device a context's task data starts on (its first).
 pub(crate) const HOME: usize = 0;
 
+/// Streams per device a runtime keeps; past them a submission waits for the
+/// oldest stream's last task.
+pub const MAX_TASK_STREAMS: usize = 64;
+use MAX_TASK_STREAMS as MAX_STREAMS;
+
 /// What a task layer run has done, as [`Context::task_stats`] reports it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TaskStats {
@@ -510,6 +515,21 @@ impl Runtime {
                         .is_some_and(|e| matches!(e.timeline.status(e.value), Some(Ok(())))),
                 })
             });
+        let reuse = match reuse {
+            Some(i) => Some(i),
+            None if pool.len() >= MAX_STREAMS => {
+                // Bounded: wait for the stream with the oldest last task (as
+                // StarPU bounds the tasks in flight); one that faulted is
+                // replaced.
+                let i = sched::argmin(pool, |p| p.last.as_ref().map_or(0.0, |l| l.0 as f64));
+                let ok = pool[i].last.as_ref().is_none_or(|(_, e)| e.synchronize().is_ok());
+                if !ok {
+                    pool.swap_remove(i);
+                }
+                ok.then_some(i)
+            }
+            None => None,
+        };
         let at = match reuse {
             Some(i) => i,
             None => {
@@ -927,4 +947,29 @@ pub(crate) fn dependencies_in(specs: &[Spec]) -> Vec<Vec<(usize, u64)>> {
         out.push(preds);
     }
     out
+}
+
+impl Device {
+    /// Multiplies the modelled time of this emulated device's kernels by
+    /// `factor` from the next kernel that starts (1.0: as configured): a
+    /// device whose speed drifts while it runs (thermal throttling, a
+    /// co-tenant), to check adaptive placement against. An error on other
+    /// backends (their kernels take the time they take).
+    pub fn set_emu_slowdown(&self, factor: f64) -> Result<()> {
+        if !(factor.is_finite() && factor > 0.0) {
+            return Err(Error::InvalidArgument(format!(
+                "set_emu_slowdown: factor {factor}; give a positive finite factor"
+            )));
+        }
+        if crate::backend::emu::set_slowdown(self.backend(), factor) {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "set_emu_slowdown: device {} is a {} device; only an emulated device's speed is \
+                 modelled",
+                self.id(),
+                self.properties().backend
+            )))
+        }
+    }
 }
