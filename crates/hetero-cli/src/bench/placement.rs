@@ -508,7 +508,8 @@ fn overhead(rep: &mut BenchReport, quick: bool) -> Result<()> {
             DeviceConfig::default().emu(EmuConfig::new(LinkPreset::pcie4x16()).time(TimeMode::Real)),
         )
         .map_err(err)?;
-        let ctx = Context::new(&[host, emu]).map_err(err)?;
+        let devs = [host, emu];
+        let ctx = Context::new(&devs).map_err(err)?;
         ctx.set_perfmodel_dir(None);
         ctx.set_scheduler(p);
         for _ in 0..200 {

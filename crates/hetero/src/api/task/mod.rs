@@ -135,6 +135,8 @@ struct RtState {
     streams: Vec<Vec<PoolStream>>,
     host_streams: Vec<Option<Stream>>,
     submitted_since_harvest: u32,
+    /// Per device: the ends of its last tasks seen complete (`harvest`).
+    recent_ends: Vec<Vec<u64>>,
 }
 
 /// The devices' side of a context's tasks: streams, replicas' devices, tasks
@@ -231,6 +233,7 @@ impl Runtime {
                 streams: (0..n).map(|_| Vec::new()).collect(),
                 host_streams: vec![None; n],
                 submitted_since_harvest: 0,
+                recent_ends: vec![Vec::new(); n],
             }),
             devices,
             keys,
@@ -287,39 +290,61 @@ impl Runtime {
     }
 
     /// Feeds the models with the tasks seen complete.
+    ///
+    /// A task's time is from its start event (after its waits and copies)
+    /// to its end, less any wait for a compute unit: processed in order of
+    /// their ends, a device's task is taken to start no earlier than the end
+    /// of the task `lanes` places before it (exact when the device serves
+    /// its tasks first come, first served).
     fn harvest(&self, st: &mut RtState, sc: &mut Sched) {
         st.submitted_since_harvest = 0;
+        let stamp = |e: &Event| {
+            e.point
+                .as_ref()
+                .map_or(0, |p| p.stamp.load(Ordering::Acquire))
+        };
+        let mut done = Vec::new();
         let mut i = 0;
         while i < st.pending.len() {
             let p = &st.pending[i];
-            let done = match p.end.point.as_ref() {
+            let status = match p.end.point.as_ref() {
                 Some(e) => e.timeline.status(e.value),
                 None => Some(Ok(())),
             };
-            match done {
+            match status {
                 None => i += 1,
                 Some(r) => {
                     let p = st.pending.swap_remove(i);
                     st.queued[p.device] -= 1;
-                    if r.is_err() {
-                        continue;
+                    if r.is_ok() {
+                        done.push((stamp(&p.end), p));
                     }
-                    let stamp = |e: &Event| {
-                        e.point
-                            .as_ref()
-                            .map_or(0, |p| p.stamp.load(Ordering::Acquire))
-                    };
-                    let ns = stamp(&p.end).saturating_sub(stamp(&p.start)) as f64;
-                    let key = &self.keys[p.device];
-                    sc.models().observe(p.kernel, key, p.footprint, p.size, ns);
-                    sc.learner.observe(p.kernel, p.device, p.footprint, ns);
-                    if let Some((before, modelled)) = &p.copies {
-                        let took = stamp(&p.start).saturating_sub(stamp(before)) as f64;
-                        sc.learner.observe_transfer(p.device, took, *modelled);
-                    }
-                    sc.stats.observed += 1;
                 }
             }
+        }
+        done.sort_by_key(|(end, p)| (*end, p.device));
+        for (end, p) in done {
+            let lanes = self.lanes[p.device];
+            let recent = &mut st.recent_ends[p.device];
+            let unit_free = if recent.len() >= lanes {
+                recent[recent.len() - lanes]
+            } else {
+                0
+            };
+            recent.push(end);
+            if recent.len() > lanes {
+                recent.remove(0);
+            }
+            let ns = end.saturating_sub(stamp(&p.start).max(unit_free)) as f64;
+            let key = &self.keys[p.device];
+            sc.models().observe(p.kernel, key, p.footprint, p.size, ns);
+            sc.learner
+                .observe(p.kernel, p.device, p.footprint, p.size, ns);
+            if let Some((before, modelled)) = &p.copies {
+                let took = stamp(&p.start).saturating_sub(stamp(before)) as f64;
+                sc.learner.observe_transfer(p.device, took, *modelled);
+            }
+            sc.stats.observed += 1;
         }
     }
 
@@ -425,7 +450,7 @@ impl Runtime {
             local_bytes: local,
             predicted_ns: predicted,
             samples,
-            learned_ns: sc.learner.estimate(name, d, footprint),
+            learned_ns: sc.learner.estimate(name, d, footprint, size),
         }
     }
 

@@ -52,6 +52,9 @@ struct Estimate {
 #[derive(Debug)]
 pub(crate) struct Learner {
     exec: HashMap<(&'static str, usize, u64), Estimate>,
+    /// Per (kernel, device): ns per byte of the task's data, for footprints
+    /// not seen yet.
+    per_byte: HashMap<(&'static str, usize), f64>,
     /// Per device: observed over modelled transfer time.
     transfer: HashMap<usize, f64>,
     /// Tries per (kernel, device) without an estimate.
@@ -68,6 +71,7 @@ impl Default for Learner {
     fn default() -> Self {
         Learner {
             exec: HashMap::new(),
+            per_byte: HashMap::new(),
             transfer: HashMap::new(),
             tries: HashMap::new(),
             decisions: 0,
@@ -79,9 +83,23 @@ impl Default for Learner {
 }
 
 impl Learner {
-    /// The estimate of `kernel` with `footprint` on device `index`.
-    pub(crate) fn estimate(&self, kernel: &'static str, index: usize, footprint: u64) -> Option<f64> {
-        self.exec.get(&(kernel, index, footprint)).map(|e| e.ns)
+    /// The estimate of `kernel` with `footprint` (`size` bytes of data) on
+    /// device `index`: the footprint's own, else the kernel's time per byte
+    /// there times `size`.
+    pub(crate) fn estimate(
+        &self,
+        kernel: &'static str,
+        index: usize,
+        footprint: u64,
+        size: u64,
+    ) -> Option<f64> {
+        match self.exec.get(&(kernel, index, footprint)) {
+            Some(e) => Some(e.ns),
+            None => self
+                .per_byte
+                .get(&(kernel, index))
+                .map(|b| b * size.max(1) as f64),
+        }
     }
 
     /// Names the task the next `choose` places.
@@ -89,9 +107,21 @@ impl Learner {
         self.current = Some((kernel, footprint));
     }
 
-    /// An observed execution.
-    pub(crate) fn observe(&mut self, kernel: &'static str, index: usize, footprint: u64, ns: f64) {
+    /// An observed execution of a task with `size` bytes of data.
+    pub(crate) fn observe(
+        &mut self,
+        kernel: &'static str,
+        index: usize,
+        footprint: u64,
+        size: u64,
+        ns: f64,
+    ) {
         let at = self.decisions;
+        let b = ns / size.max(1) as f64;
+        self.per_byte
+            .entry((kernel, index))
+            .and_modify(|e| *e += ALPHA * (b.min(*e * CLIP) - *e))
+            .or_insert(b);
         self.exec
             .entry((kernel, index, footprint))
             .and_modify(|e| {
@@ -195,13 +225,15 @@ mod tests {
     fn recent_observations_outweigh_old_ones() {
         let mut l = Learner::default();
         for _ in 0..50 {
-            l.observe("k", 0, 1, 100.0);
+            l.observe("k", 0, 1, 10, 100.0);
         }
         for _ in 0..7 {
-            l.observe("k", 0, 1, 400.0);
+            l.observe("k", 0, 1, 10, 400.0);
         }
-        let e = l.estimate("k", 0, 1).unwrap();
+        let e = l.estimate("k", 0, 1, 10).unwrap();
         assert!(e > 360.0 && e < 400.0, "{e}");
+        let other = l.estimate("k", 0, 2, 20).unwrap();
+        assert!(other > 720.0 && other < 800.0, "{other}");
     }
 
     #[test]
