@@ -21,8 +21,9 @@
 //!   first (at most [`WARMUP`] times per kernel and device). Then, with
 //!   probability [`EPSILON`] (a seeded xorshift, so runs are deterministic),
 //!   the task goes to the device whose estimate is the oldest, but only if
-//!   its estimated completion is at most [`EXPLORE_SPAN`] times the best's
-//!   time from now: exploration is bounded in rate and in cost, and keeps
+//!   its estimated completion is at most [`EXPLORE_SPAN`] of the best
+//!   device's execution estimate later than the best completion:
+//!   exploration is bounded in rate and in cost (half a task), and keeps
 //!   estimates of devices the policy stopped using fresh (a device that
 //!   slowed and recovered is seen again).
 
@@ -37,8 +38,9 @@ pub const CLIP: f64 = 8.0;
 pub const WARMUP: u64 = 1;
 /// Probability of an exploring choice.
 pub const EPSILON: f64 = 0.05;
-/// An exploring choice completes at most this factor of the best's time.
-pub const EXPLORE_SPAN: f64 = 2.0;
+/// An exploring choice completes at most this fraction of the best
+/// device's execution estimate after the best completion.
+pub const EXPLORE_SPAN: f64 = 0.5;
 
 #[derive(Clone, Copy, Debug)]
 struct Estimate {
@@ -182,8 +184,7 @@ impl Learner {
         let ends: Vec<f64> = c.iter().map(end).collect();
         let best = known[argmin(&known, |&i| ends[i])];
         if known.len() > 1 && self.next_unit() < EPSILON {
-            let now = c.iter().map(|x| x.free_ns).fold(f64::MAX, f64::min);
-            let span = (ends[best] - now).max(0.0) * EXPLORE_SPAN + now;
+            let span = ends[best] + EXPLORE_SPAN * c[best].learned_ns.unwrap_or(0.0);
             let stale = known
                 .iter()
                 .copied()
@@ -240,7 +241,7 @@ mod tests {
     fn exploration_is_bounded() {
         let mut l = Learner::default();
         l.prepare("k", 1);
-        let c = [cand(0, Some(100.0)), cand(1, Some(150.0)), cand(2, Some(10_000.0))];
+        let c = [cand(0, Some(100.0)), cand(1, Some(140.0)), cand(2, Some(10_000.0))];
         let mut picks = [0u32; 3];
         for _ in 0..10_000 {
             picks[l.choose(&c).at] += 1;
