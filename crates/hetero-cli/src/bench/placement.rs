@@ -516,13 +516,27 @@ fn overhead(rep: &mut BenchReport, quick: bool) -> Result<()> {
             ctx.task(&empty).submit().map_err(err)?;
         }
         ctx.wait_tasks().map_err(err)?;
+        ctx.reset_task_stats();
         let t0 = Instant::now();
         for _ in 0..n {
             ctx.task(&empty).submit().map_err(err)?;
         }
         let ns = t0.elapsed().as_nanos() as f64 / n as f64;
         ctx.wait_tasks().map_err(err)?;
-        rep.push_value(&format!("overhead/per-task-ns-{}", p.name()), "ns", ns, n as u64);
+        let st = ctx.task_stats();
+        let name = p.name();
+        rep.push_value(&format!("overhead/per-task-ns-{name}"), "ns", ns, n as u64);
+        rep.push_value(
+            &format!("overhead/decision-ns-{name}"),
+            "ns",
+            st.decision_ns as f64 / n as f64,
+            n as u64,
+        );
+        rep.notes.push(format!(
+            "overhead {name}: {} of {n} submissions waited for a busy device's streams, {} \
+             streams made",
+            st.stream_waits, st.streams_made
+        ));
     }
     Ok(())
 }

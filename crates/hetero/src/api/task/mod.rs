@@ -64,6 +64,13 @@ pub struct TaskStats {
     pub outliers_rejected: u64,
     /// Executions observed (fed to the models).
     pub observed: u64,
+    /// Host time the policies spent deciding (candidates and choice), ns.
+    pub decision_ns: u64,
+    /// Submissions that waited for a task to complete because the device's
+    /// streams were all busy ([`MAX_TASK_STREAMS`]).
+    pub stream_waits: u64,
+    /// Streams made for tasks.
+    pub streams_made: u64,
 }
 
 /// The scheduling state of a context: it outlives the runtimes (a runtime
@@ -72,6 +79,11 @@ pub struct TaskStats {
 pub(crate) struct ContextTasks {
     sched: Arc<Mutex<Sched>>,
     runtime: Mutex<Weak<Runtime>>,
+    /// The runtime while tasks are in flight (so tasks whose handles and
+    /// data were dropped still complete on live streams); cleared when the
+    /// layer sees none in flight (`Context::wait_tasks`, or a submission
+    /// after they completed). Until then it holds the context's devices.
+    keep: Mutex<Option<Arc<Runtime>>>,
 }
 
 pub(crate) struct Sched {
@@ -137,6 +149,8 @@ struct RtState {
     submitted_since_harvest: u32,
     /// Per device: the ends of its last tasks seen complete (`harvest`).
     recent_ends: Vec<Vec<u64>>,
+    stream_waits: u64,
+    streams_made: u64,
 }
 
 /// The devices' side of a context's tasks: streams, replicas' devices, tasks
@@ -234,6 +248,8 @@ impl Runtime {
                 host_streams: vec![None; n],
                 submitted_since_harvest: 0,
                 recent_ends: vec![Vec::new(); n],
+                stream_waits: 0,
+                streams_made: 0,
             }),
             devices,
             keys,
@@ -322,6 +338,16 @@ impl Runtime {
                 }
             }
         }
+        if st.pending.is_empty() {
+            // Not the last handle: whoever called holds one (or this is the
+            // runtime's drop, and the one kept is another's).
+            let mut keep = lock(&self.ctx.tasks.keep);
+            if keep.as_ref().is_some_and(|k| std::ptr::eq(&**k, self)) {
+                let kept = keep.take();
+                drop(keep);
+                drop(kept);
+            }
+        }
         done.sort_by_key(|(end, p)| (*end, p.device));
         for (end, p) in done {
             let lanes = self.lanes[p.device];
@@ -350,7 +376,16 @@ impl Runtime {
 
     /// Places `spec` (on `forced` if given, else by the context's policy)
     /// and submits it.
-    pub(crate) fn submit(&self, spec: &Spec, forced: Option<usize>) -> Result<Task> {
+    pub(crate) fn submit(self: &Arc<Self>, spec: &Spec, forced: Option<usize>) -> Result<Task> {
+        let task = self.place_and_emit(spec, forced)?;
+        let mut keep = lock(&self.ctx.tasks.keep);
+        if keep.as_ref().is_none_or(|k| !Arc::ptr_eq(k, self)) {
+            *keep = Some(self.clone());
+        }
+        Ok(task)
+    }
+
+    fn place_and_emit(&self, spec: &Spec, forced: Option<usize>) -> Result<Task> {
         let mut st = lock(&self.state);
         let mut sc = lock(&self.sched);
         st.submitted_since_harvest += 1;
@@ -387,6 +422,7 @@ impl Runtime {
             let task = self.emit(&mut st, spec, f, &deps, priority, free)?;
             return Ok(self.account(&mut st, &mut sc, spec, task, footprint, size, false, free));
         }
+        let deciding = std::time::Instant::now();
         let candidates: Vec<Candidate> = runs
             .iter()
             .map(|&d| self.candidate(&st, &mut sc, spec, d, footprint, size, deps_end, now))
@@ -401,6 +437,7 @@ impl Runtime {
         }
         .unwrap_or(0.0);
         let end_ns = chosen.free_ns.max(chosen.data_ready()) + exec_ns;
+        sc.stats.decision_ns += deciding.elapsed().as_nanos() as u64;
         let priority = match policy {
             SchedPolicy::Dmdas => spec.priority,
             _ => None,
@@ -492,6 +529,8 @@ impl Runtime {
         s.per_device[device] += 1;
         s.bytes_moved += task.moved;
         s.explored = sc.learner.explored;
+        s.stream_waits += std::mem::take(&mut st.stream_waits);
+        s.streams_made += std::mem::take(&mut st.streams_made);
         task
     }
 
@@ -540,12 +579,14 @@ impl Runtime {
                         .is_some_and(|e| matches!(e.timeline.status(e.value), Some(Ok(())))),
                 })
             });
+        let (mut waited, mut made) = (false, false);
         let reuse = match reuse {
             Some(i) => Some(i),
             None if pool.len() >= MAX_STREAMS => {
                 // Bounded: wait for the stream with the oldest last task (as
                 // StarPU bounds the tasks in flight); one that faulted is
                 // replaced.
+                waited = true;
                 let i = sched::argmin(pool, |p| p.last.as_ref().map_or(0.0, |l| l.0 as f64));
                 let ok = pool[i].last.as_ref().is_none_or(|(_, e)| e.synchronize().is_ok());
                 if !ok {
@@ -563,6 +604,7 @@ impl Runtime {
                     None => self.devices[d].create_stream()?,
                 };
                 s.set_name(format!("tasks {}", pool.len()));
+                made = true;
                 pool.push(PoolStream {
                     stream: s,
                     last: None,
@@ -572,6 +614,8 @@ impl Runtime {
         };
         let stream = pool[at].stream.clone();
         let chained = pool[at].last.as_ref().map(|(t, _)| *t);
+        st.stream_waits += u64::from(waited);
+        st.streams_made += u64::from(made);
         if let Some(p) = priority {
             if stream.priority() != p {
                 stream.set_priority(p)?;
