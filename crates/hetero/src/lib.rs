@@ -40,7 +40,9 @@ pub use api::kernels;
 pub use api::managed::{ManagedBuffer, ManagedRead, ManagedWrite};
 pub use api::pitched::PitchedBuffer;
 pub use api::stream::{Stream, PRIORITY_HIGHEST, PRIORITY_LOWEST};
-pub use api::task::{PlacedTaskGraph, MAX_TASK_STREAMS, Task, TaskBuilder, TaskData, TaskGraph, TaskStats};
+pub use api::task::{
+    PlacedTaskGraph, Task, TaskBuilder, TaskData, TaskGraph, TaskStats, MAX_TASK_STREAMS,
+};
 pub use backend::emu::{IommuStats, IotlbCounts};
 pub use backend::DeviceProperties;
 pub use config::emu::{
@@ -60,8 +62,8 @@ pub use exec::managed::{
     Advice, Location, ManagedStats, MigrationReason, DEFAULT_PAGE_BYTES, PIN_AFTER, THROTTLE_AFTER,
 };
 pub use exec::op::CopyKind;
-pub use exec::sched::{SchedPolicy, READY_SLACK, STEAL_MARGIN};
 pub use exec::rows::{PitchedLayout, Region2D, Rows, RowsMut};
+pub use exec::sched::{SchedPolicy, READY_SLACK, STEAL_MARGIN};
 pub use exec::storage::MemoryKind;
 pub use system::{SystemInfo, WakeLatency};
 

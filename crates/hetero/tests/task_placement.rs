@@ -150,12 +150,21 @@ fn dependencies_follow_the_accesses_across_devices() {
     ctx.task(&w).write(&x).on_device(1).submit().unwrap();
     let mut want = 7u32;
     for i in 0..6 {
-        ctx.task(&rw).read_write(&x).on_device(i % 2).submit().unwrap();
+        ctx.task(&rw)
+            .read_write(&x)
+            .on_device(i % 2)
+            .submit()
+            .unwrap();
         want = want.wrapping_mul(31).wrapping_add(7);
     }
     // y = x + 7 on device 1, then x overwritten on device 0 (WAR: y keeps
     // the old x), twice (WAW: the last write wins).
-    ctx.task(&copy).read(&x).write(&y).on_device(1).submit().unwrap();
+    ctx.task(&copy)
+        .read(&x)
+        .write(&y)
+        .on_device(1)
+        .submit()
+        .unwrap();
     ctx.task(&w).write(&x).on_device(0).submit().unwrap();
     ctx.task(&rw).read_write(&x).on_device(1).submit().unwrap();
     let last = ctx.task(&w).write(&x).on_device(0).submit().unwrap();
@@ -187,8 +196,20 @@ fn a_fault_fails_its_dependents_and_nothing_else() {
     let c = ctx.data::<u32>(LEN).unwrap();
     let d = ctx.data::<u32>(LEN).unwrap();
     let bad = ctx.task(&boom).write(&a).on_device(0).submit().unwrap();
-    let dependent = ctx.task(&copy).read(&a).write(&b).on_device(1).submit().unwrap();
-    let same_dev = ctx.task(&copy).read(&a).write(&c).on_device(0).submit().unwrap();
+    let dependent = ctx
+        .task(&copy)
+        .read(&a)
+        .write(&b)
+        .on_device(1)
+        .submit()
+        .unwrap();
+    let same_dev = ctx
+        .task(&copy)
+        .read(&a)
+        .write(&c)
+        .on_device(0)
+        .submit()
+        .unwrap();
     let unrelated = ctx.task(&w).write(&d).on_device(0).submit().unwrap();
     assert!(bad.wait().is_err());
     assert!(dependent.wait().is_err());
@@ -234,7 +255,11 @@ fn placements_in_virtual_time_are_deterministic() {
     }
     let ops: Vec<Op> = (0..40)
         .map(|i| Op {
-            reads: if i % 3 == 0 { vec![] } else { vec![(i + 1) % BUFS] },
+            reads: if i % 3 == 0 {
+                vec![]
+            } else {
+                vec![(i + 1) % BUFS]
+            },
             out: i % BUFS,
             rw: i % 2 == 0,
         })
@@ -326,11 +351,20 @@ fn a_heft_placed_graph_replays_to_the_same_bytes() {
         for &r in &o.reads {
             t = t.read(&data[r]);
         }
-        t = if o.rw { t.read_write(&data[o.out]) } else { t.write(&data[o.out]) };
+        t = if o.rw {
+            t.read_write(&data[o.out])
+        } else {
+            t.write(&data[o.out])
+        };
         t.record(&mut g).unwrap();
     }
     let placed = g.instantiate_on(&ctx).unwrap();
-    let first: Vec<usize> = placed.launch().unwrap().iter().map(|t| t.device_index()).collect();
+    let first: Vec<usize> = placed
+        .launch()
+        .unwrap()
+        .iter()
+        .map(|t| t.device_index())
+        .collect();
     assert_eq!(first, placed.placement());
     ctx.wait_tasks().unwrap();
     let got: Vec<Vec<u32>> = data.iter().map(|d| d.to_vec().unwrap()).collect();
@@ -395,7 +429,10 @@ fn outliers_do_not_move_the_work_share() {
         }
         let per = ctx.task_stats().per_device;
         drop(devs);
-        (100.0 * per[1] as f64 / per.iter().sum::<u64>() as f64, rejected)
+        (
+            100.0 * per[1] as f64 / per.iter().sum::<u64>() as f64,
+            rejected,
+        )
     };
     let (clean, none) = share(false);
     let (dirty, rejected) = share(true);
@@ -403,5 +440,8 @@ fn outliers_do_not_move_the_work_share() {
     // The two inflated samples, and at most one neighbour each that waited
     // for the compute units the inflated task held.
     assert!((2..=4).contains(&rejected), "{rejected} rejected");
-    assert!((clean - dirty).abs() <= 10.0, "clean {clean} %, inflated {dirty} %");
+    assert!(
+        (clean - dirty).abs() <= 10.0,
+        "clean {clean} %, inflated {dirty} %"
+    );
 }

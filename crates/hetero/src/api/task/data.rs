@@ -73,7 +73,9 @@ impl<T: Pod + Send + Sync> DataAny for DataCell<T> {
         Ok(())
     }
     fn arg(&self, at: usize, write: bool) -> Arg<'_> {
-        let b = self.replicas[at].get().expect("replica made before its use");
+        let b = self.replicas[at]
+            .get()
+            .expect("replica made before its use");
         if write {
             Arg::write(b)
         } else {
@@ -153,7 +155,8 @@ impl<T: Pod + Send + Sync> TaskData<T> {
                 data,
             )?;
         }
-        cell.state.lock().unwrap_or_else(|p| p.into_inner()).valid[super::HOME] = Some(Event::new());
+        cell.state.lock().unwrap_or_else(|p| p.into_inner()).valid[super::HOME] =
+            Some(Event::new());
         Ok(TaskData {
             cell: Arc::new(cell),
             rt,
@@ -183,7 +186,11 @@ impl<T: Pod + Send + Sync> TaskData<T> {
             let at = (0..st.valid.len())
                 .find(|&i| st.valid[i].is_some())
                 .expect("some replica holds the current version");
-            (at, st.valid[at].clone().expect("found above"), st.writer.clone())
+            (
+                at,
+                st.valid[at].clone().expect("found above"),
+                st.writer.clone(),
+            )
         };
         if let Some(w) = &writer {
             w.end.synchronize()?;
@@ -200,6 +207,8 @@ impl<T: Pod + Send + Sync> TaskData<T> {
     /// Devices holding the current version, by index in the context.
     pub fn valid_on(&self) -> Vec<usize> {
         let st = self.cell.state.lock().unwrap_or_else(|p| p.into_inner());
-        (0..st.valid.len()).filter(|&i| st.valid[i].is_some()).collect()
+        (0..st.valid.len())
+            .filter(|&i| st.valid[i].is_some())
+            .collect()
     }
 }

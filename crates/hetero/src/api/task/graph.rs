@@ -88,7 +88,12 @@ impl TaskGraph {
                         )
                     })
                     .collect();
-                let known: Vec<f64> = cost.iter().flatten().copied().filter(|c| !c.is_nan()).collect();
+                let known: Vec<f64> = cost
+                    .iter()
+                    .flatten()
+                    .copied()
+                    .filter(|c| !c.is_nan())
+                    .collect();
                 let fill = if known.is_empty() {
                     1000.0
                 } else {
@@ -104,12 +109,16 @@ impl TaskGraph {
                 }
                 let mut inputs = Vec::new();
                 for (data, mode) in &spec.access {
-                    let written_before = self.specs[..i]
-                        .iter()
-                        .any(|s| s.access.iter().any(|(x, m)| x.id() == data.id() && m.writes()));
+                    let written_before = self.specs[..i].iter().any(|s| {
+                        s.access
+                            .iter()
+                            .any(|(x, m)| x.id() == data.id() && m.writes())
+                    });
                     if mode.reads() && !written_before {
                         let st = lock(data.state());
-                        let at = (0..n).find(|&d| st.valid[d].is_some()).unwrap_or(super::HOME);
+                        let at = (0..n)
+                            .find(|&d| st.valid[d].is_some())
+                            .unwrap_or(super::HOME);
                         inputs.push((at, data.bytes() as u64));
                     }
                 }

@@ -69,6 +69,9 @@ pub struct TaskStats {
     /// Submissions that waited for a task to complete because the device's
     /// streams were all busy ([`MAX_TASK_STREAMS`]).
     pub stream_waits: u64,
+    /// Host time those submissions waited, ns (in virtual time: running
+    /// the devices' model).
+    pub stream_wait_ns: u64,
     /// Streams made for tasks.
     pub streams_made: u64,
 }
@@ -150,6 +153,7 @@ struct RtState {
     /// Per device: the ends of its last tasks seen complete (`harvest`).
     recent_ends: Vec<Vec<u64>>,
     stream_waits: u64,
+    stream_wait_ns: u64,
     streams_made: u64,
 }
 
@@ -249,6 +253,7 @@ impl Runtime {
                 submitted_since_harvest: 0,
                 recent_ends: vec![Vec::new(); n],
                 stream_waits: 0,
+                stream_wait_ns: 0,
                 streams_made: 0,
             }),
             devices,
@@ -295,7 +300,10 @@ impl Runtime {
             Some(PeerPath::Link(l)) => l.transfer_ns(bytes),
             Some(PeerPath::SharedMemory) => host_copy,
             _ => {
-                let leg = |i: usize, out: bool| match (&self.host_link[i], self.devices[i].properties().backend) {
+                let leg = |i: usize, out: bool| match (
+                    &self.host_link[i],
+                    self.devices[i].properties().backend,
+                ) {
                     (Some(l), _) => l.transfer_ns(bytes, out),
                     (None, "host") => host_copy,
                     (None, _) => 10_000.0 + bytes as f64 / 16.0,
@@ -418,7 +426,9 @@ impl Runtime {
         if let Some(f) = forced {
             // A placed task: no policy, no predictions (graph replays).
             let free = st.free[f].iter().copied().fold(f64::MAX, f64::min).max(now);
-            let priority = (policy == SchedPolicy::Dmdas).then_some(spec.priority).flatten();
+            let priority = (policy == SchedPolicy::Dmdas)
+                .then_some(spec.priority)
+                .flatten();
             let task = self.emit(&mut st, spec, f, &deps, priority, free)?;
             return Ok(self.account(&mut st, &mut sc, spec, task, footprint, size, false, free));
         }
@@ -443,7 +453,16 @@ impl Runtime {
             _ => None,
         };
         let task = self.emit(&mut st, spec, device, &deps, priority, end_ns)?;
-        Ok(self.account(&mut st, &mut sc, spec, task, footprint, size, choice.calibrating, end_ns))
+        Ok(self.account(
+            &mut st,
+            &mut sc,
+            spec,
+            task,
+            footprint,
+            size,
+            choice.calibrating,
+            end_ns,
+        ))
     }
 
     /// A candidate device `d` for `spec`, as the policies see it.
@@ -530,6 +549,7 @@ impl Runtime {
         s.bytes_moved += task.moved;
         s.explored = sc.learner.explored;
         s.stream_waits += std::mem::take(&mut st.stream_waits);
+        s.stream_wait_ns += std::mem::take(&mut st.stream_wait_ns);
         s.streams_made += std::mem::take(&mut st.streams_made);
         task
     }
@@ -579,7 +599,7 @@ impl Runtime {
                         .is_some_and(|e| matches!(e.timeline.status(e.value), Some(Ok(())))),
                 })
             });
-        let (mut waited, mut made) = (false, false);
+        let (mut waited, mut made, mut wait_ns) = (false, false, 0);
         let reuse = match reuse {
             Some(i) => Some(i),
             None if pool.len() >= MAX_STREAMS => {
@@ -588,7 +608,12 @@ impl Runtime {
                 // replaced.
                 waited = true;
                 let i = sched::argmin(pool, |p| p.last.as_ref().map_or(0.0, |l| l.0 as f64));
-                let ok = pool[i].last.as_ref().is_none_or(|(_, e)| e.synchronize().is_ok());
+                let t0 = std::time::Instant::now();
+                let ok = pool[i]
+                    .last
+                    .as_ref()
+                    .is_none_or(|(_, e)| e.synchronize().is_ok());
+                wait_ns = t0.elapsed().as_nanos() as u64;
                 if !ok {
                     pool.swap_remove(i);
                 }
@@ -615,6 +640,7 @@ impl Runtime {
         let stream = pool[at].stream.clone();
         let chained = pool[at].last.as_ref().map(|(t, _)| *t);
         st.stream_waits += u64::from(waited);
+        st.stream_wait_ns += wait_ns;
         st.streams_made += u64::from(made);
         if let Some(p) = priority {
             if stream.priority() != p {

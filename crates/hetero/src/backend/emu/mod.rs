@@ -181,9 +181,14 @@ pub(crate) fn config_of(backend: &dyn Backend) -> Option<EmuConfig> {
 /// Sets the factor on the modelled time of `backend`'s kernels from the
 /// next kernel to start; false if it is not an emulated device.
 pub(crate) fn set_slowdown(backend: &dyn Backend, factor: f64) -> bool {
-    match backend.as_any().and_then(|a| a.downcast_ref::<EmuBackend>()) {
+    match backend
+        .as_any()
+        .and_then(|a| a.downcast_ref::<EmuBackend>())
+    {
         Some(emu) => {
-            emu.shared.slowdown.store(factor.to_bits(), Ordering::Relaxed);
+            emu.shared
+                .slowdown
+                .store(factor.to_bits(), Ordering::Relaxed);
             true
         }
         None => false,

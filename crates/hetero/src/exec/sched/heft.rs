@@ -77,10 +77,8 @@ pub(crate) fn plan(
     // topological.
     order.sort_by(|&a, &b| rank[b].total_cmp(&rank[a]).then(a.cmp(&b)));
     // Busy intervals per (device, lane), sorted by start.
-    let mut busy: Vec<Vec<Vec<(f64, f64)>>> = lanes
-        .iter()
-        .map(|&n| vec![Vec::new(); n.max(1)])
-        .collect();
+    let mut busy: Vec<Vec<Vec<(f64, f64)>>> =
+        lanes.iter().map(|&n| vec![Vec::new(); n.max(1)]).collect();
     let mut placed: Vec<Option<Placed>> = vec![None; tasks.len()];
     // A task whose predecessor is not placed yet (zero-cost ties) waits.
     let mut pending = order;
@@ -97,7 +95,11 @@ pub(crate) fn plan(
             let mut ready = 0.0f64;
             for &(p, bytes) in &t.preds {
                 let pp = placed[p].expect("checked above");
-                let c = if pp.device == d { 0.0 } else { comm(pp.device, d, bytes) };
+                let c = if pp.device == d {
+                    0.0
+                } else {
+                    comm(pp.device, d, bytes)
+                };
                 ready = ready.max(pp.end + c);
             }
             let inputs: f64 = t
@@ -148,7 +150,11 @@ mod tests {
     fn a_chain_stays_on_the_fast_device_and_a_fork_spreads() {
         let chain: Vec<HeftTask> = (0..4)
             .map(|i| HeftTask {
-                preds: if i == 0 { vec![] } else { vec![(i - 1, 1 << 20)] },
+                preds: if i == 0 {
+                    vec![]
+                } else {
+                    vec![(i - 1, 1 << 20)]
+                },
                 inputs: vec![],
                 cost: vec![Some(10.0), Some(30.0)],
             })

@@ -170,7 +170,9 @@ impl Learner {
                 }
             }
         }
-        let known: Vec<usize> = (0..c.len()).filter(|&i| c[i].learned_ns.is_some()).collect();
+        let known: Vec<usize> = (0..c.len())
+            .filter(|&i| c[i].learned_ns.is_some())
+            .collect();
         if known.is_empty() {
             return Choice {
                 at: 0,
@@ -189,11 +191,7 @@ impl Learner {
                 .iter()
                 .copied()
                 .filter(|&i| i != best && ends[i] <= span)
-                .min_by_key(|&i| {
-                    self.exec
-                        .get(&(kernel, c[i].index, fp))
-                        .map_or(0, |e| e.at)
-                });
+                .min_by_key(|&i| self.exec.get(&(kernel, c[i].index, fp)).map_or(0, |e| e.at));
             if let Some(i) = stale {
                 self.explored += 1;
                 return Choice {
@@ -241,7 +239,11 @@ mod tests {
     fn exploration_is_bounded() {
         let mut l = Learner::default();
         l.prepare("k", 1);
-        let c = [cand(0, Some(100.0)), cand(1, Some(140.0)), cand(2, Some(10_000.0))];
+        let c = [
+            cand(0, Some(100.0)),
+            cand(1, Some(140.0)),
+            cand(2, Some(10_000.0)),
+        ];
         let mut picks = [0u32; 3];
         for _ in 0..10_000 {
             picks[l.choose(&c).at] += 1;

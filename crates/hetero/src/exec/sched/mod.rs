@@ -185,14 +185,16 @@ pub(crate) fn choose(
             }
             let limit = end(&c[best]) + READY_SLACK * (end(&c[best]) - c[best].free_ns).max(0.0);
             let near: Vec<usize> = (0..c.len()).filter(|&i| end(&c[i]) <= limit).collect();
-            plain(*near
-                .iter()
-                .min_by(|&&a, &&b| {
-                    c[a].bytes_to_move
-                        .cmp(&c[b].bytes_to_move)
-                        .then(end(&c[a]).total_cmp(&end(&c[b])))
-                })
-                .expect("best is near"))
+            plain(
+                *near
+                    .iter()
+                    .min_by(|&&a, &&b| {
+                        c[a].bytes_to_move
+                            .cmp(&c[b].bytes_to_move)
+                            .then(end(&c[a]).total_cmp(&end(&c[b])))
+                    })
+                    .expect("best is near"),
+            )
         }
         SchedPolicy::Learned => learner.choose(c),
     }

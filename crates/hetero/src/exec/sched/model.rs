@@ -229,7 +229,13 @@ impl Models {
     fn file(dir: &Path, kernel: &str) -> PathBuf {
         let safe: String = kernel
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .collect();
         dir.join(format!("{safe}.model"))
     }
@@ -397,7 +403,10 @@ fn parse(text: &str, kernel: &str) -> Result<KernelModel, String> {
         let at = |e: String| format!("line {}: {e}", i + 3);
         match f.next() {
             Some("h") => {
-                let dev = f.next().ok_or_else(|| at("missing device".into()))?.to_string();
+                let dev = f
+                    .next()
+                    .ok_or_else(|| at("missing device".into()))?
+                    .to_string();
                 let fp: u64 = f
                     .next()
                     .and_then(|s| s.parse().ok())
@@ -432,7 +441,10 @@ fn parse(text: &str, kernel: &str) -> Result<KernelModel, String> {
                 );
             }
             Some("r") => {
-                let dev = f.next().ok_or_else(|| at("missing device".into()))?.to_string();
+                let dev = f
+                    .next()
+                    .ok_or_else(|| at("missing device".into()))?
+                    .to_string();
                 let k = num(f.next(), "count").map_err(at)? as u64;
                 // Sums of logarithms may be negative.
                 let mut v = [0.0; 6];
@@ -524,10 +536,16 @@ mod tests {
         }
         m.save();
         let mut again = Models::new(Some(dir.clone()));
-        assert_eq!(again.predict("k-1", "emu:x", 7, 64).map(|p| p.0), Some(500.0));
+        assert_eq!(
+            again.predict("k-1", "emu:x", 7, 64).map(|p| p.0),
+            Some(500.0)
+        );
         assert_eq!((again.loaded, again.damaged), (1, 0));
-        std::fs::write(Models::file(&dir, "k-1"), "hetero-perfmodel 1\nkernel k-1\nh x 1 nan\n")
-            .unwrap();
+        std::fs::write(
+            Models::file(&dir, "k-1"),
+            "hetero-perfmodel 1\nkernel k-1\nh x 1 nan\n",
+        )
+        .unwrap();
         let mut damaged = Models::new(Some(dir.clone()));
         assert_eq!(damaged.predict("k-1", "emu:x", 7, 64), None);
         assert_eq!(damaged.damaged, 1);
