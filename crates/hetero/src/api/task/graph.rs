@@ -17,7 +17,8 @@ use std::sync::Arc;
 ///
 /// ```
 /// use hetero::{Context, Device, Kernel, TaskGraph};
-/// let ctx = Context::new(&[Device::host().unwrap(), Device::host().unwrap()]).unwrap();
+/// let devices = [Device::host().unwrap(), Device::host().unwrap()];
+/// let ctx = Context::new(&devices).unwrap();
 /// let x = ctx.data_from(&[1u32; 4]).unwrap();
 /// let inc = Kernel::new("inc", |b| b.write::<u32>(0).iter_mut().for_each(|v| *v += 1));
 /// let mut g = TaskGraph::new();

@@ -503,13 +503,13 @@ mod tests {
         assert_eq!(m.predict("k", "d", 1, 100).map(|p| p.0), Some(1000.0));
         assert_eq!(m.rejected, 2);
         for _ in 0..REGIME_AFTER {
-            m.observe("k", "d", 1, 100, 4000.0);
+            m.observe("k", "d", 1, 100, 5000.0);
         }
         assert_eq!(m.samples("k", "d", 1), u64::from(REGIME_AFTER));
         for _ in 0..TRUSTED_AFTER {
-            m.observe("k", "d", 1, 100, 4000.0);
+            m.observe("k", "d", 1, 100, 5000.0);
         }
-        assert_eq!(m.predict("k", "d", 1, 100).map(|p| p.0), Some(4000.0));
+        assert_eq!(m.predict("k", "d", 1, 100).map(|p| p.0), Some(5000.0));
     }
 
     #[test]
