@@ -445,3 +445,42 @@ fn outliers_do_not_move_the_work_share() {
         "clean {clean} %, inflated {dirty} %"
     );
 }
+
+/// A context of the host device and a device of the backend under test
+/// (both run the suite's kernels: closures and WGSL twins): every policy
+/// gives the bytes of submission order on one device.
+#[test]
+fn a_mixed_context_matches_submission_order() {
+    if common::skipped("a_mixed_context_matches_submission_order") {
+        return;
+    }
+    let devs = vec![Device::host().unwrap(), common::device()];
+    let ctx = Context::new(&devs).unwrap();
+    ctx.set_perfmodel_dir(None);
+    let ks = kernels();
+    let ops: Vec<Op> = (0..40)
+        .map(|i| Op {
+            reads: if i % 3 == 0 {
+                vec![]
+            } else {
+                vec![(i * 2 + 1) % BUFS]
+            },
+            out: i % BUFS,
+            rw: i % 2 == 1,
+        })
+        .filter(|o| !o.reads.contains(&o.out))
+        .collect();
+    let want = run(&ctx, &ks, &ops, Some(0));
+    for p in SchedPolicy::ALL {
+        ctx.set_scheduler(p);
+        for _ in 0..2 {
+            assert_eq!(run(&ctx, &ks, &ops, None), want, "policy {}", p.name());
+        }
+    }
+    // Both devices ran tasks.
+    assert!(
+        ctx.task_stats().per_device.iter().all(|&n| n > 0),
+        "{:?}",
+        ctx.task_stats()
+    );
+}
