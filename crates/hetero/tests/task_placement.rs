@@ -159,16 +159,21 @@ fn dependencies_follow_the_accesses_across_devices() {
     }
     // y = x + 7 on device 1, then x overwritten on device 0 (WAR: y keeps
     // the old x), twice (WAW: the last write wins).
-    ctx.task(&copy)
-        .read(&x)
-        .write(&y)
-        .on_device(1)
-        .submit()
-        .unwrap();
+    ctx.reset_task_stats();
+    let reader = ctx.task(&copy).read(&x).write(&y).on_device(1);
+    // x was last written on device 1 (i = 5) and y is written only:
+    // nothing moves.
+    assert_eq!(reader.submit().unwrap().bytes_moved(), 0);
     ctx.task(&w).write(&x).on_device(0).submit().unwrap();
     ctx.task(&rw).read_write(&x).on_device(1).submit().unwrap();
     let last = ctx.task(&w).write(&x).on_device(0).submit().unwrap();
     last.wait().unwrap();
+    // Device 0's writes move nothing (write only); device 1's read_write
+    // moves x from device 0.
+    let moved = ctx.task_stats().bytes_per_link;
+    assert_eq!(moved, vec![(0, 1, (LEN * 4) as u64)]);
+    ctx.wait_tasks().unwrap();
+    assert!(last.measured_ns().is_some());
     assert_eq!(y.to_vec().unwrap(), vec![want.wrapping_add(7); LEN]);
     assert_eq!(x.to_vec().unwrap(), vec![7; LEN]);
     assert_eq!(x.valid_on(), vec![0]);
@@ -306,6 +311,14 @@ fn models_persist_and_a_damaged_file_is_recalibrated() {
     assert!(first.calibration_tasks > 0, "{first:?}");
     let second = session(&dir);
     assert_eq!(second.calibration_tasks, 0, "{second:?}");
+    // Trusted predictions were compared with what the tasks took.
+    assert!(
+        second
+            .prediction_error
+            .iter()
+            .any(|e| e.kernel == "mix1rw" && e.tasks > 0),
+        "{second:?}"
+    );
     assert_eq!((second.models_loaded, second.models_damaged), (1, 0));
     let file = dir.join("mix1rw.model");
     let text = std::fs::read_to_string(&file).unwrap();

@@ -335,13 +335,15 @@ fn calibrate(dir: &Path, w: &Workload<'_>) -> Result<u64> {
     Ok(total)
 }
 
-/// A policy's second run of `w` in a fresh node with the models of `dir`.
-fn measured(dir: &Path, p: SchedPolicy, w: &Workload<'_>) -> Result<Run> {
+/// A policy's second run of `w` in a fresh node with the models of `dir`,
+/// and the layer's figures of that run.
+fn measured(dir: &Path, p: SchedPolicy, w: &Workload<'_>) -> Result<(Run, hetero::TaskStats)> {
     let (ctx, devs) = node()?;
     ctx.set_perfmodel_dir(Some(dir.to_path_buf()));
     ctx.set_scheduler(p);
     online(&ctx, &devs, w)?;
-    online(&ctx, &devs, w)
+    let r = online(&ctx, &devs, w)?;
+    Ok((r, ctx.task_stats()))
 }
 
 fn heft_run(dir: &Path, w: &Workload<'_>) -> Result<Run> {
@@ -371,7 +373,32 @@ fn compare(rep: &mut BenchReport, dir: &Path, name: &str, w: &Workload<'_>) -> R
     rep.ratios
         .insert(format!("{name}/heft-over-bound"), h.makespan_ns / bound);
     for p in SchedPolicy::ALL {
-        let r = measured(dir, p, w)?;
+        let (r, stats) = measured(dir, p, w)?;
+        if p == SchedPolicy::Dmda {
+            let err: Vec<String> = stats
+                .prediction_error
+                .iter()
+                .map(|e| {
+                    format!(
+                        "{}@{}: {:.1} % over {}",
+                        e.kernel,
+                        e.device,
+                        100.0 * e.mean_relative_error,
+                        e.tasks
+                    )
+                })
+                .collect();
+            rep.notes.push(format!(
+                "{name} dmda: prediction error per kernel@device {}; MiB per link (from, to) {}",
+                err.join(", "),
+                stats
+                    .bytes_per_link
+                    .iter()
+                    .map(|l| format!("{}->{}: {:.1}", l.0, l.1, l.2 as f64 / 1048576.0))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
         let s = p.name();
         rep.push_value(
             &format!("{name}/makespan-ms-{s}"),

@@ -74,6 +74,25 @@ pub struct TaskStats {
     pub stream_wait_ns: u64,
     /// Streams made for tasks.
     pub streams_made: u64,
+    /// Bytes copied for tasks per link: (from device, to device, bytes), by
+    /// index in the context.
+    pub bytes_per_link: Vec<(usize, usize, u64)>,
+    /// The history model's prediction against the time observed, per kernel
+    /// and device (tasks placed with a trusted prediction and seen complete).
+    pub prediction_error: Vec<PredictionError>,
+}
+
+/// How far a kernel's predictions on one device were from what it took.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PredictionError {
+    /// The kernel's name.
+    pub kernel: &'static str,
+    /// The device's index in the context.
+    pub device: usize,
+    /// Tasks compared.
+    pub tasks: u64,
+    /// Mean of |predicted − observed| / observed.
+    pub mean_relative_error: f64,
 }
 
 /// The scheduling state of a context: it outlives the runtimes (a runtime
@@ -97,6 +116,8 @@ pub(crate) struct Sched {
     model_dir: Option<Option<PathBuf>>,
     learner: Learner,
     stats: TaskStats,
+    /// Per (kernel, device): tasks and the sum of relative errors.
+    errors: std::collections::BTreeMap<(&'static str, usize), (u64, f64)>,
 }
 
 impl Default for Sched {
@@ -107,6 +128,7 @@ impl Default for Sched {
             model_dir: None,
             learner: Learner::default(),
             stats: TaskStats::default(),
+            errors: Default::default(),
         }
     }
 }
@@ -139,6 +161,10 @@ struct Pending {
     end: Event,
     /// An event before its copies and the link models' time for them.
     copies: Option<(Event, f64)>,
+    /// The history model's prediction on its device.
+    predicted: Option<f64>,
+    /// Where the observed time goes (shared with the task's handle).
+    measured: Arc<std::sync::atomic::AtomicU64>,
 }
 
 struct RtState {
@@ -155,6 +181,8 @@ struct RtState {
     stream_waits: u64,
     stream_wait_ns: u64,
     streams_made: u64,
+    /// Copies since the last account: (from, to, bytes).
+    link_bytes: Vec<(usize, usize, u64)>,
 }
 
 /// The devices' side of a context's tasks: streams, replicas' devices, tasks
@@ -255,6 +283,7 @@ impl Runtime {
                 stream_waits: 0,
                 stream_wait_ns: 0,
                 streams_made: 0,
+                link_bytes: Vec::new(),
             }),
             devices,
             keys,
@@ -370,6 +399,12 @@ impl Runtime {
                 recent.remove(0);
             }
             let ns = end.saturating_sub(stamp(&p.start).max(unit_free)) as f64;
+            p.measured.store(ns.to_bits(), Ordering::Relaxed);
+            if let (Some(pred), true) = (p.predicted, ns > 0.0) {
+                let e = sc.errors.entry((p.kernel, p.device)).or_insert((0, 0.0));
+                e.0 += 1;
+                e.1 += (pred - ns).abs() / ns;
+            }
             let key = &self.keys[p.device];
             sc.models().observe(p.kernel, key, p.footprint, p.size, ns);
             sc.learner
@@ -452,7 +487,8 @@ impl Runtime {
             SchedPolicy::Dmdas => spec.priority,
             _ => None,
         };
-        let task = self.emit(&mut st, spec, device, &deps, priority, end_ns)?;
+        let mut task = self.emit(&mut st, spec, device, &deps, priority, end_ns)?;
+        task.predicted = chosen.predicted_ns;
         Ok(self.account(
             &mut st,
             &mut sc,
@@ -537,6 +573,8 @@ impl Runtime {
             start: task.start.clone(),
             end: task.event.clone(),
             copies: task.copies.clone(),
+            predicted: task.predicted,
+            measured: task.measured.clone(),
         });
         st.queued[device] += 1;
         let s = &mut sc.stats;
@@ -550,6 +588,12 @@ impl Runtime {
         s.explored = sc.learner.explored;
         s.stream_waits += std::mem::take(&mut st.stream_waits);
         s.stream_wait_ns += std::mem::take(&mut st.stream_wait_ns);
+        for (a, b, n) in st.link_bytes.drain(..) {
+            match s.bytes_per_link.iter_mut().find(|l| (l.0, l.1) == (a, b)) {
+                Some(l) => l.2 += n,
+                None => s.bytes_per_link.push((a, b, n)),
+            }
+        }
         s.streams_made += std::mem::take(&mut st.streams_made);
         task
     }
@@ -680,6 +724,7 @@ impl Runtime {
                     c.1 += t;
                 }
                 moved += bytes;
+                st.link_bytes.push((src, d, bytes));
                 src
             };
             data.copy(&stream, src, d)?;
@@ -722,6 +767,8 @@ impl Runtime {
             start,
             copies,
             moved,
+            predicted: None,
+            measured: Arc::new(std::sync::atomic::AtomicU64::new(f64::NAN.to_bits())),
         })
     }
 
@@ -784,9 +831,24 @@ pub struct Task {
     start: Event,
     copies: Option<(Event, f64)>,
     moved: u64,
+    predicted: Option<f64>,
+    measured: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Task {
+    /// The history model's prediction of its execution time on its device,
+    /// ns (`None`: placed without one, or forced).
+    pub fn predicted_ns(&self) -> Option<f64> {
+        self.predicted
+    }
+
+    /// Its execution time as the task layer observed it, ns, once it saw the
+    /// task complete ([`Context::wait_tasks`]); `None` before.
+    pub fn measured_ns(&self) -> Option<f64> {
+        let v = f64::from_bits(self.measured.load(Ordering::Relaxed));
+        (!v.is_nan()).then_some(v)
+    }
+
     /// Completes when the task has (fails if it faulted or a task it depends
     /// on did).
     pub fn event(&self) -> &Event {
@@ -993,6 +1055,17 @@ impl Context {
         let m = sc.models();
         let (loaded, damaged, rejected) = (m.loaded, m.damaged, m.rejected);
         let mut s = sc.stats.clone();
+        s.prediction_error = sc
+            .errors
+            .iter()
+            .map(|(&(kernel, device), &(tasks, sum))| PredictionError {
+                kernel,
+                device,
+                tasks,
+                mean_relative_error: sum / tasks as f64,
+            })
+            .collect();
+        s.bytes_per_link.sort_unstable();
         s.models_loaded = loaded;
         s.models_damaged = damaged;
         s.outliers_rejected = rejected;
@@ -1002,7 +1075,9 @@ impl Context {
     /// Forgets the figures of [`Context::task_stats`] (models and learned
     /// estimates stay).
     pub fn reset_task_stats(&self) {
-        lock(&self.tasks_state().sched).stats = TaskStats::default();
+        let mut sc = lock(&self.tasks_state().sched);
+        sc.stats = TaskStats::default();
+        sc.errors.clear();
     }
 }
 
