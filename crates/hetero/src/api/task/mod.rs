@@ -432,7 +432,9 @@ impl Runtime {
         let mut st = lock(&self.state);
         let mut sc = lock(&self.sched);
         st.submitted_since_harvest += 1;
-        if st.submitted_since_harvest >= 16 {
+        // Amortised: a scan of the tasks in flight every quarter of their
+        // number of submissions (at least 16).
+        if st.submitted_since_harvest as usize >= (st.pending.len() / 4).max(16) {
             self.harvest(&mut st, &mut sc);
         }
         let k = &spec.kernel;

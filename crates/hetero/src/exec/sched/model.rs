@@ -160,8 +160,9 @@ impl Regression {
 /// One kernel's models on every device it ran on.
 #[derive(Clone, Debug, Default, PartialEq)]
 struct KernelModel {
-    /// By (device key, footprint).
-    history: HashMap<(String, u64), History>,
+    /// By device key, then footprint (looked up by `&str`: no allocation on
+    /// the submission path).
+    history: HashMap<String, HashMap<u64, History>>,
     /// By device key.
     regression: HashMap<String, Regression>,
     /// Unsaved samples since the last save.
@@ -278,7 +279,7 @@ impl Models {
         size: u64,
     ) -> Option<(f64, Basis)> {
         let m = self.kernel(kernel);
-        if let Some(h) = m.history.get(&(device.to_string(), footprint)) {
+        if let Some(h) = m.history.get(device).and_then(|d| d.get(&footprint)) {
             if h.trusted() {
                 return Some((h.mean, Basis::History));
             }
@@ -291,7 +292,8 @@ impl Models {
     pub(crate) fn samples(&mut self, kernel: &'static str, device: &str, footprint: u64) -> u64 {
         self.kernel(kernel)
             .history
-            .get(&(device.to_string(), footprint))
+            .get(device)
+            .and_then(|d| d.get(&footprint))
             .map_or(0, |h| h.n)
     }
 
@@ -305,18 +307,27 @@ impl Models {
         ns: f64,
     ) {
         let m = self.kernel(kernel);
+        if !m.history.contains_key(device) {
+            m.history.insert(device.to_string(), HashMap::new());
+        }
         let h = m
             .history
-            .entry((device.to_string(), footprint))
+            .get_mut(device)
+            .expect("inserted above")
+            .entry(footprint)
             .or_insert_with(|| History {
                 size,
                 ..History::default()
             });
         let accepted = h.add(ns);
         if accepted {
+            if !m.regression.contains_key(device) {
+                m.regression
+                    .insert(device.to_string(), Regression::default());
+            }
             m.regression
-                .entry(device.to_string())
-                .or_default()
+                .get_mut(device)
+                .expect("inserted above")
                 .add(size as f64, ns);
         } else {
             self.rejected += 1;
@@ -350,8 +361,12 @@ impl Models {
 
 fn render(name: &str, m: &KernelModel) -> String {
     let mut s = format!("{FORMAT}\nkernel {name}\n");
-    let mut hist: Vec<_> = m.history.iter().collect();
-    hist.sort_by(|a, b| a.0.cmp(b.0));
+    let mut hist: Vec<_> = m
+        .history
+        .iter()
+        .flat_map(|(dev, d)| d.iter().map(move |(fp, h)| ((dev, fp), h)))
+        .collect();
+    hist.sort_by(|a, b| a.0.cmp(&b.0));
     for ((dev, fp), h) in hist {
         let recent: Vec<String> = h.recent.iter().map(|x| format!("{x:e}")).collect();
         s += &format!(
@@ -427,8 +442,8 @@ fn parse(text: &str, kernel: &str) -> Result<KernelModel, String> {
                 if recent.len() > RECENT || (n > 0 && recent.is_empty()) {
                     return Err(at("recent samples do not match the count".into()));
                 }
-                m.history.insert(
-                    (dev, fp),
+                m.history.entry(dev).or_default().insert(
+                    fp,
                     History {
                         n,
                         mean,
