@@ -104,6 +104,7 @@ static NEXT_DATA: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::n
 /// use hetero::{Context, Device, Kernel};
 /// let devices = [Device::host().unwrap(), Device::host().unwrap()];
 /// let ctx = Context::new(&devices).unwrap();
+/// # ctx.set_perfmodel_dir(None); // the doctest writes no model file
 /// let x = ctx.data_from(&[1u32, 2, 3]).unwrap();
 /// let double = Kernel::new("double", |b| b.write::<u32>(0).iter_mut().for_each(|v| *v *= 2));
 /// ctx.task(&double).read_write(&x).submit().unwrap();

@@ -19,6 +19,7 @@ use std::sync::Arc;
 /// use hetero::{Context, Device, Kernel, TaskGraph};
 /// let devices = [Device::host().unwrap(), Device::host().unwrap()];
 /// let ctx = Context::new(&devices).unwrap();
+/// # ctx.set_perfmodel_dir(None); // the doctest writes no model file
 /// let x = ctx.data_from(&[1u32; 4]).unwrap();
 /// let inc = Kernel::new("inc", |b| b.write::<u32>(0).iter_mut().for_each(|v| *v += 1));
 /// let mut g = TaskGraph::new();
