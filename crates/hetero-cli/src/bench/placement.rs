@@ -372,8 +372,10 @@ fn compare(rep: &mut BenchReport, dir: &Path, name: &str, w: &Workload<'_>) -> R
     rep.push_value(&format!("{name}/lower-bound-ms"), "ms", bound / 1e6, 1);
     rep.ratios
         .insert(format!("{name}/heft-over-bound"), h.makespan_ns / bound);
+    let mut shares = Vec::new();
     for p in SchedPolicy::ALL {
         let (r, stats) = measured(dir, p, w)?;
+        shares.push(format!("{} {:?}", p.name(), stats.per_device));
         if p == SchedPolicy::Dmda {
             let err: Vec<String> = stats
                 .prediction_error
@@ -427,6 +429,8 @@ fn compare(rep: &mut BenchReport, dir: &Path, name: &str, w: &Workload<'_>) -> R
             );
         }
     }
+    rep.notes
+        .push(format!("{name}: tasks per device, {}", shares.join(", ")));
     Ok(())
 }
 

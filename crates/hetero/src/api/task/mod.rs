@@ -432,9 +432,11 @@ impl Runtime {
         let mut st = lock(&self.state);
         let mut sc = lock(&self.sched);
         st.submitted_since_harvest += 1;
-        // Amortised: a scan of the tasks in flight every quarter of their
-        // number of submissions (at least 16).
-        if st.submitted_since_harvest as usize >= (st.pending.len() / 4).max(16) {
+        // Every 16 submissions. (Scanning only every quarter of the tasks in
+        // flight, fewer observations arrive mid-run, and the learning
+        // policy's random-DAG makespan in `bench placement` went from 0.76×
+        // to 2.1× HEFT's: it learns from what completes while it submits.)
+        if st.submitted_since_harvest >= 16 {
             self.harvest(&mut st, &mut sc);
         }
         let k = &spec.kernel;
