@@ -161,6 +161,10 @@ enum BenchCommand {
     /// Graph launch, replay, update, instantiate and capture beside the same work op by op
     /// (on the device HETERO_BACKEND names).
     Graph(BenchOpts),
+    /// Tasks placed across a modelled node (a CPU-like device, two accelerators) by every
+    /// scheduling policy beside HEFT and a lower bound; drift, outliers, overhead, placed
+    /// graphs, persisted models.
+    Placement(BenchOpts),
     /// Allocation latency and fragmentation beside malloc, mimalloc, jemalloc, offset-allocator.
     Alloc(BenchOpts),
     /// Virtual memory: growing by cached and new granules, ten maps against one, churn
@@ -436,6 +440,15 @@ fn run_bench(which: BenchCommand) {
             bench_on("managed", opts, &device, bench::managed::run)
         }
         BenchCommand::Mpi(opts) => bench_mpi(opts),
+        BenchCommand::Placement(opts) => {
+            let pb = spinner(opts.json, "bench placement");
+            let rep = bench::placement::run(opts.quick);
+            pb.finish_and_clear();
+            match rep {
+                Ok(rep) => rep.print(opts.json),
+                Err(e) => fail("bench placement", e),
+            }
+        }
         BenchCommand::Vulkan(opts) => {
             let pb = spinner(opts.json, "bench vulkan");
             let rep = bench::vulkan::run(opts.quick);
@@ -458,6 +471,7 @@ fn run_bench(which: BenchCommand) {
                 | BenchCommand::Transfer { .. }
                 | BenchCommand::Managed { .. }
                 | BenchCommand::Mpi(_)
+                | BenchCommand::Placement(_)
                 | BenchCommand::Vulkan(_) => {
                     unreachable!("handled above")
                 }

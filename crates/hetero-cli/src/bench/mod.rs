@@ -15,6 +15,7 @@ pub mod managed;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod pipeline;
+pub mod placement;
 pub mod profile;
 pub mod submit;
 pub mod transfer;

@@ -44,6 +44,8 @@ pub(crate) struct ContextShared {
     /// The devices, held weakly: each device holds its context.
     devices: Vec<(u64, WeakDevice)>,
     topology: Topology,
+    /// The task layer's state: policy, models, the runtime (`api/task`).
+    pub(crate) tasks: crate::api::task::ContextTasks,
 }
 
 impl ContextShared {
@@ -217,6 +219,7 @@ impl Context {
             id: NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed),
             devices: devices.iter().map(|d| (d.id(), d.downgrade())).collect(),
             topology,
+            tasks: Default::default(),
         });
         for d in devices {
             // Checked above; a race with another context for the same device
@@ -233,6 +236,10 @@ impl Context {
 
     pub(crate) fn from_shared(shared: Arc<ContextShared>) -> Self {
         Context { shared }
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<ContextShared> {
+        &self.shared
     }
 
     /// The context's id (unique in the process).

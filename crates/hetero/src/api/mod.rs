@@ -14,3 +14,4 @@ pub mod kernels;
 pub(crate) mod managed;
 pub(crate) mod pitched;
 pub(crate) mod stream;
+pub(crate) mod task;

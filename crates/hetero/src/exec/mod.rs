@@ -17,6 +17,7 @@ pub(crate) mod park;
 pub(crate) mod point;
 pub(crate) mod ring;
 pub(crate) mod rows;
+pub(crate) mod sched;
 pub(crate) mod storage;
 pub(crate) mod thread;
 pub(crate) mod timeline;

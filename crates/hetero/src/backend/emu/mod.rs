@@ -95,6 +95,9 @@ pub(crate) struct Shared {
     /// The device clock and the driver's doorbell (see `Doorbell`).
     pub(crate) bell: Arc<Doorbell>,
     hash: AtomicU64,
+    /// A factor on kernels' modelled time (f64 bits; 1.0): a device that
+    /// slows down or speeds up while it runs (`Device::set_emu_slowdown`).
+    pub(crate) slowdown: AtomicU64,
     /// Moves whenever a stream's priority changes: dispatch orders the
     /// streams again before its next start (a priority set by an op's user
     /// code takes effect at the next operation boundary).
@@ -168,6 +171,30 @@ impl Shared {
     }
 }
 
+/// The emulated device's configuration, if `backend` is one (the task
+/// layer's link and rate figures).
+pub(crate) fn config_of(backend: &dyn Backend) -> Option<EmuConfig> {
+    let emu = backend.as_any()?.downcast_ref::<EmuBackend>()?;
+    Some(emu.shared.emu.clone())
+}
+
+/// Sets the factor on the modelled time of `backend`'s kernels from the
+/// next kernel to start; false if it is not an emulated device.
+pub(crate) fn set_slowdown(backend: &dyn Backend, factor: f64) -> bool {
+    match backend
+        .as_any()
+        .and_then(|a| a.downcast_ref::<EmuBackend>())
+    {
+        Some(emu) => {
+            emu.shared
+                .slowdown
+                .store(factor.to_bits(), Ordering::Relaxed);
+            true
+        }
+        None => false,
+    }
+}
+
 pub(crate) struct EmuBackend {
     shared: Arc<Shared>,
     props: DeviceProperties,
@@ -228,6 +255,7 @@ impl EmuBackend {
                 wake: Parker::new(),
             }),
             hash: AtomicU64::new(0),
+            slowdown: AtomicU64::new(1.0f64.to_bits()),
             priorities: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
             iommu,

@@ -640,7 +640,8 @@ fn merge_run(
 pub(super) fn cost_ns(sh: &Shared, cost: KernelCost, units: usize) -> u64 {
     let compute = cost.flops.max(0.0) / (sh.emu.flops_per_unit * units.max(1) as f64) * 1e9;
     let memory = cost.bytes.max(0.0) / sh.emu.link.memory_gbps;
-    compute.max(memory).ceil() as u64
+    let slowdown = f64::from_bits(sh.slowdown.load(std::sync::atomic::Ordering::Relaxed));
+    (compute.max(memory) * slowdown).ceil() as u64
 }
 
 /// User code of a graph node in the simulation.

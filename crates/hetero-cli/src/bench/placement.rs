@@ -1,0 +1,752 @@
+//! `hetero bench placement`: the task layer's schedulers on a modelled node,
+//! in virtual time — a CPU-like device (4 compute units of 25 GFLOP/s) and
+//! two accelerators (2 units of 400 and 2 of 150 GFLOP/s), every pair over
+//! the `pcie4-switch` peer link, each device's kernels timed from their
+//! declared flops at its rate — beside the offline HEFT plan on the same
+//! models and beside the lower bound max(critical path, work / speed):
+//! - `cholesky/…`: tiled Cholesky (16×16 tiles of 256×256 f64; `--quick`: 8×8):
+//!   makespan and bytes moved per policy, `makespan-over-heft-<sched>`,
+//!   `makespan-over-bound-<sched>`, `bytes-over-heft-dmda`;
+//! - `gemm/…`, `random/…`: tiled GEMM (8×8×8 tiles) and random layered DAGs:
+//!   `makespan-over-heft-<sched>`;
+//! - `drift/makespan-over-oracle-<sched>`: waves of independent tasks; halfway
+//!   the fast accelerator slows 4×; the oracle is dmda told the new speed at
+//!   that moment (a model calibrated at that speed); `drift/tasks-to-recover-learned`;
+//! - `outliers/work-share-shift`: dmda's share of work per device after 1 %
+//!   of the fast accelerator's calibration samples were inflated ≥ 300×,
+//!   against a clean calibration (points, the largest over devices);
+//! - `overhead/per-task-ns-<sched>`: host time to submit an empty task (real
+//!   time, a host device and an emulated one in real time);
+//! - `graph/placed-replay-over-online`: host time per task launching a
+//!   HEFT-placed task graph over submitting the same tasks online with dmda;
+//! - `models/second-run-calibration-tasks`: tasks placed to calibrate in a
+//!   second process that finds the models this one saved.
+//!
+//! Every policy's measured run is its second in its context (the first warms
+//! the learning policy; dmda's models come calibrated from disk).
+
+use super::BenchReport;
+use hetero::{
+    Context, Device, DeviceConfig, EmuConfig, Grid, Kernel, KernelCost, LinkPreset, SchedPolicy,
+    TaskBuilder, TaskData, TaskGraph, TimeMode,
+};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+type Result<T> = std::result::Result<T, String>;
+
+fn err(e: hetero::Error) -> String {
+    e.to_string()
+}
+
+/// Tile side (f64): 512 KiB tiles.
+const NB: usize = 256;
+const NB3: f64 = (NB * NB * NB) as f64;
+/// The node's devices: (compute units, flops per unit).
+const NODE: [(usize, f64); 3] = [(4, 25e9), (2, 400e9), (2, 150e9)];
+/// The fast accelerator (the one that drifts).
+const FAST: usize = 1;
+/// Set in the child process of `models/second-run-calibration-tasks`: the
+/// model directory it reads.
+const CHILD_ENV: &str = "HETERO_BENCH_PLACEMENT_CHILD";
+
+fn node() -> Result<(Context, Vec<Device>)> {
+    let devs = NODE
+        .iter()
+        .map(|&(units, flops)| {
+            let emu = EmuConfig::new(LinkPreset::pcie4x16())
+                .time(TimeMode::Virtual)
+                .flops_per_unit(flops);
+            Device::new(DeviceConfig::default().compute_units(units).emu(emu)).map_err(err)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let ctx = Context::new(&devs).map_err(err)?;
+    Ok((ctx, devs))
+}
+
+/// A kernel of `flops` (×600 on a grid of two blocks: the outlier injection)
+/// whose host code touches its written tile.
+fn kernel(name: &'static str, flops: f64) -> Kernel {
+    Kernel::with_cost(
+        name,
+        move |g: Grid| KernelCost {
+            flops: if g.blocks() > 1 { flops * 600.0 } else { flops },
+            bytes: 0.0,
+        },
+        |b| {
+            if let Some(x) = b.write::<f64>(0).first_mut() {
+                *x += 1.0;
+            }
+        },
+    )
+}
+
+struct Kernels {
+    potrf: Kernel,
+    trsm: Kernel,
+    syrk: Kernel,
+    gemm: Kernel,
+    small: Kernel,
+    big: Kernel,
+}
+
+fn kernels() -> Kernels {
+    Kernels {
+        potrf: kernel("potrf", NB3 / 3.0),
+        trsm: kernel("trsm", NB3),
+        syrk: kernel("syrk", NB3),
+        gemm: kernel("gemm", 2.0 * NB3),
+        small: kernel("rand-small", NB3),
+        big: kernel("rand-big", 4.0 * NB3),
+    }
+}
+
+/// One task of a workload: kernel, tiles read, tile read and written, priority.
+struct Spec<'k> {
+    kernel: &'k Kernel,
+    reads: Vec<usize>,
+    write: usize,
+    priority: u8,
+    flops: f64,
+}
+
+/// A workload: its tiles and tasks.
+struct Workload<'k> {
+    tiles: usize,
+    tasks: Vec<Spec<'k>>,
+}
+
+fn cholesky(k: &Kernels, t: usize) -> Workload<'_> {
+    let tile = |i: usize, j: usize| i * (i + 1) / 2 + j;
+    let mut tasks = Vec::new();
+    for kk in 0..t {
+        tasks.push(Spec {
+            kernel: &k.potrf,
+            reads: vec![],
+            write: tile(kk, kk),
+            priority: 0,
+            flops: NB3 / 3.0,
+        });
+        for i in kk + 1..t {
+            tasks.push(Spec {
+                kernel: &k.trsm,
+                reads: vec![tile(kk, kk)],
+                write: tile(i, kk),
+                priority: 1,
+                flops: NB3,
+            });
+        }
+        for i in kk + 1..t {
+            tasks.push(Spec {
+                kernel: &k.syrk,
+                reads: vec![tile(i, kk)],
+                write: tile(i, i),
+                priority: 2,
+                flops: NB3,
+            });
+            for j in kk + 1..i {
+                tasks.push(Spec {
+                    kernel: &k.gemm,
+                    reads: vec![tile(i, kk), tile(j, kk)],
+                    write: tile(i, j),
+                    priority: 3,
+                    flops: 2.0 * NB3,
+                });
+            }
+        }
+    }
+    Workload {
+        tiles: t * (t + 1) / 2,
+        tasks,
+    }
+}
+
+fn gemm(k: &Kernels, t: usize) -> Workload<'_> {
+    // Tiles: A (t·t), B (t·t), C (t·t).
+    let (a, b, c) = (0, t * t, 2 * t * t);
+    let mut tasks = Vec::new();
+    for kk in 0..t {
+        for i in 0..t {
+            for j in 0..t {
+                tasks.push(Spec {
+                    kernel: &k.gemm,
+                    reads: vec![a + i * t + kk, b + kk * t + j],
+                    write: c + i * t + j,
+                    priority: 3,
+                    flops: 2.0 * NB3,
+                });
+            }
+        }
+    }
+    Workload {
+        tiles: 3 * t * t,
+        tasks,
+    }
+}
+
+/// Layers of `width` tasks, each reading 1-3 outputs of the layer before
+/// (a fixed seed), writing its own.
+fn random(k: &Kernels, layers: usize, width: usize) -> Workload<'_> {
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % n as u64) as usize
+    };
+    let mut tasks = Vec::new();
+    for l in 0..layers {
+        for w in 0..width {
+            let mut reads = Vec::new();
+            if l > 0 {
+                for _ in 0..1 + next(3) {
+                    let r = (l - 1) * width + next(width);
+                    if !reads.contains(&r) {
+                        reads.push(r);
+                    }
+                }
+            }
+            let big = next(4) == 0;
+            tasks.push(Spec {
+                kernel: if big { &k.big } else { &k.small },
+                reads,
+                write: l * width + w,
+                priority: 3,
+                flops: if big { 4.0 * NB3 } else { NB3 },
+            });
+        }
+    }
+    Workload {
+        tiles: layers * width,
+        tasks,
+    }
+}
+
+/// max(critical path on the fastest unit, total work over total speed), ns.
+fn lower_bound(w: &Workload<'_>) -> f64 {
+    let fastest = NODE.iter().map(|n| n.1).fold(0.0, f64::max);
+    let speed: f64 = NODE.iter().map(|n| n.0 as f64 * n.1).sum();
+    let mut ready = vec![0.0f64; w.tiles];
+    let mut path = 0.0f64;
+    for t in &w.tasks {
+        let start = t
+            .reads
+            .iter()
+            .chain([&t.write])
+            .map(|&r| ready[r])
+            .fold(0.0, f64::max);
+        let end = start + t.flops / fastest * 1e9;
+        ready[t.write] = end;
+        path = path.max(end);
+    }
+    let work: f64 = w.tasks.iter().map(|t| t.flops).sum::<f64>() / speed * 1e9;
+    path.max(work)
+}
+
+/// A run's figures.
+#[derive(Clone, Copy, Debug, Default)]
+struct Run {
+    makespan_ns: f64,
+    bytes: u64,
+    /// Host time submitting, less the time submissions waited for busy
+    /// streams (which in virtual time runs the model).
+    host_ns: f64,
+    waits: u64,
+    calibration: u64,
+}
+
+fn tiles(ctx: &Context, n: usize) -> Result<Vec<TaskData<f64>>> {
+    (0..n)
+        .map(|_| ctx.data::<f64>(NB * NB).map_err(err))
+        .collect()
+}
+
+fn builder<'c>(ctx: &'c Context, s: &Spec<'_>, data: &[TaskData<f64>]) -> TaskBuilder<'c> {
+    let mut b = ctx.task(s.kernel).priority(s.priority);
+    for &r in &s.reads {
+        b = b.read(&data[r]);
+    }
+    b.read_write(&data[s.write])
+}
+
+/// Submits `w` online on fresh tiles and waits.
+fn online(ctx: &Context, devs: &[Device], w: &Workload<'_>) -> Result<Run> {
+    let data = tiles(ctx, w.tiles)?;
+    ctx.reset_task_stats();
+    let t0 = devs[0].now_ns();
+    let h0 = Instant::now();
+    for s in &w.tasks {
+        builder(ctx, s, &data).submit().map_err(err)?;
+    }
+    let host_ns = h0.elapsed().as_nanos() as f64;
+    let st = ctx.task_stats();
+    let host_ns = host_ns - st.stream_wait_ns as f64;
+    ctx.wait_tasks().map_err(err)?;
+    let st = ctx.task_stats();
+    Ok(Run {
+        makespan_ns: (devs[0].now_ns() - t0) as f64,
+        bytes: st.bytes_moved,
+        host_ns,
+        waits: st.stream_waits,
+        calibration: st.calibration_tasks,
+    })
+}
+
+/// Records `w` on fresh tiles, places it with HEFT, launches it and waits.
+fn heft(ctx: &Context, devs: &[Device], w: &Workload<'_>) -> Result<Run> {
+    let data = tiles(ctx, w.tiles)?;
+    let mut g = TaskGraph::new();
+    for s in &w.tasks {
+        builder(ctx, s, &data).record(&mut g).map_err(err)?;
+    }
+    let placed = g.instantiate_on(ctx).map_err(err)?;
+    ctx.reset_task_stats();
+    let t0 = devs[0].now_ns();
+    let h0 = Instant::now();
+    placed.launch().map_err(err)?;
+    let host_ns = h0.elapsed().as_nanos() as f64;
+    let st = ctx.task_stats();
+    let host_ns = host_ns - st.stream_wait_ns as f64;
+    ctx.wait_tasks().map_err(err)?;
+    let st = ctx.task_stats();
+    Ok(Run {
+        makespan_ns: (devs[0].now_ns() - t0) as f64,
+        bytes: st.bytes_moved,
+        host_ns,
+        waits: st.stream_waits,
+        calibration: 0,
+    })
+}
+
+/// Runs `w` with dmda until no task calibrates (at most 8 runs), saving the
+/// models under `dir`.
+fn calibrate(dir: &Path, w: &Workload<'_>) -> Result<u64> {
+    let (ctx, devs) = node()?;
+    ctx.set_perfmodel_dir(Some(dir.to_path_buf()));
+    ctx.set_scheduler(SchedPolicy::Dmda);
+    let mut total = 0;
+    for _ in 0..8 {
+        let r = online(&ctx, &devs, w)?;
+        total += r.calibration;
+        if r.calibration == 0 {
+            break;
+        }
+    }
+    Ok(total)
+}
+
+/// A policy's second run of `w` in a fresh node with the models of `dir`,
+/// and the layer's figures of that run.
+fn measured(dir: &Path, p: SchedPolicy, w: &Workload<'_>) -> Result<(Run, hetero::TaskStats)> {
+    let (ctx, devs) = node()?;
+    ctx.set_perfmodel_dir(Some(dir.to_path_buf()));
+    ctx.set_scheduler(p);
+    online(&ctx, &devs, w)?;
+    let r = online(&ctx, &devs, w)?;
+    Ok((r, ctx.task_stats()))
+}
+
+fn heft_run(dir: &Path, w: &Workload<'_>) -> Result<Run> {
+    let (ctx, devs) = node()?;
+    ctx.set_perfmodel_dir(Some(dir.to_path_buf()));
+    heft(&ctx, &devs, w)
+}
+
+/// Every policy and HEFT on `w`: makespans, bytes, ratios.
+fn compare(rep: &mut BenchReport, dir: &Path, name: &str, w: &Workload<'_>) -> Result<()> {
+    calibrate(dir, w)?;
+    let h = heft_run(dir, w)?;
+    let bound = lower_bound(w);
+    rep.push_value(
+        &format!("{name}/makespan-ms-heft"),
+        "ms",
+        h.makespan_ns / 1e6,
+        1,
+    );
+    rep.push_value(
+        &format!("{name}/bytes-heft"),
+        "MiB",
+        h.bytes as f64 / 1048576.0,
+        1,
+    );
+    rep.push_value(&format!("{name}/lower-bound-ms"), "ms", bound / 1e6, 1);
+    rep.ratios
+        .insert(format!("{name}/heft-over-bound"), h.makespan_ns / bound);
+    let mut shares = Vec::new();
+    for p in SchedPolicy::ALL {
+        let (r, stats) = measured(dir, p, w)?;
+        shares.push(format!("{} {:?}", p.name(), stats.per_device));
+        if p == SchedPolicy::Dmda {
+            let err: Vec<String> = stats
+                .prediction_error
+                .iter()
+                .map(|e| {
+                    format!(
+                        "{}@{}: {:.1} % over {}",
+                        e.kernel,
+                        e.device,
+                        100.0 * e.mean_relative_error,
+                        e.tasks
+                    )
+                })
+                .collect();
+            rep.notes.push(format!(
+                "{name} dmda: prediction error per kernel@device {}; MiB per link (from, to) {}",
+                err.join(", "),
+                stats
+                    .bytes_per_link
+                    .iter()
+                    .map(|l| format!("{}->{}: {:.1}", l.0, l.1, l.2 as f64 / 1048576.0))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        let s = p.name();
+        rep.push_value(
+            &format!("{name}/makespan-ms-{s}"),
+            "ms",
+            r.makespan_ns / 1e6,
+            1,
+        );
+        rep.push_value(
+            &format!("{name}/bytes-{s}"),
+            "MiB",
+            r.bytes as f64 / 1048576.0,
+            1,
+        );
+        rep.ratios.insert(
+            format!("{name}/makespan-over-heft-{s}"),
+            r.makespan_ns / h.makespan_ns,
+        );
+        rep.ratios.insert(
+            format!("{name}/makespan-over-bound-{s}"),
+            r.makespan_ns / bound,
+        );
+        if p == SchedPolicy::Dmda && h.bytes > 0 {
+            rep.ratios.insert(
+                format!("{name}/bytes-over-heft-dmda"),
+                r.bytes as f64 / h.bytes as f64,
+            );
+        }
+    }
+    rep.notes
+        .push(format!("{name}: tasks per device, {}", shares.join(", ")));
+    Ok(())
+}
+
+/// Copies the model files of `from` into `to`.
+fn copy_models(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to).map_err(|e| e.to_string())?;
+    for e in std::fs::read_dir(from).map_err(|e| e.to_string())? {
+        let e = e.map_err(|e| e.to_string())?;
+        if e.path().extension().is_some_and(|x| x == "model") {
+            std::fs::copy(e.path(), to.join(e.file_name())).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+/// Waves of independent tasks (each slot's tile read and written by one
+/// task per wave); from wave `waves / 2` on, the fast accelerator is 4×
+/// slower. `slow_kernel`: the kernel used from then on (the oracle's, whose
+/// model was calibrated at the slow speed). Per-wave makespans, ns.
+fn waves(
+    ctx: &Context,
+    devs: &[Device],
+    k: &Kernel,
+    slow_kernel: Option<&Kernel>,
+    waves: usize,
+    slots: usize,
+    drift: bool,
+) -> Result<Vec<f64>> {
+    let data = tiles(ctx, slots)?;
+    let mut out = Vec::new();
+    for w in 0..waves {
+        let late = drift && w >= waves / 2;
+        if drift && w == waves / 2 {
+            devs[FAST].set_emu_slowdown(4.0).map_err(err)?;
+        }
+        let kernel = match (late, slow_kernel) {
+            (true, Some(s)) => s,
+            _ => k,
+        };
+        let t0 = devs[0].now_ns();
+        for d in &data {
+            ctx.task(kernel).read_write(d).submit().map_err(err)?;
+        }
+        ctx.wait_tasks().map_err(err)?;
+        out.push((devs[0].now_ns() - t0) as f64);
+    }
+    devs[FAST].set_emu_slowdown(1.0).map_err(err)?;
+    Ok(out)
+}
+
+fn drift(rep: &mut BenchReport, dir: &Path, quick: bool) -> Result<()> {
+    let (n_waves, slots) = if quick { (16, 24) } else { (40, 24) };
+    let k = kernel("drift", 2.0 * NB3);
+    let k_slow = kernel("drift-slow", 2.0 * NB3);
+    // Calibrate both: `drift` as the node is, `drift-slow` with the fast
+    // accelerator 4× slower.
+    {
+        let (ctx, devs) = node()?;
+        ctx.set_perfmodel_dir(Some(dir.to_path_buf()));
+        ctx.set_scheduler(SchedPolicy::Dmda);
+        waves(&ctx, &devs, &k, None, 8, slots, false)?;
+        devs[FAST].set_emu_slowdown(4.0).map_err(err)?;
+        waves(&ctx, &devs, &k_slow, None, 8, slots, false)?;
+        devs[FAST].set_emu_slowdown(1.0).map_err(err)?;
+    }
+    let run = |p: SchedPolicy, oracle: bool| -> Result<Vec<f64>> {
+        // Each run on its own copy of the calibrated models.
+        let own = dir.join(format!("drift-{}-{oracle}", p.name()));
+        copy_models(dir, &own)?;
+        let (ctx, devs) = node()?;
+        ctx.set_perfmodel_dir(Some(own));
+        ctx.set_scheduler(p);
+        // Warm-up at the usual speed (the learning policy learns it).
+        waves(&ctx, &devs, &k, None, 4, slots, false)?;
+        let slow = oracle.then_some(&k_slow);
+        waves(&ctx, &devs, &k, slow, n_waves, slots, true)
+    };
+    let oracle = run(SchedPolicy::Dmda, true)?;
+    let total = |v: &[f64]| v.iter().sum::<f64>();
+    rep.push_value("drift/makespan-ms-oracle", "ms", total(&oracle) / 1e6, 1);
+    let mut dmda_total = None;
+    for p in SchedPolicy::ALL {
+        let r = run(p, false)?;
+        rep.push_value(
+            &format!("drift/makespan-ms-{}", p.name()),
+            "ms",
+            total(&r) / 1e6,
+            1,
+        );
+        rep.ratios.insert(
+            format!("drift/makespan-over-oracle-{}", p.name()),
+            total(&r) / total(&oracle),
+        );
+        match p {
+            SchedPolicy::Dmda => dmda_total = Some(total(&r)),
+            SchedPolicy::Learned => {
+                if let Some(d) = dmda_total {
+                    rep.ratios
+                        .insert("drift/learned-over-dmda".into(), total(&r) / d);
+                }
+                // Waves after the change until one is within 10 % of the
+                // oracle's, in tasks.
+                let half = n_waves / 2;
+                let back = (half..n_waves)
+                    .find(|&w| r[w] <= 1.1 * oracle[w])
+                    .map_or(n_waves - half, |w| w - half);
+                rep.push_value(
+                    "drift/tasks-to-recover-learned",
+                    "tasks",
+                    (back * slots) as f64,
+                    1,
+                );
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// dmda's share of work per device after a calibration with (or without)
+/// 1 % of the fast accelerator's samples inflated.
+fn shares(inflate: bool, quick: bool) -> Result<Vec<f64>> {
+    let (ctx, devs) = node()?;
+    ctx.set_perfmodel_dir(None);
+    ctx.set_scheduler(SchedPolicy::Dmda);
+    let k = kernel("outlier", 2.0 * NB3);
+    let per_device = if quick { 200 } else { 400 };
+    let slots = tiles(&ctx, 24)?;
+    // Calibration: tasks forced on each device in turn, in waves.
+    let mut on_fast = 0;
+    for wave in 0..per_device * 3 / 24 {
+        for (i, d) in slots.iter().enumerate() {
+            let dev = (wave * 24 + i) % 3;
+            let mut t = ctx.task(&k).read_write(d).on_device(dev);
+            if dev == FAST {
+                on_fast += 1;
+                if inflate && on_fast % 100 == 50 {
+                    t = t.grid(2);
+                }
+            }
+            t.submit().map_err(err)?;
+        }
+        ctx.wait_tasks().map_err(err)?;
+    }
+    ctx.reset_task_stats();
+    waves(
+        &ctx,
+        &devs,
+        &k,
+        None,
+        if quick { 10 } else { 20 },
+        24,
+        false,
+    )?;
+    let st = ctx.task_stats();
+    let total: u64 = st.per_device.iter().sum();
+    Ok(st
+        .per_device
+        .iter()
+        .map(|&n| 100.0 * n as f64 / total.max(1) as f64)
+        .collect())
+}
+
+fn overhead(rep: &mut BenchReport, quick: bool) -> Result<()> {
+    let n = if quick { 5_000 } else { 20_000 };
+    let empty = Kernel::new("empty", |_| {});
+    for p in SchedPolicy::ALL {
+        let host = Device::host().map_err(err)?;
+        let emu = Device::new(
+            DeviceConfig::default()
+                .emu(EmuConfig::new(LinkPreset::pcie4x16()).time(TimeMode::Real)),
+        )
+        .map_err(err)?;
+        let devs = [host, emu];
+        let ctx = Context::new(&devs).map_err(err)?;
+        ctx.set_perfmodel_dir(None);
+        ctx.set_scheduler(p);
+        for _ in 0..200 {
+            ctx.task(&empty).submit().map_err(err)?;
+        }
+        ctx.wait_tasks().map_err(err)?;
+        ctx.reset_task_stats();
+        let t0 = Instant::now();
+        for _ in 0..n {
+            ctx.task(&empty).submit().map_err(err)?;
+        }
+        let ns = t0.elapsed().as_nanos() as f64 / n as f64;
+        ctx.wait_tasks().map_err(err)?;
+        let st = ctx.task_stats();
+        let name = p.name();
+        rep.push_value(&format!("overhead/per-task-ns-{name}"), "ns", ns, n as u64);
+        rep.push_value(
+            &format!("overhead/decision-ns-{name}"),
+            "ns",
+            st.decision_ns as f64 / n as f64,
+            n as u64,
+        );
+        rep.notes.push(format!(
+            "overhead {name}: {} of {n} submissions waited for a busy device's streams, {} \
+             streams made",
+            st.stream_waits, st.streams_made
+        ));
+    }
+    Ok(())
+}
+
+/// The calibration tasks of a dmda Cholesky run in a child process reading
+/// the models under `dir`.
+fn second_process(dir: &Path) -> Result<u64> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let out = std::process::Command::new(exe)
+        .args(["bench", "placement", "--quick"])
+        .env(CHILD_ENV, dir)
+        .output()
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("calibration-tasks "))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| format!("the child process printed no figure: {text}"))
+}
+
+/// In the child: one dmda Cholesky run on the models of `dir`.
+fn child(dir: &Path, quick_tiles: usize) -> Result<()> {
+    let k = kernels();
+    let w = cholesky(&k, quick_tiles);
+    let (ctx, devs) = node()?;
+    ctx.set_perfmodel_dir(Some(dir.to_path_buf()));
+    ctx.set_scheduler(SchedPolicy::Dmda);
+    let r = online(&ctx, &devs, &w)?;
+    println!("calibration-tasks {}", r.calibration);
+    Ok(())
+}
+
+pub fn run(quick: bool) -> Result<BenchReport> {
+    let t = if quick { 8 } else { 16 };
+    if let Some(dir) = std::env::var_os(CHILD_ENV) {
+        child(Path::new(&dir), 8)?;
+        std::process::exit(0);
+    }
+    let mut rep = BenchReport::new("placement");
+    let dir: PathBuf =
+        std::env::temp_dir().join(format!("hetero-bench-placement-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    rep.context.insert("node".into(), format!(
+        "emu in virtual time: cpu-like {}x{:.0} GFLOP/s, accelerators {}x{:.0} and {}x{:.0} GFLOP/s, pcie4-switch peer links",
+        NODE[0].0, NODE[0].1 / 1e9, NODE[1].0, NODE[1].1 / 1e9, NODE[2].0, NODE[2].1 / 1e9
+    ));
+    rep.context.insert("tile".into(), format!("{NB}x{NB} f64"));
+    let k = kernels();
+    let chol = cholesky(&k, t);
+    rep.context.insert(
+        "cholesky".into(),
+        format!("{t}x{t} tiles, {} tasks", chol.tasks.len()),
+    );
+    compare(&mut rep, &dir, "cholesky", &chol)?;
+    // The graph figure: host time per task, placed replay over online dmda.
+    {
+        let (ctx, devs) = node()?;
+        ctx.set_perfmodel_dir(Some(dir.clone()));
+        ctx.set_scheduler(SchedPolicy::Dmda);
+        // The first run loads the models from disk.
+        online(&ctx, &devs, &chol)?;
+        let on = online(&ctx, &devs, &chol)?;
+        let placed = heft(&ctx, &devs, &chol)?;
+        let n = chol.tasks.len() as f64;
+        rep.push_value(
+            "graph/online-dmda-host-ns-per-task",
+            "ns",
+            on.host_ns / n,
+            1,
+        );
+        rep.push_value(
+            "graph/placed-replay-host-ns-per-task",
+            "ns",
+            placed.host_ns / n,
+            1,
+        );
+        rep.ratios.insert(
+            "graph/placed-replay-over-online".into(),
+            placed.host_ns / on.host_ns,
+        );
+        rep.notes.push(format!(
+            "graph: host time submitting, less the time a submission waited for a device's busy \
+             streams ({} such waits online, {} in the replay)",
+            on.waits, placed.waits
+        ));
+    }
+    // Models in a second process (the child runs the 8x8 Cholesky: its
+    // tasks' footprints, every tile being one size, are those calibrated
+    // here).
+    match second_process(&dir) {
+        Ok(n) => rep.push_value("models/second-run-calibration-tasks", "tasks", n as f64, 1),
+        Err(e) => {
+            rep.unavailable
+                .insert("models/second-run-calibration-tasks".into(), e);
+        }
+    }
+    let g = if quick { 6 } else { 8 };
+    compare(&mut rep, &dir, "gemm", &gemm(&k, g))?;
+    let (layers, width) = if quick { (8, 12) } else { (16, 16) };
+    compare(&mut rep, &dir, "random", &random(&k, layers, width))?;
+    drift(&mut rep, &dir, quick)?;
+    let clean = shares(false, quick)?;
+    let dirty = shares(true, quick)?;
+    let shift = clean
+        .iter()
+        .zip(&dirty)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    rep.push_value("outliers/work-share-shift", "points", shift, 1);
+    rep.notes.push(format!(
+        "outliers: dmda's work share per device (%), clean calibration {clean:.1?}, with 1 % of \
+         the fast accelerator's samples inflated {dirty:.1?}"
+    ));
+    overhead(&mut rep, quick)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(rep)
+}

@@ -1,0 +1,216 @@
+//! Task data: one buffer with a replica on each device of a context that used
+//! it, and the coherence state StarPU keeps per data handle: which replicas
+//! hold the current version (and from which event on), the last writer and
+//! the readers since (the source of the implicit dependencies).
+//!
+//! Invariants: a replica marked valid holds the current version once its
+//! event completed; every access is ordered after the last writer (RAW, WAW)
+//! and a write after the readers since (WAR); both are updated under the
+//! runtime's lock, in submission order.
+
+use super::Runtime;
+use crate::api::buffer::{Arg, DeviceBuffer};
+use crate::{Device, Error, Event, Result, Stream};
+use bytemuck::Pod;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// A task that touched a buffer, as later tasks need it.
+#[derive(Clone)]
+pub(crate) struct TaskRef {
+    pub(crate) id: u64,
+    /// Completes with the task.
+    pub(crate) end: Event,
+    /// Its expected end, ns on the runtime's clock.
+    pub(crate) end_ns: f64,
+}
+
+/// The coherence state of one buffer.
+#[derive(Default)]
+pub(crate) struct DataState {
+    /// Per device of the context: `Some(event)` where the replica holds the
+    /// current version once `event` completed (an unrecorded event: now).
+    pub(crate) valid: Vec<Option<Event>>,
+    pub(crate) writer: Option<TaskRef>,
+    pub(crate) readers: Vec<TaskRef>,
+}
+
+/// What every typed buffer offers the task layer.
+pub(crate) trait DataAny: Send + Sync {
+    fn id(&self) -> u64;
+    fn bytes(&self) -> usize;
+    fn state(&self) -> &Mutex<DataState>;
+    /// Makes sure device `at` has a replica (allocated, contents undefined).
+    fn replica(&self, at: usize, device: &Device) -> Result<()>;
+    /// The kernel argument of replica `at` (which `replica` made).
+    fn arg(&self, at: usize, write: bool) -> Arg<'_>;
+    /// Copies replica `from` into replica `to` on `stream` (of either end).
+    fn copy(&self, stream: &Stream, from: usize, to: usize) -> Result<()>;
+}
+
+pub(crate) struct DataCell<T: Pod> {
+    id: u64,
+    len: usize,
+    replicas: Vec<OnceLock<DeviceBuffer<T>>>,
+    state: Mutex<DataState>,
+}
+
+impl<T: Pod + Send + Sync> DataAny for DataCell<T> {
+    fn id(&self) -> u64 {
+        self.id
+    }
+    fn bytes(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+    fn state(&self) -> &Mutex<DataState> {
+        &self.state
+    }
+    fn replica(&self, at: usize, device: &Device) -> Result<()> {
+        if self.replicas[at].get().is_none() {
+            let b = device.alloc::<T>(self.len)?;
+            let _ = self.replicas[at].set(b);
+        }
+        Ok(())
+    }
+    fn arg(&self, at: usize, write: bool) -> Arg<'_> {
+        let b = self.replicas[at]
+            .get()
+            .expect("replica made before its use");
+        if write {
+            Arg::write(b)
+        } else {
+            Arg::read(b)
+        }
+    }
+    fn copy(&self, stream: &Stream, from: usize, to: usize) -> Result<()> {
+        let (Some(a), Some(b)) = (self.replicas[from].get(), self.replicas[to].get()) else {
+            return Err(Error::InvalidArgument(
+                "task data: a copy between replicas that do not exist".into(),
+            ));
+        };
+        stream.copy_peer(a, b)
+    }
+}
+
+static NEXT_DATA: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// A buffer tasks read and write on any device of a [`Context`](crate::Context)
+/// (StarPU's data handle): it keeps a replica on each device that used it and
+/// copies the current version where a task needs it, over the context's links.
+/// It starts on the context's first device (its home: the host's memory in a
+/// node whose first device is the CPU). Cloning gives another handle to it.
+///
+/// ```
+/// use hetero::{Context, Device, Kernel};
+/// let devices = [Device::host().unwrap(), Device::host().unwrap()];
+/// let ctx = Context::new(&devices).unwrap();
+/// # ctx.set_perfmodel_dir(None); // the doctest writes no model file
+/// let x = ctx.data_from(&[1u32, 2, 3]).unwrap();
+/// let double = Kernel::new("double", |b| b.write::<u32>(0).iter_mut().for_each(|v| *v *= 2));
+/// ctx.task(&double).read_write(&x).submit().unwrap();
+/// assert_eq!(x.to_vec().unwrap(), vec![2, 4, 6]);
+/// ```
+pub struct TaskData<T: Pod> {
+    pub(crate) cell: Arc<DataCell<T>>,
+    pub(crate) rt: Arc<Runtime>,
+    _t: PhantomData<T>,
+}
+
+impl<T: Pod> Clone for TaskData<T> {
+    fn clone(&self) -> Self {
+        TaskData {
+            cell: self.cell.clone(),
+            rt: self.rt.clone(),
+            _t: PhantomData,
+        }
+    }
+}
+
+impl<T: Pod> std::fmt::Debug for TaskData<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskData")
+            .field("id", &self.cell.id)
+            .field("len", &self.cell.len)
+            .finish()
+    }
+}
+
+impl<T: Pod + Send + Sync> TaskData<T> {
+    pub(crate) fn new(rt: Arc<Runtime>, data: &[T]) -> Result<Self> {
+        let n = rt.devices.len();
+        let cell = DataCell {
+            id: NEXT_DATA.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            len: data.len(),
+            replicas: (0..n).map(|_| OnceLock::new()).collect(),
+            state: Mutex::new(DataState {
+                valid: vec![None; n],
+                writer: None,
+                readers: Vec::new(),
+            }),
+        };
+        cell.replica(super::HOME, &rt.devices[super::HOME])?;
+        if !data.is_empty() {
+            let s = rt.host_stream(super::HOME)?;
+            s.write_slice(
+                cell.replicas[super::HOME].get().expect("made above"),
+                0,
+                data,
+            )?;
+        }
+        cell.state.lock().unwrap_or_else(|p| p.into_inner()).valid[super::HOME] =
+            Some(Event::new());
+        Ok(TaskData {
+            cell: Arc::new(cell),
+            rt,
+            _t: PhantomData,
+        })
+    }
+
+    pub(crate) fn any(&self) -> Arc<dyn DataAny> {
+        self.cell.clone()
+    }
+
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.cell.len
+    }
+
+    /// Whether it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.cell.len == 0
+    }
+
+    /// The current contents, after the tasks submitted before that write it
+    /// (waits for them; a fault of the last writer is its error).
+    pub fn to_vec(&self) -> Result<Vec<T>> {
+        let (at, ready, writer) = {
+            let st = self.cell.state.lock().unwrap_or_else(|p| p.into_inner());
+            let at = (0..st.valid.len())
+                .find(|&i| st.valid[i].is_some())
+                .expect("some replica holds the current version");
+            (
+                at,
+                st.valid[at].clone().expect("found above"),
+                st.writer.clone(),
+            )
+        };
+        if let Some(w) = &writer {
+            w.end.synchronize()?;
+        }
+        let s = self.rt.host_stream(at)?;
+        if ready.is_recorded() {
+            s.wait_event(&ready)?;
+        }
+        let buf = self.cell.replicas[at].get().expect("valid replicas exist");
+        let out = s.read_to_vec(buf)?;
+        Ok(out)
+    }
+
+    /// Devices holding the current version, by index in the context.
+    pub fn valid_on(&self) -> Vec<usize> {
+        let st = self.cell.state.lock().unwrap_or_else(|p| p.into_inner());
+        (0..st.valid.len())
+            .filter(|&i| st.valid[i].is_some())
+            .collect()
+    }
+}

@@ -1,0 +1,1149 @@
+//! The task layer, above streams: tasks in sequential-task-flow style over
+//! [`TaskData`] on the devices of a [`Context`], placed by a scheduling
+//! policy (`exec/sched`) on performance models, and turned into the stream
+//! operations of one device (event waits, peer copies, a launch, events).
+//!
+//! - `data.rs`: task data (replicas per device, validity, last writer and
+//!   readers: the implicit dependencies).
+//! - `graph.rs`: task graphs placed whole with HEFT before their first launch.
+//! - here: the context's task state (policy, models, the learning policy,
+//!   figures), the runtime (streams per device, tasks not yet seen complete)
+//!   and the submission path every task takes.
+//!
+//! Invariants: tasks take effect as if run in submission order (each waits
+//! for its dependencies through events, so any placement gives the same
+//! bytes); a task's stream holds only it and, before it, tasks it depends on,
+//! so a fault fails the task and the tasks that depend on it (through their
+//! waits) and nothing else; the runtime's lock is taken before the context's
+//! scheduling state and a buffer's state, never after.
+
+pub(crate) mod data;
+pub(crate) mod graph;
+
+use crate::api::context::{Context, ContextShared, PeerPath};
+use crate::exec::sched::learned::Learner;
+use crate::exec::sched::model::{self, Models};
+use crate::exec::sched::{self, Candidate, SchedPolicy};
+use crate::{Device, Error, Event, Grid, Kernel, LinkPreset, Result, Stream};
+use bytemuck::Pod;
+use data::{DataAny, TaskRef};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+pub use data::TaskData;
+pub use graph::{PlacedTaskGraph, TaskGraph};
+
+/// The device a context's task data starts on (its first).
+pub(crate) const HOME: usize = 0;
+
+/// Streams per device a runtime keeps; past them a submission waits for the
+/// oldest stream's last task.
+pub const MAX_TASK_STREAMS: usize = 64;
+use MAX_TASK_STREAMS as MAX_STREAMS;
+
+/// What a task layer run has done, as [`Context::task_stats`] reports it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TaskStats {
+    /// Tasks submitted.
+    pub tasks: u64,
+    /// Tasks placed to calibrate a model (before every model they needed was
+    /// trusted).
+    pub calibration_tasks: u64,
+    /// Tasks placed on each device, by index in the context.
+    pub per_device: Vec<u64>,
+    /// Bytes copied between devices for tasks.
+    pub bytes_moved: u64,
+    /// Exploring choices of the learning policy.
+    pub explored: u64,
+    /// Kernels whose models were found on disk.
+    pub models_loaded: u64,
+    /// Model files found damaged (each a warning and a fresh calibration).
+    pub models_damaged: u64,
+    /// Samples the models rejected as outliers.
+    pub outliers_rejected: u64,
+    /// Executions observed (fed to the models).
+    pub observed: u64,
+    /// Host time the policies spent deciding (candidates and choice), ns.
+    pub decision_ns: u64,
+    /// Submissions that waited for a task to complete because the device's
+    /// streams were all busy ([`MAX_TASK_STREAMS`]).
+    pub stream_waits: u64,
+    /// Host time those submissions waited, ns (in virtual time: running
+    /// the devices' model).
+    pub stream_wait_ns: u64,
+    /// Streams made for tasks.
+    pub streams_made: u64,
+    /// Bytes copied for tasks per link: (from device, to device, bytes), by
+    /// index in the context.
+    pub bytes_per_link: Vec<(usize, usize, u64)>,
+    /// The history model's prediction against the time observed, per kernel
+    /// and device (tasks placed with a trusted prediction and seen complete).
+    pub prediction_error: Vec<PredictionError>,
+}
+
+/// How far a kernel's predictions on one device were from what it took.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PredictionError {
+    /// The kernel's name.
+    pub kernel: &'static str,
+    /// The device's index in the context.
+    pub device: usize,
+    /// Tasks compared.
+    pub tasks: u64,
+    /// Mean of |predicted − observed| / observed.
+    pub mean_relative_error: f64,
+}
+
+/// The scheduling state of a context: it outlives the runtimes (a runtime
+/// lives while task data does), so models and learned estimates carry over.
+#[derive(Default)]
+pub(crate) struct ContextTasks {
+    sched: Arc<Mutex<Sched>>,
+    runtime: Mutex<Weak<Runtime>>,
+    /// The runtime while tasks are in flight (so tasks whose handles and
+    /// data were dropped still complete on live streams); cleared when the
+    /// layer sees none in flight (`Context::wait_tasks`, or a submission
+    /// after they completed). Until then it holds the context's devices.
+    keep: Mutex<Option<Arc<Runtime>>>,
+}
+
+pub(crate) struct Sched {
+    policy: SchedPolicy,
+    /// `None` until first used; then loaded lazily per kernel.
+    models: Option<Models>,
+    /// `Some(dir)` set by the user (`None` inside: in memory only).
+    model_dir: Option<Option<PathBuf>>,
+    learner: Learner,
+    stats: TaskStats,
+    /// Per (kernel, device): tasks and the sum of relative errors.
+    errors: std::collections::BTreeMap<(&'static str, usize), (u64, f64)>,
+}
+
+impl Default for Sched {
+    fn default() -> Self {
+        Sched {
+            policy: SchedPolicy::from_env(),
+            models: None,
+            model_dir: None,
+            learner: Learner::default(),
+            stats: TaskStats::default(),
+            errors: Default::default(),
+        }
+    }
+}
+
+impl Sched {
+    fn models(&mut self) -> &mut Models {
+        let dir = self.model_dir.clone();
+        self.models
+            .get_or_insert_with(|| Models::new(dir.unwrap_or_else(model::default_dir)))
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A stream of the runtime's pool and the last task on it.
+struct PoolStream {
+    stream: Stream,
+    last: Option<(u64, Event)>,
+}
+
+/// A task not yet seen complete: what its observation needs.
+struct Pending {
+    kernel: &'static str,
+    footprint: u64,
+    size: u64,
+    device: usize,
+    start: Event,
+    end: Event,
+    /// An event before its copies and the link models' time for them.
+    copies: Option<(Event, f64)>,
+    /// The history model's prediction on its device.
+    predicted: Option<f64>,
+    /// Where the observed time goes (shared with the task's handle).
+    measured: Arc<std::sync::atomic::AtomicU64>,
+}
+
+struct RtState {
+    next_task: u64,
+    /// Per device, per compute unit: when it is expected to be free.
+    free: Vec<Vec<f64>>,
+    pending: Vec<Pending>,
+    queued: Vec<usize>,
+    streams: Vec<Vec<PoolStream>>,
+    host_streams: Vec<Option<Stream>>,
+    submitted_since_harvest: u32,
+    /// Per device: the ends of its last tasks seen complete (`harvest`).
+    recent_ends: Vec<Vec<u64>>,
+    stream_waits: u64,
+    stream_wait_ns: u64,
+    streams_made: u64,
+    /// Copies since the last account: (from, to, bytes).
+    link_bytes: Vec<(usize, usize, u64)>,
+}
+
+/// The devices' side of a context's tasks: streams, replicas' devices, tasks
+/// in flight. Alive while task data or task graphs are.
+pub(crate) struct Runtime {
+    ctx: Arc<ContextShared>,
+    sched: Arc<Mutex<Sched>>,
+    pub(crate) devices: Vec<Device>,
+    /// Model keys: which device (kind, link, rate, units) a sample is of.
+    pub(crate) keys: Vec<String>,
+    pub(crate) lanes: Vec<usize>,
+    /// The link to the host of each emulated device.
+    host_link: Vec<Option<LinkPreset>>,
+    virtual_time: bool,
+    t0: std::time::Instant,
+    state: Mutex<RtState>,
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        let mut st = lock(&self.state);
+        let mut sc = lock(&self.sched);
+        self.harvest(&mut st, &mut sc);
+        sc.models().save();
+    }
+}
+
+/// How a task uses a buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Read,
+    Write,
+    ReadWrite,
+}
+
+impl Mode {
+    fn reads(self) -> bool {
+        self != Mode::Write
+    }
+    fn writes(self) -> bool {
+        self != Mode::Read
+    }
+}
+
+/// A task before submission: everything the submission path needs.
+#[derive(Clone)]
+pub(crate) struct Spec {
+    pub(crate) kernel: Kernel,
+    pub(crate) access: Vec<(Arc<dyn DataAny>, Mode)>,
+    pub(crate) grid: Grid,
+    pub(crate) priority: Option<u8>,
+}
+
+impl Runtime {
+    fn new(ctx: &Context, sched: Arc<Mutex<Sched>>) -> Result<Runtime> {
+        let devices = ctx.devices();
+        if devices.len() != ctx.topology().devices.len() {
+            return Err(Error::DeviceContext {
+                op: "Context::task",
+                detail: "a device of the context was dropped; tasks need every device of their \
+                         context: keep the devices alive"
+                    .into(),
+            });
+        }
+        let mut keys = Vec::new();
+        let mut lanes = Vec::new();
+        let mut host_link = Vec::new();
+        for d in &devices {
+            let p = d.properties();
+            let emu = crate::backend::emu::config_of(d.backend());
+            keys.push(match &emu {
+                Some(e) => format!(
+                    "emu:{}:{}u:{:e}flops",
+                    e.link().name,
+                    p.compute_units,
+                    e.flops_per_unit
+                ),
+                None => format!("{}:{}:{}u", p.backend, p.name, p.compute_units)
+                    .replace(char::is_whitespace, "_"),
+            });
+            lanes.push(p.compute_units.max(1));
+            host_link.push(emu.map(|e| e.link().clone()));
+        }
+        let n = devices.len();
+        Ok(Runtime {
+            ctx: ctx.shared().clone(),
+            sched,
+            virtual_time: devices.iter().all(|d| d.is_virtual_time()),
+            state: Mutex::new(RtState {
+                next_task: 1,
+                free: lanes.iter().map(|&l| vec![0.0; l]).collect(),
+                pending: Vec::new(),
+                queued: vec![0; n],
+                streams: (0..n).map(|_| Vec::new()).collect(),
+                host_streams: vec![None; n],
+                submitted_since_harvest: 0,
+                recent_ends: vec![Vec::new(); n],
+                stream_waits: 0,
+                stream_wait_ns: 0,
+                streams_made: 0,
+                link_bytes: Vec::new(),
+            }),
+            devices,
+            keys,
+            lanes,
+            host_link,
+            t0: std::time::Instant::now(),
+        })
+    }
+
+    /// The task layer's clock, ns: the model's in virtual time, else the
+    /// wall clock since the runtime started.
+    pub(crate) fn now_ns(&self) -> f64 {
+        if self.virtual_time {
+            self.devices[0].now_ns() as f64
+        } else {
+            self.t0.elapsed().as_nanos() as f64
+        }
+    }
+
+    /// A stream for the host's reads and writes of task data on device `at`.
+    pub(crate) fn host_stream(&self, at: usize) -> Result<Stream> {
+        let mut st = lock(&self.state);
+        if let Some(s) = &st.host_streams[at] {
+            return Ok(s.clone());
+        }
+        let s = self.devices[at].create_stream()?;
+        s.set_name("task data host access");
+        st.host_streams[at] = Some(s.clone());
+        Ok(s)
+    }
+
+    /// The modelled time to move `bytes` from device `a` to device `b`, ns:
+    /// from the peer link between them, else out of `a` and into `b` over
+    /// their links to the host (emulated devices; a device whose memory is the
+    /// host's costs a memory copy; others 16 GB/s and 10 µs, uncalibrated).
+    pub(crate) fn transfer_ns(&self, a: usize, b: usize, bytes: u64) -> f64 {
+        if a == b || bytes == 0 {
+            return 0.0;
+        }
+        let (ia, ib) = (self.devices[a].id(), self.devices[b].id());
+        let host_copy = bytes as f64 / 10.0;
+        match self.ctx.topology().path(ia, ib) {
+            Some(PeerPath::Link(l)) => l.transfer_ns(bytes),
+            Some(PeerPath::SharedMemory) => host_copy,
+            _ => {
+                let leg = |i: usize, out: bool| match (
+                    &self.host_link[i],
+                    self.devices[i].properties().backend,
+                ) {
+                    (Some(l), _) => l.transfer_ns(bytes, out),
+                    (None, "host") => host_copy,
+                    (None, _) => 10_000.0 + bytes as f64 / 16.0,
+                };
+                leg(a, true) + leg(b, false)
+            }
+        }
+    }
+
+    /// Feeds the models with the tasks seen complete.
+    ///
+    /// A task's time is from its start event (after its waits and copies)
+    /// to its end, less any wait for a compute unit: processed in order of
+    /// their ends, a device's task is taken to start no earlier than the end
+    /// of the task `lanes` places before it (exact when the device serves
+    /// its tasks first come, first served).
+    fn harvest(&self, st: &mut RtState, sc: &mut Sched) {
+        st.submitted_since_harvest = 0;
+        let stamp = |e: &Event| {
+            e.point
+                .as_ref()
+                .map_or(0, |p| p.stamp.load(Ordering::Acquire))
+        };
+        let mut done = Vec::new();
+        let mut i = 0;
+        while i < st.pending.len() {
+            let p = &st.pending[i];
+            let status = match p.end.point.as_ref() {
+                Some(e) => e.timeline.status(e.value),
+                None => Some(Ok(())),
+            };
+            match status {
+                None => i += 1,
+                Some(r) => {
+                    let p = st.pending.swap_remove(i);
+                    st.queued[p.device] -= 1;
+                    if r.is_ok() {
+                        done.push((stamp(&p.end), p));
+                    }
+                }
+            }
+        }
+        if st.pending.is_empty() {
+            // Not the last handle: whoever called holds one (or this is the
+            // runtime's drop, and the one kept is another's).
+            let mut keep = lock(&self.ctx.tasks.keep);
+            if keep.as_ref().is_some_and(|k| std::ptr::eq(&**k, self)) {
+                let kept = keep.take();
+                drop(keep);
+                drop(kept);
+            }
+        }
+        done.sort_by_key(|(end, p)| (*end, p.device));
+        for (end, p) in done {
+            let lanes = self.lanes[p.device];
+            let recent = &mut st.recent_ends[p.device];
+            let unit_free = if recent.len() >= lanes {
+                recent[recent.len() - lanes]
+            } else {
+                0
+            };
+            recent.push(end);
+            if recent.len() > lanes {
+                recent.remove(0);
+            }
+            let ns = end.saturating_sub(stamp(&p.start).max(unit_free)) as f64;
+            p.measured.store(ns.to_bits(), Ordering::Relaxed);
+            if let (Some(pred), true) = (p.predicted, ns > 0.0) {
+                let e = sc.errors.entry((p.kernel, p.device)).or_insert((0, 0.0));
+                e.0 += 1;
+                e.1 += (pred - ns).abs() / ns;
+            }
+            let key = &self.keys[p.device];
+            sc.models().observe(p.kernel, key, p.footprint, p.size, ns);
+            sc.learner
+                .observe(p.kernel, p.device, p.footprint, p.size, ns);
+            if let Some((before, modelled)) = &p.copies {
+                let took = stamp(&p.start).saturating_sub(stamp(before)) as f64;
+                sc.learner.observe_transfer(p.device, took, *modelled);
+            }
+            sc.stats.observed += 1;
+        }
+    }
+
+    /// Places `spec` (on `forced` if given, else by the context's policy)
+    /// and submits it.
+    pub(crate) fn submit(self: &Arc<Self>, spec: &Spec, forced: Option<usize>) -> Result<Task> {
+        let task = self.place_and_emit(spec, forced)?;
+        let mut keep = lock(&self.ctx.tasks.keep);
+        if keep.as_ref().is_none_or(|k| !Arc::ptr_eq(k, self)) {
+            *keep = Some(self.clone());
+        }
+        Ok(task)
+    }
+
+    fn place_and_emit(&self, spec: &Spec, forced: Option<usize>) -> Result<Task> {
+        let mut st = lock(&self.state);
+        let mut sc = lock(&self.sched);
+        st.submitted_since_harvest += 1;
+        // Every 16 submissions. (Scanning only every quarter of the tasks in
+        // flight, fewer observations arrive mid-run, and the learning
+        // policy's random-DAG makespan in `bench placement` went from 0.76×
+        // to 2.1× HEFT's: it learns from what completes while it submits.)
+        if st.submitted_since_harvest >= 16 {
+            self.harvest(&mut st, &mut sc);
+        }
+        let k = &spec.kernel;
+        let runs: Vec<usize> = (0..self.devices.len())
+            .filter(|&d| self.devices[d].check_code(&k.inner).is_ok())
+            .collect();
+        if runs.is_empty() {
+            self.devices[0].check_code(&k.inner)?;
+        }
+        if let Some(f) = forced {
+            if f >= self.devices.len() {
+                return Err(Error::InvalidArgument(format!(
+                    "task '{}': device index {f}, the context has {} devices",
+                    k.name(),
+                    self.devices.len()
+                )));
+            }
+            self.devices[f].check_code(&k.inner)?;
+        }
+        let deps = dependencies(spec);
+        let footprint = model::footprint(spec.access.iter().map(|(d, _)| d.bytes() as u64));
+        let size: u64 = spec.access.iter().map(|(d, _)| d.bytes() as u64).sum();
+        let deps_end = deps.iter().map(|d| d.end_ns).fold(0.0, f64::max);
+        let now = self.now_ns();
+        let policy = sc.policy;
+        if let Some(f) = forced {
+            // A placed task: no policy, no predictions (graph replays).
+            let free = st.free[f].iter().copied().fold(f64::MAX, f64::min).max(now);
+            let priority = (policy == SchedPolicy::Dmdas)
+                .then_some(spec.priority)
+                .flatten();
+            let task = self.emit(&mut st, spec, f, &deps, priority, free)?;
+            return Ok(self.account(&mut st, &mut sc, spec, task, footprint, size, false, free));
+        }
+        let deciding = std::time::Instant::now();
+        let candidates: Vec<Candidate> = runs
+            .iter()
+            .map(|&d| self.candidate(&st, &mut sc, spec, d, footprint, size, deps_end, now))
+            .collect();
+        sc.learner.prepare(k.name(), footprint);
+        let choice = sched::choose(policy, &candidates, &mut sc.learner);
+        let chosen = &candidates[choice.at];
+        let device = chosen.index;
+        let exec_ns = match policy {
+            SchedPolicy::Learned => chosen.learned_ns.or(chosen.predicted_ns),
+            _ => chosen.predicted_ns.or(chosen.learned_ns),
+        }
+        .unwrap_or(0.0);
+        let end_ns = chosen.free_ns.max(chosen.data_ready()) + exec_ns;
+        sc.stats.decision_ns += deciding.elapsed().as_nanos() as u64;
+        let priority = match policy {
+            SchedPolicy::Dmdas => spec.priority,
+            _ => None,
+        };
+        let mut task = self.emit(&mut st, spec, device, &deps, priority, end_ns)?;
+        task.predicted = chosen.predicted_ns;
+        Ok(self.account(
+            &mut st,
+            &mut sc,
+            spec,
+            task,
+            footprint,
+            size,
+            choice.calibrating,
+            end_ns,
+        ))
+    }
+
+    /// A candidate device `d` for `spec`, as the policies see it.
+    #[allow(clippy::too_many_arguments)]
+    fn candidate(
+        &self,
+        st: &RtState,
+        sc: &mut Sched,
+        spec: &Spec,
+        d: usize,
+        footprint: u64,
+        size: u64,
+        deps_end: f64,
+        now: f64,
+    ) -> Candidate {
+        let (mut transfer_ns, mut to_move, mut local) = (0.0, 0u64, 0u64);
+        for (data, mode) in &spec.access {
+            let ds = lock(data.state());
+            let bytes = data.bytes() as u64;
+            if ds.valid[d].is_some() {
+                local += bytes;
+            } else if mode.reads() {
+                to_move += bytes;
+                transfer_ns += self.cheapest_source(&ds.valid, d, bytes).1;
+            }
+        }
+        let free = st.free[d].iter().copied().fold(f64::MAX, f64::min).max(now);
+        let name = spec.kernel.name();
+        let key = &self.keys[d];
+        let m = sc.models();
+        let predicted = m.predict(name, key, footprint, size).map(|p| p.0);
+        let samples = m.samples(name, key, footprint);
+        Candidate {
+            index: d,
+            lanes: self.lanes[d],
+            free_ns: free,
+            queued: st.queued[d],
+            deps_end_ns: deps_end.max(now),
+            transfer_ns,
+            bytes_to_move: to_move,
+            local_bytes: local,
+            predicted_ns: predicted,
+            samples,
+            learned_ns: sc.learner.estimate(name, d, footprint, size),
+        }
+    }
+
+    /// Books a submitted task: its compute unit's expected free time, the
+    /// tasks in flight, the figures.
+    #[allow(clippy::too_many_arguments)]
+    fn account(
+        &self,
+        st: &mut RtState,
+        sc: &mut Sched,
+        spec: &Spec,
+        task: Task,
+        footprint: u64,
+        size: u64,
+        calibrating: bool,
+        end_ns: f64,
+    ) -> Task {
+        let device = task.index;
+        // The compute unit that frees first takes it.
+        let lanes = &mut st.free[device];
+        let lane = sched::argmin(lanes, |&t| t);
+        lanes[lane] = end_ns;
+        st.pending.push(Pending {
+            kernel: spec.kernel.name(),
+            footprint,
+            size,
+            device,
+            start: task.start.clone(),
+            end: task.event.clone(),
+            copies: task.copies.clone(),
+            predicted: task.predicted,
+            measured: task.measured.clone(),
+        });
+        st.queued[device] += 1;
+        let s = &mut sc.stats;
+        s.tasks += 1;
+        s.calibration_tasks += u64::from(calibrating);
+        if s.per_device.len() < self.devices.len() {
+            s.per_device.resize(self.devices.len(), 0);
+        }
+        s.per_device[device] += 1;
+        s.bytes_moved += task.moved;
+        s.explored = sc.learner.explored;
+        s.stream_waits += std::mem::take(&mut st.stream_waits);
+        s.stream_wait_ns += std::mem::take(&mut st.stream_wait_ns);
+        for (a, b, n) in st.link_bytes.drain(..) {
+            match s.bytes_per_link.iter_mut().find(|l| (l.0, l.1) == (a, b)) {
+                Some(l) => l.2 += n,
+                None => s.bytes_per_link.push((a, b, n)),
+            }
+        }
+        s.streams_made += std::mem::take(&mut st.streams_made);
+        task
+    }
+
+    /// The valid replica to copy from into `to` and its transfer time.
+    fn cheapest_source(&self, valid: &[Option<Event>], to: usize, bytes: u64) -> (usize, f64) {
+        (0..valid.len())
+            .filter(|&i| valid[i].is_some())
+            .map(|i| (i, self.transfer_ns(i, to, bytes)))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .expect("some replica holds the current version")
+    }
+
+    /// Submits `spec` on device `d` after `deps`: a stream for it, the waits,
+    /// the copies its data needs, the launch, and the buffers' new state.
+    fn emit(
+        &self,
+        st: &mut RtState,
+        spec: &Spec,
+        d: usize,
+        deps: &[TaskRef],
+        priority: Option<u8>,
+        end_ns: f64,
+    ) -> Result<Task> {
+        let id = st.next_task;
+        st.next_task += 1;
+        let pool = &mut st.streams[d];
+        // Streams whose last task faulted leave the pool.
+        pool.retain(|p| match &p.last {
+            Some((_, e)) => !matches!(
+                e.point.as_ref().and_then(|e| e.timeline.status(e.value)),
+                Some(Err(_))
+            ),
+            None => true,
+        });
+        // A stream whose last task this one depends on (a fault there fails
+        // this one anyway), else one whose work completed.
+        let reuse = pool
+            .iter()
+            .position(|p| matches!(&p.last, Some((t, _)) if deps.iter().any(|x| x.id == *t)))
+            .or_else(|| {
+                pool.iter().position(|p| match &p.last {
+                    None => true,
+                    Some((_, e)) => e
+                        .point
+                        .as_ref()
+                        .is_some_and(|e| matches!(e.timeline.status(e.value), Some(Ok(())))),
+                })
+            });
+        let (mut waited, mut made, mut wait_ns) = (false, false, 0);
+        let reuse = match reuse {
+            Some(i) => Some(i),
+            None if pool.len() >= MAX_STREAMS => {
+                // Bounded: wait for the stream with the oldest last task (as
+                // StarPU bounds the tasks in flight); one that faulted is
+                // replaced.
+                waited = true;
+                let i = sched::argmin(pool, |p| p.last.as_ref().map_or(0.0, |l| l.0 as f64));
+                let t0 = std::time::Instant::now();
+                let ok = pool[i]
+                    .last
+                    .as_ref()
+                    .is_none_or(|(_, e)| e.synchronize().is_ok());
+                wait_ns = t0.elapsed().as_nanos() as u64;
+                if !ok {
+                    pool.swap_remove(i);
+                }
+                ok.then_some(i)
+            }
+            None => None,
+        };
+        let at = match reuse {
+            Some(i) => i,
+            None => {
+                let s = match priority {
+                    Some(p) => self.devices[d].create_stream_with_priority(p)?,
+                    None => self.devices[d].create_stream()?,
+                };
+                s.set_name(format!("tasks {}", pool.len()));
+                made = true;
+                pool.push(PoolStream {
+                    stream: s,
+                    last: None,
+                });
+                pool.len() - 1
+            }
+        };
+        let stream = pool[at].stream.clone();
+        let chained = pool[at].last.as_ref().map(|(t, _)| *t);
+        st.stream_waits += u64::from(waited);
+        st.stream_wait_ns += wait_ns;
+        st.streams_made += u64::from(made);
+        if let Some(p) = priority {
+            if stream.priority() != p {
+                stream.set_priority(p)?;
+            }
+        }
+        for dep in deps {
+            if Some(dep.id) != chained {
+                stream.wait_event(&dep.end)?;
+            }
+        }
+        let mut moved = 0u64;
+        let mut copies = None;
+        let mut copied = Vec::new();
+        for (i, (data, mode)) in spec.access.iter().enumerate() {
+            data.replica(d, &self.devices[d])?;
+            if !mode.reads() {
+                continue;
+            }
+            let src = {
+                let s = lock(data.state());
+                if s.valid[d].is_some() {
+                    if let Some(ev) = s.valid[d].as_ref().filter(|e| e.is_recorded()) {
+                        stream.wait_event(ev)?;
+                    }
+                    continue;
+                }
+                let bytes = data.bytes() as u64;
+                let (src, t) = self.cheapest_source(&s.valid, d, bytes);
+                if let Some(ev) = s.valid[src].as_ref().filter(|e| e.is_recorded()) {
+                    stream.wait_event(ev)?;
+                }
+                if copies.is_none() {
+                    copies = Some((stream.record_event()?, 0.0));
+                }
+                if let Some(c) = &mut copies {
+                    c.1 += t;
+                }
+                moved += bytes;
+                st.link_bytes.push((src, d, bytes));
+                src
+            };
+            data.copy(&stream, src, d)?;
+            copied.push(i);
+        }
+        let start = stream.record_event()?;
+        let args: Vec<crate::Arg<'_>> = spec
+            .access
+            .iter()
+            .map(|(data, mode)| data.arg(d, mode.writes()))
+            .collect();
+        stream.launch(&spec.kernel, spec.grid, &args)?;
+        drop(args);
+        let end = stream.record_event()?;
+        let me = TaskRef {
+            id,
+            end: end.clone(),
+            end_ns,
+        };
+        for (i, (data, mode)) in spec.access.iter().enumerate() {
+            let mut s = lock(data.state());
+            if mode.writes() {
+                s.valid.iter_mut().for_each(|v| *v = None);
+                s.valid[d] = Some(end.clone());
+                s.writer = Some(me.clone());
+                s.readers.clear();
+            } else {
+                if copied.contains(&i) {
+                    s.valid[d] = Some(start.clone());
+                }
+                s.readers.push(me.clone());
+            }
+        }
+        st.streams[d][at].last = Some((id, end.clone()));
+        Ok(Task {
+            id,
+            device: self.devices[d].clone(),
+            index: d,
+            event: end,
+            start,
+            copies,
+            moved,
+            predicted: None,
+            measured: Arc::new(std::sync::atomic::AtomicU64::new(f64::NAN.to_bits())),
+        })
+    }
+
+    /// Waits for every task submitted so far; the first fault among them is
+    /// the error (the others still complete or fail on their own).
+    pub(crate) fn wait_all(&self) -> Result<()> {
+        let events: Vec<Event> = {
+            let st = lock(&self.state);
+            st.streams
+                .iter()
+                .flatten()
+                .filter_map(|p| p.last.as_ref().map(|(_, e)| e.clone()))
+                .collect()
+        };
+        let mut first = Ok(());
+        for e in events {
+            if let Err(err) = e.synchronize() {
+                if first.is_ok() {
+                    first = Err(err);
+                }
+            }
+        }
+        let mut st = lock(&self.state);
+        let mut sc = lock(&self.sched);
+        self.harvest(&mut st, &mut sc);
+        sc.models().save();
+        first
+    }
+}
+
+/// The tasks `spec` depends on, from the order of accesses to its data
+/// (RAW, WAR, WAW), each once.
+fn dependencies(spec: &Spec) -> Vec<TaskRef> {
+    let mut deps: Vec<TaskRef> = Vec::new();
+    let mut add = |t: &TaskRef| {
+        if !deps.iter().any(|d| d.id == t.id) {
+            deps.push(t.clone());
+        }
+    };
+    for (data, mode) in &spec.access {
+        let st = lock(data.state());
+        if let Some(w) = &st.writer {
+            add(w);
+        }
+        if mode.writes() {
+            st.readers.iter().for_each(&mut add);
+        }
+    }
+    deps
+}
+
+/// A submitted task: its completion event (usable by streams of any device
+/// of the context: [`Stream::wait_event`]) and where it runs.
+#[derive(Clone, Debug)]
+pub struct Task {
+    id: u64,
+    device: Device,
+    index: usize,
+    event: Event,
+    start: Event,
+    copies: Option<(Event, f64)>,
+    moved: u64,
+    predicted: Option<f64>,
+    measured: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Task {
+    /// The history model's prediction of its execution time on its device,
+    /// ns (`None`: placed without one, or forced).
+    pub fn predicted_ns(&self) -> Option<f64> {
+        self.predicted
+    }
+
+    /// Its execution time as the task layer observed it, ns, once it saw the
+    /// task complete ([`Context::wait_tasks`]); `None` before.
+    pub fn measured_ns(&self) -> Option<f64> {
+        let v = f64::from_bits(self.measured.load(Ordering::Relaxed));
+        (!v.is_nan()).then_some(v)
+    }
+
+    /// Completes when the task has (fails if it faulted or a task it depends
+    /// on did).
+    pub fn event(&self) -> &Event {
+        &self.event
+    }
+
+    /// The device it runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The device's index in the context.
+    pub fn device_index(&self) -> usize {
+        self.index
+    }
+
+    /// The task's number in its context's runtime (submission order).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Bytes copied to its device for it.
+    pub fn bytes_moved(&self) -> u64 {
+        self.moved
+    }
+
+    /// Waits for it; its fault, or that of a task it depends on, is the error.
+    pub fn wait(&self) -> Result<()> {
+        self.event.synchronize()
+    }
+}
+
+/// A task being described: its kernel, its data in argument order, its grid
+/// and priority. From [`Context::task`]; [`TaskBuilder::submit`] places and
+/// submits it.
+#[must_use = "a task does nothing until submitted"]
+pub struct TaskBuilder<'a> {
+    ctx: &'a Context,
+    spec: Spec,
+    rt: Option<Arc<Runtime>>,
+    on: Option<usize>,
+    error: Option<Error>,
+}
+
+impl<'a> TaskBuilder<'a> {
+    fn add<T: Pod + Send + Sync>(mut self, d: &TaskData<T>, mode: Mode) -> Self {
+        match &self.rt {
+            Some(rt) if !Arc::ptr_eq(rt, &d.rt) => {
+                self.error.get_or_insert(Error::DeviceContext {
+                    op: "task",
+                    detail: "the task's data belong to different contexts; a task uses data of \
+                             its own context"
+                        .into(),
+                });
+            }
+            Some(_) => {}
+            None => self.rt = Some(d.rt.clone()),
+        }
+        if self.spec.access.iter().any(|(a, _)| a.id() == d.cell_id()) {
+            self.error.get_or_insert(Error::Aliasing { op: "task" });
+        }
+        self.spec.access.push((d.any(), mode));
+        self
+    }
+
+    /// The kernel reads `d`: its next read argument ([`Block::read`](crate::Block::read);
+    /// read and write arguments are numbered apart, in the order added).
+    pub fn read<T: Pod + Send + Sync>(self, d: &TaskData<T>) -> Self {
+        self.add(d, Mode::Read)
+    }
+
+    /// The kernel writes all of `d` without reading it: its next write
+    /// argument ([`Block::write`](crate::Block::write)), split across blocks
+    /// as [`Arg::write`](crate::Arg::write) splits a buffer. Its contents
+    /// before the task are not copied to the task's device.
+    pub fn write<T: Pod + Send + Sync>(self, d: &TaskData<T>) -> Self {
+        self.add(d, Mode::Write)
+    }
+
+    /// The kernel reads and writes `d` (a write argument that holds the
+    /// current contents).
+    pub fn read_write<T: Pod + Send + Sync>(self, d: &TaskData<T>) -> Self {
+        self.add(d, Mode::ReadWrite)
+    }
+
+    /// The grid (default one block).
+    pub fn grid(mut self, grid: impl Into<Grid>) -> Self {
+        self.spec.grid = grid.into();
+        self
+    }
+
+    /// The priority ([`PRIORITY_HIGHEST`](crate::PRIORITY_HIGHEST) = 0 ..
+    /// [`PRIORITY_LOWEST`](crate::PRIORITY_LOWEST) = 7): under `dmdas`, its
+    /// stream's priority.
+    pub fn priority(mut self, priority: u8) -> Self {
+        self.spec.priority = Some(priority.min(crate::PRIORITY_LOWEST));
+        self
+    }
+
+    /// Runs it on the context's device `index`, whatever the policy
+    /// (StarPU's `execute_on_a_specific_worker`).
+    pub fn on_device(mut self, index: usize) -> Self {
+        self.on = Some(index);
+        self
+    }
+
+    /// Places and submits the task.
+    pub fn submit(self) -> Result<Task> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        let rt = match self.rt {
+            Some(rt) => rt,
+            None => self.ctx.task_runtime()?,
+        };
+        rt.submit(&self.spec, self.on)
+    }
+}
+
+impl Context {
+    pub(crate) fn tasks_state(&self) -> &ContextTasks {
+        &self.shared().tasks
+    }
+
+    /// The runtime of this context's tasks (made when none is alive).
+    pub(crate) fn task_runtime(&self) -> Result<Arc<Runtime>> {
+        let t = self.tasks_state();
+        let mut w = lock(&t.runtime);
+        if let Some(rt) = w.upgrade() {
+            return Ok(rt);
+        }
+        let rt = Arc::new(Runtime::new(self, t.sched.clone())?);
+        *w = Arc::downgrade(&rt);
+        Ok(rt)
+    }
+
+    /// A task running `kernel`; add its data in argument order, then
+    /// [`submit`](TaskBuilder::submit). It runs after the tasks submitted
+    /// before it that write what it reads (RAW), read or write what it writes
+    /// (WAR, WAW), on a device where the kernel has code, chosen by the
+    /// context's policy ([`Context::set_scheduler`]).
+    pub fn task<'a>(&'a self, kernel: &Kernel) -> TaskBuilder<'a> {
+        TaskBuilder {
+            ctx: self,
+            spec: Spec {
+                kernel: kernel.clone(),
+                access: Vec::new(),
+                grid: Grid::new(1),
+                priority: None,
+            },
+            rt: None,
+            on: None,
+            error: None,
+        }
+    }
+
+    /// Task data holding `data`, on the context's first device.
+    pub fn data_from<T: Pod + Send + Sync>(&self, data: &[T]) -> Result<TaskData<T>> {
+        TaskData::new(self.task_runtime()?, data)
+    }
+
+    /// Task data of `len` zeroed elements.
+    pub fn data<T: Pod + Send + Sync>(&self, len: usize) -> Result<TaskData<T>> {
+        TaskData::new(self.task_runtime()?, &vec![T::zeroed(); len])
+    }
+
+    /// Sets the scheduling policy for tasks submitted from now on (default:
+    /// `HETERO_SCHED`, else dmda).
+    pub fn set_scheduler(&self, policy: SchedPolicy) {
+        lock(&self.tasks_state().sched).policy = policy;
+    }
+
+    /// The scheduling policy.
+    pub fn scheduler(&self) -> SchedPolicy {
+        lock(&self.tasks_state().sched).policy
+    }
+
+    /// Where this context's performance models persist (`None`: in memory
+    /// only). Default: `HETERO_PERFMODEL_DIR`, else the user's cache
+    /// directory (`$XDG_CACHE_HOME` or `~/.cache`) + `hetero/perfmodels`.
+    /// Models already loaded are saved first and then forgotten.
+    pub fn set_perfmodel_dir(&self, dir: Option<PathBuf>) {
+        let mut sc = lock(&self.tasks_state().sched);
+        if let Some(m) = &mut sc.models {
+            m.save();
+        }
+        sc.models = None;
+        sc.model_dir = Some(dir);
+    }
+
+    /// Waits for every task submitted so far and feeds their times to the
+    /// models (and saves them); the first fault among the tasks is the error.
+    pub fn wait_tasks(&self) -> Result<()> {
+        let rt = lock(&self.tasks_state().runtime).upgrade();
+        match rt {
+            Some(rt) => rt.wait_all(),
+            None => Ok(()),
+        }
+    }
+
+    /// What the task layer has done in this context.
+    pub fn task_stats(&self) -> TaskStats {
+        let mut sc = lock(&self.tasks_state().sched);
+        let m = sc.models();
+        let (loaded, damaged, rejected) = (m.loaded, m.damaged, m.rejected);
+        let mut s = sc.stats.clone();
+        s.prediction_error = sc
+            .errors
+            .iter()
+            .map(|(&(kernel, device), &(tasks, sum))| PredictionError {
+                kernel,
+                device,
+                tasks,
+                mean_relative_error: sum / tasks as f64,
+            })
+            .collect();
+        s.bytes_per_link.sort_unstable();
+        s.models_loaded = loaded;
+        s.models_damaged = damaged;
+        s.outliers_rejected = rejected;
+        s
+    }
+
+    /// Forgets the figures of [`Context::task_stats`] (models and learned
+    /// estimates stay).
+    pub fn reset_task_stats(&self) {
+        let mut sc = lock(&self.tasks_state().sched);
+        sc.stats = TaskStats::default();
+        sc.errors.clear();
+    }
+}
+
+impl<T: Pod + Send + Sync> TaskData<T> {
+    fn cell_id(&self) -> u64 {
+        self.any().id()
+    }
+}
+
+/// Each task's predecessors among `specs` (in recording order) and the
+/// bytes each hands over: RAW edges carry the data, WAR and WAW only order.
+pub(crate) fn dependencies_in(specs: &[Spec]) -> Vec<Vec<(usize, u64)>> {
+    use std::collections::HashMap;
+    // Per data: its last writer and the readers since.
+    let mut seen: HashMap<u64, (Option<usize>, Vec<usize>)> = HashMap::new();
+    let mut out = Vec::with_capacity(specs.len());
+    for (i, s) in specs.iter().enumerate() {
+        let mut preds: Vec<(usize, u64)> = Vec::new();
+        let mut add = |p: usize, bytes: u64| match preds.iter_mut().find(|x| x.0 == p) {
+            Some(x) => x.1 = x.1.max(bytes),
+            None => preds.push((p, bytes)),
+        };
+        for (data, mode) in &s.access {
+            let (writer, readers) = seen.entry(data.id()).or_default();
+            let bytes = data.bytes() as u64;
+            if let Some(w) = *writer {
+                add(w, if mode.reads() { bytes } else { 0 });
+            }
+            if mode.writes() {
+                readers.iter().for_each(|&r| add(r, 0));
+                *writer = Some(i);
+                readers.clear();
+            } else {
+                readers.push(i);
+            }
+        }
+        out.push(preds);
+    }
+    out
+}
+
+impl Device {
+    /// Multiplies the modelled time of this emulated device's kernels by
+    /// `factor` from the next kernel that starts (1.0: as configured): a
+    /// device whose speed drifts while it runs (thermal throttling, a
+    /// co-tenant), to check adaptive placement against. An error on other
+    /// backends (their kernels take the time they take).
+    pub fn set_emu_slowdown(&self, factor: f64) -> Result<()> {
+        if !(factor.is_finite() && factor > 0.0) {
+            return Err(Error::InvalidArgument(format!(
+                "set_emu_slowdown: factor {factor}; give a positive finite factor"
+            )));
+        }
+        if crate::backend::emu::set_slowdown(self.backend(), factor) {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "set_emu_slowdown: device {} is a {} device; only an emulated device's speed is \
+                 modelled",
+                self.id(),
+                self.properties().backend
+            )))
+        }
+    }
+}

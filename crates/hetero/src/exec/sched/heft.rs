@@ -1,0 +1,182 @@
+//! HEFT (Topcuoglu, Hariri, Wu 2002): an offline list schedule of a whole
+//! DAG. Tasks are taken by decreasing upward rank (mean execution time plus
+//! the longest mean path of communication and execution to an exit task);
+//! each goes to the compute unit where it finishes earliest, counting the
+//! transfers from its predecessors' devices and filling the earliest idle gap
+//! long enough for it (insertion).
+
+/// One task of the DAG, as HEFT sees it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct HeftTask {
+    /// Predecessors (earlier tasks) and the bytes each hands over (0 for an
+    /// order-only edge).
+    pub(crate) preds: Vec<(usize, u64)>,
+    /// Data no task of the DAG wrote: (the device it is on, bytes).
+    pub(crate) inputs: Vec<(usize, u64)>,
+    /// Execution time per device; `None` where the task cannot run.
+    pub(crate) cost: Vec<Option<f64>>,
+}
+
+/// Where and when HEFT placed a task.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Placed {
+    pub(crate) device: usize,
+    pub(crate) start: f64,
+    pub(crate) end: f64,
+}
+
+/// Places every task of `tasks` (in a topological order: predecessors have
+/// smaller indices) on devices with `lanes[d]` compute units each; `comm(a,
+/// b, bytes)` is the time to move `bytes` from device `a` to `b` (0 when
+/// `a == b`). Every task must be able to run somewhere.
+pub(crate) fn plan(
+    tasks: &[HeftTask],
+    lanes: &[usize],
+    comm: &dyn Fn(usize, usize, u64) -> f64,
+) -> Vec<Placed> {
+    let devices = lanes.len();
+    let mean_cost: Vec<f64> = tasks
+        .iter()
+        .map(|t| {
+            let c: Vec<f64> = t.cost.iter().flatten().copied().collect();
+            c.iter().sum::<f64>() / c.len().max(1) as f64
+        })
+        .collect();
+    let mean_comm = |bytes: u64| {
+        if bytes == 0 || devices < 2 {
+            return 0.0;
+        }
+        let mut sum = 0.0;
+        for a in 0..devices {
+            for b in 0..devices {
+                if a != b {
+                    sum += comm(a, b, bytes);
+                }
+            }
+        }
+        // Over all ordered pairs, the same device (no cost) included.
+        sum / (devices * devices) as f64
+    };
+    let mut succs: Vec<Vec<(usize, u64)>> = vec![Vec::new(); tasks.len()];
+    for (i, t) in tasks.iter().enumerate() {
+        for &(p, bytes) in &t.preds {
+            succs[p].push((i, bytes));
+        }
+    }
+    let mut rank = vec![0.0f64; tasks.len()];
+    for i in (0..tasks.len()).rev() {
+        let tail = succs[i]
+            .iter()
+            .map(|&(s, bytes)| mean_comm(bytes) + rank[s])
+            .fold(0.0, f64::max);
+        rank[i] = mean_cost[i] + tail;
+    }
+    let mut order: Vec<usize> = (0..tasks.len()).collect();
+    // Decreasing rank; a predecessor's rank exceeds its successor's whenever
+    // costs are positive; ties keep the submission order, which is
+    // topological.
+    order.sort_by(|&a, &b| rank[b].total_cmp(&rank[a]).then(a.cmp(&b)));
+    // Busy intervals per (device, lane), sorted by start.
+    let mut busy: Vec<Vec<Vec<(f64, f64)>>> =
+        lanes.iter().map(|&n| vec![Vec::new(); n.max(1)]).collect();
+    let mut placed: Vec<Option<Placed>> = vec![None; tasks.len()];
+    // A task whose predecessor is not placed yet (zero-cost ties) waits.
+    let mut pending = order;
+    while !pending.is_empty() {
+        let pos = pending
+            .iter()
+            .position(|&i| tasks[i].preds.iter().all(|&(p, _)| placed[p].is_some()))
+            .expect("the DAG is topologically ordered");
+        let i = pending.remove(pos);
+        let t = &tasks[i];
+        let mut best: Option<(f64, usize, usize, f64)> = None;
+        for (d, cost) in t.cost.iter().enumerate() {
+            let Some(w) = *cost else { continue };
+            let mut ready = 0.0f64;
+            for &(p, bytes) in &t.preds {
+                let pp = placed[p].expect("checked above");
+                let c = if pp.device == d {
+                    0.0
+                } else {
+                    comm(pp.device, d, bytes)
+                };
+                ready = ready.max(pp.end + c);
+            }
+            let inputs: f64 = t
+                .inputs
+                .iter()
+                .filter(|&&(home, _)| home != d)
+                .map(|&(home, bytes)| comm(home, d, bytes))
+                .sum();
+            ready = ready.max(inputs);
+            for (l, slots) in busy[d].iter().enumerate() {
+                let start = earliest_gap(slots, ready, w);
+                if best.is_none_or(|(e, ..)| start + w < e) {
+                    best = Some((start + w, d, l, start));
+                }
+            }
+        }
+        let (end, d, l, start) = best.expect("every task runs on some device");
+        let slots = &mut busy[d][l];
+        let at = slots.partition_point(|s| s.0 < start);
+        slots.insert(at, (start, end));
+        placed[i] = Some(Placed {
+            device: d,
+            start,
+            end,
+        });
+    }
+    placed.into_iter().map(|p| p.expect("all placed")).collect()
+}
+
+/// The earliest start at or after `ready` of a `w`-long interval in the gaps
+/// between `slots` (sorted, disjoint).
+fn earliest_gap(slots: &[(f64, f64)], ready: f64, w: f64) -> f64 {
+    let mut t = ready;
+    for &(s, e) in slots {
+        if t + w <= s {
+            return t;
+        }
+        t = t.max(e);
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chain_stays_on_the_fast_device_and_a_fork_spreads() {
+        let chain: Vec<HeftTask> = (0..4)
+            .map(|i| HeftTask {
+                preds: if i == 0 {
+                    vec![]
+                } else {
+                    vec![(i - 1, 1 << 20)]
+                },
+                inputs: vec![],
+                cost: vec![Some(10.0), Some(30.0)],
+            })
+            .collect();
+        let comm = |_: usize, _: usize, b: u64| b as f64 / 1e3;
+        let p = plan(&chain, &[1, 1], &comm);
+        assert!(p.iter().all(|x| x.device == 0));
+        assert_eq!(p[3].end, 40.0);
+        let fork: Vec<HeftTask> = (0..4)
+            .map(|_| HeftTask {
+                preds: vec![],
+                inputs: vec![],
+                cost: vec![Some(10.0), Some(12.0)],
+            })
+            .collect();
+        let p = plan(&fork, &[1, 1], &comm);
+        assert_eq!(p.iter().filter(|x| x.device == 1).count(), 2);
+    }
+
+    #[test]
+    fn insertion_fills_a_gap() {
+        assert_eq!(earliest_gap(&[(0.0, 5.0), (20.0, 30.0)], 0.0, 10.0), 5.0);
+        assert_eq!(earliest_gap(&[(0.0, 5.0), (12.0, 30.0)], 0.0, 10.0), 30.0);
+    }
+}

@@ -1,0 +1,254 @@
+//! The learning policy: online estimates of each kernel's execution time on
+//! each device and of each device's transfers, learned from what the task
+//! layer observes, weighting recent observations over old ones, and a
+//! bounded exploration.
+//!
+//! Method:
+//! - **Execution**: per (kernel, device, footprint) an exponentially weighted
+//!   moving average of observed execution times, `e ← e + α (x − e)` with
+//!   [`ALPHA`]; an observation `k` steps old weighs `(1 − α)^k`, so after a
+//!   device changes speed the estimate is within 10 % of the new time after
+//!   about `ln 0.1 / ln (1 − α)` ≈ 7 observations. A sample more than
+//!   [`CLIP`] times the estimate counts as `CLIP` times it (one 300× outlier
+//!   moves the estimate by at most `α (CLIP − 1)`).
+//! - **Transfers**: per device a factor on the link model's time, the EWMA
+//!   of observed over modelled copy time (with `ALPHA`), so the data term
+//!   follows the links as they are, not as they were modelled.
+//! - **Choice**: the device with the earliest estimated completion
+//!   `max(free, predecessors' end + factor · transfers) + e`, as dmda does,
+//!   on these estimates.
+//! - **Exploration**: a device without an estimate for the task is tried
+//!   first (at most [`WARMUP`] times per kernel and device). Then, with
+//!   probability [`EPSILON`] (a seeded xorshift, so runs are deterministic),
+//!   the task goes to the device whose estimate is the oldest, but only if
+//!   its estimated completion is at most [`EXPLORE_SPAN`] of the best
+//!   device's execution estimate later than the best completion:
+//!   exploration is bounded in rate and in cost (half a task), and keeps
+//!   estimates of devices the policy stopped using fresh (a device that
+//!   slowed and recovered is seen again).
+
+use super::{argmin, Candidate, Choice};
+use std::collections::HashMap;
+
+/// Weight of a new observation.
+pub const ALPHA: f64 = 0.3;
+/// Largest factor of the estimate a sample may count as.
+pub const CLIP: f64 = 8.0;
+/// Tries of a device without an estimate for a kernel.
+pub const WARMUP: u64 = 1;
+/// Probability of an exploring choice.
+pub const EPSILON: f64 = 0.05;
+/// An exploring choice completes at most this fraction of the best
+/// device's execution estimate after the best completion.
+pub const EXPLORE_SPAN: f64 = 0.5;
+
+#[derive(Clone, Copy, Debug)]
+struct Estimate {
+    ns: f64,
+    seen: u64,
+    /// The decision count when last observed.
+    at: u64,
+}
+
+/// The learning policy's state (one per context).
+#[derive(Debug)]
+pub(crate) struct Learner {
+    exec: HashMap<(&'static str, usize, u64), Estimate>,
+    /// Per (kernel, device): ns per byte of the task's data, for footprints
+    /// not seen yet.
+    per_byte: HashMap<(&'static str, usize), f64>,
+    /// Per device: observed over modelled transfer time.
+    transfer: HashMap<usize, f64>,
+    /// Tries per (kernel, device) without an estimate.
+    tries: HashMap<(&'static str, usize), u64>,
+    decisions: u64,
+    rng: u64,
+    /// Exploring choices made.
+    pub(crate) explored: u64,
+    /// The task being placed: its kernel and footprint (set by `prepare`).
+    current: Option<(&'static str, u64)>,
+}
+
+impl Default for Learner {
+    fn default() -> Self {
+        Learner {
+            exec: HashMap::new(),
+            per_byte: HashMap::new(),
+            transfer: HashMap::new(),
+            tries: HashMap::new(),
+            decisions: 0,
+            rng: 0x9e37_79b9_7f4a_7c15,
+            explored: 0,
+            current: None,
+        }
+    }
+}
+
+impl Learner {
+    /// The estimate of `kernel` with `footprint` (`size` bytes of data) on
+    /// device `index`: the footprint's own, else the kernel's time per byte
+    /// there times `size`.
+    pub(crate) fn estimate(
+        &self,
+        kernel: &'static str,
+        index: usize,
+        footprint: u64,
+        size: u64,
+    ) -> Option<f64> {
+        match self.exec.get(&(kernel, index, footprint)) {
+            Some(e) => Some(e.ns),
+            None => self
+                .per_byte
+                .get(&(kernel, index))
+                .map(|b| b * size.max(1) as f64),
+        }
+    }
+
+    /// Names the task the next `choose` places.
+    pub(crate) fn prepare(&mut self, kernel: &'static str, footprint: u64) {
+        self.current = Some((kernel, footprint));
+    }
+
+    /// An observed execution of a task with `size` bytes of data.
+    pub(crate) fn observe(
+        &mut self,
+        kernel: &'static str,
+        index: usize,
+        footprint: u64,
+        size: u64,
+        ns: f64,
+    ) {
+        let at = self.decisions;
+        let b = ns / size.max(1) as f64;
+        self.per_byte
+            .entry((kernel, index))
+            .and_modify(|e| *e += ALPHA * (b.min(*e * CLIP) - *e))
+            .or_insert(b);
+        self.exec
+            .entry((kernel, index, footprint))
+            .and_modify(|e| {
+                let x = ns.min(e.ns * CLIP);
+                e.ns += ALPHA * (x - e.ns);
+                e.seen += 1;
+                e.at = at;
+            })
+            .or_insert(Estimate { ns, seen: 1, at });
+    }
+
+    /// An observed transfer into device `index`: `observed` ns where the
+    /// link model said `modelled`.
+    pub(crate) fn observe_transfer(&mut self, index: usize, observed: f64, modelled: f64) {
+        if modelled <= 0.0 || observed <= 0.0 {
+            return;
+        }
+        let r = (observed / modelled).clamp(1.0 / CLIP, CLIP);
+        let f = self.transfer.entry(index).or_insert(1.0);
+        *f += ALPHA * (r - *f);
+    }
+
+    fn next_unit(&mut self) -> f64 {
+        // xorshift64*
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        (self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    pub(crate) fn choose(&mut self, c: &[Candidate]) -> Choice {
+        self.decisions += 1;
+        let (kernel, fp) = self.current.unwrap_or(("", 0));
+        // Warm-up: a device without an estimate is tried first.
+        for (i, x) in c.iter().enumerate() {
+            if x.learned_ns.is_none() {
+                let t = self.tries.entry((kernel, x.index)).or_insert(0);
+                if *t < WARMUP {
+                    *t += 1;
+                    return Choice {
+                        at: i,
+                        calibrating: true,
+                    };
+                }
+            }
+        }
+        let known: Vec<usize> = (0..c.len())
+            .filter(|&i| c[i].learned_ns.is_some())
+            .collect();
+        if known.is_empty() {
+            return Choice {
+                at: 0,
+                calibrating: true,
+            };
+        }
+        let end = |x: &Candidate| {
+            let f = self.transfer.get(&x.index).copied().unwrap_or(1.0);
+            x.free_ns.max(x.deps_end_ns + f * x.transfer_ns) + x.learned_ns.unwrap_or(f64::MAX)
+        };
+        let ends: Vec<f64> = c.iter().map(end).collect();
+        let best = known[argmin(&known, |&i| ends[i])];
+        if known.len() > 1 && self.next_unit() < EPSILON {
+            let span = ends[best] + EXPLORE_SPAN * c[best].learned_ns.unwrap_or(0.0);
+            let stale = known
+                .iter()
+                .copied()
+                .filter(|&i| i != best && ends[i] <= span)
+                .min_by_key(|&i| self.exec.get(&(kernel, c[i].index, fp)).map_or(0, |e| e.at));
+            if let Some(i) = stale {
+                self.explored += 1;
+                return Choice {
+                    at: i,
+                    calibrating: false,
+                };
+            }
+        }
+        Choice {
+            at: best,
+            calibrating: false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cand(index: usize, learned: Option<f64>) -> Candidate {
+        Candidate {
+            index,
+            lanes: 1,
+            learned_ns: learned,
+            ..Candidate::default()
+        }
+    }
+
+    #[test]
+    fn recent_observations_outweigh_old_ones() {
+        let mut l = Learner::default();
+        for _ in 0..50 {
+            l.observe("k", 0, 1, 10, 100.0);
+        }
+        for _ in 0..7 {
+            l.observe("k", 0, 1, 10, 400.0);
+        }
+        let e = l.estimate("k", 0, 1, 10).unwrap();
+        assert!(e > 360.0 && e < 400.0, "{e}");
+        let other = l.estimate("k", 0, 2, 20).unwrap();
+        assert!(other > 720.0 && other < 800.0, "{other}");
+    }
+
+    #[test]
+    fn exploration_is_bounded() {
+        let mut l = Learner::default();
+        l.prepare("k", 1);
+        let c = [
+            cand(0, Some(100.0)),
+            cand(1, Some(140.0)),
+            cand(2, Some(10_000.0)),
+        ];
+        let mut picks = [0u32; 3];
+        for _ in 0..10_000 {
+            picks[l.choose(&c).at] += 1;
+        }
+        assert_eq!(picks[2], 0, "too costly to explore");
+        assert!(picks[1] > 100 && picks[1] < 1000, "{picks:?}");
+    }
+}

@@ -1,0 +1,569 @@
+//! History-based performance models with StarPU's semantics: per kernel, per
+//! device and per footprint (the sizes of the task's data), the mean of the
+//! observed execution times, trusted after [`TRUSTED_AFTER`] samples; per
+//! kernel and device a regression `a·n^b` over the total data size `n`, used
+//! for footprints without a trusted history once the sizes seen vary enough.
+//!
+//! Outliers: a sample more than [`OUTLIER_FACTOR`] times the median of the
+//! recent accepted samples (or less than its inverse) is rejected and counted,
+//! so a rare inflated sample (starpu#50: one in a hundred 300× slower) moves
+//! neither the mean nor the regression. [`REGIME_AFTER`] rejections in a row
+//! mean the device really changed: the history restarts from them.
+//!
+//! Persistence: one file per kernel under the model directory
+//! (`HETERO_PERFMODEL_DIR`, else `$XDG_CACHE_HOME/hetero/perfmodels`, else
+//! `$HOME/.cache/hetero/perfmodels`), a versioned text format (see
+//! [`FORMAT`]). A file that does not parse is a warning and a fresh
+//! calibration of that kernel, never an error.
+//!
+//! Plain data: no ops, no devices; the task layer (`api/task`) feeds it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Samples before a history is trusted (StarPU's `STARPU_CALIBRATE_MINIMUM`).
+pub(crate) const TRUSTED_AFTER: u64 = 10;
+/// A sample past this factor of the recent median (either way) is an outlier.
+pub(crate) const OUTLIER_FACTOR: f64 = 4.0;
+/// Outliers in a row that are taken as a new regime rather than noise.
+pub(crate) const REGIME_AFTER: u32 = 6;
+/// Accepted samples the median is taken over.
+const RECENT: usize = 15;
+/// The regression is used once the largest size seen is this factor of the
+/// smallest (and it has `TRUSTED_AFTER` samples).
+const SIZE_SPREAD: f64 = 1.5;
+/// First line of a model file; bump the number when the format changes (an
+/// older file is then recalibrated, with a warning).
+pub(crate) const FORMAT: &str = "hetero-perfmodel 1";
+
+/// One (kernel, device, footprint)'s history.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct History {
+    /// Accepted samples.
+    pub(crate) n: u64,
+    /// Their mean, ns.
+    pub(crate) mean: f64,
+    /// Welford's sum of squared deviations.
+    m2: f64,
+    /// Rejected samples (outliers).
+    pub(crate) rejected: u64,
+    /// Outliers in a row (a regime change at `REGIME_AFTER`).
+    streak: Vec<f64>,
+    /// The last accepted samples, for the median.
+    recent: Vec<f64>,
+    /// Data size of the footprint, bytes.
+    size: u64,
+}
+
+impl History {
+    fn median(&self) -> Option<f64> {
+        if self.recent.len() < 3 {
+            return None;
+        }
+        let mut v = self.recent.clone();
+        v.sort_by(f64::total_cmp);
+        Some(v[v.len() / 2])
+    }
+
+    /// Adds a sample; false when it was rejected as an outlier.
+    fn add(&mut self, ns: f64) -> bool {
+        if let Some(m) = self.median() {
+            let far = ns > m * OUTLIER_FACTOR || ns * OUTLIER_FACTOR < m;
+            if far {
+                self.streak.push(ns);
+                if self.streak.len() < REGIME_AFTER as usize {
+                    self.rejected += 1;
+                    return false;
+                }
+                // A new regime: restart from the samples of the streak.
+                let streak = std::mem::take(&mut self.streak);
+                let (size, rejected) = (self.size, self.rejected);
+                *self = History {
+                    size,
+                    rejected,
+                    ..History::default()
+                };
+                for s in streak {
+                    self.accept(s);
+                }
+                return true;
+            }
+        }
+        self.streak.clear();
+        self.accept(ns);
+        true
+    }
+
+    fn accept(&mut self, ns: f64) {
+        self.n += 1;
+        let d = ns - self.mean;
+        self.mean += d / self.n as f64;
+        self.m2 += d * (ns - self.mean);
+        if self.recent.len() == RECENT {
+            self.recent.remove(0);
+        }
+        self.recent.push(ns);
+    }
+
+    pub(crate) fn trusted(&self) -> bool {
+        self.n >= TRUSTED_AFTER
+    }
+}
+
+/// Least squares of `ln t = ln a + b ln n` over accepted samples.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Regression {
+    k: u64,
+    sx: f64,
+    sy: f64,
+    sxx: f64,
+    sxy: f64,
+    min_n: f64,
+    max_n: f64,
+}
+
+impl Regression {
+    fn add(&mut self, n: f64, ns: f64) {
+        if n <= 0.0 || ns <= 0.0 {
+            return;
+        }
+        let (x, y) = (n.ln(), ns.ln());
+        if self.k == 0 {
+            self.min_n = n;
+            self.max_n = n;
+        }
+        self.k += 1;
+        self.sx += x;
+        self.sy += y;
+        self.sxx += x * x;
+        self.sxy += x * y;
+        self.min_n = self.min_n.min(n);
+        self.max_n = self.max_n.max(n);
+    }
+
+    /// `(a, b)` once the sizes vary enough.
+    fn fit(&self) -> Option<(f64, f64)> {
+        if self.k < TRUSTED_AFTER || self.max_n < self.min_n * SIZE_SPREAD {
+            return None;
+        }
+        let k = self.k as f64;
+        let den = k * self.sxx - self.sx * self.sx;
+        if den.abs() < 1e-12 {
+            return None;
+        }
+        let b = (k * self.sxy - self.sx * self.sy) / den;
+        let a = ((self.sy - b * self.sx) / k).exp();
+        Some((a, b))
+    }
+}
+
+/// One kernel's models on every device it ran on.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct KernelModel {
+    /// By device key, then footprint (looked up by `&str`: no allocation on
+    /// the submission path).
+    history: HashMap<String, HashMap<u64, History>>,
+    /// By device key.
+    regression: HashMap<String, Regression>,
+    /// Unsaved samples since the last save.
+    dirty: bool,
+}
+
+/// What a prediction rests on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Basis {
+    /// The footprint's own trusted history.
+    History,
+    /// The kernel's regression on this device.
+    Regression,
+}
+
+/// All kernels' models, loaded from and saved to one directory.
+pub(crate) struct Models {
+    dir: Option<PathBuf>,
+    kernels: HashMap<&'static str, KernelModel>,
+    /// Files found damaged (each was a warning and a fresh calibration).
+    pub(crate) damaged: u64,
+    /// Kernels whose models were found on disk.
+    pub(crate) loaded: u64,
+    /// Outliers rejected, in all models.
+    pub(crate) rejected: u64,
+}
+
+/// The directory models persist in: `HETERO_PERFMODEL_DIR`, else the user's
+/// cache directory (`$XDG_CACHE_HOME` or `$HOME/.cache`) + `hetero/perfmodels`.
+pub(crate) fn default_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("HETERO_PERFMODEL_DIR").filter(|d| !d.is_empty()) {
+        return Some(PathBuf::from(d));
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(cache.join("hetero").join("perfmodels"))
+}
+
+/// The footprint of data sizes (StarPU hashes the sizes of the task's data).
+pub(crate) fn footprint(sizes: impl IntoIterator<Item = u64>) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for s in sizes {
+        for b in s.to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+impl Models {
+    /// Models persisted under `dir` (`None`: in memory only).
+    pub(crate) fn new(dir: Option<PathBuf>) -> Self {
+        Models {
+            dir,
+            kernels: HashMap::new(),
+            damaged: 0,
+            loaded: 0,
+            rejected: 0,
+        }
+    }
+
+    fn file(dir: &Path, kernel: &str) -> PathBuf {
+        let safe: String = kernel
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        dir.join(format!("{safe}.model"))
+    }
+
+    fn kernel(&mut self, kernel: &'static str) -> &mut KernelModel {
+        if !self.kernels.contains_key(kernel) {
+            let loaded = match &self.dir {
+                Some(dir) => match std::fs::read_to_string(Self::file(dir, kernel)) {
+                    Ok(text) => match parse(&text, kernel) {
+                        Ok(m) => {
+                            self.loaded += 1;
+                            m
+                        }
+                        Err(why) => {
+                            self.damaged += 1;
+                            tracing::warn!(
+                                "performance model of kernel '{kernel}' in {} is damaged ({why}); \
+                                 calibrating it afresh",
+                                dir.display()
+                            );
+                            KernelModel::default()
+                        }
+                    },
+                    Err(_) => KernelModel::default(),
+                },
+                None => KernelModel::default(),
+            };
+            self.kernels.insert(kernel, loaded);
+        }
+        self.kernels.get_mut(kernel).expect("inserted above")
+    }
+
+    /// Predicted ns of `kernel` on `device` for data of `footprint` and total
+    /// `size` bytes; `None` while uncalibrated.
+    pub(crate) fn predict(
+        &mut self,
+        kernel: &'static str,
+        device: &str,
+        footprint: u64,
+        size: u64,
+    ) -> Option<(f64, Basis)> {
+        let m = self.kernel(kernel);
+        if let Some(h) = m.history.get(device).and_then(|d| d.get(&footprint)) {
+            if h.trusted() {
+                return Some((h.mean, Basis::History));
+            }
+        }
+        let (a, b) = m.regression.get(device)?.fit()?;
+        Some((a * (size as f64).powf(b), Basis::Regression))
+    }
+
+    /// Accepted samples of the footprint's history.
+    pub(crate) fn samples(&mut self, kernel: &'static str, device: &str, footprint: u64) -> u64 {
+        self.kernel(kernel)
+            .history
+            .get(device)
+            .and_then(|d| d.get(&footprint))
+            .map_or(0, |h| h.n)
+    }
+
+    /// Records an observed execution time.
+    pub(crate) fn observe(
+        &mut self,
+        kernel: &'static str,
+        device: &str,
+        footprint: u64,
+        size: u64,
+        ns: f64,
+    ) {
+        let m = self.kernel(kernel);
+        if !m.history.contains_key(device) {
+            m.history.insert(device.to_string(), HashMap::new());
+        }
+        let h = m
+            .history
+            .get_mut(device)
+            .expect("inserted above")
+            .entry(footprint)
+            .or_insert_with(|| History {
+                size,
+                ..History::default()
+            });
+        let accepted = h.add(ns);
+        if accepted {
+            if !m.regression.contains_key(device) {
+                m.regression
+                    .insert(device.to_string(), Regression::default());
+            }
+            m.regression
+                .get_mut(device)
+                .expect("inserted above")
+                .add(size as f64, ns);
+        } else {
+            self.rejected += 1;
+        }
+        let m = self.kernels.get_mut(kernel).expect("made above");
+        m.dirty = true;
+    }
+
+    /// Writes every model changed since the last save; errors are warnings
+    /// (a model that cannot be saved is recalibrated next run).
+    pub(crate) fn save(&mut self) {
+        let Some(dir) = self.dir.clone() else { return };
+        for (name, m) in self.kernels.iter_mut().filter(|(_, m)| m.dirty) {
+            let r = std::fs::create_dir_all(&dir).and_then(|()| {
+                // Write beside and rename: a crash never leaves half a file.
+                let path = Self::file(&dir, name);
+                let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+                std::fs::write(&tmp, render(name, m))?;
+                std::fs::rename(&tmp, &path)
+            });
+            match r {
+                Ok(()) => m.dirty = false,
+                Err(e) => tracing::warn!(
+                    "could not save the performance model of kernel '{name}' in {}: {e}",
+                    dir.display()
+                ),
+            }
+        }
+    }
+}
+
+fn render(name: &str, m: &KernelModel) -> String {
+    let mut s = format!("{FORMAT}\nkernel {name}\n");
+    let mut hist: Vec<_> = m
+        .history
+        .iter()
+        .flat_map(|(dev, d)| d.iter().map(move |(fp, h)| ((dev, fp), h)))
+        .collect();
+    hist.sort_by(|a, b| a.0.cmp(&b.0));
+    for ((dev, fp), h) in hist {
+        let recent: Vec<String> = h.recent.iter().map(|x| format!("{x:e}")).collect();
+        s += &format!(
+            "h {dev} {fp} {} {} {:e} {:e} {} {}\n",
+            h.size,
+            h.n,
+            h.mean,
+            h.m2,
+            h.rejected,
+            recent.join(",")
+        );
+    }
+    let mut regs: Vec<_> = m.regression.iter().collect();
+    regs.sort_by(|a, b| a.0.cmp(b.0));
+    for (dev, r) in regs {
+        s += &format!(
+            "r {dev} {} {:e} {:e} {:e} {:e} {:e} {:e}\n",
+            r.k, r.sx, r.sy, r.sxx, r.sxy, r.min_n, r.max_n
+        );
+    }
+    s
+}
+
+fn parse(text: &str, kernel: &str) -> Result<KernelModel, String> {
+    let mut lines = text.lines();
+    match lines.next() {
+        Some(FORMAT) => {}
+        Some(other) => return Err(format!("first line '{other}', expected '{FORMAT}'")),
+        None => return Err("empty file".into()),
+    }
+    match lines.next() {
+        Some(l) if l == format!("kernel {kernel}") => {}
+        _ => return Err(format!("second line does not name kernel '{kernel}'")),
+    }
+    let num = |s: Option<&str>, what: &str| -> Result<f64, String> {
+        let v: f64 = s
+            .ok_or_else(|| format!("missing {what}"))?
+            .parse()
+            .map_err(|_| format!("bad {what}"))?;
+        if v.is_finite() && v >= 0.0 {
+            Ok(v)
+        } else {
+            Err(format!("{what} out of range"))
+        }
+    };
+    let mut m = KernelModel::default();
+    for (i, line) in lines.enumerate() {
+        let mut f = line.split(' ');
+        let at = |e: String| format!("line {}: {e}", i + 3);
+        match f.next() {
+            Some("h") => {
+                let dev = f
+                    .next()
+                    .ok_or_else(|| at("missing device".into()))?
+                    .to_string();
+                let fp: u64 = f
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(|| at("bad footprint".into()))?;
+                let size = num(f.next(), "size").map_err(at)? as u64;
+                let n = num(f.next(), "count").map_err(at)? as u64;
+                let mean = num(f.next(), "mean").map_err(at)?;
+                let m2 = num(f.next(), "m2").map_err(at)?;
+                let rejected = num(f.next(), "rejected").map_err(at)? as u64;
+                let recent = match f.next() {
+                    Some("") | None => Vec::new(),
+                    Some(list) => list
+                        .split(',')
+                        .map(|x| num(Some(x), "recent sample"))
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(at)?,
+                };
+                if recent.len() > RECENT || (n > 0 && recent.is_empty()) {
+                    return Err(at("recent samples do not match the count".into()));
+                }
+                m.history.entry(dev).or_default().insert(
+                    fp,
+                    History {
+                        n,
+                        mean,
+                        m2,
+                        rejected,
+                        streak: Vec::new(),
+                        recent,
+                        size,
+                    },
+                );
+            }
+            Some("r") => {
+                let dev = f
+                    .next()
+                    .ok_or_else(|| at("missing device".into()))?
+                    .to_string();
+                let k = num(f.next(), "count").map_err(at)? as u64;
+                // Sums of logarithms may be negative.
+                let mut v = [0.0; 6];
+                for x in &mut v {
+                    *x = f
+                        .next()
+                        .and_then(|s| s.parse::<f64>().ok())
+                        .filter(|x| x.is_finite())
+                        .ok_or_else(|| at("bad regression sum".into()))?;
+                }
+                m.regression.insert(
+                    dev,
+                    Regression {
+                        k,
+                        sx: v[0],
+                        sy: v[1],
+                        sxx: v[2],
+                        sxy: v[3],
+                        min_n: v[4],
+                        max_n: v[5],
+                    },
+                );
+            }
+            Some("") => {}
+            Some(other) => return Err(at(format!("unknown record '{other}'"))),
+            None => {}
+        }
+        if f.next().is_some() {
+            return Err(at("trailing fields".into()));
+        }
+    }
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trusted_after_ten_samples() {
+        let mut m = Models::new(None);
+        for i in 0..TRUSTED_AFTER {
+            assert!(m.predict("k", "d", 1, 100).is_none(), "after {i}");
+            m.observe("k", "d", 1, 100, 1000.0);
+        }
+        assert_eq!(m.predict("k", "d", 1, 100), Some((1000.0, Basis::History)));
+    }
+
+    #[test]
+    fn outliers_do_not_move_the_mean_and_a_new_regime_does() {
+        let mut m = Models::new(None);
+        for i in 0..200 {
+            let ns = if i % 100 == 50 { 300_000.0 } else { 1000.0 };
+            m.observe("k", "d", 1, 100, ns);
+        }
+        assert_eq!(m.predict("k", "d", 1, 100).map(|p| p.0), Some(1000.0));
+        assert_eq!(m.rejected, 2);
+        for _ in 0..REGIME_AFTER {
+            m.observe("k", "d", 1, 100, 5000.0);
+        }
+        assert_eq!(m.samples("k", "d", 1), u64::from(REGIME_AFTER));
+        for _ in 0..TRUSTED_AFTER {
+            m.observe("k", "d", 1, 100, 5000.0);
+        }
+        assert_eq!(m.predict("k", "d", 1, 100).map(|p| p.0), Some(5000.0));
+    }
+
+    #[test]
+    fn regression_predicts_unseen_sizes() {
+        let mut m = Models::new(None);
+        for i in 0..20u64 {
+            let n = 1000 + 100 * (i % 10);
+            // t = 2 n^1.5
+            m.observe("k", "d", n, n, 2.0 * (n as f64).powf(1.5));
+        }
+        let (t, basis) = m.predict("k", "d", 99, 4000).expect("fitted");
+        assert_eq!(basis, Basis::Regression);
+        let want = 2.0 * 4000f64.powf(1.5);
+        assert!((t / want - 1.0).abs() < 1e-6, "{t} vs {want}");
+    }
+
+    #[test]
+    fn a_saved_model_loads_and_a_damaged_one_is_fresh() {
+        let dir = std::env::temp_dir().join(format!("hetero-model-unit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut m = Models::new(Some(dir.clone()));
+        for _ in 0..TRUSTED_AFTER {
+            m.observe("k-1", "emu:x", 7, 64, 500.0);
+        }
+        m.save();
+        let mut again = Models::new(Some(dir.clone()));
+        assert_eq!(
+            again.predict("k-1", "emu:x", 7, 64).map(|p| p.0),
+            Some(500.0)
+        );
+        assert_eq!((again.loaded, again.damaged), (1, 0));
+        std::fs::write(
+            Models::file(&dir, "k-1"),
+            "hetero-perfmodel 1\nkernel k-1\nh x 1 nan\n",
+        )
+        .unwrap();
+        let mut damaged = Models::new(Some(dir.clone()));
+        assert_eq!(damaged.predict("k-1", "emu:x", 7, 64), None);
+        assert_eq!(damaged.damaged, 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
