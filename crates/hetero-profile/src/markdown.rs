@@ -219,6 +219,26 @@ impl Report {
                 )?;
             }
         }
+        if !self.tasks.is_empty() {
+            writeln!(md, "\n## Tasks (per kernel and device)\n")?;
+            writeln!(
+                md,
+                "| kernel | device | tasks | time | predicted | mean prediction error |"
+            )?;
+            writeln!(md, "| --- | ---: | ---: | ---: | ---: | ---: |")?;
+            for t in &self.tasks {
+                writeln!(
+                    md,
+                    "| {} | {} | {} | {} | {} | {:.1} % |",
+                    t.kernel,
+                    t.device,
+                    t.tasks,
+                    fmt_ns(t.measured_ns),
+                    t.predicted,
+                    t.mean_relative_error * 100.0
+                )?;
+            }
+        }
         if !self.migrations.is_empty() {
             writeln!(md, "\n## Migrations (managed memory)\n")?;
             writeln!(md, "| reason | direction | runs | pages | bytes |")?;

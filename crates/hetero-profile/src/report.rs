@@ -123,6 +123,25 @@ pub struct Report {
     /// Managed-memory migrations, summed per reason and direction.
     #[serde(default)]
     pub migrations: Vec<MigrationSum>,
+    /// Tasks of a context's task layer, summed per kernel and device.
+    #[serde(default)]
+    pub tasks: Vec<TaskSum>,
+}
+
+/// The tasks of one kernel that ran on one device of a context: how many, the
+/// time they took, and how far the model's predictions were off.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TaskSum {
+    pub kernel: String,
+    /// The device's index in its context.
+    pub device: u32,
+    pub tasks: u64,
+    /// Their measured time, summed.
+    pub measured_ns: u64,
+    /// Tasks that had a prediction (a trusted model).
+    pub predicted: u64,
+    /// Mean of |predicted - measured| / measured over those.
+    pub mean_relative_error: f64,
 }
 
 /// The managed-memory migrations of one reason and direction.
@@ -496,6 +515,35 @@ impl Report {
         }
         let migrations = sums.into_values().collect();
 
+        let mut tasks: std::collections::BTreeMap<(&str, u32), (TaskSum, f64)> =
+            std::collections::BTreeMap::new();
+        for t in &trace.tasks {
+            let (e, errors) = tasks.entry((t.kernel, t.device)).or_insert_with(|| {
+                let sum = TaskSum {
+                    kernel: t.kernel.to_string(),
+                    device: t.device,
+                    tasks: 0,
+                    measured_ns: 0,
+                    predicted: 0,
+                    mean_relative_error: 0.0,
+                };
+                (sum, 0.0)
+            });
+            e.tasks += 1;
+            e.measured_ns += t.measured_ns;
+            if let (Some(p), true) = (t.predicted_ns, t.measured_ns > 0) {
+                e.predicted += 1;
+                *errors += (p as f64 - t.measured_ns as f64).abs() / t.measured_ns as f64;
+            }
+        }
+        let tasks = tasks
+            .into_values()
+            .map(|(mut sum, errors)| {
+                sum.mean_relative_error = errors / sum.predicted.max(1) as f64;
+                sum
+            })
+            .collect();
+
         Report {
             device_name: trace.device_name.clone(),
             window_start_ns,
@@ -517,6 +565,7 @@ impl Report {
             allocator,
             iotlb,
             migrations,
+            tasks,
         }
     }
 

@@ -39,9 +39,9 @@ mod recorder;
 pub use chrome::write_chrome_trace;
 pub use record::{
     EngineKind, GraphPlan, IotlbRecord, MemKind, MemRecord, MigrationReason, MigrationRecord,
-    NodeRef, OpKind, OpRecord, Trace, TraceClock,
+    NodeRef, OpKind, OpRecord, TaskRecord, Trace, TraceClock,
 };
 pub use recorder::{
-    enabled, now_ns, record_iotlb, record_mem, record_migration, record_op, set_clock,
+    enabled, now_ns, record_iotlb, record_mem, record_migration, record_op, record_task, set_clock,
     set_device_name, set_enabled, set_graph_plan, set_stream_name, take,
 };

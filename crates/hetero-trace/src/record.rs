@@ -253,6 +253,26 @@ pub struct Trace {
     /// Managed-memory migrations while recording, from
     /// [`crate::record_migration`], in the order they were submitted.
     pub migrations: Vec<MigrationRecord>,
+    /// Tasks of a context's task layer seen complete while recording, from
+    /// [`crate::record_task`], in the order they were seen.
+    pub tasks: Vec<TaskRecord>,
+}
+
+/// One task of a context's task layer, seen complete: the device its policy
+/// chose, what the performance model predicted and what it took.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskRecord {
+    /// The kernel's name.
+    pub kernel: &'static str,
+    /// The device's index in its context.
+    pub device: u32,
+    /// Its start and end, on the device's clock (as its ops' records).
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// The history model's prediction on that device (`None`: not trusted yet).
+    pub predicted_ns: Option<u64>,
+    /// The time observed (start to end, less a wait for a compute unit).
+    pub measured_ns: u64,
 }
 
 /// Why managed pages moved.

@@ -19,7 +19,8 @@ use std::time::Instant;
 use crate::log::{channel, Log, Writer};
 use crate::loom::Arc;
 use crate::record::{
-    EngineKind, GraphPlan, IotlbRecord, MemRecord, MigrationRecord, OpRecord, Trace, TraceClock,
+    EngineKind, GraphPlan, IotlbRecord, MemRecord, MigrationRecord, OpRecord, TaskRecord, Trace,
+    TraceClock,
 };
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -33,6 +34,7 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     graphs: BTreeMap::new(),
     iotlb: BTreeMap::new(),
     migrations: Vec::new(),
+    tasks: Vec::new(),
 });
 
 struct Registry {
@@ -45,6 +47,7 @@ struct Registry {
     /// (engine, index) → (hits, misses), summed until `take`.
     iotlb: BTreeMap<(u8, u32), (EngineKind, u64, u64)>,
     migrations: Vec<MigrationRecord>,
+    tasks: Vec<TaskRecord>,
 }
 
 /// Adds one DMA's I/O TLB lookups on copy engine (`engine`, `index`): cheap
@@ -70,6 +73,15 @@ pub fn record_migration(r: MigrationRecord) {
         return;
     }
     registry().migrations.push(r);
+}
+
+/// Records one task of a context's task layer seen complete: one lock per
+/// task, nothing when recording is off.
+pub fn record_task(r: TaskRecord) {
+    if !enabled() {
+        return;
+    }
+    registry().tasks.push(r);
 }
 
 /// This thread's writers, created on its first record of each type.
@@ -213,6 +225,7 @@ pub fn take() -> Trace {
             })
             .collect();
         trace.migrations = std::mem::take(&mut reg.migrations);
+        trace.tasks = std::mem::take(&mut reg.tasks);
     }
     trace.sort();
     trace

@@ -497,3 +497,63 @@ fn a_mixed_context_matches_submission_order() {
         ctx.task_stats()
     );
 }
+
+/// Each task seen complete is in the profiler's trace with the device its
+/// policy chose, the model's prediction and the time it took; the report
+/// sums them per kernel and device.
+#[test]
+fn tasks_are_recorded_in_the_trace_and_summed_in_the_report() {
+    if common::skipped("tasks_are_recorded_in_the_trace_and_summed_in_the_report") {
+        return;
+    }
+    let (ctx, _devs) = context();
+    // Its own name: other tests' tasks of this process may be recorded too.
+    let k = Kernel::new("traced", |b| b.write::<u32>(0).fill(5))
+        .wgsl(common::wgsl::map("u32", 0, "5u"), "main");
+    hetero_trace::set_enabled(true);
+    let x = ctx.data::<u32>(LEN).unwrap();
+    let tasks: Vec<_> = (0..48)
+        .map(|i| ctx.task(&k).write(&x).on_device(i % 2).submit().unwrap())
+        .collect();
+    ctx.wait_tasks().unwrap();
+    let trace = hetero_trace::take();
+    let mine: Vec<_> = trace
+        .tasks
+        .iter()
+        .filter(|t| t.kernel == "traced")
+        .collect();
+    assert_eq!(mine.len(), tasks.len(), "one record per task");
+    for d in 0..2u32 {
+        let on = |t: &&&hetero_trace::TaskRecord| t.device == d;
+        let ran: Vec<_> = tasks
+            .iter()
+            .filter(|t| t.device_index() == d as usize)
+            .collect();
+        assert_eq!(mine.iter().filter(on).count(), ran.len(), "device {d}");
+        let measured: u64 = ran.iter().map(|t| t.measured_ns().unwrap() as u64).sum();
+        assert_eq!(
+            mine.iter().filter(on).map(|t| t.measured_ns).sum::<u64>(),
+            measured
+        );
+        let predicted = ran.iter().filter(|t| t.predicted_ns().is_some()).count();
+        assert_eq!(
+            mine.iter()
+                .filter(on)
+                .filter(|t| t.predicted_ns.is_some())
+                .count(),
+            predicted
+        );
+        assert!(mine.iter().filter(on).all(|t| t.end_ns >= t.start_ns));
+        let report = hetero_profile::Report::build(&trace, &Default::default());
+        let sum = report
+            .tasks
+            .iter()
+            .find(|s| s.kernel == "traced" && s.device == d)
+            .expect("the report sums the device's tasks");
+        assert_eq!(
+            (sum.tasks, sum.measured_ns, sum.predicted),
+            (ran.len() as u64, measured, predicted as u64)
+        );
+    }
+    assert_eq!(x.to_vec().unwrap(), vec![5; LEN]);
+}

@@ -400,6 +400,14 @@ impl Runtime {
             }
             let ns = end.saturating_sub(stamp(&p.start).max(unit_free)) as f64;
             p.measured.store(ns.to_bits(), Ordering::Relaxed);
+            hetero_trace::record_task(hetero_trace::TaskRecord {
+                kernel: p.kernel,
+                device: p.device as u32,
+                start_ns: stamp(&p.start),
+                end_ns: end,
+                predicted_ns: p.predicted.map(|v| v as u64),
+                measured_ns: ns as u64,
+            });
             if let (Some(pred), true) = (p.predicted, ns > 0.0) {
                 let e = sc.errors.entry((p.kernel, p.device)).or_insert((0, 0.0));
                 e.0 += 1;
