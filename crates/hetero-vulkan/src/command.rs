@@ -283,29 +283,7 @@ impl Recorder {
                 p.push_constant_bytes
             )));
         }
-        let limits = &s.info.limits;
-        for (i, (g, max)) in groups
-            .iter()
-            .zip(limits.max_compute_work_group_count)
-            .enumerate()
-        {
-            if *g > max {
-                return Err(VkError::InvalidArgument(format!(
-                    "dispatch of {groups:?} groups: dimension {i} exceeds maxComputeWorkGroupCount {:?}; \
-                     split the dispatch",
-                    limits.max_compute_work_group_count
-                )));
-            }
-        }
-        let accesses = check_buffers(&s, p, buffers)?
-            .into_iter()
-            .map(|(buffer, start, end)| Access {
-                buffer,
-                start,
-                end,
-                write: true,
-            })
-            .collect::<Vec<_>>();
+        let accesses = dispatch_accesses(&s, p, groups, buffers)?;
         if groups.contains(&0) {
             return Ok(());
         }
@@ -314,22 +292,10 @@ impl Recorder {
         let d = &s.device;
         // What this dispatch binds that the last one did not.
         let new_pipeline = self.bound.pipeline != p.pipeline;
-        let same_buffers = !new_pipeline
-            && self.bound.buffers.len() == buffers.len()
-            && self
-                .bound
-                .buffers
-                .iter()
-                .zip(buffers)
-                .all(|(b, (c, o, r))| *b == (c.inner.buffer, *o, *r));
+        let same_buffers = !new_pipeline && self.binds_the_same(buffers);
         let same_push = !new_pipeline && self.bound.push == push_constants;
         if new_pipeline {
-            // SAFETY: the buffer is recording and ours; the pipeline is live and
-            // kept alive with this buffer (below).
-            unsafe { d.cmd_bind_pipeline(self.cb, vk::PipelineBindPoint::COMPUTE, p.pipeline) };
-            self.bound.pipeline = p.pipeline;
-            self.keep
-                .push(Arc::clone(&pipeline.inner) as Arc<dyn Send + Sync>);
+            self.bind_pipeline(pipeline);
         }
         if !same_buffers {
             self.bound.buffers.clear();
@@ -344,31 +310,13 @@ impl Recorder {
             self.bound.push.clear();
             self.bound.push.extend_from_slice(push_constants);
         }
-        let infos: Vec<[vk::DescriptorBufferInfo; 1]> = buffers
-            .iter()
-            .map(|(c, o, r)| {
-                [vk::DescriptorBufferInfo::default()
-                    .buffer(c.inner.buffer)
-                    .offset(*o)
-                    .range(*r)]
-            })
-            .collect();
+        let infos = buffer_infos(buffers);
         let set = if same_buffers || p.push_descriptors || p.bindings == 0 {
             vk::DescriptorSet::null()
         } else {
             self.allocate_set(p.set_layout, p.bindings)?
         };
-        let writes: Vec<vk::WriteDescriptorSet<'_>> = infos
-            .iter()
-            .enumerate()
-            .map(|(i, info)| {
-                vk::WriteDescriptorSet::default()
-                    .dst_set(set)
-                    .dst_binding(i as u32)
-                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                    .buffer_info(info)
-            })
-            .collect();
+        let writes = storage_writes(&infos, set);
         // SAFETY: the buffer is recording and ours; the pipeline, layout, set and
         // buffers are live objects of this device, kept alive with this buffer; the
         // bindings and push-constant size match the layout (checked above).
@@ -465,29 +413,7 @@ impl Recorder {
             )));
         }
         let offset = params.offset(slot)?;
-        let limits = &s.info.limits;
-        for (i, (g, max)) in groups
-            .iter()
-            .zip(limits.max_compute_work_group_count)
-            .enumerate()
-        {
-            if *g > max {
-                return Err(VkError::InvalidArgument(format!(
-                    "dispatch of {groups:?} groups: dimension {i} exceeds maxComputeWorkGroupCount {:?}; \
-                     split the dispatch",
-                    limits.max_compute_work_group_count
-                )));
-            }
-        }
-        let accesses = check_buffers(&s, p, buffers)?
-            .into_iter()
-            .map(|(buffer, start, end)| Access {
-                buffer,
-                start,
-                end,
-                write: true,
-            })
-            .collect::<Vec<_>>();
+        let accesses = dispatch_accesses(&s, p, groups, buffers)?;
         if groups.contains(&0) {
             return Ok(None);
         }
@@ -496,14 +422,7 @@ impl Recorder {
         // the same pipeline and buffers (a graph's nodes often do: then only
         // set 1's offset is bound again).
         let new_pipeline = self.bound.pipeline != p.pipeline;
-        let same_buffers = !new_pipeline
-            && self.bound.buffers.len() == buffers.len()
-            && self
-                .bound
-                .buffers
-                .iter()
-                .zip(buffers)
-                .all(|(b, (c, o, r))| *b == (c.inner.buffer, *o, *r));
+        let same_buffers = !new_pipeline && self.binds_the_same(buffers);
         let (set, set0) = match sets.filter(|_| p.update_after_bind) {
             Some(g) => {
                 let id = g.allocate(pipeline)?;
@@ -518,12 +437,7 @@ impl Recorder {
         };
         self.hazard(&accesses);
         if new_pipeline {
-            // SAFETY: the buffer is recording and ours; the pipeline is live and
-            // kept alive with this buffer (below).
-            unsafe { d.cmd_bind_pipeline(self.cb, vk::PipelineBindPoint::COMPUTE, p.pipeline) };
-            self.bound.pipeline = p.pipeline;
-            self.keep
-                .push(Arc::clone(&pipeline.inner) as Arc<dyn Send + Sync>);
+            self.bind_pipeline(pipeline);
         }
         // Push constants an ordinary dispatch bound are gone; set 0's buffers
         // are what an unchanged next node may skip binding (not a set of
@@ -544,26 +458,8 @@ impl Recorder {
             self.keep
                 .push(Arc::clone(&params.inner) as Arc<dyn Send + Sync>);
         }
-        let infos: Vec<[vk::DescriptorBufferInfo; 1]> = buffers
-            .iter()
-            .map(|(c, o, r)| {
-                [vk::DescriptorBufferInfo::default()
-                    .buffer(c.inner.buffer)
-                    .offset(*o)
-                    .range(*r)]
-            })
-            .collect();
-        let writes: Vec<vk::WriteDescriptorSet<'_>> = infos
-            .iter()
-            .enumerate()
-            .map(|(i, info)| {
-                vk::WriteDescriptorSet::default()
-                    .dst_set(set0)
-                    .dst_binding(i as u32)
-                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                    .buffer_info(info)
-            })
-            .collect();
+        let infos = buffer_infos(buffers);
+        let writes = storage_writes(&infos, set0);
         // SAFETY: the buffer is recording and ours; the pipeline, its layout,
         // the sets and buffers are live objects of this device kept alive with
         // this buffer (a `GraphSets` keeps the buffers its sets name); set 0
@@ -814,4 +710,97 @@ impl Recorder {
             inner: Arc::new(inner),
         })
     }
+}
+
+impl Recorder {
+    /// Whether the last dispatch bound exactly `buffers` (same buffers,
+    /// offsets and ranges, in order).
+    fn binds_the_same(&self, buffers: &[(&Chunk, u64, u64)]) -> bool {
+        self.bound.buffers.len() == buffers.len()
+            && self
+                .bound
+                .buffers
+                .iter()
+                .zip(buffers)
+                .all(|(b, (c, o, r))| *b == (c.inner.buffer, *o, *r))
+    }
+
+    /// Binds `pipeline` and keeps it alive with this buffer.
+    fn bind_pipeline(&mut self, pipeline: &Pipeline) {
+        let p = &pipeline.inner;
+        // SAFETY: the buffer is recording and ours; the pipeline is live and
+        // kept alive with this buffer (below).
+        unsafe {
+            p.shared
+                .device
+                .cmd_bind_pipeline(self.cb, vk::PipelineBindPoint::COMPUTE, p.pipeline)
+        };
+        self.bound.pipeline = p.pipeline;
+        self.keep
+            .push(Arc::clone(&pipeline.inner) as Arc<dyn Send + Sync>);
+    }
+}
+
+/// The checks every dispatch makes: `groups` within the device's limits and
+/// `buffers` matching the pipeline's bindings; what the dispatch touches.
+fn dispatch_accesses(
+    s: &Arc<DeviceShared>,
+    p: &crate::pipeline::PipelineInner,
+    groups: [u32; 3],
+    buffers: &[(&Chunk, u64, u64)],
+) -> Result<Vec<Access>, VkError> {
+    let limits = &s.info.limits;
+    for (i, (g, max)) in groups
+        .iter()
+        .zip(limits.max_compute_work_group_count)
+        .enumerate()
+    {
+        if *g > max {
+            return Err(VkError::InvalidArgument(format!(
+                "dispatch of {groups:?} groups: dimension {i} exceeds maxComputeWorkGroupCount {:?}; \
+                 split the dispatch",
+                limits.max_compute_work_group_count
+            )));
+        }
+    }
+    Ok(check_buffers(s, p, buffers)?
+        .into_iter()
+        .map(|(buffer, start, end)| Access {
+            buffer,
+            start,
+            end,
+            write: true,
+        })
+        .collect())
+}
+
+/// One storage-buffer descriptor per buffer, in binding order.
+fn buffer_infos(buffers: &[(&Chunk, u64, u64)]) -> Vec<[vk::DescriptorBufferInfo; 1]> {
+    buffers
+        .iter()
+        .map(|(c, o, r)| {
+            [vk::DescriptorBufferInfo::default()
+                .buffer(c.inner.buffer)
+                .offset(*o)
+                .range(*r)]
+        })
+        .collect()
+}
+
+/// Writes of `infos` to bindings 0.. of `set` (null: pushed).
+fn storage_writes(
+    infos: &[[vk::DescriptorBufferInfo; 1]],
+    set: vk::DescriptorSet,
+) -> Vec<vk::WriteDescriptorSet<'_>> {
+    infos
+        .iter()
+        .enumerate()
+        .map(|(i, info)| {
+            vk::WriteDescriptorSet::default()
+                .dst_set(set)
+                .dst_binding(i as u32)
+                .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                .buffer_info(info)
+        })
+        .collect()
 }
