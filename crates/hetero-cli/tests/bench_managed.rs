@@ -4,37 +4,13 @@
 //! are checked to be there).
 #![cfg(feature = "bench")]
 
-use serde_json::Value;
-use std::process::Command;
+mod common;
 
 #[test]
 fn bench_managed_meets_its_modelled_targets() {
-    let out = Command::new(env!("CARGO_BIN_EXE_hetero"))
-        .args(["bench", "managed", "--quick", "--json"])
-        .output()
-        .expect("run hetero");
-    assert!(
-        out.status.success(),
-        "bench managed failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
-    assert_eq!(v["bench"], "managed");
-    let ratio = |k: &str| {
-        v["ratios"][k]
-            .as_f64()
-            .unwrap_or_else(|| panic!("{k} in {v}"))
-    };
-    let value = |name: &str| -> f64 {
-        v["results"]
-            .as_array()
-            .expect("results")
-            .iter()
-            .find(|r| r["name"] == name)
-            .unwrap_or_else(|| panic!("{name} in {v}"))["median"]
-            .as_f64()
-            .expect("median")
-    };
+    let v = common::quick_json("managed");
+    let ratio = |k: &str| common::ratio(&v, k);
+    let value = |name: &str| common::median(&v, name);
     assert!(ratio("emu/managed-pipeline-over-explicit") <= 1.05, "{v}");
     // On one stream the migrations still overlap the kernels (they run on
     // the stream's migration streams).
