@@ -164,26 +164,8 @@ impl GraphSets {
                 sets.len()
             )));
         };
-        let infos: Vec<[vk::DescriptorBufferInfo; 1]> = buffers
-            .iter()
-            .map(|(c, o, r)| {
-                [vk::DescriptorBufferInfo::default()
-                    .buffer(c.inner.buffer)
-                    .offset(*o)
-                    .range(*r)]
-            })
-            .collect();
-        let writes: Vec<vk::WriteDescriptorSet<'_>> = infos
-            .iter()
-            .enumerate()
-            .map(|(i, info)| {
-                vk::WriteDescriptorSet::default()
-                    .dst_set(*set)
-                    .dst_binding(i as u32)
-                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                    .buffer_info(info)
-            })
-            .collect();
+        let infos = crate::command::buffer_infos(buffers);
+        let writes = crate::command::storage_writes(&infos, *set);
         // SAFETY: the set is live and ours (under its mutex); its bindings
         // are update-after-bind, so rewriting them leaves the command buffers
         // that bind it valid; the caller guarantees none is pending; the

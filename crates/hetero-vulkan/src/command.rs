@@ -775,7 +775,7 @@ fn dispatch_accesses(
 }
 
 /// One storage-buffer descriptor per buffer, in binding order.
-fn buffer_infos(buffers: &[(&Chunk, u64, u64)]) -> Vec<[vk::DescriptorBufferInfo; 1]> {
+pub(crate) fn buffer_infos(buffers: &[(&Chunk, u64, u64)]) -> Vec<[vk::DescriptorBufferInfo; 1]> {
     buffers
         .iter()
         .map(|(c, o, r)| {
@@ -788,7 +788,7 @@ fn buffer_infos(buffers: &[(&Chunk, u64, u64)]) -> Vec<[vk::DescriptorBufferInfo
 }
 
 /// Writes of `infos` to bindings 0.. of `set` (null: pushed).
-fn storage_writes(
+pub(crate) fn storage_writes(
     infos: &[[vk::DescriptorBufferInfo; 1]],
     set: vk::DescriptorSet,
 ) -> Vec<vk::WriteDescriptorSet<'_>> {

@@ -85,9 +85,9 @@ impl Home {
         // drop there is judged as from inside it.
         complete(&self.sh, t, None, &Stamps::default());
         self.running.borrow_mut().pop();
+        // What it was holding back is taken by the next look, which takes
+        // before it parks.
         stream.in_callback.store(false, Ordering::Relaxed);
-        // What it was holding back may be ready now.
-        self.sh.ring();
     }
 
     /// Why waiting for `(timeline, value)` from inside the running callbacks
