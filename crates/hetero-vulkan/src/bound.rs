@@ -164,8 +164,8 @@ impl GraphSets {
                 sets.len()
             )));
         };
-        let infos = crate::command::buffer_infos(buffers);
-        let writes = crate::command::storage_writes(&infos, *set);
+        let infos = crate::pipeline::buffer_infos(buffers);
+        let writes = crate::pipeline::storage_writes(&infos, *set);
         // SAFETY: the set is live and ours (under its mutex); its bindings
         // are update-after-bind, so rewriting them leaves the command buffers
         // that bind it valid; the caller guarantees none is pending; the

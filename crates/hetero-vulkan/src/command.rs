@@ -24,7 +24,7 @@ use crate::bound::{GraphSets, ParamBlock, SetId};
 use crate::device::{DeviceShared, Gpu};
 use crate::error::{call, Result, VkError};
 use crate::memory::Chunk;
-use crate::pipeline::{check_buffers, Pipeline};
+use crate::pipeline::{buffer_infos, check_buffers, storage_writes, Pipeline};
 use crate::query::QueryPool;
 use crate::queue::Lane;
 
@@ -772,35 +772,4 @@ fn dispatch_accesses(
             write: true,
         })
         .collect())
-}
-
-/// One storage-buffer descriptor per buffer, in binding order.
-pub(crate) fn buffer_infos(buffers: &[(&Chunk, u64, u64)]) -> Vec<[vk::DescriptorBufferInfo; 1]> {
-    buffers
-        .iter()
-        .map(|(c, o, r)| {
-            [vk::DescriptorBufferInfo::default()
-                .buffer(c.inner.buffer)
-                .offset(*o)
-                .range(*r)]
-        })
-        .collect()
-}
-
-/// Writes of `infos` to bindings 0.. of `set` (null: pushed).
-pub(crate) fn storage_writes(
-    infos: &[[vk::DescriptorBufferInfo; 1]],
-    set: vk::DescriptorSet,
-) -> Vec<vk::WriteDescriptorSet<'_>> {
-    infos
-        .iter()
-        .enumerate()
-        .map(|(i, info)| {
-            vk::WriteDescriptorSet::default()
-                .dst_set(set)
-                .dst_binding(i as u32)
-                .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                .buffer_info(info)
-        })
-        .collect()
 }

@@ -358,3 +358,34 @@ pub(crate) fn check_buffers(
     }
     Ok(accesses)
 }
+
+/// One storage-buffer descriptor per buffer, in binding order.
+pub(crate) fn buffer_infos(buffers: &[(&Chunk, u64, u64)]) -> Vec<[vk::DescriptorBufferInfo; 1]> {
+    buffers
+        .iter()
+        .map(|(c, o, r)| {
+            [vk::DescriptorBufferInfo::default()
+                .buffer(c.inner.buffer)
+                .offset(*o)
+                .range(*r)]
+        })
+        .collect()
+}
+
+/// Writes of `infos` to bindings 0.. of `set` (null: pushed).
+pub(crate) fn storage_writes(
+    infos: &[[vk::DescriptorBufferInfo; 1]],
+    set: vk::DescriptorSet,
+) -> Vec<vk::WriteDescriptorSet<'_>> {
+    infos
+        .iter()
+        .enumerate()
+        .map(|(i, info)| {
+            vk::WriteDescriptorSet::default()
+                .dst_set(set)
+                .dst_binding(i as u32)
+                .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                .buffer_info(info)
+        })
+        .collect()
+}
