@@ -1109,11 +1109,12 @@ fn random_programs_past_capacity_match_the_sequential_model() {
 }
 
 /// Whether the device under test takes host faults (its own memory, on a
-/// backend with host views: the emulated device).
+/// backend with host views: the emulated device, Vulkan where the driver
+/// imports host memory, as lavapipe does).
 fn faults() -> bool {
     matches!(
         common::backend(),
-        common::Backend::EmuVirtual | common::Backend::EmuReal
+        common::Backend::EmuVirtual | common::Backend::EmuReal | common::Backend::Vulkan
     )
 }
 
@@ -1425,7 +1426,8 @@ fn threads_faulting_on_one_buffer_at_once_each_see_and_leave_the_right_data() {
     s.synchronize().expect("sync");
     let threads = 8;
     // The mutable slice's pointer: on backends without faults it waits and
-    // brings the pages back first; on emu it is the host view as it stands.
+    // brings the pages back first; with faults it is the host view as it
+    // stands.
     let ptr = buf.as_mut_slice().expect("view").as_mut_ptr() as usize;
     let before = dev.managed_stats().host_fault_pages;
     std::thread::scope(|scope| {

@@ -24,9 +24,11 @@
 //! copy (nothing moves; the ordering is the same). On the emulated device the
 //! host copy is pinned memory and the device copy a window of modelled device
 //! memory (`exec/managed/window.rs`), and pages move by copies over the
-//! modelled link on the copy engines. On a Vulkan device the host copy is
-//! pinned memory and the device copy one device-local allocation of the
-//! whole buffer (no eviction); pages move by copies on its transfer lane.
+//! modelled link on the copy engines. On a Vulkan device the device copy is
+//! one device-local allocation of the whole buffer (no eviction) and the host
+//! copy the same faulting view as on the emulated device, imported with
+//! `VK_EXT_external_memory_host`, or pinned memory without host faults where
+//! the driver lacks it; pages move by copies on its transfer lane.
 
 use crate::api::buffer::{Arg, DeviceBuffer};
 use crate::exec::managed::fault::{self, Answer, HostView};
@@ -310,8 +312,7 @@ impl<'a> Arg<'a> {
 }
 
 impl Device {
-    /// A managed buffer of `len` elements with 64 KiB pages, zeroed. On the
-    /// Vulkan backend a typed error (not built there).
+    /// A managed buffer of `len` elements with 64 KiB pages, zeroed.
     pub fn alloc_managed<T: Pod>(&self, len: usize) -> Result<ManagedBuffer<T>> {
         self.alloc_managed_with_page::<T>(len, DEFAULT_PAGE_BYTES)
     }
@@ -341,27 +342,12 @@ impl Device {
                 (s.clone(), s, HOST, None)
             }
             "emu" => {
-                // The host copy: a memfd the engines reach through its alias,
-                // mapped in the IOMMU but not page-locked (as CUDA's managed
-                // memory is not pinned): its pages are allocated as they are
-                // first written; the user's view of it faults
-                // (`exec/managed/fault.rs`).
-                let pages = bytes.div_ceil(page_bytes);
-                let hv = Arc::new(
-                    HostView::new(pages, page_bytes)
-                        .map_err(|detail| Error::Managed { op, detail })?,
-                );
-                let (addr, undo) = self.backend().map_host(hv.alias().as_ptr(), hv.len());
-                let host = Arc::new(Storage::registered(
-                    self.id(),
-                    hv.alias(),
-                    bytes,
-                    addr,
-                    Registration {
-                        _memory: Box::new(hv.clone()),
-                        undo: Some(undo),
-                    },
-                ));
+                let (host, hv) =
+                    self.managed_host_view(bytes, page_bytes, op)?
+                        .ok_or_else(|| Error::Managed {
+                            op,
+                            detail: "the emulated device refused to map the host copy".into(),
+                        })?;
                 view = Some(hv);
                 let w =
                     Arc::new(Window::new(bytes).map_err(|detail| Error::Managed { op, detail })?);
@@ -379,11 +365,21 @@ impl Device {
                 (host, Arc::new(s), 1, Some(w))
             }
             "vulkan" => {
-                // The host copy in pinned memory the device reaches, the
-                // device's a whole allocation of its own (zeroed: an
-                // untouched page is zero everywhere).
-                let host = self.alloc_pinned::<u8>(bytes)?.storage;
-                zero(&host);
+                // The host copy: a faulting view where the driver imports
+                // pageable host memory, else pinned memory the device
+                // reaches (zeroed: an untouched page is zero everywhere). The
+                // device's: a whole allocation of its own, zeroed likewise.
+                let host = match self.managed_host_view(bytes, page_bytes, op)? {
+                    Some((host, hv)) => {
+                        view = Some(hv);
+                        host
+                    }
+                    None => {
+                        let host = self.alloc_pinned::<u8>(bytes)?.storage;
+                        zero(&host);
+                        host
+                    }
+                };
                 let d = self.alloc::<u8>(bytes)?;
                 let s = self.create_stream()?;
                 s.fill(&d, 0u8)?;
@@ -469,6 +465,37 @@ impl Device {
         space_of(self).later(move |st| st.fault_model = cost);
     }
 
+    /// A managed buffer's host copy as a view that faults
+    /// (`exec/managed/fault.rs`): a memfd the device's copies reach through
+    /// its alias, mapped for the device but not page-locked (as CUDA's
+    /// managed memory is not pinned), its pages allocated as they are first
+    /// written. `None` where the device cannot reach such memory.
+    fn managed_host_view(
+        &self,
+        bytes: usize,
+        page_bytes: usize,
+        op: &'static str,
+    ) -> Result<Option<(Arc<Storage>, Arc<HostView>)>> {
+        let pages = bytes.div_ceil(page_bytes);
+        let hv = Arc::new(
+            HostView::new(pages, page_bytes).map_err(|detail| Error::Managed { op, detail })?,
+        );
+        let Some((addr, undo)) = self.backend().map_host(hv.alias().as_ptr(), hv.len()) else {
+            return Ok(None);
+        };
+        let host = Arc::new(Storage::registered(
+            self.id(),
+            hv.alias(),
+            bytes,
+            addr,
+            Registration {
+                _memory: Box::new(hv.clone()),
+                undo: Some(undo),
+            },
+        ));
+        Ok(Some((host, hv)))
+    }
+
     /// (budget, capacity, held by the pool) of a device with its own memory.
     fn managed_budget(&self) -> Option<(usize, usize, usize)> {
         // The host has one memory; a Vulkan device copy is allocated whole.
@@ -526,14 +553,16 @@ impl<T: Pod> ManagedBuffer<T> {
     /// The buffer's host view: memory the host dereferences directly, as
     /// CUDA code touches managed memory through a plain pointer.
     ///
-    /// On a device with memory of its own (the emulated device) the view's
-    /// pages are protected unless current on the host: a touch of a page a
+    /// On a device with memory of its own (the emulated device; a Vulkan
+    /// device whose driver imports host memory) the view's pages are
+    /// protected unless current on the host: a touch of a page a
     /// kernel wrote (or is about to write) faults, waits for the queued work
     /// on it, copies it back and retries; a host write to a page a device
     /// holds a copy of faults once and makes the host's copy the only one
     /// (`exec/managed/fault.rs`). So a touch sees every op submitted before
     /// it, on any stream. On the host device the pointer is the buffer's one
-    /// memory and on Vulkan its host copy as it stands: nothing faults there,
+    /// memory, and on a Vulkan driver without `VK_EXT_external_memory_host`
+    /// its host copy as it stands: nothing faults there,
     /// so reach it through [`ManagedBuffer::as_slice`] /
     /// [`ManagedBuffer::as_mut_slice`], which wait and copy back.
     ///
@@ -553,8 +582,8 @@ impl<T: Pod> ManagedBuffer<T> {
     }
 
     /// The buffer on the host as a slice. With host faults (the emulated
-    /// device) the view itself: pages come back as they are touched. Without
-    /// (the host device, Vulkan) it first waits for queued work that writes
+    /// device, Vulkan with imported host memory) the view itself: pages come
+    /// back as they are touched. Without (the host device) it first waits for queued work that writes
     /// the buffer and copies dirty pages back. `&mut self`: no op can use the
     /// buffer while the slice lives.
     pub fn as_slice(&mut self) -> Result<&[T]> {

@@ -141,12 +141,14 @@ pub(crate) trait Backend: Send + Sync {
         let locked = lock_host(ptr, bytes);
         (ptr as u64, Box::new(move || unlock_host(locked)))
     }
-    /// Maps `bytes` of host memory at `ptr` where the device reaches host
-    /// memory through an IOMMU, without page-locking it (memory whose pages
-    /// come and go: a managed buffer's host copy): its device address and
-    /// what undoes that. The caller keeps the memory alive until then.
-    fn map_host(&self, ptr: *const u8, _bytes: usize) -> (u64, Box<dyn FnOnce() + Send>) {
-        (ptr as u64, Box::new(|| {}))
+    /// Makes `bytes` of host memory at `ptr` reachable by the device's
+    /// copies without page-locking it (memory whose pages come and go: a
+    /// managed buffer's host copy): maps it where the device reaches host
+    /// memory through an IOMMU, imports it into a driver. Its device address
+    /// and what undoes that, or `None` where the device cannot reach such
+    /// memory. The caller keeps the memory alive until the undo ran.
+    fn map_host(&self, ptr: *const u8, _bytes: usize) -> Option<(u64, Box<dyn FnOnce() + Send>)> {
+        Some((ptr as u64, Box::new(|| {})))
     }
     /// Submissions to a driver so far, on a device that has one.
     fn driver_submissions(&self) -> Option<u64> {

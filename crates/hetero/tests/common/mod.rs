@@ -66,13 +66,7 @@ impl Backend {
             ],
             Backend::EmuVirtual => &[EMU_SKIPS, NO_DRIVER_SKIPS, VIRTUAL_CLOCK_SKIPS],
             Backend::EmuReal => &[EMU_SKIPS, VIRTUAL_TIME_SKIPS, NO_DRIVER_SKIPS],
-            Backend::Vulkan => &[
-                VULKAN_SKIPS,
-                VIRTUAL_TIME_SKIPS,
-                VULKAN_MANAGED_SKIPS,
-                NO_FAULT_SKIPS,
-                VULKAN_NO_FAULT_SKIPS,
-            ],
+            Backend::Vulkan => &[VULKAN_SKIPS, VIRTUAL_TIME_SKIPS, VULKAN_MANAGED_SKIPS],
         }
     }
 }
@@ -181,17 +175,9 @@ const NO_FAULT_SKIPS: &[(&str, &str)] = &[
     ),
 ];
 const NO_HOST_FAULTS: &str = "managed host faults exist where the device has memory of its own \
-     and the host copy is a view the runtime protects (the emulated device): on the host device \
-     the buffer is the host's plain memory, on Vulkan the host copy is the driver's pinned \
-     memory; a raw pointer touch there does not wait (as_slice/as_mut_slice do)";
-
-/// What a Vulkan device cannot run of host views, and why.
-const VULKAN_NO_FAULT_SKIPS: &[(&str, &str)] = &[(
-    "a_host_write_to_a_page_the_device_holds_invalidates_the_device_copy",
-    "writes through ManagedBuffer::host_ptr are not tracked on Vulkan (no host faults: the host \
-     copy is the driver's pinned memory, not a view the runtime protects); as_mut_slice marks \
-     the whole buffer written instead",
-)];
+     and the host copy is a view the runtime protects (the emulated device, Vulkan): on the host \
+     device the buffer is the host's plain memory; a raw pointer touch there does not wait \
+     (as_slice/as_mut_slice do)";
 
 /// What a Vulkan device cannot run of managed memory, and why.
 const VULKAN_MANAGED_SKIPS: &[(&str, &str)] = &[

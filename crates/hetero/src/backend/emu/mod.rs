@@ -432,16 +432,16 @@ impl Backend for EmuBackend {
         (iova, Box::new(undo))
     }
 
-    fn map_host(&self, ptr: *const u8, bytes: usize) -> (u64, Box<dyn FnOnce() + Send>) {
+    fn map_host(&self, ptr: *const u8, bytes: usize) -> Option<(u64, Box<dyn FnOnce() + Send>)> {
         let iova = self.shared.iommu.map(ptr, bytes, 4096);
         let iommu = self.shared.iommu.clone();
         let host = ptr as usize;
-        (
+        Some((
             iova,
             Box::new(move || {
                 iommu.unmap(host as *const u8);
             }),
-        )
+        ))
     }
 
     fn iommu_stats(&self) -> Option<crate::IommuStats> {

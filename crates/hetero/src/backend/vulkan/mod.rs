@@ -139,16 +139,20 @@ impl Shared {
         crate::exec::clock::now_ns()
     }
 
-    /// Imports `bytes` of host memory at `ptr` (the whole pages around it),
-    /// where the device shares the host's memory; the address it is found at.
-    fn import_host(&self, ptr: *const u8, bytes: usize) -> Option<u64> {
+    /// Imports `bytes` of host memory at `ptr` (the whole pages around it);
+    /// the address it is found at. `any_device`: for a managed buffer's host
+    /// copy, which only copies reach (any device with
+    /// `VK_EXT_external_memory_host` can copy to and from it); otherwise only
+    /// where the device shares the host's memory (IREE's rule for user
+    /// memory, which kernels may bind).
+    fn import_host(&self, ptr: *const u8, bytes: usize, any_device: bool) -> Option<u64> {
         use hetero_vulkan::DeviceType;
         let info = self.gpu.info();
-        if !matches!(
+        let shares = matches!(
             info.device_type,
             DeviceType::Cpu | DeviceType::IntegratedGpu
-        ) || !info.features.external_memory_host
-        {
+        );
+        if !(shares || any_device) || !info.features.external_memory_host {
             return None;
         }
         let align = info.limits.min_imported_host_pointer_alignment?.max(1);
@@ -166,6 +170,19 @@ impl Shared {
         self.pinned_mem
             .insert_imported(at, bytes as u64, chunk, at - base);
         Some(at)
+    }
+
+    /// What undoes an import made by `import_host` (nothing for `None`).
+    fn forget_import(self: &Arc<Self>, imported: Option<u64>) -> Box<dyn FnOnce() + Send> {
+        let shared = Arc::downgrade(self);
+        Box::new(move || {
+            if let (Some(base), Some(sh)) = (imported, shared.upgrade()) {
+                sh.pinned_mem.forget_imported(base);
+                // No command may use imported memory once it is gone: wait
+                // until the device is idle (and has let go of the chunk).
+                let _ = sh.gpu.wait_idle();
+            }
+        })
     }
 
     fn lose(&self, why: String) {
@@ -479,17 +496,21 @@ impl Backend for VulkanBackend {
     /// device cannot reach it: a copy with it fails its stream, saying so.
     fn register_host(&self, ptr: *const u8, bytes: usize) -> (u64, Box<dyn FnOnce() + Send>) {
         let locked = super::lock_host(ptr, bytes);
-        let imported = self.shared.import_host(ptr, bytes);
-        let shared = Arc::downgrade(&self.shared);
+        let imported = self.shared.import_host(ptr, bytes, false);
+        let forget = self.shared.forget_import(imported);
         let undo = move || {
-            if let (Some(base), Some(sh)) = (imported, shared.upgrade()) {
-                sh.pinned_mem.forget_imported(base);
-                // No command may use imported memory once it is gone: wait
-                // until the device is idle (and has let go of the chunk).
-                let _ = sh.gpu.wait_idle();
-            }
+            forget();
             super::unlock_host(locked)
         };
         (ptr as u64, Box::new(undo))
+    }
+
+    /// Imports the memory (not page-locked: a managed buffer's host copy,
+    /// whose pages the kernel allocates as they are first written) so the
+    /// device's copies reach it in place. `None` without
+    /// `VK_EXT_external_memory_host` or where the import is refused.
+    fn map_host(&self, ptr: *const u8, bytes: usize) -> Option<(u64, Box<dyn FnOnce() + Send>)> {
+        let imported = self.shared.import_host(ptr, bytes, true)?;
+        Some((ptr as u64, self.shared.forget_import(Some(imported))))
     }
 }
