@@ -194,7 +194,8 @@ fn a_fault_fails_its_dependents_and_nothing_else() {
     let boom = Kernel::new("boom", |b| {
         b.write::<u32>(0);
         panic!("injected fault");
-    });
+    })
+    .wgsl(common::wgsl::fails("injected fault"), "main");
     let (w, copy) = (mix(0, false), mix(1, false));
     let a = ctx.data::<u32>(LEN).unwrap();
     let b = ctx.data::<u32>(LEN).unwrap();

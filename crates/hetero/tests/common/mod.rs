@@ -268,11 +268,6 @@ const VK_ONE_UNIT: &str = "asserts a plan of several lanes; a plan has at most o
 /// What the Vulkan backend cannot run, and why.
 const VULKAN_SKIPS: &[(&str, &str)] = &[
     (
-        "a_fault_fails_its_dependents_and_nothing_else",
-        "the fault is a panicking host closure; a Vulkan device runs the kernel's WGSL, which \
-         cannot fault on demand (tests/task_placement.rs)",
-    ),
-    (
         "async_ops_progress_between_the_blocks_of_a_running_kernel",
         VK_ASYNC_AFTER_DEVICE,
     ),
