@@ -758,10 +758,92 @@ fn empty_huge_and_misused_buffers_are_inputs_not_crashes() {
     ));
     s.begin_capture().expect("capture");
     assert!(matches!(
-        s.launch(&affine(1, 1), 1.into(), &[Arg::managed_write(&buf)]),
+        buf.prefetch(.., Location::Host, &s),
         Err(Error::Managed { .. })
     ));
     let _ = s.end_capture();
+}
+
+/// `x[i] = i * 2 + 1` written by the host, then read back after kernels.
+fn host_pattern(buf: &ManagedBuffer<u32>, k: u32) {
+    host_fill(buf, |i| i as u32 * 2 + k);
+}
+
+#[test]
+fn a_captured_graph_makes_its_managed_pages_resident_at_each_launch() {
+    let dev = common::device();
+    let s = dev.create_stream().expect("stream");
+    let other = dev.create_stream().expect("stream");
+    let n = 40_000;
+    let a = dev.alloc_managed::<u32>(n).expect("a");
+    let b = dev.alloc_managed::<u32>(n).expect("b");
+    // Recorded: b = a + 1, then b = b * 3 + 2. Nothing runs or moves yet.
+    s.begin_capture().expect("capture");
+    s.launch(
+        &plus_one(),
+        1.into(),
+        &[Arg::managed_read(&a), Arg::managed_write(&b)],
+    )
+    .expect("recorded");
+    s.launch(&affine(3, 2), 4.into(), &[Arg::managed_write(&b)])
+        .expect("recorded");
+    let graph = s.end_capture().expect("graph");
+    assert_eq!(
+        dev.managed_stats().bytes_to_device,
+        0,
+        "recording moves nothing"
+    );
+    let exec = graph.instantiate().expect("instantiate");
+    let before = dev.managed_stats();
+    for round in 0..3u32 {
+        // The host writes `a` between launches: each launch sees the latest.
+        host_pattern(&a, round);
+        // Launched on a stream other than the one that recorded it.
+        other.launch_graph(&exec).expect("launch");
+        // No synchronize: the host read waits for the graph on its pages.
+        let g = b.read(..).expect("read");
+        for (i, &x) in g.iter().enumerate() {
+            let want = (i as u32 * 2 + round + 1) * 3 + 2;
+            assert_eq!(x, want, "round {round}, element {i}");
+        }
+    }
+    if moves() {
+        let after = dev.managed_stats();
+        let bytes = (n * 4) as u64;
+        assert_eq!(
+            after.bytes_to_device - before.bytes_to_device,
+            3 * bytes,
+            "each launch copied in the `a` the host rewrote, and only it (b's pages \
+             stayed on the device: the host only read them)"
+        );
+        assert!(after.declared_pages > before.declared_pages);
+    }
+}
+
+#[test]
+fn command_buffers_record_managed_copies_and_prefetches() {
+    let dev = common::device();
+    let s = dev.create_stream().expect("stream");
+    let n = 20_000;
+    let m = dev.alloc_managed::<u32>(n).expect("managed");
+    let d = dev.alloc::<u32>(n).expect("device");
+    let back = dev.alloc_managed::<u32>(n).expect("managed");
+    let cb = hetero::CommandBuffer::new(&dev).expect("command buffer");
+    m.prefetch(.., Location::Device(dev.id()), &cb)
+        .expect("prefetch recorded");
+    cb.copy_from_managed(&m, 0, &d, 0, n).expect("recorded");
+    cb.launch(&affine(1, 5), 4.into(), &[Arg::write(&d)])
+        .expect("recorded");
+    cb.copy_to_managed(&d, 0, &back, 0, n).expect("recorded");
+    let exec = cb.finish().expect("finish");
+    for round in 0..2u32 {
+        host_pattern(&m, round);
+        s.launch_graph(&exec).expect("launch");
+        let g = back.read(..).expect("read");
+        for (i, &x) in g.iter().enumerate() {
+            assert_eq!(x, i as u32 * 2 + round + 5, "round {round}, element {i}");
+        }
+    }
 }
 
 #[test]

@@ -22,13 +22,17 @@
 //!
 //! Backends: on the host device a managed buffer is the host's memory, one
 //! copy (nothing moves; the ordering is the same). On the emulated device the
-//! host copy is pinned memory and the device copy a window of modelled device
+//! host copy is a faulting view and the device copy a window of modelled device
 //! memory (`exec/managed/window.rs`), and pages move by copies over the
 //! modelled link on the copy engines. On a Vulkan device the device copy is
 //! one device-local allocation of the whole buffer (no eviction) and the host
 //! copy the same faulting view as on the emulated device, imported with
 //! `VK_EXT_external_memory_host`, or pinned memory without host faults where
 //! the driver lacks it; pages move by copies on its transfer lane.
+//!
+//! Graphs: a managed op recorded into a graph or command buffer is a node over
+//! views of the device copy plus what it declared (`record_op`); each launch
+//! of the graph is one managed op touching all of it (`launch_graph`).
 
 use crate::api::buffer::{Arg, DeviceBuffer};
 use crate::exec::managed::fault::{self, Answer, HostView};
@@ -754,6 +758,15 @@ impl<T: Pod> ManagedBuffer<T> {
         let Some(mem) = self.shared.mem_of(to) else {
             return Err(not_in_context(op, to, &self.shared));
         };
+        if to == Location::Host && stream.is_capturing() {
+            return Err(Error::Managed {
+                op,
+                detail: "a prefetch to the host cannot be recorded into a graph or command \
+                         buffer: prefetch on a stream that is not capturing (or read the pages \
+                         after the launch, which brings them back)"
+                    .into(),
+            });
+        }
         if mem == HOST && self.shared.mem != HOST {
             return prefetch_to_host(stream, &self.shared, a);
         }
@@ -815,14 +828,6 @@ fn check_stream(op: &'static str, stream: &Stream, sh: &Shared) -> Result<()> {
             op,
             buffer_device: sh.device.id(),
             stream_device: stream.device().id(),
-        });
-    }
-    if stream.is_capturing() {
-        return Err(Error::Managed {
-            op,
-            detail: "managed buffers cannot be recorded into a graph or command buffer yet: \
-                     use them on a stream that is not capturing"
-                .into(),
         });
     }
     Ok(())
@@ -1203,6 +1208,9 @@ fn device_op(
     for (sh, _) in uses {
         check_stream("managed access", stream, sh)?;
     }
+    if stream.is_capturing() {
+        return record_op(stream, uses, submit);
+    }
     let mem = first.mem;
     let budget = stream.device().managed_budget();
     let accesses: Vec<Access> = uses.iter().map(|(_, a)| *a).collect();
@@ -1288,6 +1296,76 @@ fn device_op(
         st.apply_use(a, mem, p.clone());
     }
     Ok(())
+}
+
+/// A managed access recorded into a graph or command buffer: its pages are
+/// made resident at each launch, before the graph starts (`launch_graph`).
+struct GraphUse {
+    sh: Arc<Shared>,
+    access: Access,
+}
+
+/// `device_op` on a capturing stream: records `submit` (over views of the
+/// device copy, which the graph's nodes keep) and the pages it declared;
+/// nothing moves until a launch.
+fn record_op(
+    stream: &Stream,
+    uses: &[(&Arc<Shared>, Access)],
+    submit: Option<&mut SubmitOp<'_>>,
+) -> Result<()> {
+    let reach = stream.device().reach();
+    if let Some(f) = submit {
+        let views: Vec<Arc<Storage>> = uses
+            .iter()
+            .map(|(sh, a)| view(&sh.dev, a.off, a.bytes, reach))
+            .collect();
+        f(&views)?;
+    }
+    crate::api::graph::capture::managed(
+        stream.capture_slot(),
+        uses.iter().map(|(sh, a)| {
+            Arc::new(GraphUse {
+                sh: (*sh).clone(),
+                access: *a,
+            }) as Arc<dyn std::any::Any + Send + Sync>
+        }),
+    )
+}
+
+/// Launches a graph whose nodes declared managed pages (`recorded`, from
+/// `record_op`): as one op on `stream` that touches every one of them, made
+/// resident first (copies in, evictions, waits for their queued work), then
+/// `submit` submits the graph and the pages record it as their reader or
+/// writer. So a graph's managed working set must fit the device, as one
+/// kernel's must.
+pub(crate) fn launch_graph(
+    stream: &Stream,
+    recorded: &[Arc<dyn std::any::Any + Send + Sync>],
+    submit: &mut SubmitOp<'_>,
+) -> Result<()> {
+    let uses: Vec<(&Arc<Shared>, Access)> = recorded
+        .iter()
+        .filter_map(|r| r.downcast_ref::<GraphUse>())
+        .map(|u| (&u.sh, u.access))
+        .collect();
+    if let Some((first, _)) = uses.first() {
+        if uses
+            .iter()
+            .any(|(sh, _)| !Arc::ptr_eq(&sh.space, &first.space))
+        {
+            return Err(Error::Managed {
+                op: "launch_graph",
+                detail: "the graph's managed buffers belong to more than one device".into(),
+            });
+        }
+    }
+    device_op(
+        stream,
+        "launch_graph",
+        &uses,
+        MigrationReason::Declared,
+        Some(submit),
+    )
 }
 
 /// Prefetch to the host on `stream`: copies back, then the device's copies
@@ -1390,17 +1468,12 @@ pub(crate) fn launch(stream: &Stream, kernel: &Kernel, grid: Grid, args: &[Arg<'
             }
         }
     }
-    if stream.is_capturing() {
-        return Err(Error::Managed {
-            op: "launch",
-            detail: "managed buffers cannot be recorded into a graph or command buffer yet: \
-                     launch on a stream that is not capturing"
-                .into(),
-        });
-    }
     let mut submit = |views: &[Arc<Storage>]| -> Result<u64> {
-        for a in args.iter().filter(|a| a.managed.is_none()) {
-            stream.order_use(a.storage)?;
+        let capturing = stream.is_capturing();
+        if !capturing {
+            for a in args.iter().filter(|a| a.managed.is_none()) {
+                stream.order_use(a.storage)?;
+            }
         }
         let list: Vec<Arg<'_>> = args
             .iter()
@@ -1414,6 +1487,16 @@ pub(crate) fn launch(stream: &Stream, kernel: &Kernel, grid: Grid, args: &[Arg<'
                 None => *a,
             })
             .collect();
+        if capturing {
+            crate::api::graph::capture::kernel(
+                stream.capture_slot(),
+                stream.id(),
+                &kernel.inner,
+                grid.blocks(),
+                &list,
+            )?;
+            return Ok(0);
+        }
         stream.backend_stream().submit_launch(
             &kernel.inner,
             grid.blocks(),

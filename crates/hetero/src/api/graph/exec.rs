@@ -371,6 +371,16 @@ pub(crate) fn launch(
         ordered.is_ok()
     });
     ordered?;
-    stream.submit(Body::Graph(launch))?;
-    Ok(())
+    if e.managed.is_empty() {
+        stream.submit(Body::Graph(launch))?;
+        return Ok(());
+    }
+    let mut launch = Some(launch);
+    crate::api::managed::launch_graph(stream, &e.managed, &mut |_| match launch.take() {
+        Some(l) => stream.submit(Body::Graph(l)),
+        None => Err(Error::Graph {
+            op,
+            detail: "the launch was submitted twice".into(),
+        }),
+    })
 }

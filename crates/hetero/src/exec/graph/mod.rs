@@ -224,6 +224,9 @@ pub(crate) struct Draft {
     pub(crate) slots: Vec<SlotInfo>,
     /// The kernels kernel nodes run, each once.
     pub(crate) kernels: Vec<Arc<KernelInner>>,
+    /// The managed pages the nodes declared (the managed layer's records,
+    /// opaque here): each launch makes them resident first.
+    pub(crate) managed: Vec<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Draft {
@@ -237,6 +240,7 @@ impl Draft {
             internal: Vec::new(),
             slots: Vec::new(),
             kernels: Vec::new(),
+            managed: Vec::new(),
         }
     }
 

@@ -84,6 +84,8 @@ pub(crate) struct Plan {
     /// Events recorded outside the graph that its nodes wait on: a launch waits
     /// for them before it starts.
     pub(crate) waits: Box<[(Arc<Timeline>, u64)]>,
+    /// The managed pages the nodes declared (`Draft::managed`).
+    pub(crate) managed: Box<[Arc<dyn std::any::Any + Send + Sync>]>,
     /// Run states, reused from launch to launch (boxed: a launch holds its
     /// own while the list changes).
     #[allow(clippy::vec_box)]
@@ -466,6 +468,7 @@ pub(crate) fn instantiate(
         reach,
         views,
         waits: waits.into_boxed_slice(),
+        managed: d.managed.clone().into_boxed_slice(),
         runs: Mutex::new(Vec::new()),
         report,
         plan_traced: AtomicBool::new(hetero_trace::enabled()),

@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 mod ops;
 
 pub(crate) use ops::new_slot;
-pub(crate) use ops::{alloc, host, kernel, submit};
+pub(crate) use ops::{alloc, host, kernel, managed, submit};
 
 /// Stream ids of capture timelines and recording streams have this bit.
 pub(crate) const CAPTURE_STREAM: u64 = 1 << 62;

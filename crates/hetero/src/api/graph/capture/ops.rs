@@ -48,6 +48,18 @@ pub(crate) fn kernel(
     })
 }
 
+/// Adds the managed pages an op just recorded declared (the managed layer's
+/// records): each launch of the graph makes them resident first.
+pub(crate) fn managed(
+    slot: &CaptureSlot,
+    uses: impl IntoIterator<Item = Arc<dyn std::any::Any + Send + Sync>>,
+) -> Result<()> {
+    with_capture(slot, "record", |_, st| {
+        st.draft.managed.extend(uses);
+        Ok(())
+    })
+}
+
 impl CaptureState {
     pub(super) fn lane(&mut self, stream: u64) -> &mut Lane {
         let i = self
