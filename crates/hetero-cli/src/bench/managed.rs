@@ -39,11 +39,21 @@
 //!   `UFFDIO_COPY` and returns); a raw mprotect loop (`PROT_NONE` memory, the
 //!   SIGSEGV handler makes the granule read-write). Ratios
 //!   `host/managed-first-touch-over-uffd` (target ≥ 0.8) and
-//!   `host/managed-first-touch-over-mprotect` (target ≥ 1.3).
+//!   `host/managed-first-touch-over-mprotect` (target ≥ 1.3). Beside them
+//!   the floor of the managed design: `uffd-shmem/first-touch-gbps`, the
+//!   same userfaultfd loop over a memfd mapped shared (a managed host copy
+//!   must be shared memory: the runtime's alias and the user's view map the
+//!   same pages), with `host/managed-first-touch-over-uffd-shmem` and
+//!   `uffd-shmem/first-touch-over-mprotect` (the most the managed ratio
+//!   over mprotect can be), reported.
 //! - `host/managed-prefetch-to-host-gbps` beside `host/fresh-memcpy-gbps`: an
 //!   explicit prefetch to the host of 256 MiB a kernel left dirty on the
 //!   device, and a memcpy of as many bytes into freshly allocated memory.
-//!   Ratio `host/managed-prefetch-to-host-over-fresh-memcpy` (target ≥ 0.8).
+//!   Ratio `host/managed-prefetch-to-host-over-fresh-memcpy` (target ≥ 0.8),
+//!   and beside it the floor of the managed design:
+//!   `host/fresh-memcpy-shmem-gbps`, the memcpy into a fresh memfd mapped
+//!   shared (the host copy's kind of memory), with
+//!   `host/managed-prefetch-to-host-over-fresh-memcpy-shmem`, reported.
 //! - `host/managed-read-back-tree-gbps` beside `host/managed-read-back-64k-gbps`:
 //!   host reads (one per 4 KiB) of pages a kernel left dirty on the device,
 //!   with the 2 MiB tree prefetch and with 64 KiB faults only. Ratio
@@ -430,15 +440,28 @@ fn host_faults(rep: &mut BenchReport, quick: bool, spec: &DeviceSpec) -> Result<
     let reps = if quick { 3 } else { 7 };
     let touch_bytes = if quick { 64 << 20 } else { 256 << 20 };
     let (mut uffd, mut mprot, mut managed) = (Vec::new(), Vec::new(), Vec::new());
+    let mut shmem = Vec::new();
     let src = vec![1u8; raw::GRANULE];
     for _ in 0..reps {
-        uffd.push(raw::uffd_first_touch(touch_bytes, &src)?);
+        uffd.push(raw::uffd_first_touch(touch_bytes, &src, false)?);
+        shmem.push(raw::uffd_first_touch(touch_bytes, &src, true)?);
         mprot.push(raw::mprotect_first_touch(touch_bytes)?);
         managed.push(managed_first_touch(&dev, touch_bytes)?);
     }
     rep.push_samples("uffd/first-touch-gbps", "GB/s", &mut uffd);
+    rep.push_samples("uffd-shmem/first-touch-gbps", "GB/s", &mut shmem);
     rep.push_samples("mprotect/first-touch-gbps", "GB/s", &mut mprot);
     rep.push_samples("host/managed-first-touch-gbps", "GB/s", &mut managed);
+    rep.ratio(
+        "host/managed-first-touch-over-uffd-shmem",
+        "host/managed-first-touch-gbps",
+        "uffd-shmem/first-touch-gbps",
+    );
+    rep.ratio(
+        "uffd-shmem/first-touch-over-mprotect",
+        "uffd-shmem/first-touch-gbps",
+        "mprotect/first-touch-gbps",
+    );
     rep.ratio(
         "host/managed-first-touch-over-uffd",
         "host/managed-first-touch-gbps",
@@ -454,12 +477,20 @@ fn host_faults(rep: &mut BenchReport, quick: bool, spec: &DeviceSpec) -> Result<
     let s = dev.create_stream().map_err(err)?;
     let (mut pre, mut cpy) = (Vec::new(), Vec::new());
     let data = vec![3u8; bytes];
+    let mut cpy_shared = Vec::new();
     for _ in 0..reps {
         pre.push(prefetch_to_host(&dev, &s, bytes)?);
         cpy.push(fresh_memcpy(&data));
+        cpy_shared.push(raw::fresh_memcpy_shared(&data)?);
     }
     rep.push_samples("host/managed-prefetch-to-host-gbps", "GB/s", &mut pre);
     rep.push_samples("host/fresh-memcpy-gbps", "GB/s", &mut cpy);
+    rep.push_samples("host/fresh-memcpy-shmem-gbps", "GB/s", &mut cpy_shared);
+    rep.ratio(
+        "host/managed-prefetch-to-host-over-fresh-memcpy-shmem",
+        "host/managed-prefetch-to-host-gbps",
+        "host/fresh-memcpy-shmem-gbps",
+    );
     rep.ratio(
         "host/managed-prefetch-to-host-over-fresh-memcpy",
         "host/managed-prefetch-to-host-gbps",
@@ -490,9 +521,11 @@ fn host_faults(rep: &mut BenchReport, quick: bool, spec: &DeviceSpec) -> Result<
         ),
     );
     rep.notes.push(
-        "all three first-touch sides count allocation plus touch: the managed host copy is a \
-         memfd (shared memory, so the runtime's alias and the user's view share pages), whose \
-         page allocation costs more than the raw loops' anonymous memory"
+        "all first-touch and fresh-memcpy sides count allocation plus touch: the managed host \
+         copy is a memfd (shared memory, so the runtime's alias and the user's view share \
+         pages), whose page allocation costs more than anonymous memory; the -shmem peers pay \
+         the same and bound what the managed design can reach (uffd-shmem/first-touch-over-\
+         mprotect is the managed ratio's floor before its 2 MiB tree prefetch)"
             .into(),
     );
     rep.notes.push(
@@ -692,8 +725,10 @@ mod raw {
         Ok(p.cast())
     }
 
-    /// Allocation and first touch through userfaultfd: GB/s.
-    pub fn uffd_first_touch(bytes: usize, src: &[u8]) -> Result<f64, String> {
+    /// Allocation and first touch through userfaultfd: GB/s. `shared`: the
+    /// memory is a memfd mapped shared (shared memory, what a managed host
+    /// copy must be to have two mappings), else anonymous.
+    pub fn uffd_first_touch(bytes: usize, src: &[u8], shared: bool) -> Result<f64, String> {
         SRC.store(src.as_ptr() as usize, Relaxed);
         let t0 = Instant::now();
         // SAFETY: the userfaultfd syscall makes a new descriptor.
@@ -707,7 +742,11 @@ mod raw {
             features: UFFD_FEATURE_SIGBUS,
             ioctls: 0,
         };
-        let p = map(bytes, libc::PROT_READ | libc::PROT_WRITE)?;
+        let (p, memfd) = if shared {
+            map_shared(bytes)?
+        } else {
+            (map(bytes, libc::PROT_READ | libc::PROT_WRITE)?, -1)
+        };
         let mut reg = UffdioRegister {
             start: p as u64,
             len: bytes as u64,
@@ -727,12 +766,56 @@ mod raw {
         touch(p, bytes);
         let secs = t0.elapsed().as_secs_f64();
         restore(libc::SIGBUS, &old);
-        // SAFETY: our mapping and descriptor, no longer used.
+        // SAFETY: our mapping and descriptors, no longer used.
         unsafe {
             libc::munmap(p.cast(), bytes);
             libc::close(fd);
+            if memfd >= 0 {
+                libc::close(memfd);
+            }
         }
         Ok(bytes as f64 / secs / 1e9)
+    }
+
+    /// A memcpy of `data` into a new memfd mapped shared (its pages
+    /// allocated by the copy's faults): GB/s.
+    pub fn fresh_memcpy_shared(data: &[u8]) -> Result<f64, String> {
+        let t0 = Instant::now();
+        let (p, fd) = map_shared(data.len())?;
+        // SAFETY: `p` maps `data.len()` bytes of our own memfd.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+        let secs = t0.elapsed().as_secs_f64();
+        // SAFETY: our mapping and descriptor, no longer used.
+        unsafe {
+            libc::munmap(p.cast(), data.len());
+            libc::close(fd);
+        }
+        Ok(data.len() as f64 / secs / 1e9)
+    }
+
+    /// A new memfd of `bytes`, mapped shared: the mapping and the memfd.
+    fn map_shared(bytes: usize) -> Result<(*mut u8, i32), String> {
+        // SAFETY: memfd_create with a NUL-terminated name; ftruncate and mmap
+        // of our own new descriptor.
+        unsafe {
+            let fd = libc::memfd_create(c"bench-uffd".as_ptr(), libc::MFD_CLOEXEC);
+            if fd < 0 || libc::ftruncate(fd, bytes as libc::off_t) != 0 {
+                return Err("memfd_create / ftruncate failed".into());
+            }
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            );
+            if p == libc::MAP_FAILED {
+                libc::close(fd);
+                return Err(format!("mmap of a {bytes}-byte memfd failed"));
+            }
+            Ok((p.cast(), fd))
+        }
     }
 
     /// Allocation and first touch through mprotect: GB/s.
