@@ -37,7 +37,7 @@ pub use api::event::{Event, HostEvent};
 pub use api::graph::{Bindings, CommandBuffer, Graph, GraphExec, NodeId, PinnedSlot, Slot};
 pub use api::kernel::Kernel;
 pub use api::kernels;
-pub use api::managed::{ManagedBuffer, ManagedRead, ManagedWrite};
+pub use api::managed::{Attach, ManagedBuffer, ManagedRead, ManagedWrite};
 pub use api::pitched::PitchedBuffer;
 pub use api::stream::{Stream, PRIORITY_HIGHEST, PRIORITY_LOWEST};
 pub use api::task::{

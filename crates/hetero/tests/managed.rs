@@ -6,7 +6,8 @@
 mod common;
 
 use hetero::{
-    Advice, Arg, BackendKind, Device, DeviceConfig, Error, Kernel, Location, ManagedBuffer, Stream,
+    Advice, Arg, Attach, BackendKind, Device, DeviceConfig, Error, Kernel, Location, ManagedBuffer,
+    Stream,
 };
 use proptest::prelude::*;
 
@@ -818,6 +819,69 @@ fn a_captured_graph_makes_its_managed_pages_resident_at_each_launch() {
         );
         assert!(after.declared_pages > before.declared_pages);
     }
+}
+
+#[test]
+fn attached_buffers_refuse_other_streams_and_host_attach_gives_back_device_memory() {
+    let dev = common::device();
+    let s = dev.create_stream().expect("stream");
+    let other = dev.create_stream().expect("stream");
+    let n = 50_000;
+    let buf = dev.alloc_managed::<u32>(n).expect("managed");
+    // Single: only `s` may use it.
+    s.attach(&buf, Attach::Single).expect("attach");
+    s.launch(&affine(1, 3), 4.into(), &[Arg::managed_write(&buf)])
+        .expect("the attached stream");
+    let e = other
+        .launch(&affine(1, 3), 4.into(), &[Arg::managed_write(&buf)])
+        .expect_err("another stream");
+    assert!(matches!(e, Error::Managed { .. }), "{e}");
+    assert!(e.to_string().contains("Attach::Single"), "{e}");
+    assert!(matches!(
+        buf.prefetch(.., Location::Device(dev.id()), &other),
+        Err(Error::Managed { .. })
+    ));
+    // Host: the pages come back, the device's copy goes.
+    let resident = dev.managed_stats().resident_bytes;
+    s.attach(&buf, Attach::Host).expect("attach to the host");
+    s.synchronize().expect("sync");
+    if moves() {
+        assert!(resident >= (n * 4) as u64, "the kernel made it resident");
+        assert_eq!(
+            resident - dev.managed_stats().resident_bytes,
+            (n * 4) as u64,
+            "every page of the buffer left the device"
+        );
+    }
+    for st in [&s, &other] {
+        let e = st
+            .launch(&affine(1, 3), 4.into(), &[Arg::managed_write(&buf)])
+            .expect_err("attached to the host");
+        assert!(e.to_string().contains("Attach::Host"), "{e}");
+    }
+    // The host reads without moving anything: it is all there.
+    let back = dev.managed_stats().bytes_to_host;
+    assert!(buf.read(..).expect("read").iter().all(|&x| x == 3));
+    assert_eq!(dev.managed_stats().bytes_to_host, back);
+    // Global again: any stream.
+    other.attach(&buf, Attach::Global).expect("attach");
+    other
+        .launch(&affine(2, 0), 4.into(), &[Arg::managed_write(&buf)])
+        .expect("any stream");
+    assert!(buf.read(..).expect("read").iter().all(|&x| x == 6));
+    // Attaching is not recordable, and a stream of another device is refused.
+    s.begin_capture().expect("capture");
+    assert!(matches!(
+        s.attach(&buf, Attach::Single),
+        Err(Error::Managed { .. })
+    ));
+    let _ = s.end_capture();
+    let dev2 = common::device();
+    let s2 = dev2.create_stream().expect("stream");
+    assert!(matches!(
+        s2.attach(&buf, Attach::Single),
+        Err(Error::WrongDevice { .. })
+    ));
 }
 
 #[test]

@@ -161,6 +161,32 @@ pub(crate) struct Shared {
     /// The host view that faults, where the device has memory of its own
     /// (the emulated device); `host` is its alias.
     view: Option<Arc<HostView>>,
+    /// Which streams may use it (`Stream::attach`): `GLOBAL`, `HOST_ONLY`
+    /// or the one stream's id.
+    attached: std::sync::atomic::AtomicU64,
+}
+
+/// `Shared::attached`: every stream of the device.
+const GLOBAL: u64 = 0;
+/// `Shared::attached`: no stream, the host only.
+const HOST_ONLY: u64 = u64::MAX;
+
+/// Which streams may use a managed buffer ([`Stream::attach`], CUDA's
+/// `cudaStreamAttachMemAsync` flags).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attach {
+    /// Every stream of its device (the default).
+    Global,
+    /// Only the attaching stream: an op on another stream is
+    /// `Error::Managed`, so no other stream can race it.
+    Single,
+    /// The host only: the pages come back to the host (on the attaching
+    /// stream's migration stream, after the queued work on them) and, unless
+    /// advised `ReadMostly`, the device's copies go, so the buffer counts
+    /// nothing against the device's managed capacity (on Vulkan the device
+    /// copy is one allocation, which stays); an op on any stream is
+    /// `Error::Managed` until it is attached again.
+    Host,
 }
 
 impl Drop for Shared {
@@ -417,6 +443,7 @@ impl Device {
             bytes,
             page_bytes,
             migration: OnceLock::new(),
+            attached: std::sync::atomic::AtomicU64::new(GLOBAL),
             view,
         });
         if let Some(hv) = &shared.view {
@@ -830,7 +857,71 @@ fn check_stream(op: &'static str, stream: &Stream, sh: &Shared) -> Result<()> {
             stream_device: stream.device().id(),
         });
     }
-    Ok(())
+    match sh.attached.load(std::sync::atomic::Ordering::Acquire) {
+        GLOBAL => Ok(()),
+        HOST_ONLY => Err(Error::Managed {
+            op,
+            detail: format!(
+                "managed buffer {} is attached to the host (Stream::attach with Attach::Host): \
+                 attach it to a stream (Attach::Single or Attach::Global) before using it there",
+                sh.id
+            ),
+        }),
+        one if one == stream.id() => Ok(()),
+        one => Err(Error::Managed {
+            op,
+            detail: format!(
+                "managed buffer {} is attached to stream {one} only (Attach::Single), not to \
+                 stream {}: use it there, or attach it with Attach::Global",
+                sh.id,
+                stream.id()
+            ),
+        }),
+    }
+}
+
+impl Stream {
+    /// Says which streams may use `buf` from now on (CUDA's
+    /// `cudaStreamAttachMemAsync`): every stream of its device
+    /// ([`Attach::Global`], the default), only this one ([`Attach::Single`]:
+    /// another stream's op on it is refused, so none can race it), or none
+    /// ([`Attach::Host`]: the pages come back to the host after the work
+    /// queued on them, in this stream's order, and the device's copies go;
+    /// the host then reads and writes the buffer without waiting for any
+    /// device, and the device's managed capacity is free for other buffers).
+    /// Ops already submitted
+    /// are not affected. Not recordable into a graph.
+    pub fn attach<T: Pod>(&self, buf: &ManagedBuffer<T>, how: Attach) -> Result<()> {
+        let op = "Stream::attach";
+        let sh = &buf.shared;
+        if self.is_capturing() {
+            return Err(Error::Managed {
+                op,
+                detail: "attaching cannot be recorded into a graph or command buffer: attach \
+                         on a stream that is not capturing"
+                    .into(),
+            });
+        }
+        if self.device().id() != sh.device.id() {
+            return Err(Error::WrongDevice {
+                op,
+                buffer_device: sh.device.id(),
+                stream_device: self.device().id(),
+            });
+        }
+        if how == Attach::Host && sh.mem != HOST && sh.bytes > 0 {
+            let a = buf.access(op, .., false)?;
+            prefetch_to_host(self, sh, a)?;
+        }
+        let word = match how {
+            Attach::Global => GLOBAL,
+            Attach::Single => self.id(),
+            Attach::Host => HOST_ONLY,
+        };
+        sh.attached
+            .store(word, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
 }
 
 thread_local! {
