@@ -165,8 +165,9 @@ pub(crate) struct Page {
     reads: Vec<Point>,
     /// Last use on a device (the space's tick), for LRU.
     tick: u64,
-    /// `pages_in` of the device when the page was last evicted from it.
-    evicted_at: Option<u64>,
+    /// The memory the page was last evicted from, and that memory's
+    /// `pages_in` then (a thrash is a copy back into the same memory).
+    evicted_at: Option<(u8, u64)>,
     thrash: u32,
     /// Written at least once (host or device). An untouched page is zero in
     /// every memory, so making it resident copies nothing (first touch).
@@ -663,7 +664,7 @@ impl Space {
             }
             freed += len;
             page.valid &= !(1 << mem);
-            page.evicted_at = Some(pages_in);
+            page.evicted_at = Some((mem, pages_in));
             if let Some(pt) = &point {
                 page.valid |= 1 << HOST;
                 page.write(pt.clone());
@@ -718,8 +719,8 @@ impl Space {
             let mut others = 0u32;
             if to != HOST {
                 let now = self.pages_in[to as usize];
-                if let (Some(at), Some(w)) = (page.evicted_at, window) {
-                    if now - at < w {
+                if let (Some((from_mem, at)), Some(w)) = (page.evicted_at, window) {
+                    if from_mem == to && now - at < w {
                         page.thrash += 1;
                         thrash = 1;
                         if page.thrash == THROTTLE_AFTER && throttles {
@@ -730,7 +731,9 @@ impl Space {
                         }
                     }
                 }
-                page.evicted_at = None;
+                if page.evicted_at.is_some_and(|(m, _)| m == to) {
+                    page.evicted_at = None;
+                }
                 self.pages_in[to as usize] += 1;
                 self.resident[to as usize] += len;
                 if !page.read_mostly {
