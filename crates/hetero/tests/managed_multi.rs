@@ -142,7 +142,10 @@ fn a_kernel_on_one_device_writes_and_a_kernel_on_the_other_reads_it() {
             bytes,
             "staged: back to the host from a"
         );
-        assert!(b1.bytes_to_device - b0.bytes_to_device >= bytes, "then in to b");
+        assert!(
+            b1.bytes_to_device - b0.bytes_to_device >= bytes,
+            "then in to b"
+        );
     } else {
         assert_eq!(b1, b0, "one memory: nothing moves");
     }
@@ -161,6 +164,59 @@ fn a_kernel_on_one_device_writes_and_a_kernel_on_the_other_reads_it() {
     }
     let g = buf.read(..).expect("read");
     assert!(g.iter().enumerate().all(|(i, &x)| x == (i as u32) * 2 + 1));
+}
+
+/// Without a direct path (a context made without a peer link) a page only
+/// another device holds is staged: copied back to the host on a stream of
+/// that device, then in. A context of devices of two backends has no
+/// context buffers (its devices share no one host copy).
+#[test]
+fn without_a_peer_link_pages_are_staged_through_the_host() {
+    if common::skipped("without_a_peer_link_pages_are_staged_through_the_host") {
+        return;
+    }
+    let (a, b) = (common::device(), common::device());
+    let ctx = Context::with_peer_link(&[a.clone(), b.clone()], None).expect("context");
+    let (sa, sb) = (
+        a.create_stream().expect("stream a"),
+        b.create_stream().expect("stream b"),
+    );
+    let n = 100_000;
+    let bytes = (n * 4) as u64;
+    let buf = ctx.alloc_managed::<u32>(n).expect("context buffer");
+    let out = ctx.alloc_managed::<u32>(n).expect("context buffer");
+    host_fill(&buf, |i| i as u32);
+    sa.launch(&affine(5, 2), 3.into(), &[Arg::managed_write(&buf)])
+        .expect("write on a");
+    let (a0, b0) = (a.managed_stats(), b.managed_stats());
+    sb.launch(
+        &plus_one(),
+        1.into(),
+        &[Arg::managed_read(&buf), Arg::managed_write(&out)],
+    )
+    .expect("read on b");
+    sb.synchronize().expect("sync b");
+    let (a1, b1) = (a.managed_stats(), b.managed_stats());
+    if moves() {
+        assert_eq!(b1.bytes_from_peer, b0.bytes_from_peer, "no direct path");
+        assert_eq!(a1.bytes_to_host - a0.bytes_to_host, bytes, "back from a");
+        assert_eq!(b1.bytes_to_device - b0.bytes_to_device, bytes, "in to b");
+    }
+    // The staged copy back left the host's copy current: the guard copies
+    // nothing.
+    let g = out.read(..).expect("read");
+    assert!(g.iter().enumerate().all(|(i, &x)| x == (i as u32) * 5 + 3));
+    let g = buf.read(..).expect("read");
+    assert!(g.iter().enumerate().all(|(i, &x)| x == (i as u32) * 5 + 2));
+    assert_eq!(a.managed_stats().bytes_to_host, a1.bytes_to_host);
+    if common::backend() == common::Backend::EmuReal {
+        let (h, e) = (Device::host().expect("host device"), common::device());
+        let mixed = Context::new(&[h, e]).expect("host + emu in real time");
+        assert!(matches!(
+            mixed.alloc_managed::<u32>(16),
+            Err(Error::Managed { .. })
+        ));
+    }
 }
 
 #[test]
@@ -198,7 +254,10 @@ fn read_mostly_keeps_replicas_on_both_devices_and_a_write_invalidates_the_other(
     sa.synchronize().expect("sync a");
     sb.synchronize().expect("sync b");
     assert_eq!(
-        (a.managed_stats().declared_pages, b.managed_stats().declared_pages),
+        (
+            a.managed_stats().declared_pages,
+            b.managed_stats().declared_pages
+        ),
         (a0.declared_pages, b0.declared_pages),
         "both replicas stayed"
     );
@@ -326,9 +385,8 @@ fn prefetch_to_either_device_from_a_stream_of_either() {
 
 #[test]
 fn the_host_reads_what_the_second_device_wrote_and_the_first_sees_host_writes() {
-    if common::skipped(
-        "the_host_reads_what_the_second_device_wrote_and_the_first_sees_host_writes",
-    ) {
+    if common::skipped("the_host_reads_what_the_second_device_wrote_and_the_first_sees_host_writes")
+    {
         return;
     }
     let (a, b, ctx) = pair();
@@ -382,8 +440,7 @@ fn the_host_reads_what_the_second_device_wrote_and_the_first_sees_host_writes() 
 
 #[test]
 fn each_device_evicts_past_its_own_capacity_while_the_other_keeps_its_pages() {
-    if common::skipped("each_device_evicts_past_its_own_capacity_while_the_other_keeps_its_pages")
-    {
+    if common::skipped("each_device_evicts_past_its_own_capacity_while_the_other_keeps_its_pages") {
         return;
     }
     let (a, b, ctx) = pair_of_capacity(1 << 20);
@@ -802,6 +859,10 @@ fn random_programs_over_two_devices_past_capacity_match_the_sequential_model() {
             |steps| run_program(&devices, &ctx, PAST_CAPACITY, &steps),
         )
         .expect("every program matches the model");
-    let evictions = |d: &Device| d.managed_stats().clean_evictions + d.managed_stats().dirty_evictions;
-    assert!(evictions(&a) > 0 && evictions(&b) > 0, "both devices evicted");
+    let evictions =
+        |d: &Device| d.managed_stats().clean_evictions + d.managed_stats().dirty_evictions;
+    assert!(
+        evictions(&a) > 0 && evictions(&b) > 0,
+        "both devices evicted"
+    );
 }

@@ -40,8 +40,8 @@
 //! whole buffer (no eviction); pages move by copies on its transfer lane.
 
 use crate::api::buffer::{Arg, DeviceBuffer};
-use crate::exec::managed::fault::{self, Answer, HostView};
 use crate::api::context::{Context, PeerPath};
+use crate::exec::managed::fault::{self, Answer, HostView};
 use crate::exec::managed::{
     view, window::Window, Access, Advice, DeviceCopy, DeviceFaultCost, Location, ManagedStats,
     MigrationReason, Move, Plan, Point, Space, Table, DEFAULT_PAGE_BYTES, HOST,
@@ -516,10 +516,7 @@ impl Context {
             devices.push(dev);
         }
         let backend = devices[0].properties().backend;
-        if let Some(other) = devices
-            .iter()
-            .find(|d| d.properties().backend != backend)
-        {
+        if let Some(other) = devices.iter().find(|d| d.properties().backend != backend) {
             return Err(Error::Managed {
                 op: OP,
                 detail: format!(
@@ -575,16 +572,23 @@ fn alloc_on<T: Pod>(
     let first = &devices[0].0;
     let backend = first.properties().backend;
     let mut view = None;
-    // Per device: (host copy as it reaches it, device copy, window).
-    let mut copies: Vec<(Arc<Storage>, Arc<Storage>, Option<Arc<Window>>)> = Vec::new();
+    // Per device: the host copy as it reaches it, its own copy, its window.
+    let mut copies: Vec<DeviceCopy> = Vec::new();
+    let copy =
+        |mem: u8, host: Arc<Storage>, dev: Arc<Storage>, window: Option<Arc<Window>>| DeviceCopy {
+            mem,
+            host,
+            dev,
+            window,
+        };
     match backend {
         "host" => {
             let b = first.alloc::<T>(len)?;
             let s: Arc<Storage> = (*b.storage).clone();
             drop(b);
             zero(&s);
-            for _ in devices {
-                copies.push((s.clone(), s.clone(), None));
+            for (_, mem) in devices {
+                copies.push(copy(*mem, s.clone(), s.clone(), None));
             }
         }
         "emu" => {
@@ -597,7 +601,7 @@ fn alloc_on<T: Pod>(
             let hv = Arc::new(
                 HostView::new(pages, page_bytes).map_err(|detail| Error::Managed { op, detail })?,
             );
-            for (d, _) in devices {
+            for (d, mem) in devices {
                 let (addr, undo) = d.backend().map_host(hv.alias().as_ptr(), hv.len());
                 let host = Arc::new(Storage::registered(
                     d.id(),
@@ -609,7 +613,8 @@ fn alloc_on<T: Pod>(
                         undo: Some(undo),
                     },
                 ));
-                let w = Arc::new(Window::new(bytes).map_err(|detail| Error::Managed { op, detail })?);
+                let w =
+                    Arc::new(Window::new(bytes).map_err(|detail| Error::Managed { op, detail })?);
                 let mut s = Storage::from_parts(
                     d.id(),
                     MemoryKind::Device,
@@ -621,7 +626,7 @@ fn alloc_on<T: Pod>(
                     }),
                 );
                 s.set_device_memory(d.reach().device_addr_of(w.ptr().as_ptr()));
-                copies.push((host, Arc::new(s), Some(w)));
+                copies.push(copy(*mem, host, Arc::new(s), Some(w)));
             }
             view = Some(hv);
         }
@@ -638,7 +643,7 @@ fn alloc_on<T: Pod>(
             } else {
                 None
             };
-            for (d, _) in devices {
+            for (d, mem) in devices {
                 let host = match &shared_host {
                     None => {
                         let h = d.alloc_pinned::<u8>(bytes)?.storage;
@@ -663,7 +668,7 @@ fn alloc_on<T: Pod>(
                 let s = d.create_stream()?;
                 s.fill(&dv, 0u8)?;
                 s.synchronize()?;
-                copies.push((host, (*dv.storage).clone(), None));
+                copies.push(copy(*mem, host, (*dv.storage).clone(), None));
             }
         }
         other => {
@@ -677,31 +682,21 @@ fn alloc_on<T: Pod>(
         }
     }
     let id = NEXT_BUFFER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let table_copies = devices
+    let members = devices
         .iter()
         .zip(&copies)
-        .map(|((_, mem), (host, dev, window))| DeviceCopy {
-            mem: *mem,
-            host: host.clone(),
-            dev: dev.clone(),
-            window: window.clone(),
+        .map(|((device, _), c)| Member {
+            device: device.clone(),
+            mem: c.mem,
+            host: c.host.clone(),
+            dev: c.dev.clone(),
+            migration: OnceLock::new(),
         })
         .collect();
     space
         .lock_for(op)?
         .tables
-        .insert(id, Table::new(bytes, page_bytes, table_copies));
-    let members = devices
-        .iter()
-        .zip(copies)
-        .map(|((device, mem), (host, dev, _))| Member {
-            device: device.clone(),
-            mem: *mem,
-            host,
-            dev,
-            migration: OnceLock::new(),
-        })
-        .collect();
+        .insert(id, Table::new(bytes, page_bytes, copies));
     let shared = Arc::new(Shared {
         id,
         members,
@@ -1522,11 +1517,7 @@ fn submit_plan(
             continue;
         }
         // Only another device holds the run: from its copy.
-        let Some(sh) = uses
-            .iter()
-            .map(|(sh, _)| *sh)
-            .find(|sh| sh.id == m.buffer)
-        else {
+        let Some(sh) = uses.iter().map(|(sh, _)| *sh).find(|sh| sh.id == m.buffer) else {
             continue;
         };
         let (Some(src), Some(dst)) = (sh.member_at(m.from), sh.member(stream.device().id())) else {
@@ -1568,7 +1559,13 @@ fn submit_plan(
                 from: HOST,
                 ..m.clone()
             };
-            st.apply_move(&from_host, mem, Some(point_of(&timeline, v)), reason, budget);
+            st.apply_move(
+                &from_host,
+                mem,
+                Some(point_of(&timeline, v)),
+                reason,
+                budget,
+            );
         }
     }
     Ok(())
@@ -1657,7 +1654,15 @@ fn device_op(
                 std::task::Poll::Ready(Ok(()))
             },
         )?;
-        submit_plan(stream, &mut st, &plan, mem, reason, budget.map(|b| b.0), uses)?;
+        submit_plan(
+            stream,
+            &mut st,
+            &plan,
+            mem,
+            reason,
+            budget.map(|b| b.0),
+            uses,
+        )?;
     } else if !plan.moves.is_empty() || !plan.evictions.is_empty() {
         // The copies go on the stream's migration stream, after only the
         // pages' own queued work (planned from that stream's side, so this
@@ -1665,7 +1670,12 @@ fn device_op(
         // rest of this stream's work; this stream waits for them.
         let m = stream.migration_stream(false)?;
         let copies = st
-            .plan_device(&accesses, mem, (stream.device().id(), m.id()), budget.map(|b| b.0))
+            .plan_device(
+                &accesses,
+                mem,
+                (stream.device().id(), m.id()),
+                budget.map(|b| b.0),
+            )
             .map_err(|e| Error::Managed {
                 op: "managed migration",
                 detail: format!("a plan changed under its lock: {e:?}"),
@@ -1727,7 +1737,14 @@ fn prefetch_to_host(stream: &Stream, sh: &Shared, a: Access) -> Result<()> {
         };
         let out = sh.migration_stream(holder)?;
         submit_waits(out, &mut st, &plan.waits)?;
-        let v = copy_run(out, sh, holder, mv, CopyKind::D2H, MigrationReason::Prefetch)?;
+        let v = copy_run(
+            out,
+            sh,
+            holder,
+            mv,
+            CopyKind::D2H,
+            MigrationReason::Prefetch,
+        )?;
         let p = point_of(out.backend_stream().timeline(), v);
         st.apply_move(mv, HOST, Some(p.clone()), MigrationReason::Prefetch, None);
         // `Stream::synchronize` covers it: the migration stream waits.

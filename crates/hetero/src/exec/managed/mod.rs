@@ -203,8 +203,7 @@ impl Page {
     /// Pending points of other streams' work a reader (`write` false) or a
     /// writer must follow.
     fn deps(&self, write: bool, side: Side, out: &mut Vec<Point>) {
-        let other =
-            |p: &Point| side == HOST_SIDE || (p.timeline.device, p.timeline.stream) != side;
+        let other = |p: &Point| side == HOST_SIDE || (p.timeline.device, p.timeline.stream) != side;
         if let Some(w) = &self.last_write {
             if w.pending() && other(w) {
                 out.push(w.clone());
@@ -992,8 +991,7 @@ fn victim_rank(page: &Page, mem: u8, throttle: bool) -> u8 {
 
 fn push_run(runs: &mut Vec<Move>, t: &Table, buffer: u64, p: usize, copy: bool, from: u8) {
     if let Some(last) = runs.last_mut() {
-        if last.buffer == buffer && last.pages.end == p && last.copy == copy && last.from == from
-        {
+        if last.buffer == buffer && last.pages.end == p && last.copy == copy && last.from == from {
             last.pages.end = p + 1;
             let (off, bytes) = t.run_bytes(&last.pages);
             last.off = off;
@@ -1096,7 +1094,8 @@ mod tests {
             dev: st,
             window: None,
         };
-        s.tables.insert(7, Table::new(pages * page, page, vec![copy]));
+        s.tables
+            .insert(7, Table::new(pages * page, page, vec![copy]));
         s
     }
 
@@ -1206,7 +1205,10 @@ mod tests {
             bytes: 3 * 4096,
             write: false,
         };
-        let err = s.plan_device(&[a], 1, (1, 1), budget).err().expect("too large");
+        let err = s
+            .plan_device(&[a], 1, (1, 1), budget)
+            .err()
+            .expect("too large");
         assert_eq!((err.needed, err.budget), (3 * 4096, 2 * 4096));
     }
 
@@ -1289,6 +1291,9 @@ mod tests {
         assert_eq!(s.page(7, 0).valid, 1 << 2);
         assert_eq!((s.resident(1), s.resident(2)), (0, 2 * 4096));
         let back = s.plan_host(&all(2 * 4096, false));
-        assert_eq!(back.moves[0].from, 2, "copied back from the device holding it");
+        assert_eq!(
+            back.moves[0].from, 2,
+            "copied back from the device holding it"
+        );
     }
 }
