@@ -166,6 +166,47 @@ fn a_kernel_on_one_device_writes_and_a_kernel_on_the_other_reads_it() {
     assert!(g.iter().enumerate().all(|(i, &x)| x == (i as u32) * 2 + 1));
 }
 
+/// `copy_to_managed` / `copy_from_managed` on a stream of either device move
+/// the pages they name there, as kernels do.
+#[test]
+fn copies_between_a_context_buffer_and_device_buffers_on_either_device() {
+    if common::skipped("copies_between_a_context_buffer_and_device_buffers_on_either_device") {
+        return;
+    }
+    let (a, b, ctx) = pair();
+    let (sa, sb) = (
+        a.create_stream().expect("stream a"),
+        b.create_stream().expect("stream b"),
+    );
+    let n = 40_000;
+    let buf = ctx.alloc_managed::<u32>(n).expect("context buffer");
+    host_fill(&buf, |i| i as u32);
+    let on_b = b.alloc::<u32>(1000).expect("b's buffer");
+    sb.write_slice(&on_b, 0, &[7u32; 1000]).expect("fill");
+    sb.copy_to_managed(&on_b, 0, &buf, 30_000, 1000)
+        .expect("into the context buffer on b");
+    let on_a = a.alloc::<u32>(n).expect("a's buffer");
+    // No event: a's copy follows b's through the pages.
+    sa.copy_from_managed(&buf, 0, &on_a, 0, n)
+        .expect("out of the context buffer on a");
+    let got = sa.read_to_vec(&on_a).expect("read a's buffer");
+    for (i, &x) in got.iter().enumerate() {
+        let want = if (30_000..31_000).contains(&i) {
+            7
+        } else {
+            i as u32
+        };
+        assert_eq!(x, want, "element {i}");
+    }
+    if direct() {
+        assert_eq!(
+            a.managed_stats().bytes_from_peer,
+            64 << 10,
+            "the one page b wrote came from b"
+        );
+    }
+}
+
 /// Without a direct path (a context made without a peer link) a page only
 /// another device holds is staged: copied back to the host on a stream of
 /// that device, then in. A context of devices of two backends has no

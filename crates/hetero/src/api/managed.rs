@@ -322,9 +322,10 @@ impl Shared {
     }
 }
 
-/// A buffer the host and the device both use, moved between their memories
-/// by page (64 KiB by default) as work declares it: like CUDA's managed
-/// memory, without device-side faults. It starts zeroed.
+/// A buffer the host and a device (or every device of a context:
+/// [`Context::alloc_managed`]) use, moved between their memories by page
+/// (64 KiB by default) as work declares it: like CUDA's managed memory,
+/// without device-side faults. It starts zeroed.
 ///
 /// - Kernels take it as [`Arg::managed_read`] / [`Arg::managed_write`] (or a
 ///   sub-range: only its pages move); before the kernel starts, the pages it
@@ -1039,7 +1040,7 @@ impl<T: Pod> ManagedBuffer<T> {
     ) -> Result<()> {
         let op = "ManagedBuffer::prefetch";
         let a = self.access(op, range, false)?;
-        let here = check_stream(op, stream, &self.shared)?;
+        check_stream(op, stream, &self.shared)?;
         let sh = &self.shared;
         let Some(mem) = sh.mem_of(to) else {
             return Err(not_in_context(op, to, sh));
@@ -1056,7 +1057,6 @@ impl<T: Pod> ManagedBuffer<T> {
         };
         // Another device of the context: its copies run there, after this
         // stream's earlier work, and this stream's later work follows them.
-        let _ = here;
         let ts = sh.migration_stream(target)?;
         let before = stream.record_event()?;
         ts.wait_event(&before)?;
@@ -1502,9 +1502,17 @@ fn submit_plan(
             st.apply_eviction(e, mem, None);
         }
     }
+    let bug = |m: &Move, what: &str| Error::Managed {
+        op: "managed migration",
+        detail: format!(
+            "pages {:?} of buffer {} to memory {mem} from memory {}: {what}; this is a bug in \
+             hetero",
+            m.pages, m.buffer, m.from
+        ),
+    };
     for m in &plan.moves {
         let Some(copy) = st.tables.get(&m.buffer).and_then(|t| t.copy_at(mem)) else {
-            continue;
+            return Err(bug(m, "the buffer has no copy there"));
         };
         let (host, dev) = (copy.host.clone(), copy.dev.clone());
         if !m.copy {
@@ -1518,10 +1526,10 @@ fn submit_plan(
         }
         // Only another device holds the run: from its copy.
         let Some(sh) = uses.iter().map(|(sh, _)| *sh).find(|sh| sh.id == m.buffer) else {
-            continue;
+            return Err(bug(m, "a run of a buffer the access does not name"));
         };
         let (Some(src), Some(dst)) = (sh.member_at(m.from), sh.member(stream.device().id())) else {
-            continue;
+            return Err(bug(m, "a device the buffer does not have"));
         };
         let direct = stream.device().context_shared().is_some_and(|c| {
             matches!(
@@ -1733,7 +1741,14 @@ fn prefetch_to_host(stream: &Stream, sh: &Shared, a: Access) -> Result<()> {
             continue;
         }
         let Some(holder) = sh.member_at(mv.from) else {
-            continue;
+            return Err(Error::Managed {
+                op: "prefetch",
+                detail: format!(
+                    "pages {:?} of buffer {} held in memory {}, which no device of the buffer \
+                     has; this is a bug in hetero",
+                    mv.pages, sh.id, mv.from
+                ),
+            });
         };
         let out = sh.migration_stream(holder)?;
         submit_waits(out, &mut st, &plan.waits)?;
