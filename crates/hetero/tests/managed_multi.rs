@@ -207,6 +207,56 @@ fn copies_between_a_context_buffer_and_device_buffers_on_either_device() {
     }
 }
 
+/// A device's own managed buffers and its context's share one state (one
+/// capacity): buffers made before the device joined its context keep working
+/// on it, its context makes none until they drop, and its figures carry over.
+#[test]
+fn buffers_from_before_a_context_keep_working_and_hold_off_context_buffers() {
+    if common::skipped("buffers_from_before_a_context_keep_working_and_hold_off_context_buffers") {
+        return;
+    }
+    let (a, b) = (common::device(), common::device());
+    let sa = a.create_stream().expect("stream a");
+    let old = a.alloc_managed::<u32>(20_000).expect("a's own buffer");
+    host_fill(&old, |i| i as u32);
+    sa.launch(&affine(1, 1), 2.into(), &[Arg::managed_write(&old)])
+        .expect("launch");
+    sa.synchronize().expect("sync");
+    let figures = a.managed_stats();
+    let ctx = Context::new(&[a.clone(), b.clone()]).expect("context");
+    let refused = ctx.alloc_managed::<u32>(16);
+    match &refused {
+        Err(Error::Managed { detail, .. }) => {
+            assert!(detail.contains("drop them first"), "{detail}")
+        }
+        other => panic!("expected Error::Managed, got {other:?}"),
+    }
+    sa.launch(&affine(1, 1), 2.into(), &[Arg::managed_write(&old)])
+        .expect("the old buffer still works on a");
+    assert!(old
+        .read(..)
+        .expect("read")
+        .iter()
+        .enumerate()
+        .all(|(i, &x)| x == i as u32 + 2));
+    drop(old);
+    let buf = ctx.alloc_managed::<u32>(16).expect("context buffers now");
+    assert!(
+        a.managed_stats().bytes_to_device >= figures.bytes_to_device,
+        "a's figures carried over"
+    );
+    let own = a
+        .alloc_managed::<u32>(16)
+        .expect("a's own buffer, in the context's state");
+    sa.launch(
+        &plus_one(),
+        1.into(),
+        &[Arg::managed_read(&buf), Arg::managed_write(&own)],
+    )
+    .expect("a context buffer and a's own in one launch");
+    assert_eq!(&*own.read(..).expect("read"), &[1u32; 16]);
+}
+
 /// Without a direct path (a context made without a peer link) a page only
 /// another device holds is staged: copied back to the host on a stream of
 /// that device, then in. A context of devices of two backends has no

@@ -530,7 +530,7 @@ impl Context {
             });
         }
         let mut space: Option<Arc<SpaceLock>> = None;
-        let mut members = Vec::new();
+        let mut members: Vec<(Device, u8)> = Vec::new();
         for d in devices {
             let (s, mem) = space_of(&d)?;
             if let Some(first) = &space {
@@ -538,9 +538,11 @@ impl Context {
                     return Err(Error::Managed {
                         op: OP,
                         detail: format!(
-                            "device {} has managed buffers made before it joined context {}; \
-                             drop them first (a device's buffers and its context's share one \
-                             state, for one capacity)",
+                            "devices {} and {} of context {} keep different managed state: \
+                             one has managed buffers made before it joined the context; drop \
+                             them first (a device's buffers and its context's share one state, \
+                             for one capacity)",
+                            members[0].0.id(),
                             d.id(),
                             self.id()
                         ),
