@@ -163,18 +163,29 @@ fn space_of(device: &Device) -> Result<(Arc<SpaceLock>, u8)> {
     spaces.retain(|e| e.alive.strong_count() > 0);
     let ctx = device.context_shared();
     let at = spaces.iter().position(|e| e.device == device.id());
+    // What the device's own space had (figures, throttling, fault model),
+    // when it moves to its context's.
+    let mut adopted = None;
     if let Some(i) = at {
         let e = &spaces[i];
-        // (An engine thread never takes a space's lock: it keeps the entry.)
-        let stays = match ctx {
-            None => true,
-            Some(c) => {
-                e.context == Some(c.id())
-                    || crate::exec::thread::on_engine_thread()
-                    || !e.space.lock().tables.is_empty()
+        // Only a glance at the old space's state: a thread holding a space's
+        // lock may wait for an engine whose callback waits for `SPACES`. A
+        // busy or non-empty space keeps its device (an engine thread never
+        // takes a space's lock at all).
+        adopted = match ctx {
+            Some(c) if e.context != Some(c.id()) && !crate::exec::thread::on_engine_thread() => {
+                match e.space.state.try_lock() {
+                    Ok(st) if st.tables.is_empty() => Some((
+                        Space::stats_of(&st.stats, e.mem),
+                        st.no_throttle & (1 << e.mem) != 0,
+                        st.fault_models.get(&e.mem).cloned(),
+                    )),
+                    _ => None,
+                }
             }
+            _ => None,
         };
-        if stays {
+        if adopted.is_none() {
             return Ok((e.space.clone(), e.mem));
         }
     }
@@ -192,7 +203,8 @@ fn space_of(device: &Device) -> Result<(Arc<SpaceLock>, u8)> {
                 return Err(Error::Managed {
                     op: "alloc_managed",
                     detail: format!(
-                        "device {} is device {i} of its context; managed memory names at most                          {} devices of a context: use a context of fewer devices",
+                        "device {} is device {i} of its context; managed memory names at most \
+                         {} devices of a context: use a context of fewer devices",
                         device.id(),
                         crate::exec::managed::MAX_MEMORIES - 1
                     ),
@@ -208,17 +220,7 @@ fn space_of(device: &Device) -> Result<(Arc<SpaceLock>, u8)> {
         }
     };
     if let Some(i) = at {
-        // Adopt the figures and settings of the device's own (empty) space.
-        let old = spaces.remove(i);
-        let o = old.space.lock();
-        let mut st = space.lock();
-        *st.stats_mut(mem) = Space::stats_of(&o.stats, old.mem);
-        if o.no_throttle & (1 << old.mem) != 0 {
-            st.no_throttle |= 1 << mem;
-        }
-        if let Some(f) = o.fault_models.get(&old.mem).cloned() {
-            st.fault_models.insert(mem, f);
-        }
+        spaces.remove(i);
     }
     spaces.push(SpaceEntry {
         device: device.id(),
@@ -227,6 +229,20 @@ fn space_of(device: &Device) -> Result<(Arc<SpaceLock>, u8)> {
         mem,
         context,
     });
+    drop(spaces);
+    if let Some((stats, no_throttle, fault_model)) = adopted {
+        // The device's own (empty) space's figures and settings, taken into
+        // its context's (not under `SPACES`: see above).
+        space.later(move |st| {
+            st.adopt_stats(mem, stats);
+            if no_throttle {
+                st.no_throttle |= 1 << mem;
+            }
+            if let Some(f) = fault_model {
+                st.fault_models.insert(mem, f);
+            }
+        });
+    }
     Ok((space, mem))
 }
 
@@ -1103,7 +1119,8 @@ fn not_in_context(op: &'static str, l: Location, sh: &Shared) -> Error {
     Error::Managed {
         op,
         detail: format!(
-            "{l:?} is not a memory of this buffer: it is usable on the host and devices {:?};              name one of them",
+            "{l:?} is not a memory of this buffer: it is usable on the host and devices {:?}; \
+             name one of them",
             sh.device_ids()
         ),
     }
@@ -1123,7 +1140,8 @@ fn check_stream<'a>(op: &'static str, stream: &Stream, sh: &'a Shared) -> Result
         return Err(Error::Managed {
             op,
             detail: format!(
-                "a stream of device {}: the buffer is usable on devices {:?} (its context's);                  use a stream of one of them",
+                "a stream of device {}: the buffer is usable on devices {:?} (its context's); \
+                 use a stream of one of them",
                 stream.device().id(),
                 sh.device_ids()
             ),
@@ -1132,7 +1150,8 @@ fn check_stream<'a>(op: &'static str, stream: &Stream, sh: &'a Shared) -> Result
     if stream.is_capturing() {
         return Err(Error::Managed {
             op,
-            detail: "managed buffers cannot be recorded into a graph or command buffer yet:                      use them on a stream that is not capturing"
+            detail: "managed buffers cannot be recorded into a graph or command buffer yet: \
+                     use them on a stream that is not capturing"
                 .into(),
         });
     }
@@ -1362,7 +1381,8 @@ fn copy_back(
             return Err(Error::Managed {
                 op: "managed copy back",
                 detail: format!(
-                    "page run {:?} of buffer {} names memory {} that no device of the buffer                      has; this is a bug in hetero",
+                    "page run {:?} of buffer {} names memory {} that no device of the buffer \
+                     has; this is a bug in hetero",
                     m.pages, sh.id, m.from
                 ),
             });

@@ -448,6 +448,26 @@ impl Space {
         stats.get(mem as usize).copied().unwrap_or_default()
     }
 
+    /// Adds the totals of a device's former space (`old`, its memory's
+    /// figures there) to memory `mem`'s; residency is this space's own.
+    pub(crate) fn adopt_stats(&mut self, mem: u8, old: ManagedStats) {
+        let st = self.stats_mut(mem);
+        st.bytes_to_device += old.bytes_to_device;
+        st.bytes_to_host += old.bytes_to_host;
+        st.bytes_from_peer += old.bytes_from_peer;
+        st.bytes_to_peer += old.bytes_to_peer;
+        st.declared_pages += old.declared_pages;
+        st.prefetch_pages += old.prefetch_pages;
+        st.host_access_pages += old.host_access_pages;
+        st.host_fault_pages += old.host_fault_pages;
+        st.clean_evictions += old.clean_evictions;
+        st.dirty_evictions += old.dirty_evictions;
+        st.dirty_eviction_bytes += old.dirty_eviction_bytes;
+        st.thrash_events += old.thrash_events;
+        st.throttled_pages += old.throttled_pages;
+        st.pinned_pages += old.pinned_pages;
+    }
+
     fn throttles(&self, mem: u8) -> bool {
         self.no_throttle & (1 << mem) == 0
     }
