@@ -62,12 +62,12 @@
 //! # Capacity
 //! A device's managed pages count against its budget (its memory capacity
 //! less what its pool holds), each device's separately. Past it, the pages to
-//! evict are chosen among that device's resident pages the current access does not use: pages with no
-//! queued work first, then by advice and thrash rank, then least recently
-//! used. An eviction is ordered (on the acting stream's migration stream)
-//! after the page's queued work (a stream-ordered eviction, like a
-//! stream-ordered free). A page
-//! evicted and needed again before a budget's worth of other pages came in
+//! evict are chosen among that device's resident pages the current access
+//! does not use: pages with no queued work first, then by advice and thrash
+//! rank, then least recently used. An eviction is ordered (on the acting
+//! stream's migration stream) after the page's queued work (a stream-ordered
+//! eviction, like a stream-ordered free). A page evicted from a memory and
+//! needed there again before a budget's worth of other pages came in
 //! thrashes; after 3 such events it is throttled (evicted only after every
 //! unthrottled page), after 10 pinned (evicted only when nothing else can
 //! go), UVM's thresholds. An access whose own pages exceed the budget is the
