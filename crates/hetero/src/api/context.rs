@@ -49,6 +49,10 @@ pub(crate) struct ContextShared {
 }
 
 impl ContextShared {
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
     pub(crate) fn contains(&self, device: u64) -> bool {
         self.devices.iter().any(|(id, _)| *id == device)
     }

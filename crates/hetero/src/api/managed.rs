@@ -1,4 +1,5 @@
-//! Managed buffers: one buffer for the host and the device, coherent per page
+//! Managed buffers: one buffer for the host and a device (`Device::alloc_managed`)
+//! or every device of a context (`Context::alloc_managed`), coherent per page
 //! (64 KiB by default). Kernels and copies declare what they read and write,
 //! and the pages they cover are made resident on their device by copies
 //! ordered before they start (on their stream's migration stream,
@@ -20,25 +21,36 @@
 //! on views of the page ranges it declared. So no host slice ever overlaps a
 //! device write, on any backend.
 //!
+//! Several devices: a context's devices share one managed state (one
+//! `Space`, one lock: see `exec/managed`), each device's copy its own memory
+//! index. A page a kernel of device `e` needs comes from the host's copy, or,
+//! where only another device `d` holds it, from `d`: one peer copy over the
+//! context's direct path (the emulated peer link), or staged where there is
+//! none (copied back to the host on a stream of `d`, then in on `e`'s), each
+//! ordered after the page's queued work on either device by cross-device
+//! memory waits. Copies back to the host run on a stream of the device that
+//! holds the page.
+//!
+//! Graphs: a managed op recorded into a graph or command buffer is a node over
+//! views of the device's copy plus what it declared (`record_op`); each
+//! launch of the graph is one managed op touching all of it (`launch_graph`).
+//!
 //! Backends: on the host device a managed buffer is the host's memory, one
 //! copy (nothing moves; the ordering is the same). On the emulated device the
-//! host copy is a faulting view and the device copy a window of modelled device
-//! memory (`exec/managed/window.rs`), and pages move by copies over the
+//! host copy is a faulting view and the device copy a window of modelled
+//! device memory (`exec/managed/window.rs`), and pages move by copies over the
 //! modelled link on the copy engines. On a Vulkan device the device copy is
 //! one device-local allocation of the whole buffer (no eviction) and the host
 //! copy the same faulting view as on the emulated device, imported with
 //! `VK_EXT_external_memory_host`, or pinned memory without host faults where
 //! the driver lacks it; pages move by copies on its transfer lane.
-//!
-//! Graphs: a managed op recorded into a graph or command buffer is a node over
-//! views of the device copy plus what it declared (`record_op`); each launch
-//! of the graph is one managed op touching all of it (`launch_graph`).
 
 use crate::api::buffer::{Arg, DeviceBuffer};
+use crate::api::context::{Context, PeerPath};
 use crate::exec::managed::fault::{self, Answer, HostView};
 use crate::exec::managed::{
-    view, window::Window, Access, Advice, DeviceFaultCost, Location, ManagedStats, MigrationReason,
-    Move, Plan, Point, Space, Table, DEFAULT_PAGE_BYTES, HOST,
+    view, window::Window, Access, Advice, DeviceCopy, DeviceFaultCost, Location, ManagedStats,
+    MigrationReason, Move, Plan, Point, Space, Table, DEFAULT_PAGE_BYTES, HOST,
 };
 use crate::exec::op::{Body, CopyKind};
 use crate::exec::storage::{Backing, MemoryKind, Registration, Storage};
@@ -50,13 +62,22 @@ use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
-/// The managed state of each device that had managed buffers, by device id,
-/// kept while the device exists (so its figures outlive its buffers).
-#[allow(clippy::type_complexity)]
-static SPACES: Mutex<Vec<(u64, Weak<dyn std::any::Any + Send + Sync>, Arc<SpaceLock>)>> =
-    Mutex::new(Vec::new());
+/// Where each device's managed state is, by device id, kept while the device
+/// exists (so its figures outlive its buffers).
+static SPACES: Mutex<Vec<SpaceEntry>> = Mutex::new(Vec::new());
 
-/// One device's managed state behind its one lock (see `exec/managed`).
+struct SpaceEntry {
+    device: u64,
+    alive: Weak<dyn std::any::Any + Send + Sync>,
+    space: Arc<SpaceLock>,
+    /// The device's memory index in `space`.
+    mem: u8,
+    /// The context whose devices share `space`, if any.
+    context: Option<u64>,
+}
+
+/// The managed state of a device, or of a context's devices, behind its one
+/// lock (see `exec/managed`).
 ///
 /// A thread may hold the lock while its submission waits for ring room,
 /// which only the device's engines make: so an engine thread (a host
@@ -65,14 +86,14 @@ static SPACES: Mutex<Vec<(u64, Weak<dyn std::any::Any + Send + Sync>, Arc<SpaceL
 /// and the figures are read from a copy published at each unlock.
 pub(crate) struct SpaceLock {
     state: Mutex<Space>,
-    /// `Space::stats` as of the last unlock.
-    published: Mutex<ManagedStats>,
+    /// `Space::stats` (per memory) as of the last unlock.
+    published: Mutex<Vec<ManagedStats>>,
 }
 
 /// The locked state; publishes its figures when it unlocks.
 pub(crate) struct SpaceGuard<'a> {
     guard: MutexGuard<'a, Space>,
-    published: &'a Mutex<ManagedStats>,
+    published: &'a Mutex<Vec<ManagedStats>>,
 }
 
 impl std::ops::Deref for SpaceGuard<'_> {
@@ -90,7 +111,10 @@ impl std::ops::DerefMut for SpaceGuard<'_> {
 
 impl Drop for SpaceGuard<'_> {
     fn drop(&mut self) {
-        *self.published.lock().unwrap_or_else(|p| p.into_inner()) = self.guard.stats;
+        self.published
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone_from(&self.guard.stats);
     }
 }
 
@@ -126,18 +150,106 @@ impl SpaceLock {
     }
 }
 
-fn space_of(device: &Device) -> Arc<SpaceLock> {
-    let mut spaces = SPACES.lock().unwrap_or_else(|p| p.into_inner());
-    spaces.retain(|(_, w, _)| w.strong_count() > 0);
-    if let Some((_, _, s)) = spaces.iter().find(|(d, _, _)| *d == device.id()) {
-        return s.clone();
+impl SpaceLock {
+    fn new() -> Arc<SpaceLock> {
+        Arc::new(SpaceLock {
+            state: Mutex::new(Space::default()),
+            published: Mutex::new(Vec::new()),
+        })
     }
-    let s = Arc::new(SpaceLock {
-        state: Mutex::new(Space::default()),
-        published: Mutex::new(ManagedStats::default()),
+}
+
+/// The managed state `device` uses and its memory index there: its own
+/// space, or its context's (shared by the context's devices, memory `i + 1`
+/// for the context's `i`-th device; the host's memory on the host backend).
+/// A device that had a space before joining a context moves to the
+/// context's once that space holds no buffer (its figures come along).
+fn space_of(device: &Device) -> Result<(Arc<SpaceLock>, u8)> {
+    let mut spaces = SPACES.lock().unwrap_or_else(|p| p.into_inner());
+    spaces.retain(|e| e.alive.strong_count() > 0);
+    let ctx = device.context_shared();
+    let at = spaces.iter().position(|e| e.device == device.id());
+    // What the device's own space had (figures, throttling, fault model),
+    // when it moves to its context's.
+    let mut adopted = None;
+    if let Some(i) = at {
+        let e = &spaces[i];
+        // Only a glance at the old space's state: a thread holding a space's
+        // lock may wait for an engine whose callback waits for `SPACES`. A
+        // busy or non-empty space keeps its device (an engine thread never
+        // takes a space's lock at all).
+        adopted = match ctx {
+            Some(c) if e.context != Some(c.id()) && !crate::exec::thread::on_engine_thread() => {
+                match e.space.state.try_lock() {
+                    Ok(st) if st.tables.is_empty() => Some((
+                        Space::stats_of(&st.stats, e.mem),
+                        st.no_throttle & (1 << e.mem) != 0,
+                        st.fault_models.get(&e.mem).cloned(),
+                    )),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        if adopted.is_none() {
+            return Ok((e.space.clone(), e.mem));
+        }
+    }
+    let on_host = device.properties().backend == "host";
+    let (space, mem, context) = match ctx {
+        None => (SpaceLock::new(), if on_host { HOST } else { 1 }, None),
+        Some(c) => {
+            let i = c
+                .topology()
+                .devices
+                .iter()
+                .position(|d| d.id == device.id())
+                .expect("a device is in its context's topology");
+            if i + 1 >= crate::exec::managed::MAX_MEMORIES {
+                return Err(Error::Managed {
+                    op: "alloc_managed",
+                    detail: format!(
+                        "device {} is device {i} of its context; managed memory names at most \
+                         {} devices of a context: use a context of fewer devices",
+                        device.id(),
+                        crate::exec::managed::MAX_MEMORIES - 1
+                    ),
+                });
+            }
+            let space = spaces
+                .iter()
+                .find(|e| e.context == Some(c.id()))
+                .map(|e| e.space.clone())
+                .unwrap_or_else(SpaceLock::new);
+            let mem = if on_host { HOST } else { i as u8 + 1 };
+            (space, mem, Some(c.id()))
+        }
+    };
+    if let Some(i) = at {
+        spaces.remove(i);
+    }
+    spaces.push(SpaceEntry {
+        device: device.id(),
+        alive: device.weak(),
+        space: space.clone(),
+        mem,
+        context,
     });
-    spaces.push((device.id(), device.weak(), s.clone()));
-    s
+    drop(spaces);
+    if let Some((stats, no_throttle, fault_model)) = adopted {
+        // The device's own (empty) space's figures and settings, taken into
+        // its context's (not under `SPACES`: see above).
+        space.later(move |st| {
+            st.adopt_stats(mem, stats);
+            if no_throttle {
+                st.no_throttle |= 1 << mem;
+            }
+            if let Some(f) = fault_model {
+                st.fault_models.insert(mem, f);
+            }
+        });
+    }
+    Ok((space, mem))
 }
 
 static NEXT_BUFFER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -145,48 +257,64 @@ static NEXT_BUFFER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64:
 /// What every handle of one managed buffer shares.
 pub(crate) struct Shared {
     id: u64,
-    device: Device,
+    /// The devices the buffer is usable on: the one it was made on, or every
+    /// device of its context (in the context's order).
+    members: Vec<Member>,
     space: Arc<SpaceLock>,
-    /// The host's copy (the only one on the host device).
-    host: Arc<Storage>,
-    /// The device's copy (`host` again on the host device).
-    dev: Arc<Storage>,
-    /// The device's memory index (`HOST` on the host device).
-    mem: u8,
     bytes: usize,
     page_bytes: usize,
-    /// Where copies back for host guards, host faults and AccessedBy
-    /// refreshes go.
-    migration: OnceLock<Stream>,
-    /// The host view that faults, where the device has memory of its own
-    /// (the emulated device); `host` is its alias.
+    /// The host view that faults, where the devices have memory of their
+    /// own (the emulated device; Vulkan, where the driver imports host
+    /// memory); the members' `host` are its alias.
     view: Option<Arc<HostView>>,
     /// Which streams may use it (`Stream::attach`): `GLOBAL`, `HOST_ONLY`
-    /// or the one stream's id.
-    attached: std::sync::atomic::AtomicU64,
+    /// or the one stream's (device id, stream id).
+    attached: Mutex<Attached>,
 }
 
-/// `Shared::attached`: every stream of the device.
-const GLOBAL: u64 = 0;
-/// `Shared::attached`: no stream, the host only.
-const HOST_ONLY: u64 = u64::MAX;
+/// `Shared::attached`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Attached {
+    /// Every stream of its devices.
+    Global,
+    /// No stream: the host only.
+    HostOnly,
+    /// One stream: (device id, stream id).
+    Stream(u64, u64),
+}
 
 /// Which streams may use a managed buffer ([`Stream::attach`], CUDA's
 /// `cudaStreamAttachMemAsync` flags).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Attach {
-    /// Every stream of its device (the default).
+    /// Every stream of its devices (the default).
     Global,
     /// Only the attaching stream: an op on another stream is
     /// `Error::Managed`, so no other stream can race it.
     Single,
     /// The host only: the pages come back to the host (on the attaching
     /// stream's migration stream, after the queued work on them) and, unless
-    /// advised `ReadMostly`, the device's copies go, so the buffer counts
-    /// nothing against the device's managed capacity (on Vulkan the device
-    /// copy is one allocation, which stays); an op on any stream is
+    /// advised `ReadMostly`, the devices' copies go, so the buffer counts
+    /// nothing against a device's managed capacity (on Vulkan a device copy
+    /// is one allocation, which stays); an op on any stream is
     /// `Error::Managed` until it is attached again.
     Host,
+}
+
+/// One device of a managed buffer: its memory index and copies.
+pub(crate) struct Member {
+    device: Device,
+    /// The device's memory index (`HOST` on the host device).
+    mem: u8,
+    /// The host's copy, as this device reaches it (the only copy on the
+    /// host device).
+    host: Arc<Storage>,
+    /// The device's copy (`host` again on the host device).
+    dev: Arc<Storage>,
+    /// Where this device's copies back for host guards, host faults,
+    /// AccessedBy refreshes, prefetches from other devices and staged
+    /// migrations go.
+    migration: OnceLock<Stream>,
 }
 
 impl Drop for Shared {
@@ -202,28 +330,57 @@ impl Drop for Shared {
 }
 
 impl Shared {
-    fn migration_stream(&self) -> Result<&Stream> {
-        if let Some(s) = self.migration.get() {
-            return Ok(s);
-        }
-        let s = self.device.create_stream()?;
-        s.set_name(format!("managed buffer {} migrations", self.id));
-        Ok(self.migration.get_or_init(|| s))
+    /// The device the buffer was made on (the context's first device).
+    fn home(&self) -> &Member {
+        &self.members[0]
     }
 
-    /// Memory index of a location, if this buffer's context has it.
+    /// The member that is device `id`.
+    fn member(&self, id: u64) -> Option<&Member> {
+        self.members.iter().find(|m| m.device.id() == id)
+    }
+
+    /// The member whose copy is memory `mem` (a device's).
+    fn member_at(&self, mem: u8) -> Option<&Member> {
+        self.members.iter().find(|m| m.mem == mem)
+    }
+
+    fn migration_stream<'a>(&self, m: &'a Member) -> Result<&'a Stream> {
+        if let Some(s) = m.migration.get() {
+            return Ok(s);
+        }
+        let s = m.device.create_stream()?;
+        s.set_name(format!(
+            "managed buffer {} migrations on device {}",
+            self.id,
+            m.device.id()
+        ));
+        Ok(m.migration.get_or_init(|| s))
+    }
+
+    /// Memory index of a location, if this buffer has it.
     fn mem_of(&self, l: Location) -> Option<u8> {
         match l {
             Location::Host => Some(HOST),
-            Location::Device(d) if d == self.device.id() => Some(self.mem),
-            Location::Device(_) => None,
+            Location::Device(d) => self.member(d).map(|m| m.mem),
         }
+    }
+
+    /// The ids of the buffer's devices.
+    fn device_ids(&self) -> Vec<u64> {
+        self.members.iter().map(|m| m.device.id()).collect()
+    }
+
+    /// Whether any device of the buffer has memory of its own.
+    fn moves(&self) -> bool {
+        self.members.iter().any(|m| m.mem != HOST)
     }
 }
 
-/// A buffer the host and the device both use, moved between their memories
-/// by page (64 KiB by default) as work declares it: like CUDA's managed
-/// memory, without device-side faults. It starts zeroed.
+/// A buffer the host and a device (or every device of a context:
+/// [`Context::alloc_managed`]) use, moved between their memories by page
+/// (64 KiB by default) as work declares it: like CUDA's managed memory,
+/// without device-side faults. It starts zeroed.
 ///
 /// - Kernels take it as [`Arg::managed_read`] / [`Arg::managed_write`] (or a
 ///   sub-range: only its pages move); before the kernel starts, the pages it
@@ -265,7 +422,7 @@ impl<T: Pod> std::fmt::Debug for ManagedBuffer<T> {
             .field("len", &self.len)
             .field("elem", &std::any::type_name::<T>())
             .field("page_bytes", &self.shared.page_bytes)
-            .field("device", &self.shared.device.id())
+            .field("devices", &self.shared.device_ids())
             .finish()
     }
 }
@@ -308,7 +465,7 @@ impl<'a> Arg<'a> {
     ) -> Self {
         let (start, count) = elems(buf.len, range);
         Arg {
-            storage: &buf.shared.dev,
+            storage: &buf.shared.home().dev,
             elem: crate::exec::kernel::ElemInfo::of::<T>(),
             write: false,
             managed: Some(ManagedArg {
@@ -342,7 +499,9 @@ impl<'a> Arg<'a> {
 }
 
 impl Device {
-    /// A managed buffer of `len` elements with 64 KiB pages, zeroed.
+    /// A managed buffer of `len` elements with 64 KiB pages, zeroed, usable
+    /// on this device and the host. (For one usable on every device of a
+    /// context, see [`Context::alloc_managed`].)
     pub fn alloc_managed<T: Pod>(&self, len: usize) -> Result<ManagedBuffer<T>> {
         self.alloc_managed_with_page::<T>(len, DEFAULT_PAGE_BYTES)
     }
@@ -354,124 +513,325 @@ impl Device {
         len: usize,
         page_bytes: usize,
     ) -> Result<ManagedBuffer<T>> {
-        let op = "alloc_managed";
-        if !page_bytes.is_power_of_two() || !(4096..=1 << 30).contains(&page_bytes) {
-            return Err(Error::InvalidArgument(format!(
-                "{op}: page size {page_bytes} bytes; give a power of two from 4096 to 1 GiB"
-            )));
-        }
-        let bytes = Device::bytes_for::<T>(len)?;
-        let backend = self.properties().backend;
-        let mut view = None;
-        let (host, dev, mem, window) = match backend {
-            "host" => {
-                let b = self.alloc::<T>(len)?;
-                let s: Arc<Storage> = (*b.storage).clone();
-                drop(b);
-                zero(&s);
-                (s.clone(), s, HOST, None)
-            }
-            "emu" => {
-                let (host, hv) =
-                    self.managed_host_view(bytes, page_bytes, op)?
-                        .ok_or_else(|| Error::Managed {
-                            op,
-                            detail: "the emulated device refused to map the host copy".into(),
-                        })?;
-                view = Some(hv);
-                let w =
-                    Arc::new(Window::new(bytes).map_err(|detail| Error::Managed { op, detail })?);
-                let mut s = Storage::from_parts(
-                    self.id(),
-                    MemoryKind::Device,
-                    w.ptr(),
-                    bytes,
-                    Backing::Registered(Registration {
-                        _memory: Box::new(w.clone()),
-                        undo: None,
-                    }),
-                );
-                s.set_device_memory(self.reach().device_addr_of(w.ptr().as_ptr()));
-                (host, Arc::new(s), 1, Some(w))
-            }
-            "vulkan" => {
-                // The host copy: a faulting view where the driver imports
-                // pageable host memory, else pinned memory the device
-                // reaches (zeroed: an untouched page is zero everywhere). The
-                // device's: a whole allocation of its own, zeroed likewise.
-                let host = match self.managed_host_view(bytes, page_bytes, op)? {
-                    Some((host, hv)) => {
-                        view = Some(hv);
-                        host
-                    }
-                    None => {
-                        let host = self.alloc_pinned::<u8>(bytes)?.storage;
-                        zero(&host);
-                        host
-                    }
-                };
-                let d = self.alloc::<u8>(bytes)?;
-                let s = self.create_stream()?;
-                s.fill(&d, 0u8)?;
-                s.synchronize()?;
-                let dev: Arc<Storage> = (*d.storage).clone();
-                (host, dev, 1, None)
-            }
-            other => {
-                return Err(Error::Managed {
-                    op,
-                    detail: format!(
-                        "the {other} backend has no managed memory yet: use DeviceBuffer with \
-                         explicit copies there"
-                    ),
-                })
-            }
-        };
-        let space = space_of(self);
-        let id = NEXT_BUFFER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        space.lock_for(op)?.tables.insert(
-            id,
-            Table::new(bytes, page_bytes, host.clone(), dev.clone(), mem, window),
-        );
-        let shared = Arc::new(Shared {
-            id,
-            device: self.clone(),
-            space,
-            host,
-            dev,
-            mem,
-            bytes,
-            page_bytes,
-            migration: OnceLock::new(),
-            attached: std::sync::atomic::AtomicU64::new(GLOBAL),
-            view,
-        });
-        if let Some(hv) = &shared.view {
-            let weak = Arc::downgrade(&shared);
-            hv.register(Box::new(move |hv, first, n, write, holds| {
-                let Some(sh) = weak.upgrade() else {
-                    return (Answer::NotManaged, None);
-                };
-                let answer = resolve_fault(&sh, hv, first, n, write, holds);
-                // The service drops it after answering (see `fault::Resolver`).
-                (answer, Some(Box::new(sh) as Box<dyn std::any::Any + Send>))
-            }))
-            .map_err(|detail| Error::Managed { op, detail })?;
-        }
-        Ok(ManagedBuffer {
-            shared,
-            len,
-            _t: PhantomData,
-        })
+        let (space, mem) = space_of(self)?;
+        alloc_on(&[(self.clone(), mem)], space, len, page_bytes)
+    }
+}
+
+impl Context {
+    /// A managed buffer of `len` elements with 64 KiB pages, zeroed, usable
+    /// on the host and on every device of this context: as a kernel argument
+    /// or in copies on a stream of any of them, pages move to that device
+    /// first (from the host's copy, or from the device holding the only
+    /// current one: over the context's peer link where it has one, staged
+    /// through the host otherwise).
+    ///
+    /// The context's devices are of one backend (host, emulated or Vulkan);
+    /// each keeps its own capacity and figures ([`Device::managed_stats`]).
+    ///
+    /// ```
+    /// use hetero::{Arg, Context, Device, Kernel};
+    /// let (a, b) = (Device::host().unwrap(), Device::host().unwrap());
+    /// let ctx = Context::new(&[a.clone(), b.clone()]).unwrap();
+    /// let buf = ctx.alloc_managed::<u32>(1024).unwrap();
+    /// let inc = Kernel::new("inc", |blk| {
+    ///     for x in blk.write::<u32>(0) {
+    ///         *x += 1;
+    ///     }
+    /// });
+    /// a.create_stream().unwrap().launch(&inc, 1.into(), &[Arg::managed_write(&buf)]).unwrap();
+    /// b.create_stream().unwrap().launch(&inc, 1.into(), &[Arg::managed_write(&buf)]).unwrap();
+    /// assert!(buf.read(..).unwrap().iter().all(|&x| x == 2));
+    /// ```
+    pub fn alloc_managed<T: Pod>(&self, len: usize) -> Result<ManagedBuffer<T>> {
+        self.alloc_managed_with_page::<T>(len, DEFAULT_PAGE_BYTES)
     }
 
+    /// [`Context::alloc_managed`] with a coherence unit of `page_bytes` (a
+    /// power of two from 4 KiB to 1 GiB).
+    pub fn alloc_managed_with_page<T: Pod>(
+        &self,
+        len: usize,
+        page_bytes: usize,
+    ) -> Result<ManagedBuffer<T>> {
+        const OP: &str = "Context::alloc_managed";
+        let ctx = self.shared();
+        let mut devices = Vec::new();
+        for d in &ctx.topology().devices {
+            let Some(dev) = ctx.device(d.id) else {
+                return Err(Error::Managed {
+                    op: OP,
+                    detail: format!(
+                        "device {} of context {} was dropped; a context buffer needs every \
+                         device of its context: keep them alive",
+                        d.id,
+                        self.id()
+                    ),
+                });
+            };
+            devices.push(dev);
+        }
+        let backend = devices[0].properties().backend;
+        if let Some(other) = devices.iter().find(|d| d.properties().backend != backend) {
+            return Err(Error::Managed {
+                op: OP,
+                detail: format!(
+                    "context {} joins a {backend} device and a {} device; a context's managed \
+                     buffer needs devices of one backend (their copies share one host copy): \
+                     use Device::alloc_managed on each, or a context of one kind",
+                    self.id(),
+                    other.properties().backend
+                ),
+            });
+        }
+        let mut space: Option<Arc<SpaceLock>> = None;
+        let mut members: Vec<(Device, u8)> = Vec::new();
+        for d in devices {
+            let (s, mem) = space_of(&d)?;
+            if let Some(first) = &space {
+                if !Arc::ptr_eq(first, &s) {
+                    return Err(Error::Managed {
+                        op: OP,
+                        detail: format!(
+                            "devices {} and {} of context {} keep different managed state: \
+                             one has managed buffers made before it joined the context; drop \
+                             them first (a device's buffers and its context's share one state, \
+                             for one capacity)",
+                            members[0].0.id(),
+                            d.id(),
+                            self.id()
+                        ),
+                    });
+                }
+            }
+            space.get_or_insert(s);
+            members.push((d, mem));
+        }
+        let space = space.expect("a context has at least one device");
+        alloc_on(&members, space, len, page_bytes)
+    }
+}
+
+/// A host copy as each device of a buffer reaches it.
+type HostCopies = Vec<Arc<Storage>>;
+
+/// A managed buffer's host copy as a view that faults
+/// (`exec/managed/fault.rs`), as each of `devices` reaches it (its alias
+/// mapped for the device: `Backend::map_host`); `None` where a device cannot
+/// reach such memory.
+fn faulting_host(
+    devices: &[(Device, u8)],
+    bytes: usize,
+    page_bytes: usize,
+    op: &'static str,
+) -> Result<Option<(Arc<HostView>, HostCopies)>> {
+    let hv = Arc::new(
+        HostView::new(bytes.div_ceil(page_bytes), page_bytes)
+            .map_err(|detail| Error::Managed { op, detail })?,
+    );
+    let mut hosts = Vec::with_capacity(devices.len());
+    for (d, _) in devices {
+        let Some((addr, undo)) = d.backend().map_host(hv.alias().as_ptr(), hv.len()) else {
+            return Ok(None);
+        };
+        hosts.push(Arc::new(Storage::registered(
+            d.id(),
+            hv.alias(),
+            bytes,
+            addr,
+            Registration {
+                _memory: Box::new(hv.clone()),
+                undo: Some(undo),
+            },
+        )));
+    }
+    Ok(Some((hv, hosts)))
+}
+
+/// A Vulkan host copy without faults, as each of `devices` reaches it:
+/// pinned memory of the one device, or, for several, host memory
+/// registered with each (imported where the device shares the host's
+/// memory).
+fn pinned_host(
+    devices: &[(Device, u8)],
+    bytes: usize,
+    op: &'static str,
+) -> Result<HostCopies> {
+    if let [(d, _)] = devices {
+        let h = d.alloc_pinned::<u8>(bytes)?.storage;
+        zero(&h);
+        return Ok(vec![h]);
+    }
+    let w = Arc::new(Window::new(bytes).map_err(|detail| Error::Managed { op, detail })?);
+    Ok(devices
+        .iter()
+        .map(|(d, _)| {
+            let (addr, undo) = d.backend().register_host(w.ptr().as_ptr(), bytes);
+            Arc::new(Storage::registered(
+                d.id(),
+                w.ptr(),
+                bytes,
+                addr,
+                Registration {
+                    _memory: Box::new(w.clone()),
+                    undo: Some(undo),
+                },
+            ))
+        })
+        .collect())
+}
+
+/// A managed buffer usable on `devices` (each with its memory index in
+/// `space`), all of one backend.
+fn alloc_on<T: Pod>(
+    devices: &[(Device, u8)],
+    space: Arc<SpaceLock>,
+    len: usize,
+    page_bytes: usize,
+) -> Result<ManagedBuffer<T>> {
+    let op = "alloc_managed";
+    if !page_bytes.is_power_of_two() || !(4096..=1 << 30).contains(&page_bytes) {
+        return Err(Error::InvalidArgument(format!(
+            "{op}: page size {page_bytes} bytes; give a power of two from 4096 to 1 GiB"
+        )));
+    }
+    let bytes = Device::bytes_for::<T>(len)?;
+    let first = &devices[0].0;
+    let backend = first.properties().backend;
+    let mut view = None;
+    // Per device: the host copy as it reaches it, its own copy, its window.
+    let mut copies: Vec<DeviceCopy> = Vec::new();
+    let copy =
+        |mem: u8, host: Arc<Storage>, dev: Arc<Storage>, window: Option<Arc<Window>>| DeviceCopy {
+            mem,
+            host,
+            dev,
+            window,
+        };
+    match backend {
+        "host" => {
+            let b = first.alloc::<T>(len)?;
+            let s: Arc<Storage> = (*b.storage).clone();
+            drop(b);
+            zero(&s);
+            for (_, mem) in devices {
+                copies.push(copy(*mem, s.clone(), s.clone(), None));
+            }
+        }
+        "emu" | "vulkan" => {
+            // The host copy: a memfd the devices reach through its alias,
+            // mapped for each (in an emulated device's IOMMU; imported with
+            // VK_EXT_external_memory_host into a Vulkan driver) but not
+            // page-locked (as CUDA's managed memory is not pinned): its pages
+            // are allocated as they are first written; the user's view of it
+            // faults (`exec/managed/fault.rs`). A Vulkan driver that cannot
+            // import it gets memory it reaches instead, without faults.
+            let hosts = match faulting_host(devices, bytes, page_bytes, op)? {
+                Some((hv, hosts)) => {
+                    view = Some(hv);
+                    hosts
+                }
+                None if backend == "vulkan" => pinned_host(devices, bytes, op)?,
+                None => {
+                    return Err(Error::Managed {
+                        op,
+                        detail: "the emulated device refused to map the host copy".into(),
+                    })
+                }
+            };
+            for ((d, mem), host) in devices.iter().zip(hosts) {
+                if backend == "emu" {
+                    let w = Arc::new(
+                        Window::new(bytes).map_err(|detail| Error::Managed { op, detail })?,
+                    );
+                    let mut s = Storage::from_parts(
+                        d.id(),
+                        MemoryKind::Device,
+                        w.ptr(),
+                        bytes,
+                        Backing::Registered(Registration {
+                            _memory: Box::new(w.clone()),
+                            undo: None,
+                        }),
+                    );
+                    s.set_device_memory(d.reach().device_addr_of(w.ptr().as_ptr()));
+                    copies.push(copy(*mem, host, Arc::new(s), Some(w)));
+                } else {
+                    // A whole allocation of the device's own (zeroed: an
+                    // untouched page is zero everywhere).
+                    let dv = d.alloc::<u8>(bytes)?;
+                    let s = d.create_stream()?;
+                    s.fill(&dv, 0u8)?;
+                    s.synchronize()?;
+                    copies.push(copy(*mem, host, (*dv.storage).clone(), None));
+                }
+            }
+        }
+        other => {
+            return Err(Error::Managed {
+                op,
+                detail: format!(
+                    "the {other} backend has no managed memory yet: use DeviceBuffer with \
+                     explicit copies there"
+                ),
+            })
+        }
+    }
+    let id = NEXT_BUFFER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let members = devices
+        .iter()
+        .zip(&copies)
+        .map(|((device, _), c)| Member {
+            device: device.clone(),
+            mem: c.mem,
+            host: c.host.clone(),
+            dev: c.dev.clone(),
+            migration: OnceLock::new(),
+        })
+        .collect();
+    space
+        .lock_for(op)?
+        .tables
+        .insert(id, Table::new(bytes, page_bytes, copies));
+    let shared = Arc::new(Shared {
+        id,
+        members,
+        space,
+        bytes,
+        page_bytes,
+        view,
+        attached: Mutex::new(Attached::Global),
+    });
+    if let Some(hv) = &shared.view {
+        let weak = Arc::downgrade(&shared);
+        hv.register(Box::new(move |hv, first, n, write, holds| {
+            let Some(sh) = weak.upgrade() else {
+                return (Answer::NotManaged, None);
+            };
+            let answer = resolve_fault(&sh, hv, first, n, write, holds);
+            // The service drops it after answering (see `fault::Resolver`).
+            (answer, Some(Box::new(sh) as Box<dyn std::any::Any + Send>))
+        }))
+        .map_err(|detail| Error::Managed { op, detail })?;
+    }
+    Ok(ManagedBuffer {
+        shared,
+        len,
+        _t: PhantomData,
+    })
+}
+
+impl Device {
     /// What managed memory on this device did so far: bytes each way, pages
     /// per reason, evictions, thrashing, resident bytes.
+    /// Copies into and out of this device's memory count here, whichever
+    /// buffer (one of this device, or of its context) they were for.
     pub fn managed_stats(&self) -> ManagedStats {
-        *space_of(self)
-            .published
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let Ok((space, mem)) = space_of(self) else {
+            return ManagedStats::default();
+        };
+        let published = space.published.lock().unwrap_or_else(|p| p.into_inner());
+        Space::stats_of(&published, mem)
     }
 
     /// Turns thrash throttling and pinning on (the default) or off for this
@@ -479,7 +839,15 @@ impl Device {
     /// alone (thrash events are still counted in [`ManagedStats`]). For
     /// comparing the two; nothing already evicted changes.
     pub fn set_managed_thrash_throttling(&self, on: bool) {
-        space_of(self).later(move |st| st.no_throttle = !on);
+        if let Ok((space, mem)) = space_of(self) {
+            space.later(move |st| {
+                if on {
+                    st.no_throttle &= !(1 << mem);
+                } else {
+                    st.no_throttle |= 1 << mem;
+                }
+            });
+        }
     }
 
     /// Models a device that migrates on its own page faults instead of by
@@ -493,38 +861,18 @@ impl Device {
     /// Modelled time is honoured in virtual time; in real time the service
     /// cost is not waited for.
     pub fn set_managed_fault_model(&self, cost: Option<DeviceFaultCost>) {
-        space_of(self).later(move |st| st.fault_model = cost);
-    }
-
-    /// A managed buffer's host copy as a view that faults
-    /// (`exec/managed/fault.rs`): a memfd the device's copies reach through
-    /// its alias, mapped for the device but not page-locked (as CUDA's
-    /// managed memory is not pinned), its pages allocated as they are first
-    /// written. `None` where the device cannot reach such memory.
-    fn managed_host_view(
-        &self,
-        bytes: usize,
-        page_bytes: usize,
-        op: &'static str,
-    ) -> Result<Option<(Arc<Storage>, Arc<HostView>)>> {
-        let pages = bytes.div_ceil(page_bytes);
-        let hv = Arc::new(
-            HostView::new(pages, page_bytes).map_err(|detail| Error::Managed { op, detail })?,
-        );
-        let Some((addr, undo)) = self.backend().map_host(hv.alias().as_ptr(), hv.len()) else {
-            return Ok(None);
-        };
-        let host = Arc::new(Storage::registered(
-            self.id(),
-            hv.alias(),
-            bytes,
-            addr,
-            Registration {
-                _memory: Box::new(hv.clone()),
-                undo: Some(undo),
-            },
-        ));
-        Ok(Some((host, hv)))
+        if let Ok((space, mem)) = space_of(self) {
+            space.later(move |st| match cost {
+                Some(c) => {
+                    let servicer = st.fault_models.get(&mem).map(|f| f.1.clone());
+                    st.fault_models
+                        .insert(mem, (c, servicer.unwrap_or_default()));
+                }
+                None => {
+                    st.fault_models.remove(&mem);
+                }
+            });
+        }
     }
 
     /// (budget, capacity, held by the pool) of a device with its own memory.
@@ -571,9 +919,16 @@ impl<T: Pod> ManagedBuffer<T> {
         self.shared.page_bytes
     }
 
-    /// The id of the device the buffer belongs to.
+    /// The id of the device the buffer was made on (for a context's buffer,
+    /// the context's first device).
     pub fn device_id(&self) -> u64 {
-        self.shared.device.id()
+        self.shared.home().device.id()
+    }
+
+    /// The ids of the devices the buffer is usable on: its device, or every
+    /// device of its context.
+    pub fn device_ids(&self) -> Vec<u64> {
+        self.shared.device_ids()
     }
 
     /// The buffer's id (what migration records name).
@@ -608,7 +963,7 @@ impl<T: Pod> ManagedBuffer<T> {
     pub fn host_ptr(&self) -> *mut T {
         match &self.shared.view {
             Some(v) => v.view().as_ptr().cast(),
-            None => self.shared.host.host_ptr().cast(),
+            None => self.shared.home().host.host_ptr().cast(),
         }
     }
 
@@ -756,7 +1111,7 @@ impl<T: Pod> ManagedBuffer<T> {
     }
 
     fn host_elems(&self, a: &Access, count: usize) -> (*mut T, usize) {
-        let base = self.shared.host.host_ptr();
+        let base = self.shared.home().host.host_ptr();
         let ptr = if a.bytes == 0 {
             base
         } else {
@@ -765,8 +1120,10 @@ impl<T: Pod> ManagedBuffer<T> {
         (ptr.cast::<T>(), count)
     }
 
-    /// Moves elements `range` to `to` for `stream`: to the device, copies of
-    /// the pages it lacks, which `stream`'s later work waits for; to the
+    /// Moves elements `range` to `to` for `stream`: to a device, copies of
+    /// the pages it lacks, which `stream`'s later work waits for (`to` may
+    /// be another device of the buffer's context than `stream`'s: its copies
+    /// then run on a stream of `to`, after `stream`'s earlier work); to the
     /// host, copies back of dirty pages after the queued work on them (the
     /// stream's own included), which the stream's later work does not wait
     /// for, and without ReadMostly the device's copies go (their room with
@@ -782,28 +1139,37 @@ impl<T: Pod> ManagedBuffer<T> {
         let op = "ManagedBuffer::prefetch";
         let a = self.access(op, range, false)?;
         check_stream(op, stream, &self.shared)?;
-        let Some(mem) = self.shared.mem_of(to) else {
-            return Err(not_in_context(op, to, &self.shared));
+        let sh = &self.shared;
+        let Some(mem) = sh.mem_of(to) else {
+            return Err(not_in_context(op, to, sh));
         };
-        if to == Location::Host && stream.is_capturing() {
+        let target = match to {
+            Location::Device(id) if id != stream.device().id() => sh.member(id),
+            _ => None,
+        };
+        if stream.is_capturing() && (to == Location::Host || target.is_some()) {
             return Err(Error::Managed {
                 op,
-                detail: "a prefetch to the host cannot be recorded into a graph or command \
-                         buffer: prefetch on a stream that is not capturing (or read the pages \
-                         after the launch, which brings them back)"
+                detail: "a prefetch to the host or to another device cannot be recorded into a \
+                         graph or command buffer: prefetch on a stream that is not capturing \
+                         (a launch brings what its nodes declared to its own device)"
                     .into(),
             });
         }
-        if mem == HOST && self.shared.mem != HOST {
-            return prefetch_to_host(stream, &self.shared, a);
+        if mem == HOST && sh.moves() {
+            return prefetch_to_host(stream, sh, a);
         }
-        device_op(
-            stream,
-            op,
-            &[(&self.shared, a)],
-            MigrationReason::Prefetch,
-            None,
-        )
+        let Some(target) = target else {
+            return device_op(stream, op, &[(sh, a)], MigrationReason::Prefetch, None);
+        };
+        // Another device of the context: its copies run there, after this
+        // stream's earlier work, and this stream's later work follows them.
+        let ts = sh.migration_stream(target)?;
+        let before = stream.record_event()?;
+        ts.wait_event(&before)?;
+        device_op(ts, op, &[(sh, a)], MigrationReason::Prefetch, None)?;
+        let after = ts.record_event()?;
+        stream.wait_event(&after)
     }
 
     /// Sets `advice` on the pages elements `range` cover (a page is advised
@@ -842,24 +1208,21 @@ fn not_in_context(op: &'static str, l: Location, sh: &Shared) -> Error {
     Error::Managed {
         op,
         detail: format!(
-            "{l:?} is not a memory of this buffer: it belongs to device {}; name the host or \
-             that device",
-            sh.device.id()
+            "{l:?} is not a memory of this buffer: it is usable on the host and devices {:?}; \
+             name one of them",
+            sh.device_ids()
         ),
     }
 }
 
-fn check_stream(op: &'static str, stream: &Stream, sh: &Shared) -> Result<()> {
-    if stream.device().id() != sh.device.id() {
-        return Err(Error::WrongDevice {
-            op,
-            buffer_device: sh.device.id(),
-            stream_device: stream.device().id(),
-        });
-    }
-    match sh.attached.load(std::sync::atomic::Ordering::Acquire) {
-        GLOBAL => Ok(()),
-        HOST_ONLY => Err(Error::Managed {
+/// The buffer's member on `stream`'s device; an error if it has none, or
+/// if the buffer is attached elsewhere (`Stream::attach`).
+fn check_stream<'a>(op: &'static str, stream: &Stream, sh: &'a Shared) -> Result<&'a Member> {
+    let member = member_of(op, stream, sh)?;
+    let attached = *sh.attached.lock().unwrap_or_else(|p| p.into_inner());
+    match attached {
+        Attached::Global => Ok(member),
+        Attached::HostOnly => Err(Error::Managed {
             op,
             detail: format!(
                 "managed buffer {} is attached to the host (Stream::attach with Attach::Host): \
@@ -867,30 +1230,54 @@ fn check_stream(op: &'static str, stream: &Stream, sh: &Shared) -> Result<()> {
                 sh.id
             ),
         }),
-        one if one == stream.id() => Ok(()),
-        one => Err(Error::Managed {
+        Attached::Stream(d, s) if (d, s) == (stream.device().id(), stream.id()) => Ok(member),
+        Attached::Stream(d, s) => Err(Error::Managed {
             op,
             detail: format!(
-                "managed buffer {} is attached to stream {one} only (Attach::Single), not to \
-                 stream {}: use it there, or attach it with Attach::Global",
+                "managed buffer {} is attached to stream {s} of device {d} only \
+                 (Attach::Single), not to stream {} of device {}: use it there, or attach it \
+                 with Attach::Global",
                 sh.id,
-                stream.id()
+                stream.id(),
+                stream.device().id()
             ),
         }),
     }
 }
 
+/// The buffer's member on `stream`'s device; an error if it has none.
+fn member_of<'a>(op: &'static str, stream: &Stream, sh: &'a Shared) -> Result<&'a Member> {
+    let Some(member) = sh.member(stream.device().id()) else {
+        if sh.members.len() == 1 {
+            return Err(Error::WrongDevice {
+                op,
+                buffer_device: sh.home().device.id(),
+                stream_device: stream.device().id(),
+            });
+        }
+        return Err(Error::Managed {
+            op,
+            detail: format!(
+                "a stream of device {}: the buffer is usable on devices {:?} (its context's); \
+                 use a stream of one of them",
+                stream.device().id(),
+                sh.device_ids()
+            ),
+        });
+    };
+    Ok(member)
+}
+
 impl Stream {
     /// Says which streams may use `buf` from now on (CUDA's
-    /// `cudaStreamAttachMemAsync`): every stream of its device
+    /// `cudaStreamAttachMemAsync`): every stream of its devices
     /// ([`Attach::Global`], the default), only this one ([`Attach::Single`]:
     /// another stream's op on it is refused, so none can race it), or none
     /// ([`Attach::Host`]: the pages come back to the host after the work
-    /// queued on them, in this stream's order, and the device's copies go;
+    /// queued on them, in this stream's order, and the devices' copies go;
     /// the host then reads and writes the buffer without waiting for any
-    /// device, and the device's managed capacity is free for other buffers).
-    /// Ops already submitted
-    /// are not affected. Not recordable into a graph.
+    /// device, and the devices' managed capacity is free for other buffers).
+    /// Ops already submitted are not affected. Not recordable into a graph.
     pub fn attach<T: Pod>(&self, buf: &ManagedBuffer<T>, how: Attach) -> Result<()> {
         let op = "Stream::attach";
         let sh = &buf.shared;
@@ -902,24 +1289,17 @@ impl Stream {
                     .into(),
             });
         }
-        if self.device().id() != sh.device.id() {
-            return Err(Error::WrongDevice {
-                op,
-                buffer_device: sh.device.id(),
-                stream_device: self.device().id(),
-            });
-        }
-        if how == Attach::Host && sh.mem != HOST && sh.bytes > 0 {
+        // Any stream of the buffer's devices, whatever it is attached to now.
+        member_of(op, self, sh)?;
+        if how == Attach::Host && sh.moves() && sh.bytes > 0 {
             let a = buf.access(op, .., false)?;
             prefetch_to_host(self, sh, a)?;
         }
-        let word = match how {
-            Attach::Global => GLOBAL,
-            Attach::Single => self.id(),
-            Attach::Host => HOST_ONLY,
+        *sh.attached.lock().unwrap_or_else(|p| p.into_inner()) = match how {
+            Attach::Global => Attached::Global,
+            Attach::Single => Attached::Stream(self.device().id(), self.id()),
+            Attach::Host => Attached::HostOnly,
         };
-        sh.attached
-            .store(word, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 }
@@ -990,22 +1370,13 @@ fn host_access(sh: &Shared, op: &'static str, a: Access, try_: bool) -> Result<H
             }
             for p in &plan.waits {
                 p.timeline
-                    .wait_for(p.value, sh.device.host_wait(), "managed host access")?;
+                    .wait_for(p.value, p.timeline.host_wait, "managed host access")?;
             }
             continue;
         }
-        let mut last = None;
         close_views(&mut st, &[(sh, a)]);
-        if !plan.moves.is_empty() {
-            let s = sh.migration_stream()?;
-            for m in &plan.moves {
-                let v = copy_run(s, sh, m, CopyKind::D2H, MigrationReason::HostAccess)?;
-                let p = point_of(s.backend_stream().timeline(), v);
-                st.apply_move(m, HOST, Some(p.clone()), MigrationReason::HostAccess, None);
-                last = Some(p);
-            }
-        }
-        let event = sh.device.host_event();
+        let last = copy_back(sh, &mut st, &plan.moves, MigrationReason::HostAccess)?;
+        let event = sh.home().device.host_event();
         let hp = event
             .event()
             .point
@@ -1023,11 +1394,11 @@ fn host_access(sh: &Shared, op: &'static str, a: Access, try_: bool) -> Result<H
             key,
             space: sh.space.clone(),
         };
-        if let Some(p) = last {
+        for p in last {
             // Only its end matters: a failed copy back fails its stream, which
             // `ManagedStats` and the trace show; the bytes are what they are.
             p.timeline
-                .wait_for(p.value, sh.device.host_wait(), "managed copy back")?;
+                .wait_for(p.value, p.timeline.host_wait, "managed copy back")?;
         }
         return Ok(hold);
     }
@@ -1096,27 +1467,18 @@ fn resolve_fault(
                 // A failed op fails its stream; the bytes are what they are.
                 let _ = p
                     .timeline
-                    .wait_for(p.value, sh.device.host_wait(), "managed host fault");
+                    .wait_for(p.value, p.timeline.host_wait, "managed host fault");
             }
             continue;
         }
         if !moves.is_empty() {
-            let Ok(s) = sh.migration_stream() else {
+            let Ok(last) = copy_back(sh, &mut st, &moves, MigrationReason::HostFault) else {
                 return Answer::Failed;
             };
-            let mut last = None;
-            for m in &moves {
-                let Ok(v) = copy_run(s, sh, m, CopyKind::D2H, MigrationReason::HostFault) else {
-                    return Answer::Failed;
-                };
-                let p = point_of(s.backend_stream().timeline(), v);
-                st.apply_move(m, HOST, Some(p.clone()), MigrationReason::HostFault, None);
-                last = Some(p);
-            }
             drop(st);
-            if let Some(p) = last {
+            for p in last {
                 if p.timeline
-                    .wait_for(p.value, sh.device.host_wait(), "managed host fault")
+                    .wait_for(p.value, p.timeline.host_wait, "managed host fault")
                     .is_err()
                 {
                     return Answer::Failed;
@@ -1135,10 +1497,12 @@ fn resolve_fault(
     }
 }
 
-/// Submits one migration copy of run `m` of `sh` on `stream`; its value.
+/// Submits one migration copy of run `m` of `sh` between the host's copy
+/// and `member`'s on `stream` (a stream of `member`'s device); its value.
 fn copy_run(
     stream: &Stream,
     sh: &Shared,
+    member: &Member,
     m: &Move,
     kind: CopyKind,
     reason: MigrationReason,
@@ -1146,7 +1510,37 @@ fn copy_run(
     if let (Some(v), CopyKind::D2H) = (&sh.view, kind) {
         v.populate(m.off, m.bytes);
     }
-    copy_table_run(stream, &sh.host, &sh.dev, sh.id, m, kind, reason)
+    copy_table_run(stream, &member.host, &member.dev, sh.id, m, kind, reason)
+}
+
+/// Copies runs `moves` back to the host, each on the buffer's migration
+/// stream of the device that holds it, applying each; the copies' points.
+fn copy_back(
+    sh: &Shared,
+    st: &mut Space,
+    moves: &[Move],
+    reason: MigrationReason,
+) -> Result<Vec<Point>> {
+    let mut last: Vec<Point> = Vec::new();
+    for m in moves {
+        let Some(member) = sh.member_at(m.from) else {
+            return Err(Error::Managed {
+                op: "managed copy back",
+                detail: format!(
+                    "page run {:?} of buffer {} names memory {} that no device of the buffer \
+                     has; this is a bug in hetero",
+                    m.pages, sh.id, m.from
+                ),
+            });
+        };
+        let s = sh.migration_stream(member)?;
+        let v = copy_run(s, sh, member, m, CopyKind::D2H, reason)?;
+        let p = point_of(s.backend_stream().timeline(), v);
+        st.apply_move(m, HOST, Some(p.clone()), reason, None);
+        last.retain(|q| !Arc::ptr_eq(&q.timeline, &p.timeline));
+        last.push(p);
+    }
+    Ok(last)
 }
 
 fn copy_table_run(
@@ -1200,7 +1594,9 @@ fn record(
     }
 }
 
-/// Memory waits for `waits`, one per timeline (its latest value).
+/// Memory waits for `waits`, one per timeline (its latest value); a wait
+/// for another device's timeline is watched, so this device's engines look
+/// again when it is reached (as `Stream::wait_event` does).
 fn submit_waits(stream: &Stream, st: &mut Space, waits: &[Point]) -> Result<()> {
     let mut last: Vec<(&Arc<Timeline>, u64)> = Vec::new();
     for p in waits {
@@ -1213,18 +1609,28 @@ fn submit_waits(stream: &Stream, st: &mut Space, waits: &[Point]) -> Result<()> 
         if t.is_reached(v) {
             continue;
         }
-        let at = stream.submit(Body::Wait {
-            timeline: t.clone(),
-            value: v,
-            fault: false,
-        })?;
-        st.note_wait(stream.backend_stream().timeline(), at, &point_of(t, v));
+        submit_wait(stream, st, &point_of(t, v), false)?;
     }
     Ok(())
 }
 
-/// Submits a device plan's waits, evictions and copies in on `stream`,
-/// applying each to the state as it is submitted.
+/// One wait of `stream` for `p` (`fault`: a failure there fails `stream`).
+fn submit_wait(stream: &Stream, st: &mut Space, p: &Point, fault: bool) -> Result<()> {
+    let at = stream.submit(Body::Wait {
+        timeline: p.timeline.clone(),
+        value: p.value,
+        fault,
+    })?;
+    if p.timeline.device != stream.device().id() {
+        p.timeline.watch(p.value, stream.device().kicker());
+    }
+    st.note_wait(stream.backend_stream().timeline(), at, p);
+    Ok(())
+}
+
+/// Submits a device plan's waits, evictions and copies in on `stream` (a
+/// stream of the device whose memory is `mem`), applying each to the state
+/// as it is submitted. `uses`: the buffers the copies in are for.
 fn submit_plan(
     stream: &Stream,
     st: &mut Space,
@@ -1232,15 +1638,16 @@ fn submit_plan(
     mem: u8,
     reason: MigrationReason,
     budget: Option<usize>,
+    uses: &[(&Arc<Shared>, Access)],
 ) -> Result<()> {
     submit_waits(stream, st, &plan.waits)?;
     let timeline = stream.backend_stream().timeline().clone();
     for e in &plan.evictions {
-        let Some(t) = st.tables.get(&e.buffer) else {
+        let Some(copy) = st.tables.get(&e.buffer).and_then(|t| t.copy_at(mem)) else {
             continue;
         };
         if e.copy {
-            let (host, dev) = (t.host.clone(), t.dev.clone());
+            let (host, dev) = (copy.host.clone(), copy.dev.clone());
             let v = copy_table_run(
                 stream,
                 &host,
@@ -1263,16 +1670,78 @@ fn submit_plan(
             st.apply_eviction(e, mem, None);
         }
     }
+    let bug = |m: &Move, what: &str| Error::Managed {
+        op: "managed migration",
+        detail: format!(
+            "pages {:?} of buffer {} to memory {mem} from memory {}: {what}; this is a bug in \
+             hetero",
+            m.pages, m.buffer, m.from
+        ),
+    };
     for m in &plan.moves {
-        let Some(t) = st.tables.get(&m.buffer) else {
-            continue;
+        let Some(copy) = st.tables.get(&m.buffer).and_then(|t| t.copy_at(mem)) else {
+            return Err(bug(m, "the buffer has no copy there"));
         };
-        if m.copy {
-            let (host, dev) = (t.host.clone(), t.dev.clone());
+        let (host, dev) = (copy.host.clone(), copy.dev.clone());
+        if !m.copy {
+            st.apply_move(m, mem, None, reason, budget);
+            continue;
+        }
+        if m.from == HOST {
             let v = copy_table_run(stream, &host, &dev, m.buffer, m, CopyKind::H2D, reason)?;
             st.apply_move(m, mem, Some(point_of(&timeline, v)), reason, budget);
+            continue;
+        }
+        // Only another device holds the run: from its copy.
+        let Some(sh) = uses.iter().map(|(sh, _)| *sh).find(|sh| sh.id == m.buffer) else {
+            return Err(bug(m, "a run of a buffer the access does not name"));
+        };
+        let (Some(src), Some(dst)) = (sh.member_at(m.from), sh.member(stream.device().id())) else {
+            return Err(bug(m, "a device the buffer does not have"));
+        };
+        let direct = stream.device().context_shared().is_some_and(|c| {
+            matches!(
+                c.topology().path(src.device.id(), dst.device.id()),
+                Some(PeerPath::Link(_) | PeerPath::SharedMemory)
+            )
+        });
+        if direct {
+            // One copy over the peer link, on this stream: after the run's
+            // queued work on either device (the plan's waits).
+            let from = view(&src.dev, m.off, m.bytes, src.device.reach());
+            let to = view(&dev, m.off, m.bytes, stream.device().reach());
+            let v = stream.submit(Body::Copy {
+                kind: CopyKind::D2D,
+                src: from,
+                src_off: 0,
+                dst: to,
+                dst_off: 0,
+                bytes: m.bytes,
+                _pending: None,
+            })?;
+            record(stream.id(), m.buffer, m, false, reason, true);
+            st.apply_move(m, mem, Some(point_of(&timeline, v)), reason, budget);
         } else {
-            st.apply_move(m, mem, None, reason, budget);
+            // Staged: back to the host on a stream of the holding device
+            // (after the run's queued work), then in from the host here.
+            let out = sh.migration_stream(src)?;
+            submit_waits(out, st, &plan.waits)?;
+            let v = copy_run(out, sh, src, m, CopyKind::D2H, reason)?;
+            let back = point_of(out.backend_stream().timeline(), v);
+            st.apply_move(m, HOST, Some(back.clone()), reason, None);
+            submit_wait(stream, st, &back, true)?;
+            let v = copy_table_run(stream, &host, &dev, m.buffer, m, CopyKind::H2D, reason)?;
+            let from_host = Move {
+                from: HOST,
+                ..m.clone()
+            };
+            st.apply_move(
+                &from_host,
+                mem,
+                Some(point_of(&timeline, v)),
+                reason,
+                budget,
+            );
         }
     }
     Ok(())
@@ -1282,7 +1751,7 @@ fn submit_plan(
 type SubmitOp<'f> = dyn FnMut(&[Arc<Storage>]) -> Result<u64> + 'f;
 
 /// Makes `uses` resident on `stream`'s device (waits, evictions, copies in),
-/// then submits `op` over views of them (if any) and records its accesses.
+/// then submits its `op` over views of them (if any) and records its accesses.
 fn device_op(
     stream: &Stream,
     op: &str,
@@ -1296,19 +1765,32 @@ fn device_op(
             None => Ok(()),
         };
     };
+    let mut members: Vec<&Member> = Vec::with_capacity(uses.len());
     for (sh, _) in uses {
-        check_stream("managed access", stream, sh)?;
+        members.push(check_stream("managed access", stream, sh)?);
+        if !Arc::ptr_eq(&sh.space, &first.space) {
+            return Err(Error::Managed {
+                op: "managed access",
+                detail: format!(
+                    "managed buffers {} and {} are of different contexts' state (one was made \
+                     before its device joined a context); pass buffers made on this device or \
+                     its context",
+                    first.id, sh.id
+                ),
+            });
+        }
     }
     if stream.is_capturing() {
-        return record_op(stream, uses, submit);
+        return record_op(stream, uses, &members, submit);
     }
-    let mem = first.mem;
+    let mem = members[0].mem;
+    let side = (stream.device().id(), stream.id());
     let budget = stream.device().managed_budget();
     let accesses: Vec<Access> = uses.iter().map(|(_, a)| *a).collect();
     let views: Vec<(&Shared, Access)> = uses.iter().map(|(sh, a)| (&***sh, *a)).collect();
     let mut st = first.space.lock_for("a managed access")?;
     let plan = st
-        .plan_device(&accesses, mem, stream.id(), budget.map(|b| b.0))
+        .plan_device(&accesses, mem, side, budget.map(|b| b.0))
         .map_err(|e| {
             let (_, capacity, pool) = budget.unwrap_or_default();
             Error::ManagedWorkingSet {
@@ -1321,14 +1803,18 @@ fn device_op(
             }
         })?;
     close_views(&mut st, &views);
-    if let Some(cost) = st.fault_model.filter(|_| !plan.moves.is_empty()) {
+    let fault_model = st
+        .fault_models
+        .get(&mem)
+        .cloned()
+        .filter(|_| !plan.moves.is_empty());
+    if let Some((cost, servicer)) = fault_model {
         // A faulting device: the kernel stalls on its faults, which are
         // serviced in batches, then the pages move; all on its stream.
         let faults: usize = plan.moves.iter().map(|m| m.pages.len()).sum();
         let ns = faults.div_ceil(cost.batch_faults.max(1)) as u64 * cost.batch_ns;
         // One fault servicer per device (UVM's, a driver thread per GPU):
         // batches of different streams queue for it.
-        let servicer = st.fault_servicer.clone();
         stream.enqueue_async(
             "device fault service (model)",
             &[],
@@ -1347,7 +1833,15 @@ fn device_op(
                 std::task::Poll::Ready(Ok(()))
             },
         )?;
-        submit_plan(stream, &mut st, &plan, mem, reason, budget.map(|b| b.0))?;
+        submit_plan(
+            stream,
+            &mut st,
+            &plan,
+            mem,
+            reason,
+            budget.map(|b| b.0),
+            uses,
+        )?;
     } else if !plan.moves.is_empty() || !plan.evictions.is_empty() {
         // The copies go on the stream's migration stream, after only the
         // pages' own queued work (planned from that stream's side, so this
@@ -1355,22 +1849,22 @@ fn device_op(
         // rest of this stream's work; this stream waits for them.
         let m = stream.migration_stream(false)?;
         let copies = st
-            .plan_device(&accesses, mem, m.id(), budget.map(|b| b.0))
+            .plan_device(
+                &accesses,
+                mem,
+                (stream.device().id(), m.id()),
+                budget.map(|b| b.0),
+            )
             .map_err(|e| Error::Managed {
                 op: "managed migration",
                 detail: format!("a plan changed under its lock: {e:?}"),
             })?;
-        submit_plan(m, &mut st, &copies, mem, reason, budget.map(|b| b.0))?;
+        submit_plan(m, &mut st, &copies, mem, reason, budget.map(|b| b.0), uses)?;
         let done = point_of(
             m.backend_stream().timeline(),
             m.backend_stream().submitted(),
         );
-        let at = stream.submit(Body::Wait {
-            timeline: done.timeline.clone(),
-            value: done.value,
-            fault: true,
-        })?;
-        st.note_wait(stream.backend_stream().timeline(), at, &done);
+        submit_wait(stream, &mut st, &done, true)?;
     }
     submit_waits(stream, &mut st, &plan.waits)?;
     let Some(f) = submit else {
@@ -1379,7 +1873,8 @@ fn device_op(
     let reach = stream.device().reach();
     let views: Vec<Arc<Storage>> = uses
         .iter()
-        .map(|(sh, a)| view(&sh.dev, a.off, a.bytes, reach))
+        .zip(&members)
+        .map(|((_, a), member)| view(&member.dev, a.off, a.bytes, reach))
         .collect();
     let v = f(&views)?;
     let p = point_of(stream.backend_stream().timeline(), v);
@@ -1397,18 +1892,20 @@ struct GraphUse {
 }
 
 /// `device_op` on a capturing stream: records `submit` (over views of the
-/// device copy, which the graph's nodes keep) and the pages it declared;
+/// device's copy, which the graph's nodes keep) and the pages it declared;
 /// nothing moves until a launch.
 fn record_op(
     stream: &Stream,
     uses: &[(&Arc<Shared>, Access)],
+    members: &[&Member],
     submit: Option<&mut SubmitOp<'_>>,
 ) -> Result<()> {
     let reach = stream.device().reach();
     if let Some(f) = submit {
         let views: Vec<Arc<Storage>> = uses
             .iter()
-            .map(|(sh, a)| view(&sh.dev, a.off, a.bytes, reach))
+            .zip(members)
+            .map(|((_, a), member)| view(&member.dev, a.off, a.bytes, reach))
             .collect();
         f(&views)?;
     }
@@ -1439,17 +1936,6 @@ pub(crate) fn launch_graph(
         .filter_map(|r| r.downcast_ref::<GraphUse>())
         .map(|u| (&u.sh, u.access))
         .collect();
-    if let Some((first, _)) = uses.first() {
-        if uses
-            .iter()
-            .any(|(sh, _)| !Arc::ptr_eq(&sh.space, &first.space))
-        {
-            return Err(Error::Managed {
-                op: "launch_graph",
-                detail: "the graph's managed buffers belong to more than one device".into(),
-            });
-        }
-    }
     device_op(
         stream,
         "launch_graph",
@@ -1459,27 +1945,57 @@ pub(crate) fn launch_graph(
     )
 }
 
-/// Prefetch to the host on `stream`: copies back, then the device's copies
+/// Prefetch to the host on `stream`: copies back, then the devices' copies
 /// go (without ReadMostly).
 fn prefetch_to_host(stream: &Stream, sh: &Shared, a: Access) -> Result<()> {
     // On the stream's migration stream, after the queued work on those pages
     // (this stream's included): the stream's later work does not wait for
     // the copies back (work on those pages waits through the pages, a host
-    // guard too), and `Stream::synchronize` covers them.
+    // guard too), and `Stream::synchronize` covers them. Runs held by
+    // another device of the context are copied back on a stream of that
+    // device, after the same work.
+    let here = member_of("prefetch", stream, sh)?;
     let m = stream.migration_stream(true)?;
     let mut st = sh.space.lock_for("prefetch")?;
-    let plan = st.plan_to_host(&a, m.id());
+    let plan = st.plan_to_host(&a, (stream.device().id(), m.id()));
     submit_waits(m, &mut st, &plan.waits)?;
     let timeline = m.backend_stream().timeline().clone();
     for mv in &plan.moves {
-        let v = copy_run(m, sh, mv, CopyKind::D2H, MigrationReason::Prefetch)?;
-        st.apply_move(
+        if mv.from == here.mem {
+            let v = copy_run(m, sh, here, mv, CopyKind::D2H, MigrationReason::Prefetch)?;
+            st.apply_move(
+                mv,
+                HOST,
+                Some(point_of(&timeline, v)),
+                MigrationReason::Prefetch,
+                None,
+            );
+            continue;
+        }
+        let Some(holder) = sh.member_at(mv.from) else {
+            return Err(Error::Managed {
+                op: "prefetch",
+                detail: format!(
+                    "pages {:?} of buffer {} held in memory {}, which no device of the buffer \
+                     has; this is a bug in hetero",
+                    mv.pages, sh.id, mv.from
+                ),
+            });
+        };
+        let out = sh.migration_stream(holder)?;
+        submit_waits(out, &mut st, &plan.waits)?;
+        let v = copy_run(
+            out,
+            sh,
+            holder,
             mv,
-            HOST,
-            Some(point_of(&timeline, v)),
+            CopyKind::D2H,
             MigrationReason::Prefetch,
-            None,
-        );
+        )?;
+        let p = point_of(out.backend_stream().timeline(), v);
+        st.apply_move(mv, HOST, Some(p.clone()), MigrationReason::Prefetch, None);
+        // `Stream::synchronize` covers it: the migration stream waits.
+        submit_wait(m, &mut st, &p, false)?;
     }
     // The dropped device copies are ordered after the migration stream's
     // end: the waits and copies above.
@@ -1733,31 +2249,36 @@ impl<T: Pod> Drop for ManagedWrite<'_, T> {
     fn drop(&mut self) {
         drop(self.hold.take());
         let sh = self.shared;
-        if sh.mem == HOST {
+        if !sh.moves() {
             return;
         }
         // An AccessedBy refresh: not from an engine thread (see `SpaceLock`).
         let Ok(st) = sh.space.lock_for("a write guard's AccessedBy refresh") else {
             return;
         };
-        let missing = st.accessed_by_missing(&self.access, sh.mem);
+        let missing: Vec<(&Member, Vec<Access>)> = sh
+            .members
+            .iter()
+            .filter(|m| m.mem != HOST)
+            .map(|m| (m, st.accessed_by_missing(&self.access, m.mem)))
+            .filter(|(_, v)| !v.is_empty())
+            .collect();
         drop(st);
-        if missing.is_empty() {
-            return;
-        }
-        let refresh = sh.migration_stream().and_then(|s| {
-            let uses: Vec<(&Arc<Shared>, Access)> = missing.iter().map(|a| (sh, *a)).collect();
-            device_op(
-                s,
-                "AccessedBy refresh",
-                &uses,
-                MigrationReason::Prefetch,
-                None,
-            )
-        });
-        if let Err(e) = refresh {
-            // The pages stay on the host; the next kernel copies them in.
-            tracing::debug!(error = %e, "refreshing AccessedBy pages failed");
+        for (member, runs) in missing {
+            let refresh = sh.migration_stream(member).and_then(|s| {
+                let uses: Vec<(&Arc<Shared>, Access)> = runs.iter().map(|a| (sh, *a)).collect();
+                device_op(
+                    s,
+                    "AccessedBy refresh",
+                    &uses,
+                    MigrationReason::Prefetch,
+                    None,
+                )
+            });
+            if let Err(e) = refresh {
+                // The pages stay where they are; the next kernel copies them in.
+                tracing::debug!(error = %e, "refreshing AccessedBy pages failed");
+            }
         }
     }
 }

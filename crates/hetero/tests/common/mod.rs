@@ -158,6 +158,14 @@ const NO_CAPACITY_SKIPS: &[(&str, &str)] = &[
         "random_programs_past_capacity_match_the_sequential_model",
         HOST_ONE_MEMORY,
     ),
+    (
+        "each_device_evicts_past_its_own_capacity_while_the_other_keeps_its_pages",
+        HOST_ONE_MEMORY,
+    ),
+    (
+        "random_programs_over_two_devices_past_capacity_match_the_sequential_model",
+        HOST_ONE_MEMORY,
+    ),
 ];
 const HOST_ONE_MEMORY: &str = "the host device's memory is the host's: a managed buffer has one \
      copy, nothing is resident elsewhere, so there is no device capacity to pass (EmuConfig::capacity \
@@ -199,6 +207,14 @@ const VULKAN_MANAGED_SKIPS: &[(&str, &str)] = &[
     ),
     (
         "random_programs_past_capacity_match_the_sequential_model",
+        VK_MANAGED_WHOLE,
+    ),
+    (
+        "each_device_evicts_past_its_own_capacity_while_the_other_keeps_its_pages",
+        VK_MANAGED_WHOLE,
+    ),
+    (
+        "random_programs_over_two_devices_past_capacity_match_the_sequential_model",
         VK_MANAGED_WHOLE,
     ),
 ];

@@ -5,30 +5,40 @@
 //!
 //! # Page states
 //! A managed buffer is cut into pages (64 KiB by default). Memory 0 is the
-//! host; memory `m >= 1` is a device's copy (today the buffer's own device,
-//! memory 1; a context of several devices gives each its index). Per page:
+//! host; memory `m >= 1` is a device's copy. A buffer of one device has one
+//! device memory; a buffer of a context (`Context::alloc_managed`) has one
+//! per device of the context, memory `i + 1` for the context's `i`-th device
+//! (its topology's order). On the host backend every device's memory is the
+//! host's: all its accesses name memory 0 and nothing moves. Per page:
 //! - `valid`: a bit per memory that holds the page's current data. Never
-//!   empty. `valid == {host}`: host only; `{host, d}`: both, the device copy
-//!   is *clean* (evicting it costs no copy); `{d}`: *dirty* on `d` (evicting
-//!   it costs exactly one copy back).
+//!   empty. `{host}`: host only; `{host, d, ...}`: the device copies are
+//!   *clean* (evicting one costs no copy); `{d}`: *dirty* on `d` (evicting it
+//!   costs exactly one copy back); `{d, e}` (ReadMostly replicas of a page a
+//!   device wrote): neither is the last copy, so evicting either costs none.
 //! - `last_write`: the point of the last queued op that wrote the page's data
 //!   in any memory (a kernel's write, a migration copy, a host write guard's
 //!   hold), `reads`: the points of queued readers since (kernels' reads, host
-//!   read guards' holds).
+//!   read guards' holds, the ends of prefetches to the host that dropped
+//!   device copies).
 //!
 //! - `touched`: written at least once anywhere. An untouched page is zero in
 //!   every memory, so making it resident copies nothing (first touch).
 //!
 //! Transitions (`d` the acting device; "copy in" only for a touched page):
 //! ```text
-//!   device read on d:    d ∉ valid → copy in (from the host)   valid ∪= {d}
+//!   device read on d:    d ∉ valid → copy in: from the host if   valid ∪= {d}
+//!                        it holds the page, else from a device
+//!                        that does (a peer copy, or staged: a
+//!                        copy back, then in from the host)
 //!                        without ReadMostly other devices drop theirs
 //!   device write on d:   copy in as above, then                 valid  = {d}
-//!   host read guard:     host ∉ valid → copy back               valid ∪= {host}
+//!   host read guard:     host ∉ valid → copy back (from a       valid ∪= {host}
+//!                        device that holds the page, on a
+//!                        stream of that device)
 //!   host write guard:    copy back as above, then               valid  = {host}
 //!   prefetch to d:       as a device read, no kernel
 //!   prefetch to host:    copy back; without ReadMostly          valid  = {host}
-//!   eviction from d:     dirty → one copy back, clean → none    valid −= {d}
+//!   eviction from d:     last copy → one copy back, else none   valid −= {d}
 //! ```
 //!
 //! # Ordering
@@ -40,7 +50,10 @@
 //! the guard drops) is the page's `last_write` (write guard) or one of its
 //! `reads`: ops submitted meanwhile wait for it. So conflicting accesses to a
 //! page take effect in the order they were submitted, whatever their streams:
-//! a program's result is its sequential one. A copy back for a host read
+//! a program's result is its sequential one. Points name a stream by
+//! (device, stream), stream ids being per device; a wait for a point of
+//! another device's stream is a cross-device memory wait (the waiting device
+//! watches that timeline, as for an event). A copy back for a host read
 //! follows only `last_write`, so it leaves `reads` in place (the device
 //! copy's readers may still be queued). Accesses to different pages do
 //! not wait for each other. Points of completed work are dropped as they are
@@ -48,26 +61,32 @@
 //!
 //! # Capacity
 //! A device's managed pages count against its budget (its memory capacity
-//! less what its pool holds). Past it, the pages to evict are chosen among the
-//! device's resident pages the current access does not use: pages with no
-//! queued work first, then by advice and thrash rank, then least recently
-//! used. An eviction is ordered (on the acting stream's migration stream)
-//! after the page's queued work (a stream-ordered eviction, like a
-//! stream-ordered free). A page
-//! evicted and needed again before a budget's worth of other pages came in
+//! less what its pool holds), each device's separately. Past it, the pages to
+//! evict are chosen among that device's resident pages the current access
+//! does not use: pages with no queued work first, then by advice and thrash
+//! rank, then least recently used. An eviction is ordered (on the acting
+//! stream's migration stream) after the page's queued work (a stream-ordered
+//! eviction, like a stream-ordered free). A page evicted from a memory and
+//! needed there again before a budget's worth of other pages came in
 //! thrashes; after 3 such events it is throttled (evicted only after every
 //! unthrottled page), after 10 pinned (evicted only when nothing else can
 //! go), UVM's thresholds. An access whose own pages exceed the budget is the
 //! caller's typed error, before anything is submitted.
 //!
 //! # Concurrency
-//! One `Space` per device, behind one mutex (`api/managed.rs`), holds the
-//! tables of every managed buffer of that device: eviction chooses across
-//! buffers, so the choice and the state it changes are one critical section.
-//! The lock is held to plan, submit the plan's ops and apply it (submission
-//! never waits for work to run, only for ring room); never while a host
-//! thread waits for work. `plan_*` change nothing; `apply_*` record what was
-//! submitted, so an op refused on submission leaves the state as it was.
+//! One `Space` behind one mutex (`api/managed.rs`) holds the tables of every
+//! managed buffer a device can use: a device in no context has a space of its
+//! own; the devices of a context share one, so a page's state in every
+//! memory, every device's residency and every eviction choice are one
+//! critical section (a migration between two devices changes both at once).
+//! Who owns what: the space owns the tables and the per-memory figures
+//! (resident bytes, pages copied in, `ManagedStats` per memory); a table
+//! owns its pages' states and the storages of its copies; the api floor maps
+//! devices to memory indices and owns the streams copies run on. The lock is
+//! held to plan, submit the plan's ops and apply it (submission never waits
+//! for work to run, only for ring room); never while a host thread waits for
+//! work. `plan_*` change nothing; `apply_*` record what was submitted, so an
+//! op refused on submission leaves the state as it was.
 
 use crate::exec::storage::{Backing, Reach, Registration, Storage};
 use crate::exec::timeline::Timeline;
@@ -90,6 +109,12 @@ pub const DEFAULT_PAGE_BYTES: usize = 64 << 10;
 pub const THROTTLE_AFTER: u32 = 3;
 /// Thrash events after which a page is pinned where it is (UVM's default).
 pub const PIN_AFTER: u32 = 10;
+
+/// A stream as page states name it: (device, stream). Stream ids are per
+/// device.
+pub(crate) type Side = (u64, u64);
+/// The host's side: every pending point is another stream's.
+pub(crate) const HOST_SIDE: Side = (0, 0);
 
 /// A point on a timeline: an op's completion, or a host guard's release.
 #[derive(Clone)]
@@ -140,8 +165,9 @@ pub(crate) struct Page {
     reads: Vec<Point>,
     /// Last use on a device (the space's tick), for LRU.
     tick: u64,
-    /// `pages_in` of the device when the page was last evicted from it.
-    evicted_at: Option<u64>,
+    /// The memory the page was last evicted from, and that memory's
+    /// `pages_in` then (a thrash is a copy back into the same memory).
+    evicted_at: Option<(u8, u64)>,
     thrash: u32,
     /// Written at least once (host or device). An untouched page is zero in
     /// every memory, so making it resident copies nothing (first touch).
@@ -158,10 +184,26 @@ impl Page {
         self.valid & (1 << mem) != 0
     }
 
+    /// A device memory that holds the page (the lowest), if any.
+    fn holder(&self) -> Option<u8> {
+        let devices = self.valid & !(1 << HOST);
+        (devices != 0).then(|| devices.trailing_zeros() as u8)
+    }
+
+    /// Where a copy into another memory reads the page: the host's copy if
+    /// current (or the page is untouched: nothing is read), else a device's.
+    fn source(&self) -> u8 {
+        if self.has(HOST) || !self.touched {
+            HOST
+        } else {
+            self.holder().unwrap_or(HOST)
+        }
+    }
+
     /// Pending points of other streams' work a reader (`write` false) or a
     /// writer must follow.
-    fn deps(&self, write: bool, stream: u64, out: &mut Vec<Point>) {
-        let other = |p: &Point| p.timeline.stream != stream || stream == 0;
+    fn deps(&self, write: bool, side: Side, out: &mut Vec<Point>) {
+        let other = |p: &Point| side == HOST_SIDE || (p.timeline.device, p.timeline.stream) != side;
         if let Some(w) = &self.last_write {
             if w.pending() && other(w) {
                 out.push(w.clone());
@@ -195,32 +237,33 @@ impl Page {
     }
 }
 
-/// One managed buffer's pages and the memory behind each of its copies.
-pub(crate) struct Table {
-    pub(crate) pages: Vec<Page>,
-    pub(crate) page_bytes: usize,
-    pub(crate) bytes: usize,
-    /// The host's copy (pinned memory where the device has its own).
+/// One device's copy of a managed buffer, and the host's copy as that
+/// device reaches it.
+pub(crate) struct DeviceCopy {
+    /// The copy's memory index (`HOST` where the device's memory is the
+    /// host's: then `dev` is `host` and nothing ever moves).
+    pub(crate) mem: u8,
+    /// The host's copy, registered with this device (pinned memory or a
+    /// mapping of it its engines reach).
     pub(crate) host: Arc<Storage>,
-    /// The device's copy (the same storage as `host` where the device's
-    /// memory is the host's: no copies ever).
+    /// The device's copy.
     pub(crate) dev: Arc<Storage>,
-    /// The device's memory index (`HOST` when it is the host's memory).
-    pub(crate) dev_mem: u8,
     /// The mapping under `dev`, where the device's memory is modelled in
     /// host memory: idle clean pages it evicts are given back.
     pub(crate) window: Option<Arc<window::Window>>,
 }
 
+/// One managed buffer's pages and the memory behind each of its copies.
+pub(crate) struct Table {
+    pub(crate) pages: Vec<Page>,
+    pub(crate) page_bytes: usize,
+    pub(crate) bytes: usize,
+    /// One per device the buffer is usable on.
+    pub(crate) copies: Vec<DeviceCopy>,
+}
+
 impl Table {
-    pub(crate) fn new(
-        bytes: usize,
-        page_bytes: usize,
-        host: Arc<Storage>,
-        dev: Arc<Storage>,
-        dev_mem: u8,
-        window: Option<Arc<window::Window>>,
-    ) -> Table {
+    pub(crate) fn new(bytes: usize, page_bytes: usize, copies: Vec<DeviceCopy>) -> Table {
         let n = bytes.div_ceil(page_bytes);
         Table {
             pages: vec![
@@ -232,11 +275,18 @@ impl Table {
             ],
             page_bytes,
             bytes,
-            host,
-            dev,
-            dev_mem,
-            window,
+            copies,
         }
+    }
+
+    /// The copy in memory `mem` (a device's), if the buffer has one.
+    pub(crate) fn copy_at(&self, mem: u8) -> Option<&DeviceCopy> {
+        self.copies.iter().find(|c| c.mem == mem)
+    }
+
+    /// Whether memory `mem` is one of the buffer's device memories.
+    fn has_mem(&self, mem: u8) -> bool {
+        mem != HOST && self.copy_at(mem).is_some()
     }
 
     /// The pages a byte range covers.
@@ -267,10 +317,13 @@ pub(crate) struct Access {
     pub(crate) write: bool,
 }
 
-/// A run of pages of one buffer to move; `copy` false for a clean eviction.
+/// A run of pages of one buffer to move; `copy` false for a clean eviction
+/// (or a first touch).
 #[derive(Clone, Debug)]
 pub(crate) struct Move {
     pub(crate) buffer: u64,
+    /// The memory the bytes come from (for an eviction, the evicting one).
+    pub(crate) from: u8,
     pub(crate) pages: std::ops::Range<usize>,
     /// Byte offset and length of the run.
     pub(crate) off: usize,
@@ -296,13 +349,19 @@ pub(crate) struct TooLarge {
     pub(crate) budget: usize,
 }
 
-/// Totals since the device's first managed buffer.
+/// Totals since the device's first managed buffer (per device: each counts
+/// the copies into and out of its own memory).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ManagedStats {
     /// Bytes copied host → device (declared accesses and prefetches).
     pub bytes_to_device: u64,
     /// Bytes copied device → host (host access, prefetches, dirty evictions).
     pub bytes_to_host: u64,
+    /// Bytes copied into this device straight from another device's copy
+    /// (a peer copy over a direct path; included in `bytes_to_device`).
+    pub bytes_from_peer: u64,
+    /// Bytes copied out of this device straight into another device's copy.
+    pub bytes_to_peer: u64,
     /// Pages moved for kernels' and copies' declared accesses.
     pub declared_pages: u64,
     /// Pages moved by prefetches.
@@ -331,8 +390,8 @@ pub struct ManagedStats {
 /// hold: `(value, hold)`.
 type Blocked = (Arc<Timeline>, Vec<(u64, usize)>);
 
-/// The managed state of one device: every managed buffer's table, what each
-/// memory holds, and the totals.
+/// The managed state of a device, or of the devices of a context: every
+/// managed buffer's table, what each memory holds, and the totals per memory.
 #[derive(Default)]
 pub(crate) struct Space {
     pub(crate) tables: HashMap<u64, Table>,
@@ -340,7 +399,8 @@ pub(crate) struct Space {
     /// Pages copied into each memory so far (the thrash window's clock).
     pages_in: [u64; MAX_MEMORIES],
     tick: u64,
-    pub(crate) stats: ManagedStats,
+    /// Per memory index (grown as memories are named).
+    pub(crate) stats: Vec<ManagedStats>,
     /// Host guards' holds that are live (their timelines, as addresses).
     live_holds: std::collections::HashSet<usize>,
     /// Per stream timeline (address): from which of its values on it waits
@@ -349,13 +409,14 @@ pub(crate) struct Space {
     /// would end only after a guard it holds drops.
     /// The timeline is kept so its address names it while the entry lives.
     blocked: HashMap<usize, Blocked>,
-    /// Thrash throttling and pinning off (`Device::set_managed_thrash_throttling`):
-    /// thrash events are still counted, eviction ignores them.
-    pub(crate) no_throttle: bool,
-    /// Migrate as a faulting device would (`Device::set_managed_fault_model`).
-    pub(crate) fault_model: Option<DeviceFaultCost>,
-    /// Device time at which the modelled fault servicer is free.
-    pub(crate) fault_servicer: Arc<std::sync::atomic::AtomicU64>,
+    /// Memories (bits) whose thrash throttling and pinning is off
+    /// (`Device::set_managed_thrash_throttling`): thrash events are still
+    /// counted, eviction ignores them.
+    pub(crate) no_throttle: u32,
+    /// Per memory: migrate as a faulting device would
+    /// (`Device::set_managed_fault_model`), and the device time at which its
+    /// modelled fault servicer is free.
+    pub(crate) fault_models: HashMap<u8, (DeviceFaultCost, Arc<std::sync::atomic::AtomicU64>)>,
 }
 
 /// What a modelled device page fault costs (`Device::set_managed_fault_model`).
@@ -373,6 +434,44 @@ fn key(t: &Arc<Timeline>) -> usize {
 }
 
 impl Space {
+    /// The figures of memory `mem`.
+    pub(crate) fn stats_mut(&mut self, mem: u8) -> &mut ManagedStats {
+        let i = mem as usize;
+        if self.stats.len() <= i {
+            self.stats.resize(i + 1, ManagedStats::default());
+        }
+        &mut self.stats[i]
+    }
+
+    /// The figures of memory `mem` (zero if it never moved anything).
+    pub(crate) fn stats_of(stats: &[ManagedStats], mem: u8) -> ManagedStats {
+        stats.get(mem as usize).copied().unwrap_or_default()
+    }
+
+    /// Adds the totals of a device's former space (`old`, its memory's
+    /// figures there) to memory `mem`'s; residency is this space's own.
+    pub(crate) fn adopt_stats(&mut self, mem: u8, old: ManagedStats) {
+        let st = self.stats_mut(mem);
+        st.bytes_to_device += old.bytes_to_device;
+        st.bytes_to_host += old.bytes_to_host;
+        st.bytes_from_peer += old.bytes_from_peer;
+        st.bytes_to_peer += old.bytes_to_peer;
+        st.declared_pages += old.declared_pages;
+        st.prefetch_pages += old.prefetch_pages;
+        st.host_access_pages += old.host_access_pages;
+        st.host_fault_pages += old.host_fault_pages;
+        st.clean_evictions += old.clean_evictions;
+        st.dirty_evictions += old.dirty_evictions;
+        st.dirty_eviction_bytes += old.dirty_eviction_bytes;
+        st.thrash_events += old.thrash_events;
+        st.throttled_pages += old.throttled_pages;
+        st.pinned_pages += old.pinned_pages;
+    }
+
+    fn throttles(&self, mem: u8) -> bool {
+        self.no_throttle & (1 << mem) == 0
+    }
+
     /// A host guard's hold (on timeline `t`) is live.
     pub(crate) fn add_hold(&mut self, t: &Arc<Timeline>) {
         self.live_holds.insert(key(t));
@@ -418,13 +517,13 @@ impl Space {
     }
 
     /// The waits and copies that make `accesses` resident in memory `mem`
-    /// for an op on `stream` (0: the host), evicting past `budget` bytes.
-    /// Changes nothing.
+    /// for an op on stream `side` (`HOST_SIDE`: the host), evicting from
+    /// `mem` past `budget` bytes. Changes nothing.
     pub(crate) fn plan_device(
         &self,
         accesses: &[Access],
         mem: u8,
-        stream: u64,
+        side: Side,
         budget: Option<usize>,
     ) -> Result<Plan, TooLarge> {
         let mut plan = Plan::default();
@@ -452,10 +551,10 @@ impl Space {
             let moving = mem != HOST && !page.has(mem);
             // A migration copy writes the target memory's copy: it follows
             // readers too.
-            page.deps(write || moving, stream, &mut plan.waits);
+            page.deps(write || moving, side, &mut plan.waits);
             if moving {
                 incoming += len;
-                push_run(&mut plan.moves, t, b, p, page.touched);
+                push_run(&mut plan.moves, t, b, p, page.touched, page.source());
             }
         }
         if mem == HOST {
@@ -470,12 +569,12 @@ impl Space {
                 let mut want = resident + incoming - budget;
                 let mut victims: Vec<(u8, u64, u64, usize, usize)> = Vec::new();
                 for (&b, t) in &self.tables {
-                    if t.dev_mem != mem {
+                    if !t.has_mem(mem) {
                         continue;
                     }
                     for (p, page) in t.pages.iter().enumerate() {
                         if page.has(mem) && !own.contains_key(&(b, p)) {
-                            let rank = victim_rank(page, mem, !self.no_throttle);
+                            let rank = victim_rank(page, mem, self.throttles(mem));
                             victims.push((rank, page.tick, b, p, t.page_len(p)));
                         }
                     }
@@ -493,11 +592,12 @@ impl Space {
                 for (b, p) in chosen {
                     let t = &self.tables[&b];
                     let page = &t.pages[p];
-                    let dirty = !page.has(HOST);
+                    // The last copy anywhere: it goes back to the host.
+                    let dirty = page.valid == 1 << mem;
                     // After the page's queued work; a copy back writes the
                     // host's copy.
-                    page.deps(true, stream, &mut plan.waits);
-                    push_run(&mut plan.evictions, t, b, p, dirty);
+                    page.deps(true, side, &mut plan.waits);
+                    push_run(&mut plan.evictions, t, b, p, dirty, mem);
                 }
                 // Past evicting everything evictable the access still does not
                 // fit: the rest of the budget is the pool's, or pages other
@@ -510,7 +610,8 @@ impl Space {
     }
 
     /// The waits before the host reads (`write` false) or writes a range,
-    /// and the runs to copy back to the host first.
+    /// and the runs to copy back to the host first (each from a device that
+    /// holds it).
     pub(crate) fn plan_host(&self, a: &Access) -> Plan {
         let mut plan = Plan::default();
         let Some(t) = self.tables.get(&a.buffer) else {
@@ -518,16 +619,17 @@ impl Space {
         };
         for p in t.pages_of(a.off, a.bytes) {
             let page = &t.pages[p];
-            page.deps(a.write, 0, &mut plan.waits);
+            page.deps(a.write, HOST_SIDE, &mut plan.waits);
             if !page.has(HOST) {
-                push_run(&mut plan.moves, t, a.buffer, p, true);
+                push_run(&mut plan.moves, t, a.buffer, p, true, page.source());
             }
         }
         plan
     }
 
-    /// The copies back for a prefetch of a range to the host on `stream`.
-    pub(crate) fn plan_to_host(&self, a: &Access, stream: u64) -> Plan {
+    /// The copies back for a prefetch of a range to the host on stream
+    /// `side`.
+    pub(crate) fn plan_to_host(&self, a: &Access, side: Side) -> Plan {
         let mut plan = Plan::default();
         let Some(t) = self.tables.get(&a.buffer) else {
             return plan;
@@ -535,15 +637,34 @@ impl Space {
         for p in t.pages_of(a.off, a.bytes) {
             let page = &t.pages[p];
             let moving = !page.has(HOST);
-            let dropping = !page.read_mostly && t.dev_mem != HOST && page.has(t.dev_mem);
+            let dropping = !page.read_mostly && page.holder().is_some();
             if moving || dropping {
-                page.deps(true, stream, &mut plan.waits);
+                page.deps(true, side, &mut plan.waits);
             }
             if moving {
-                push_run(&mut plan.moves, t, a.buffer, p, true);
+                push_run(&mut plan.moves, t, a.buffer, p, true, page.source());
             }
         }
         plan
+    }
+
+    /// Drops page `p`'s copies in the device memories `mems` (bits):
+    /// their room is free again. Returns nothing; updates residency.
+    fn drop_copies(&mut self, buffer: u64, p: usize, mems: u32) {
+        let Some(t) = self.tables.get_mut(&buffer) else {
+            return;
+        };
+        let len = t.page_len(p);
+        let page = &mut t.pages[p];
+        let gone = page.valid & mems & !(1 << HOST);
+        page.valid &= !gone;
+        let mut bits = gone;
+        while bits != 0 {
+            let m = bits.trailing_zeros() as u8;
+            bits &= bits - 1;
+            self.resident[m as usize] -= len;
+            self.sync_resident(m);
+        }
     }
 
     /// An eviction was submitted (`copy`: its copy back, at `point`).
@@ -553,6 +674,7 @@ impl Space {
         };
         let mut freed = 0;
         let pages_in = self.pages_in[mem as usize];
+        let (mut dirty, mut dirty_bytes, mut clean) = (0u64, 0u64, 0u64);
         for p in m.pages.clone() {
             let len = t.page_len(p);
             let page = &mut t.pages[p];
@@ -561,28 +683,34 @@ impl Space {
             }
             freed += len;
             page.valid &= !(1 << mem);
-            page.evicted_at = Some(pages_in);
+            page.evicted_at = Some((mem, pages_in));
             if let Some(pt) = &point {
                 page.valid |= 1 << HOST;
                 page.write(pt.clone());
-                self.stats.dirty_evictions += 1;
-                self.stats.dirty_eviction_bytes += len as u64;
-                self.stats.bytes_to_host += len as u64;
+                dirty += 1;
+                dirty_bytes += len as u64;
             } else {
-                self.stats.clean_evictions += 1;
+                clean += 1;
                 if !page.busy() {
-                    if let Some(w) = &t.window {
+                    if let Some(w) = t.copy_at(mem).and_then(|c| c.window.as_ref()) {
                         w.release(p * t.page_bytes, len);
                     }
                 }
             }
         }
         self.resident[mem as usize] -= freed;
+        let st = self.stats_mut(mem);
+        st.dirty_evictions += dirty;
+        st.dirty_eviction_bytes += dirty_bytes;
+        st.bytes_to_host += dirty_bytes;
+        st.clean_evictions += clean;
         self.sync_resident(mem);
     }
 
-    /// A copy of a run into memory `to` was submitted, ordered at `point`
-    /// (`None` for a first touch, which copies nothing: `m.copy` is false).
+    /// A copy of a run into memory `to` (from `m.from`) was submitted,
+    /// ordered at `point` (`None` for a first touch, which copies nothing:
+    /// `m.copy` is false). `peer`: the bytes went straight from one device's
+    /// memory to another's.
     pub(crate) fn apply_move(
         &mut self,
         m: &Move,
@@ -591,68 +719,87 @@ impl Space {
         reason: MigrationReason,
         budget: Option<usize>,
     ) {
-        let Some(t) = self.tables.get_mut(&m.buffer) else {
+        let Some(t) = self.tables.get(&m.buffer) else {
             return;
         };
         let window = budget.map(|b| (b / t.page_bytes.max(1)) as u64);
-        let mut added = 0;
+        let throttles = self.throttles(to);
+        let from = m.from;
         for p in m.pages.clone() {
+            let Some(t) = self.tables.get_mut(&m.buffer) else {
+                return;
+            };
             let len = t.page_len(p);
             let page = &mut t.pages[p];
             if page.has(to) {
                 continue;
             }
+            let (mut thrash, mut throttled, mut pinned) = (0, 0, 0);
+            let mut others = 0u32;
             if to != HOST {
                 let now = self.pages_in[to as usize];
-                if let (Some(at), Some(w)) = (page.evicted_at, window) {
-                    if now - at < w {
+                if let (Some((from_mem, at)), Some(w)) = (page.evicted_at, window) {
+                    if from_mem == to && now - at < w {
                         page.thrash += 1;
-                        self.stats.thrash_events += 1;
-                        if page.thrash == THROTTLE_AFTER && !self.no_throttle {
-                            self.stats.throttled_pages += 1;
+                        thrash = 1;
+                        if page.thrash == THROTTLE_AFTER && throttles {
+                            throttled = 1;
                         }
-                        if page.thrash == PIN_AFTER && !self.no_throttle {
-                            self.stats.pinned_pages += 1;
+                        if page.thrash == PIN_AFTER && throttles {
+                            pinned = 1;
                         }
                     }
                 }
-                page.evicted_at = None;
-                self.pages_in[to as usize] += 1;
-                added += len;
-                if point.is_some() {
-                    self.stats.bytes_to_device += len as u64;
+                if page.evicted_at.is_some_and(|(m, _)| m == to) {
+                    page.evicted_at = None;
                 }
+                self.pages_in[to as usize] += 1;
+                self.resident[to as usize] += len;
                 if !page.read_mostly {
                     // One device copy at a time: the host's stays.
-                    page.valid &= 1 << HOST;
+                    others = page.valid & !(1 << HOST);
                 }
-            } else if point.is_some() {
-                self.stats.bytes_to_host += len as u64;
             }
             page.valid |= 1 << to;
-            let Some(point) = &point else {
-                continue;
-            };
-            if to == HOST {
-                // A copy back for a host read is not ordered after the
-                // device copy's queued readers (a read waits for writers
-                // only): they stay, so a later write to either copy (a
-                // copy in, a host write) still waits for them.
-                page.reads.retain(Point::pending);
-                page.last_write = Some(point.clone());
-            } else {
-                page.write(point.clone());
+            if let Some(point) = &point {
+                if to == HOST {
+                    // A copy back for a host read is not ordered after the
+                    // device copy's queued readers (a read waits for writers
+                    // only): they stay, so a later write to either copy (a
+                    // copy in, a host write) still waits for them.
+                    page.reads.retain(Point::pending);
+                    page.last_write = Some(point.clone());
+                } else {
+                    page.write(point.clone());
+                }
             }
-            match reason {
-                MigrationReason::Declared => self.stats.declared_pages += 1,
-                MigrationReason::Prefetch => self.stats.prefetch_pages += 1,
-                MigrationReason::HostAccess => self.stats.host_access_pages += 1,
-                MigrationReason::HostFault => self.stats.host_fault_pages += 1,
-                MigrationReason::Eviction => {}
+            let copied = point.is_some();
+            let len = len as u64;
+            if to == HOST {
+                let st = self.stats_mut(from);
+                if copied {
+                    st.bytes_to_host += len;
+                }
+                count_reason(st, reason, copied);
+            } else {
+                let st = self.stats_mut(to);
+                st.thrash_events += thrash;
+                st.throttled_pages += throttled;
+                st.pinned_pages += pinned;
+                if copied {
+                    st.bytes_to_device += len;
+                    if from != HOST {
+                        st.bytes_from_peer += len;
+                    }
+                }
+                count_reason(st, reason, copied);
+                if copied && from != HOST {
+                    self.stats_mut(from).bytes_to_peer += len;
+                }
+                self.drop_copies(m.buffer, p, others);
             }
         }
         if to != HOST {
-            self.resident[to as usize] += added;
             self.sync_resident(to);
         }
     }
@@ -664,26 +811,29 @@ impl Space {
         let Some(t) = self.tables.get_mut(&a.buffer) else {
             return;
         };
-        let mut dropped = 0;
+        let mut dropped = Vec::new();
         for p in t.pages_of(a.off, a.bytes) {
-            let len = t.page_len(p);
             let page = &mut t.pages[p];
             page.tick = tick;
             if a.write {
-                if mem == HOST && t.dev_mem != HOST && page.has(t.dev_mem) {
-                    dropped += len;
-                }
-                page.valid = 1 << mem;
+                dropped.push((p, page.valid & !(1 << mem)));
                 page.touched = true;
                 page.write(point.clone());
             } else {
                 page.read(point.clone());
             }
         }
-        let dev = t.dev_mem;
-        if dropped > 0 {
-            self.resident[dev as usize] -= dropped;
-            self.sync_resident(dev);
+        for (p, others) in dropped {
+            self.drop_copies(a.buffer, p, others);
+            if let Some(page) = self
+                .tables
+                .get_mut(&a.buffer)
+                .and_then(|t| t.pages.get_mut(p))
+            {
+                // A write leaves that memory alone in `valid` (the host's
+                // copy too: `drop_copies` keeps it).
+                page.valid = 1 << mem;
+            }
         }
     }
 
@@ -694,20 +844,17 @@ impl Space {
         let Some(t) = self.tables.get_mut(&a.buffer) else {
             return;
         };
-        let dev = t.dev_mem;
-        let mut dropped = 0;
-        for p in t.pages_of(a.off, a.bytes) {
-            let len = t.page_len(p);
-            let page = &mut t.pages[p];
-            if dev != HOST && page.has(dev) {
-                dropped += len;
+        let pages = t.pages_of(a.off, a.bytes);
+        for p in pages {
+            self.drop_copies(a.buffer, p, u32::MAX);
+            if let Some(page) = self
+                .tables
+                .get_mut(&a.buffer)
+                .and_then(|t| t.pages.get_mut(p))
+            {
+                page.valid = 1 << HOST;
+                page.touched = true;
             }
-            page.valid = 1 << HOST;
-            page.touched = true;
-        }
-        if dropped > 0 {
-            self.resident[dev as usize] -= dropped;
-            self.sync_resident(dev);
         }
     }
 
@@ -741,30 +888,28 @@ impl Space {
     }
 
     /// A prefetch to the host of `a` was submitted: without ReadMostly the
-    /// device's copies go (their copy back, if any, is ordered before).
+    /// devices' copies go, after `stream_point` (the end of the prefetching
+    /// stream's waits and copies back): later writes of any copy follow it.
     pub(crate) fn apply_to_host(&mut self, a: &Access, stream_point: Option<Point>) {
         let Some(t) = self.tables.get_mut(&a.buffer) else {
             return;
         };
-        let dev = t.dev_mem;
-        if dev == HOST {
-            return;
-        }
-        let mut dropped = 0;
+        let mut dropping = Vec::new();
         for p in t.pages_of(a.off, a.bytes) {
-            let len = t.page_len(p);
             let page = &mut t.pages[p];
-            if !page.read_mostly && page.has(dev) && page.has(HOST) {
-                page.valid &= !(1 << dev);
-                dropped += len;
+            if !page.read_mostly && page.holder().is_some() && page.has(HOST) {
                 if let Some(pt) = &stream_point {
-                    // Later device copies in follow this stream's point.
-                    page.write(pt.clone());
+                    // Later copies in (writers) follow this stream's point;
+                    // the page's last write (a copy back on another
+                    // device's stream, maybe) stays what readers follow.
+                    page.read(pt.clone());
                 }
+                dropping.push(p);
             }
         }
-        self.resident[dev as usize] -= dropped;
-        self.sync_resident(dev);
+        for p in dropping {
+            self.drop_copies(a.buffer, p, u32::MAX);
+        }
     }
 
     /// Sets or clears advice on a range.
@@ -825,24 +970,21 @@ impl Space {
 
     /// A buffer is gone: its resident pages stop counting.
     pub(crate) fn remove(&mut self, buffer: u64) {
-        if let Some(t) = self.tables.remove(&buffer) {
-            if t.dev_mem != HOST {
-                let held: usize = (0..t.pages.len())
-                    .filter(|&p| t.pages[p].has(t.dev_mem))
-                    .map(|p| t.page_len(p))
-                    .sum();
-                self.resident[t.dev_mem as usize] -= held;
-                self.sync_resident(t.dev_mem);
-            }
+        let Some(t) = self.tables.get(&buffer) else {
+            return;
+        };
+        for p in 0..t.pages.len() {
+            self.drop_copies(buffer, p, u32::MAX);
         }
+        self.tables.remove(&buffer);
     }
 
     fn sync_resident(&mut self, mem: u8) {
         if mem != HOST {
-            self.stats.resident_bytes = self.resident[mem as usize] as u64;
+            let r = self.resident[mem as usize] as u64;
+            self.stats_mut(mem).resident_bytes = r;
         }
     }
-
     /// Whether a page is busy with queued work (for tests and figures).
     #[cfg(test)]
     fn page(&self, buffer: u64, p: usize) -> &Page {
@@ -867,9 +1009,9 @@ fn victim_rank(page: &Page, mem: u8, throttle: bool) -> u8 {
     class * 2 + u8::from(page.busy())
 }
 
-fn push_run(runs: &mut Vec<Move>, t: &Table, buffer: u64, p: usize, copy: bool) {
+fn push_run(runs: &mut Vec<Move>, t: &Table, buffer: u64, p: usize, copy: bool, from: u8) {
     if let Some(last) = runs.last_mut() {
-        if last.buffer == buffer && last.pages.end == p && last.copy == copy {
+        if last.buffer == buffer && last.pages.end == p && last.copy == copy && last.from == from {
             last.pages.end = p + 1;
             let (off, bytes) = t.run_bytes(&last.pages);
             last.off = off;
@@ -881,11 +1023,26 @@ fn push_run(runs: &mut Vec<Move>, t: &Table, buffer: u64, p: usize, copy: bool) 
     let (off, bytes) = t.run_bytes(&pages);
     runs.push(Move {
         buffer,
+        from,
         pages,
         off,
         bytes,
         copy,
     });
+}
+
+/// Counts a copied page under its reason.
+fn count_reason(st: &mut ManagedStats, reason: MigrationReason, copied: bool) {
+    if !copied {
+        return;
+    }
+    match reason {
+        MigrationReason::Declared => st.declared_pages += 1,
+        MigrationReason::Prefetch => st.prefetch_pages += 1,
+        MigrationReason::HostAccess => st.host_access_pages += 1,
+        MigrationReason::HostFault => st.host_fault_pages += 1,
+        MigrationReason::Eviction => {}
+    }
 }
 
 /// A storage over `bytes` of `base` from `off`: what a migration copy or a
@@ -951,8 +1108,14 @@ mod tests {
     fn space(pages: usize, page: usize) -> Space {
         let mut s = Space::default();
         let st = storage(pages * page);
+        let copy = DeviceCopy {
+            mem: 1,
+            host: st.clone(),
+            dev: st,
+            window: None,
+        };
         s.tables
-            .insert(7, Table::new(pages * page, page, st.clone(), st, 1, None));
+            .insert(7, Table::new(pages * page, page, vec![copy]));
         s
     }
 
@@ -976,7 +1139,7 @@ mod tests {
     fn a_read_copies_in_once_and_a_write_makes_the_page_dirty() {
         let mut s = space(4, 4096);
         let plan = s
-            .plan_device(&[all(4096 * 4, false)], 1, 1, Some(1 << 20))
+            .plan_device(&[all(4096 * 4, false)], 1, (1, 1), Some(1 << 20))
             .expect("fits");
         assert_eq!(plan.moves.len(), 1, "one run");
         assert_eq!(plan.moves[0].bytes, 4 * 4096);
@@ -989,7 +1152,7 @@ mod tests {
         );
         assert_eq!(s.resident(1), 4 * 4096);
         let again = s
-            .plan_device(&[all(4096 * 4, true)], 1, 1, Some(1 << 20))
+            .plan_device(&[all(4096 * 4, true)], 1, (1, 1), Some(1 << 20))
             .expect("fits");
         assert!(again.moves.is_empty(), "already resident");
         s.apply_use(&all(4096 * 4, true), 1, point(1, 2));
@@ -1021,7 +1184,7 @@ mod tests {
         // A host write now must wait for that reader too (a copy in after it
         // would overwrite what it reads).
         let mut waits = Vec::new();
-        s.page(7, 0).deps(true, 0, &mut waits);
+        s.page(7, 0).deps(true, HOST_SIDE, &mut waits);
         assert!(waits.iter().any(|p| p.same(&reader)), "the reader is kept");
     }
 
@@ -1036,7 +1199,7 @@ mod tests {
                 bytes: 4096,
                 write: p == 1,
             };
-            let plan = s.plan_device(&[a], 1, 1, budget).expect("fits");
+            let plan = s.plan_device(&[a], 1, (1, 1), budget).expect("fits");
             s.apply_move(
                 &plan.moves[0],
                 1,
@@ -1052,7 +1215,7 @@ mod tests {
             bytes: 4096,
             write: false,
         };
-        let plan = s.plan_device(&[a], 1, 1, budget).expect("fits");
+        let plan = s.plan_device(&[a], 1, (1, 1), budget).expect("fits");
         assert_eq!(plan.evictions.len(), 1);
         assert_eq!(plan.evictions[0].pages, 0..1, "least recently used");
         assert!(!plan.evictions[0].copy, "page 0 is clean");
@@ -1062,7 +1225,95 @@ mod tests {
             bytes: 3 * 4096,
             write: false,
         };
-        let err = s.plan_device(&[a], 1, 1, budget).err().expect("too large");
+        let err = s
+            .plan_device(&[a], 1, (1, 1), budget)
+            .err()
+            .expect("too large");
         assert_eq!((err.needed, err.budget), (3 * 4096, 2 * 4096));
+    }
+
+    /// A buffer with copies in memories 1 and 2 (two devices of a context).
+    fn two_device_space(pages: usize, page: usize) -> Space {
+        let mut s = Space::default();
+        let st = storage(pages * page);
+        let copies = (1..=2)
+            .map(|mem| DeviceCopy {
+                mem,
+                host: st.clone(),
+                dev: st.clone(),
+                window: None,
+            })
+            .collect();
+        s.tables.insert(7, Table::new(pages * page, page, copies));
+        s
+    }
+
+    #[test]
+    fn a_page_dirty_on_one_device_moves_to_another_from_it_and_read_mostly_keeps_both() {
+        let mut s = two_device_space(2, 4096);
+        let first = s
+            .plan_device(&[all(2 * 4096, true)], 1, (1, 1), None)
+            .expect("fits");
+        s.apply_move(&first.moves[0], 1, None, MigrationReason::Declared, None);
+        let writer = point(1, 1);
+        s.apply_use(&all(2 * 4096, true), 1, writer.clone());
+        let plan = s
+            .plan_device(&[all(2 * 4096, false)], 2, (2, 1), None)
+            .expect("fits");
+        assert_eq!(plan.moves.len(), 1);
+        assert_eq!(plan.moves[0].from, 1, "straight from device 1's copy");
+        assert!(
+            !plan.waits.is_empty() && plan.waits.iter().all(|w| w.same(&writer)),
+            "after device 1's writer"
+        );
+        s.apply_move(
+            &plan.moves[0],
+            2,
+            Some(point(2, 2)),
+            MigrationReason::Declared,
+            None,
+        );
+        assert_eq!(s.page(7, 0).valid, 1 << 2, "moved: one device copy");
+        assert_eq!((s.resident(1), s.resident(2)), (0, 2 * 4096));
+        assert_eq!(s.stats[2].bytes_from_peer, 2 * 4096);
+        assert_eq!(s.stats[1].bytes_to_peer, 2 * 4096);
+        // ReadMostly: a read on device 1 keeps device 2's replica.
+        s.advise(7, 0, 2 * 4096, Advice::ReadMostly, |_| None, true);
+        let plan = s
+            .plan_device(&[all(2 * 4096, false)], 1, (1, 3), None)
+            .expect("fits");
+        s.apply_move(
+            &plan.moves[0],
+            1,
+            Some(point(1, 3)),
+            MigrationReason::Declared,
+            None,
+        );
+        assert_eq!(s.page(7, 1).valid, (1 << 1) | (1 << 2), "two replicas");
+        // Neither replica is the last copy: evicting one copies nothing.
+        let plan = s
+            .plan_device(
+                &[Access {
+                    buffer: 7,
+                    off: 0,
+                    bytes: 4096,
+                    write: false,
+                }],
+                1,
+                (1, 4),
+                Some(4096),
+            )
+            .expect("fits");
+        assert_eq!(plan.evictions.len(), 1);
+        assert!(!plan.evictions[0].copy, "device 2 still holds page 1");
+        // A write on device 2 invalidates device 1's replicas.
+        s.apply_use(&all(2 * 4096, true), 2, point(2, 5));
+        assert_eq!(s.page(7, 0).valid, 1 << 2);
+        assert_eq!((s.resident(1), s.resident(2)), (0, 2 * 4096));
+        let back = s.plan_host(&all(2 * 4096, false));
+        assert_eq!(
+            back.moves[0].from, 2,
+            "copied back from the device holding it"
+        );
     }
 }
