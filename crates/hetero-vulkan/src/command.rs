@@ -24,7 +24,7 @@ use crate::bound::{GraphSets, ParamBlock, SetId};
 use crate::device::{DeviceShared, Gpu};
 use crate::error::{call, Result, VkError};
 use crate::memory::Chunk;
-use crate::pipeline::{buffer_infos, check_buffers, storage_writes, Pipeline};
+use crate::pipeline::{buffer_infos, check_buffers, storage_writes, PerBinding, Pipeline};
 use crate::query::QueryPool;
 use crate::queue::Lane;
 
@@ -748,7 +748,7 @@ fn dispatch_accesses(
     p: &crate::pipeline::PipelineInner,
     groups: [u32; 3],
     buffers: &[(&Chunk, u64, u64)],
-) -> Result<Vec<Access>, VkError> {
+) -> Result<PerBinding<Access>, VkError> {
     let limits = &s.info.limits;
     for (i, (g, max)) in groups
         .iter()
