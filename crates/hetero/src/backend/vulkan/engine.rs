@@ -215,11 +215,14 @@ impl Engine {
         Engine {
             streams: Vec::with_capacity(16),
             seen: u64::MAX,
-            flights: VecDeque::new(),
+            // Room up front for the flights and batches of a device a few
+            // flushes behind, so that how far ahead a run first gets does
+            // not decide whether it allocates (the lists keep what they grow to).
+            flights: VecDeque::with_capacity(16),
             batch: 1,
             segments: [Vec::with_capacity(4), Vec::with_capacity(4)],
             waits: [0, 0],
-            closed: Vec::new(),
+            closed: Vec::with_capacity(4),
             done: [0, 0],
             signalled: [0, 0],
             pipelines: HashMap::new(),
