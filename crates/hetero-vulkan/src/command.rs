@@ -15,7 +15,14 @@
 //!
 //! Each command buffer has its own command pool: pools are externally
 //! synchronised, and one per buffer lets recorders on many threads run free.
+//!
+//! Reuse: [`Gpu::recorder_reusing`] records into a finished command buffer
+//! again once nothing holds it any more (its submissions completed and were
+//! released): its pool is reset, and its lists (keep-alive, barrier tracking,
+//! what is bound) keep their capacity, so steady-state recording allocates
+//! nothing on the Rust heap.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use ash::vk;
@@ -24,12 +31,26 @@ use crate::bound::{GraphSets, ParamBlock, SetId};
 use crate::device::{DeviceShared, Gpu};
 use crate::error::{call, Result, VkError};
 use crate::memory::Chunk;
-use crate::pipeline::{buffer_infos, check_buffers, storage_writes, Pipeline};
+use crate::pipeline::{
+    buffer_infos, check_buffers, storage_writes, PerBinding, Pipeline, INLINE_BINDINGS,
+};
 use crate::query::QueryPool;
 use crate::queue::Lane;
 
 /// Descriptor sets per fallback pool.
 const SETS_PER_POOL: u32 = 64;
+
+/// Empty command buffers `Gpu::recorder_reusing` adds to a caller's spares
+/// at most at once.
+const SPARES_GROWTH: usize = 32;
+
+/// Objects a new recorder's keep-alive list has room for (a few dozen
+/// commands on the same buffers need no more).
+const KEEP_ROOM: usize = 32;
+
+/// Push-constant bytes a recorder has room for without growing: the least
+/// `maxPushConstantsSize` Vulkan guarantees.
+const PUSH_ROOM: usize = 128;
 
 pub(crate) struct CommandBufferInner {
     pub(crate) shared: Arc<DeviceShared>,
@@ -38,11 +59,24 @@ pub(crate) struct CommandBufferInner {
     pub(crate) cb: vk::CommandBuffer,
     descriptor_pools: Vec<vk::DescriptorPool>,
     /// Chunks, pipelines and query pools the commands use.
-    _keep: Vec<Arc<dyn Send + Sync>>,
+    keep: Vec<Arc<dyn Send + Sync>>,
+    /// The recorder's lists, empty, kept for the next recording into it.
+    scratch: Scratch,
+}
+
+/// A recorder's working lists, handed back and forth with its command buffer
+/// so that recording into it again reuses their capacity.
+#[derive(Default)]
+struct Scratch {
+    since_barrier: Vec<Access>,
+    bound: Bound,
 }
 
 impl Drop for CommandBufferInner {
     fn drop(&mut self) {
+        if self.pool == vk::CommandPool::null() {
+            return; // its pool is a recorder's, which records into it again
+        }
         let d = &self.shared.device;
         // SAFETY: submissions hold this struct by Arc until they complete, so the
         // command buffer is not pending; destroying the pool frees the buffer.
@@ -59,6 +93,14 @@ impl Drop for CommandBufferInner {
 #[derive(Clone)]
 pub struct CommandBuffer {
     pub(crate) inner: Arc<CommandBufferInner>,
+}
+
+impl CommandBuffer {
+    /// Whether nothing but this handle holds the buffer (no clone, no
+    /// submission that has not been released), so it can be recorded again.
+    pub fn is_idle(&self) -> bool {
+        Arc::strong_count(&self.inner) == 1 && Arc::weak_count(&self.inner) == 0
+    }
 }
 
 impl std::fmt::Debug for CommandBuffer {
@@ -113,6 +155,9 @@ pub struct Recorder {
     pool: vk::CommandPool,
     cb: vk::CommandBuffer,
     descriptor_pools: Vec<vk::DescriptorPool>,
+    /// Descriptor pools in use (those past it were reset when the buffer
+    /// was recorded again, and are used before a new one is made).
+    pools_used: usize,
     keep: Vec<Arc<dyn Send + Sync>>,
     since_barrier: Vec<Access>,
     wrote: bool,
@@ -120,6 +165,9 @@ pub struct Recorder {
     /// constants): bindings persist in a command buffer, so a dispatch that
     /// binds the same records only itself.
     bound: Bound,
+    /// The command buffer recorded into again: `finish` fills it in place
+    /// (its pool is null meanwhile; this recorder owns the pool).
+    shell: Option<Arc<CommandBufferInner>>,
 }
 
 #[derive(Default)]
@@ -127,6 +175,15 @@ struct Bound {
     pipeline: vk::Pipeline,
     buffers: Vec<(vk::Buffer, u64, u64)>,
     push: Vec<u8>,
+}
+
+impl Bound {
+    /// Nothing bound (a new command buffer), capacity kept.
+    fn clear(&mut self) {
+        self.pipeline = vk::Pipeline::null();
+        self.buffers.clear();
+        self.push.clear();
+    }
 }
 
 impl Drop for Recorder {
@@ -148,6 +205,52 @@ impl Drop for Recorder {
 impl Gpu {
     /// Starts recording a command buffer for `lane`.
     pub fn recorder(&self, lane: Lane) -> Result<Recorder> {
+        Recorder::new(self, lane)
+    }
+
+    /// Starts recording for `lane` into a command buffer of `spares` that
+    /// nothing else holds any more ([`CommandBuffer::is_idle`]: its
+    /// submissions completed and were released), taken from the front (the
+    /// oldest first). `spares` is the caller's recycling list of finished
+    /// buffers of this device and lane, in the order submitted.
+    ///
+    /// When none of the first few is idle, it makes a new one, as
+    /// [`Gpu::recorder`] does, and adds as many empty buffers to `spares` as
+    /// it holds (at least one, at most `SPARES_GROWTH`): the list doubles, as
+    /// a `Vec`'s capacity does, so a caller that runs further ahead of the
+    /// device than before makes new buffers rarely, not at each recording.
+    ///
+    /// Reusing resets the buffer's command pool and descriptor pools and
+    /// keeps its lists' capacity: recording into it allocates nothing on the
+    /// Rust heap once the lists have grown to what a recording needs.
+    pub fn recorder_reusing(
+        &self,
+        lane: Lane,
+        spares: &mut VecDeque<CommandBuffer>,
+    ) -> Result<Recorder> {
+        let family = self.shared.plan.lane(lane).family;
+        let mut swept = false;
+        // A buffer held elsewhere (a graph's, appended to a batch) is moved
+        // to the back, so it does not hold up the ones behind it.
+        for _ in 0..spares.len().min(4) {
+            let Some(front) = spares.front() else { break };
+            if !front.is_idle() && !swept {
+                // Its submission may have completed without being released yet.
+                self.shared.sweep(self.shared.lanes[lane.index()]);
+                swept = true;
+            }
+            let Some(cmd) = spares.pop_front() else { break };
+            if !Arc::ptr_eq(&cmd.inner.shared, &self.shared) || cmd.inner.family != family {
+                continue; // not this lane's: dropped
+            }
+            if cmd.is_idle() {
+                return Recorder::reuse(self, lane, cmd);
+            }
+            spares.push_back(cmd);
+        }
+        for _ in 0..spares.len().clamp(1, SPARES_GROWTH) {
+            spares.push_back(Recorder::new(self, lane)?.finish()?);
+        }
         Recorder::new(self, lane)
     }
 }
@@ -175,10 +278,18 @@ impl Recorder {
             pool,
             cb: vk::CommandBuffer::null(),
             descriptor_pools: Vec::new(),
-            bound: Bound::default(),
-            keep: Vec::new(),
-            since_barrier: Vec::new(),
+            pools_used: 0,
+            // Room for a typical recording, so that one into a spare made
+            // ahead of need (`recorder_reusing`) does not grow them.
+            bound: Bound {
+                pipeline: vk::Pipeline::null(),
+                buffers: Vec::with_capacity(INLINE_BINDINGS),
+                push: Vec::with_capacity(PUSH_ROOM),
+            },
+            keep: Vec::with_capacity(KEEP_ROOM),
+            since_barrier: Vec::with_capacity(2 * INLINE_BINDINGS),
             wrote: false,
+            shell: None,
         };
         // SAFETY: the pool is ours and not used by any other thread.
         r.cb = unsafe { d.allocate_command_buffers(&alloc) }
@@ -188,6 +299,59 @@ impl Recorder {
         let begin = vk::CommandBufferBeginInfo::default()
             .flags(vk::CommandBufferUsageFlags::SIMULTANEOUS_USE);
         // SAFETY: the buffer is freshly allocated (initial state) and ours alone.
+        unsafe { d.begin_command_buffer(r.cb, &begin) }.map_err(call("vkBeginCommandBuffer"))?;
+        Ok(r)
+    }
+
+    /// Records into `cmd` again (idle, of this device and `lane`'s family:
+    /// `Gpu::recorder_reusing` checks): its pools are reset, its lists kept.
+    fn reuse(gpu: &Gpu, lane: Lane, cmd: CommandBuffer) -> Result<Recorder> {
+        let shared = Arc::clone(&gpu.shared);
+        let q = shared.plan.lane(lane);
+        let mut shell = cmd.inner;
+        let inner = Arc::get_mut(&mut shell).ok_or_else(|| {
+            VkError::InvalidArgument("a command buffer still held elsewhere".into())
+        })?;
+        let pool = std::mem::replace(&mut inner.pool, vk::CommandPool::null());
+        let mut keep = std::mem::take(&mut inner.keep);
+        keep.clear();
+        let scratch = std::mem::take(&mut inner.scratch);
+        // From here, Drop cleans up the pool (and the descriptor pools).
+        let mut r = Recorder {
+            shared: Arc::clone(&shared),
+            lane,
+            family: q.family,
+            computes: q.flags.contains(vk::QueueFlags::COMPUTE),
+            timestamp_bits: q.timestamp_valid_bits,
+            pool,
+            cb: inner.cb,
+            descriptor_pools: std::mem::take(&mut inner.descriptor_pools),
+            pools_used: 0,
+            keep,
+            since_barrier: scratch.since_barrier,
+            wrote: false,
+            bound: scratch.bound,
+            shell: None,
+        };
+        r.since_barrier.clear();
+        r.bound.clear();
+        r.shell = Some(shell);
+        let d = &shared.device;
+        // SAFETY: nothing else holds the buffer (checked above), so none of
+        // its submissions is pending; the pools are ours alone. Resetting the
+        // command pool returns its buffer to the initial state, resetting a
+        // descriptor pool frees its sets, which no buffer uses any more.
+        unsafe {
+            d.reset_command_pool(r.pool, vk::CommandPoolResetFlags::empty())
+                .map_err(call("vkResetCommandPool"))?;
+            for p in &r.descriptor_pools {
+                d.reset_descriptor_pool(*p, vk::DescriptorPoolResetFlags::empty())
+                    .map_err(call("vkResetDescriptorPool"))?;
+            }
+        }
+        let begin = vk::CommandBufferBeginInfo::default()
+            .flags(vk::CommandBufferUsageFlags::SIMULTANEOUS_USE);
+        // SAFETY: the buffer is in the initial state (its pool was reset) and ours alone.
         unsafe { d.begin_command_buffer(r.cb, &begin) }.map_err(call("vkBeginCommandBuffer"))?;
         Ok(r)
     }
@@ -522,16 +686,29 @@ impl Recorder {
     ) -> Result<vk::DescriptorSet> {
         let d = &self.shared.device;
         let layouts = [layout];
-        if let Some(&pool) = self.descriptor_pools.last() {
-            let info = vk::DescriptorSetAllocateInfo::default()
-                .descriptor_pool(pool)
-                .set_layouts(&layouts);
-            // SAFETY: the pool is ours (externally synchronised by &mut self).
-            match unsafe { d.allocate_descriptor_sets(&info) } {
-                Ok(sets) => return Ok(sets[0]),
-                Err(vk::Result::ERROR_OUT_OF_POOL_MEMORY | vk::Result::ERROR_FRAGMENTED_POOL) => {}
-                Err(e) => return Err(call("vkAllocateDescriptorSets")(e)),
+        // The pool in use, then those reset for reuse, in order.
+        loop {
+            if let Some(&pool) = self
+                .pools_used
+                .checked_sub(1)
+                .and_then(|i| self.descriptor_pools.get(i))
+            {
+                let info = vk::DescriptorSetAllocateInfo::default()
+                    .descriptor_pool(pool)
+                    .set_layouts(&layouts);
+                // SAFETY: the pool is ours (externally synchronised by &mut self).
+                match unsafe { d.allocate_descriptor_sets(&info) } {
+                    Ok(sets) => return Ok(sets[0]),
+                    Err(
+                        vk::Result::ERROR_OUT_OF_POOL_MEMORY | vk::Result::ERROR_FRAGMENTED_POOL,
+                    ) => {}
+                    Err(e) => return Err(call("vkAllocateDescriptorSets")(e)),
+                }
             }
+            if self.pools_used == self.descriptor_pools.len() {
+                break;
+            }
+            self.pools_used += 1;
         }
         let sizes = [vk::DescriptorPoolSize::default()
             .ty(vk::DescriptorType::STORAGE_BUFFER)
@@ -543,6 +720,7 @@ impl Recorder {
         let pool = unsafe { d.create_descriptor_pool(&info, None) }
             .map_err(call("vkCreateDescriptorPool"))?;
         self.descriptor_pools.push(pool);
+        self.pools_used = self.descriptor_pools.len();
         let info = vk::DescriptorSetAllocateInfo::default()
             .descriptor_pool(pool)
             .set_layouts(&layouts);
@@ -698,17 +876,30 @@ impl Recorder {
         // SAFETY: the buffer is in the recording state and ours.
         unsafe { self.shared.device.end_command_buffer(self.cb) }
             .map_err(call("vkEndCommandBuffer"))?;
+        let mut scratch = Scratch {
+            since_barrier: std::mem::take(&mut self.since_barrier),
+            bound: std::mem::take(&mut self.bound),
+        };
+        scratch.since_barrier.clear();
+        scratch.bound.clear();
         let inner = CommandBufferInner {
             shared: Arc::clone(&self.shared),
             family: self.family,
             pool: std::mem::replace(&mut self.pool, vk::CommandPool::null()),
             cb: self.cb,
             descriptor_pools: std::mem::take(&mut self.descriptor_pools),
-            _keep: std::mem::take(&mut self.keep),
+            keep: std::mem::take(&mut self.keep),
+            scratch,
         };
-        Ok(CommandBuffer {
-            inner: Arc::new(inner),
-        })
+        let inner = match self.shell.take() {
+            Some(mut shell) => {
+                // The old contents (a null pool, empty lists) drop here.
+                *Arc::get_mut(&mut shell).expect("a recorder holds its shell alone") = inner;
+                shell
+            }
+            None => Arc::new(inner),
+        };
+        Ok(CommandBuffer { inner })
     }
 }
 
@@ -748,7 +939,7 @@ fn dispatch_accesses(
     p: &crate::pipeline::PipelineInner,
     groups: [u32; 3],
     buffers: &[(&Chunk, u64, u64)],
-) -> Result<Vec<Access>, VkError> {
+) -> Result<PerBinding<Access>, VkError> {
     let limits = &s.info.limits;
     for (i, (g, max)) in groups
         .iter()

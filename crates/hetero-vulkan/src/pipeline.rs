@@ -14,6 +14,7 @@
 use std::sync::Arc;
 
 use ash::vk;
+use smallvec::SmallVec;
 
 use crate::device::{DeviceShared, Gpu};
 use crate::error::{call, Result, VkError};
@@ -314,6 +315,13 @@ impl Pipeline {
     }
 }
 
+/// Bindings a dispatch's per-binding lists hold inline (hetero's kernels take
+/// at most 16 buffers); a dispatch with more spills them to the heap.
+pub(crate) const INLINE_BINDINGS: usize = 16;
+
+/// A list with one entry per binding of a dispatch.
+pub(crate) type PerBinding<T> = SmallVec<[T; INLINE_BINDINGS]>;
+
 /// Checks `buffers` (chunk, offset, range) against pipeline `p`'s bindings
 /// (device, range, alignment, the shader's least sizes, the range limit);
 /// the buffer ranges (buffer, start, end) a dispatch with them touches.
@@ -321,7 +329,7 @@ pub(crate) fn check_buffers(
     s: &Arc<DeviceShared>,
     p: &PipelineInner,
     buffers: &[(&Chunk, u64, u64)],
-) -> Result<Vec<(vk::Buffer, u64, u64)>> {
+) -> Result<PerBinding<(vk::Buffer, u64, u64)>> {
     if buffers.len() != p.bindings as usize {
         return Err(VkError::InvalidArgument(format!(
             "dispatch with {} buffers, the pipeline binds {}",
@@ -331,7 +339,7 @@ pub(crate) fn check_buffers(
     }
     let limits = &s.info.limits;
     let align = limits.min_storage_buffer_offset_alignment.max(1);
-    let mut accesses = Vec::with_capacity(buffers.len());
+    let mut accesses = PerBinding::new();
     for (i, (chunk, offset, range)) in buffers.iter().enumerate() {
         chunk.same_device(s)?;
         chunk.check_range("dispatch binding", *offset, *range)?;
@@ -360,7 +368,9 @@ pub(crate) fn check_buffers(
 }
 
 /// One storage-buffer descriptor per buffer, in binding order.
-pub(crate) fn buffer_infos(buffers: &[(&Chunk, u64, u64)]) -> Vec<[vk::DescriptorBufferInfo; 1]> {
+pub(crate) fn buffer_infos(
+    buffers: &[(&Chunk, u64, u64)],
+) -> PerBinding<[vk::DescriptorBufferInfo; 1]> {
     buffers
         .iter()
         .map(|(c, o, r)| {
@@ -376,7 +386,7 @@ pub(crate) fn buffer_infos(buffers: &[(&Chunk, u64, u64)]) -> Vec<[vk::Descripto
 pub(crate) fn storage_writes(
     infos: &[[vk::DescriptorBufferInfo; 1]],
     set: vk::DescriptorSet,
-) -> Vec<vk::WriteDescriptorSet<'_>> {
+) -> PerBinding<vk::WriteDescriptorSet<'_>> {
     infos
         .iter()
         .enumerate()

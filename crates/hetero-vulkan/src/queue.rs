@@ -144,8 +144,9 @@ impl fmt::Display for QueuePlan {
     }
 }
 
-/// Objects a submission or command buffer uses, held until it completes.
-pub(crate) type KeepAlive = Vec<Arc<dyn Send + Sync>>;
+/// Objects a submission uses, held until it completes: its command buffers
+/// and timelines, inline for the usual few (a submission allocates nothing).
+pub(crate) type KeepAlive = smallvec::SmallVec<[Arc<dyn Send + Sync>; 4]>;
 
 /// One distinct `VkQueue`, its lock, and its private progress timeline.
 pub(crate) struct QueueSlot {

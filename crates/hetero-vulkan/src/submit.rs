@@ -5,9 +5,10 @@
 use crate::command::CommandBuffer;
 use crate::device::{lock, Gpu, Sync2};
 use crate::error::{call, Result, VkError};
-use crate::queue::Lane;
+use crate::queue::{KeepAlive, Lane};
 use crate::timeline::Timeline;
 use ash::vk;
+use smallvec::SmallVec;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -49,7 +50,8 @@ impl Gpu {
             }
         }
         let stage = vk::PipelineStageFlags2::ALL_COMMANDS;
-        let wait_infos: Vec<vk::SemaphoreSubmitInfo<'_>> = waits
+        // Inline lists: a submission of a few buffers allocates nothing.
+        let wait_infos: SmallVec<[vk::SemaphoreSubmitInfo<'_>; 4]> = waits
             .iter()
             .map(|(t, v)| {
                 vk::SemaphoreSubmitInfo::default()
@@ -58,7 +60,7 @@ impl Gpu {
                     .stage_mask(stage)
             })
             .collect();
-        let cb_infos: Vec<vk::CommandBufferSubmitInfo<'_>> = cmds
+        let cb_infos: SmallVec<[vk::CommandBufferSubmitInfo<'_>; 4]> = cmds
             .iter()
             .map(|c| vk::CommandBufferSubmitInfo::default().command_buffer(c.inner.cb))
             .collect();
@@ -72,7 +74,7 @@ impl Gpu {
             });
         }
         let value = state.last + 1;
-        let mut signal_infos: Vec<vk::SemaphoreSubmitInfo<'_>> = signals
+        let mut signal_infos: SmallVec<[vk::SemaphoreSubmitInfo<'_>; 4]> = signals
             .iter()
             .map(|(t, v)| {
                 vk::SemaphoreSubmitInfo::default()
@@ -107,7 +109,7 @@ impl Gpu {
         state.last = value;
         drop(state);
 
-        let mut keep: Vec<Arc<dyn Send + Sync>> = Vec::new();
+        let mut keep = KeepAlive::new();
         for c in cmds {
             keep.push(Arc::clone(&c.inner) as Arc<dyn Send + Sync>);
         }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ash::vk;
+use smallvec::SmallVec;
 
 use crate::device::{DeviceShared, Gpu};
 use crate::error::{call, Result, VkError};
@@ -142,8 +143,11 @@ impl Timeline {
         {
             return Err(VkError::ForeignObject { what: "a timeline" });
         }
-        let sems: Vec<vk::Semaphore> = waits.iter().map(|(t, _)| t.inner.semaphore).collect();
-        let values: Vec<u64> = waits.iter().map(|(_, v)| *v).collect();
+        // Inline for the usual few (an engine's lanes and doorbell): a wait
+        // allocates nothing.
+        let sems: SmallVec<[vk::Semaphore; 4]> =
+            waits.iter().map(|(t, _)| t.inner.semaphore).collect();
+        let values: SmallVec<[u64; 4]> = waits.iter().map(|(_, v)| *v).collect();
         let info = vk::SemaphoreWaitInfo::default()
             .flags(vk::SemaphoreWaitFlags::ANY)
             .semaphores(&sems)

@@ -64,7 +64,8 @@ fn multi_block_kernels_allocate_nothing_on_any_thread() {
         for (i, v) in blk.write::<u32>(0).iter_mut().enumerate() {
             *v = x[off + i] + 1;
         }
-    });
+    })
+    .wgsl(common::wgsl::map("u32", 1, "x0[i] + 1u"), "main");
     let round = || {
         for _ in 0..100 {
             s.launch(&k, Grid::new(8), &[Arg::read(&a), Arg::write(&b)])

@@ -273,9 +273,6 @@ const VK_GATED_KERNEL: &str = "holds a kernel running at a host gate (so the tes
 const VK_HOST_VIEWS: &str = "checks host-side typed views of a kernel's arguments (Block::read \
      with a mismatched element type, Block::write_rows of a flat buffer split between blocks); a \
      WGSL kernel binds raw storage buffers, so there is no view to check";
-const VK_RECORDING_ALLOCATES: &str = "counts allocations on the engine threads; the Vulkan \
-     engine records each flush into a new command buffer (hetero-vulkan Recorder, the flight \
-     and its op list), which allocates by design";
 const VK_NO_PLACEMENT: &str = "placement by data is the host engines' policy; the Vulkan \
      backend has one engine thread and one queue, so the check would pass vacuously";
 const VK_ONE_UNIT: &str = "asserts a plan of several lanes; a plan has at most one lane per \
@@ -306,10 +303,6 @@ const VULKAN_SKIPS: &[(&str, &str)] = &[
     (
         "a_flat_buffer_written_by_rows_by_several_blocks_fails_the_stream",
         VK_HOST_VIEWS,
-    ),
-    (
-        "multi_block_kernels_allocate_nothing_on_any_thread",
-        VK_RECORDING_ALLOCATES,
     ),
     (
         "consumers_follow_the_engine_that_wrote_their_data",

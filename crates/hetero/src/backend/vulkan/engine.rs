@@ -5,6 +5,11 @@
 //! One thread owns everything here (`Engine`): the flights in submission
 //! order, the pipelines, and the streams' engine-side fields. Streams only push.
 //!
+//! Steady state allocates nothing: the command buffer of a flush is one the
+//! engine submitted before, recorded again once its submission completed
+//! (`spares`, `rec_or_new`), and the lists of flights and batches are emptied
+//! and kept (`spare_ops`, `spare_segments`).
+//!
 //! Lanes: kernels and graphs run on the compute lane; copies, fills and
 //! host reads and writes on the transfer lane when the device has one of
 //! its own (a copy engine's queue, or `split_lanes`), else on the compute
@@ -50,6 +55,7 @@ use super::{Shared, VulkanStream};
 use crate::exec::kernel::DeviceCode;
 use crate::exec::op::{Body, Op};
 use hetero_vulkan::{CommandBuffer, Lane, Pipeline, Recorder};
+use smallvec::SmallVec;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -139,8 +145,18 @@ struct Flight {
 /// the other lane's batch it waits for (0: none).
 struct Closed {
     batch: u64,
-    lanes: [(Vec<CommandBuffer>, u64); 2],
+    lanes: [(Segments, u64); 2],
 }
+
+/// A lane's command buffers in a batch, each with whether this engine
+/// recorded it (and recycles it once submitted) or it is a recorded
+/// graph's, which keeps it.
+type Segments = Vec<(CommandBuffer, bool)>;
+
+/// Submitted command buffers kept per lane for recording again
+/// (`rec_or_new`), at most this many (the device running further ahead
+/// than that makes new ones).
+const SPARES: usize = 64;
 
 pub(super) struct Engine {
     streams: Vec<Arc<VulkanStream>>,
@@ -151,7 +167,7 @@ pub(super) struct Engine {
     /// Per lane: command buffers of the open batch finished before the
     /// lane's open recorder (a recorded graph's between them), and the other
     /// lane's batch the open batch must wait for.
-    segments: [Vec<CommandBuffer>; 2],
+    segments: [Segments; 2],
     waits: [u64; 2],
     /// Batches of this flush closed before the open one.
     closed: Vec<Closed>,
@@ -181,6 +197,12 @@ pub(super) struct Engine {
     queries_freed: u64,
     /// Graphs recorded once, resubmitted while they stay the same.
     pub(super) graphs: super::graph::Recorded,
+    /// Per lane: command buffers this engine recorded and submitted, oldest
+    /// first, recorded into again once their submissions complete.
+    pub(super) spares: [VecDeque<CommandBuffer>; 2],
+    /// Emptied lists, reused: the ops of a flight, a batch's command buffers.
+    spare_ops: Vec<VecDeque<Taken>>,
+    spare_segments: Vec<Segments>,
 }
 
 /// The flush's open recorder of each lane (compute, transfer).
@@ -193,11 +215,14 @@ impl Engine {
         Engine {
             streams: Vec::with_capacity(16),
             seen: u64::MAX,
-            flights: VecDeque::new(),
+            // Room up front for the flights and batches of a device a few
+            // flushes behind, so that how far ahead a run first gets does
+            // not decide whether it allocates (the lists keep what they grow to).
+            flights: VecDeque::with_capacity(16),
             batch: 1,
-            segments: [Vec::new(), Vec::new()],
+            segments: [Vec::with_capacity(4), Vec::with_capacity(4)],
             waits: [0, 0],
-            closed: Vec::new(),
+            closed: Vec::with_capacity(4),
             done: [0, 0],
             signalled: [0, 0],
             pipelines: HashMap::new(),
@@ -209,6 +234,18 @@ impl Engine {
             queries_taken: 0,
             queries_freed: 0,
             graphs: super::graph::Recorded::default(),
+            // Room for what a steady run of flushes circulates, so that
+            // the first flushes that run ahead of the device grow nothing.
+            spares: [
+                VecDeque::with_capacity(SPARES),
+                VecDeque::with_capacity(SPARES),
+            ],
+            spare_ops: {
+                let mut v = Vec::with_capacity(SPARES);
+                v.extend((0..2).map(|_| VecDeque::with_capacity(TAKE_PER_STREAM)));
+                v
+            },
+            spare_segments: (0..4).map(|_| Vec::with_capacity(4)).collect(),
         }
     }
 
@@ -373,7 +410,9 @@ impl Engine {
             if !f.ops.is_empty() {
                 return;
             }
-            self.flights.pop_front();
+            if let Some(f) = self.flights.pop_front() {
+                self.spare_ops.push(f.ops);
+            }
         }
     }
 
@@ -381,7 +420,7 @@ impl Engine {
     /// per lane and batch); whether anything was taken.
     fn flush(&mut self, sh: &Shared) -> bool {
         let mut recs: Recs = [None, None];
-        let mut ops: VecDeque<Taken> = VecDeque::new();
+        let mut ops = self.spare_ops.pop().unwrap_or_default();
         self.rescan = false;
         // Again while a pass took something: a stream whose wait was met by
         // an op another stream recorded later in the pass goes on in this
@@ -399,6 +438,7 @@ impl Engine {
             }
         }
         if ops.is_empty() {
+            self.spare_ops.push(ops);
             // A callback that ran may have made more ready: look again now.
             return self.rescan;
         }
@@ -429,12 +469,24 @@ impl Engine {
     ) -> Result<(), (u64, String)> {
         let first = self.closed.first().map_or(self.batch, |c| c.batch);
         let closing = self.close_batch(recs);
-        let closed = std::mem::take(&mut self.closed);
         if let Err(m) = closing {
+            self.closed.clear();
             sh.lose(m.clone());
             return Err((first, m));
         }
-        for c in closed {
+        // Taken out and put back, to keep its capacity.
+        let mut closed = std::mem::take(&mut self.closed);
+        let submitted = self.submit_closed(sh, &mut closed);
+        closed.clear();
+        self.closed = closed;
+        submitted
+    }
+
+    /// Submits the closed batches `closed` in order (see `submit_batches`),
+    /// then keeps their lists and the command buffers this engine recorded
+    /// for reuse.
+    fn submit_closed(&mut self, sh: &Shared, closed: &mut [Closed]) -> Result<(), (u64, String)> {
+        for c in closed.iter_mut() {
             // The two lanes' parts of a batch are independent (what one
             // needs of the other is in earlier batches): they go in either
             // order, alternating, so that on one queue (`lanes=split`) a
@@ -442,21 +494,31 @@ impl Engine {
             // either direction instead of hiding behind queue order.
             let order = if c.batch % 2 == 0 { [0, 1] } else { [1, 0] };
             for l in order {
-                let (cmds, wait) = &c.lanes[l];
+                let (cmds, wait) = &mut c.lanes[l];
                 if cmds.is_empty() {
                     continue;
                 }
                 let other = 1 - l;
-                let waits: Vec<(&hetero_vulkan::Timeline, u64)> = if *wait > self.done[other] {
-                    vec![(&sh.lanes[other], *wait)]
+                let wait_for = [(&sh.lanes[other], *wait)];
+                let waits = if *wait > self.done[other] {
+                    &wait_for[..]
                 } else {
-                    Vec::new()
+                    &[]
                 };
-                let refs: Vec<&CommandBuffer> = cmds.iter().collect();
-                if let Err(e) = sh
+                let refs: SmallVec<[&CommandBuffer; 4]> = cmds.iter().map(|(c, _)| c).collect();
+                let result = sh
                     .gpu
-                    .submit(LANES[l], &refs, &waits, &[(&sh.lanes[l], c.batch)])
-                {
+                    .submit(LANES[l], &refs, waits, &[(&sh.lanes[l], c.batch)]);
+                drop(refs);
+                // Submitted or not, what this engine recorded is kept for
+                // recording again (a failed submission left it idle).
+                for (cmd, own) in cmds.drain(..) {
+                    if own && self.spares[l].len() < SPARES {
+                        self.spares[l].push_back(cmd);
+                    }
+                }
+                self.spare_segments.push(std::mem::take(cmds));
+                if let Err(e) = result {
                     // Nothing of this batch on ran, and a later batch
                     // waiting for it would never start: the device is
                     // gone for what comes after.
@@ -481,7 +543,15 @@ impl Engine {
             if let Err(m) = self.close_segment(l, rec) {
                 result = Err(m);
             }
-            closed.lanes[l] = (std::mem::take(&mut self.segments[l]), self.waits[l]);
+            // An empty list stays (it holds no memory); one with buffers
+            // goes with the batch and a spare one takes its place.
+            let segments = if self.segments[l].is_empty() {
+                Vec::new()
+            } else {
+                let spare = self.spare_segments.pop().unwrap_or_default();
+                std::mem::replace(&mut self.segments[l], spare)
+            };
+            closed.lanes[l] = (segments, self.waits[l]);
             self.waits[l] = 0;
         }
         if closed.lanes.iter().any(|(c, _)| !c.is_empty()) {
@@ -506,7 +576,7 @@ impl Engine {
             let cmd = r
                 .finish()
                 .map_err(|e| format!("finishing a command buffer failed: {e}"))?;
-            self.segments[l].push(cmd);
+            self.segments[l].push((cmd, true));
         }
         Ok(())
     }
@@ -535,7 +605,7 @@ impl Engine {
         cmd: CommandBuffer,
     ) -> Result<(), String> {
         self.close_segment(0, rec)?;
-        self.segments[0].push(cmd);
+        self.segments[0].push((cmd, false));
         Ok(())
     }
 
@@ -731,7 +801,8 @@ impl Engine {
                         if sh.queries.is_some() {
                             let l = usize::from(s.lane.load(Ordering::Relaxed));
                             if let Ok(b) = self.enter(s, l, recs) {
-                                if let Ok(r) = rec_or_new(sh, &mut recs[l], l) {
+                                if let Ok(r) = rec_or_new(sh, &mut self.spares[l], &mut recs[l], l)
+                                {
                                     taken.times.stamp = self.stamp(sh, r, &mut taken.times.held);
                                     taken.at = (l, b);
                                 }
@@ -753,7 +824,7 @@ impl Engine {
                         let profiling = crate::exec::clock::profiling();
                         let mut held = 0;
                         let start = profiling
-                            .then(|| rec_or_new(sh, rec, 0).ok())
+                            .then(|| rec_or_new(sh, &mut self.spares[0], rec, 0).ok())
                             .flatten()
                             .and_then(|r| self.stamp(sh, r, &mut held));
                         taken.times.held += held;
@@ -762,7 +833,9 @@ impl Engine {
                         } else {
                             super::graph::launch(self, sh, rec, l, &mut taken.times)
                         };
-                        if let (Some(a), Ok(r)) = (start, rec_or_new(sh, rec, 0)) {
+                        if let (Some(a), Ok(r)) =
+                            (start, rec_or_new(sh, &mut self.spares[0], rec, 0))
+                        {
                             let mut held = 0;
                             if let Some(b) = self.stamp(sh, r, &mut held) {
                                 taken.times.span = Some((a, b));
@@ -788,7 +861,7 @@ impl Engine {
                         let profiling = crate::exec::clock::profiling();
                         let r = self.enter(s, l, recs).and_then(|b| {
                             taken.at = (l, b);
-                            rec_or_new(sh, &mut recs[l], l)
+                            rec_or_new(sh, &mut self.spares[l], &mut recs[l], l)
                         });
                         let times = &mut taken.times;
                         let r = r.and_then(|r| {

@@ -469,7 +469,7 @@ fn refresh(
         }
         let p = &l.params.nodes[v as usize];
         let Some(kernel) = &p.kernel else { continue };
-        let mut places = Vec::new();
+        let mut places = super::record::Places::new();
         for a in &l.exec.args[p.args.0 as usize..p.args.1 as usize] {
             places.push(place(sh, l, &a.operand, 0, a.len * a.elem.size)?);
         }
@@ -706,12 +706,12 @@ impl<'a> Nodes<'a> {
         let p = &l.params.nodes[v as usize];
         if let Some(kernel) = &p.kernel {
             let args = &e.args[p.args.0 as usize..p.args.1 as usize];
-            let mut places = Vec::with_capacity(args.len());
+            let mut places = super::record::Places::new();
             for a in args {
                 places.push(self.place(l, &a.operand, 0, a.len * a.elem.size)?);
             }
             let scalars = l.params.scalars_of(p);
-            let rec = rec_or_new(self.sh, self.rec, 0)?;
+            let rec = rec_or_new(self.sh, &mut self.engine.spares[0], self.rec, 0)?;
             rec.barrier();
             let (Some(block), Some(sets)) = (&self.block, &self.sets) else {
                 return self
@@ -742,7 +742,7 @@ impl<'a> Nodes<'a> {
                 }
                 let (sc, so, _) = self.place(l, src, *src_off, *bytes)?;
                 let (dc, d, _) = self.place(l, dst, *dst_off, *bytes)?;
-                let rec = rec_or_new(self.sh, self.rec, 0)?;
+                let rec = rec_or_new(self.sh, &mut self.engine.spares[0], self.rec, 0)?;
                 rec.barrier();
                 rec.copy(&sc, so, &dc, d, *bytes as u64).map_err(vk)
             }
@@ -761,7 +761,7 @@ impl<'a> Nodes<'a> {
                 // The word rule is about the device offset (`d`), which is
                 // the operand's offset plus a multiple of 4.
                 if let Some(word) = fill_word(pattern, d as usize, *bytes) {
-                    let rec = rec_or_new(self.sh, self.rec, 0)?;
+                    let rec = rec_or_new(self.sh, &mut self.engine.spares[0], self.rec, 0)?;
                     rec.barrier();
                     return rec.fill(&dc, d, *bytes as u64, word).map_err(vk);
                 }
@@ -773,7 +773,7 @@ impl<'a> Nodes<'a> {
                 };
                 let (sc, so) = self.sh.place_pinned(&staging, *bytes)?;
                 self.staging.push(staging);
-                let rec = rec_or_new(self.sh, self.rec, 0)?;
+                let rec = rec_or_new(self.sh, &mut self.engine.spares[0], self.rec, 0)?;
                 rec.barrier();
                 rec.copy(&sc, so, &dc, d, *bytes as u64).map_err(vk)
             }
@@ -784,7 +784,7 @@ impl<'a> Nodes<'a> {
                 }
                 let (sc, so) = self.base(l, &c.src)?;
                 let (dc, d) = self.base(l, &c.dst)?;
-                let rec = rec_or_new(self.sh, self.rec, 0)?;
+                let rec = rec_or_new(self.sh, &mut self.engine.spares[0], self.rec, 0)?;
                 rec.barrier();
                 for row in 0..s.height {
                     rec.copy(
@@ -818,13 +818,16 @@ impl NodeHooks for Nodes<'_> {
         // Timestamps around the node's commands (a host node submits and
         // waits before it runs: its span is on the host's side of that).
         let mut held = 0;
-        let start = rec_or_new(self.sh, self.rec, 0)
+        let start = rec_or_new(self.sh, &mut self.engine.spares[0], self.rec, 0)
             .ok()
             .and_then(|r| self.engine.stamp(self.sh, r, &mut held));
         times.held += held;
         let result = self.record(l, v);
         let times = self.times.as_deref_mut().expect("set above");
-        if let (Some(a), Ok(r)) = (start, rec_or_new(self.sh, self.rec, 0)) {
+        if let (Some(a), Ok(r)) = (
+            start,
+            rec_or_new(self.sh, &mut self.engine.spares[0], self.rec, 0),
+        ) {
             let mut held = 0;
             if let Some(b) = self.engine.stamp(self.sh, r, &mut held) {
                 times.nodes.push((v, a, b));

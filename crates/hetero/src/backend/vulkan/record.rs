@@ -4,11 +4,25 @@
 
 use super::engine::{After, Engine};
 use super::Shared;
+use crate::exec::kernel::MAX_KERNEL_ARGS;
 use crate::exec::kernel::{DeviceCode, KernelInner};
 use crate::exec::op::{Body, Op};
 use crate::exec::storage::Storage;
-use hetero_vulkan::{Lane, Pipeline, Recorder};
+use hetero_vulkan::{Chunk, CommandBuffer, Lane, Pipeline, Recorder};
+use smallvec::SmallVec;
+use std::collections::VecDeque;
 use std::sync::Arc;
+
+/// Where a dispatch's buffers are: (chunk, offset, range) per argument, in
+/// order, on the stack (a launch has at most `MAX_KERNEL_ARGS`).
+pub(super) type Places = SmallVec<[(Arc<Chunk>, u64, u64); MAX_KERNEL_ARGS]>;
+
+/// `places` as the layer binds them.
+fn bindings_of(
+    places: &[(Arc<Chunk>, u64, u64)],
+) -> SmallVec<[(&Chunk, u64, u64); MAX_KERNEL_ARGS]> {
+    places.iter().map(|(c, o, r)| (&**c, *o, *r)).collect()
+}
 
 /// Push-constant bytes of every pipeline: a graph kernel node's scalars, one
 /// 8-byte slot each (`Block::scalars`), `MAX_SCALARS` of them. A graph
@@ -165,7 +179,7 @@ impl Engine {
                 blocks,
                 args,
             } => {
-                let mut places = Vec::with_capacity(args.as_slice_iter().count());
+                let mut places = Places::new();
                 for a in args.as_slice_iter() {
                     places.push(sh.binding(&a.storage, 0, a.storage.bytes())?);
                 }
@@ -203,7 +217,7 @@ impl Engine {
         }
         let pipeline = self.pipeline(sh, kernel.name, code, places.len() as u32, false)?;
         let push = param_bytes(scalars);
-        let buffers: Vec<_> = places.iter().map(|(c, o, r)| (&**c, *o, *r)).collect();
+        let buffers = bindings_of(places);
         rec.dispatch(&pipeline, &buffers, &push, [blocks, 1, 1])
             .map_err(|e| format!("kernel '{}': {e}", kernel.name))
     }
@@ -241,7 +255,7 @@ impl Engine {
         params
             .write(slot, &param_bytes(scalars))
             .map_err(|e| format!("kernel '{}': writing its parameters: {e}", kernel.name))?;
-        let buffers: Vec<_> = places.iter().map(|(c, o, r)| (&**c, *o, *r)).collect();
+        let buffers = bindings_of(places);
         let set = rec
             .dispatch_bound(
                 &pipeline,
@@ -270,7 +284,7 @@ impl Engine {
             .as_ref()
             .ok_or_else(|| format!("kernel '{}' has no device code", kernel.name))?;
         let pipeline = self.pipeline(sh, kernel.name, code, places.len() as u32, true)?;
-        let buffers: Vec<_> = places.iter().map(|(c, o, r)| (&**c, *o, *r)).collect();
+        let buffers = bindings_of(places);
         sets.write(set, &pipeline, &buffers)
             .map_err(|e| format!("kernel '{}': rebinding: {e}", kernel.name))
     }
@@ -312,15 +326,19 @@ impl Engine {
     }
 }
 
-/// The open recorder of lane `lane` (0: compute, 1: transfer), begun if none is.
+/// The open recorder of lane `lane` (0: compute, 1: transfer), begun if none
+/// is: into a command buffer of `spares` (the engine's submitted buffers of
+/// that lane) whose submissions completed, else a new one.
 pub(super) fn rec_or_new<'a>(
     sh: &Shared,
+    spares: &mut VecDeque<CommandBuffer>,
     rec: &'a mut Option<Recorder>,
     lane: usize,
 ) -> Result<&'a mut Recorder, String> {
     if rec.is_none() {
         let lane = [Lane::Compute, Lane::Transfer][lane];
-        *rec = Some(sh.gpu.recorder(lane).map_err(|e| e.to_string())?);
+        let r = sh.gpu.recorder_reusing(lane, spares);
+        *rec = Some(r.map_err(|e| e.to_string())?);
     }
     Ok(rec.as_mut().expect("made above"))
 }
