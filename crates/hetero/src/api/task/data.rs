@@ -23,6 +23,9 @@ pub(crate) struct TaskRef {
     pub(crate) end: Event,
     /// Its expected end, ns on the runtime's clock.
     pub(crate) end_ns: f64,
+    /// Its device and place in that device's stream pool (the task is the
+    /// last on that stream while the pool entry's last task is its number).
+    pub(crate) stream: Option<(usize, usize)>,
 }
 
 /// The coherence state of one buffer.

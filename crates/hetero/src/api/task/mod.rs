@@ -174,6 +174,9 @@ struct RtState {
     pending: Vec<Pending>,
     queued: Vec<usize>,
     streams: Vec<Vec<PoolStream>>,
+    /// Per device: the pool stream to look at next for a task that is not
+    /// chained (modulo the pool's length).
+    turn: Vec<usize>,
     host_streams: Vec<Option<Stream>>,
     submitted_since_harvest: u32,
     /// Per device: the ends of its last tasks seen complete (`harvest`).
@@ -277,6 +280,7 @@ impl Runtime {
                 pending: Vec::new(),
                 queued: vec![0; n],
                 streams: (0..n).map(|_| Vec::new()).collect(),
+                turn: vec![0; n],
                 host_streams: vec![None; n],
                 submitted_since_harvest: 0,
                 recent_ends: vec![Vec::new(); n],
@@ -448,10 +452,8 @@ impl Runtime {
             self.harvest(&mut st, &mut sc);
         }
         let k = &spec.kernel;
-        let runs: Vec<usize> = (0..self.devices.len())
-            .filter(|&d| self.devices[d].check_code(&k.inner).is_ok())
-            .collect();
-        if runs.is_empty() {
+        let runs = |d: &usize| self.devices[*d].check_code(&k.inner).is_ok();
+        if !(0..self.devices.len()).any(|d| runs(&d)) {
             self.devices[0].check_code(&k.inner)?;
         }
         if let Some(f) = forced {
@@ -480,9 +482,9 @@ impl Runtime {
             return Ok(self.account(&mut st, &mut sc, spec, task, footprint, size, false, free));
         }
         let deciding = std::time::Instant::now();
-        let candidates: Vec<Candidate> = runs
-            .iter()
-            .map(|&d| self.candidate(&st, &mut sc, spec, d, footprint, size, deps_end, now))
+        let candidates: Vec<Candidate> = (0..self.devices.len())
+            .filter(runs)
+            .map(|d| self.candidate(&st, &mut sc, spec, d, footprint, size, deps_end, now))
             .collect();
         sc.learner.prepare(k.name(), footprint);
         let choice = sched::choose(policy, &candidates, &mut sc.learner);
@@ -540,9 +542,8 @@ impl Runtime {
         let free = st.free[d].iter().copied().fold(f64::MAX, f64::min).max(now);
         let name = spec.kernel.name();
         let key = &self.keys[d];
-        let m = sc.models();
-        let predicted = m.predict(name, key, footprint, size).map(|p| p.0);
-        let samples = m.samples(name, key, footprint);
+        let (predicted, samples) = sc.models().lookup(name, key, footprint, size);
+        let predicted = predicted.map(|p| p.0);
         Candidate {
             index: d,
             lanes: self.lanes[d],
@@ -633,49 +634,70 @@ impl Runtime {
         let id = st.next_task;
         st.next_task += 1;
         let pool = &mut st.streams[d];
-        // Streams whose last task faulted leave the pool.
-        pool.retain(|p| match &p.last {
-            Some((_, e)) => !matches!(
-                e.point.as_ref().and_then(|e| e.timeline.status(e.value)),
-                Some(Err(_))
-            ),
-            None => true,
-        });
         // A stream whose last task this one depends on (a fault there fails
-        // this one anyway), else one whose work completed.
-        let reuse = pool
-            .iter()
-            .position(|p| matches!(&p.last, Some((t, _)) if deps.iter().any(|x| x.id == *t)))
-            .or_else(|| {
-                pool.iter().position(|p| match &p.last {
-                    None => true,
-                    Some((_, e)) => e
-                        .point
-                        .as_ref()
-                        .is_some_and(|e| matches!(e.timeline.status(e.value), Some(Ok(())))),
-                })
-            });
+        // this one anyway): a scan of task numbers, no shared memory read.
+        let chained_at = deps.iter().find_map(|x| {
+            let i = x.stream?;
+            (i.0 == d
+                && pool
+                    .get(i.1)
+                    .is_some_and(|p| matches!(&p.last, Some((t, _)) if *t == x.id)))
+            .then_some(i.1)
+        });
         let (mut waited, mut made, mut wait_ns) = (false, false, 0);
-        let reuse = match reuse {
+        let reuse = match chained_at {
             Some(i) => Some(i),
-            None if pool.len() >= MAX_STREAMS => {
-                // Bounded: wait for the stream with the oldest last task (as
-                // StarPU bounds the tasks in flight); one that faulted is
-                // replaced.
-                waited = true;
-                let i = sched::argmin(pool, |p| p.last.as_ref().map_or(0.0, |l| l.0 as f64));
-                let t0 = std::time::Instant::now();
-                let ok = pool[i]
+            // Else the next stream in turn, if its work completed: taken in
+            // turn, the next is the one used longest ago, the likeliest
+            // done, and one look at its timeline decides (a scan of every
+            // stream's timeline reads lines the engines write). Streams
+            // whose last task faulted leave the pool.
+            None => loop {
+                if pool.is_empty() {
+                    break None;
+                }
+                let i = st.turn[d] % pool.len();
+                let status = pool[i]
                     .last
                     .as_ref()
-                    .is_none_or(|(_, e)| e.synchronize().is_ok());
-                wait_ns = t0.elapsed().as_nanos() as u64;
-                if !ok {
-                    pool.swap_remove(i);
+                    .and_then(|(_, e)| e.point.as_ref())
+                    .map_or(Some(Ok(())), |p| p.timeline.status(p.value));
+                match status {
+                    Some(Ok(())) => {
+                        st.turn[d] = i + 1;
+                        break Some(i);
+                    }
+                    Some(Err(_)) => {
+                        pool.swap_remove(i);
+                    }
+                    None if pool.len() >= MAX_STREAMS => {
+                        // At the bound: any stream whose work completed,
+                        // else wait for the oldest (as StarPU bounds the
+                        // tasks in flight); one that faulted is replaced.
+                        let done = pool.iter().position(|p| {
+                            p.last
+                                .as_ref()
+                                .and_then(|(_, e)| e.point.as_ref())
+                                .is_none_or(|p| matches!(p.timeline.status(p.value), Some(Ok(()))))
+                        });
+                        if done.is_some() {
+                            break done;
+                        }
+                        waited = true;
+                        let t0 = std::time::Instant::now();
+                        let ok = pool[i]
+                            .last
+                            .as_ref()
+                            .is_none_or(|(_, e)| e.synchronize().is_ok());
+                        wait_ns += t0.elapsed().as_nanos() as u64;
+                        if ok {
+                            break Some(i);
+                        }
+                        pool.swap_remove(i);
+                    }
+                    None => break None,
                 }
-                ok.then_some(i)
-            }
-            None => None,
+            },
         };
         let at = match reuse {
             Some(i) => i,
@@ -755,6 +777,7 @@ impl Runtime {
             id,
             end: end.clone(),
             end_ns,
+            stream: Some((d, at)),
         };
         for (i, (data, mode)) in spec.access.iter().enumerate() {
             let mut s = lock(data.state());

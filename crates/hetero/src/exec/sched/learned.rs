@@ -28,7 +28,7 @@
 //!   slowed and recovered is seen again).
 
 use super::{argmin, Candidate, Choice};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 /// Weight of a new observation.
 pub const ALPHA: f64 = 0.3;
@@ -72,10 +72,10 @@ pub(crate) struct Learner {
 impl Default for Learner {
     fn default() -> Self {
         Learner {
-            exec: HashMap::new(),
-            per_byte: HashMap::new(),
-            transfer: HashMap::new(),
-            tries: HashMap::new(),
+            exec: HashMap::default(),
+            per_byte: HashMap::default(),
+            transfer: HashMap::default(),
+            tries: HashMap::default(),
             decisions: 0,
             rng: 0x9e37_79b9_7f4a_7c15,
             explored: 0,

@@ -18,7 +18,7 @@
 //!
 //! Plain data: no ops, no devices; the task layer (`api/task`) feeds it.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::path::{Path, PathBuf};
 
 /// Samples before a history is trusted (StarPU's `STARPU_CALIBRATE_MINIMUM`).
@@ -57,12 +57,23 @@ pub(crate) struct History {
 
 impl History {
     fn median(&self) -> Option<f64> {
-        if self.recent.len() < 3 {
+        let n = self.recent.len();
+        if n < 3 {
             return None;
         }
-        let mut v = self.recent.clone();
-        v.sort_by(f64::total_cmp);
-        Some(v[v.len() / 2])
+        // On the stack, an insertion sort of at most `RECENT` values: this
+        // runs for every observation (a sort of a clone, or a generic
+        // selection, cost more than the rest of the observation).
+        let mut v = [0.0f64; RECENT];
+        for (i, &x) in self.recent.iter().enumerate() {
+            let mut j = i;
+            while j > 0 && v[j - 1].total_cmp(&x).is_gt() {
+                v[j] = v[j - 1];
+                j -= 1;
+            }
+            v[j] = x;
+        }
+        Some(v[n / 2])
     }
 
     /// Adds a sample; false when it was rejected as an outlier.
@@ -220,7 +231,7 @@ impl Models {
     pub(crate) fn new(dir: Option<PathBuf>) -> Self {
         Models {
             dir,
-            kernels: HashMap::new(),
+            kernels: HashMap::default(),
             damaged: 0,
             loaded: 0,
             rejected: 0,
@@ -278,17 +289,33 @@ impl Models {
         footprint: u64,
         size: u64,
     ) -> Option<(f64, Basis)> {
+        self.lookup(kernel, device, footprint, size).0
+    }
+
+    /// [`predict`](Self::predict) and [`samples`](Self::samples) in one
+    /// look-up (the submission path asks both per candidate device).
+    pub(crate) fn lookup(
+        &mut self,
+        kernel: &'static str,
+        device: &str,
+        footprint: u64,
+        size: u64,
+    ) -> (Option<(f64, Basis)>, u64) {
         let m = self.kernel(kernel);
-        if let Some(h) = m.history.get(device).and_then(|d| d.get(&footprint)) {
-            if h.trusted() {
-                return Some((h.mean, Basis::History));
-            }
+        let h = m.history.get(device).and_then(|d| d.get(&footprint));
+        let samples = h.map_or(0, |h| h.n);
+        if let Some(h) = h.filter(|h| h.trusted()) {
+            return (Some((h.mean, Basis::History)), samples);
         }
-        let (a, b) = m.regression.get(device)?.fit()?;
-        Some((a * (size as f64).powf(b), Basis::Regression))
+        let fit = m.regression.get(device).and_then(Regression::fit);
+        (
+            fit.map(|(a, b)| (a * (size as f64).powf(b), Basis::Regression)),
+            samples,
+        )
     }
 
     /// Accepted samples of the footprint's history.
+    #[cfg(test)]
     pub(crate) fn samples(&mut self, kernel: &'static str, device: &str, footprint: u64) -> u64 {
         self.kernel(kernel)
             .history
@@ -308,7 +335,7 @@ impl Models {
     ) {
         let m = self.kernel(kernel);
         if !m.history.contains_key(device) {
-            m.history.insert(device.to_string(), HashMap::new());
+            m.history.insert(device.to_string(), HashMap::default());
         }
         let h = m
             .history
