@@ -372,13 +372,8 @@ fn a_heft_placed_graph_replays_to_the_same_bytes() {
         t.record(&mut g).unwrap();
     }
     let placed = g.instantiate_on(&ctx).unwrap();
-    let first: Vec<usize> = placed
-        .launch()
-        .unwrap()
-        .iter()
-        .map(|t| t.device_index())
-        .collect();
-    assert_eq!(first, placed.placement());
+    let first = placed.launch().unwrap();
+    assert_eq!(first.devices(), placed.placement());
     ctx.wait_tasks().unwrap();
     let got: Vec<Vec<u32>> = data.iter().map(|d| d.to_vec().unwrap()).collect();
     assert_eq!(got, want);
@@ -391,6 +386,117 @@ fn a_heft_placed_graph_replays_to_the_same_bytes() {
         run(&ctx, &ks, &again, Some(0))
     };
     assert_eq!(data2, want);
+}
+
+/// `ops` as tasks on `data`: submitted (on device `on` if given), or
+/// recorded into `graph`.
+fn tasks_of(
+    ctx: &Context,
+    ks: &[Kernel],
+    data: &[TaskData<u32>],
+    ops: &[Op],
+    on: Option<usize>,
+    mut graph: Option<&mut TaskGraph>,
+) {
+    for o in ops {
+        let mut t = ctx.task(&ks[o.reads.len() * 2 + usize::from(o.rw)]);
+        for &r in &o.reads {
+            t = t.read(&data[r]);
+        }
+        t = if o.rw {
+            t.read_write(&data[o.out])
+        } else {
+            t.write(&data[o.out])
+        };
+        if let Some(d) = on {
+            t = t.on_device(d);
+        }
+        match graph.as_deref_mut() {
+            Some(g) => {
+                t.record(g).unwrap();
+            }
+            None => {
+                t.submit().unwrap();
+            }
+        }
+    }
+}
+
+/// A placed graph's launches between online tasks, one of which left data
+/// the graph reads first on another device than at instantiate: the bytes
+/// of everything in submission order on one device. The graph holds a
+/// chain long enough that the plan continues a compute unit's work on a
+/// second stream (more ops than one stream takes per launch).
+#[test]
+fn placed_launches_interleave_with_online_tasks() {
+    if common::skipped("placed_launches_interleave_with_online_tasks") {
+        return;
+    }
+    let (ctx, _devs) = context();
+    let ks = kernels();
+    let mut graph_ops: Vec<Op> = (0..24)
+        .map(|i| Op {
+            reads: if i % 3 == 0 {
+                vec![]
+            } else {
+                vec![(i + 2) % BUFS]
+            },
+            out: i % BUFS,
+            rw: i % 2 == 0,
+        })
+        .filter(|o| !o.reads.contains(&o.out))
+        .collect();
+    graph_ops.extend((0..120).map(|_| Op {
+        reads: vec![],
+        out: 1,
+        rw: true,
+    }));
+    let before: Vec<Op> = (0..6)
+        .map(|i| Op {
+            reads: vec![(i + 1) % BUFS],
+            out: i % BUFS,
+            rw: true,
+        })
+        .collect();
+    // Written on device 1 only: the graph's start replica (device 0) is
+    // stale at the next launch.
+    let moves = vec![Op {
+        reads: vec![],
+        out: 2,
+        rw: true,
+    }];
+    let init = |ctx: &Context| -> Vec<TaskData<u32>> {
+        (0..BUFS)
+            .map(|b| {
+                let v: Vec<u32> = (0..LEN as u32).map(|i| i * (b as u32 + 3)).collect();
+                ctx.data_from(&v).unwrap()
+            })
+            .collect()
+    };
+    // The reference: everything in submission order on device 0.
+    let reference = init(&ctx);
+    let all: Vec<&[Op]> = vec![&before, &graph_ops, &before, &graph_ops, &moves, &graph_ops];
+    for ops in &all {
+        tasks_of(&ctx, &ks, &reference, ops, Some(0), None);
+    }
+    ctx.wait_tasks().unwrap();
+    let want: Vec<Vec<u32>> = reference.iter().map(|d| d.to_vec().unwrap()).collect();
+
+    let data = init(&ctx);
+    let mut g = TaskGraph::new();
+    tasks_of(&ctx, &ks, &data, &graph_ops, None, Some(&mut g));
+    let placed = g.instantiate_on(&ctx).unwrap();
+    tasks_of(&ctx, &ks, &data, &before, None, None);
+    let first = placed.launch().unwrap();
+    assert_eq!(first.devices(), placed.placement());
+    tasks_of(&ctx, &ks, &data, &before, None, None);
+    placed.launch().unwrap();
+    tasks_of(&ctx, &ks, &data, &moves, Some(1), None);
+    assert_eq!(data[2].valid_on(), vec![1]);
+    placed.launch().unwrap().wait().unwrap();
+    ctx.wait_tasks().unwrap();
+    let got: Vec<Vec<u32>> = data.iter().map(|d| d.to_vec().unwrap()).collect();
+    assert_eq!(got, want);
 }
 
 /// 1 % of one device's calibration samples inflated 600× (starpu#50) are

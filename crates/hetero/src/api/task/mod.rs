@@ -32,7 +32,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 pub use data::TaskData;
-pub use graph::{PlacedTaskGraph, TaskGraph};
+pub use graph::{PlacedTaskGraph, TaskGraph, TaskGraphLaunch};
 
 /// The device a context's task data starts on (its first).
 pub(crate) const HOME: usize = 0;
@@ -174,6 +174,9 @@ struct RtState {
     pending: Vec<Pending>,
     queued: Vec<usize>,
     streams: Vec<Vec<PoolStream>>,
+    /// The last events of placed task graphs' launches not yet seen
+    /// complete (their streams are the graphs' own, not the pool's).
+    graph_tails: Vec<Event>,
     /// Per device: the pool stream to look at next for a task that is not
     /// chained (modulo the pool's length).
     turn: Vec<usize>,
@@ -281,6 +284,7 @@ impl Runtime {
                 queued: vec![0; n],
                 streams: (0..n).map(|_| Vec::new()).collect(),
                 turn: vec![0; n],
+                graph_tails: Vec::new(),
                 host_streams: vec![None; n],
                 submitted_since_harvest: 0,
                 recent_ends: vec![Vec::new(); n],
@@ -379,7 +383,12 @@ impl Runtime {
                 }
             }
         }
-        if st.pending.is_empty() {
+        st.graph_tails.retain(|e| {
+            e.point
+                .as_ref()
+                .is_some_and(|p| p.timeline.status(p.value).is_none())
+        });
+        if st.pending.is_empty() && st.graph_tails.is_empty() {
             // Not the last handle: whoever called holds one (or this is the
             // runtime's drop, and the one kept is another's).
             let mut keep = lock(&self.ctx.tasks.keep);
@@ -433,11 +442,17 @@ impl Runtime {
     /// and submits it.
     pub(crate) fn submit(self: &Arc<Self>, spec: &Spec, forced: Option<usize>) -> Result<Task> {
         let task = self.place_and_emit(spec, forced)?;
+        self.keep_alive();
+        Ok(task)
+    }
+
+    /// Keeps the runtime alive while tasks are in flight (until the layer
+    /// sees none: `harvest`).
+    pub(crate) fn keep_alive(self: &Arc<Self>) {
         let mut keep = lock(&self.ctx.tasks.keep);
         if keep.as_ref().is_none_or(|k| !Arc::ptr_eq(k, self)) {
             *keep = Some(self.clone());
         }
-        Ok(task)
     }
 
     fn place_and_emit(&self, spec: &Spec, forced: Option<usize>) -> Result<Task> {
@@ -811,11 +826,13 @@ impl Runtime {
     /// the error (the others still complete or fail on their own).
     pub(crate) fn wait_all(&self) -> Result<()> {
         let events: Vec<Event> = {
-            let st = lock(&self.state);
+            let mut st = lock(&self.state);
+            let tails = std::mem::take(&mut st.graph_tails);
             st.streams
                 .iter()
                 .flatten()
                 .filter_map(|p| p.last.as_ref().map(|(_, e)| e.clone()))
+                .chain(tails)
                 .collect()
         };
         let mut first = Ok(());
