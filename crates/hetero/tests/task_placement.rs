@@ -663,3 +663,142 @@ fn tasks_are_recorded_in_the_trace_and_summed_in_the_report() {
     }
     assert_eq!(x.to_vec().unwrap(), vec![5; LEN]);
 }
+
+/// Iterations of `spin`'s loop per element.
+const SPIN: u32 = 3000;
+
+/// `y = f^SPIN(x)` per element (a linear congruential step): enough work
+/// per node that running on a second device pays for moving its buffers;
+/// declared as 2e8 flops for the emulated device's model.
+fn spin() -> Kernel {
+    let k = Kernel::with_cost(
+        "spin",
+        |_| hetero::KernelCost {
+            flops: 2e8,
+            bytes: 0.0,
+        },
+        |b| {
+            let x = b.read::<u32>(0);
+            let off = b.write_offset(0);
+            for (j, y) in b.write::<u32>(0).iter_mut().enumerate() {
+                let mut a = x[off + j];
+                for _ in 0..SPIN {
+                    a = a.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                }
+                *y = a;
+            }
+        },
+    );
+    let prelude = format!(
+        "fn spin(v: u32) -> u32 {{ var a = v; for (var k = 0u; k < {SPIN}u; k = k + 1u) \
+         {{ a = a * 1664525u + 1013904223u; }} return a; }}"
+    );
+    k.wgsl(
+        common::wgsl::map_with("u32", 1, &prelude, "spin(x0[i])"),
+        "main",
+    )
+}
+
+/// A stream graph of independent `spin` chains joined pairwise (and one
+/// node after an ordering-only node), on buffers of `dev`: the graph, its
+/// buffers (inputs, middles, outputs), initialised on `s`.
+fn spin_graph(
+    dev: &Device,
+    s: &hetero::Stream,
+    chains: usize,
+) -> (hetero::Graph, Vec<hetero::DeviceBuffer<u32>>) {
+    const L: usize = 64;
+    let join = mix(2, true);
+    let bufs: Vec<hetero::DeviceBuffer<u32>> = (0..3 * chains)
+        .map(|b| {
+            let buf = dev.alloc::<u32>(L).unwrap();
+            let init: Vec<u32> = (0..L as u32).map(|i| i * (b as u32 + 1)).collect();
+            s.write_slice(&buf, 0, &init).unwrap();
+            buf
+        })
+        .collect();
+    let (ins, rest) = bufs.split_at(chains);
+    let (mids, outs) = rest.split_at(chains);
+    let mut g = hetero::Graph::new(dev).unwrap();
+    let k = spin();
+    let spun: Vec<hetero::NodeId> = (0..chains)
+        .map(|c| {
+            let args = [hetero::Arg::read(&ins[c]), hetero::Arg::write(&mids[c])];
+            g.kernel(&k, hetero::Grid::new(1), &args, &[]).unwrap()
+        })
+        .collect();
+    let order = g.empty(&spun[..2]).unwrap();
+    for c in 0..chains {
+        let args = [
+            hetero::Arg::read(&mids[c]),
+            hetero::Arg::read(&mids[(c + 1) % chains]),
+            hetero::Arg::write(&outs[c]),
+        ];
+        let after = if c == 0 { vec![order] } else { vec![] };
+        g.kernel(&join, hetero::Grid::new(1), &args, &after)
+            .unwrap();
+    }
+    (g, bufs)
+}
+
+/// A stream graph placed across two devices with calibrated models uses
+/// both (its independent nodes outnumber a device's compute units), and
+/// two launches leave its buffers as two launches on one device do; a
+/// graph with a node that cannot be placed is a typed error.
+#[test]
+fn a_stream_graph_placed_across_devices_matches_one_device() {
+    if common::skipped("a_stream_graph_placed_across_devices_matches_one_device") {
+        return;
+    }
+    let (ctx, devs) = context();
+    let chains = 2 * devs[0].properties().compute_units.max(1) + 2;
+    // Calibrate `spin` on both devices: its model is what makes a second
+    // device pay.
+    let k = spin();
+    let a = ctx.data::<u32>(64).unwrap();
+    let b = ctx.data::<u32>(64).unwrap();
+    for i in 0..24 {
+        ctx.task(&k)
+            .read(&a)
+            .write(&b)
+            .on_device(i % 2)
+            .submit()
+            .unwrap();
+    }
+    ctx.wait_tasks().unwrap();
+    assert_eq!(
+        ctx.task_stats().calibration_tasks,
+        0,
+        "forced: none counted"
+    );
+
+    let s = devs[0].create_stream().unwrap();
+    let (one, want_bufs) = spin_graph(&devs[0], &s, chains);
+    let exec = one.instantiate().unwrap();
+    s.launch_graph(&exec).unwrap();
+    s.launch_graph(&exec).unwrap();
+    let want: Vec<Vec<u32>> = want_bufs
+        .iter()
+        .map(|b| s.read_to_vec(b).unwrap())
+        .collect();
+
+    let (g, bufs) = spin_graph(&devs[0], &s, chains);
+    s.synchronize().unwrap();
+    let placed = g.instantiate_on(&ctx).unwrap();
+    assert!(
+        placed.placement().contains(&0) && placed.placement().contains(&1),
+        "{:?}",
+        placed.placement()
+    );
+    placed.launch().unwrap().wait().unwrap();
+    let second = placed.launch().unwrap();
+    assert_eq!(second.devices(), placed.placement());
+    second.wait().unwrap();
+    let got: Vec<Vec<u32>> = bufs.iter().map(|b| s.read_to_vec(b).unwrap()).collect();
+    assert_eq!(got, want);
+
+    let mut bad = hetero::Graph::new(&devs[0]).unwrap();
+    bad.fill(&bufs[0], 1u32, &[]).unwrap();
+    let e = bad.instantiate_on(&ctx).unwrap_err();
+    assert!(matches!(e, hetero::Error::Graph { .. }), "{e}");
+}

@@ -97,6 +97,11 @@ impl<T: Pod + Send + Sync> DataAny for DataCell<T> {
 
 static NEXT_DATA: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
+/// A number no other task data has (in this process).
+pub(crate) fn next_data_id() -> u64 {
+    NEXT_DATA.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// A buffer tasks read and write on any device of a [`Context`](crate::Context)
 /// (StarPU's data handle): it keeps a replica on each device that used it and
 /// copies the current version where a task needs it, over the context's links.
@@ -142,7 +147,7 @@ impl<T: Pod + Send + Sync> TaskData<T> {
     pub(crate) fn new(rt: Arc<Runtime>, data: &[T]) -> Result<Self> {
         let n = rt.devices.len();
         let cell = DataCell {
-            id: NEXT_DATA.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            id: next_data_id(),
             len: data.len(),
             replicas: (0..n).map(|_| OnceLock::new()).collect(),
             state: Mutex::new(DataState {

@@ -56,6 +56,17 @@ pub struct PlacedTaskGraph {
 /// wait runs the devices' model on the host).
 const OPS_PER_STREAM: usize = 256;
 
+impl std::fmt::Debug for PlacedTaskGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlacedTaskGraph")
+            .field("tasks", &self.specs.len())
+            .field("placement", &self.placement)
+            .field("predicted_makespan_ns", &self.makespan_ns)
+            .field("streams", &self.plan.lanes.len())
+            .finish()
+    }
+}
+
 /// Where a replica's current version comes from during a launch.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Source {
@@ -98,6 +109,9 @@ struct DataPlan {
     valid: Vec<(usize, Source)>,
     writer: Option<usize>,
     readers: Vec<usize>,
+    /// A copy back into the start replica after the launch, from the last
+    /// writer's device on its stream (`write_back` plans).
+    back: bool,
 }
 
 struct Plan {
@@ -171,78 +185,91 @@ impl TaskGraph {
             Some(rt) => rt.clone(),
             None => ctx.task_runtime()?,
         };
-        let n = rt.devices.len();
         let deps = dependencies_in(&self.specs);
-        let mut tasks = Vec::with_capacity(self.specs.len());
-        {
-            let mut sc = lock(&rt.sched);
-            for (i, spec) in self.specs.iter().enumerate() {
-                let sizes = spec.access.iter().map(|(d, _)| d.bytes() as u64);
-                let footprint = model::footprint(sizes.clone());
-                let size: u64 = sizes.sum();
-                let name = spec.kernel.name();
-                let mut cost: Vec<Option<f64>> = (0..n)
-                    .map(|d| {
-                        rt.devices[d].check_code(&spec.kernel.inner).ok()?;
-                        Some(
-                            sc.models()
-                                .predict(name, &rt.keys[d], footprint, size)
-                                .map_or(f64::NAN, |p| p.0),
-                        )
-                    })
-                    .collect();
-                let known: Vec<f64> = cost
-                    .iter()
-                    .flatten()
-                    .copied()
-                    .filter(|c| !c.is_nan())
-                    .collect();
-                let fill = if known.is_empty() {
-                    1000.0
-                } else {
-                    known.iter().sum::<f64>() / known.len() as f64
-                };
-                for c in cost.iter_mut().flatten() {
-                    if c.is_nan() {
-                        *c = fill;
-                    }
-                }
-                if cost.iter().all(Option::is_none) {
-                    rt.devices[0].check_code(&spec.kernel.inner)?;
-                }
-                let mut inputs = Vec::new();
-                for (data, mode) in &spec.access {
-                    let written_before = self.specs[..i].iter().any(|s| {
-                        s.access
-                            .iter()
-                            .any(|(x, m)| x.id() == data.id() && m.writes())
-                    });
-                    if mode.reads() && !written_before {
-                        let st = lock(data.state());
-                        let at = (0..n)
-                            .find(|&d| st.valid[d].is_some())
-                            .unwrap_or(super::HOME);
-                        inputs.push((at, data.bytes() as u64));
-                    }
-                }
-                tasks.push(HeftTask {
-                    preds: deps[i].clone(),
-                    inputs,
-                    cost,
-                });
-            }
-        }
-        let comm = |a: usize, b: usize, bytes: u64| rt.transfer_ns(a, b, bytes);
-        let placed = heft::plan(&tasks, &rt.lanes, &comm);
-        let plan = make_plan(&rt, &self.specs, &deps, &placed)?;
-        Ok(PlacedTaskGraph {
-            specs: self.specs.clone(),
-            placement: placed.iter().map(|p| p.device).collect(),
-            makespan_ns: placed.iter().map(|p| p.end).fold(0.0, f64::max),
-            rt,
-            plan,
-        })
+        place(rt, self.specs.clone(), deps, false)
     }
+}
+
+/// Places `specs` (in a topological order; `deps`: each one's predecessors
+/// and the bytes they hand over) with HEFT on `rt`'s devices and plans their
+/// launch; `write_back`: a launch ends with every written datum's current
+/// version also in its start replica (stream graphs: the user's buffers).
+pub(crate) fn place(
+    rt: Arc<Runtime>,
+    specs: Vec<Spec>,
+    deps: Vec<Vec<(usize, u64)>>,
+    write_back: bool,
+) -> Result<PlacedTaskGraph> {
+    let n = rt.devices.len();
+    let mut tasks = Vec::with_capacity(specs.len());
+    {
+        let mut sc = lock(&rt.sched);
+        for (i, spec) in specs.iter().enumerate() {
+            let sizes = spec.access.iter().map(|(d, _)| d.bytes() as u64);
+            let footprint = model::footprint(sizes.clone());
+            let size: u64 = sizes.sum();
+            let name = spec.kernel.name();
+            let mut cost: Vec<Option<f64>> = (0..n)
+                .map(|d| {
+                    rt.devices[d].check_code(&spec.kernel.inner).ok()?;
+                    Some(
+                        sc.models()
+                            .predict(name, &rt.keys[d], footprint, size)
+                            .map_or(f64::NAN, |p| p.0),
+                    )
+                })
+                .collect();
+            let known: Vec<f64> = cost
+                .iter()
+                .flatten()
+                .copied()
+                .filter(|c| !c.is_nan())
+                .collect();
+            let fill = if known.is_empty() {
+                1000.0
+            } else {
+                known.iter().sum::<f64>() / known.len() as f64
+            };
+            for c in cost.iter_mut().flatten() {
+                if c.is_nan() {
+                    *c = fill;
+                }
+            }
+            if cost.iter().all(Option::is_none) {
+                rt.devices[0].check_code(&spec.kernel.inner)?;
+            }
+            let mut inputs = Vec::new();
+            for (data, mode) in &spec.access {
+                let written_before = specs[..i].iter().any(|s| {
+                    s.access
+                        .iter()
+                        .any(|(x, m)| x.id() == data.id() && m.writes())
+                });
+                if mode.reads() && !written_before {
+                    let st = lock(data.state());
+                    let at = (0..n)
+                        .find(|&d| st.valid[d].is_some())
+                        .unwrap_or(super::HOME);
+                    inputs.push((at, data.bytes() as u64));
+                }
+            }
+            tasks.push(HeftTask {
+                preds: deps[i].clone(),
+                inputs,
+                cost,
+            });
+        }
+    }
+    let comm = |a: usize, b: usize, bytes: u64| rt.transfer_ns(a, b, bytes);
+    let placed = heft::plan(&tasks, &rt.lanes, &comm);
+    let plan = make_plan(&rt, &specs, &deps, &placed, write_back)?;
+    Ok(PlacedTaskGraph {
+        specs,
+        placement: placed.iter().map(|p| p.device).collect(),
+        makespan_ns: placed.iter().map(|p| p.end).fold(0.0, f64::max),
+        rt,
+        plan,
+    })
 }
 
 /// The launch plan of `specs` placed as `placed`: steps in HEFT's start
@@ -255,6 +282,7 @@ fn make_plan(
     specs: &[Spec],
     deps: &[Vec<(usize, u64)>],
     placed: &[heft::Placed],
+    write_back: bool,
 ) -> Result<Plan> {
     let n_dev = rt.devices.len();
     let mut order: Vec<usize> = (0..specs.len()).collect();
@@ -317,6 +345,7 @@ fn make_plan(
                     valid: Vec::new(),
                     writer: None,
                     readers: Vec::new(),
+                    back: false,
                 });
                 let mut v = vec![None; n_dev];
                 v[start] = Some(Source::Start);
@@ -450,6 +479,7 @@ fn make_plan(
         dp.valid = (0..n_dev)
             .filter_map(|i| valid[x][i].map(|v| (i, v)))
             .collect();
+        dp.back = write_back && valid[x][dp.start].is_none();
         for &(_, v) in &dp.valid {
             if let Source::Step(j) = v {
                 steps[j].record = true;
@@ -574,17 +604,31 @@ impl PlacedTaskGraph {
                     .iter()
                     .map(|(data, mode)| data.arg(step.device, mode.writes())),
             );
+            for (arg, &elem) in args.iter_mut().zip(&spec.elems) {
+                arg.elem = elem;
+            }
             stream.launch(&spec.kernel, spec.grid, &args)?;
             if step.record {
                 ends[s] = Some(stream.record_event()?);
             }
         }
         drop(args);
+        // Copies back into the start replicas (stream graphs: the user's
+        // buffers hold the results).
+        let mut backs: Vec<Option<Event>> = vec![None; plan.data.len()];
+        for (x, dp) in plan.data.iter().enumerate().filter(|(_, dp)| dp.back) {
+            let w = dp.writer.expect("a written datum has a writer");
+            let step = &plan.steps[w];
+            let stream = &streams[step.stream];
+            dp.data.copy(stream, step.device, dp.start)?;
+            fixes.push((step.device, dp.start, dp.data.bytes() as u64));
+            backs[x] = Some(stream.record_event()?);
+        }
         // The data's state after the launch, and the runtime's books.
         let t0 = rt.now_ns();
         let mut st = lock(&rt.state);
         let base = st.next_task;
-        st.next_task += plan.steps.len() as u64;
+        st.next_task += (plan.steps.len() + plan.data.len()) as u64;
         let task_ref = |j: usize| TaskRef {
             id: base + j as u64,
             end: ends[j].clone().expect("recorded: the state names it"),
@@ -606,6 +650,16 @@ impl PlacedTaskGraph {
             } else {
                 ds.readers.extend(dp.readers.iter().map(|&r| task_ref(r)));
             }
+            if let Some(e) = &backs[x] {
+                // The copy back reads the writer's replica: a reader.
+                ds.valid[dp.start] = Some(e.clone());
+                ds.readers.push(TaskRef {
+                    id: base + (plan.steps.len() + x) as u64,
+                    end: e.clone(),
+                    end_ns: t0 + plan.steps[dp.writer.expect("written")].end_ns,
+                    stream: None,
+                });
+            }
         }
         let mut tails = Vec::new();
         let mut devices = vec![0; self.specs.len()];
@@ -623,6 +677,7 @@ impl PlacedTaskGraph {
         for step in &plan.steps {
             devices[step.task] = step.device;
         }
+        tails.extend(backs.into_iter().flatten());
         st.graph_tails.extend(tails.iter().cloned());
         let mut sc = lock(&rt.sched);
         let stats = &mut sc.stats;

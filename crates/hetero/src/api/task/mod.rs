@@ -6,6 +6,8 @@
 //! - `data.rs`: task data (replicas per device, validity, last writer and
 //!   readers: the implicit dependencies).
 //! - `graph.rs`: task graphs placed whole with HEFT before their first launch.
+//! - `stream_graph.rs`: stream graphs (`Graph`) turned into such task graphs
+//!   over their buffers (`Graph::instantiate_on`).
 //! - here: the context's task state (policy, models, the learning policy,
 //!   figures), the runtime (streams per device, tasks not yet seen complete)
 //!   and the submission path every task takes.
@@ -19,6 +21,7 @@
 
 pub(crate) mod data;
 pub(crate) mod graph;
+pub(crate) mod stream_graph;
 
 use crate::api::context::{Context, ContextShared, PeerPath};
 use crate::exec::sched::learned::Learner;
@@ -240,6 +243,9 @@ pub(crate) struct Spec {
     pub(crate) access: Vec<(Arc<dyn DataAny>, Mode)>,
     pub(crate) grid: Grid,
     pub(crate) priority: Option<u8>,
+    /// The element type of each argument when it is not the data's own
+    /// (a stream graph's kernel node names it; empty for tasks).
+    pub(crate) elems: Vec<&'static crate::exec::kernel::ElemInfo>,
 }
 
 impl Runtime {
@@ -1050,6 +1056,7 @@ impl Context {
                 access: Vec::new(),
                 grid: Grid::new(1),
                 priority: None,
+                elems: Vec::new(),
             },
             rt: None,
             on: None,
