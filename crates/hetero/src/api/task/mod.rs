@@ -162,8 +162,6 @@ struct Pending {
     device: usize,
     start: Event,
     end: Event,
-    /// An event before its copies and the link models' time for them.
-    copies: Option<(Event, f64)>,
     /// The history model's prediction on its device.
     predicted: Option<f64>,
     /// Where the observed time goes (shared with the task's handle).
@@ -436,10 +434,6 @@ impl Runtime {
             sc.models().observe(p.kernel, key, p.footprint, p.size, ns);
             sc.learner
                 .observe(p.kernel, p.device, p.footprint, p.size, ns);
-            if let Some((before, modelled)) = &p.copies {
-                let took = stamp(&p.start).saturating_sub(stamp(before)) as f64;
-                sc.learner.observe_transfer(p.device, took, *modelled);
-            }
             sc.stats.observed += 1;
         }
     }
@@ -606,7 +600,6 @@ impl Runtime {
             device,
             start: task.start.clone(),
             end: task.event.clone(),
-            copies: task.copies.clone(),
             predicted: task.predicted,
             measured: task.measured.clone(),
         });
@@ -752,7 +745,6 @@ impl Runtime {
             }
         }
         let mut moved = 0u64;
-        let mut copies = None;
         let mut copied = Vec::new();
         for (i, (data, mode)) in spec.access.iter().enumerate() {
             data.replica(d, &self.devices[d])?;
@@ -768,15 +760,9 @@ impl Runtime {
                     continue;
                 }
                 let bytes = data.bytes() as u64;
-                let (src, t) = self.cheapest_source(&s.valid, d, bytes);
+                let (src, _) = self.cheapest_source(&s.valid, d, bytes);
                 if let Some(ev) = s.valid[src].as_ref().filter(|e| e.is_recorded()) {
                     stream.wait_event(ev)?;
-                }
-                if copies.is_none() {
-                    copies = Some((stream.record_event()?, 0.0));
-                }
-                if let Some(c) = &mut copies {
-                    c.1 += t;
                 }
                 moved += bytes;
                 st.link_bytes.push((src, d, bytes));
@@ -821,7 +807,6 @@ impl Runtime {
             index: d,
             event: end,
             start,
-            copies,
             moved,
             predicted: None,
             measured: Arc::new(std::sync::atomic::AtomicU64::new(f64::NAN.to_bits())),
@@ -887,7 +872,6 @@ pub struct Task {
     index: usize,
     event: Event,
     start: Event,
-    copies: Option<(Event, f64)>,
     moved: u64,
     predicted: Option<f64>,
     measured: Arc<std::sync::atomic::AtomicU64>,
