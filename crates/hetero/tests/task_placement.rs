@@ -802,3 +802,53 @@ fn a_stream_graph_placed_across_devices_matches_one_device() {
     let e = bad.instantiate_on(&ctx).unwrap_err();
     assert!(matches!(e, hetero::Error::Graph { .. }), "{e}");
 }
+
+/// Devices without a link model (neither emulated nor the host) get their
+/// bus measured by a calibration run when a context's tasks first need
+/// them, saved beside the performance models and found by the next
+/// context; a damaged bus file is a warning and a fresh calibration. The
+/// host and emulated devices are never calibrated (their links are
+/// modelled) and write no bus file.
+#[test]
+fn bus_figures_are_measured_once_and_persisted() {
+    if common::skipped("bus_figures_are_measured_once_and_persisted") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("hetero-task-bus-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let session = || {
+        let (ctx, devs) = context();
+        ctx.set_perfmodel_dir(Some(dir.clone()));
+        let x = ctx.data::<u32>(LEN).unwrap();
+        let k = mix(0, true);
+        ctx.task(&k).read_write(&x).on_device(1).submit().unwrap();
+        ctx.wait_tasks().unwrap();
+        let modelled = ["host", "emu"].contains(&devs[0].properties().backend);
+        (
+            ctx.task_stats(),
+            if modelled { 0 } else { devs.len() as u64 },
+        )
+    };
+    let (first, n) = session();
+    // One calibration per kind of device (the two are alike).
+    assert_eq!(
+        (first.bus_calibrated, first.bus_loaded),
+        (n.min(1), 0),
+        "{first:?}"
+    );
+    let file = dir.join("bus.model");
+    assert_eq!(file.exists(), n > 0);
+    let (second, _) = session();
+    assert_eq!(
+        (second.bus_calibrated, second.bus_loaded),
+        (0, n),
+        "{second:?}"
+    );
+    if n > 0 {
+        std::fs::write(&file, "hetero-bus 1\nb x -1 2\n").unwrap();
+        let (third, _) = session();
+        assert_eq!(third.bus_calibrated, 1, "{third:?}");
+        assert!(third.models_damaged >= 1, "{third:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

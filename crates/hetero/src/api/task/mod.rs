@@ -61,7 +61,8 @@ pub struct TaskStats {
     pub explored: u64,
     /// Kernels whose models were found on disk.
     pub models_loaded: u64,
-    /// Model files found damaged (each a warning and a fresh calibration).
+    /// Model files found damaged (each a warning and a fresh calibration;
+    /// the bus figures' file included).
     pub models_damaged: u64,
     /// Samples the models rejected as outliers.
     pub outliers_rejected: u64,
@@ -77,6 +78,12 @@ pub struct TaskStats {
     pub stream_wait_ns: u64,
     /// Streams made for tasks.
     pub streams_made: u64,
+    /// Calibration runs of the bus of devices without a link model (neither
+    /// emulated nor the host), then saved beside the models: one per kind
+    /// of device (a device like one measured takes its figure).
+    pub bus_calibrated: u64,
+    /// Such devices whose bus figures were found saved.
+    pub bus_loaded: u64,
     /// Bytes copied for tasks per link: (from device, to device, bytes), by
     /// index in the context.
     pub bytes_per_link: Vec<(usize, usize, u64)>,
@@ -203,6 +210,8 @@ pub(crate) struct Runtime {
     pub(crate) lanes: Vec<usize>,
     /// The link to the host of each emulated device.
     host_link: Vec<Option<LinkPreset>>,
+    /// The measured bus of each device without a link model.
+    bus: Vec<Option<crate::exec::sched::bus::BusFigure>>,
     virtual_time: bool,
     t0: std::time::Instant,
     state: Mutex<RtState>,
@@ -277,7 +286,39 @@ impl Runtime {
             host_link.push(emu.map(|e| e.link().clone()));
         }
         let n = devices.len();
+        let mut bus = vec![None; n];
+        let mut measured = Vec::new();
+        {
+            let mut sc = lock(&sched);
+            for d in 0..n {
+                if host_link[d].is_some() || devices[d].properties().backend == "host" {
+                    continue;
+                }
+                if let Some(e) = (0..d).find(|&e| keys[e] == keys[d] && bus[e].is_some()) {
+                    // A device like one measured or found above.
+                    bus[d] = bus[e];
+                    sc.stats.bus_loaded += u64::from(!measured.contains(&e));
+                    continue;
+                }
+                let saved = sc.models().buses().figures.get(&keys[d]).copied();
+                bus[d] = Some(match saved {
+                    Some(f) => {
+                        sc.stats.bus_loaded += 1;
+                        f
+                    }
+                    None => {
+                        let f = calibrate_bus(&devices[d])?;
+                        measured.push(d);
+                        sc.models().buses().insert(&keys[d], f);
+                        sc.stats.bus_calibrated += 1;
+                        f
+                    }
+                });
+            }
+            sc.models().save();
+        }
         Ok(Runtime {
+            bus,
             ctx: ctx.shared().clone(),
             sched,
             virtual_time: devices.iter().all(|d| d.is_virtual_time()),
@@ -347,7 +388,10 @@ impl Runtime {
                 ) {
                     (Some(l), _) => l.transfer_ns(bytes, out),
                     (None, "host") => host_copy,
-                    (None, _) => 10_000.0 + bytes as f64 / 16.0,
+                    (None, _) => match &self.bus[i] {
+                        Some(f) => f.transfer_ns(bytes),
+                        None => 10_000.0 + bytes as f64 / 16.0,
+                    },
                 };
                 leg(a, true) + leg(b, false)
             }
@@ -840,6 +884,41 @@ impl Runtime {
         sc.models().save();
         first
     }
+}
+
+/// A short calibration run of `device`'s bus: copies of 4 KiB and 1 MiB
+/// from pinned host memory to the device and back, each direction three
+/// times, the fastest of each size kept; the figure is the line through the
+/// two sizes' mean of both directions (host time of a copy and its
+/// completion, as a task's copy costs).
+fn calibrate_bus(device: &Device) -> Result<crate::exec::sched::bus::BusFigure> {
+    const SMALL: usize = 4 << 10;
+    const LARGE: usize = 1 << 20;
+    let s = device.create_stream()?;
+    s.set_name("bus calibration");
+    let time = |bytes: usize| -> Result<f64> {
+        let mut host = device.alloc_pinned::<u8>(bytes)?;
+        let dev = device.alloc::<u8>(bytes)?;
+        let mut best = (f64::MAX, f64::MAX);
+        for _ in 0..3 {
+            let t0 = std::time::Instant::now();
+            s.copy_h2d(&host, &dev)?;
+            s.synchronize()?;
+            best.0 = best.0.min(t0.elapsed().as_nanos() as f64);
+            let t0 = std::time::Instant::now();
+            s.copy_d2h(&dev, &mut host)?;
+            s.synchronize()?;
+            best.1 = best.1.min(t0.elapsed().as_nanos() as f64);
+        }
+        Ok((best.0 + best.1) / 2.0)
+    };
+    let (small, large) = (time(SMALL)?, time(LARGE)?);
+    Ok(crate::exec::sched::bus::BusFigure::from_two(
+        SMALL as u64,
+        small,
+        LARGE as u64,
+        large,
+    ))
 }
 
 /// The tasks `spec` depends on, from the order of accesses to its data

@@ -261,6 +261,8 @@ pub(crate) struct Models {
     pub(crate) loaded: u64,
     /// Outliers rejected, in all models.
     pub(crate) rejected: u64,
+    /// The bus figures of the same directory (loaded when first asked).
+    buses: Option<super::bus::Buses>,
 }
 
 /// The directory models persist in: `HETERO_PERFMODEL_DIR`, else the user's
@@ -297,7 +299,19 @@ impl Models {
             damaged: 0,
             loaded: 0,
             rejected: 0,
+            buses: None,
         }
+    }
+
+    /// The bus figures persisted beside the models.
+    pub(crate) fn buses(&mut self) -> &mut super::bus::Buses {
+        if self.buses.is_none() {
+            let b = super::bus::Buses::load(self.dir.as_deref());
+            // A damaged file counts with the damaged model files.
+            self.damaged += u64::from(b.damaged);
+            self.buses = Some(b);
+        }
+        self.buses.as_mut().expect("loaded above")
     }
 
     fn file(dir: &Path, kernel: &str) -> PathBuf {
@@ -439,6 +453,9 @@ impl Models {
     /// Writes every model changed since the last save; errors are warnings
     /// (a model that cannot be saved is recalibrated next run).
     pub(crate) fn save(&mut self) {
+        if let Some(b) = &mut self.buses {
+            b.save(self.dir.as_ref());
+        }
         let Some(dir) = self.dir.clone() else { return };
         for (name, m) in self.kernels.iter_mut().filter(|(_, m)| m.dirty) {
             let r = std::fs::create_dir_all(&dir).and_then(|()| {
