@@ -665,7 +665,7 @@ fn tasks_are_recorded_in_the_trace_and_summed_in_the_report() {
 }
 
 /// Iterations of `spin`'s loop per element.
-const SPIN: u32 = 3000;
+const SPIN: u32 = 30_000;
 
 /// `y = f^SPIN(x)` per element (a linear congruential step): enough work
 /// per node that running on a second device pays for moving its buffers;
