@@ -66,7 +66,7 @@ pub use exec::managed::{
 };
 pub use exec::op::CopyKind;
 pub use exec::rows::{PitchedLayout, Region2D, Rows, RowsMut};
-pub use exec::sched::{SchedPolicy, READY_SLACK, STEAL_MARGIN};
+pub use exec::sched::{SchedPolicy, READY_SLACK, WS_WINDOW};
 pub use exec::storage::MemoryKind;
 pub use system::{SystemInfo, WakeLatency};
 

@@ -852,3 +852,64 @@ fn bus_figures_are_measured_once_and_persisted() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Work stealing at run time: with both devices' fill of tasks in flight
+/// blocked (each waits on a host event), further tasks are held back;
+/// unblocking device 1 lets it take the tasks queued for device 0 (their
+/// data is there) while device 0 stays blocked, and their results are
+/// right; then device 0's blocked tasks complete too.
+#[test]
+fn ws_steals_held_tasks_at_run_time() {
+    if common::skipped("ws_steals_held_tasks_at_run_time") {
+        return;
+    }
+    let (ctx, devs) = context();
+    ctx.set_scheduler(SchedPolicy::WorkStealing);
+    let rw = mix(0, true);
+    let window =
+        |d: usize| (hetero::WS_WINDOW as usize) * devs[d].properties().compute_units.max(1);
+    let gates = [devs[0].host_event(), devs[1].host_event()];
+    let mut blocked = Vec::new();
+    for (d, gate) in gates.iter().enumerate() {
+        for _ in 0..window(d) {
+            let x = ctx.data::<u32>(LEN).unwrap();
+            let t = ctx
+                .task(&rw)
+                .read_write(&x)
+                .on_device(d)
+                .after(gate.event())
+                .submit()
+                .unwrap();
+            blocked.push((d, x, t));
+        }
+    }
+    // Each on its own data, on device 0 (their home).
+    let free: Vec<(TaskData<u32>, hetero::Task)> = (0..6)
+        .map(|i| {
+            let x = ctx.data_from(&vec![i as u32; LEN]).unwrap();
+            let t = ctx.task(&rw).read_write(&x).submit().unwrap();
+            (x, t)
+        })
+        .collect();
+    assert!(free.iter().all(|(_, t)| !t.is_placed()), "held back");
+    gates[1].signal();
+    for (_, t) in &free {
+        t.wait().unwrap();
+        assert_eq!(t.device_index(), 1, "device 1 took it");
+    }
+    for (i, (x, _)) in free.iter().enumerate() {
+        let want = (i as u32).wrapping_mul(31).wrapping_add(7);
+        assert_eq!(x.to_vec().unwrap(), vec![want; LEN]);
+    }
+    assert_eq!(ctx.task_stats().stolen, free.len() as u64);
+    // Device 0 is still blocked.
+    assert!(blocked
+        .iter()
+        .filter(|b| b.0 == 0)
+        .all(|b| !b.2.event().query().unwrap()));
+    gates[0].signal();
+    ctx.wait_tasks().unwrap();
+    for (_, x, _) in &blocked {
+        assert_eq!(x.to_vec().unwrap(), vec![7; LEN]);
+    }
+}

@@ -191,6 +191,9 @@ impl<T: Pod + Send + Sync> TaskData<T> {
     /// The current contents, after the tasks submitted before that write it
     /// (waits for them; a fault of the last writer is its error).
     pub fn to_vec(&self) -> Result<Vec<T>> {
+        // Tasks work stealing holds back that touch it go to devices first.
+        let id = self.cell.id;
+        self.rt.pump_until(|| !self.rt.holds(id))?;
         let (at, ready, writer) = {
             let st = self.cell.state.lock().unwrap_or_else(|p| p.into_inner());
             let at = (0..st.valid.len())

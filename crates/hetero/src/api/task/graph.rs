@@ -595,6 +595,9 @@ impl PlacedTaskGraph {
                     stream.wait_event(e)?;
                 }
             }
+            for e in &spec.after {
+                stream.wait_event(e)?;
+            }
             for &(a, from) in &step.copies {
                 spec.access[a].0.copy(stream, from, step.device)?;
             }

@@ -215,6 +215,7 @@ pub(crate) fn place_graph(
                     grid: Grid::new(*blocks),
                     priority: None,
                     elems,
+                    after: Vec::new(),
                 });
             }
             NodeBody::Copy { .. } | NodeBody::Copy2D(_) => return Err(refuse(i, "is a copy")),
