@@ -164,7 +164,14 @@ enum BenchCommand {
     /// Tasks placed across a modelled node (a CPU-like device, two accelerators) by every
     /// scheduling policy beside HEFT and a lower bound; drift, outliers, overhead, placed
     /// graphs, persisted models.
-    Placement(BenchOpts),
+    Placement {
+        #[command(flatten)]
+        opts: BenchOpts,
+        /// Run only these parts (comma separated: cholesky, graph, models, gemm,
+        /// random, drift, outliers, overhead); default all.
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+    },
     /// Allocation latency and fragmentation beside malloc, mimalloc, jemalloc, offset-allocator.
     Alloc(BenchOpts),
     /// Virtual memory: growing by cached and new granules, ten maps against one, churn
@@ -440,9 +447,9 @@ fn run_bench(which: BenchCommand) {
             bench_on("managed", opts, &device, bench::managed::run)
         }
         BenchCommand::Mpi(opts) => bench_mpi(opts),
-        BenchCommand::Placement(opts) => {
+        BenchCommand::Placement { opts, only } => {
             let pb = spinner(opts.json, "bench placement");
-            let rep = bench::placement::run(opts.quick);
+            let rep = bench::placement::run_parts(opts.quick, &only);
             pb.finish_and_clear();
             match rep {
                 Ok(rep) => rep.print(opts.json),
@@ -471,7 +478,7 @@ fn run_bench(which: BenchCommand) {
                 | BenchCommand::Transfer { .. }
                 | BenchCommand::Managed { .. }
                 | BenchCommand::Mpi(_)
-                | BenchCommand::Placement(_)
+                | BenchCommand::Placement { .. }
                 | BenchCommand::Vulkan(_) => {
                     unreachable!("handled above")
                 }

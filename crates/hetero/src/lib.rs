@@ -41,8 +41,8 @@ pub use api::managed::{Attach, ManagedBuffer, ManagedRead, ManagedWrite};
 pub use api::pitched::PitchedBuffer;
 pub use api::stream::{Stream, PRIORITY_HIGHEST, PRIORITY_LOWEST};
 pub use api::task::{
-    PlacedTaskGraph, PredictionError, Task, TaskBuilder, TaskData, TaskGraph, TaskStats,
-    MAX_TASK_STREAMS,
+    PlacedTaskGraph, PredictionError, Task, TaskBuilder, TaskData, TaskGraph, TaskGraphLaunch,
+    TaskStats, MAX_TASK_STREAMS,
 };
 pub use backend::emu::{IommuStats, IotlbCounts};
 pub use backend::DeviceProperties;
@@ -66,7 +66,7 @@ pub use exec::managed::{
 };
 pub use exec::op::CopyKind;
 pub use exec::rows::{PitchedLayout, Region2D, Rows, RowsMut};
-pub use exec::sched::{SchedPolicy, READY_SLACK, STEAL_MARGIN};
+pub use exec::sched::{SchedPolicy, READY_SLACK, WS_WINDOW};
 pub use exec::storage::MemoryKind;
 pub use system::{SystemInfo, WakeLatency};
 

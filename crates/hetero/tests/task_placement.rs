@@ -373,13 +373,8 @@ fn a_heft_placed_graph_replays_to_the_same_bytes() {
         t.record(&mut g).unwrap();
     }
     let placed = g.instantiate_on(&ctx).unwrap();
-    let first: Vec<usize> = placed
-        .launch()
-        .unwrap()
-        .iter()
-        .map(|t| t.device_index())
-        .collect();
-    assert_eq!(first, placed.placement());
+    let first = placed.launch().unwrap();
+    assert_eq!(first.devices(), placed.placement());
     ctx.wait_tasks().unwrap();
     let got: Vec<Vec<u32>> = data.iter().map(|d| d.to_vec().unwrap()).collect();
     assert_eq!(got, want);
@@ -392,6 +387,117 @@ fn a_heft_placed_graph_replays_to_the_same_bytes() {
         run(&ctx, &ks, &again, Some(0))
     };
     assert_eq!(data2, want);
+}
+
+/// `ops` as tasks on `data`: submitted (on device `on` if given), or
+/// recorded into `graph`.
+fn tasks_of(
+    ctx: &Context,
+    ks: &[Kernel],
+    data: &[TaskData<u32>],
+    ops: &[Op],
+    on: Option<usize>,
+    mut graph: Option<&mut TaskGraph>,
+) {
+    for o in ops {
+        let mut t = ctx.task(&ks[o.reads.len() * 2 + usize::from(o.rw)]);
+        for &r in &o.reads {
+            t = t.read(&data[r]);
+        }
+        t = if o.rw {
+            t.read_write(&data[o.out])
+        } else {
+            t.write(&data[o.out])
+        };
+        if let Some(d) = on {
+            t = t.on_device(d);
+        }
+        match graph.as_deref_mut() {
+            Some(g) => {
+                t.record(g).unwrap();
+            }
+            None => {
+                t.submit().unwrap();
+            }
+        }
+    }
+}
+
+/// A placed graph's launches between online tasks, one of which left data
+/// the graph reads first on another device than at instantiate: the bytes
+/// of everything in submission order on one device. The graph holds a
+/// chain long enough that the plan continues a compute unit's work on a
+/// second stream (more ops than one stream takes per launch).
+#[test]
+fn placed_launches_interleave_with_online_tasks() {
+    if common::skipped("placed_launches_interleave_with_online_tasks") {
+        return;
+    }
+    let (ctx, _devs) = context();
+    let ks = kernels();
+    let mut graph_ops: Vec<Op> = (0..24)
+        .map(|i| Op {
+            reads: if i % 3 == 0 {
+                vec![]
+            } else {
+                vec![(i + 2) % BUFS]
+            },
+            out: i % BUFS,
+            rw: i % 2 == 0,
+        })
+        .filter(|o| !o.reads.contains(&o.out))
+        .collect();
+    graph_ops.extend((0..120).map(|_| Op {
+        reads: vec![],
+        out: 1,
+        rw: true,
+    }));
+    let before: Vec<Op> = (0..6)
+        .map(|i| Op {
+            reads: vec![(i + 1) % BUFS],
+            out: i % BUFS,
+            rw: true,
+        })
+        .collect();
+    // Written on device 1 only: the graph's start replica (device 0) is
+    // stale at the next launch.
+    let moves = vec![Op {
+        reads: vec![],
+        out: 2,
+        rw: true,
+    }];
+    let init = |ctx: &Context| -> Vec<TaskData<u32>> {
+        (0..BUFS)
+            .map(|b| {
+                let v: Vec<u32> = (0..LEN as u32).map(|i| i * (b as u32 + 3)).collect();
+                ctx.data_from(&v).unwrap()
+            })
+            .collect()
+    };
+    // The reference: everything in submission order on device 0.
+    let reference = init(&ctx);
+    let all: Vec<&[Op]> = vec![&before, &graph_ops, &before, &graph_ops, &moves, &graph_ops];
+    for ops in &all {
+        tasks_of(&ctx, &ks, &reference, ops, Some(0), None);
+    }
+    ctx.wait_tasks().unwrap();
+    let want: Vec<Vec<u32>> = reference.iter().map(|d| d.to_vec().unwrap()).collect();
+
+    let data = init(&ctx);
+    let mut g = TaskGraph::new();
+    tasks_of(&ctx, &ks, &data, &graph_ops, None, Some(&mut g));
+    let placed = g.instantiate_on(&ctx).unwrap();
+    tasks_of(&ctx, &ks, &data, &before, None, None);
+    let first = placed.launch().unwrap();
+    assert_eq!(first.devices(), placed.placement());
+    tasks_of(&ctx, &ks, &data, &before, None, None);
+    placed.launch().unwrap();
+    tasks_of(&ctx, &ks, &data, &moves, Some(1), None);
+    assert_eq!(data[2].valid_on(), vec![1]);
+    placed.launch().unwrap().wait().unwrap();
+    ctx.wait_tasks().unwrap();
+    let got: Vec<Vec<u32>> = data.iter().map(|d| d.to_vec().unwrap()).collect();
+    assert_eq!(got, want);
 }
 
 /// 1 % of one device's calibration samples inflated 600× (starpu#50) are
@@ -557,4 +663,267 @@ fn tasks_are_recorded_in_the_trace_and_summed_in_the_report() {
         );
     }
     assert_eq!(x.to_vec().unwrap(), vec![5; LEN]);
+}
+
+/// Iterations of `spin`'s loop per element.
+const SPIN: u32 = 30_000;
+
+/// `y = f^SPIN(x)` per element (a linear congruential step): enough work
+/// per node that running on a second device pays for moving its buffers;
+/// declared as 2e8 flops for the emulated device's model.
+fn spin() -> Kernel {
+    let k = Kernel::with_cost(
+        "spin",
+        |_| hetero::KernelCost {
+            flops: 2e8,
+            bytes: 0.0,
+        },
+        |b| {
+            let x = b.read::<u32>(0);
+            let off = b.write_offset(0);
+            for (j, y) in b.write::<u32>(0).iter_mut().enumerate() {
+                let mut a = x[off + j];
+                for _ in 0..SPIN {
+                    a = a.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                }
+                *y = a;
+            }
+        },
+    );
+    let prelude = format!(
+        "fn spin(v: u32) -> u32 {{ var a = v; for (var k = 0u; k < {SPIN}u; k = k + 1u) \
+         {{ a = a * 1664525u + 1013904223u; }} return a; }}"
+    );
+    k.wgsl(
+        common::wgsl::map_with("u32", 1, &prelude, "spin(x0[i])"),
+        "main",
+    )
+}
+
+/// A stream graph of independent `spin` chains joined pairwise (and one
+/// node after an ordering-only node), on buffers of `dev`: the graph, its
+/// buffers (inputs, middles, outputs), initialised on `s`.
+fn spin_graph(
+    dev: &Device,
+    s: &hetero::Stream,
+    chains: usize,
+) -> (hetero::Graph, Vec<hetero::DeviceBuffer<u32>>) {
+    const L: usize = 64;
+    let join = mix(2, true);
+    let bufs: Vec<hetero::DeviceBuffer<u32>> = (0..3 * chains)
+        .map(|b| {
+            let buf = dev.alloc::<u32>(L).unwrap();
+            let init: Vec<u32> = (0..L as u32).map(|i| i * (b as u32 + 1)).collect();
+            s.write_slice(&buf, 0, &init).unwrap();
+            buf
+        })
+        .collect();
+    let (ins, rest) = bufs.split_at(chains);
+    let (mids, outs) = rest.split_at(chains);
+    let mut g = hetero::Graph::new(dev).unwrap();
+    let k = spin();
+    let spun: Vec<hetero::NodeId> = (0..chains)
+        .map(|c| {
+            let args = [hetero::Arg::read(&ins[c]), hetero::Arg::write(&mids[c])];
+            g.kernel(&k, hetero::Grid::new(1), &args, &[]).unwrap()
+        })
+        .collect();
+    let order = g.empty(&spun[..2]).unwrap();
+    for c in 0..chains {
+        let args = [
+            hetero::Arg::read(&mids[c]),
+            hetero::Arg::read(&mids[(c + 1) % chains]),
+            hetero::Arg::write(&outs[c]),
+        ];
+        let after = if c == 0 { vec![order] } else { vec![] };
+        g.kernel(&join, hetero::Grid::new(1), &args, &after)
+            .unwrap();
+    }
+    (g, bufs)
+}
+
+/// A stream graph placed across two devices with calibrated models uses
+/// both (its independent nodes outnumber a device's compute units), and
+/// two launches leave its buffers as two launches on one device do; a
+/// graph with a node that cannot be placed is a typed error.
+#[test]
+fn a_stream_graph_placed_across_devices_matches_one_device() {
+    if common::skipped("a_stream_graph_placed_across_devices_matches_one_device") {
+        return;
+    }
+    let (ctx, devs) = context();
+    let chains = 2 * devs[0].properties().compute_units.max(1) + 2;
+    // Calibrate `spin` on both devices: its model is what makes a second
+    // device pay.
+    let k = spin();
+    let a = ctx.data::<u32>(64).unwrap();
+    let b = ctx.data::<u32>(64).unwrap();
+    for i in 0..24 {
+        ctx.task(&k)
+            .read(&a)
+            .write(&b)
+            .on_device(i % 2)
+            .submit()
+            .unwrap();
+    }
+    ctx.wait_tasks().unwrap();
+    assert_eq!(
+        ctx.task_stats().calibration_tasks,
+        0,
+        "forced: none counted"
+    );
+
+    let s = devs[0].create_stream().unwrap();
+    let (one, want_bufs) = spin_graph(&devs[0], &s, chains);
+    let exec = one.instantiate().unwrap();
+    s.launch_graph(&exec).unwrap();
+    s.launch_graph(&exec).unwrap();
+    let want: Vec<Vec<u32>> = want_bufs
+        .iter()
+        .map(|b| s.read_to_vec(b).unwrap())
+        .collect();
+
+    let (g, bufs) = spin_graph(&devs[0], &s, chains);
+    s.synchronize().unwrap();
+    let placed = g.instantiate_on(&ctx).unwrap();
+    assert!(
+        placed.placement().contains(&0) && placed.placement().contains(&1),
+        "{:?}",
+        placed.placement()
+    );
+    placed.launch().unwrap().wait().unwrap();
+    let second = placed.launch().unwrap();
+    assert_eq!(second.devices(), placed.placement());
+    second.wait().unwrap();
+    let got: Vec<Vec<u32>> = bufs.iter().map(|b| s.read_to_vec(b).unwrap()).collect();
+    assert_eq!(got, want);
+
+    let mut bad = hetero::Graph::new(&devs[0]).unwrap();
+    bad.fill(&bufs[0], 1u32, &[]).unwrap();
+    let e = bad.instantiate_on(&ctx).unwrap_err();
+    assert!(matches!(e, hetero::Error::Graph { .. }), "{e}");
+    // Managed arguments follow their buffer already: not placed.
+    let m = ctx.alloc_managed::<u32>(LEN).unwrap();
+    let mut managed = hetero::Graph::new(&devs[0]).unwrap();
+    managed
+        .kernel(
+            &mix(0, false),
+            1.into(),
+            &[hetero::Arg::managed_write(&m)],
+            &[],
+        )
+        .unwrap();
+    let e = managed.instantiate_on(&ctx).unwrap_err();
+    assert!(matches!(e, hetero::Error::Graph { .. }), "{e}");
+}
+
+/// Devices without a link model (neither emulated nor the host) get their
+/// bus measured by a calibration run when a context's tasks first need
+/// them, saved beside the performance models and found by the next
+/// context; a damaged bus file is a warning and a fresh calibration. The
+/// host and emulated devices are never calibrated (their links are
+/// modelled) and write no bus file.
+#[test]
+fn bus_figures_are_measured_once_and_persisted() {
+    if common::skipped("bus_figures_are_measured_once_and_persisted") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("hetero-task-bus-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let session = || {
+        let (ctx, devs) = context();
+        ctx.set_perfmodel_dir(Some(dir.clone()));
+        let x = ctx.data::<u32>(LEN).unwrap();
+        let k = mix(0, true);
+        ctx.task(&k).read_write(&x).on_device(1).submit().unwrap();
+        ctx.wait_tasks().unwrap();
+        let modelled = ["host", "emu"].contains(&devs[0].properties().backend);
+        (
+            ctx.task_stats(),
+            if modelled { 0 } else { devs.len() as u64 },
+        )
+    };
+    let (first, n) = session();
+    // One calibration per kind of device (the two are alike).
+    assert_eq!(
+        (first.bus_calibrated, first.bus_loaded),
+        (n.min(1), 0),
+        "{first:?}"
+    );
+    let file = dir.join("bus.model");
+    assert_eq!(file.exists(), n > 0);
+    let (second, _) = session();
+    assert_eq!(
+        (second.bus_calibrated, second.bus_loaded),
+        (0, n),
+        "{second:?}"
+    );
+    if n > 0 {
+        std::fs::write(&file, "hetero-bus 1\nb x -1 2\n").unwrap();
+        let (third, _) = session();
+        assert_eq!(third.bus_calibrated, 1, "{third:?}");
+        assert!(third.models_damaged >= 1, "{third:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Work stealing at run time: with both devices' fill of tasks in flight
+/// blocked (each waits on a host event), further tasks are held back;
+/// unblocking device 1 lets it take the tasks queued for device 0 (their
+/// data is there) while device 0 stays blocked, and their results are
+/// right; then device 0's blocked tasks complete too.
+#[test]
+fn ws_steals_held_tasks_at_run_time() {
+    if common::skipped("ws_steals_held_tasks_at_run_time") {
+        return;
+    }
+    let (ctx, devs) = context();
+    ctx.set_scheduler(SchedPolicy::WorkStealing);
+    let rw = mix(0, true);
+    let window =
+        |d: usize| (hetero::WS_WINDOW as usize) * devs[d].properties().compute_units.max(1);
+    let gates = [devs[0].host_event(), devs[1].host_event()];
+    let mut blocked = Vec::new();
+    for (d, gate) in gates.iter().enumerate() {
+        for _ in 0..window(d) {
+            let x = ctx.data::<u32>(LEN).unwrap();
+            let t = ctx
+                .task(&rw)
+                .read_write(&x)
+                .on_device(d)
+                .after(gate.event())
+                .submit()
+                .unwrap();
+            blocked.push((d, x, t));
+        }
+    }
+    // Each on its own data, on device 0 (their home).
+    let free: Vec<(TaskData<u32>, hetero::Task)> = (0..6)
+        .map(|i| {
+            let x = ctx.data_from(&vec![i as u32; LEN]).unwrap();
+            let t = ctx.task(&rw).read_write(&x).submit().unwrap();
+            (x, t)
+        })
+        .collect();
+    assert!(free.iter().all(|(_, t)| !t.is_placed()), "held back");
+    gates[1].signal();
+    for (_, t) in &free {
+        t.wait().unwrap();
+        assert_eq!(t.device_index(), 1, "device 1 took it");
+    }
+    for (i, (x, _)) in free.iter().enumerate() {
+        let want = (i as u32).wrapping_mul(31).wrapping_add(7);
+        assert_eq!(x.to_vec().unwrap(), vec![want; LEN]);
+    }
+    assert_eq!(ctx.task_stats().stolen, free.len() as u64);
+    // Device 0 is still blocked.
+    assert!(blocked
+        .iter()
+        .filter(|b| b.0 == 0)
+        .all(|b| !b.2.event().query().unwrap()));
+    gates[0].signal();
+    ctx.wait_tasks().unwrap();
+    for (_, x, _) in &blocked {
+        assert_eq!(x.to_vec().unwrap(), vec![7; LEN]);
+    }
 }

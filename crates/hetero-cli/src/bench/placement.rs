@@ -16,7 +16,10 @@
 //!   of the fast accelerator's calibration samples were inflated ≥ 300×,
 //!   against a clean calibration (points, the largest over devices);
 //! - `overhead/per-task-ns-<sched>`: host time to submit an empty task (real
-//!   time, a host device and an emulated one in real time);
+//!   time, a host device and an emulated one in real time), in batches the
+//!   policies take in turns; beside it the host time of one stream op on
+//!   each device (`overhead/stream-op-ns-…`) and the ratio over the three
+//!   stream ops a task is at least (`overhead/per-task-over-stream-ops-…`);
 //! - `graph/placed-replay-over-online`: host time per task launching a
 //!   HEFT-placed task graph over submitting the same tasks online with dmda;
 //! - `models/second-run-calibration-tasks`: tasks placed to calibrate in a
@@ -248,10 +251,6 @@ fn lower_bound(w: &Workload<'_>) -> f64 {
 struct Run {
     makespan_ns: f64,
     bytes: u64,
-    /// Host time submitting, less the time submissions waited for busy
-    /// streams (which in virtual time runs the model).
-    host_ns: f64,
-    waits: u64,
     calibration: u64,
 }
 
@@ -274,20 +273,14 @@ fn online(ctx: &Context, devs: &[Device], w: &Workload<'_>) -> Result<Run> {
     let data = tiles(ctx, w.tiles)?;
     ctx.reset_task_stats();
     let t0 = devs[0].now_ns();
-    let h0 = Instant::now();
     for s in &w.tasks {
         builder(ctx, s, &data).submit().map_err(err)?;
     }
-    let host_ns = h0.elapsed().as_nanos() as f64;
-    let st = ctx.task_stats();
-    let host_ns = host_ns - st.stream_wait_ns as f64;
     ctx.wait_tasks().map_err(err)?;
     let st = ctx.task_stats();
     Ok(Run {
         makespan_ns: (devs[0].now_ns() - t0) as f64,
         bytes: st.bytes_moved,
-        host_ns,
-        waits: st.stream_waits,
         calibration: st.calibration_tasks,
     })
 }
@@ -302,20 +295,71 @@ fn heft(ctx: &Context, devs: &[Device], w: &Workload<'_>) -> Result<Run> {
     let placed = g.instantiate_on(ctx).map_err(err)?;
     ctx.reset_task_stats();
     let t0 = devs[0].now_ns();
-    let h0 = Instant::now();
     placed.launch().map_err(err)?;
-    let host_ns = h0.elapsed().as_nanos() as f64;
-    let st = ctx.task_stats();
-    let host_ns = host_ns - st.stream_wait_ns as f64;
     ctx.wait_tasks().map_err(err)?;
     let st = ctx.task_stats();
     Ok(Run {
         makespan_ns: (devs[0].now_ns() - t0) as f64,
         bytes: st.bytes_moved,
-        host_ns,
-        waits: st.stream_waits,
         calibration: 0,
     })
+}
+
+/// `graph/…`: on one node with calibrated models and one set of tiles, the
+/// host time per task of submitting `w` online with dmda and of launching
+/// it as a HEFT-placed task graph, the two taking turns (after one of each
+/// untimed), each followed by an untimed wait; median and p99 over rounds.
+fn replay_figures(rep: &mut BenchReport, dir: &Path, w: &Workload<'_>, quick: bool) -> Result<()> {
+    let (ctx, _devs) = node()?;
+    ctx.set_perfmodel_dir(Some(dir.to_path_buf()));
+    ctx.set_scheduler(SchedPolicy::Dmda);
+    let data = tiles(&ctx, w.tiles)?;
+    let mut g = TaskGraph::new();
+    for s in &w.tasks {
+        builder(&ctx, s, &data).record(&mut g).map_err(err)?;
+    }
+    let online_once = || -> Result<(f64, u64)> {
+        let before = ctx.task_stats();
+        let t0 = Instant::now();
+        for s in &w.tasks {
+            builder(&ctx, s, &data).submit().map_err(err)?;
+        }
+        let ns = t0.elapsed().as_nanos() as f64;
+        let after = ctx.task_stats();
+        ctx.wait_tasks().map_err(err)?;
+        let waited = after.stream_wait_ns - before.stream_wait_ns;
+        Ok((ns - waited as f64, after.stream_waits - before.stream_waits))
+    };
+    // The first run loads the models from disk.
+    online_once()?;
+    let placed = g.instantiate_on(&ctx).map_err(err)?;
+    placed.launch().map_err(err)?;
+    ctx.wait_tasks().map_err(err)?;
+    let n = w.tasks.len() as f64;
+    let (mut on, mut re, mut waits) = (Vec::new(), Vec::new(), 0);
+    for _ in 0..if quick { 5 } else { 15 } {
+        let (ns, k) = online_once()?;
+        on.push(ns / n);
+        waits += k;
+        let t0 = Instant::now();
+        placed.launch().map_err(err)?;
+        re.push(t0.elapsed().as_nanos() as f64 / n);
+        ctx.wait_tasks().map_err(err)?;
+    }
+    let on = rep
+        .push_samples("graph/online-dmda-host-ns-per-task", "ns", &mut on)
+        .median;
+    let re = rep
+        .push_samples("graph/placed-replay-host-ns-per-task", "ns", &mut re)
+        .median;
+    rep.ratios
+        .insert("graph/placed-replay-over-online".into(), re / on);
+    rep.notes.push(format!(
+        "graph: host time submitting, online less the time a submission waited for a device's \
+         busy streams ({waits} such waits in all rounds); the replay makes no decision and \
+         takes no lock per task"
+    ));
+    Ok(())
 }
 
 /// Runs `w` with dmda until no task calibrates (at most 8 runs), saving the
@@ -594,9 +638,33 @@ fn shares(inflate: bool, quick: bool) -> Result<Vec<f64>> {
         .collect())
 }
 
+/// Tasks per timed batch of the overhead figures.
+const BATCH: usize = 250;
+
+/// Host ns per op of `n` events recorded on a fresh stream of `dev` (the
+/// cheapest stream op; a task is at least three: an event before, the
+/// launch, an event after).
+fn stream_op_ns(dev: &Device, n: usize) -> Result<f64> {
+    let s = dev.create_stream().map_err(err)?;
+    let t0 = Instant::now();
+    for _ in 0..n {
+        s.record_event().map_err(err)?;
+    }
+    let ns = t0.elapsed().as_nanos() as f64 / n as f64;
+    s.synchronize().map_err(err)?;
+    Ok(ns)
+}
+
+/// `overhead/…`: host ns per empty task submitted, per policy, each on its
+/// own context of a host device and an emulated one in real time; batches
+/// of [`BATCH`] tasks, the policies and the stream-op reference taking
+/// turns batch by batch (so a noisy moment of the machine falls on all of
+/// them); median and p99 over batches, less the time submissions waited
+/// for a device whose streams were all busy (as the graph figures).
 fn overhead(rep: &mut BenchReport, quick: bool) -> Result<()> {
-    let n = if quick { 5_000 } else { 20_000 };
+    let rounds = if quick { 20 } else { 80 };
     let empty = Kernel::new("empty", |_| {});
+    let mut sides = Vec::new();
     for p in SchedPolicy::ALL {
         let host = Device::host().map_err(err)?;
         let emu = Device::new(
@@ -604,34 +672,74 @@ fn overhead(rep: &mut BenchReport, quick: bool) -> Result<()> {
                 .emu(EmuConfig::new(LinkPreset::pcie4x16()).time(TimeMode::Real)),
         )
         .map_err(err)?;
-        let devs = [host, emu];
+        let devs = vec![host, emu];
         let ctx = Context::new(&devs).map_err(err)?;
         ctx.set_perfmodel_dir(None);
         ctx.set_scheduler(p);
+        // Task data keeps the context's task runtime (its streams) between
+        // batches, as a program's data does.
+        let keep = ctx.data::<u8>(1).map_err(err)?;
         for _ in 0..200 {
             ctx.task(&empty).submit().map_err(err)?;
         }
         ctx.wait_tasks().map_err(err)?;
         ctx.reset_task_stats();
-        let t0 = Instant::now();
-        for _ in 0..n {
-            ctx.task(&empty).submit().map_err(err)?;
+        sides.push((p, ctx, devs, keep, Vec::new()));
+    }
+    let (mut op_host, mut op_emu) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        for (_, ctx, _, _, per_task) in &mut sides {
+            let waited = ctx.task_stats().stream_wait_ns;
+            let t0 = Instant::now();
+            for _ in 0..BATCH {
+                ctx.task(&empty).submit().map_err(err)?;
+            }
+            let ns = t0.elapsed().as_nanos() as f64;
+            // Less the time submissions waited for a device whose streams
+            // were all busy (the device's pace, not the host's work).
+            let waited = (ctx.task_stats().stream_wait_ns - waited) as f64;
+            per_task.push((ns - waited) / BATCH as f64);
+            ctx.wait_tasks().map_err(err)?;
         }
-        let ns = t0.elapsed().as_nanos() as f64 / n as f64;
-        ctx.wait_tasks().map_err(err)?;
+        let devs = &sides[0].2;
+        op_host.push(stream_op_ns(&devs[0], BATCH)?);
+        op_emu.push(stream_op_ns(&devs[1], BATCH)?);
+    }
+    let host_op = rep
+        .push_samples("overhead/stream-op-ns-host", "ns", &mut op_host)
+        .median;
+    let emu_op = rep
+        .push_samples("overhead/stream-op-ns-emu", "ns", &mut op_emu)
+        .median;
+    for (p, ctx, _, _, mut per_task) in sides {
+        let n = (rounds * BATCH) as u64;
         let st = ctx.task_stats();
         let name = p.name();
-        rep.push_value(&format!("overhead/per-task-ns-{name}"), "ns", ns, n as u64);
+        let med = rep
+            .push_samples(&format!("overhead/per-task-ns-{name}"), "ns", &mut per_task)
+            .median;
+        // The floor: three stream ops on the device the task went to.
+        let ops: f64 = st
+            .per_device
+            .iter()
+            .zip([host_op, emu_op])
+            .map(|(&k, op)| k as f64 * 3.0 * op)
+            .sum::<f64>()
+            / st.per_device.iter().sum::<u64>().max(1) as f64;
+        rep.ratios.insert(
+            format!("overhead/per-task-over-stream-ops-{name}"),
+            med / ops,
+        );
         rep.push_value(
             &format!("overhead/decision-ns-{name}"),
             "ns",
             st.decision_ns as f64 / n as f64,
-            n as u64,
+            n,
         );
         rep.notes.push(format!(
-            "overhead {name}: {} of {n} submissions waited for a busy device's streams, {} \
-             streams made",
-            st.stream_waits, st.streams_made
+            "overhead {name}: tasks per device {:?}, {} of {n} submissions waited for a busy \
+             device's streams, {} streams made",
+            st.per_device, st.stream_waits, st.streams_made
         ));
     }
     Ok(())
@@ -666,6 +774,24 @@ fn child(dir: &Path, quick_tiles: usize) -> Result<()> {
 }
 
 pub fn run(quick: bool) -> Result<BenchReport> {
+    run_parts(quick, &[])
+}
+
+/// The parts `hetero bench placement --only` names.
+pub const PARTS: [&str; 8] = [
+    "cholesky", "graph", "models", "gemm", "random", "drift", "outliers", "overhead",
+];
+
+/// The bench with only the parts named in `only` (all when empty); an unknown
+/// name is an error.
+pub fn run_parts(quick: bool, only: &[String]) -> Result<BenchReport> {
+    if let Some(bad) = only.iter().find(|o| !PARTS.contains(&o.as_str())) {
+        return Err(format!(
+            "--only {bad}: no such part; parts are {}",
+            PARTS.join(", ")
+        ));
+    }
+    let on = |part: &str| only.is_empty() || only.iter().any(|o| o == part);
     let t = if quick { 8 } else { 16 };
     if let Some(dir) = std::env::var_os(CHILD_ENV) {
         child(Path::new(&dir), 8)?;
@@ -686,67 +812,55 @@ pub fn run(quick: bool) -> Result<BenchReport> {
         "cholesky".into(),
         format!("{t}x{t} tiles, {} tasks", chol.tasks.len()),
     );
-    compare(&mut rep, &dir, "cholesky", &chol)?;
+    if on("cholesky") {
+        compare(&mut rep, &dir, "cholesky", &chol)?;
+    } else if on("graph") || on("models") {
+        calibrate(&dir, &chol)?;
+    }
     // The graph figure: host time per task, placed replay over online dmda.
-    {
-        let (ctx, devs) = node()?;
-        ctx.set_perfmodel_dir(Some(dir.clone()));
-        ctx.set_scheduler(SchedPolicy::Dmda);
-        // The first run loads the models from disk.
-        online(&ctx, &devs, &chol)?;
-        let on = online(&ctx, &devs, &chol)?;
-        let placed = heft(&ctx, &devs, &chol)?;
-        let n = chol.tasks.len() as f64;
-        rep.push_value(
-            "graph/online-dmda-host-ns-per-task",
-            "ns",
-            on.host_ns / n,
-            1,
-        );
-        rep.push_value(
-            "graph/placed-replay-host-ns-per-task",
-            "ns",
-            placed.host_ns / n,
-            1,
-        );
-        rep.ratios.insert(
-            "graph/placed-replay-over-online".into(),
-            placed.host_ns / on.host_ns,
-        );
-        rep.notes.push(format!(
-            "graph: host time submitting, less the time a submission waited for a device's busy \
-             streams ({} such waits online, {} in the replay)",
-            on.waits, placed.waits
-        ));
+    if on("graph") {
+        replay_figures(&mut rep, &dir, &chol, quick)?;
     }
     // Models in a second process (the child runs the 8x8 Cholesky: its
     // tasks' footprints, every tile being one size, are those calibrated
     // here).
-    match second_process(&dir) {
-        Ok(n) => rep.push_value("models/second-run-calibration-tasks", "tasks", n as f64, 1),
-        Err(e) => {
-            rep.unavailable
-                .insert("models/second-run-calibration-tasks".into(), e);
+    if on("models") {
+        match second_process(&dir) {
+            Ok(n) => rep.push_value("models/second-run-calibration-tasks", "tasks", n as f64, 1),
+            Err(e) => {
+                rep.unavailable
+                    .insert("models/second-run-calibration-tasks".into(), e);
+            }
         }
     }
-    let g = if quick { 6 } else { 8 };
-    compare(&mut rep, &dir, "gemm", &gemm(&k, g))?;
-    let (layers, width) = if quick { (8, 12) } else { (16, 16) };
-    compare(&mut rep, &dir, "random", &random(&k, layers, width))?;
-    drift(&mut rep, &dir, quick)?;
-    let clean = shares(false, quick)?;
-    let dirty = shares(true, quick)?;
-    let shift = clean
-        .iter()
-        .zip(&dirty)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f64::max);
-    rep.push_value("outliers/work-share-shift", "points", shift, 1);
-    rep.notes.push(format!(
-        "outliers: dmda's work share per device (%), clean calibration {clean:.1?}, with 1 % of \
-         the fast accelerator's samples inflated {dirty:.1?}"
-    ));
-    overhead(&mut rep, quick)?;
+    if on("gemm") {
+        let g = if quick { 6 } else { 8 };
+        compare(&mut rep, &dir, "gemm", &gemm(&k, g))?;
+    }
+    if on("random") {
+        let (layers, width) = if quick { (8, 12) } else { (16, 16) };
+        compare(&mut rep, &dir, "random", &random(&k, layers, width))?;
+    }
+    if on("drift") {
+        drift(&mut rep, &dir, quick)?;
+    }
+    if on("outliers") {
+        let clean = shares(false, quick)?;
+        let dirty = shares(true, quick)?;
+        let shift = clean
+            .iter()
+            .zip(&dirty)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        rep.push_value("outliers/work-share-shift", "points", shift, 1);
+        rep.notes.push(format!(
+            "outliers: dmda's work share per device (%), clean calibration {clean:.1?}, with 1 % \
+             of the fast accelerator's samples inflated {dirty:.1?}"
+        ));
+    }
+    if on("overhead") {
+        overhead(&mut rep, quick)?;
+    }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(rep)
 }

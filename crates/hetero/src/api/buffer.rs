@@ -28,6 +28,16 @@ pub struct DeviceBuffer<T: Pod> {
     _t: PhantomData<T>,
 }
 
+impl<T: Pod> DeviceBuffer<T> {
+    /// The storage, without the buffer's release (a handle made over a
+    /// storage someone else owns gives it back this way).
+    pub(crate) fn into_storage(self) -> Arc<Storage> {
+        let mut me = ManuallyDrop::new(self);
+        // SAFETY: `me` is never dropped, so its storage is taken only here.
+        unsafe { ManuallyDrop::take(&mut me.storage) }
+    }
+}
+
 impl<T: Pod> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
         // SAFETY: `storage` is not touched again: this is the buffer's drop.

@@ -652,11 +652,7 @@ fn faulting_host(
 /// pinned memory of the one device, or, for several, host memory
 /// registered with each (imported where the device shares the host's
 /// memory).
-fn pinned_host(
-    devices: &[(Device, u8)],
-    bytes: usize,
-    op: &'static str,
-) -> Result<HostCopies> {
+fn pinned_host(devices: &[(Device, u8)], bytes: usize, op: &'static str) -> Result<HostCopies> {
     if let [(d, _)] = devices {
         let h = d.alloc_pinned::<u8>(bytes)?.storage;
         zero(&h);

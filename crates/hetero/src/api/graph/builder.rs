@@ -384,6 +384,43 @@ impl Graph {
     }
 }
 
+impl Graph {
+    /// Places the graph's kernel nodes across the devices of `ctx` (which
+    /// holds the graph's device) with HEFT, as
+    /// [`TaskGraph::instantiate_on`](crate::TaskGraph::instantiate_on) does
+    /// tasks: each node a task over the buffers it names (ordered by the
+    /// graph's edges and the buffers' accesses), execution times from the
+    /// context's performance models, transfers from its link models. The
+    /// plan is made now; a launch replays it with no scheduling decision and
+    /// ends with the buffers the graph writes holding their results on the
+    /// graph's device (wait for the launch, then read them as after a launch
+    /// on one stream).
+    ///
+    /// Kernel nodes over buffers allocated outside the graph, and nodes that
+    /// only order, can be placed; a copy, fill, host or wait node, or a
+    /// buffer allocated in the graph or bound at launch, is an
+    /// [`Error::Graph`].
+    ///
+    /// ```
+    /// use hetero::{Arg, Context, Device, Graph, Grid, Kernel};
+    /// let devices = [Device::host().unwrap(), Device::host().unwrap()];
+    /// let ctx = Context::new(&devices).unwrap();
+    /// # ctx.set_perfmodel_dir(None); // the doctest writes no model file
+    /// let x = devices[0].alloc::<u32>(4).unwrap();
+    /// let ones = Kernel::new("ones", |b| b.write::<u32>(0).fill(1));
+    /// let mut g = Graph::new(&devices[0]).unwrap();
+    /// g.kernel(&ones, Grid::new(1), &[Arg::write(&x)], &[]).unwrap();
+    /// let placed = g.instantiate_on(&ctx).unwrap();
+    /// placed.launch().unwrap().wait().unwrap();
+    /// let s = devices[0].create_stream().unwrap();
+    /// assert_eq!(s.read_to_vec(&x).unwrap(), vec![1; 4]);
+    /// ```
+    pub fn instantiate_on(&self, ctx: &crate::Context) -> Result<crate::PlacedTaskGraph> {
+        let device = self.rec.device().clone();
+        self.with_draft(|d| crate::api::task::stream_graph::place_graph(d, &device, ctx))
+    }
+}
+
 fn check_node(d: &Draft, n: NodeId, op: &'static str) -> Result<()> {
     if n.graph != d.id {
         return Err(capture_error(

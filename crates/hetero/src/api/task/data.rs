@@ -23,6 +23,9 @@ pub(crate) struct TaskRef {
     pub(crate) end: Event,
     /// Its expected end, ns on the runtime's clock.
     pub(crate) end_ns: f64,
+    /// Its device and place in that device's stream pool (the task is the
+    /// last on that stream while the pool entry's last task is its number).
+    pub(crate) stream: Option<(usize, usize)>,
 }
 
 /// The coherence state of one buffer.
@@ -94,6 +97,11 @@ impl<T: Pod + Send + Sync> DataAny for DataCell<T> {
 
 static NEXT_DATA: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
+/// A number no other task data has (in this process).
+pub(crate) fn next_data_id() -> u64 {
+    NEXT_DATA.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// A buffer tasks read and write on any device of a [`Context`](crate::Context)
 /// (StarPU's data handle): it keeps a replica on each device that used it and
 /// copies the current version where a task needs it, over the context's links.
@@ -139,7 +147,7 @@ impl<T: Pod + Send + Sync> TaskData<T> {
     pub(crate) fn new(rt: Arc<Runtime>, data: &[T]) -> Result<Self> {
         let n = rt.devices.len();
         let cell = DataCell {
-            id: NEXT_DATA.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            id: next_data_id(),
             len: data.len(),
             replicas: (0..n).map(|_| OnceLock::new()).collect(),
             state: Mutex::new(DataState {
@@ -183,6 +191,9 @@ impl<T: Pod + Send + Sync> TaskData<T> {
     /// The current contents, after the tasks submitted before that write it
     /// (waits for them; a fault of the last writer is its error).
     pub fn to_vec(&self) -> Result<Vec<T>> {
+        // Tasks work stealing holds back that touch it go to devices first.
+        let id = self.cell.id;
+        self.rt.pump_until(|| !self.rt.holds(id))?;
         let (at, ready, writer) = {
             let st = self.cell.state.lock().unwrap_or_else(|p| p.into_inner());
             let at = (0..st.valid.len())

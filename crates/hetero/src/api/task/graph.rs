@@ -7,11 +7,12 @@
 //! Hetero's stream graphs (`api/graph`) are one device's; this is the
 //! context-wide counterpart for tasks.
 
-use super::{dependencies_in, lock, Context, Runtime, Spec, Task, TaskBuilder};
+use super::data::{DataAny, TaskRef};
+use super::{dependencies_in, lock, Context, Runtime, Spec, TaskBuilder};
 use crate::exec::sched::heft::{self, HeftTask};
 use crate::exec::sched::model;
-use crate::Result;
-use std::sync::Arc;
+use crate::{Event, Result, Stream};
+use std::sync::{Arc, Mutex};
 
 /// Tasks recorded for placement as a whole ([`TaskGraph::instantiate_on`]).
 ///
@@ -35,13 +36,127 @@ pub struct TaskGraph {
     pub(crate) rt: Option<Arc<Runtime>>,
 }
 
-/// A task graph with every task placed (HEFT); [`launch`](Self::launch)
-/// submits its tasks where they were placed.
+/// A task graph with every task placed (HEFT) and its launch planned: the
+/// stream each task goes on (one per compute unit of a device HEFT used),
+/// the events it waits for, the copies its data needs, the events recorded.
+/// [`launch`](Self::launch) replays that plan: no policy, no model, no
+/// dependency analysis, no per-task lock.
 pub struct PlacedTaskGraph {
     specs: Vec<Spec>,
     rt: Arc<Runtime>,
     placement: Vec<usize>,
     makespan_ns: f64,
+    plan: Plan,
+}
+
+/// Ops of one launch a plan puts on one stream at most (an upper count per
+/// task: launch, record, waits, copies) before it goes on with the next
+/// stream of the same compute unit: a quarter of a stream's default ring,
+/// so that a launch never waits for room in a ring (in virtual time that
+/// wait runs the devices' model on the host).
+const OPS_PER_STREAM: usize = 256;
+
+impl std::fmt::Debug for PlacedTaskGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlacedTaskGraph")
+            .field("tasks", &self.specs.len())
+            .field("placement", &self.placement)
+            .field("predicted_makespan_ns", &self.makespan_ns)
+            .field("streams", &self.plan.lanes.len())
+            .finish()
+    }
+}
+
+/// Where a replica's current version comes from during a launch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Source {
+    /// Valid when the launch starts (its launch-time event).
+    Start,
+    /// Valid after a step's end event.
+    Step(usize),
+}
+
+/// One task of the plan, in submission order.
+struct Step {
+    /// The task's index in recording order.
+    task: usize,
+    device: usize,
+    /// Index into `Plan::streams`.
+    stream: usize,
+    /// Earlier steps on other streams whose end events it waits for.
+    waits: Vec<usize>,
+    /// Data (index into `Plan::data`) whose launch-time events it waits for
+    /// (it touches them before any step of the graph wrote them).
+    first: Vec<usize>,
+    /// Copies before the launch: (access index, from device).
+    copies: Vec<(usize, usize)>,
+    /// Whether its end event is recorded (another stream or the data's
+    /// state after the launch needs it).
+    record: bool,
+    /// HEFT's expected end, ns after the launch starts.
+    end_ns: f64,
+}
+
+/// One datum the graph touches.
+struct DataPlan {
+    data: Arc<dyn DataAny>,
+    /// The device whose replica the plan starts from.
+    start: usize,
+    /// Whether the graph writes it.
+    written: bool,
+    /// Its state after the launch: valid replicas, last writer, readers
+    /// since (steps).
+    valid: Vec<(usize, Source)>,
+    writer: Option<usize>,
+    readers: Vec<usize>,
+    /// A copy back into the start replica after the launch, from the last
+    /// writer's device on its stream (`write_back` plans).
+    back: bool,
+}
+
+struct Plan {
+    /// The streams (replaced when a fault left one failed) and each one's
+    /// (device, compute unit).
+    streams: Mutex<Vec<Stream>>,
+    lanes: Vec<(usize, usize)>,
+    steps: Vec<Step>,
+    data: Vec<DataPlan>,
+    /// Copies per launch: (from, to, bytes).
+    moved: Vec<(usize, usize, u64)>,
+}
+
+/// One launch of a [`PlacedTaskGraph`]: the last event of each stream it
+/// used.
+#[derive(Clone, Debug)]
+pub struct TaskGraphLaunch {
+    events: Vec<Event>,
+    devices: Vec<usize>,
+}
+
+impl TaskGraphLaunch {
+    /// Waits for every task of the launch; the first fault is the error.
+    pub fn wait(&self) -> Result<()> {
+        let mut first = Ok(());
+        for e in &self.events {
+            if let Err(err) = e.synchronize() {
+                if first.is_ok() {
+                    first = Err(err);
+                }
+            }
+        }
+        first
+    }
+
+    /// The last event of each stream the launch used.
+    pub fn events(&self) -> &[Event] {
+        &self.events
+    }
+
+    /// The device (index in the context) each task ran on, in recording
+    /// order.
+    pub fn devices(&self) -> &[usize] {
+        &self.devices
+    }
 }
 
 impl TaskGraph {
@@ -70,76 +185,333 @@ impl TaskGraph {
             Some(rt) => rt.clone(),
             None => ctx.task_runtime()?,
         };
-        let n = rt.devices.len();
         let deps = dependencies_in(&self.specs);
-        let mut tasks = Vec::with_capacity(self.specs.len());
-        {
-            let mut sc = lock(&rt.sched);
-            for (i, spec) in self.specs.iter().enumerate() {
-                let sizes = spec.access.iter().map(|(d, _)| d.bytes() as u64);
-                let footprint = model::footprint(sizes.clone());
-                let size: u64 = sizes.sum();
-                let name = spec.kernel.name();
-                let mut cost: Vec<Option<f64>> = (0..n)
-                    .map(|d| {
-                        rt.devices[d].check_code(&spec.kernel.inner).ok()?;
-                        Some(
-                            sc.models()
-                                .predict(name, &rt.keys[d], footprint, size)
-                                .map_or(f64::NAN, |p| p.0),
-                        )
-                    })
-                    .collect();
-                let known: Vec<f64> = cost
-                    .iter()
-                    .flatten()
-                    .copied()
-                    .filter(|c| !c.is_nan())
-                    .collect();
-                let fill = if known.is_empty() {
-                    1000.0
-                } else {
-                    known.iter().sum::<f64>() / known.len() as f64
-                };
-                for c in cost.iter_mut().flatten() {
-                    if c.is_nan() {
-                        *c = fill;
-                    }
+        place(rt, self.specs.clone(), deps, false)
+    }
+}
+
+/// Places `specs` (in a topological order; `deps`: each one's predecessors
+/// and the bytes they hand over) with HEFT on `rt`'s devices and plans their
+/// launch; `write_back`: a launch ends with every written datum's current
+/// version also in its start replica (stream graphs: the user's buffers).
+pub(crate) fn place(
+    rt: Arc<Runtime>,
+    specs: Vec<Spec>,
+    deps: Vec<Vec<(usize, u64)>>,
+    write_back: bool,
+) -> Result<PlacedTaskGraph> {
+    let n = rt.devices.len();
+    let mut tasks = Vec::with_capacity(specs.len());
+    {
+        let mut sc = lock(&rt.sched);
+        for (i, spec) in specs.iter().enumerate() {
+            let sizes = spec.access.iter().map(|(d, _)| d.bytes() as u64);
+            let footprint = model::footprint(sizes.clone());
+            let size: u64 = sizes.sum();
+            let name = spec.kernel.name();
+            let mut cost: Vec<Option<f64>> = (0..n)
+                .map(|d| {
+                    rt.devices[d].check_code(&spec.kernel.inner).ok()?;
+                    Some(
+                        sc.models()
+                            .predict(name, &rt.keys[d], footprint, size)
+                            .map_or(f64::NAN, |p| p.0),
+                    )
+                })
+                .collect();
+            let known: Vec<f64> = cost
+                .iter()
+                .flatten()
+                .copied()
+                .filter(|c| !c.is_nan())
+                .collect();
+            let fill = if known.is_empty() {
+                1000.0
+            } else {
+                known.iter().sum::<f64>() / known.len() as f64
+            };
+            for c in cost.iter_mut().flatten() {
+                if c.is_nan() {
+                    *c = fill;
                 }
-                if cost.iter().all(Option::is_none) {
-                    rt.devices[0].check_code(&spec.kernel.inner)?;
-                }
-                let mut inputs = Vec::new();
-                for (data, mode) in &spec.access {
-                    let written_before = self.specs[..i].iter().any(|s| {
-                        s.access
-                            .iter()
-                            .any(|(x, m)| x.id() == data.id() && m.writes())
-                    });
-                    if mode.reads() && !written_before {
-                        let st = lock(data.state());
-                        let at = (0..n)
-                            .find(|&d| st.valid[d].is_some())
-                            .unwrap_or(super::HOME);
-                        inputs.push((at, data.bytes() as u64));
-                    }
-                }
-                tasks.push(HeftTask {
-                    preds: deps[i].clone(),
-                    inputs,
-                    cost,
+            }
+            if cost.iter().all(Option::is_none) {
+                rt.devices[0].check_code(&spec.kernel.inner)?;
+            }
+            let mut inputs = Vec::new();
+            for (data, mode) in &spec.access {
+                let written_before = specs[..i].iter().any(|s| {
+                    s.access
+                        .iter()
+                        .any(|(x, m)| x.id() == data.id() && m.writes())
                 });
+                if mode.reads() && !written_before {
+                    let st = lock(data.state());
+                    let at = (0..n)
+                        .find(|&d| st.valid[d].is_some())
+                        .unwrap_or(super::HOME);
+                    inputs.push((at, data.bytes() as u64));
+                }
+            }
+            tasks.push(HeftTask {
+                preds: deps[i].clone(),
+                inputs,
+                cost,
+            });
+        }
+    }
+    let comm = |a: usize, b: usize, bytes: u64| rt.transfer_ns(a, b, bytes);
+    let placed = heft::plan(&tasks, &rt.lanes, &comm);
+    let plan = make_plan(&rt, &specs, &deps, &placed, write_back)?;
+    Ok(PlacedTaskGraph {
+        specs,
+        placement: placed.iter().map(|p| p.device).collect(),
+        makespan_ns: placed.iter().map(|p| p.end).fold(0.0, f64::max),
+        rt,
+        plan,
+    })
+}
+
+/// The launch plan of `specs` placed as `placed`: steps in HEFT's start
+/// order (topological: a task starts after its predecessors end), one
+/// stream per (device, compute unit) used, and a walk of the data's
+/// coherence (which replica is valid after which step) from a start where
+/// each datum is valid on one device, to know every copy and wait now.
+fn make_plan(
+    rt: &Runtime,
+    specs: &[Spec],
+    deps: &[Vec<(usize, u64)>],
+    placed: &[heft::Placed],
+    write_back: bool,
+) -> Result<Plan> {
+    let n_dev = rt.devices.len();
+    let mut order: Vec<usize> = (0..specs.len()).collect();
+    order.sort_by(|&a, &b| placed[a].start.total_cmp(&placed[b].start).then(a.cmp(&b)));
+    let mut step_of = vec![usize::MAX; specs.len()];
+    for (s, &t) in order.iter().enumerate() {
+        step_of[t] = s;
+    }
+    // Zero-cost ties could put a task before a predecessor: then the
+    // recording order (topological by construction).
+    if (0..specs.len()).any(|t| deps[t].iter().any(|&(p, _)| step_of[p] > step_of[t])) {
+        order = (0..specs.len()).collect();
+        for (s, &t) in order.iter().enumerate() {
+            step_of[t] = s;
+        }
+    }
+    let mut lanes: Vec<(usize, usize)> = Vec::new();
+    let mut stream_ops: Vec<usize> = Vec::new();
+    // Per stream: its steps so far, and HEFT's end of its last one.
+    let mut position_count: Vec<u32> = Vec::new();
+    let mut last_end_ns: Vec<f64> = Vec::new();
+    // Per stream, the vector clock of its next step; per step, its place on
+    // its stream and the clock after it.
+    let mut clock: Vec<Vec<u32>> = Vec::new();
+    let mut position: Vec<u32> = Vec::with_capacity(specs.len());
+    let mut after_clock: Vec<Vec<u32>> = Vec::with_capacity(specs.len());
+    let mut data: Vec<DataPlan> = Vec::new();
+    let mut data_index: std::collections::HashMap<u64, usize> = Default::default();
+    // Per datum, per device: the source of its valid replica in the walk.
+    let mut valid: Vec<Vec<Option<Source>>> = Vec::new();
+    let mut steps: Vec<Step> = Vec::with_capacity(specs.len());
+    let mut moved = Vec::new();
+    for &t in &order {
+        let spec = &specs[t];
+        let d = placed[t].device;
+        let s = steps.len();
+        let mut step = Step {
+            task: t,
+            device: d,
+            stream: usize::MAX,
+            waits: Vec::new(),
+            first: Vec::new(),
+            copies: Vec::new(),
+            record: false,
+            end_ns: placed[t].end,
+        };
+        // Steps this one must follow (in `waits` for now; filtered below by
+        // what its stream already follows).
+        step.waits.extend(deps[t].iter().map(|&(p, _)| step_of[p]));
+        for (a, (datum, mode)) in spec.access.iter().enumerate() {
+            let x = *data_index.entry(datum.id()).or_insert_with(|| {
+                let st = lock(datum.state());
+                let start = (0..n_dev)
+                    .find(|&i| st.valid[i].is_some())
+                    .unwrap_or(super::HOME);
+                data.push(DataPlan {
+                    data: datum.clone(),
+                    start,
+                    written: false,
+                    valid: Vec::new(),
+                    writer: None,
+                    readers: Vec::new(),
+                    back: false,
+                });
+                let mut v = vec![None; n_dev];
+                v[start] = Some(Source::Start);
+                valid.push(v);
+                data.len() - 1
+            });
+            datum.replica(d, &rt.devices[d])?;
+            if !data[x].written {
+                step.first.push(x);
+            }
+            if mode.reads() {
+                match valid[x][d] {
+                    Some(Source::Step(j)) => step.waits.push(j),
+                    Some(Source::Start) => {}
+                    None => {
+                        // From the last writer's device if there is one,
+                        // else the cheapest valid replica.
+                        let bytes = datum.bytes() as u64;
+                        let from = data[x]
+                            .writer
+                            .map(|w| steps[w].device)
+                            .filter(|&w| valid[x][w].is_some())
+                            .unwrap_or_else(|| {
+                                (0..n_dev)
+                                    .filter(|&i| valid[x][i].is_some())
+                                    .min_by(|&a, &b| {
+                                        rt.transfer_ns(a, d, bytes)
+                                            .total_cmp(&rt.transfer_ns(b, d, bytes))
+                                    })
+                                    .expect("some replica is valid")
+                            });
+                        datum.replica(from, &rt.devices[from])?;
+                        if let Some(Source::Step(j)) = valid[x][from] {
+                            step.waits.push(j);
+                        }
+                        step.copies.push((a, from));
+                        moved.push((from, d, bytes));
+                        valid[x][d] = Some(Source::Step(s));
+                    }
+                }
+            }
+            let dp = &mut data[x];
+            if mode.writes() {
+                dp.written = true;
+                dp.writer = Some(s);
+                dp.readers.clear();
+                valid[x].iter_mut().for_each(|v| *v = None);
+                valid[x][d] = Some(Source::Step(s));
+            } else {
+                dp.readers.push(s);
             }
         }
-        let comm = |a: usize, b: usize, bytes: u64| rt.transfer_ns(a, b, bytes);
-        let placed = heft::plan(&tasks, &rt.lanes, &comm);
-        Ok(PlacedTaskGraph {
-            specs: self.specs.clone(),
-            placement: placed.iter().map(|p| p.device).collect(),
-            makespan_ns: placed.iter().map(|p| p.end).fold(0.0, f64::max),
-            rt,
-        })
+        // Vector clocks: `clock[q][r]` is how many steps of stream `r` the
+        // next step of stream `q` follows; a wait another already implies
+        // (through stream order or an earlier wait) is left out.
+        let mut want = std::mem::take(&mut step.waits);
+        want.sort_unstable_by(|a, b| b.cmp(a));
+        want.dedup();
+        // The stream: one of the device's whose every step this one follows
+        // anyway (through the steps it must follow), so a stream's order
+        // never holds a task behind one it does not depend on (HEFT's order
+        // on a compute unit comes from estimates; the device runs whichever
+        // stream is ready), and with room for its ops in this launch; else
+        // a new one; past `MAX_TASK_STREAMS` on the device, the one whose
+        // last step HEFT ends first.
+        let ops = 2 + 2 * want.len() + 3 * spec.access.len();
+        let mut join = vec![0u32; lanes.len()];
+        for &j in &want {
+            for (m, &c) in join.iter_mut().zip(&after_clock[j]) {
+                *m = (*m).max(c);
+            }
+        }
+        let mut mine_on_device = 0;
+        let mut implied = None;
+        let mut earliest: Option<(f64, usize)> = None;
+        for q in 0..lanes.len() {
+            if lanes[q].0 != d {
+                continue;
+            }
+            mine_on_device += 1;
+            let last = position_count[q];
+            if join.get(q).copied().unwrap_or(0) >= last && stream_ops[q] + ops <= OPS_PER_STREAM {
+                implied = Some(q);
+                break;
+            }
+            let last_end = last_end_ns[q];
+            if earliest.is_none_or(|(e, _)| last_end < e) {
+                earliest = Some((last_end, q));
+            }
+        }
+        let stream = match (implied, earliest) {
+            (Some(q), _) => q,
+            (None, Some((_, q))) if mine_on_device >= super::MAX_TASK_STREAMS => q,
+            _ => {
+                lanes.push((d, mine_on_device));
+                stream_ops.push(0);
+                position_count.push(0);
+                last_end_ns.push(0.0);
+                lanes.len() - 1
+            }
+        };
+        stream_ops[stream] += ops;
+        position_count[stream] += 1;
+        last_end_ns[stream] = placed[t].end;
+        step.stream = stream;
+        if clock.len() < lanes.len() {
+            clock.resize(lanes.len(), Vec::new());
+        }
+        let mut mine = std::mem::take(&mut clock[stream]);
+        mine.resize(lanes.len(), 0);
+        for j in want {
+            let r = steps[j].stream;
+            if r == stream || mine[r] > position[j] {
+                continue;
+            }
+            step.waits.push(j);
+            steps[j].record = true;
+            for (m, &c) in mine.iter_mut().zip(&after_clock[j]) {
+                *m = (*m).max(c);
+            }
+        }
+        position.push(mine[stream]);
+        mine[stream] += 1;
+        after_clock.push(mine.clone());
+        clock[stream] = mine;
+        steps.push(step);
     }
+    // The state after a launch needs the end events of the steps it names,
+    // and `wait_tasks` the last step of every stream.
+    for (x, dp) in data.iter_mut().enumerate() {
+        dp.valid = (0..n_dev)
+            .filter_map(|i| valid[x][i].map(|v| (i, v)))
+            .collect();
+        dp.back = write_back && valid[x][dp.start].is_none();
+        for &(_, v) in &dp.valid {
+            if let Source::Step(j) = v {
+                steps[j].record = true;
+            }
+        }
+        if let Some(w) = dp.writer {
+            steps[w].record = true;
+        }
+        for &r in &dp.readers {
+            steps[r].record = true;
+        }
+    }
+    for q in 0..lanes.len() {
+        if let Some(last) = steps.iter().rposition(|s| s.stream == q) {
+            steps[last].record = true;
+        }
+    }
+    let streams = lanes
+        .iter()
+        .map(|&(d, l)| {
+            let s = rt.devices[d].create_stream()?;
+            s.set_name(format!("placed tasks {l}"));
+            Ok(s)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Plan {
+        streams: Mutex::new(streams),
+        lanes,
+        steps,
+        data,
+        moved,
+    })
 }
 
 impl PlacedTaskGraph {
@@ -153,14 +525,191 @@ impl PlacedTaskGraph {
         self.makespan_ns
     }
 
-    /// Submits every task on its placed device, in recording order (after
-    /// the tasks submitted before, as any task).
-    pub fn launch(&self) -> Result<Vec<Task>> {
-        self.specs
-            .iter()
-            .zip(&self.placement)
-            .map(|(s, &d)| self.rt.submit(s, Some(d)))
-            .collect()
+    /// Submits every task on its placed device and compute unit's stream,
+    /// as planned at instantiate (after the tasks submitted before that
+    /// touch its data, as any task; tasks submitted after see its writes).
+    /// A task that faults fails the tasks that depend on it and those after
+    /// it on its stream (its compute unit's, in this graph).
+    pub fn launch(&self) -> Result<TaskGraphLaunch> {
+        let rt = &self.rt;
+        let plan = &self.plan;
+        let mut streams = lock(&plan.streams);
+        // A stream a fault failed would fail every later launch: replaced.
+        for (q, s) in streams.iter_mut().enumerate() {
+            if s.error().is_some() {
+                let (d, l) = plan.lanes[q];
+                let fresh = rt.devices[d].create_stream()?;
+                fresh.set_name(format!("placed tasks {l}"));
+                *s = fresh;
+            }
+        }
+        // What each datum waits for, and its start replica's event: the
+        // launch orders after the tasks before it through these.
+        let mut pre: Vec<Vec<Event>> = Vec::with_capacity(plan.data.len());
+        let mut start_valid: Vec<Option<Event>> = Vec::with_capacity(plan.data.len());
+        let mut fixes = Vec::new();
+        for dp in &plan.data {
+            let st = lock(dp.data.state());
+            let mut evs = Vec::new();
+            if let Some(w) = &st.writer {
+                evs.push(w.end.clone());
+            }
+            if dp.written {
+                evs.extend(st.readers.iter().map(|r| r.end.clone()));
+            }
+            let ev = match &st.valid[dp.start] {
+                Some(e) => e.clone(),
+                None => {
+                    // Moved since instantiate: bring it back to the start
+                    // replica first (rare: a task outside wrote it elsewhere).
+                    let bytes = dp.data.bytes() as u64;
+                    let (from, _) = rt.cheapest_source(&st.valid, dp.start, bytes);
+                    let from_ev = st.valid[from].clone();
+                    drop(st);
+                    let s = rt.host_stream(dp.start)?;
+                    if let Some(e) = from_ev.filter(Event::is_recorded) {
+                        s.wait_event(&e)?;
+                    }
+                    dp.data.copy(&s, from, dp.start)?;
+                    fixes.push((from, dp.start, bytes));
+                    s.record_event()?
+                }
+            };
+            if ev.is_recorded() {
+                evs.push(ev.clone());
+            }
+            pre.push(evs);
+            start_valid.push(Some(ev));
+        }
+        let mut ends: Vec<Option<Event>> = vec![None; plan.steps.len()];
+        let mut args: Vec<crate::Arg<'_>> = Vec::new();
+        for (s, step) in plan.steps.iter().enumerate() {
+            let stream = &streams[step.stream];
+            let spec = &self.specs[step.task];
+            for &j in &step.waits {
+                let e = ends[j].as_ref().expect("a waited step records its end");
+                stream.wait_event(e)?;
+            }
+            for &x in &step.first {
+                for e in &pre[x] {
+                    stream.wait_event(e)?;
+                }
+            }
+            for e in &spec.after {
+                stream.wait_event(e)?;
+            }
+            for &(a, from) in &step.copies {
+                spec.access[a].0.copy(stream, from, step.device)?;
+            }
+            args.clear();
+            args.extend(
+                spec.access
+                    .iter()
+                    .map(|(data, mode)| data.arg(step.device, mode.writes())),
+            );
+            for (arg, &elem) in args.iter_mut().zip(&spec.elems) {
+                arg.elem = elem;
+            }
+            stream.launch(&spec.kernel, spec.grid, &args)?;
+            if step.record {
+                ends[s] = Some(stream.record_event()?);
+            }
+        }
+        drop(args);
+        // Copies back into the start replicas (stream graphs: the user's
+        // buffers hold the results).
+        let mut backs: Vec<Option<Event>> = vec![None; plan.data.len()];
+        for (x, dp) in plan.data.iter().enumerate().filter(|(_, dp)| dp.back) {
+            let w = dp.writer.expect("a written datum has a writer");
+            let step = &plan.steps[w];
+            let stream = &streams[step.stream];
+            dp.data.copy(stream, step.device, dp.start)?;
+            fixes.push((step.device, dp.start, dp.data.bytes() as u64));
+            backs[x] = Some(stream.record_event()?);
+        }
+        // The data's state after the launch, and the runtime's books.
+        let t0 = rt.now_ns();
+        let mut st = lock(&rt.state);
+        let base = st.next_task;
+        st.next_task += (plan.steps.len() + plan.data.len()) as u64;
+        let task_ref = |j: usize| TaskRef {
+            id: base + j as u64,
+            end: ends[j].clone().expect("recorded: the state names it"),
+            end_ns: t0 + plan.steps[j].end_ns,
+            stream: None,
+        };
+        for (x, dp) in plan.data.iter().enumerate() {
+            let mut ds = lock(dp.data.state());
+            ds.valid.iter_mut().for_each(|v| *v = None);
+            for &(i, src) in &dp.valid {
+                ds.valid[i] = match src {
+                    Source::Start => start_valid[x].clone(),
+                    Source::Step(j) => ends[j].clone(),
+                };
+            }
+            if dp.written {
+                ds.writer = dp.writer.map(task_ref);
+                ds.readers = dp.readers.iter().map(|&r| task_ref(r)).collect();
+            } else {
+                ds.readers.extend(dp.readers.iter().map(|&r| task_ref(r)));
+            }
+            if let Some(e) = &backs[x] {
+                // The copy back reads the writer's replica: a reader.
+                ds.valid[dp.start] = Some(e.clone());
+                ds.readers.push(TaskRef {
+                    id: base + (plan.steps.len() + x) as u64,
+                    end: e.clone(),
+                    end_ns: t0 + plan.steps[dp.writer.expect("written")].end_ns,
+                    stream: None,
+                });
+            }
+        }
+        let mut tails = Vec::new();
+        let mut devices = vec![0; self.specs.len()];
+        for (q, &(d, _)) in plan.lanes.iter().enumerate() {
+            if let Some(j) = plan.steps.iter().rposition(|s| s.stream == q) {
+                let e = ends[j].clone().expect("a stream's last step records");
+                tails.push(e);
+                // dmda's view of the device: this compute unit is busy
+                // until the plan's end of its last task.
+                let free = &mut st.free[d];
+                let lane = crate::exec::sched::argmin(free, |&t| t);
+                free[lane] = free[lane].max(t0 + plan.steps[j].end_ns);
+            }
+        }
+        for step in &plan.steps {
+            devices[step.task] = step.device;
+        }
+        tails.extend(backs.into_iter().flatten());
+        st.graph_tails.extend(tails.iter().cloned());
+        let mut sc = lock(&rt.sched);
+        let stats = &mut sc.stats;
+        stats.tasks += plan.steps.len() as u64;
+        if stats.per_device.len() < rt.devices.len() {
+            stats.per_device.resize(rt.devices.len(), 0);
+        }
+        for step in &plan.steps {
+            stats.per_device[step.device] += 1;
+        }
+        for &(a, b, n) in plan.moved.iter().chain(&fixes) {
+            stats.bytes_moved += n;
+            match stats
+                .bytes_per_link
+                .iter_mut()
+                .find(|l| (l.0, l.1) == (a, b))
+            {
+                Some(l) => l.2 += n,
+                None => stats.bytes_per_link.push((a, b, n)),
+            }
+        }
+        drop(sc);
+        drop(st);
+        drop(streams);
+        rt.keep_alive();
+        Ok(TaskGraphLaunch {
+            events: tails,
+            devices,
+        })
     }
 }
 

@@ -6,9 +6,14 @@
 //! - `data.rs`: task data (replicas per device, validity, last writer and
 //!   readers: the implicit dependencies).
 //! - `graph.rs`: task graphs placed whole with HEFT before their first launch.
+//! - `stream_graph.rs`: stream graphs (`Graph`) turned into such task graphs
+//!   over their buffers (`Graph::instantiate_on`).
 //! - here: the context's task state (policy, models, the learning policy,
 //!   figures), the runtime (streams per device, tasks not yet seen complete)
 //!   and the submission path every task takes.
+//!
+//! Work stealing may hold a task back (`Held`) until a device has room and
+//! hand it to whichever device that is (`pump`).
 //!
 //! Invariants: tasks take effect as if run in submission order (each waits
 //! for its dependencies through events, so any placement gives the same
@@ -19,6 +24,7 @@
 
 pub(crate) mod data;
 pub(crate) mod graph;
+pub(crate) mod stream_graph;
 
 use crate::api::context::{Context, ContextShared, PeerPath};
 use crate::exec::sched::learned::Learner;
@@ -32,7 +38,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 pub use data::TaskData;
-pub use graph::{PlacedTaskGraph, TaskGraph};
+pub use graph::{PlacedTaskGraph, TaskGraph, TaskGraphLaunch};
 
 /// The device a context's task data starts on (its first).
 pub(crate) const HOME: usize = 0;
@@ -58,7 +64,8 @@ pub struct TaskStats {
     pub explored: u64,
     /// Kernels whose models were found on disk.
     pub models_loaded: u64,
-    /// Model files found damaged (each a warning and a fresh calibration).
+    /// Model files found damaged (each a warning and a fresh calibration;
+    /// the bus figures' file included).
     pub models_damaged: u64,
     /// Samples the models rejected as outliers.
     pub outliers_rejected: u64,
@@ -74,6 +81,15 @@ pub struct TaskStats {
     pub stream_wait_ns: u64,
     /// Streams made for tasks.
     pub streams_made: u64,
+    /// Tasks work stealing held back that a device other than the one they
+    /// were queued for took.
+    pub stolen: u64,
+    /// Calibration runs of the bus of devices without a link model (neither
+    /// emulated nor the host), then saved beside the models: one per kind
+    /// of device (a device like one measured takes its figure).
+    pub bus_calibrated: u64,
+    /// Such devices whose bus figures were found saved.
+    pub bus_loaded: u64,
     /// Bytes copied for tasks per link: (from device, to device, bytes), by
     /// index in the context.
     pub bytes_per_link: Vec<(usize, usize, u64)>,
@@ -145,6 +161,32 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// A task work stealing holds back until a device has room.
+struct Held {
+    spec: Spec,
+    /// The device it was queued for (most of its data there).
+    home: usize,
+    id: u64,
+    /// Completes the handle's event: signalled by a host callback after the
+    /// task on its stream; dropped unsignalled (a fault before it, or the
+    /// runtime going with it held), it fails the event.
+    signal: Arc<crate::HostEvent>,
+    slot: Arc<HeldSlot>,
+    measured: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// What a held task's handle learns when a device takes it.
+#[derive(Debug)]
+pub(crate) struct HeldSlot {
+    /// The device's index, `usize::MAX` until then.
+    bound: std::sync::atomic::AtomicUsize,
+    /// Recorded after the callback that signals the handle's event (waiting
+    /// on it runs a device in virtual time; the host event has no model).
+    done: std::sync::OnceLock<Event>,
+    devices: Vec<Device>,
+    rt: Weak<Runtime>,
+}
+
 /// A stream of the runtime's pool and the last task on it.
 struct PoolStream {
     stream: Stream,
@@ -159,8 +201,6 @@ struct Pending {
     device: usize,
     start: Event,
     end: Event,
-    /// An event before its copies and the link models' time for them.
-    copies: Option<(Event, f64)>,
     /// The history model's prediction on its device.
     predicted: Option<f64>,
     /// Where the observed time goes (shared with the task's handle).
@@ -174,6 +214,16 @@ struct RtState {
     pending: Vec<Pending>,
     queued: Vec<usize>,
     streams: Vec<Vec<PoolStream>>,
+    /// The last events of placed task graphs' launches not yet seen
+    /// complete (their streams are the graphs' own, not the pool's).
+    graph_tails: Vec<Event>,
+    /// Tasks `ws` holds back, in submission order.
+    held: std::collections::VecDeque<Held>,
+    /// Per datum (id): the held tasks that touch it.
+    held_data: rustc_hash::FxHashMap<u64, usize>,
+    /// Per device: the pool stream to look at next for a task that is not
+    /// chained (modulo the pool's length).
+    turn: Vec<usize>,
     host_streams: Vec<Option<Stream>>,
     submitted_since_harvest: u32,
     /// Per device: the ends of its last tasks seen complete (`harvest`).
@@ -196,6 +246,8 @@ pub(crate) struct Runtime {
     pub(crate) lanes: Vec<usize>,
     /// The link to the host of each emulated device.
     host_link: Vec<Option<LinkPreset>>,
+    /// The measured bus of each device without a link model.
+    bus: Vec<Option<crate::exec::sched::bus::BusFigure>>,
     virtual_time: bool,
     t0: std::time::Instant,
     state: Mutex<RtState>,
@@ -234,6 +286,11 @@ pub(crate) struct Spec {
     pub(crate) access: Vec<(Arc<dyn DataAny>, Mode)>,
     pub(crate) grid: Grid,
     pub(crate) priority: Option<u8>,
+    /// The element type of each argument when it is not the data's own
+    /// (a stream graph's kernel node names it; empty for tasks).
+    pub(crate) elems: Vec<&'static crate::exec::kernel::ElemInfo>,
+    /// Events it also waits for ([`TaskBuilder::after`]).
+    pub(crate) after: Vec<Event>,
 }
 
 impl Runtime {
@@ -267,7 +324,39 @@ impl Runtime {
             host_link.push(emu.map(|e| e.link().clone()));
         }
         let n = devices.len();
+        let mut bus = vec![None; n];
+        let mut measured = Vec::new();
+        {
+            let mut sc = lock(&sched);
+            for d in 0..n {
+                if host_link[d].is_some() || devices[d].properties().backend == "host" {
+                    continue;
+                }
+                if let Some(e) = (0..d).find(|&e| keys[e] == keys[d] && bus[e].is_some()) {
+                    // A device like one measured or found above.
+                    bus[d] = bus[e];
+                    sc.stats.bus_loaded += u64::from(!measured.contains(&e));
+                    continue;
+                }
+                let saved = sc.models().buses().figures.get(&keys[d]).copied();
+                bus[d] = Some(match saved {
+                    Some(f) => {
+                        sc.stats.bus_loaded += 1;
+                        f
+                    }
+                    None => {
+                        let f = calibrate_bus(&devices[d])?;
+                        measured.push(d);
+                        sc.models().buses().insert(&keys[d], f);
+                        sc.stats.bus_calibrated += 1;
+                        f
+                    }
+                });
+            }
+            sc.models().save();
+        }
         Ok(Runtime {
+            bus,
             ctx: ctx.shared().clone(),
             sched,
             virtual_time: devices.iter().all(|d| d.is_virtual_time()),
@@ -277,6 +366,10 @@ impl Runtime {
                 pending: Vec::new(),
                 queued: vec![0; n],
                 streams: (0..n).map(|_| Vec::new()).collect(),
+                turn: vec![0; n],
+                held: Default::default(),
+                held_data: Default::default(),
+                graph_tails: Vec::new(),
                 host_streams: vec![None; n],
                 submitted_since_harvest: 0,
                 recent_ends: vec![Vec::new(); n],
@@ -335,7 +428,10 @@ impl Runtime {
                 ) {
                     (Some(l), _) => l.transfer_ns(bytes, out),
                     (None, "host") => host_copy,
-                    (None, _) => 10_000.0 + bytes as f64 / 16.0,
+                    (None, _) => match &self.bus[i] {
+                        Some(f) => f.transfer_ns(bytes),
+                        None => 10_000.0 + bytes as f64 / 16.0,
+                    },
                 };
                 leg(a, true) + leg(b, false)
             }
@@ -375,7 +471,12 @@ impl Runtime {
                 }
             }
         }
-        if st.pending.is_empty() {
+        st.graph_tails.retain(|e| {
+            e.point
+                .as_ref()
+                .is_some_and(|p| p.timeline.status(p.value).is_none())
+        });
+        if st.pending.is_empty() && st.graph_tails.is_empty() && st.held.is_empty() {
             // Not the last handle: whoever called holds one (or this is the
             // runtime's drop, and the one kept is another's).
             let mut keep = lock(&self.ctx.tasks.keep);
@@ -417,10 +518,6 @@ impl Runtime {
             sc.models().observe(p.kernel, key, p.footprint, p.size, ns);
             sc.learner
                 .observe(p.kernel, p.device, p.footprint, p.size, ns);
-            if let Some((before, modelled)) = &p.copies {
-                let took = stamp(&p.start).saturating_sub(stamp(before)) as f64;
-                sc.learner.observe_transfer(p.device, took, *modelled);
-            }
             sc.stats.observed += 1;
         }
     }
@@ -429,14 +526,20 @@ impl Runtime {
     /// and submits it.
     pub(crate) fn submit(self: &Arc<Self>, spec: &Spec, forced: Option<usize>) -> Result<Task> {
         let task = self.place_and_emit(spec, forced)?;
+        self.keep_alive();
+        Ok(task)
+    }
+
+    /// Keeps the runtime alive while tasks are in flight (until the layer
+    /// sees none: `harvest`).
+    pub(crate) fn keep_alive(self: &Arc<Self>) {
         let mut keep = lock(&self.ctx.tasks.keep);
         if keep.as_ref().is_none_or(|k| !Arc::ptr_eq(k, self)) {
             *keep = Some(self.clone());
         }
-        Ok(task)
     }
 
-    fn place_and_emit(&self, spec: &Spec, forced: Option<usize>) -> Result<Task> {
+    fn place_and_emit(self: &Arc<Self>, spec: &Spec, forced: Option<usize>) -> Result<Task> {
         let mut st = lock(&self.state);
         let mut sc = lock(&self.sched);
         st.submitted_since_harvest += 1;
@@ -448,10 +551,8 @@ impl Runtime {
             self.harvest(&mut st, &mut sc);
         }
         let k = &spec.kernel;
-        let runs: Vec<usize> = (0..self.devices.len())
-            .filter(|&d| self.devices[d].check_code(&k.inner).is_ok())
-            .collect();
-        if runs.is_empty() {
+        let runs = |d: &usize| self.devices[*d].check_code(&k.inner).is_ok();
+        if !(0..self.devices.len()).any(|d| runs(&d)) {
             self.devices[0].check_code(&k.inner)?;
         }
         if let Some(f) = forced {
@@ -464,28 +565,57 @@ impl Runtime {
             }
             self.devices[f].check_code(&k.inner)?;
         }
+        let policy = sc.policy;
+        let ws = policy == SchedPolicy::WorkStealing && forced.is_none();
+        if ws && !st.held.is_empty() {
+            self.pump(&mut st, &mut sc)?;
+            // Behind a held task that touches its data: held too (its data's
+            // state is the held task's to set first).
+            if spec
+                .access
+                .iter()
+                .any(|(d, _)| st.held_data.contains_key(&d.id()))
+            {
+                let home = self.home_of(spec);
+                return Ok(self.hold(&mut st, spec, home));
+            }
+        }
         let deps = dependencies(spec);
         let footprint = model::footprint(spec.access.iter().map(|(d, _)| d.bytes() as u64));
         let size: u64 = spec.access.iter().map(|(d, _)| d.bytes() as u64).sum();
         let deps_end = deps.iter().map(|d| d.end_ns).fold(0.0, f64::max);
         let now = self.now_ns();
-        let policy = sc.policy;
         if let Some(f) = forced {
             // A placed task: no policy, no predictions (graph replays).
             let free = st.free[f].iter().copied().fold(f64::MAX, f64::min).max(now);
             let priority = (policy == SchedPolicy::Dmdas)
                 .then_some(spec.priority)
                 .flatten();
-            let task = self.emit(&mut st, spec, f, &deps, priority, free)?;
+            let task = self.emit(&mut st, spec, f, &deps, priority, free, None)?;
             return Ok(self.account(&mut st, &mut sc, spec, task, footprint, size, false, free));
         }
         let deciding = std::time::Instant::now();
-        let candidates: Vec<Candidate> = runs
-            .iter()
-            .map(|&d| self.candidate(&st, &mut sc, spec, d, footprint, size, deps_end, now))
+        let mut candidates: Vec<Candidate> = (0..self.devices.len())
+            .filter(runs)
+            .map(|d| self.candidate(&st, &mut sc, spec, d, footprint, size, deps_end, now))
             .collect();
         sc.learner.prepare(k.name(), footprint);
-        let choice = sched::choose(policy, &candidates, &mut sc.learner);
+        let mut choice = sched::choose(policy, &candidates, &mut sc.learner);
+        if ws && !sched::has_room(&candidates[choice.at]) {
+            // The counts of tasks in flight as of now, then hold it if still
+            // no device has room.
+            self.harvest(&mut st, &mut sc);
+            for c in &mut candidates {
+                c.queued = st.queued[c.index];
+            }
+            choice = sched::choose(policy, &candidates, &mut sc.learner);
+            if !sched::has_room(&candidates[choice.at]) {
+                sc.stats.decision_ns += deciding.elapsed().as_nanos() as u64;
+                let home = sched::argmin(&candidates, |x| -(x.local_bytes as f64));
+                let home = candidates[home].index;
+                return Ok(self.hold(&mut st, spec, home));
+            }
+        }
         let chosen = &candidates[choice.at];
         let device = chosen.index;
         let exec_ns = match policy {
@@ -499,7 +629,7 @@ impl Runtime {
             SchedPolicy::Dmdas => spec.priority,
             _ => None,
         };
-        let mut task = self.emit(&mut st, spec, device, &deps, priority, end_ns)?;
+        let mut task = self.emit(&mut st, spec, device, &deps, priority, end_ns, None)?;
         task.predicted = chosen.predicted_ns;
         Ok(self.account(
             &mut st,
@@ -511,6 +641,151 @@ impl Runtime {
             choice.calibrating,
             end_ns,
         ))
+    }
+
+    /// The device holding most of `spec`'s data.
+    fn home_of(&self, spec: &Spec) -> usize {
+        let mut local = vec![0u64; self.devices.len()];
+        for (data, _) in &spec.access {
+            let ds = lock(data.state());
+            for (d, v) in ds.valid.iter().enumerate() {
+                if v.is_some() {
+                    local[d] += data.bytes() as u64;
+                }
+            }
+        }
+        sched::argmin(&local, |&b| -(b as f64))
+    }
+
+    /// Holds `spec` back for device `home` (work stealing): its handle's
+    /// event completes when the task does, wherever it runs.
+    fn hold(self: &Arc<Self>, st: &mut RtState, spec: &Spec, home: usize) -> Task {
+        let id = st.next_task;
+        st.next_task += 1;
+        let signal = Arc::new(self.devices[HOME].host_event());
+        let slot = Arc::new(HeldSlot {
+            bound: std::sync::atomic::AtomicUsize::new(usize::MAX),
+            done: std::sync::OnceLock::new(),
+            devices: self.devices.clone(),
+            rt: Arc::downgrade(self),
+        });
+        let measured = Arc::new(std::sync::atomic::AtomicU64::new(f64::NAN.to_bits()));
+        for (d, _) in &spec.access {
+            *st.held_data.entry(d.id()).or_insert(0) += 1;
+        }
+        let task = Task {
+            id,
+            device: self.devices[home].clone(),
+            index: home,
+            held: Some(slot.clone()),
+            event: signal.event().clone(),
+            start: Event::new(),
+            moved: 0,
+            predicted: None,
+            measured: measured.clone(),
+        };
+        st.held.push_back(Held {
+            spec: spec.clone(),
+            home,
+            id,
+            signal,
+            slot,
+            measured,
+        });
+        task
+    }
+
+    /// Hands held tasks, oldest first, to devices with room: the one each
+    /// was queued for if it has room, else the least loaded that has (the
+    /// steal); stops at the first no device can take.
+    fn pump(&self, st: &mut RtState, sc: &mut Sched) -> Result<()> {
+        if st.held.is_empty() {
+            return Ok(());
+        }
+        self.harvest(st, sc);
+        while let Some(h) = st.held.front() {
+            let room = |d: usize| {
+                self.devices[d].check_code(&h.spec.kernel.inner).is_ok()
+                    && (st.queued[d] as f64) < sched::WS_WINDOW * self.lanes[d] as f64
+            };
+            let load = |d: usize| st.queued[d] as f64 / self.lanes[d] as f64;
+            let d = if room(h.home) {
+                h.home
+            } else {
+                match (0..self.devices.len())
+                    .filter(|&d| room(d))
+                    .min_by(|&a, &b| load(a).total_cmp(&load(b)))
+                {
+                    Some(d) => d,
+                    None => break,
+                }
+            };
+            let h = st.held.pop_front().expect("looked at above");
+            for (x, _) in &h.spec.access {
+                if let Some(n) = st.held_data.get_mut(&x.id()) {
+                    *n -= 1;
+                    if *n == 0 {
+                        st.held_data.remove(&x.id());
+                    }
+                }
+            }
+            let deps = dependencies(&h.spec);
+            let sizes = h.spec.access.iter().map(|(x, _)| x.bytes() as u64);
+            let footprint = model::footprint(sizes.clone());
+            let size: u64 = sizes.sum();
+            let free = st.free[d]
+                .iter()
+                .copied()
+                .fold(f64::MAX, f64::min)
+                .max(self.now_ns());
+            let mut task = self.emit(st, &h.spec, d, &deps, None, free, Some(h.id))?;
+            let stream = st.streams[d]
+                .iter()
+                .find(|p| matches!(&p.last, Some((t, _)) if *t == h.id))
+                .map(|p| p.stream.clone())
+                .expect("emit left the task last on a pool stream");
+            let signal = h.signal;
+            stream.host_callback(move || signal.signal())?;
+            let _ = h.slot.done.set(stream.record_event()?);
+            task.measured = h.measured;
+            h.slot.bound.store(d, Ordering::Release);
+            sc.stats.stolen += u64::from(d != h.home);
+            self.account(st, sc, &h.spec, task, footprint, size, false, free);
+        }
+        Ok(())
+    }
+
+    /// Hands held tasks to devices as room appears until `done`: between
+    /// tries it looks at the tasks in flight (in virtual time that runs the
+    /// devices' model) and yields.
+    pub(crate) fn pump_until(&self, done: impl Fn() -> bool) -> Result<()> {
+        loop {
+            let in_flight: Vec<Event> = {
+                let mut st = lock(&self.state);
+                let mut sc = lock(&self.sched);
+                self.pump(&mut st, &mut sc)?;
+                st.pending.iter().map(|p| p.end.clone()).collect()
+            };
+            if done() {
+                return Ok(());
+            }
+            if in_flight.is_empty() {
+                return Err(Error::InvalidArgument(
+                    "work stealing holds tasks back while no device has a task in flight; \
+                     this is a bug in the task layer"
+                        .into(),
+                ));
+            }
+            for e in &in_flight {
+                let _ = e.query();
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Whether a held task touches datum `id`.
+    pub(crate) fn holds(&self, id: u64) -> bool {
+        lock(&self.state).held_data.contains_key(&id)
     }
 
     /// A candidate device `d` for `spec`, as the policies see it.
@@ -540,9 +815,8 @@ impl Runtime {
         let free = st.free[d].iter().copied().fold(f64::MAX, f64::min).max(now);
         let name = spec.kernel.name();
         let key = &self.keys[d];
-        let m = sc.models();
-        let predicted = m.predict(name, key, footprint, size).map(|p| p.0);
-        let samples = m.samples(name, key, footprint);
+        let (predicted, samples) = sc.models().lookup(name, key, footprint, size);
+        let predicted = predicted.map(|p| p.0);
         Candidate {
             index: d,
             lanes: self.lanes[d],
@@ -584,7 +858,6 @@ impl Runtime {
             device,
             start: task.start.clone(),
             end: task.event.clone(),
-            copies: task.copies.clone(),
             predicted: task.predicted,
             measured: task.measured.clone(),
         });
@@ -621,6 +894,7 @@ impl Runtime {
 
     /// Submits `spec` on device `d` after `deps`: a stream for it, the waits,
     /// the copies its data needs, the launch, and the buffers' new state.
+    #[allow(clippy::too_many_arguments)]
     fn emit(
         &self,
         st: &mut RtState,
@@ -629,53 +903,77 @@ impl Runtime {
         deps: &[TaskRef],
         priority: Option<u8>,
         end_ns: f64,
+        id: Option<u64>,
     ) -> Result<Task> {
-        let id = st.next_task;
-        st.next_task += 1;
-        let pool = &mut st.streams[d];
-        // Streams whose last task faulted leave the pool.
-        pool.retain(|p| match &p.last {
-            Some((_, e)) => !matches!(
-                e.point.as_ref().and_then(|e| e.timeline.status(e.value)),
-                Some(Err(_))
-            ),
-            None => true,
+        let id = id.unwrap_or_else(|| {
+            st.next_task += 1;
+            st.next_task - 1
         });
+        let pool = &mut st.streams[d];
         // A stream whose last task this one depends on (a fault there fails
-        // this one anyway), else one whose work completed.
-        let reuse = pool
-            .iter()
-            .position(|p| matches!(&p.last, Some((t, _)) if deps.iter().any(|x| x.id == *t)))
-            .or_else(|| {
-                pool.iter().position(|p| match &p.last {
-                    None => true,
-                    Some((_, e)) => e
-                        .point
-                        .as_ref()
-                        .is_some_and(|e| matches!(e.timeline.status(e.value), Some(Ok(())))),
-                })
-            });
+        // this one anyway): a scan of task numbers, no shared memory read.
+        let chained_at = deps.iter().find_map(|x| {
+            let i = x.stream?;
+            (i.0 == d
+                && pool
+                    .get(i.1)
+                    .is_some_and(|p| matches!(&p.last, Some((t, _)) if *t == x.id)))
+            .then_some(i.1)
+        });
         let (mut waited, mut made, mut wait_ns) = (false, false, 0);
-        let reuse = match reuse {
+        let reuse = match chained_at {
             Some(i) => Some(i),
-            None if pool.len() >= MAX_STREAMS => {
-                // Bounded: wait for the stream with the oldest last task (as
-                // StarPU bounds the tasks in flight); one that faulted is
-                // replaced.
-                waited = true;
-                let i = sched::argmin(pool, |p| p.last.as_ref().map_or(0.0, |l| l.0 as f64));
-                let t0 = std::time::Instant::now();
-                let ok = pool[i]
+            // Else the next stream in turn, if its work completed: taken in
+            // turn, the next is the one used longest ago, the likeliest
+            // done, and one look at its timeline decides (a scan of every
+            // stream's timeline reads lines the engines write). Streams
+            // whose last task faulted leave the pool.
+            None => loop {
+                if pool.is_empty() {
+                    break None;
+                }
+                let i = st.turn[d] % pool.len();
+                let status = pool[i]
                     .last
                     .as_ref()
-                    .is_none_or(|(_, e)| e.synchronize().is_ok());
-                wait_ns = t0.elapsed().as_nanos() as u64;
-                if !ok {
-                    pool.swap_remove(i);
+                    .and_then(|(_, e)| e.point.as_ref())
+                    .map_or(Some(Ok(())), |p| p.timeline.status(p.value));
+                match status {
+                    Some(Ok(())) => {
+                        st.turn[d] = i + 1;
+                        break Some(i);
+                    }
+                    Some(Err(_)) => {
+                        pool.swap_remove(i);
+                    }
+                    None if pool.len() >= MAX_STREAMS => {
+                        // At the bound: any stream whose work completed,
+                        // else wait for the oldest (as StarPU bounds the
+                        // tasks in flight); one that faulted is replaced.
+                        let done = pool.iter().position(|p| {
+                            p.last
+                                .as_ref()
+                                .and_then(|(_, e)| e.point.as_ref())
+                                .is_none_or(|p| matches!(p.timeline.status(p.value), Some(Ok(()))))
+                        });
+                        if done.is_some() {
+                            break done;
+                        }
+                        waited = true;
+                        let t0 = std::time::Instant::now();
+                        let ok = pool[i]
+                            .last
+                            .as_ref()
+                            .is_none_or(|(_, e)| e.synchronize().is_ok());
+                        wait_ns += t0.elapsed().as_nanos() as u64;
+                        if ok {
+                            break Some(i);
+                        }
+                        pool.swap_remove(i);
+                    }
+                    None => break None,
                 }
-                ok.then_some(i)
-            }
-            None => None,
+            },
         };
         let at = match reuse {
             Some(i) => i,
@@ -708,8 +1006,10 @@ impl Runtime {
                 stream.wait_event(&dep.end)?;
             }
         }
+        for e in &spec.after {
+            stream.wait_event(e)?;
+        }
         let mut moved = 0u64;
-        let mut copies = None;
         let mut copied = Vec::new();
         for (i, (data, mode)) in spec.access.iter().enumerate() {
             data.replica(d, &self.devices[d])?;
@@ -725,15 +1025,9 @@ impl Runtime {
                     continue;
                 }
                 let bytes = data.bytes() as u64;
-                let (src, t) = self.cheapest_source(&s.valid, d, bytes);
+                let (src, _) = self.cheapest_source(&s.valid, d, bytes);
                 if let Some(ev) = s.valid[src].as_ref().filter(|e| e.is_recorded()) {
                     stream.wait_event(ev)?;
-                }
-                if copies.is_none() {
-                    copies = Some((stream.record_event()?, 0.0));
-                }
-                if let Some(c) = &mut copies {
-                    c.1 += t;
                 }
                 moved += bytes;
                 st.link_bytes.push((src, d, bytes));
@@ -755,6 +1049,7 @@ impl Runtime {
             id,
             end: end.clone(),
             end_ns,
+            stream: Some((d, at)),
         };
         for (i, (data, mode)) in spec.access.iter().enumerate() {
             let mut s = lock(data.state());
@@ -775,9 +1070,9 @@ impl Runtime {
             id,
             device: self.devices[d].clone(),
             index: d,
+            held: None,
             event: end,
             start,
-            copies,
             moved,
             predicted: None,
             measured: Arc::new(std::sync::atomic::AtomicU64::new(f64::NAN.to_bits())),
@@ -787,12 +1082,15 @@ impl Runtime {
     /// Waits for every task submitted so far; the first fault among them is
     /// the error (the others still complete or fail on their own).
     pub(crate) fn wait_all(&self) -> Result<()> {
+        self.pump_until(|| lock(&self.state).held.is_empty())?;
         let events: Vec<Event> = {
-            let st = lock(&self.state);
+            let mut st = lock(&self.state);
+            let tails = std::mem::take(&mut st.graph_tails);
             st.streams
                 .iter()
                 .flatten()
                 .filter_map(|p| p.last.as_ref().map(|(_, e)| e.clone()))
+                .chain(tails)
                 .collect()
         };
         let mut first = Ok(());
@@ -809,6 +1107,41 @@ impl Runtime {
         sc.models().save();
         first
     }
+}
+
+/// A short calibration run of `device`'s bus: copies of 4 KiB and 1 MiB
+/// from pinned host memory to the device and back, each direction three
+/// times, the fastest of each size kept; the figure is the line through the
+/// two sizes' mean of both directions (host time of a copy and its
+/// completion, as a task's copy costs).
+fn calibrate_bus(device: &Device) -> Result<crate::exec::sched::bus::BusFigure> {
+    const SMALL: usize = 4 << 10;
+    const LARGE: usize = 1 << 20;
+    let s = device.create_stream()?;
+    s.set_name("bus calibration");
+    let time = |bytes: usize| -> Result<f64> {
+        let mut host = device.alloc_pinned::<u8>(bytes)?;
+        let dev = device.alloc::<u8>(bytes)?;
+        let mut best = (f64::MAX, f64::MAX);
+        for _ in 0..3 {
+            let t0 = std::time::Instant::now();
+            s.copy_h2d(&host, &dev)?;
+            s.synchronize()?;
+            best.0 = best.0.min(t0.elapsed().as_nanos() as f64);
+            let t0 = std::time::Instant::now();
+            s.copy_d2h(&dev, &mut host)?;
+            s.synchronize()?;
+            best.1 = best.1.min(t0.elapsed().as_nanos() as f64);
+        }
+        Ok((best.0 + best.1) / 2.0)
+    };
+    let (small, large) = (time(SMALL)?, time(LARGE)?);
+    Ok(crate::exec::sched::bus::BusFigure::from_two(
+        SMALL as u64,
+        small,
+        LARGE as u64,
+        large,
+    ))
 }
 
 /// The tasks `spec` depends on, from the order of accesses to its data
@@ -839,9 +1172,10 @@ pub struct Task {
     id: u64,
     device: Device,
     index: usize,
+    /// Set for a task `ws` held back: the device that took it, once one did.
+    held: Option<Arc<HeldSlot>>,
     event: Event,
     start: Event,
-    copies: Option<(Event, f64)>,
     moved: u64,
     predicted: Option<f64>,
     measured: Arc<std::sync::atomic::AtomicU64>,
@@ -862,19 +1196,37 @@ impl Task {
     }
 
     /// Completes when the task has (fails if it faulted or a task it depends
-    /// on did).
+    /// on did). For a task work stealing held back, a host-signalled event:
+    /// it completes once a device took the task and ran it; in virtual time
+    /// waiting on it alone runs no device's model (use [`Task::wait`] or
+    /// [`Context::wait_tasks`]).
     pub fn event(&self) -> &Event {
         &self.event
     }
 
-    /// The device it runs on.
+    /// The device it runs on (for a task `ws` holds back, the device it
+    /// was queued for until a device takes it).
     pub fn device(&self) -> &Device {
-        &self.device
+        match self.bound() {
+            Some(d) => &self.held.as_ref().expect("bound: held").devices[d],
+            None => &self.device,
+        }
     }
 
-    /// The device's index in the context.
+    /// The device's index in the context (see [`Task::device`]).
     pub fn device_index(&self) -> usize {
-        self.index
+        self.bound().unwrap_or(self.index)
+    }
+
+    /// Whether a device took it: false only while `ws` holds it back
+    /// (every device that could run it had its fill of tasks in flight).
+    pub fn is_placed(&self) -> bool {
+        self.held.is_none() || self.bound().is_some()
+    }
+
+    fn bound(&self) -> Option<usize> {
+        let d = self.held.as_ref()?.bound.load(Ordering::Acquire);
+        (d != usize::MAX).then_some(d)
     }
 
     /// The task's number in its context's runtime (submission order).
@@ -888,7 +1240,17 @@ impl Task {
     }
 
     /// Waits for it; its fault, or that of a task it depends on, is the error.
+    /// A task `ws` holds back is handed to a device first (as tasks ahead of
+    /// it complete).
     pub fn wait(&self) -> Result<()> {
+        if let Some(h) = &self.held {
+            if let Some(rt) = h.rt.upgrade() {
+                rt.pump_until(|| h.bound.load(Ordering::Acquire) != usize::MAX)?;
+            }
+            if let Some(done) = h.done.get() {
+                done.synchronize()?;
+            }
+        }
         self.event.synchronize()
     }
 }
@@ -960,6 +1322,14 @@ impl<'a> TaskBuilder<'a> {
         self
     }
 
+    /// The task also waits for `event` (recorded on a stream of a device of
+    /// the context, or a [`HostEvent`](crate::HostEvent)'s), beside the
+    /// dependencies its data gives it (StarPU's explicit dependencies).
+    pub fn after(mut self, event: &Event) -> Self {
+        self.spec.after.push(event.clone());
+        self
+    }
+
     /// Runs it on the context's device `index`, whatever the policy
     /// (StarPU's `execute_on_a_specific_worker`).
     pub fn on_device(mut self, index: usize) -> Self {
@@ -1010,6 +1380,8 @@ impl Context {
                 access: Vec::new(),
                 grid: Grid::new(1),
                 priority: None,
+                elems: Vec::new(),
+                after: Vec::new(),
             },
             rt: None,
             on: None,

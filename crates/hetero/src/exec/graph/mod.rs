@@ -94,7 +94,7 @@ pub(crate) enum NodeBody {
         kernel: u32,
         name: &'static str,
         blocks: u32,
-        /// Range of `Draft::args`.
+        /// `Draft::args` from the first, and how many.
         args: (u32, u32),
     },
     Copy {

@@ -21,6 +21,8 @@ pub(crate) struct HeftTask {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Placed {
     pub(crate) device: usize,
+    /// The compute unit of the device (its lane).
+    pub(crate) lane: usize,
     pub(crate) start: f64,
     pub(crate) end: f64,
 }
@@ -122,6 +124,7 @@ pub(crate) fn plan(
         slots.insert(at, (start, end));
         placed[i] = Some(Placed {
             device: d,
+            lane: l,
             start,
             end,
         });

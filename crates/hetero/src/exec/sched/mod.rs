@@ -1,16 +1,20 @@
 //! Placement of tasks on the devices of a context: the scheduling policies
 //! (eager, work stealing, dmda, dmdas, learned), the performance models they
-//! read (`model.rs`), the learning policy's estimates (`learned.rs`) and the
-//! offline HEFT planner (`heft.rs`).
+//! read (`model.rs`) and the measured buses of devices without a link model
+//! (`bus.rs`), the learning policy's estimates (`learned.rs`) and the offline
+//! HEFT planner (`heft.rs`).
 //!
 //! Plain data: a policy sees, per device that can run the task, a
 //! [`Candidate`] the task layer (`api/task`) filled in (its expected free
 //! time, where the task's data is, what moving it costs, the models'
-//! predictions) and returns the device. Every policy decides when the task is
-//! submitted (StarPU's push-time decision, as its dm* policies make); none
-//! moves a task once decided, so a run's placements follow from the
-//! submission order and the models alone (deterministic in virtual time).
+//! predictions) and returns the device. Every policy but work stealing
+//! decides when the task is submitted (StarPU's push-time decision, as its
+//! dm* policies make); work stealing may hold a task back and hand it to the
+//! first device with room later (`api/task`). A run's placements follow from
+//! the submission order, the models and the completions the layer sees
+//! (deterministic in virtual time).
 
+pub(crate) mod bus;
 pub(crate) mod heft;
 pub(crate) mod learned;
 pub(crate) mod model;
@@ -25,8 +29,13 @@ pub enum SchedPolicy {
     /// submission from the queues' lengths).
     Eager,
     /// Work stealing: a task goes where most of its data is (the producer's
-    /// queue), unless that queue is longer than the shortest by more than
-    /// [`STEAL_MARGIN`] tasks per compute unit, when the shortest takes it.
+    /// queue) while that device has fewer than [`WS_WINDOW`] tasks per compute
+    /// unit in flight; else it is held back in a queue, and the first device
+    /// with room takes it when the layer next runs (a submission,
+    /// `wait_tasks`, `Task::wait`, `TaskData::to_vec`): its own device if
+    /// room came there first, else another (the steal). Tasks touching the
+    /// data of a held task are held behind it, so every datum's tasks still
+    /// take effect in submission order.
     WorkStealing,
     /// Deque model, data aware: the device where the task would complete
     /// earliest, counting the device's queue, the task's predicted time
@@ -44,9 +53,9 @@ pub enum SchedPolicy {
     Learned,
 }
 
-/// Tasks per compute unit a work-stealing queue may exceed the shortest by
-/// before the shortest steals.
-pub const STEAL_MARGIN: f64 = 2.0;
+/// Tasks in flight per compute unit a device takes under work stealing
+/// before further tasks are held back for whichever device frees first.
+pub const WS_WINDOW: f64 = 2.0;
 /// dmdas's slack: completions within this fraction of the best count as tied.
 pub const READY_SLACK: f64 = 0.05;
 
@@ -156,11 +165,10 @@ pub(crate) fn choose(
         SchedPolicy::Eager => plain(argmin(c, load)),
         SchedPolicy::WorkStealing => {
             let home = argmin(c, |x| -(x.local_bytes as f64));
-            let short = argmin(c, load);
-            if load(&c[home]) > load(&c[short]) + STEAL_MARGIN {
-                plain(short)
-            } else {
+            if has_room(&c[home]) {
                 plain(home)
+            } else {
+                plain(argmin(c, load))
             }
         }
         SchedPolicy::Dmda | SchedPolicy::Dmdas => {
@@ -198,6 +206,12 @@ pub(crate) fn choose(
         }
         SchedPolicy::Learned => learner.choose(c),
     }
+}
+
+/// Whether a device has fewer than [`WS_WINDOW`] tasks per compute unit in
+/// flight.
+pub(crate) fn has_room(x: &Candidate) -> bool {
+    (x.queued as f64) < WS_WINDOW * x.lanes.max(1) as f64
 }
 
 /// The index of the smallest `key` (the first on ties).

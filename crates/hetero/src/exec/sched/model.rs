@@ -1,8 +1,10 @@
 //! History-based performance models with StarPU's semantics: per kernel, per
 //! device and per footprint (the sizes of the task's data), the mean of the
 //! observed execution times, trusted after [`TRUSTED_AFTER`] samples; per
-//! kernel and device a regression `a·n^b` over the total data size `n`, used
-//! for footprints without a trusted history once the sizes seen vary enough.
+//! kernel and device a regression `a·n^b + c` over the total data size `n`
+//! (fitted to the footprints' means once three sizes vary enough; before
+//! that `a·n^b` over every sample), used for footprints without a trusted
+//! history.
 //!
 //! Outliers: a sample more than [`OUTLIER_FACTOR`] times the median of the
 //! recent accepted samples (or less than its inverse) is rejected and counted,
@@ -18,7 +20,7 @@
 //!
 //! Plain data: no ops, no devices; the task layer (`api/task`) feeds it.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::path::{Path, PathBuf};
 
 /// Samples before a history is trusted (StarPU's `STARPU_CALIBRATE_MINIMUM`).
@@ -57,12 +59,23 @@ pub(crate) struct History {
 
 impl History {
     fn median(&self) -> Option<f64> {
-        if self.recent.len() < 3 {
+        let n = self.recent.len();
+        if n < 3 {
             return None;
         }
-        let mut v = self.recent.clone();
-        v.sort_by(f64::total_cmp);
-        Some(v[v.len() / 2])
+        // On the stack, an insertion sort of at most `RECENT` values: this
+        // runs for every observation (a sort of a clone, or a generic
+        // selection, cost more than the rest of the observation).
+        let mut v = [0.0f64; RECENT];
+        for (i, &x) in self.recent.iter().enumerate() {
+            let mut j = i;
+            while j > 0 && v[j - 1].total_cmp(&x).is_gt() {
+                v[j] = v[j - 1];
+                j -= 1;
+            }
+            v[j] = x;
+        }
+        Some(v[n / 2])
     }
 
     /// Adds a sample; false when it was rejected as an outlier.
@@ -165,6 +178,9 @@ struct KernelModel {
     history: HashMap<String, HashMap<u64, History>>,
     /// By device key.
     regression: HashMap<String, Regression>,
+    /// By device key: the fit of `a·n^b + c` over the histories' means
+    /// (made when first asked after a change; `None`: too few sizes).
+    fits: HashMap<String, Option<(f64, f64, f64)>>,
     /// Unsaved samples since the last save.
     dirty: bool,
 }
@@ -178,6 +194,63 @@ pub(crate) enum Basis {
     Regression,
 }
 
+/// Steps of the constant term the `a·n^b + c` fit tries, from 0 to just
+/// under the smallest mean.
+const C_STEPS: usize = 48;
+
+/// StarPU's non-linear regression `t = a·n^b + c` over the means of a
+/// kernel's footprints on one device (`n`: data size), each weighted by its
+/// samples: for each `c` of a grid below the smallest mean, least squares of
+/// `ln(t − c) = ln a + b ln n`; the `c` whose fit leaves the smallest
+/// squared error in `t` wins. `None` until there are three sizes spread by
+/// [`SIZE_SPREAD`] and [`TRUSTED_AFTER`] samples in all. The constant is the
+/// fixed cost a power law alone bends to fit (a launch, a setup).
+fn fit_with_constant(hist: &HashMap<u64, History>) -> Option<(f64, f64, f64)> {
+    let pts: Vec<(f64, f64, f64)> = hist
+        .values()
+        .filter(|h| h.n > 0 && h.size > 0 && h.mean > 0.0)
+        .map(|h| (h.size as f64, h.mean, h.n as f64))
+        .collect();
+    let mut sizes: Vec<f64> = pts.iter().map(|p| p.0).collect();
+    sizes.sort_by(f64::total_cmp);
+    sizes.dedup();
+    let samples: f64 = pts.iter().map(|p| p.2).sum();
+    if sizes.len() < 3
+        || sizes[sizes.len() - 1] < sizes[0] * SIZE_SPREAD
+        || samples < TRUSTED_AFTER as f64
+    {
+        return None;
+    }
+    let t_min = pts.iter().map(|p| p.1).fold(f64::MAX, f64::min);
+    let mut best: Option<(f64, (f64, f64, f64))> = None;
+    for k in 0..C_STEPS {
+        let c = t_min * k as f64 / C_STEPS as f64;
+        let (mut sw, mut sx, mut sy, mut sxx, mut sxy) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        for &(n, t, w) in &pts {
+            let (x, y) = (n.ln(), (t - c).ln());
+            sw += w;
+            sx += w * x;
+            sy += w * y;
+            sxx += w * x * x;
+            sxy += w * x * y;
+        }
+        let den = sw * sxx - sx * sx;
+        if den.abs() < 1e-12 {
+            return None;
+        }
+        let b = (sw * sxy - sx * sy) / den;
+        let a = ((sy - b * sx) / sw).exp();
+        let err: f64 = pts
+            .iter()
+            .map(|&(n, t, w)| w * (t - (a * n.powf(b) + c)).powi(2))
+            .sum();
+        if a.is_finite() && b.is_finite() && best.is_none_or(|(e, _)| err < e) {
+            best = Some((err, (a, b, c)));
+        }
+    }
+    best.map(|(_, f)| f)
+}
+
 /// All kernels' models, loaded from and saved to one directory.
 pub(crate) struct Models {
     dir: Option<PathBuf>,
@@ -188,6 +261,8 @@ pub(crate) struct Models {
     pub(crate) loaded: u64,
     /// Outliers rejected, in all models.
     pub(crate) rejected: u64,
+    /// The bus figures of the same directory (loaded when first asked).
+    buses: Option<super::bus::Buses>,
 }
 
 /// The directory models persist in: `HETERO_PERFMODEL_DIR`, else the user's
@@ -220,11 +295,23 @@ impl Models {
     pub(crate) fn new(dir: Option<PathBuf>) -> Self {
         Models {
             dir,
-            kernels: HashMap::new(),
+            kernels: HashMap::default(),
             damaged: 0,
             loaded: 0,
             rejected: 0,
+            buses: None,
         }
+    }
+
+    /// The bus figures persisted beside the models.
+    pub(crate) fn buses(&mut self) -> &mut super::bus::Buses {
+        if self.buses.is_none() {
+            let b = super::bus::Buses::load(self.dir.as_deref());
+            // A damaged file counts with the damaged model files.
+            self.damaged += u64::from(b.damaged);
+            self.buses = Some(b);
+        }
+        self.buses.as_mut().expect("loaded above")
     }
 
     fn file(dir: &Path, kernel: &str) -> PathBuf {
@@ -278,17 +365,43 @@ impl Models {
         footprint: u64,
         size: u64,
     ) -> Option<(f64, Basis)> {
+        self.lookup(kernel, device, footprint, size).0
+    }
+
+    /// [`predict`](Self::predict) and [`samples`](Self::samples) in one
+    /// look-up (the submission path asks both per candidate device).
+    pub(crate) fn lookup(
+        &mut self,
+        kernel: &'static str,
+        device: &str,
+        footprint: u64,
+        size: u64,
+    ) -> (Option<(f64, Basis)>, u64) {
         let m = self.kernel(kernel);
-        if let Some(h) = m.history.get(device).and_then(|d| d.get(&footprint)) {
-            if h.trusted() {
-                return Some((h.mean, Basis::History));
-            }
+        let h = m.history.get(device).and_then(|d| d.get(&footprint));
+        let samples = h.map_or(0, |h| h.n);
+        if let Some(h) = h.filter(|h| h.trusted()) {
+            return (Some((h.mean, Basis::History)), samples);
         }
-        let (a, b) = m.regression.get(device)?.fit()?;
-        Some((a * (size as f64).powf(b), Basis::Regression))
+        // a·n^b + c over the footprints' means once they vary enough, else
+        // the power law over every sample.
+        if !m.fits.contains_key(device) {
+            let fit = m.history.get(device).and_then(fit_with_constant);
+            m.fits.insert(device.to_string(), fit);
+        }
+        let n = size as f64;
+        if let Some(Some((a, b, c))) = m.fits.get(device) {
+            return (Some((a * n.powf(*b) + c, Basis::Regression)), samples);
+        }
+        let fit = m.regression.get(device).and_then(Regression::fit);
+        (
+            fit.map(|(a, b)| (a * n.powf(b), Basis::Regression)),
+            samples,
+        )
     }
 
     /// Accepted samples of the footprint's history.
+    #[cfg(test)]
     pub(crate) fn samples(&mut self, kernel: &'static str, device: &str, footprint: u64) -> u64 {
         self.kernel(kernel)
             .history
@@ -308,7 +421,7 @@ impl Models {
     ) {
         let m = self.kernel(kernel);
         if !m.history.contains_key(device) {
-            m.history.insert(device.to_string(), HashMap::new());
+            m.history.insert(device.to_string(), HashMap::default());
         }
         let h = m
             .history
@@ -320,6 +433,7 @@ impl Models {
                 ..History::default()
             });
         let accepted = h.add(ns);
+        m.fits.remove(device);
         if accepted {
             if !m.regression.contains_key(device) {
                 m.regression
@@ -339,6 +453,9 @@ impl Models {
     /// Writes every model changed since the last save; errors are warnings
     /// (a model that cannot be saved is recalibrated next run).
     pub(crate) fn save(&mut self) {
+        if let Some(b) = &mut self.buses {
+            b.save(self.dir.as_ref());
+        }
         let Some(dir) = self.dir.clone() else { return };
         for (name, m) in self.kernels.iter_mut().filter(|(_, m)| m.dirty) {
             let r = std::fs::create_dir_all(&dir).and_then(|()| {
@@ -539,6 +656,26 @@ mod tests {
         assert_eq!(basis, Basis::Regression);
         let want = 2.0 * 4000f64.powf(1.5);
         assert!((t / want - 1.0).abs() < 1e-6, "{t} vs {want}");
+    }
+
+    #[test]
+    fn the_regression_finds_a_constant_term() {
+        let mut m = Models::new(None);
+        let t = |n: f64| 2.0 * n.powf(1.5) + 50_000.0;
+        for i in 0..40u64 {
+            let n = 1000 * (1 + i % 4);
+            m.observe("k", "d", n, n, t(n as f64));
+        }
+        // A size never seen: the constant matters (a power law alone is
+        // off by more than a third here).
+        let (p, basis) = m.predict("k", "d", 99, 250).expect("fitted");
+        assert_eq!(basis, Basis::Regression);
+        assert!((p / t(250.0) - 1.0).abs() < 0.05, "{p} vs {}", t(250.0));
+        let (a, b, c) = fit_with_constant(&m.kernels["k"].history["d"]).unwrap();
+        assert!(
+            (b - 1.5).abs() < 0.05 && (c / 50_000.0 - 1.0).abs() < 0.1,
+            "{a} {b} {c}"
+        );
     }
 
     #[test]
