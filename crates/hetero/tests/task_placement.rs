@@ -665,8 +665,13 @@ fn tasks_are_recorded_in_the_trace_and_summed_in_the_report() {
     assert_eq!(x.to_vec().unwrap(), vec![5; LEN]);
 }
 
-/// Iterations of `spin`'s loop per element.
+/// Iterations of `spin`'s loop per element (under lavapipe's 65 535
+/// iterations per loop).
 const SPIN: u32 = 30_000;
+/// Elements of `spin`'s buffers: enough work per task (about 15 M steps)
+/// that a second device pays for its copies by a wide margin, so measured
+/// models on a busy 2-core machine still say so.
+const SPIN_LEN: usize = 512;
 
 /// `y = f^SPIN(x)` per element (a linear congruential step): enough work
 /// per node that running on a second device pays for moving its buffers;
@@ -708,7 +713,7 @@ fn spin_graph(
     s: &hetero::Stream,
     chains: usize,
 ) -> (hetero::Graph, Vec<hetero::DeviceBuffer<u32>>) {
-    const L: usize = 64;
+    const L: usize = SPIN_LEN;
     let join = mix(2, true);
     let bufs: Vec<hetero::DeviceBuffer<u32>> = (0..3 * chains)
         .map(|b| {
@@ -756,8 +761,8 @@ fn a_stream_graph_placed_across_devices_matches_one_device() {
     // Calibrate `spin` on both devices: its model is what makes a second
     // device pay.
     let k = spin();
-    let a = ctx.data::<u32>(64).unwrap();
-    let b = ctx.data::<u32>(64).unwrap();
+    let a = ctx.data::<u32>(SPIN_LEN).unwrap();
+    let b = ctx.data::<u32>(SPIN_LEN).unwrap();
     for i in 0..24 {
         ctx.task(&k)
             .read(&a)
