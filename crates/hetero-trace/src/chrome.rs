@@ -40,6 +40,7 @@ use crate::record::{OpKind, OpRecord, Trace};
 const PID_STREAMS: u64 = 1;
 const PID_ENGINES: u64 = 2;
 const PID_MEMORY: u64 = 3;
+const PID_TASKS: u64 = 4;
 
 /// A track (pid, tid) and its display name and order.
 struct Track {
@@ -303,6 +304,36 @@ pub fn write_chrome_trace(trace: &Trace, w: &mut impl Write) -> io::Result<()> {
         });
     }
 
+    // Tasks: per device of the context, the tasks placed there, in lanes
+    // where they overlap (one per compute unit they ran on at once).
+    let mut task_track = vec![(0u64, 0u64); trace.tasks.len()];
+    let mut by_device: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+    for (i, t) in trace.tasks.iter().enumerate() {
+        by_device.entry(t.device).or_default().push(i);
+    }
+    for (&device, members) in &mut by_device {
+        members.sort_by_key(|&i| (trace.tasks[i].start_ns, trace.tasks[i].end_ns));
+        // Greedy: each task on the first lane free at its start.
+        let mut lane_end: Vec<u64> = Vec::new();
+        let mut lane_tid: Vec<u64> = Vec::new();
+        let base = format!("tasks on device {device}");
+        for &i in members.iter() {
+            let t = &trace.tasks[i];
+            let lane = match lane_end.iter().position(|&end| end <= t.start_ns) {
+                Some(l) => l,
+                None => {
+                    lane_end.push(0);
+                    let tid = tids.fresh();
+                    push_lane(&mut tracks, PID_TASKS, tid, &base, lane_tid.len());
+                    lane_tid.push(tid);
+                    lane_end.len() - 1
+                }
+            };
+            lane_end[lane] = t.end_ns.max(t.start_ns);
+            task_track[i] = (PID_TASKS, lane_tid[lane]);
+        }
+    }
+
     w.write_all(b"{\"displayTimeUnit\":\"ns\",\"otherData\":{\"device\":")?;
     w.write_all(json_str(&trace.device_name).as_bytes())?;
     w.write_all(b",\"clock\":")?;
@@ -321,6 +352,7 @@ pub fn write_chrome_trace(trace: &Trace, w: &mut impl Write) -> io::Result<()> {
         (PID_STREAMS, "streams"),
         (PID_ENGINES, "engines"),
         (PID_MEMORY, "memory"),
+        (PID_TASKS, "tasks"),
     ] {
         let Some(tid) = tracks.iter().find(|t| t.pid == pid).map(|t| t.tid) else {
             continue;
@@ -436,6 +468,22 @@ pub fn write_chrome_trace(trace: &Trace, w: &mut impl Write) -> io::Result<()> {
         ev.event(&format!(
             "\"ph\":\"f\",\"bp\":\"e\",\"id\":{flow_id},\"pid\":{fpid},\"tid\":{ftid},\"ts\":{},\"name\":\"dependency\",\"cat\":\"dep\"",
             us(anchor(op))
+        ))?;
+    }
+
+    // Tasks: one slice each, with the model's prediction beside the time.
+    for (t, &(pid, tid)) in trace.tasks.iter().zip(&task_track) {
+        let predicted = match t.predicted_ns {
+            Some(p) => format!(",\"predicted_us\":{}", us(p)),
+            None => String::new(),
+        };
+        ev.event(&format!(
+            "\"ph\":\"X\",\"pid\":{pid},\"tid\":{tid},\"ts\":{},\"dur\":{},\"name\":{},\"cat\":\"task\",\"args\":{{\"device\":{},\"measured_us\":{}{predicted}}}",
+            us(t.start_ns),
+            us(t.end_ns.saturating_sub(t.start_ns)),
+            json_str(t.kernel),
+            t.device,
+            us(t.measured_ns)
         ))?;
     }
 

@@ -7,8 +7,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use hetero_trace::{
-    write_chrome_trace, EngineKind, MemKind, MemRecord, NodeRef, OpKind, OpRecord, Trace,
-    TraceClock,
+    write_chrome_trace, EngineKind, MemKind, MemRecord, NodeRef, OpKind, OpRecord, TaskRecord,
+    Trace, TraceClock,
 };
 use serde_json::Value;
 
@@ -734,4 +734,68 @@ mod random {
             prop_assert_eq!(check_structure(&events), 2 * trace.ops.len());
         }
     }
+}
+
+#[test]
+fn chrome_trace_draws_tasks_per_device_with_their_predictions() {
+    let task = |device, start_ns, end_ns, predicted_ns| TaskRecord {
+        kernel: "potrf",
+        device,
+        start_ns,
+        end_ns,
+        predicted_ns,
+        measured_ns: end_ns - start_ns,
+    };
+    let trace = Trace {
+        tasks: vec![
+            task(0, 1_000, 5_000, Some(3_500)),
+            // Overlaps the first on device 0: a second lane.
+            task(0, 2_000, 4_000, None),
+            // After the first lane frees: back on it.
+            task(0, 6_000, 7_000, Some(1_000)),
+            task(1, 1_500, 2_500, Some(900)),
+        ],
+        ..Trace::default()
+    };
+    let events = export(&trace);
+    let tasks: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] == "task")
+        .collect();
+    assert_eq!(tasks.len(), 4);
+    let names: Vec<&str> = events
+        .iter()
+        .filter(|e| e["name"] == "thread_name" && e["pid"] == 4)
+        .map(|e| e["args"]["name"].as_str().expect("name"))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "tasks on device 0",
+            "tasks on device 0 (overlap 1)",
+            "tasks on device 1"
+        ]
+    );
+    assert!(events
+        .iter()
+        .any(|e| e["name"] == "process_name" && e["pid"] == 4 && e["args"]["name"] == "tasks"));
+    let first = tasks
+        .iter()
+        .find(|e| ns(&e["ts"]) == 1_000)
+        .expect("the first task");
+    assert_eq!(ns(&first["dur"]), 4_000);
+    assert_eq!(first["name"], "potrf");
+    assert_eq!(ns(&first["args"]["predicted_us"]), 3_500);
+    assert_eq!(ns(&first["args"]["measured_us"]), 4_000);
+    let unpredicted = tasks
+        .iter()
+        .find(|e| ns(&e["ts"]) == 2_000)
+        .expect("the overlapping task");
+    assert!(unpredicted["args"].get("predicted_us").is_none());
+    assert_ne!(unpredicted["tid"], first["tid"], "overlap: its own lane");
+    let third = tasks
+        .iter()
+        .find(|e| ns(&e["ts"]) == 6_000)
+        .expect("the third task");
+    assert_eq!(third["tid"], first["tid"], "the first lane again");
 }
