@@ -258,85 +258,68 @@ impl Gpu {
 impl Recorder {
     fn new(gpu: &Gpu, lane: Lane) -> Result<Recorder> {
         let shared = Arc::clone(&gpu.shared);
-        let q = shared.plan.lane(lane);
-        let d = &shared.device;
-        let info = vk::CommandPoolCreateInfo::default().queue_family_index(q.family);
+        let family = shared.plan.lane(lane).family;
+        let info = vk::CommandPoolCreateInfo::default().queue_family_index(family);
         // SAFETY: valid create info for a live device and one of its queue families.
-        let pool =
-            unsafe { d.create_command_pool(&info, None) }.map_err(call("vkCreateCommandPool"))?;
-        let alloc = vk::CommandBufferAllocateInfo::default()
-            .command_pool(pool)
-            .level(vk::CommandBufferLevel::PRIMARY)
-            .command_buffer_count(1);
-        // From here, Drop cleans up the pool.
-        let mut r = Recorder {
-            shared: Arc::clone(&shared),
-            lane,
-            family: q.family,
-            computes: q.flags.contains(vk::QueueFlags::COMPUTE),
-            timestamp_bits: q.timestamp_valid_bits,
-            pool,
-            cb: vk::CommandBuffer::null(),
-            descriptor_pools: Vec::new(),
-            pools_used: 0,
-            // Room for a typical recording, so that one into a spare made
-            // ahead of need (`recorder_reusing`) does not grow them.
+        let pool = unsafe { shared.device.create_command_pool(&info, None) }
+            .map_err(call("vkCreateCommandPool"))?;
+        // Room for a typical recording, so that one into a spare made ahead
+        // of need (`recorder_reusing`) does not grow its lists.
+        let scratch = Scratch {
+            since_barrier: Vec::with_capacity(2 * INLINE_BINDINGS),
             bound: Bound {
                 pipeline: vk::Pipeline::null(),
                 buffers: Vec::with_capacity(INLINE_BINDINGS),
                 push: Vec::with_capacity(PUSH_ROOM),
             },
-            keep: Vec::with_capacity(KEEP_ROOM),
-            since_barrier: Vec::with_capacity(2 * INLINE_BINDINGS),
-            wrote: false,
-            shell: None,
         };
+        // From here, Drop cleans up the pool.
+        let mut r = Recorder::assemble(
+            shared,
+            lane,
+            pool,
+            Vec::new(),
+            Vec::with_capacity(KEEP_ROOM),
+            scratch,
+        );
+        let alloc = vk::CommandBufferAllocateInfo::default()
+            .command_pool(pool)
+            .level(vk::CommandBufferLevel::PRIMARY)
+            .command_buffer_count(1);
         // SAFETY: the pool is ours and not used by any other thread.
-        r.cb = unsafe { d.allocate_command_buffers(&alloc) }
+        r.cb = unsafe { r.shared.device.allocate_command_buffers(&alloc) }
             .map_err(call("vkAllocateCommandBuffers"))?[0];
-        // SIMULTANEOUS_USE: a buffer may be resubmitted while a previous submission
-        // of it is still pending (graph replay).
-        let begin = vk::CommandBufferBeginInfo::default()
-            .flags(vk::CommandBufferUsageFlags::SIMULTANEOUS_USE);
-        // SAFETY: the buffer is freshly allocated (initial state) and ours alone.
-        unsafe { d.begin_command_buffer(r.cb, &begin) }.map_err(call("vkBeginCommandBuffer"))?;
+        r.begin()?;
         Ok(r)
     }
 
     /// Records into `cmd` again (idle, of this device and `lane`'s family:
     /// `Gpu::recorder_reusing` checks): its pools are reset, its lists kept.
     fn reuse(gpu: &Gpu, lane: Lane, cmd: CommandBuffer) -> Result<Recorder> {
-        let shared = Arc::clone(&gpu.shared);
-        let q = shared.plan.lane(lane);
         let mut shell = cmd.inner;
         let inner = Arc::get_mut(&mut shell).ok_or_else(|| {
             VkError::InvalidArgument("a command buffer still held elsewhere".into())
         })?;
         let pool = std::mem::replace(&mut inner.pool, vk::CommandPool::null());
+        let cb = inner.cb;
+        let descriptor_pools = std::mem::take(&mut inner.descriptor_pools);
         let mut keep = std::mem::take(&mut inner.keep);
         keep.clear();
         let scratch = std::mem::take(&mut inner.scratch);
         // From here, Drop cleans up the pool (and the descriptor pools).
-        let mut r = Recorder {
-            shared: Arc::clone(&shared),
+        let mut r = Recorder::assemble(
+            Arc::clone(&gpu.shared),
             lane,
-            family: q.family,
-            computes: q.flags.contains(vk::QueueFlags::COMPUTE),
-            timestamp_bits: q.timestamp_valid_bits,
             pool,
-            cb: inner.cb,
-            descriptor_pools: std::mem::take(&mut inner.descriptor_pools),
-            pools_used: 0,
+            descriptor_pools,
             keep,
-            since_barrier: scratch.since_barrier,
-            wrote: false,
-            bound: scratch.bound,
-            shell: None,
-        };
+            scratch,
+        );
+        r.cb = cb;
         r.since_barrier.clear();
         r.bound.clear();
         r.shell = Some(shell);
-        let d = &shared.device;
+        let d = &r.shared.device;
         // SAFETY: nothing else holds the buffer (checked above), so none of
         // its submissions is pending; the pools are ours alone. Resetting the
         // command pool returns its buffer to the initial state, resetting a
@@ -349,11 +332,55 @@ impl Recorder {
                     .map_err(call("vkResetDescriptorPool"))?;
             }
         }
+        r.begin()?;
+        Ok(r)
+    }
+
+    /// A recorder for `lane` over `pool` (its command buffer still to be
+    /// set), with the descriptor pools, keep-alive list and working lists
+    /// given (their capacity reused).
+    fn assemble(
+        shared: Arc<DeviceShared>,
+        lane: Lane,
+        pool: vk::CommandPool,
+        descriptor_pools: Vec<vk::DescriptorPool>,
+        keep: Vec<Arc<dyn Send + Sync>>,
+        scratch: Scratch,
+    ) -> Recorder {
+        let q = shared.plan.lane(lane);
+        let (family, computes, timestamp_bits) = (
+            q.family,
+            q.flags.contains(vk::QueueFlags::COMPUTE),
+            q.timestamp_valid_bits,
+        );
+        Recorder {
+            shared,
+            lane,
+            family,
+            computes,
+            timestamp_bits,
+            pool,
+            cb: vk::CommandBuffer::null(),
+            descriptor_pools,
+            pools_used: 0,
+            bound: scratch.bound,
+            keep,
+            since_barrier: scratch.since_barrier,
+            wrote: false,
+            shell: None,
+        }
+    }
+
+    /// Begins recording into the command buffer (in the initial state).
+    fn begin(&self) -> Result<()> {
+        // SIMULTANEOUS_USE: a buffer may be resubmitted while a previous submission
+        // of it is still pending (graph replay).
         let begin = vk::CommandBufferBeginInfo::default()
             .flags(vk::CommandBufferUsageFlags::SIMULTANEOUS_USE);
-        // SAFETY: the buffer is in the initial state (its pool was reset) and ours alone.
-        unsafe { d.begin_command_buffer(r.cb, &begin) }.map_err(call("vkBeginCommandBuffer"))?;
-        Ok(r)
+        // SAFETY: the buffer is in the initial state (freshly allocated, or its
+        // pool was reset) and ours alone.
+        unsafe { self.shared.device.begin_command_buffer(self.cb, &begin) }
+            .map_err(call("vkBeginCommandBuffer"))
     }
 
     /// The lane this buffer is recorded for (submit it there).
