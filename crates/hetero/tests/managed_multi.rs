@@ -9,9 +9,11 @@
 
 mod common;
 
+use common::managed::{affine, host_fill, kernel_at, plus_one, touch};
+
 use hetero::{
-    Advice, Arg, BackendKind, Context, Device, DeviceConfig, Error, Kernel, Location,
-    ManagedBuffer, PeerPath, Stream,
+    Advice, Arg, BackendKind, Context, Device, DeviceConfig, Error, Location, ManagedBuffer,
+    PeerPath, Stream,
 };
 use proptest::prelude::*;
 
@@ -50,46 +52,6 @@ fn pair_of_capacity(capacity: usize) -> (Device, Device, Context) {
     let (a, b) = (dev(), dev());
     let ctx = Context::new(&[a.clone(), b.clone()]).expect("context of two devices");
     (a, b, ctx)
-}
-
-/// `x = x * a + c` over the elements the kernel writes.
-fn affine(a: u32, c: u32) -> Kernel {
-    Kernel::new("affine", move |b| {
-        for x in b.write::<u32>(0) {
-            *x = x.wrapping_mul(a).wrapping_add(c);
-        }
-    })
-    .wgsl(
-        common::wgsl::map("u32", 0, &format!("y[i] * {a}u + {c}u")),
-        "main",
-    )
-}
-
-/// `dst = src + 1`, element by element (one block).
-fn plus_one() -> Kernel {
-    Kernel::new("plus_one", |b| {
-        let src = b.read::<u32>(0);
-        let dst = b.write::<u32>(0);
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = s.wrapping_add(1);
-        }
-    })
-    .wgsl(common::wgsl::map("u32", 1, "x0[i] + 1u"), "main")
-}
-
-/// A kernel that reads its one buffer and writes nothing.
-fn touch() -> Kernel {
-    Kernel::new("touch", |b| {
-        let _ = b.read::<u32>(0);
-    })
-    .wgsl(common::wgsl::nothing(1), "main")
-}
-
-fn host_fill(buf: &ManagedBuffer<u32>, f: impl Fn(usize) -> u32) {
-    let mut g = buf.write(..).expect("write guard");
-    for (i, x) in g.iter_mut().enumerate() {
-        *x = f(i);
-    }
 }
 
 fn pages_of(elems: usize) -> u64 {
@@ -732,16 +694,6 @@ const CAPACITY: usize = 1 << 20;
 
 /// Streams: 0 and 1 on device a, 2 and 3 on device b.
 const STREAMS: usize = 4;
-
-/// Where a kernel's range may start: anywhere, or on a Vulkan device at a
-/// multiple of 64 `u32` elements (256 bytes: it binds ranges only there).
-fn kernel_at(start: usize) -> usize {
-    if common::backend() == common::Backend::Vulkan {
-        start / 64 * 64
-    } else {
-        start
-    }
-}
 
 fn step(shape: Shape) -> impl Strategy<Value = Step> {
     let n = shape.n;

@@ -6,6 +6,7 @@
 //! stream waits for its work).
 #![allow(dead_code)]
 
+pub mod managed;
 pub mod wgsl;
 
 use hetero::{
