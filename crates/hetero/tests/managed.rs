@@ -48,19 +48,45 @@ fn managed_calls_from_a_host_callback_are_refused_not_hung() {
     let s = dev.create_stream().expect("stream");
     let buf = std::sync::Arc::new(dev.alloc_managed::<u32>(1024).expect("managed"));
     let other = dev.alloc_managed::<u32>(8).expect("managed");
+    // A graph over the buffer, and a stream to launch it and attach on.
+    let s2 = dev.create_stream().expect("stream");
+    s2.begin_capture().expect("capture");
+    s2.launch(&affine(1, 1), 1.into(), &[Arg::managed_write(&buf)])
+        .expect("recorded");
+    let exec = s2
+        .end_capture()
+        .expect("graph")
+        .instantiate()
+        .expect("exec");
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let (b, out) = (buf.clone(), seen.clone());
+    let attached = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (b, out, att) = (buf.clone(), seen.clone(), attached.clone());
     s.host_fn(move || {
         let mut out = out.lock().unwrap();
         out.push(b.read(..).map(|_| ()).err());
         out.push(b.write(..).map(|_| ()).err());
         out.push(b.advise(.., Advice::ReadMostly).err());
+        out.push(s2.launch_graph(&exec).err());
+        // Attaching to the host moves pages where they move (refused here
+        // like any managed move); on the host device nothing moves: it works.
+        let host = s2.attach(&b, Attach::Host).err();
+        if moves() {
+            out.push(host);
+        } else {
+            assert!(host.is_none(), "{host:?}");
+        }
+        // Changing which streams may use it needs no device work: it works.
+        let mut att = att.lock().unwrap();
+        att.push(s2.attach(&b, Attach::Single).err());
+        att.push(s2.attach(&b, Attach::Global).err());
         drop(other);
     })
     .expect("callback");
     s.synchronize().expect("the callback ran");
     let seen = seen.lock().unwrap();
-    assert_eq!(seen.len(), 3);
+    assert_eq!(seen.len(), if moves() { 5 } else { 4 });
+    let attached = attached.lock().unwrap();
+    assert!(attached.iter().all(Option::is_none), "{attached:?}");
     for e in seen.iter() {
         assert!(matches!(e, Some(Error::WouldDeadlock(_))), "{e:?}");
     }
