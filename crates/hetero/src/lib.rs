@@ -41,8 +41,8 @@ pub use api::managed::{Attach, ManagedBuffer, ManagedRead, ManagedWrite};
 pub use api::pitched::PitchedBuffer;
 pub use api::stream::{Stream, PRIORITY_HIGHEST, PRIORITY_LOWEST};
 pub use api::task::{
-    PlacedTaskGraph, PredictionError, Task, TaskBuilder, TaskData, TaskGraph, TaskGraphLaunch,
-    TaskStats, MAX_TASK_STREAMS,
+    DataArg, PlacedTaskGraph, PredictionError, Task, TaskBuilder, TaskData, TaskGraph,
+    TaskGraphLaunch, TaskStats, MAX_TASK_STREAMS,
 };
 pub use backend::emu::{IommuStats, IotlbCounts};
 pub use backend::DeviceProperties;

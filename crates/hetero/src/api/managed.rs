@@ -62,6 +62,11 @@ use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
+/// Per device of a managed buffer (its members' order): the bytes a kernel
+/// there using all of it copies in first, by the device they come from
+/// (`None`: the host's copy, where no device's memory is the host's).
+pub(crate) type CopiesIn = Vec<Vec<(Option<usize>, u64)>>;
+
 /// Where each device's managed state is, by device id, kept while the device
 /// exists (so its figures outlive its buffers).
 static SPACES: Mutex<Vec<SpaceEntry>> = Mutex::new(Vec::new());
@@ -270,6 +275,9 @@ pub(crate) struct Shared {
     /// Which streams may use it (`Stream::attach`): `GLOBAL`, `HOST_ONLY`
     /// or the one stream's (device id, stream id).
     attached: Mutex<Attached>,
+    /// Its state as task data (last writer, readers since), made by the
+    /// first task that uses it (`api/task/data.rs`).
+    pub(crate) task: Mutex<Option<Arc<crate::api::task::data::ManagedTask>>>,
 }
 
 /// `Shared::attached`.
@@ -797,6 +805,7 @@ fn alloc_on<T: Pod>(
         page_bytes,
         view,
         attached: Mutex::new(Attached::Global),
+        task: Mutex::new(None),
     });
     if let Some(hv) = &shared.view {
         let weak = Arc::downgrade(&shared);
@@ -930,6 +939,38 @@ impl<T: Pod> ManagedBuffer<T> {
     /// The buffer's id (what migration records name).
     pub fn id(&self) -> u64 {
         self.shared.id
+    }
+
+    /// Another handle to the buffer (the task layer keeps one per task).
+    pub(crate) fn handle(&self) -> ManagedBuffer<T> {
+        ManagedBuffer {
+            shared: self.shared.clone(),
+            len: self.len,
+            _t: PhantomData,
+        }
+    }
+
+    /// Per device of the buffer (in its members' order): the bytes a kernel
+    /// there using all of it would copy in first, by the device they come
+    /// from (`None`: the host's copy, where no device's memory is the host's).
+    pub(crate) fn copies_in(&self, op: &'static str) -> Result<CopiesIn> {
+        let sh = &self.shared;
+        let mems: Vec<u8> = sh.members.iter().map(|m| m.mem).collect();
+        let by_mem = {
+            let st = sh.space.lock_for(op)?;
+            match st.tables.get(&sh.id) {
+                Some(t) => t.copies_in(&mems),
+                None => vec![Vec::new(); mems.len()],
+            }
+        };
+        Ok(by_mem
+            .into_iter()
+            .map(|v| {
+                v.into_iter()
+                    .map(|(from, bytes)| (mems.iter().position(|&m| m == from), bytes))
+                    .collect()
+            })
+            .collect())
     }
 
     /// The buffer's host view: memory the host dereferences directly, as

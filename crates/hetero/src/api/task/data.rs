@@ -10,7 +10,8 @@
 
 use super::Runtime;
 use crate::api::buffer::{Arg, DeviceBuffer};
-use crate::{Device, Error, Event, Result, Stream};
+use crate::api::managed::CopiesIn;
+use crate::{Context, Device, Error, Event, Location, ManagedBuffer, Result, Stream};
 use bytemuck::Pod;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -49,6 +50,147 @@ pub(crate) trait DataAny: Send + Sync {
     fn arg(&self, at: usize, write: bool) -> Arg<'_>;
     /// Copies replica `from` into replica `to` on `stream` (of either end).
     fn copy(&self, stream: &Stream, from: usize, to: usize) -> Result<()>;
+    /// Whether it is a managed buffer: no replicas (`valid` stays empty),
+    /// its pages move themselves before the kernel that declares them.
+    fn is_managed(&self) -> bool {
+        false
+    }
+    /// A managed buffer's moves: per device of the context, the bytes a task
+    /// there copies in first, by the device they come from (`None`: the
+    /// host's copy). Empty for other data.
+    fn copies_in(&self) -> Result<CopiesIn> {
+        Ok(Vec::new())
+    }
+    /// A managed buffer's pages made current on `stream`'s device before its
+    /// later work (a prefetch, so the task's start event follows the moves).
+    fn bring(&self, _stream: &Stream) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A managed buffer's state as task data, kept in the buffer while it lives
+/// (so every handle, and every task over it, shares one).
+pub(crate) struct ManagedTask {
+    id: u64,
+    /// Held like [`TaskData`]'s: the buffer's tasks run on its streams.
+    rt: Arc<Runtime>,
+    state: Mutex<DataState>,
+}
+
+/// A managed buffer as the task layer sees it: one handle per task.
+struct ManagedCell<T: Pod> {
+    task: Arc<ManagedTask>,
+    buf: ManagedBuffer<T>,
+}
+
+impl<T: Pod + Send + Sync> DataAny for ManagedCell<T> {
+    fn id(&self) -> u64 {
+        self.task.id
+    }
+    fn bytes(&self) -> usize {
+        self.buf.size_bytes()
+    }
+    fn state(&self) -> &Mutex<DataState> {
+        &self.task.state
+    }
+    fn replica(&self, _at: usize, _device: &Device) -> Result<()> {
+        Ok(())
+    }
+    fn arg(&self, _at: usize, write: bool) -> Arg<'_> {
+        if write {
+            Arg::managed_write(&self.buf)
+        } else {
+            Arg::managed_read(&self.buf)
+        }
+    }
+    fn copy(&self, _stream: &Stream, _from: usize, _to: usize) -> Result<()> {
+        Err(Error::InvalidArgument(
+            "task data: a managed buffer has no replicas to copy between".into(),
+        ))
+    }
+    fn is_managed(&self) -> bool {
+        true
+    }
+    fn copies_in(&self) -> Result<CopiesIn> {
+        self.buf.copies_in("task placement")
+    }
+    fn bring(&self, stream: &Stream) -> Result<()> {
+        self.buf
+            .prefetch(.., Location::Device(stream.device().id()), stream)
+    }
+}
+
+/// What a task takes as data ([`TaskBuilder::read`](super::TaskBuilder::read)
+/// and its kin): a [`TaskData`] of the task's context, or a [`ManagedBuffer`]
+/// made by its [`Context::alloc_managed`](crate::Context::alloc_managed).
+/// Made from a reference to either (`From`).
+pub struct DataArg<'d>(&'d dyn AsTaskData);
+
+/// Its data and runtime for a task of context `ctx`.
+pub(crate) trait AsTaskData {
+    fn task_data(&self, ctx: &Context) -> Result<(Arc<dyn DataAny>, Arc<Runtime>)>;
+}
+
+impl DataArg<'_> {
+    pub(crate) fn task_data(&self, ctx: &Context) -> Result<(Arc<dyn DataAny>, Arc<Runtime>)> {
+        self.0.task_data(ctx)
+    }
+}
+
+impl<'d, T: Pod + Send + Sync> From<&'d TaskData<T>> for DataArg<'d> {
+    fn from(d: &'d TaskData<T>) -> Self {
+        DataArg(d)
+    }
+}
+
+impl<'d, T: Pod + Send + Sync> From<&'d ManagedBuffer<T>> for DataArg<'d> {
+    fn from(b: &'d ManagedBuffer<T>) -> Self {
+        DataArg(b)
+    }
+}
+
+impl<T: Pod + Send + Sync> AsTaskData for TaskData<T> {
+    fn task_data(&self, _ctx: &Context) -> Result<(Arc<dyn DataAny>, Arc<Runtime>)> {
+        Ok((self.any(), self.rt.clone()))
+    }
+}
+
+impl<T: Pod + Send + Sync> AsTaskData for ManagedBuffer<T> {
+    fn task_data(&self, ctx: &Context) -> Result<(Arc<dyn DataAny>, Arc<Runtime>)> {
+        let rt = ctx.task_runtime()?;
+        let ids: Vec<u64> = rt.devices.iter().map(Device::id).collect();
+        if self.device_ids() != ids {
+            return Err(Error::DeviceContext {
+                op: "task",
+                detail: format!(
+                    "managed buffer {} is usable on devices {:?}, the task's context has devices \
+                     {ids:?}: give tasks buffers of their context's `Context::alloc_managed`",
+                    self.id(),
+                    self.device_ids()
+                ),
+            });
+        }
+        let task = {
+            let mut slot = self.shared.task.lock().unwrap_or_else(|p| p.into_inner());
+            match &*slot {
+                Some(t) if Arc::ptr_eq(&t.rt, &rt) => t.clone(),
+                _ => {
+                    let t = Arc::new(ManagedTask {
+                        id: next_data_id(),
+                        rt: rt.clone(),
+                        state: Mutex::new(DataState::default()),
+                    });
+                    *slot = Some(t.clone());
+                    t
+                }
+            }
+        };
+        let cell = ManagedCell {
+            task,
+            buf: self.handle(),
+        };
+        Ok((Arc::new(cell), rt))
+    }
 }
 
 pub(crate) struct DataCell<T: Pod> {

@@ -245,7 +245,15 @@ pub(crate) fn place(
                         .iter()
                         .any(|(x, m)| x.id() == data.id() && m.writes())
                 });
-                if mode.reads() && !written_before {
+                if data.is_managed() && !written_before {
+                    // Its pages move whatever the mode: HEFT sees it on the
+                    // device that needs the fewest moved, the others paying
+                    // for the most any of them needs.
+                    let moves = data.copies_in()?;
+                    let to_move = |d: usize| moves[d].iter().map(|m| m.1).sum::<u64>();
+                    let at = (0..n).min_by_key(|&d| to_move(d)).unwrap_or(super::HOME);
+                    inputs.push((at, (0..n).map(to_move).max().unwrap_or(0)));
+                } else if mode.reads() && !written_before {
                     let st = lock(data.state());
                     let at = (0..n)
                         .find(|&d| st.valid[d].is_some())
@@ -335,8 +343,9 @@ fn make_plan(
         for (a, (datum, mode)) in spec.access.iter().enumerate() {
             let x = *data_index.entry(datum.id()).or_insert_with(|| {
                 let st = lock(datum.state());
+                // (A managed buffer keeps no `valid`: its start is `HOME`.)
                 let start = (0..n_dev)
-                    .find(|&i| st.valid[i].is_some())
+                    .find(|&i| st.valid.get(i).is_some_and(Option::is_some))
                     .unwrap_or(super::HOME);
                 data.push(DataPlan {
                     data: datum.clone(),
@@ -356,7 +365,9 @@ fn make_plan(
             if !data[x].written {
                 step.first.push(x);
             }
-            if mode.reads() {
+            // A managed buffer's pages move at its launch (the waits its
+            // dependencies give order them): no replica to copy.
+            if mode.reads() && !datum.is_managed() {
                 match valid[x][d] {
                     Some(Source::Step(j)) => step.waits.push(j),
                     Some(Source::Start) => {}
@@ -479,7 +490,7 @@ fn make_plan(
         dp.valid = (0..n_dev)
             .filter_map(|i| valid[x][i].map(|v| (i, v)))
             .collect();
-        dp.back = write_back && valid[x][dp.start].is_none();
+        dp.back = write_back && valid[x][dp.start].is_none() && !dp.data.is_managed();
         for &(_, v) in &dp.valid {
             if let Source::Step(j) = v {
                 steps[j].record = true;
@@ -557,9 +568,11 @@ impl PlacedTaskGraph {
             if dp.written {
                 evs.extend(st.readers.iter().map(|r| r.end.clone()));
             }
-            let ev = match &st.valid[dp.start] {
-                Some(e) => e.clone(),
-                None => {
+            let ev = match st.valid.get(dp.start) {
+                // A managed buffer: nothing to bring back.
+                None => Event::new(),
+                Some(Some(e)) => e.clone(),
+                Some(None) => {
                     // Moved since instantiate: bring it back to the start
                     // replica first (rare: a task outside wrote it elsewhere).
                     let bytes = dp.data.bytes() as u64;
@@ -642,10 +655,12 @@ impl PlacedTaskGraph {
             let mut ds = lock(dp.data.state());
             ds.valid.iter_mut().for_each(|v| *v = None);
             for &(i, src) in &dp.valid {
-                ds.valid[i] = match src {
-                    Source::Start => start_valid[x].clone(),
-                    Source::Step(j) => ends[j].clone(),
-                };
+                if let Some(v) = ds.valid.get_mut(i) {
+                    *v = match src {
+                        Source::Start => start_valid[x].clone(),
+                        Source::Step(j) => ends[j].clone(),
+                    };
+                }
             }
             if dp.written {
                 ds.writer = dp.writer.map(task_ref);

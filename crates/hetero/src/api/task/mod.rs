@@ -37,7 +37,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-pub use data::TaskData;
+pub use data::{DataArg, TaskData};
 pub use graph::{PlacedTaskGraph, TaskGraph, TaskGraphLaunch};
 
 /// The device a context's task data starts on (its first).
@@ -58,7 +58,8 @@ pub struct TaskStats {
     pub calibration_tasks: u64,
     /// Tasks placed on each device, by index in the context.
     pub per_device: Vec<u64>,
-    /// Bytes copied between devices for tasks.
+    /// Bytes copied between devices for tasks (and a managed buffer's pages
+    /// moved to a task's device, as the task was placed).
     pub bytes_moved: u64,
     /// Exploring choices of the learning policy.
     pub explored: u64,
@@ -91,7 +92,9 @@ pub struct TaskStats {
     /// Such devices whose bus figures were found saved.
     pub bus_loaded: u64,
     /// Bytes copied for tasks per link: (from device, to device, bytes), by
-    /// index in the context.
+    /// index in the context; a managed buffer's pages that come from the
+    /// host's copy, in a context whose devices all have memory of their own,
+    /// come from index `devices` (one past the last device).
     pub bytes_per_link: Vec<(usize, usize, u64)>,
     /// The history model's prediction against the time observed, per kernel
     /// and device (tasks placed with a trusted prediction and seen complete).
@@ -421,21 +424,34 @@ impl Runtime {
         match self.ctx.topology().path(ia, ib) {
             Some(PeerPath::Link(l)) => l.transfer_ns(bytes),
             Some(PeerPath::SharedMemory) => host_copy,
-            _ => {
-                let leg = |i: usize, out: bool| match (
-                    &self.host_link[i],
-                    self.devices[i].properties().backend,
-                ) {
-                    (Some(l), _) => l.transfer_ns(bytes, out),
-                    (None, "host") => host_copy,
-                    (None, _) => match &self.bus[i] {
-                        Some(f) => f.transfer_ns(bytes),
-                        None => 10_000.0 + bytes as f64 / 16.0,
-                    },
-                };
-                leg(a, true) + leg(b, false)
-            }
+            _ => self.host_leg_ns(a, bytes, true) + self.host_leg_ns(b, bytes, false),
         }
+    }
+
+    /// The modelled time to move `bytes` between device `i` and the host's
+    /// memory (`out`: from the device), ns: over its link to the host
+    /// (emulated devices), a memory copy (the host), else its measured bus.
+    fn host_leg_ns(&self, i: usize, bytes: u64, out: bool) -> f64 {
+        match (&self.host_link[i], self.devices[i].properties().backend) {
+            (Some(l), _) => l.transfer_ns(bytes, out),
+            (None, "host") => bytes as f64 / 10.0,
+            (None, _) => match &self.bus[i] {
+                Some(f) => f.transfer_ns(bytes),
+                None => 10_000.0 + bytes as f64 / 16.0,
+            },
+        }
+    }
+
+    /// The modelled time of a managed buffer's moves into device `d`
+    /// (`Some(from)`: a device; `None`: the host's copy), ns.
+    fn managed_in_ns(&self, moves: &[(Option<usize>, u64)], d: usize) -> f64 {
+        moves
+            .iter()
+            .map(|&(from, bytes)| match from {
+                Some(from) => self.transfer_ns(from, d, bytes),
+                None => self.host_leg_ns(d, bytes, false),
+            })
+            .sum()
     }
 
     /// Feeds the models with the tasks seen complete.
@@ -525,6 +541,10 @@ impl Runtime {
     /// Places `spec` (on `forced` if given, else by the context's policy)
     /// and submits it.
     pub(crate) fn submit(self: &Arc<Self>, spec: &Spec, forced: Option<usize>) -> Result<Task> {
+        if spec.access.iter().any(|(d, _)| d.is_managed()) {
+            // Tasks held back go first: one over a managed buffer is not.
+            self.pump_until(|| lock(&self.state).held.is_empty())?;
+        }
         let task = self.place_and_emit(spec, forced)?;
         self.keep_alive();
         Ok(task)
@@ -566,7 +586,11 @@ impl Runtime {
             self.devices[f].check_code(&k.inner)?;
         }
         let policy = sc.policy;
-        let ws = policy == SchedPolicy::WorkStealing && forced.is_none();
+        // A task over a managed buffer is never held back: the host reaches
+        // the buffer through its guards, which see only submitted work
+        // (`submit` handed the held tasks to devices first).
+        let managed = spec.access.iter().any(|(d, _)| d.is_managed());
+        let ws = policy == SchedPolicy::WorkStealing && forced.is_none() && !managed;
         if ws && !st.held.is_empty() {
             self.pump(&mut st, &mut sc)?;
             // Behind a held task that touches its data: held too (its data's
@@ -595,9 +619,21 @@ impl Runtime {
             return Ok(self.account(&mut st, &mut sc, spec, task, footprint, size, false, free));
         }
         let deciding = std::time::Instant::now();
+        let moves = if managed {
+            spec.access
+                .iter()
+                .map(|(d, _)| d.copies_in())
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            Vec::new()
+        };
         let mut candidates: Vec<Candidate> = (0..self.devices.len())
             .filter(runs)
-            .map(|d| self.candidate(&st, &mut sc, spec, d, footprint, size, deps_end, now))
+            .map(|d| {
+                self.candidate(
+                    &st, &mut sc, spec, &moves, d, footprint, size, deps_end, now,
+                )
+            })
             .collect();
         sc.learner.prepare(k.name(), footprint);
         let mut choice = sched::choose(policy, &candidates, &mut sc.learner);
@@ -795,6 +831,7 @@ impl Runtime {
         st: &RtState,
         sc: &mut Sched,
         spec: &Spec,
+        moves: &[crate::api::managed::CopiesIn],
         d: usize,
         footprint: u64,
         size: u64,
@@ -802,9 +839,17 @@ impl Runtime {
         now: f64,
     ) -> Candidate {
         let (mut transfer_ns, mut to_move, mut local) = (0.0, 0u64, 0u64);
-        for (data, mode) in &spec.access {
-            let ds = lock(data.state());
+        for (i, (data, mode)) in spec.access.iter().enumerate() {
             let bytes = data.bytes() as u64;
+            if let Some(m) = moves.get(i).and_then(|m| m.get(d)) {
+                // A managed buffer: its pages move whatever the mode.
+                let n: u64 = m.iter().map(|x| x.1).sum();
+                to_move += n;
+                local += bytes - n;
+                transfer_ns += self.managed_in_ns(m, d);
+                continue;
+            }
+            let ds = lock(data.state());
             if ds.valid[d].is_some() {
                 local += bytes;
             } else if mode.reads() {
@@ -1012,6 +1057,15 @@ impl Runtime {
         let mut moved = 0u64;
         let mut copied = Vec::new();
         for (i, (data, mode)) in spec.access.iter().enumerate() {
+            if data.is_managed() {
+                let n = self.devices.len();
+                for (from, bytes) in data.copies_in()?.swap_remove(d) {
+                    moved += bytes;
+                    st.link_bytes.push((from.unwrap_or(n), d, bytes));
+                }
+                data.bring(&stream)?;
+                continue;
+            }
             data.replica(d, &self.devices[d])?;
             if !mode.reads() {
                 continue;
@@ -1054,8 +1108,11 @@ impl Runtime {
         for (i, (data, mode)) in spec.access.iter().enumerate() {
             let mut s = lock(data.state());
             if mode.writes() {
+                // (A managed buffer keeps no `valid`: its pages say.)
                 s.valid.iter_mut().for_each(|v| *v = None);
-                s.valid[d] = Some(end.clone());
+                if let Some(v) = s.valid.get_mut(d) {
+                    *v = Some(end.clone());
+                }
                 s.writer = Some(me.clone());
                 s.readers.clear();
             } else {
@@ -1268,9 +1325,16 @@ pub struct TaskBuilder<'a> {
 }
 
 impl<'a> TaskBuilder<'a> {
-    fn add<T: Pod + Send + Sync>(mut self, d: &TaskData<T>, mode: Mode) -> Self {
+    fn add(mut self, d: DataArg<'_>, mode: Mode) -> Self {
+        let (data, rt) = match d.task_data(self.ctx) {
+            Ok(x) => x,
+            Err(e) => {
+                self.error.get_or_insert(e);
+                return self;
+            }
+        };
         match &self.rt {
-            Some(rt) if !Arc::ptr_eq(rt, &d.rt) => {
+            Some(have) if !Arc::ptr_eq(have, &rt) => {
                 self.error.get_or_insert(Error::DeviceContext {
                     op: "task",
                     detail: "the task's data belong to different contexts; a task uses data of \
@@ -1279,33 +1343,39 @@ impl<'a> TaskBuilder<'a> {
                 });
             }
             Some(_) => {}
-            None => self.rt = Some(d.rt.clone()),
+            None => self.rt = Some(rt),
         }
-        if self.spec.access.iter().any(|(a, _)| a.id() == d.cell_id()) {
+        if self.spec.access.iter().any(|(a, _)| a.id() == data.id()) {
             self.error.get_or_insert(Error::Aliasing { op: "task" });
         }
-        self.spec.access.push((d.any(), mode));
+        self.spec.access.push((data, mode));
         self
     }
 
     /// The kernel reads `d`: its next read argument ([`Block::read`](crate::Block::read);
     /// read and write arguments are numbered apart, in the order added).
-    pub fn read<T: Pod + Send + Sync>(self, d: &TaskData<T>) -> Self {
-        self.add(d, Mode::Read)
+    ///
+    /// `d` is a [`TaskData`] or a [`ManagedBuffer`](crate::ManagedBuffer) of
+    /// the context ([`DataArg`]): a managed buffer's pages move to the
+    /// task's device before it starts (after the tasks it depends on), and
+    /// the host reads it through its guards, which wait for the tasks.
+    pub fn read<'d>(self, d: impl Into<DataArg<'d>>) -> Self {
+        self.add(d.into(), Mode::Read)
     }
 
     /// The kernel writes all of `d` without reading it: its next write
     /// argument ([`Block::write`](crate::Block::write)), split across blocks
     /// as [`Arg::write`](crate::Arg::write) splits a buffer. Its contents
-    /// before the task are not copied to the task's device.
-    pub fn write<T: Pod + Send + Sync>(self, d: &TaskData<T>) -> Self {
-        self.add(d, Mode::Write)
+    /// before the task are not copied to the task's device (a managed
+    /// buffer's pages are: its kernels may write part of what they declare).
+    pub fn write<'d>(self, d: impl Into<DataArg<'d>>) -> Self {
+        self.add(d.into(), Mode::Write)
     }
 
     /// The kernel reads and writes `d` (a write argument that holds the
     /// current contents).
-    pub fn read_write<T: Pod + Send + Sync>(self, d: &TaskData<T>) -> Self {
-        self.add(d, Mode::ReadWrite)
+    pub fn read_write<'d>(self, d: impl Into<DataArg<'d>>) -> Self {
+        self.add(d.into(), Mode::ReadWrite)
     }
 
     /// The grid (default one block).
@@ -1462,12 +1532,6 @@ impl Context {
         let mut sc = lock(&self.tasks_state().sched);
         sc.stats = TaskStats::default();
         sc.errors.clear();
-    }
-}
-
-impl<T: Pod + Send + Sync> TaskData<T> {
-    fn cell_id(&self) -> u64 {
-        self.any().id()
     }
 }
 

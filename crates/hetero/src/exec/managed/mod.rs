@@ -297,6 +297,31 @@ impl Table {
         off / self.page_bytes..(off + len).div_ceil(self.page_bytes)
     }
 
+    /// Per memory of `mems`: the bytes a device access of the whole buffer
+    /// there copies in, by the memory each page comes from
+    /// ([`Page::source`]; an untouched page copies nothing). What the task
+    /// layer weighs a placement with.
+    pub(crate) fn copies_in(&self, mems: &[u8]) -> Vec<Vec<(u8, u64)>> {
+        let mut out: Vec<Vec<(u8, u64)>> = vec![Vec::new(); mems.len()];
+        for (p, page) in self.pages.iter().enumerate() {
+            if !page.touched {
+                continue;
+            }
+            let len = self.page_len(p) as u64;
+            let from = page.source();
+            for (i, &mem) in mems.iter().enumerate() {
+                if page.has(mem) {
+                    continue;
+                }
+                match out[i].iter_mut().find(|x| x.0 == from) {
+                    Some(x) => x.1 += len,
+                    None => out[i].push((from, len)),
+                }
+            }
+        }
+        out
+    }
+
     fn page_len(&self, p: usize) -> usize {
         self.page_bytes.min(self.bytes - p * self.page_bytes)
     }
