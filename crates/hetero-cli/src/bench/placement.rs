@@ -22,6 +22,9 @@
 //!   stream ops a task is at least (`overhead/per-task-over-stream-ops-…`);
 //! - `graph/placed-replay-over-online`: host time per task launching a
 //!   HEFT-placed task graph over submitting the same tasks online with dmda;
+//! - `managed/cholesky-…-over-task-data-dmda`: the Cholesky under dmda with
+//!   managed buffers of the context as its tiles (pages moved by managed
+//!   memory, placement weighing its page table) beside task data (replicas);
 //! - `models/second-run-calibration-tasks`: tasks placed to calibrate in a
 //!   second process that finds the models this one saved.
 //!
@@ -30,8 +33,8 @@
 
 use super::BenchReport;
 use hetero::{
-    Context, Device, DeviceConfig, EmuConfig, Grid, Kernel, KernelCost, LinkPreset, SchedPolicy,
-    TaskBuilder, TaskData, TaskGraph, TimeMode,
+    Advice, Context, DataArg, Device, DeviceConfig, EmuConfig, Grid, Kernel, KernelCost,
+    LinkPreset, Location, ManagedBuffer, SchedPolicy, TaskBuilder, TaskData, TaskGraph, TimeMode,
 };
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -260,7 +263,10 @@ fn tiles(ctx: &Context, n: usize) -> Result<Vec<TaskData<f64>>> {
         .collect()
 }
 
-fn builder<'c>(ctx: &'c Context, s: &Spec<'_>, data: &[TaskData<f64>]) -> TaskBuilder<'c> {
+fn builder<'c, D>(ctx: &'c Context, s: &Spec<'_>, data: &[D]) -> TaskBuilder<'c>
+where
+    for<'a> &'a D: Into<DataArg<'a>>,
+{
     let mut b = ctx.task(s.kernel).priority(s.priority);
     for &r in &s.reads {
         b = b.read(&data[r]);
@@ -270,11 +276,18 @@ fn builder<'c>(ctx: &'c Context, s: &Spec<'_>, data: &[TaskData<f64>]) -> TaskBu
 
 /// Submits `w` online on fresh tiles and waits.
 fn online(ctx: &Context, devs: &[Device], w: &Workload<'_>) -> Result<Run> {
-    let data = tiles(ctx, w.tiles)?;
+    online_on(ctx, devs, w, &tiles(ctx, w.tiles)?)
+}
+
+/// Submits `w` online on tiles `data` and waits.
+fn online_on<D>(ctx: &Context, devs: &[Device], w: &Workload<'_>, data: &[D]) -> Result<Run>
+where
+    for<'a> &'a D: Into<DataArg<'a>>,
+{
     ctx.reset_task_stats();
     let t0 = devs[0].now_ns();
     for s in &w.tasks {
-        builder(ctx, s, &data).submit().map_err(err)?;
+        builder(ctx, s, data).submit().map_err(err)?;
     }
     ctx.wait_tasks().map_err(err)?;
     let st = ctx.task_stats();
@@ -285,12 +298,88 @@ fn online(ctx: &Context, devs: &[Device], w: &Workload<'_>) -> Result<Run> {
     })
 }
 
+/// `managed/…`: `w` under dmda over managed buffers of the context (each
+/// tile filled by the host, then prefetched to the first device, where task
+/// data starts) beside the same over task data, each the second run in a
+/// fresh node with the models of `dir`: makespan and bytes moved.
+fn managed_figures(rep: &mut BenchReport, dir: &Path, w: &Workload<'_>) -> Result<()> {
+    let (data, data_stats) = measured(dir, SchedPolicy::Dmda, w)?;
+    let (ctx, devs) = node()?;
+    ctx.set_perfmodel_dir(Some(dir.to_path_buf()));
+    ctx.set_scheduler(SchedPolicy::Dmda);
+    let first = devs[0].create_stream().map_err(err)?;
+    let managed_tiles = |read_mostly: bool| -> Result<Vec<ManagedBuffer<f64>>> {
+        let tiles = (0..w.tiles)
+            .map(|_| {
+                let m = ctx.alloc_managed::<f64>(NB * NB).map_err(err)?;
+                if read_mostly {
+                    m.advise(.., Advice::ReadMostly).map_err(err)?;
+                }
+                m.write(..).map_err(err)?.fill(0.0);
+                m.prefetch(.., Location::Device(devs[0].id()), &first)
+                    .map_err(err)?;
+                Ok(m)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        first.synchronize().map_err(err)?;
+        Ok(tiles)
+    };
+    online_on(&ctx, &devs, w, &managed_tiles(false)?)?;
+    let managed = online_on(&ctx, &devs, w, &managed_tiles(false)?)?;
+    let stats = ctx.task_stats();
+    let replicas = online_on(&ctx, &devs, w, &managed_tiles(true)?)?;
+    for (name, r) in [
+        ("task-data", data),
+        ("managed", managed),
+        ("managed-read-mostly", replicas),
+    ] {
+        rep.push_value(
+            &format!("managed/cholesky-makespan-ms-{name}-dmda"),
+            "ms",
+            r.makespan_ns / 1e6,
+            1,
+        );
+        rep.push_value(
+            &format!("managed/cholesky-bytes-{name}-dmda"),
+            "MiB",
+            r.bytes as f64 / 1048576.0,
+            1,
+        );
+    }
+    rep.ratios.insert(
+        "managed/cholesky-makespan-over-task-data-dmda".into(),
+        managed.makespan_ns / data.makespan_ns,
+    );
+    rep.ratios.insert(
+        "managed/cholesky-bytes-over-task-data-dmda".into(),
+        managed.bytes as f64 / data.bytes.max(1) as f64,
+    );
+    rep.ratios.insert(
+        "managed/cholesky-read-mostly-makespan-over-task-data-dmda".into(),
+        replicas.makespan_ns / data.makespan_ns,
+    );
+    rep.ratios.insert(
+        "managed/cholesky-read-mostly-bytes-over-task-data-dmda".into(),
+        replicas.bytes as f64 / data.bytes.max(1) as f64,
+    );
+    rep.notes.push(format!(
+        "managed: dmda's tasks per device over managed tiles {:?}, over task data {:?}; without \
+         ReadMostly a device's read moves a page from the device that holds it (managed memory's \
+         rule, as CUDA's), so tiles many tasks read move more than task data's replicas; advised \
+         ReadMostly, reads keep replicas as task data does",
+        stats.per_device, data_stats.per_device
+    ));
+    Ok(())
+}
+
 /// Records `w` on fresh tiles, places it with HEFT, launches it and waits.
 fn heft(ctx: &Context, devs: &[Device], w: &Workload<'_>) -> Result<Run> {
     let data = tiles(ctx, w.tiles)?;
     let mut g = TaskGraph::new();
     for s in &w.tasks {
-        builder(ctx, s, &data).record(&mut g).map_err(err)?;
+        builder(ctx, s, data.as_slice())
+            .record(&mut g)
+            .map_err(err)?;
     }
     let placed = g.instantiate_on(ctx).map_err(err)?;
     ctx.reset_task_stats();
@@ -778,8 +867,8 @@ pub fn run(quick: bool) -> Result<BenchReport> {
 }
 
 /// The parts `hetero bench placement --only` names.
-pub const PARTS: [&str; 8] = [
-    "cholesky", "graph", "models", "gemm", "random", "drift", "outliers", "overhead",
+pub const PARTS: [&str; 9] = [
+    "cholesky", "graph", "models", "managed", "gemm", "random", "drift", "outliers", "overhead",
 ];
 
 /// The bench with only the parts named in `only` (all when empty); an unknown
@@ -814,8 +903,11 @@ pub fn run_parts(quick: bool, only: &[String]) -> Result<BenchReport> {
     );
     if on("cholesky") {
         compare(&mut rep, &dir, "cholesky", &chol)?;
-    } else if on("graph") || on("models") {
+    } else if on("graph") || on("models") || on("managed") {
         calibrate(&dir, &chol)?;
+    }
+    if on("managed") {
+        managed_figures(&mut rep, &dir, &chol)?;
     }
     // The graph figure: host time per task, placed replay over online dmda.
     if on("graph") {
