@@ -956,6 +956,65 @@ fn ws_steals_held_tasks_at_run_time() {
     }
 }
 
+/// Work stealing in real time: once devices have room, held tasks run
+/// without another call into the task layer (its progress thread hands
+/// them over as tasks complete), so a stream that waits for a held task's
+/// event completes.
+#[test]
+fn held_tasks_move_to_devices_without_another_call_into_the_task_layer() {
+    if common::skipped("held_tasks_move_to_devices_without_another_call_into_the_task_layer") {
+        return;
+    }
+    let (ctx, devs) = context();
+    ctx.set_scheduler(SchedPolicy::WorkStealing);
+    let rw = mix(0, true);
+    let window =
+        |d: usize| (hetero::WS_WINDOW as usize) * devs[d].properties().compute_units.max(1);
+    let gates = [devs[0].host_event(), devs[1].host_event()];
+    let mut blocked = Vec::new();
+    for (d, gate) in gates.iter().enumerate() {
+        for _ in 0..window(d) {
+            let x = ctx.data::<u32>(LEN).unwrap();
+            let t = ctx
+                .task(&rw)
+                .read_write(&x)
+                .on_device(d)
+                .after(gate.event());
+            blocked.push((x, t.submit().unwrap()));
+        }
+    }
+    let free: Vec<(TaskData<u32>, hetero::Task)> = (0..6)
+        .map(|i| {
+            let x = ctx.data_from(&vec![i as u32; LEN]).unwrap();
+            let t = ctx.task(&rw).read_write(&x).submit().unwrap();
+            (x, t)
+        })
+        .collect();
+    assert!(free.iter().all(|(_, t)| !t.is_placed()), "held back");
+    let s = devs[1].create_stream().unwrap();
+    for (_, t) in &free {
+        s.wait_event(t.event()).unwrap();
+    }
+    gates[1].signal();
+    gates[0].signal();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(s.synchronize());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the held tasks ran without a call into the task layer")
+        .unwrap();
+    assert!(free.iter().all(|(_, t)| t.is_placed()));
+    for (i, (x, _)) in free.iter().enumerate() {
+        let want = (i as u32).wrapping_mul(31).wrapping_add(7);
+        assert_eq!(x.to_vec().unwrap(), vec![want; LEN]);
+    }
+    ctx.wait_tasks().unwrap();
+    for (x, _) in &blocked {
+        assert_eq!(x.to_vec().unwrap(), vec![7; LEN]);
+    }
+}
+
 /// Task data of either kind: the mixed programs below alternate them.
 enum Buf {
     Data(TaskData<u32>),

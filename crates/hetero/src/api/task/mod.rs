@@ -229,6 +229,9 @@ struct RtState {
     turn: Vec<usize>,
     host_streams: Vec<Option<Stream>>,
     submitted_since_harvest: u32,
+    /// Whether tasks emitted now tell `Runtime::progress` when they complete
+    /// (work stealing in real time).
+    notify_completions: bool,
     /// Per device: the ends of its last tasks seen complete (`harvest`).
     recent_ends: Vec<Vec<u64>>,
     stream_waits: u64,
@@ -254,10 +257,51 @@ pub(crate) struct Runtime {
     virtual_time: bool,
     t0: std::time::Instant,
     state: Mutex<RtState>,
+    /// Wakes the thread that hands held tasks to devices (`progress`).
+    progress: Arc<Progress>,
 }
+
+/// What the progress thread of a runtime waits on.
+///
+/// Invariant: the thread holds only this and a `Weak` of its runtime while
+/// it waits, and takes the runtime's locks only to `pump`, as a submitting
+/// thread does; engine threads (the completion callbacks) take only this
+/// mutex, which nobody holds across a wait for an engine.
+#[derive(Default)]
+struct Progress {
+    /// (something to look at, the runtime went, the thread started).
+    state: Mutex<(bool, bool, bool)>,
+    cv: std::sync::Condvar,
+    /// Whether tasks are held: set by `hold`, cleared by the thread after a
+    /// pump left none (both under the runtime's lock). A completion
+    /// wakes the thread only while it is set.
+    held: std::sync::atomic::AtomicBool,
+}
+
+impl Progress {
+    fn notify(&self) {
+        lock(&self.state).0 = true;
+        self.cv.notify_one();
+    }
+
+    /// A task completed: room for a held one, if any.
+    fn completed(&self) {
+        if self.held.load(Ordering::Acquire) {
+            self.notify();
+        }
+    }
+}
+
+/// How long the progress thread sleeps while tasks are held and nothing
+/// woke it: a faulted task's completion callback never runs.
+const PROGRESS_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 
 impl Drop for Runtime {
     fn drop(&mut self) {
+        {
+            lock(&self.progress.state).1 = true;
+            self.progress.cv.notify_one();
+        }
         let mut st = lock(&self.state);
         let mut sc = lock(&self.sched);
         self.harvest(&mut st, &mut sc);
@@ -375,6 +419,7 @@ impl Runtime {
                 graph_tails: Vec::new(),
                 host_streams: vec![None; n],
                 submitted_since_harvest: 0,
+                notify_completions: false,
                 recent_ends: vec![Vec::new(); n],
                 stream_waits: 0,
                 stream_wait_ns: 0,
@@ -386,7 +431,72 @@ impl Runtime {
             lanes,
             host_link,
             t0: std::time::Instant::now(),
+            progress: Arc::default(),
         })
+    }
+
+    /// Starts the thread that hands held tasks to devices as tasks complete
+    /// (once per runtime; real time only), so that a held task's event
+    /// completes without its user calling the task layer again: a stream
+    /// waiting for it would otherwise wait forever. In virtual time the
+    /// devices' model runs only when the host waits, and held tasks move at
+    /// the layer's calls (`Task::wait`, `Context::wait_tasks`, submissions).
+    fn start_progress(self: &Arc<Self>) {
+        if self.virtual_time {
+            return;
+        }
+        {
+            let mut p = lock(&self.progress.state);
+            if p.2 {
+                drop(p);
+                self.progress.notify();
+                return;
+            }
+            p.2 = true;
+        }
+        let (weak, progress) = (Arc::downgrade(self), self.progress.clone());
+        let spawned = std::thread::Builder::new()
+            .name("hetero task progress".into())
+            .spawn(move || loop {
+                let held = {
+                    let mut p = lock(&progress.state);
+                    while !p.0 && !p.1 {
+                        let (g, timeout) = progress
+                            .cv
+                            .wait_timeout(p, PROGRESS_POLL)
+                            .unwrap_or_else(|e| e.into_inner());
+                        p = g;
+                        if timeout.timed_out() {
+                            break;
+                        }
+                    }
+                    if p.1 {
+                        return;
+                    }
+                    p.0 = false;
+                    let Some(rt) = weak.upgrade() else { return };
+                    drop(p);
+                    let mut st = lock(&rt.state);
+                    let mut sc = lock(&rt.sched);
+                    // An error (a stream not made) stays for the next
+                    // caller's `pump_until` to report.
+                    let _ = rt.pump(&mut st, &mut sc);
+                    let held = !st.held.is_empty();
+                    progress.held.store(held, Ordering::Release);
+                    held
+                };
+                if !held {
+                    // Nothing held: sleep until a task is.
+                    let mut p = lock(&progress.state);
+                    while !p.0 && !p.1 {
+                        p = progress.cv.wait(p).unwrap_or_else(|e| e.into_inner());
+                    }
+                }
+            });
+        if spawned.is_err() {
+            // Without the thread, held tasks move at the layer's calls.
+            lock(&self.progress.state).2 = false;
+        }
     }
 
     /// The task layer's clock, ns: the model's in virtual time, else the
@@ -591,6 +701,7 @@ impl Runtime {
         // (`submit` handed the held tasks to devices first).
         let managed = spec.access.iter().any(|(d, _)| d.is_managed());
         let ws = policy == SchedPolicy::WorkStealing && forced.is_none() && !managed;
+        st.notify_completions = policy == SchedPolicy::WorkStealing && !self.virtual_time;
         if ws && !st.held.is_empty() {
             self.pump(&mut st, &mut sc)?;
             // Behind a held task that touches its data: held too (its data's
@@ -728,6 +839,8 @@ impl Runtime {
             slot,
             measured,
         });
+        self.progress.held.store(true, Ordering::Release);
+        self.start_progress();
         task
     }
 
@@ -1099,6 +1212,11 @@ impl Runtime {
         stream.launch(&spec.kernel, spec.grid, &args)?;
         drop(args);
         let end = stream.record_event()?;
+        if st.notify_completions {
+            // Room for a held task: the progress thread looks.
+            let p = self.progress.clone();
+            stream.host_callback(move || p.completed())?;
+        }
         let me = TaskRef {
             id,
             end: end.clone(),
