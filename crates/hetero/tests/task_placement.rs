@@ -715,8 +715,9 @@ fn spin() -> Kernel {
 }
 
 /// A stream graph of independent `spin` chains joined pairwise (and one
-/// node after an ordering-only node), on buffers of `dev`: the graph, its
-/// buffers (inputs, middles, outputs), initialised on `s`.
+/// node after an ordering-only node), each chain's middle also copied to a
+/// buffer of its own, on buffers of `dev`: the graph, its buffers (inputs,
+/// middles, outputs, copies), initialised on `s`.
 fn spin_graph(
     dev: &Device,
     s: &hetero::Stream,
@@ -724,7 +725,7 @@ fn spin_graph(
 ) -> (hetero::Graph, Vec<hetero::DeviceBuffer<u32>>) {
     const L: usize = SPIN_LEN;
     let join = mix(2, true);
-    let bufs: Vec<hetero::DeviceBuffer<u32>> = (0..3 * chains)
+    let bufs: Vec<hetero::DeviceBuffer<u32>> = (0..4 * chains)
         .map(|b| {
             let buf = dev.alloc::<u32>(L).unwrap();
             let init: Vec<u32> = (0..L as u32).map(|i| i * (b as u32 + 1)).collect();
@@ -733,7 +734,8 @@ fn spin_graph(
         })
         .collect();
     let (ins, rest) = bufs.split_at(chains);
-    let (mids, outs) = rest.split_at(chains);
+    let (mids, rest) = rest.split_at(chains);
+    let (outs, copies) = rest.split_at(chains);
     let mut g = hetero::Graph::new(dev).unwrap();
     let k = spin();
     let spun: Vec<hetero::NodeId> = (0..chains)
@@ -742,6 +744,9 @@ fn spin_graph(
             g.kernel(&k, hetero::Grid::new(1), &args, &[]).unwrap()
         })
         .collect();
+    for c in 0..chains {
+        g.copy_d2d(&mids[c], &copies[c], &[spun[c]]).unwrap();
+    }
     let order = g.empty(&spun[..2]).unwrap();
     for c in 0..chains {
         let args = [
@@ -827,7 +832,8 @@ fn a_stream_graph_placed_across_devices_matches_one_device() {
     assert_eq!(got, want);
 
     let mut bad = hetero::Graph::new(&devs[0]).unwrap();
-    bad.fill(&bufs[0], 1u32, &[]).unwrap();
+    let inside = bad.alloc::<u32>(LEN).unwrap();
+    bad.fill(&inside, 1u32, &[]).unwrap();
     let e = bad.instantiate_on(&ctx).unwrap_err();
     assert!(matches!(e, hetero::Error::Graph { .. }), "{e}");
     // Managed arguments follow their buffer already: not placed.
@@ -843,6 +849,90 @@ fn a_stream_graph_placed_across_devices_matches_one_device() {
         .unwrap();
     let e = managed.instantiate_on(&ctx).unwrap_err();
     assert!(matches!(e, hetero::Error::Graph { .. }), "{e}");
+}
+
+/// A stream graph of every kind of node: an upload, a fill, kernels, a copy
+/// between its buffers, a download and a host callback. Placed across the
+/// context, the host-memory nodes on the graph's device, two launches leave
+/// its buffers and host memory as two launches on one device do and run
+/// the callback twice.
+#[test]
+fn a_stream_graph_with_copies_fills_and_host_nodes_is_placed_whole() {
+    if common::skipped("a_stream_graph_with_copies_fills_and_host_nodes_is_placed_whole") {
+        return;
+    }
+    let (ctx, devs) = context();
+    let dev = &devs[0];
+    let s = dev.create_stream().unwrap();
+    type Built = (
+        hetero::Graph,
+        hetero::PinnedBuffer<u32>,
+        Vec<hetero::DeviceBuffer<u32>>,
+        std::sync::Arc<std::sync::atomic::AtomicU32>,
+    );
+    let build = || -> Built {
+        let mut up = dev.alloc_pinned::<u32>(LEN).unwrap();
+        for (i, x) in up.as_mut_slice().unwrap().iter_mut().enumerate() {
+            *x = i as u32 * 3;
+        }
+        let mut down = dev.alloc_pinned::<u32>(LEN).unwrap();
+        let bufs: Vec<hetero::DeviceBuffer<u32>> =
+            (0..4).map(|_| dev.alloc::<u32>(LEN).unwrap()).collect();
+        let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let mut g = hetero::Graph::new(dev).unwrap();
+        let a = g.copy_h2d(&up, &bufs[0], &[]).unwrap();
+        let b = g.fill(&bufs[1], 5u32, &[]).unwrap();
+        let args = [hetero::Arg::read(&bufs[0]), hetero::Arg::write(&bufs[1])];
+        let k1 = g.kernel(&mix(1, true), 1.into(), &args, &[a, b]).unwrap();
+        let c = g.copy_d2d(&bufs[1], &bufs[2], &[k1]).unwrap();
+        let args = [
+            hetero::Arg::read(&bufs[2]),
+            hetero::Arg::read(&bufs[0]),
+            hetero::Arg::write(&bufs[3]),
+        ];
+        let k2 = g.kernel(&mix(2, false), 1.into(), &args, &[c]).unwrap();
+        let d = g.copy_d2h(&bufs[3], &mut down, &[k2]).unwrap();
+        let counter = calls.clone();
+        g.host(
+            move || {
+                counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            },
+            &[d],
+        )
+        .unwrap();
+        (g, down, bufs, calls)
+    };
+    let (one, mut want_down, want_bufs, want_calls) = build();
+    let exec = one.instantiate().unwrap();
+    s.launch_graph(&exec).unwrap();
+    s.launch_graph(&exec).unwrap();
+    s.synchronize().unwrap();
+    let want: Vec<Vec<u32>> = want_bufs
+        .iter()
+        .map(|b| s.read_to_vec(b).unwrap())
+        .collect();
+
+    let (g, mut down, bufs, calls) = build();
+    let placed = g.instantiate_on(&ctx).unwrap();
+    let p = placed.placement();
+    assert_eq!(p.len(), 7, "every node a task: {p:?}");
+    assert_eq!(
+        (p[0], p[5], p[6]),
+        (0, 0, 0),
+        "host memory on the graph's device"
+    );
+    placed.launch().unwrap().wait().unwrap();
+    placed.launch().unwrap().wait().unwrap();
+    let got: Vec<Vec<u32>> = bufs.iter().map(|b| s.read_to_vec(b).unwrap()).collect();
+    assert_eq!(got, want);
+    // The graphs hold their host memory while they live.
+    drop((exec, one, placed, g));
+    assert_eq!(
+        down.as_mut_slice().unwrap(),
+        want_down.as_mut_slice().unwrap()
+    );
+    assert_eq!(want_calls.load(std::sync::atomic::Ordering::Relaxed), 2);
+    assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 2);
 }
 
 /// Devices without a link model (neither emulated nor the host) get their

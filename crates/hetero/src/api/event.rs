@@ -140,6 +140,14 @@ impl Event {
         Event { point: None }
     }
 
+    /// The event of value `value` on `timeline` (a graph's wait node names
+    /// one so).
+    pub(crate) fn at(timeline: Arc<crate::exec::timeline::Timeline>, value: u64) -> Self {
+        Event {
+            point: Some(EventPoint::new(timeline, value, Arc::default())),
+        }
+    }
+
     /// Whether the event was recorded.
     pub fn is_recorded(&self) -> bool {
         self.point.is_some()

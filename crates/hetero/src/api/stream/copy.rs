@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 impl Stream {
     #[allow(clippy::too_many_arguments)]
-    fn copy_op<T: Pod>(
+    pub(crate) fn copy_op<T: Pod>(
         &self,
         op: &'static str,
         kind: CopyKind,
@@ -156,7 +156,7 @@ impl Stream {
         )
     }
 
-    fn fill_op<T: Pod>(
+    pub(crate) fn fill_op<T: Pod>(
         &self,
         storage: &Arc<Storage>,
         len: usize,

@@ -211,6 +211,9 @@ pub(crate) fn place(
             let name = spec.kernel.name();
             let mut cost: Vec<Option<f64>> = (0..n)
                 .map(|d| {
+                    if let Some(op) = &spec.op {
+                        return op.cost_ns(&rt, d);
+                    }
                     rt.devices[d].check_code(&spec.kernel.inner).ok()?;
                     Some(
                         sc.models()
@@ -623,7 +626,10 @@ impl PlacedTaskGraph {
             for (arg, &elem) in args.iter_mut().zip(&spec.elems) {
                 arg.elem = elem;
             }
-            stream.launch(&spec.kernel, spec.grid, &args)?;
+            match &spec.op {
+                Some(op) => op.run(stream, &args)?,
+                None => stream.launch(&spec.kernel, spec.grid, &args)?,
+            }
             if step.record {
                 ends[s] = Some(stream.record_event()?);
             }

@@ -338,6 +338,9 @@ pub(crate) struct Spec {
     pub(crate) elems: Vec<&'static crate::exec::kernel::ElemInfo>,
     /// Events it also waits for ([`TaskBuilder::after`]).
     pub(crate) after: Vec<Event>,
+    /// A stream graph's node that is not a kernel (a copy, a fill, a host
+    /// callback, a wait), run instead of `kernel` (then a name only).
+    pub(crate) op: Option<Arc<stream_graph::NodeOp>>,
 }
 
 impl Runtime {
@@ -541,7 +544,7 @@ impl Runtime {
     /// The modelled time to move `bytes` between device `i` and the host's
     /// memory (`out`: from the device), ns: over its link to the host
     /// (emulated devices), a memory copy (the host), else its measured bus.
-    fn host_leg_ns(&self, i: usize, bytes: u64, out: bool) -> f64 {
+    pub(crate) fn host_leg_ns(&self, i: usize, bytes: u64, out: bool) -> f64 {
         match (&self.host_link[i], self.devices[i].properties().backend) {
             (Some(l), _) => l.transfer_ns(bytes, out),
             (None, "host") => bytes as f64 / 10.0,
@@ -1570,6 +1573,7 @@ impl Context {
                 priority: None,
                 elems: Vec::new(),
                 after: Vec::new(),
+                op: None,
             },
             rt: None,
             on: None,

@@ -7,18 +7,24 @@
 //! ends with every buffer the graph writes holding its result there, so the
 //! graph's user reads its buffers as after a launch on one device.
 //!
-//! Placed: kernel nodes (host closure or device code) over buffers that
-//! existed when the graph was recorded, and nodes that only order. Other
-//! nodes (copies, fills, host callbacks, waits on outside events) and
-//! buffers the graph allocates or binds at launch are a typed error.
+//! Placed: every node over buffers that existed when the graph was
+//! recorded. Kernel nodes (host closure or device code) go where HEFT puts
+//! them; copies between the graph's buffers and fills too (a task over the
+//! buffers they touch, run as the same op on the chosen device's replicas:
+//! `NodeOp`); copies to or from host memory, host callbacks and waits on
+//! outside events run on the graph's device (whose engines reach that host
+//! memory), ordered with the rest through the graph's edges and buffers;
+//! nodes that only order add edges. 2-D copies and buffers the graph
+//! allocates or binds at launch are a typed error.
 
 use super::data::{DataAny, DataState};
 use super::graph::{place, PlacedTaskGraph};
 use super::{Mode, Spec};
 use crate::api::buffer::{Arg, DeviceBuffer};
 use crate::exec::graph::{Draft, NodeBody, Operand};
+use crate::exec::op::CopyKind;
 use crate::exec::storage::{GraphHold, Storage};
-use crate::{Context, Device, Error, Grid, Kernel, Result, Stream};
+use crate::{Context, Device, Error, Event, Grid, Kernel, Result, Stream};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -86,14 +92,182 @@ impl DataAny for GraphData {
     }
 }
 
+/// A stream graph's node that is not a kernel, as its placed task runs it
+/// on the stream of its device, over the replicas there of its task's data
+/// (`args`, in the order of its access list).
+pub(crate) enum NodeOp {
+    /// A copy from `args[0]` into `args[1]` (two of the graph's buffers).
+    Copy {
+        src_off: usize,
+        dst_off: usize,
+        bytes: usize,
+    },
+    /// A copy between host memory and `args[0]` (`to_host`: from it), on
+    /// the graph's device `home`, whose engines reach the host memory.
+    Host {
+        host: GraphHold,
+        host_off: usize,
+        dev_off: usize,
+        bytes: usize,
+        to_host: bool,
+        home: usize,
+    },
+    /// A pattern over a byte range of `args[0]`.
+    Fill {
+        off: usize,
+        bytes: usize,
+        pattern: [u8; 16],
+        len: u8,
+    },
+    /// A host callback, on `home`.
+    Callback {
+        f: Arc<dyn Fn() + Send + Sync>,
+        home: usize,
+    },
+    /// A wait on an event recorded outside the graph, on `home`.
+    Wait { event: Event, home: usize },
+}
+
+impl NodeOp {
+    /// Its modelled time on device `d`, ns; `None` where it cannot run. A
+    /// copy or fill in a device's memory counts a memory copy's 10 GB/s
+    /// (the task layer's figure for one), a copy to or from the host its
+    /// device's leg of the bus.
+    pub(crate) fn cost_ns(&self, rt: &super::Runtime, d: usize) -> Option<f64> {
+        match self {
+            NodeOp::Copy { bytes, .. } | NodeOp::Fill { bytes, .. } => Some(*bytes as f64 / 10.0),
+            NodeOp::Host {
+                bytes,
+                to_host,
+                home,
+                ..
+            } => (d == *home).then(|| rt.host_leg_ns(d, *bytes as u64, *to_host)),
+            NodeOp::Callback { home, .. } | NodeOp::Wait { home, .. } => {
+                (d == *home).then_some(0.0)
+            }
+        }
+    }
+
+    /// Submits it on `stream`.
+    pub(crate) fn run(&self, stream: &Stream, args: &[Arg<'_>]) -> Result<()> {
+        match self {
+            NodeOp::Copy {
+                src_off,
+                dst_off,
+                bytes,
+            } => {
+                let (a, b) = (args[0].storage, args[1].storage);
+                stream.copy_op::<u8>(
+                    "copy_d2d",
+                    CopyKind::D2D,
+                    a,
+                    a.bytes(),
+                    *src_off,
+                    b,
+                    b.bytes(),
+                    *dst_off,
+                    *bytes,
+                )
+            }
+            NodeOp::Host {
+                host,
+                host_off,
+                dev_off,
+                bytes,
+                to_host,
+                ..
+            } => {
+                let dev = args[0].storage;
+                let host: &Arc<Storage> = host;
+                if *to_host {
+                    stream.copy_op::<u8>(
+                        "copy_d2h",
+                        CopyKind::D2H,
+                        dev,
+                        dev.bytes(),
+                        *dev_off,
+                        host,
+                        host.bytes(),
+                        *host_off,
+                        *bytes,
+                    )
+                } else {
+                    stream.copy_op::<u8>(
+                        "copy_h2d",
+                        CopyKind::H2D,
+                        host,
+                        host.bytes(),
+                        *host_off,
+                        dev,
+                        dev.bytes(),
+                        *dev_off,
+                        *bytes,
+                    )
+                }
+            }
+            NodeOp::Fill {
+                off,
+                bytes,
+                pattern,
+                len,
+            } => fill(stream, args[0].storage, *off, *bytes, pattern, *len),
+            NodeOp::Callback { f, .. } => {
+                let f = f.clone();
+                stream.host_callback(move || f())
+            }
+            NodeOp::Wait { event, .. } => stream.wait_event(event),
+        }
+    }
+}
+
+/// A fill of `bytes` at `off` with the first `len` bytes of `pattern` (as
+/// the node recorded it: a range of whole elements of that size).
+fn fill(
+    stream: &Stream,
+    storage: &Arc<Storage>,
+    off: usize,
+    bytes: usize,
+    pattern: &[u8; 16],
+    len: u8,
+) -> Result<()> {
+    macro_rules! fill_as {
+        ($($n:literal)*) => {
+            match len as usize {
+                $($n => {
+                    let mut v = [0u8; $n];
+                    v.copy_from_slice(&pattern[..$n]);
+                    stream.fill_op(storage, storage.bytes() / $n, off / $n, bytes / $n, v)
+                })*
+                other => Err(Error::Graph {
+                    op: "Graph::instantiate_on",
+                    detail: format!("a fill node with a {other}-byte pattern"),
+                }),
+            }
+        };
+    }
+    fill_as!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
+}
+
 fn refuse(node: usize, what: &str) -> Error {
     Error::Graph {
         op: "Graph::instantiate_on",
         detail: format!(
-            "node {node} {what}; a graph placed across devices holds kernel nodes over buffers \
-             allocated outside it (and nodes that only order): instantiate it on its device \
-             instead, or record the rest outside"
+            "node {node} {what}; a graph placed across devices holds nodes over buffers \
+             allocated outside it, and no 2-D copies: instantiate it on its device instead, or \
+             record the rest outside"
         ),
+    }
+}
+
+/// The buffer operand `o` of node `node`, if it existed when the graph was
+/// recorded.
+fn fixed(node: usize, o: &Operand) -> Result<&GraphHold> {
+    match o {
+        Operand::Fixed(hold) => Ok(hold),
+        _ => Err(refuse(
+            node,
+            "uses a buffer allocated in the graph or a slot",
+        )),
     }
 }
 
@@ -156,6 +330,29 @@ pub(crate) fn place_graph(
         });
     }
     let mut datum: HashMap<usize, Arc<GraphData>> = HashMap::new();
+    // The graph's buffer `hold` as task data (one per buffer).
+    let mut datum_of = |hold: &GraphHold| -> Arc<dyn DataAny> {
+        let key = Arc::as_ptr(hold) as usize;
+        datum
+            .entry(key)
+            .or_insert_with(|| {
+                let mut valid = vec![None; rt.devices.len()];
+                valid[home] = Some(crate::Event::new());
+                Arc::new(GraphData {
+                    id: super::data::next_data_id(),
+                    bytes: hold.bytes(),
+                    home,
+                    hold: hold.clone(),
+                    replicas: (0..rt.devices.len()).map(|_| OnceLock::new()).collect(),
+                    state: Mutex::new(DataState {
+                        valid,
+                        writer: None,
+                        readers: Vec::new(),
+                    }),
+                })
+            })
+            .clone()
+    };
     let mut specs: Vec<Spec> = Vec::new();
     // Per node: the tasks it stands for (a kernel: itself; an ordering
     // node: the tasks before it), through which its successors follow.
@@ -186,31 +383,8 @@ pub(crate) fn place_graph(
                 let mut access = Vec::new();
                 let mut elems = Vec::new();
                 for a in &draft.args[args.0 as usize..(args.0 + args.1) as usize] {
-                    let Operand::Fixed(hold) = &a.operand else {
-                        return Err(refuse(i, "uses a buffer allocated in the graph or a slot"));
-                    };
-                    let key = Arc::as_ptr(hold) as usize;
-                    let d = datum
-                        .entry(key)
-                        .or_insert_with(|| {
-                            let mut valid = vec![None; rt.devices.len()];
-                            valid[home] = Some(crate::Event::new());
-                            Arc::new(GraphData {
-                                id: super::data::next_data_id(),
-                                bytes: hold.bytes(),
-                                home,
-                                hold: hold.clone(),
-                                replicas: (0..rt.devices.len()).map(|_| OnceLock::new()).collect(),
-                                state: Mutex::new(DataState {
-                                    valid,
-                                    writer: None,
-                                    readers: Vec::new(),
-                                }),
-                            })
-                        })
-                        .clone();
                     let mode = if a.write { Mode::ReadWrite } else { Mode::Read };
-                    access.push((d as Arc<dyn DataAny>, mode));
+                    access.push((datum_of(fixed(i, &a.operand)?), mode));
                     elems.push(a.elem);
                 }
                 let k = Kernel {
@@ -225,18 +399,119 @@ pub(crate) fn place_graph(
                     priority: None,
                     elems,
                     after: Vec::new(),
+                    op: None,
                 });
             }
-            NodeBody::Copy { .. } | NodeBody::Copy2D(_) => return Err(refuse(i, "is a copy")),
-            NodeBody::Fill { .. } => return Err(refuse(i, "is a fill")),
-            NodeBody::Host(_) => return Err(refuse(i, "is a host callback")),
-            NodeBody::Wait { .. } => return Err(refuse(i, "waits on an outside event")),
+            NodeBody::Copy2D(_) => return Err(refuse(i, "is a 2-D copy")),
+            body => {
+                // A written range that is not the whole buffer keeps the
+                // rest: the task reads it too.
+                let written = |hold: &GraphHold, off: usize, bytes: usize| {
+                    if off == 0 && bytes == hold.bytes() {
+                        Mode::Write
+                    } else {
+                        Mode::ReadWrite
+                    }
+                };
+                let (access, op) = match body {
+                    NodeBody::Copy {
+                        kind,
+                        src,
+                        src_off,
+                        dst,
+                        dst_off,
+                        bytes,
+                    } => {
+                        let (src, dst) = (fixed(i, src)?, fixed(i, dst)?);
+                        let (src_off, dst_off, bytes) = (*src_off, *dst_off, *bytes);
+                        match kind {
+                            CopyKind::D2D => (
+                                vec![
+                                    (datum_of(src), Mode::Read),
+                                    (datum_of(dst), written(dst, dst_off, bytes)),
+                                ],
+                                NodeOp::Copy {
+                                    src_off,
+                                    dst_off,
+                                    bytes,
+                                },
+                            ),
+                            CopyKind::H2D => (
+                                vec![(datum_of(dst), written(dst, dst_off, bytes))],
+                                NodeOp::Host {
+                                    host: src.clone(),
+                                    host_off: src_off,
+                                    dev_off: dst_off,
+                                    bytes,
+                                    to_host: false,
+                                    home,
+                                },
+                            ),
+                            CopyKind::D2H => (
+                                vec![(datum_of(src), Mode::Read)],
+                                NodeOp::Host {
+                                    host: dst.clone(),
+                                    host_off: dst_off,
+                                    dev_off: src_off,
+                                    bytes,
+                                    to_host: true,
+                                    home,
+                                },
+                            ),
+                        }
+                    }
+                    NodeBody::Fill {
+                        dst,
+                        off,
+                        bytes,
+                        pattern,
+                        pattern_len,
+                    } => {
+                        let dst = fixed(i, dst)?;
+                        (
+                            vec![(datum_of(dst), written(dst, *off, *bytes))],
+                            NodeOp::Fill {
+                                off: *off,
+                                bytes: *bytes,
+                                pattern: *pattern,
+                                len: *pattern_len,
+                            },
+                        )
+                    }
+                    NodeBody::Host(f) => (Vec::new(), NodeOp::Callback { f: f.clone(), home }),
+                    NodeBody::Wait { timeline, value } => (
+                        Vec::new(),
+                        NodeOp::Wait {
+                            event: Event::at(timeline.clone(), *value),
+                            home,
+                        },
+                    ),
+                    NodeBody::Kernel { .. } | NodeBody::Empty | NodeBody::Copy2D(_) => {
+                        unreachable!("matched above")
+                    }
+                };
+                let name = body.name();
+                explicit.push(before);
+                tasks_of[i] = vec![specs.len()];
+                specs.push(Spec {
+                    kernel: Kernel::new(name, |_| {}),
+                    elems: access
+                        .iter()
+                        .map(|_| crate::exec::kernel::ElemInfo::of::<u8>())
+                        .collect(),
+                    access,
+                    grid: Grid::new(1),
+                    priority: None,
+                    after: Vec::new(),
+                    op: Some(Arc::new(op)),
+                });
+            }
         }
     }
     if specs.is_empty() {
         return Err(Error::Graph {
             op: "Graph::instantiate_on",
-            detail: "the graph has no kernel node to place".into(),
+            detail: "the graph has no node to place (only nodes that order)".into(),
         });
     }
     // Dependencies: the buffers' access order (RAW, WAR, WAW), and the
