@@ -851,8 +851,9 @@ fn a_stream_graph_placed_across_devices_matches_one_device() {
     assert!(matches!(e, hetero::Error::Graph { .. }), "{e}");
 }
 
-/// A stream graph of every kind of node: an upload, a fill, kernels, a copy
-/// between its buffers, a download and a host callback. Placed across the
+/// A stream graph of every kind of node: a wait on an outside event, an
+/// upload, a fill, kernels, a copy between its buffers, a download and a
+/// host callback. Placed across the
 /// context, the host-memory nodes on the graph's device, two launches leave
 /// its buffers and host memory as two launches on one device do and run
 /// the callback twice.
@@ -869,6 +870,7 @@ fn a_stream_graph_with_copies_fills_and_host_nodes_is_placed_whole() {
         hetero::PinnedBuffer<u32>,
         Vec<hetero::DeviceBuffer<u32>>,
         std::sync::Arc<std::sync::atomic::AtomicU32>,
+        (hetero::HostEvent, hetero::Stream),
     );
     let build = || -> Built {
         let mut up = dev.alloc_pinned::<u32>(LEN).unwrap();
@@ -880,7 +882,14 @@ fn a_stream_graph_with_copies_fills_and_host_nodes_is_placed_whole() {
             (0..4).map(|_| dev.alloc::<u32>(LEN).unwrap()).collect();
         let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
         let mut g = hetero::Graph::new(dev).unwrap();
-        let a = g.copy_h2d(&up, &bufs[0], &[]).unwrap();
+        // An outside event not reached while the graph is built (its stream
+        // lives as long as the graph: dropping a stream waits for its work).
+        let gate = dev.host_event();
+        let other = dev.create_stream().unwrap();
+        other.wait_event(gate.event()).unwrap();
+        let outside = other.record_event().unwrap();
+        let w = g.wait_event(&outside, &[]).unwrap();
+        let a = g.copy_h2d(&up, &bufs[0], &[w]).unwrap();
         let b = g.fill(&bufs[1], 5u32, &[]).unwrap();
         let args = [hetero::Arg::read(&bufs[0]), hetero::Arg::write(&bufs[1])];
         let k1 = g.kernel(&mix(1, true), 1.into(), &args, &[a, b]).unwrap();
@@ -900,10 +909,11 @@ fn a_stream_graph_with_copies_fills_and_host_nodes_is_placed_whole() {
             &[d],
         )
         .unwrap();
-        (g, down, bufs, calls)
+        (g, down, bufs, calls, (gate, other))
     };
-    let (one, mut want_down, want_bufs, want_calls) = build();
+    let (one, mut want_down, want_bufs, want_calls, (gate, _other)) = build();
     let exec = one.instantiate().unwrap();
+    gate.signal();
     s.launch_graph(&exec).unwrap();
     s.launch_graph(&exec).unwrap();
     s.synchronize().unwrap();
@@ -912,14 +922,15 @@ fn a_stream_graph_with_copies_fills_and_host_nodes_is_placed_whole() {
         .map(|b| s.read_to_vec(b).unwrap())
         .collect();
 
-    let (g, mut down, bufs, calls) = build();
+    let (g, mut down, bufs, calls, (gate, _other)) = build();
     let placed = g.instantiate_on(&ctx).unwrap();
+    gate.signal();
     let p = placed.placement();
-    assert_eq!(p.len(), 7, "every node a task: {p:?}");
+    assert_eq!(p.len(), 8, "every node a task: {p:?}");
     assert_eq!(
-        (p[0], p[5], p[6]),
-        (0, 0, 0),
-        "host memory on the graph's device"
+        (p[0], p[1], p[6], p[7]),
+        (0, 0, 0, 0),
+        "outside events and host memory on the graph's device"
     );
     placed.launch().unwrap().wait().unwrap();
     placed.launch().unwrap().wait().unwrap();
