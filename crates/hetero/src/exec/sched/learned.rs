@@ -9,15 +9,16 @@
 //!   device changes speed the estimate is within 10 % of the new time after
 //!   about `ln 0.1 / ln (1 − α)` ≈ 7 observations. A sample more than
 //!   [`CLIP`] times the estimate counts as `CLIP` times it (one 300× outlier
-//!   moves the estimate by at most `α (CLIP − 1)`). A footprint not yet
-//!   observed on a device is scaled from a device that has observed it:
-//!   that device's estimate times the ratio of the two devices' estimates
-//!   on a footprint both have (the one nearest in size), as if a device
-//!   were a speed; without such a pair, the kernel's time per byte there
-//!   (the same average of observed ns per byte) times the task's data size.
-//!   A time per byte alone assumes time grows with the data: after one
-//!   observation of a compute-bound kernel reading four tiles it takes the
-//!   same kernel reading one tile for four times faster than it is.
+//!   moves the estimate by at most `α (CLIP − 1)`).
+//! - **Footprints new to a device**: scaled from a device that has observed
+//!   the footprint, its estimate times the ratio of the two devices'
+//!   estimates on a footprint both have (the one nearest in size), as if a
+//!   device were a speed; without such a pair, the kernel's time per byte
+//!   there (a moving average of observed ns per byte, as above) times the
+//!   task's data size. A time per byte alone assumes time grows with the
+//!   data: after one observation of a compute-bound kernel reading four
+//!   tiles it takes the same kernel reading one tile for four times faster
+//!   than it is.
 //! - **Transfers**: the link models' time, as dmda. (A learned factor of
 //!   observed over modelled copy time was tried: a task's copies wait behind
 //!   other streams' copies and for their sources, so the factor learned the
