@@ -28,8 +28,12 @@
 //! - `models/second-run-calibration-tasks`: tasks placed to calibrate in a
 //!   second process that finds the models this one saved.
 //!
-//! Every policy's measured run is its second in its context (the first warms
-//! the learning policy; dmda's models come calibrated from disk).
+//! Warm-up, the same for every policy: each workload calibrates its own
+//! models with dmda (runs until none calibrates); then each policy gets a
+//! fresh node on its own copy of those models and runs the workload twice in
+//! one context, the second run measured (the first warms the context's
+//! state: the learning policy's estimates, the models' further samples). No
+//! policy's runs move the models another policy starts from.
 
 use super::BenchReport;
 use hetero::{
@@ -468,11 +472,17 @@ fn calibrate(dir: &Path, w: &Workload<'_>) -> Result<u64> {
     Ok(total)
 }
 
-/// A policy's second run of `w` in a fresh node with the models of `dir`,
-/// and the layer's figures of that run.
+/// A policy's second run of `w` in a fresh node, on its own copy of the
+/// models calibrated in `dir` (so no policy's runs move the models another
+/// starts from), and the layer's figures of that run. The first run warms
+/// the context's state (the learning policy's estimates, the models' later
+/// samples) the same way for every policy.
 fn measured(dir: &Path, p: SchedPolicy, w: &Workload<'_>) -> Result<(Run, hetero::TaskStats)> {
+    let own = dir.join(format!("measured-{}", p.name()));
+    let _ = std::fs::remove_dir_all(&own);
+    copy_models(dir, &own)?;
     let (ctx, devs) = node()?;
-    ctx.set_perfmodel_dir(Some(dir.to_path_buf()));
+    ctx.set_perfmodel_dir(Some(own));
     ctx.set_scheduler(p);
     online(&ctx, &devs, w)?;
     let r = online(&ctx, &devs, w)?;
@@ -508,7 +518,13 @@ fn compare(rep: &mut BenchReport, dir: &Path, name: &str, w: &Workload<'_>) -> R
     let mut shares = Vec::new();
     for p in SchedPolicy::ALL {
         let (r, stats) = measured(dir, p, w)?;
-        shares.push(format!("{} {:?}", p.name(), stats.per_device));
+        shares.push(format!(
+            "{} {:?} (calibrating {}; exploring {} over both runs)",
+            p.name(),
+            stats.per_device,
+            r.calibration,
+            stats.explored
+        ));
         if p == SchedPolicy::Dmda {
             let err: Vec<String> = stats
                 .prediction_error
@@ -925,13 +941,20 @@ pub fn run_parts(quick: bool, only: &[String]) -> Result<BenchReport> {
             }
         }
     }
+    // Each workload calibrates its own models (gemm's kernel is also
+    // Cholesky's: its figures do not depend on whether Cholesky ran first).
     if on("gemm") {
         let g = if quick { 6 } else { 8 };
-        compare(&mut rep, &dir, "gemm", &gemm(&k, g))?;
+        compare(&mut rep, &dir.join("gemm"), "gemm", &gemm(&k, g))?;
     }
     if on("random") {
         let (layers, width) = if quick { (8, 12) } else { (16, 16) };
-        compare(&mut rep, &dir, "random", &random(&k, layers, width))?;
+        compare(
+            &mut rep,
+            &dir.join("random"),
+            "random",
+            &random(&k, layers, width),
+        )?;
     }
     if on("drift") {
         drift(&mut rep, &dir, quick)?;

@@ -10,6 +10,15 @@
 //!   about `ln 0.1 / ln (1 − α)` ≈ 7 observations. A sample more than
 //!   [`CLIP`] times the estimate counts as `CLIP` times it (one 300× outlier
 //!   moves the estimate by at most `α (CLIP − 1)`).
+//! - **Footprints new to a device**: scaled from a device that has observed
+//!   the footprint, its estimate times the ratio of the two devices'
+//!   estimates on a footprint both have (the one nearest in size), as if a
+//!   device were a speed; without such a pair, the kernel's time per byte
+//!   there (a moving average of observed ns per byte, as above) times the
+//!   task's data size. A time per byte alone assumes time grows with the
+//!   data: after one observation of a compute-bound kernel reading four
+//!   tiles it takes the same kernel reading one tile for four times faster
+//!   than it is.
 //! - **Transfers**: the link models' time, as dmda. (A learned factor of
 //!   observed over modelled copy time was tried: a task's copies wait behind
 //!   other streams' copies and for their sources, so the factor learned the
@@ -62,8 +71,11 @@ struct Estimate {
 #[derive(Debug)]
 pub(crate) struct Learner {
     exec: HashMap<(&'static str, usize, u64), Estimate>,
+    /// Per (kernel, device): the footprints observed there and their data
+    /// sizes, in the order first observed.
+    footprints: HashMap<(&'static str, usize), Vec<(u64, u64)>>,
     /// Per (kernel, device): ns per byte of the task's data, for footprints
-    /// not seen yet.
+    /// no device pair can scale.
     per_byte: HashMap<(&'static str, usize), f64>,
     /// Tries per (kernel, device) without an estimate.
     tries: HashMap<(&'static str, usize), u64>,
@@ -79,6 +91,7 @@ impl Default for Learner {
     fn default() -> Self {
         Learner {
             exec: HashMap::default(),
+            footprints: HashMap::default(),
             per_byte: HashMap::default(),
             tries: HashMap::default(),
             decisions: 0,
@@ -91,8 +104,10 @@ impl Default for Learner {
 
 impl Learner {
     /// The estimate of `kernel` with `footprint` (`size` bytes of data) on
-    /// device `index`: the footprint's own, else the kernel's time per byte
-    /// there times `size`.
+    /// device `index`: the footprint's own; else, scaled from a device that
+    /// has it, that device's estimate times this device's over that
+    /// device's on a footprint both have (the one nearest in size); else
+    /// the kernel's time per byte here times `size`.
     pub(crate) fn estimate(
         &self,
         kernel: &'static str,
@@ -100,13 +115,45 @@ impl Learner {
         footprint: u64,
         size: u64,
     ) -> Option<f64> {
-        match self.exec.get(&(kernel, index, footprint)) {
-            Some(e) => Some(e.ns),
-            None => self
-                .per_byte
-                .get(&(kernel, index))
-                .map(|b| b * size.max(1) as f64),
+        if let Some(e) = self.exec.get(&(kernel, index, footprint)) {
+            return Some(e.ns);
         }
+        self.scaled(kernel, index, footprint, size).or_else(|| {
+            self.per_byte
+                .get(&(kernel, index))
+                .map(|b| b * size.max(1) as f64)
+        })
+    }
+
+    /// `footprint` on device `index` from another device's estimate of it and
+    /// the two devices' estimates of a footprint both have: a kernel's time
+    /// depends on its data's size the same way on every device (a device is
+    /// a speed), which a time per byte does not assume (a compute-bound
+    /// kernel's time does not grow with the data it reads).
+    fn scaled(&self, kernel: &'static str, index: usize, footprint: u64, size: u64) -> Option<f64> {
+        let mine = self.footprints.get(&(kernel, index))?;
+        // The pair nearest in size wins; device and footprint break ties,
+        // so the answer does not depend on the maps' order.
+        let mut best: Option<((u64, usize, u64), f64)> = None;
+        for &(k, other) in self.footprints.keys() {
+            if k != kernel || other == index {
+                continue;
+            }
+            let Some(there) = self.exec.get(&(kernel, other, footprint)) else {
+                continue;
+            };
+            for &(common, common_size) in mine {
+                let base_there = self.exec.get(&(kernel, other, common));
+                let base_here = self.exec.get(&(kernel, index, common));
+                if let (Some(b), Some(h)) = (base_there, base_here) {
+                    let key = (common_size.abs_diff(size), other, common);
+                    if b.ns > 0.0 && best.is_none_or(|(k, _)| key < k) {
+                        best = Some((key, there.ns * h.ns / b.ns));
+                    }
+                }
+            }
+        }
+        best.map(|(_, ns)| ns)
     }
 
     /// Names the task the next `choose` places.
@@ -129,6 +176,10 @@ impl Learner {
             .entry((kernel, index))
             .and_modify(|e| *e += ALPHA * (b.min(*e * CLIP) - *e))
             .or_insert(b);
+        let seen = self.footprints.entry((kernel, index)).or_default();
+        if !seen.iter().any(|&(fp, _)| fp == footprint) {
+            seen.push((footprint, size));
+        }
         self.exec
             .entry((kernel, index, footprint))
             .and_modify(|e| {
@@ -229,6 +280,21 @@ mod tests {
         assert!(e > 360.0 && e < 400.0, "{e}");
         let other = l.estimate("k", 0, 2, 20).unwrap();
         assert!(other > 720.0 && other < 800.0, "{other}");
+    }
+
+    #[test]
+    fn unseen_footprints_scale_from_a_device_that_has_them() {
+        let mut l = Learner::default();
+        // Device 1 ran the kernel on 10 and 40 bytes in the same time (it is
+        // compute bound); device 0, 16 times slower, only on 40 bytes.
+        l.observe("k", 1, 1, 10, 100.0);
+        l.observe("k", 1, 4, 40, 100.0);
+        l.observe("k", 0, 4, 40, 1600.0);
+        assert_eq!(l.estimate("k", 0, 1, 10), Some(1600.0));
+        // No device has the footprint: time per byte.
+        assert_eq!(l.estimate("k", 0, 9, 20), Some(800.0));
+        // No observation of the kernel on the device: none.
+        assert_eq!(l.estimate("k", 2, 1, 10), None);
     }
 
     #[test]

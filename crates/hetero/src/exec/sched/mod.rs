@@ -47,9 +47,10 @@ pub enum SchedPolicy {
     /// devices whose completion is within [`READY_SLACK`] of the best, the
     /// one that needs the fewest bytes moved (ready data first).
     Dmdas,
-    /// The learning policy (`exec/sched/learned.rs`): completion estimates
-    /// from exponentially weighted observations of execution and transfer
-    /// times, with bounded exploration.
+    /// The learning policy (`exec/sched/learned.rs`): dmda's earliest
+    /// completion, with execution times from exponentially weighted
+    /// observations (the link models for transfers), and bounded
+    /// exploration.
     Learned,
 }
 
