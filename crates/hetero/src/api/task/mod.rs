@@ -400,7 +400,7 @@ impl Runtime {
         if self.virtual_time {
             self.devices[0].now_ns() as f64
         } else {
-            self.t0.elapsed().as_nanos() as f64
+            self.t0.elapsed().as_nanos() as u64 as f64
         }
     }
 
@@ -474,7 +474,7 @@ impl Runtime {
                     let p = st.pending.swap_remove(i);
                     st.queued[p.device] -= 1;
                     if r.is_ok() {
-                        done.push((stamp(&p.end), p));
+                        done.push((stamp(&p.end), done.len(), p));
                     }
                 }
             }
@@ -494,8 +494,11 @@ impl Runtime {
                 drop(kept);
             }
         }
-        done.sort_by_key(|(end, p)| (*end, p.device));
-        for (end, p) in done {
+        // In order of their ends, then devices, then as found: keys that
+        // differ, so an unstable sort gives the stable order (without its
+        // scratch buffer).
+        done.sort_unstable_by_key(|(end, i, p)| (*end, p.device, *i));
+        for (end, _, p) in done {
             let lanes = self.lanes[p.device];
             let recent = &mut st.recent_ends[p.device];
             let unit_free = if recent.len() >= lanes {
@@ -598,7 +601,8 @@ impl Runtime {
         let now = if self.virtual_time {
             self.devices[0].now_ns() as f64
         } else {
-            deciding.duration_since(self.t0).as_nanos() as f64
+            // Through u64: a u128 to f64 conversion is a library call.
+            deciding.duration_since(self.t0).as_nanos() as u64 as f64
         };
         if let Some(f) = forced {
             // A placed task: no policy, no predictions (graph replays).

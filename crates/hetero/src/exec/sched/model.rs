@@ -257,7 +257,13 @@ fn fit_with_constant(hist: &HashMap<u64, History>) -> Option<(f64, f64, f64)> {
 /// All kernels' models, loaded from and saved to one directory.
 pub(crate) struct Models {
     dir: Option<PathBuf>,
-    kernels: HashMap<&'static str, KernelModel>,
+    /// Per kernel, in the order first asked.
+    kernels: Vec<(&'static str, KernelModel)>,
+    /// Each kernel's place in `kernels`.
+    index: HashMap<&'static str, usize>,
+    /// The place of the kernel last asked for: a task's candidates and
+    /// observations ask for one kernel several times in a row.
+    last: usize,
     /// Files found damaged (each was a warning and a fresh calibration).
     pub(crate) damaged: u64,
     /// Kernels whose models were found on disk.
@@ -298,7 +304,9 @@ impl Models {
     pub(crate) fn new(dir: Option<PathBuf>) -> Self {
         Models {
             dir,
-            kernels: HashMap::default(),
+            kernels: Vec::new(),
+            index: HashMap::default(),
+            last: 0,
             damaged: 0,
             loaded: 0,
             rejected: 0,
@@ -332,34 +340,44 @@ impl Models {
     }
 
     fn kernel(&mut self, kernel: &'static str) -> &mut KernelModel {
-        let Models {
-            dir,
-            kernels,
-            loaded,
-            damaged,
-            ..
-        } = self;
-        kernels.entry(kernel).or_insert_with(|| match dir {
-            Some(dir) => match std::fs::read_to_string(Self::file(dir, kernel)) {
-                Ok(text) => match parse(&text, kernel) {
-                    Ok(m) => {
-                        *loaded += 1;
-                        m
-                    }
-                    Err(why) => {
-                        *damaged += 1;
-                        tracing::warn!(
-                            "performance model of kernel '{kernel}' in {} is damaged ({why}); \
-                             calibrating it afresh",
-                            dir.display()
-                        );
-                        KernelModel::default()
-                    }
-                },
-                Err(_) => KernelModel::default(),
+        let same = |k: &'static str| std::ptr::eq(k, kernel) || k == kernel;
+        if !self.kernels.get(self.last).is_some_and(|(k, _)| same(k)) {
+            self.last = match self.index.get(kernel) {
+                Some(&at) => at,
+                None => {
+                    let m = self.load(kernel);
+                    self.kernels.push((kernel, m));
+                    self.index.insert(kernel, self.kernels.len() - 1);
+                    self.kernels.len() - 1
+                }
+            };
+        }
+        &mut self.kernels[self.last].1
+    }
+
+    /// `kernel`'s models from the directory, else fresh ones.
+    fn load(&mut self, kernel: &'static str) -> KernelModel {
+        let Some(dir) = &self.dir else {
+            return KernelModel::default();
+        };
+        match std::fs::read_to_string(Self::file(dir, kernel)) {
+            Ok(text) => match parse(&text, kernel) {
+                Ok(m) => {
+                    self.loaded += 1;
+                    m
+                }
+                Err(why) => {
+                    self.damaged += 1;
+                    tracing::warn!(
+                        "performance model of kernel '{kernel}' in {} is damaged ({why}); \
+                         calibrating it afresh",
+                        dir.display()
+                    );
+                    KernelModel::default()
+                }
             },
-            None => KernelModel::default(),
-        })
+            Err(_) => KernelModel::default(),
+        }
     }
 
     /// Predicted ns of `kernel` on `device` for data of `footprint` and total
@@ -452,6 +470,7 @@ impl Models {
         }
         let Some(dir) = self.dir.clone() else { return };
         for (name, m) in self.kernels.iter_mut().filter(|(_, m)| m.dirty) {
+            let name = *name;
             let r = std::fs::create_dir_all(&dir).and_then(|()| {
                 // Write beside and rename: a crash never leaves half a file.
                 let path = Self::file(&dir, name);
@@ -674,7 +693,7 @@ mod tests {
         let (p, basis) = m.predict("k", "d", 99, 250).expect("fitted");
         assert_eq!(basis, Basis::Regression);
         assert!((p / t(250.0) - 1.0).abs() < 0.05, "{p} vs {}", t(250.0));
-        let (a, b, c) = fit_with_constant(&m.kernels["k"].devices["d"].history).unwrap();
+        let (a, b, c) = fit_with_constant(&m.kernel("k").devices["d"].history).unwrap();
         assert!(
             (b - 1.5).abs() < 0.05 && (c / 50_000.0 - 1.0).abs() < 0.1,
             "{a} {b} {c}"
