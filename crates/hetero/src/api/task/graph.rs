@@ -578,6 +578,9 @@ impl PlacedTaskGraph {
             if ev.is_recorded() {
                 evs.push(ev.clone());
             }
+            // Looked at once here rather than by every step that waits: an
+            // event already complete without a fault orders nothing.
+            evs.retain(|e| !completed_ok(e));
             pre.push(evs);
             start_valid.push(Some(ev));
         }
@@ -711,6 +714,14 @@ impl PlacedTaskGraph {
             devices,
         })
     }
+}
+
+/// Whether `e` was recorded and completed without a fault (a wait on it
+/// would submit nothing).
+fn completed_ok(e: &Event) -> bool {
+    e.point
+        .as_ref()
+        .is_some_and(|p| matches!(p.timeline.status(p.value), Some(Ok(()))))
 }
 
 impl TaskBuilder<'_> {
