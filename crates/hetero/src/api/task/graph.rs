@@ -119,6 +119,8 @@ struct Plan {
     /// (device, compute unit).
     streams: Mutex<Vec<Stream>>,
     lanes: Vec<(usize, usize)>,
+    /// Per stream: its last step (index into `steps`).
+    last: Vec<usize>,
     steps: Vec<Step>,
     data: Vec<DataPlan>,
     /// Copies per launch: (from, to, bytes).
@@ -492,10 +494,13 @@ fn make_plan(
             steps[r].record = true;
         }
     }
-    for q in 0..lanes.len() {
-        if let Some(last) = steps.iter().rposition(|s| s.stream == q) {
-            steps[last].record = true;
-        }
+    // Each stream's last step (every stream has one: it was made for one).
+    let mut last = vec![0; lanes.len()];
+    for (j, step) in steps.iter().enumerate() {
+        last[step.stream] = j;
+    }
+    for &j in &last {
+        steps[j].record = true;
     }
     let streams = lanes
         .iter()
@@ -508,6 +513,7 @@ fn make_plan(
     Ok(Plan {
         streams: Mutex::new(streams),
         lanes,
+        last,
         steps,
         data,
         moved,
@@ -667,18 +673,16 @@ impl PlacedTaskGraph {
                 });
             }
         }
-        let mut tails = Vec::new();
+        let mut tails = Vec::with_capacity(plan.lanes.len());
         let mut devices = vec![0; self.specs.len()];
-        for (q, &(d, _)) in plan.lanes.iter().enumerate() {
-            if let Some(j) = plan.steps.iter().rposition(|s| s.stream == q) {
-                let e = ends[j].clone().expect("a stream's last step records");
-                tails.push(e);
-                // dmda's view of the device: this compute unit is busy
-                // until the plan's end of its last task.
-                let free = &mut st.free[d];
-                let lane = crate::exec::sched::argmin(free, |&t| t);
-                free[lane] = free[lane].max(t0 + plan.steps[j].end_ns);
-            }
+        for (&(d, _), &j) in plan.lanes.iter().zip(&plan.last) {
+            let e = ends[j].clone().expect("a stream's last step records");
+            tails.push(e);
+            // dmda's view of the device: this compute unit is busy until the
+            // plan's end of its last task.
+            let free = &mut st.free[d];
+            let lane = crate::exec::sched::argmin(free, |&t| t);
+            free[lane] = free[lane].max(t0 + plan.steps[j].end_ns);
         }
         for step in &plan.steps {
             devices[step.task] = step.device;
