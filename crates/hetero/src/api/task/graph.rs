@@ -123,8 +123,10 @@ struct Plan {
     last: Vec<usize>,
     steps: Vec<Step>,
     data: Vec<DataPlan>,
-    /// Copies per launch: (from, to, bytes).
+    /// Bytes copied per launch, per link: (from, to, bytes), each link once.
     moved: Vec<(usize, usize, u64)>,
+    /// Tasks per device (index in the context).
+    per_device: Vec<u64>,
 }
 
 /// One launch of a [`PlacedTaskGraph`]: the last event of each stream it
@@ -510,13 +512,26 @@ fn make_plan(
             Ok(s)
         })
         .collect::<Result<Vec<_>>>()?;
+    // A launch's figures, summed here rather than at every launch.
+    let mut per_link: Vec<(usize, usize, u64)> = Vec::new();
+    for (a, b, n) in moved {
+        match per_link.iter_mut().find(|l| (l.0, l.1) == (a, b)) {
+            Some(l) => l.2 += n,
+            None => per_link.push((a, b, n)),
+        }
+    }
+    let mut per_device = vec![0u64; n_dev];
+    for step in &steps {
+        per_device[step.device] += 1;
+    }
     Ok(Plan {
         streams: Mutex::new(streams),
         lanes,
         last,
         steps,
         data,
-        moved,
+        moved: per_link,
+        per_device,
     })
 }
 
@@ -674,7 +689,7 @@ impl PlacedTaskGraph {
             }
         }
         let mut tails = Vec::with_capacity(plan.lanes.len());
-        let mut devices = vec![0; self.specs.len()];
+
         for (&(d, _), &j) in plan.lanes.iter().zip(&plan.last) {
             let e = ends[j].clone().expect("a stream's last step records");
             tails.push(e);
@@ -684,9 +699,6 @@ impl PlacedTaskGraph {
             let lane = crate::exec::sched::argmin(free, |&t| t);
             free[lane] = free[lane].max(t0 + plan.steps[j].end_ns);
         }
-        for step in &plan.steps {
-            devices[step.task] = step.device;
-        }
         tails.extend(backs.into_iter().flatten());
         st.graph_tails.extend(tails.iter().cloned());
         let mut sc = lock(&rt.sched);
@@ -695,8 +707,8 @@ impl PlacedTaskGraph {
         if stats.per_device.len() < rt.devices.len() {
             stats.per_device.resize(rt.devices.len(), 0);
         }
-        for step in &plan.steps {
-            stats.per_device[step.device] += 1;
+        for (count, &n) in stats.per_device.iter_mut().zip(&plan.per_device) {
+            *count += n;
         }
         for &(a, b, n) in plan.moved.iter().chain(&fixes) {
             stats.bytes_moved += n;
@@ -715,7 +727,8 @@ impl PlacedTaskGraph {
         rt.keep_alive();
         Ok(TaskGraphLaunch {
             events: tails,
-            devices,
+            // Each task's step runs on its placed device.
+            devices: self.placement.clone(),
         })
     }
 }
