@@ -65,6 +65,9 @@ struct DeviceInner {
     context: std::sync::OnceLock<Arc<crate::api::context::ContextShared>>,
     /// The streams staged peer copies use on this device (`api/stream/peer.rs`).
     staging: std::sync::Mutex<Staging>,
+    /// [`Device::kicker`], made once (every wait on another device's event
+    /// hands one over).
+    kick: std::sync::OnceLock<crate::exec::timeline::Kick>,
 }
 
 /// Staging streams: one per staged copy in flight. A copy takes one whose
@@ -220,6 +223,7 @@ impl Device {
                 virtual_time: clock == hetero_trace::TraceClock::Virtual,
                 context: std::sync::OnceLock::new(),
                 staging: std::sync::Mutex::new(Staging::default()),
+                kick: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -262,14 +266,20 @@ impl Device {
     /// device's timeline to call when a value this device waits for is
     /// reached (it holds the device weakly).
     pub(crate) fn kicker(&self) -> crate::exec::timeline::Kick {
-        let weak = Arc::downgrade(&self.inner);
-        Arc::new(move || {
-            if let Some(d) = weak.upgrade() {
-                if let Some(b) = d.backend.as_deref() {
-                    b.kick();
-                }
-            }
-        })
+        self.inner
+            .kick
+            .get_or_init(|| {
+                // Weak: the device holds its own kicker.
+                let weak = Arc::downgrade(&self.inner);
+                Arc::new(move || {
+                    if let Some(d) = weak.upgrade() {
+                        if let Some(b) = d.backend.as_deref() {
+                            b.kick();
+                        }
+                    }
+                })
+            })
+            .clone()
     }
 
     /// A staging stream for one peer copy (see [`Staging`]): an idle one

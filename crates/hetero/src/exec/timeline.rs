@@ -123,7 +123,10 @@ impl Timeline {
         {
             let mut w = self.watchers.lock().unwrap_or_else(|p| p.into_inner());
             w.push((value, Watcher(kick)));
-            let min = w.iter().map(|e| e.0).min().unwrap_or(u64::MAX);
+            // `watch_at` is the least value in `watchers` (both change only
+            // under this lock): no scan of the list, which grows with the
+            // waits on the timeline not yet reached.
+            let min = self.watch_at.load(Ordering::Relaxed).min(value);
             self.watch_at.store(min, Ordering::SeqCst);
         }
         crate::exec::loom::fence(Ordering::SeqCst);

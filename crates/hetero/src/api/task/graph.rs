@@ -119,10 +119,14 @@ struct Plan {
     /// (device, compute unit).
     streams: Mutex<Vec<Stream>>,
     lanes: Vec<(usize, usize)>,
+    /// Per stream: its last step (index into `steps`).
+    last: Vec<usize>,
     steps: Vec<Step>,
     data: Vec<DataPlan>,
-    /// Copies per launch: (from, to, bytes).
+    /// Bytes copied per launch, per link: (from, to, bytes), each link once.
     moved: Vec<(usize, usize, u64)>,
+    /// Tasks per device (index in the context).
+    per_device: Vec<u64>,
 }
 
 /// One launch of a [`PlacedTaskGraph`]: the last event of each stream it
@@ -506,10 +510,13 @@ fn make_plan(
             steps[r].record = true;
         }
     }
-    for q in 0..lanes.len() {
-        if let Some(last) = steps.iter().rposition(|s| s.stream == q) {
-            steps[last].record = true;
-        }
+    // Each stream's last step (every stream has one: it was made for one).
+    let mut last = vec![0; lanes.len()];
+    for (j, step) in steps.iter().enumerate() {
+        last[step.stream] = j;
+    }
+    for &j in &last {
+        steps[j].record = true;
     }
     let streams = lanes
         .iter()
@@ -519,12 +526,26 @@ fn make_plan(
             Ok(s)
         })
         .collect::<Result<Vec<_>>>()?;
+    // A launch's figures, summed here rather than at every launch.
+    let mut per_link: Vec<(usize, usize, u64)> = Vec::new();
+    for (a, b, n) in moved {
+        match per_link.iter_mut().find(|l| (l.0, l.1) == (a, b)) {
+            Some(l) => l.2 += n,
+            None => per_link.push((a, b, n)),
+        }
+    }
+    let mut per_device = vec![0u64; n_dev];
+    for step in &steps {
+        per_device[step.device] += 1;
+    }
     Ok(Plan {
         streams: Mutex::new(streams),
         lanes,
+        last,
         steps,
         data,
-        moved,
+        moved: per_link,
+        per_device,
     })
 }
 
@@ -594,6 +615,9 @@ impl PlacedTaskGraph {
             if ev.is_recorded() {
                 evs.push(ev.clone());
             }
+            // Looked at once here rather than by every step that waits: an
+            // event already complete without a fault orders nothing.
+            evs.retain(|e| !completed_ok(e));
             pre.push(evs);
             start_valid.push(Some(ev));
         }
@@ -685,21 +709,16 @@ impl PlacedTaskGraph {
                 });
             }
         }
-        let mut tails = Vec::new();
-        let mut devices = vec![0; self.specs.len()];
-        for (q, &(d, _)) in plan.lanes.iter().enumerate() {
-            if let Some(j) = plan.steps.iter().rposition(|s| s.stream == q) {
-                let e = ends[j].clone().expect("a stream's last step records");
-                tails.push(e);
-                // dmda's view of the device: this compute unit is busy
-                // until the plan's end of its last task.
-                let free = &mut st.free[d];
-                let lane = crate::exec::sched::argmin(free, |&t| t);
-                free[lane] = free[lane].max(t0 + plan.steps[j].end_ns);
-            }
-        }
-        for step in &plan.steps {
-            devices[step.task] = step.device;
+        let mut tails = Vec::with_capacity(plan.lanes.len());
+
+        for (&(d, _), &j) in plan.lanes.iter().zip(&plan.last) {
+            let e = ends[j].clone().expect("a stream's last step records");
+            tails.push(e);
+            // dmda's view of the device: this compute unit is busy until the
+            // plan's end of its last task.
+            let free = &mut st.free[d];
+            let lane = crate::exec::sched::argmin(free, |&t| t);
+            free[lane] = free[lane].max(t0 + plan.steps[j].end_ns);
         }
         tails.extend(backs.into_iter().flatten());
         st.graph_tails.extend(tails.iter().cloned());
@@ -709,8 +728,8 @@ impl PlacedTaskGraph {
         if stats.per_device.len() < rt.devices.len() {
             stats.per_device.resize(rt.devices.len(), 0);
         }
-        for step in &plan.steps {
-            stats.per_device[step.device] += 1;
+        for (count, &n) in stats.per_device.iter_mut().zip(&plan.per_device) {
+            *count += n;
         }
         for &(a, b, n) in plan.moved.iter().chain(&fixes) {
             stats.bytes_moved += n;
@@ -729,9 +748,18 @@ impl PlacedTaskGraph {
         rt.keep_alive();
         Ok(TaskGraphLaunch {
             events: tails,
-            devices,
+            // Each task's step runs on its placed device.
+            devices: self.placement.clone(),
         })
     }
+}
+
+/// Whether `e` was recorded and completed without a fault (a wait on it
+/// would submit nothing).
+fn completed_ok(e: &Event) -> bool {
+    e.point
+        .as_ref()
+        .is_some_and(|p| matches!(p.timeline.status(p.value), Some(Ok(()))))
 }
 
 impl TaskBuilder<'_> {

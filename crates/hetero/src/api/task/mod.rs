@@ -154,9 +154,14 @@ impl Default for Sched {
 
 impl Sched {
     fn models(&mut self) -> &mut Models {
-        let dir = self.model_dir.clone();
-        self.models
-            .get_or_insert_with(|| Models::new(dir.unwrap_or_else(model::default_dir)))
+        // The directory is cloned only to make the models (every candidate
+        // and observation asks for them).
+        let Sched {
+            models, model_dir, ..
+        } = self;
+        models.get_or_insert_with(|| {
+            Models::new(model_dir.clone().unwrap_or_else(model::default_dir))
+        })
     }
 }
 
@@ -239,6 +244,8 @@ struct RtState {
     streams_made: u64,
     /// Copies since the last account: (from, to, bytes).
     link_bytes: Vec<(usize, usize, u64)>,
+    /// The candidates of the task being placed (kept to reuse the list).
+    candidates: Vec<Candidate>,
 }
 
 /// The devices' side of a context's tasks: streams, replicas' devices, tasks
@@ -428,6 +435,7 @@ impl Runtime {
                 stream_wait_ns: 0,
                 streams_made: 0,
                 link_bytes: Vec::new(),
+                candidates: Vec::new(),
             }),
             devices,
             keys,
@@ -508,7 +516,7 @@ impl Runtime {
         if self.virtual_time {
             self.devices[0].now_ns() as f64
         } else {
-            self.t0.elapsed().as_nanos() as f64
+            self.t0.elapsed().as_nanos() as u64 as f64
         }
     }
 
@@ -595,7 +603,7 @@ impl Runtime {
                     let p = st.pending.swap_remove(i);
                     st.queued[p.device] -= 1;
                     if r.is_ok() {
-                        done.push((stamp(&p.end), p));
+                        done.push((stamp(&p.end), done.len(), p));
                     }
                 }
             }
@@ -615,8 +623,11 @@ impl Runtime {
                 drop(kept);
             }
         }
-        done.sort_by_key(|(end, p)| (*end, p.device));
-        for (end, p) in done {
+        // In order of their ends, then devices, then as found: keys that
+        // differ, so an unstable sort gives the stable order (without its
+        // scratch buffer).
+        done.sort_unstable_by_key(|(end, i, p)| (*end, p.device, *i));
+        for (end, _, p) in done {
             let lanes = self.lanes[p.device];
             let recent = &mut st.recent_ends[p.device];
             let unit_free = if recent.len() >= lanes {
@@ -722,7 +733,15 @@ impl Runtime {
         let footprint = model::footprint(spec.access.iter().map(|(d, _)| d.bytes() as u64));
         let size: u64 = spec.access.iter().map(|(d, _)| d.bytes() as u64).sum();
         let deps_end = deps.iter().map(|d| d.end_ns).fold(0.0, f64::max);
-        let now = self.now_ns();
+        // One clock read: the layer's clock (real time) and the start of
+        // the decision's timing.
+        let deciding = std::time::Instant::now();
+        let now = if self.virtual_time {
+            self.devices[0].now_ns() as f64
+        } else {
+            // Through u64: a u128 to f64 conversion is a library call.
+            deciding.duration_since(self.t0).as_nanos() as u64 as f64
+        };
         if let Some(f) = forced {
             // A placed task: no policy, no predictions (graph replays).
             let free = st.free[f].iter().copied().fold(f64::MAX, f64::min).max(now);
@@ -732,7 +751,6 @@ impl Runtime {
             let task = self.emit(&mut st, spec, f, &deps, priority, free, None)?;
             return Ok(self.account(&mut st, &mut sc, spec, task, footprint, size, false, free));
         }
-        let deciding = std::time::Instant::now();
         let moves = if managed {
             spec.access
                 .iter()
@@ -741,14 +759,18 @@ impl Runtime {
         } else {
             Vec::new()
         };
-        let mut candidates: Vec<Candidate> = (0..self.devices.len())
-            .filter(runs)
-            .map(|d| {
-                self.candidate(
-                    &st, &mut sc, spec, &moves, d, footprint, size, deps_end, now,
-                )
-            })
-            .collect();
+        // The list of candidates is the runtime's, reused task after task.
+        let mut candidates = std::mem::take(&mut st.candidates);
+        candidates.clear();
+        // The learning policy's estimates are read by it, and by the others
+        // only for the chosen device when it has no prediction (work
+        // stealing's as of its decision, before a harvest may come).
+        let learned = policy == SchedPolicy::Learned || ws;
+        candidates.extend((0..self.devices.len()).filter(runs).map(|d| {
+            self.candidate(
+                &st, &mut sc, spec, &moves, d, footprint, size, deps_end, now, learned,
+            )
+        }));
         sc.learner.prepare(k.name(), footprint);
         let mut choice = sched::choose(policy, &candidates, &mut sc.learner);
         if ws && !sched::has_room(&candidates[choice.at]) {
@@ -770,17 +792,22 @@ impl Runtime {
         let device = chosen.index;
         let exec_ns = match policy {
             SchedPolicy::Learned => chosen.learned_ns.or(chosen.predicted_ns),
-            _ => chosen.predicted_ns.or(chosen.learned_ns),
+            _ if ws => chosen.predicted_ns.or(chosen.learned_ns),
+            _ => chosen
+                .predicted_ns
+                .or_else(|| sc.learner.estimate(k.name(), device, footprint, size)),
         }
         .unwrap_or(0.0);
         let end_ns = chosen.free_ns.max(chosen.data_ready()) + exec_ns;
+        let predicted = chosen.predicted_ns;
+        st.candidates = candidates;
         sc.stats.decision_ns += deciding.elapsed().as_nanos() as u64;
         let priority = match policy {
             SchedPolicy::Dmdas => spec.priority,
             _ => None,
         };
         let mut task = self.emit(&mut st, spec, device, &deps, priority, end_ns, None)?;
-        task.predicted = chosen.predicted_ns;
+        task.predicted = predicted;
         Ok(self.account(
             &mut st,
             &mut sc,
@@ -953,6 +980,7 @@ impl Runtime {
         size: u64,
         deps_end: f64,
         now: f64,
+        learned: bool,
     ) -> Candidate {
         let (mut transfer_ns, mut to_move, mut local) = (0.0, 0u64, 0u64);
         for (i, (data, mode)) in spec.access.iter().enumerate() {
@@ -989,7 +1017,10 @@ impl Runtime {
             local_bytes: local,
             predicted_ns: predicted,
             samples,
-            learned_ns: sc.learner.estimate(name, d, footprint, size),
+            // Left out where the policy does not read it (`place_and_emit`).
+            learned_ns: learned
+                .then(|| sc.learner.estimate(name, d, footprint, size))
+                .flatten(),
         }
     }
 

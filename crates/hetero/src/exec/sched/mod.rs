@@ -126,7 +126,8 @@ pub(crate) struct Candidate {
     pub(crate) predicted_ns: Option<f64>,
     /// Samples the history model has for this footprint there.
     pub(crate) samples: u64,
-    /// The learning policy's estimate of the execution time there.
+    /// The learning policy's estimate of the execution time there (asked
+    /// only for the policies that read it: `learned` and work stealing).
     pub(crate) learned_ns: Option<f64>,
 }
 

@@ -51,31 +51,20 @@ pub(crate) struct History {
     pub(crate) rejected: u64,
     /// Outliers in a row (a regime change at `REGIME_AFTER`).
     streak: Vec<f64>,
-    /// The last accepted samples, for the median.
+    /// The last accepted samples, oldest first, for the median.
     recent: Vec<f64>,
+    /// `recent` in `total_cmp` order: kept sorted as samples come and go
+    /// (a removal and an insertion by binary search), so the median is one
+    /// read; every observation asks for it.
+    sorted: Vec<f64>,
     /// Data size of the footprint, bytes.
     size: u64,
 }
 
 impl History {
     fn median(&self) -> Option<f64> {
-        let n = self.recent.len();
-        if n < 3 {
-            return None;
-        }
-        // On the stack, an insertion sort of at most `RECENT` values: this
-        // runs for every observation (a sort of a clone, or a generic
-        // selection, cost more than the rest of the observation).
-        let mut v = [0.0f64; RECENT];
-        for (i, &x) in self.recent.iter().enumerate() {
-            let mut j = i;
-            while j > 0 && v[j - 1].total_cmp(&x).is_gt() {
-                v[j] = v[j - 1];
-                j -= 1;
-            }
-            v[j] = x;
-        }
-        Some(v[n / 2])
+        let n = self.sorted.len();
+        (n >= 3).then(|| self.sorted[n / 2])
     }
 
     /// Adds a sample; false when it was rejected as an outlier.
@@ -113,9 +102,15 @@ impl History {
         self.mean += d / self.n as f64;
         self.m2 += d * (ns - self.mean);
         if self.recent.len() == RECENT {
-            self.recent.remove(0);
+            let old = self.recent.remove(0);
+            // Equal under `total_cmp` is the same bits: any match will do.
+            if let Ok(i) = self.sorted.binary_search_by(|x| x.total_cmp(&old)) {
+                self.sorted.remove(i);
+            }
         }
         self.recent.push(ns);
+        let at = self.sorted.partition_point(|x| x.total_cmp(&ns).is_le());
+        self.sorted.insert(at, ns);
     }
 
     pub(crate) fn trusted(&self) -> bool {
@@ -170,19 +165,27 @@ impl Regression {
     }
 }
 
-/// One kernel's models on every device it ran on.
+/// One kernel's models on every device it ran on, by device key (looked up
+/// by `&str`: no allocation on the submission path).
 #[derive(Clone, Debug, Default, PartialEq)]
 struct KernelModel {
-    /// By device key, then footprint (looked up by `&str`: no allocation on
-    /// the submission path).
-    history: HashMap<String, HashMap<u64, History>>,
-    /// By device key.
-    regression: HashMap<String, Regression>,
-    /// By device key: the fit of `a·n^b + c` over the histories' means
-    /// (made when first asked after a change; `None`: too few sizes).
-    fits: HashMap<String, Option<(f64, f64, f64)>>,
+    devices: HashMap<String, DeviceModel>,
     /// Unsaved samples since the last save.
     dirty: bool,
+}
+
+/// One kernel's models on one device: one look-up of the device key finds
+/// all three.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct DeviceModel {
+    /// By footprint.
+    history: HashMap<u64, History>,
+    /// Over every accepted sample (`None` before the first).
+    regression: Option<Regression>,
+    /// The fit of `a·n^b + c` over the histories' means (made when first
+    /// asked after a change: `None` until then; `Some(None)`: too few
+    /// sizes).
+    fit: Option<Option<(f64, f64, f64)>>,
 }
 
 /// What a prediction rests on.
@@ -254,7 +257,13 @@ fn fit_with_constant(hist: &HashMap<u64, History>) -> Option<(f64, f64, f64)> {
 /// All kernels' models, loaded from and saved to one directory.
 pub(crate) struct Models {
     dir: Option<PathBuf>,
-    kernels: HashMap<&'static str, KernelModel>,
+    /// Per kernel, in the order first asked.
+    kernels: Vec<(&'static str, KernelModel)>,
+    /// Each kernel's place in `kernels`.
+    index: HashMap<&'static str, usize>,
+    /// The place of the kernel last asked for: a task's candidates and
+    /// observations ask for one kernel several times in a row.
+    last: usize,
     /// Files found damaged (each was a warning and a fresh calibration).
     pub(crate) damaged: u64,
     /// Kernels whose models were found on disk.
@@ -295,7 +304,9 @@ impl Models {
     pub(crate) fn new(dir: Option<PathBuf>) -> Self {
         Models {
             dir,
-            kernels: HashMap::default(),
+            kernels: Vec::new(),
+            index: HashMap::default(),
+            last: 0,
             damaged: 0,
             loaded: 0,
             rejected: 0,
@@ -329,31 +340,44 @@ impl Models {
     }
 
     fn kernel(&mut self, kernel: &'static str) -> &mut KernelModel {
-        if !self.kernels.contains_key(kernel) {
-            let loaded = match &self.dir {
-                Some(dir) => match std::fs::read_to_string(Self::file(dir, kernel)) {
-                    Ok(text) => match parse(&text, kernel) {
-                        Ok(m) => {
-                            self.loaded += 1;
-                            m
-                        }
-                        Err(why) => {
-                            self.damaged += 1;
-                            tracing::warn!(
-                                "performance model of kernel '{kernel}' in {} is damaged ({why}); \
-                                 calibrating it afresh",
-                                dir.display()
-                            );
-                            KernelModel::default()
-                        }
-                    },
-                    Err(_) => KernelModel::default(),
-                },
-                None => KernelModel::default(),
+        let same = |k: &'static str| std::ptr::eq(k, kernel) || k == kernel;
+        if !self.kernels.get(self.last).is_some_and(|(k, _)| same(k)) {
+            self.last = match self.index.get(kernel) {
+                Some(&at) => at,
+                None => {
+                    let m = self.load(kernel);
+                    self.kernels.push((kernel, m));
+                    self.index.insert(kernel, self.kernels.len() - 1);
+                    self.kernels.len() - 1
+                }
             };
-            self.kernels.insert(kernel, loaded);
         }
-        self.kernels.get_mut(kernel).expect("inserted above")
+        &mut self.kernels[self.last].1
+    }
+
+    /// `kernel`'s models from the directory, else fresh ones.
+    fn load(&mut self, kernel: &'static str) -> KernelModel {
+        let Some(dir) = &self.dir else {
+            return KernelModel::default();
+        };
+        match std::fs::read_to_string(Self::file(dir, kernel)) {
+            Ok(text) => match parse(&text, kernel) {
+                Ok(m) => {
+                    self.loaded += 1;
+                    m
+                }
+                Err(why) => {
+                    self.damaged += 1;
+                    tracing::warn!(
+                        "performance model of kernel '{kernel}' in {} is damaged ({why}); \
+                         calibrating it afresh",
+                        dir.display()
+                    );
+                    KernelModel::default()
+                }
+            },
+            Err(_) => KernelModel::default(),
+        }
     }
 
     /// Predicted ns of `kernel` on `device` for data of `footprint` and total
@@ -377,23 +401,21 @@ impl Models {
         footprint: u64,
         size: u64,
     ) -> (Option<(f64, Basis)>, u64) {
-        let m = self.kernel(kernel);
-        let h = m.history.get(device).and_then(|d| d.get(&footprint));
+        let Some(m) = self.kernel(kernel).devices.get_mut(device) else {
+            return (None, 0);
+        };
+        let h = m.history.get(&footprint);
         let samples = h.map_or(0, |h| h.n);
         if let Some(h) = h.filter(|h| h.trusted()) {
             return (Some((h.mean, Basis::History)), samples);
         }
         // a·n^b + c over the footprints' means once they vary enough, else
         // the power law over every sample.
-        if !m.fits.contains_key(device) {
-            let fit = m.history.get(device).and_then(fit_with_constant);
-            m.fits.insert(device.to_string(), fit);
-        }
         let n = size as f64;
-        if let Some(Some((a, b, c))) = m.fits.get(device) {
-            return (Some((a * n.powf(*b) + c, Basis::Regression)), samples);
+        if let Some((a, b, c)) = *m.fit.get_or_insert_with(|| fit_with_constant(&m.history)) {
+            return (Some((a * n.powf(b) + c, Basis::Regression)), samples);
         }
-        let fit = m.regression.get(device).and_then(Regression::fit);
+        let fit = m.regression.as_ref().and_then(Regression::fit);
         (
             fit.map(|(a, b)| (a * n.powf(b), Basis::Regression)),
             samples,
@@ -404,9 +426,9 @@ impl Models {
     #[cfg(test)]
     pub(crate) fn samples(&mut self, kernel: &'static str, device: &str, footprint: u64) -> u64 {
         self.kernel(kernel)
-            .history
+            .devices
             .get(device)
-            .and_then(|d| d.get(&footprint))
+            .and_then(|d| d.history.get(&footprint))
             .map_or(0, |h| h.n)
     }
 
@@ -420,34 +442,24 @@ impl Models {
         ns: f64,
     ) {
         let m = self.kernel(kernel);
-        if !m.history.contains_key(device) {
-            m.history.insert(device.to_string(), HashMap::default());
+        m.dirty = true;
+        if !m.devices.contains_key(device) {
+            m.devices.insert(device.to_string(), DeviceModel::default());
         }
-        let h = m
-            .history
-            .get_mut(device)
-            .expect("inserted above")
-            .entry(footprint)
-            .or_insert_with(|| History {
-                size,
-                ..History::default()
-            });
+        let d = m.devices.get_mut(device).expect("inserted above");
+        let h = d.history.entry(footprint).or_insert_with(|| History {
+            size,
+            ..History::default()
+        });
         let accepted = h.add(ns);
-        m.fits.remove(device);
+        d.fit = None;
         if accepted {
-            if !m.regression.contains_key(device) {
-                m.regression
-                    .insert(device.to_string(), Regression::default());
-            }
-            m.regression
-                .get_mut(device)
-                .expect("inserted above")
+            d.regression
+                .get_or_insert_with(Regression::default)
                 .add(size as f64, ns);
         } else {
             self.rejected += 1;
         }
-        let m = self.kernels.get_mut(kernel).expect("made above");
-        m.dirty = true;
     }
 
     /// Writes every model changed since the last save; errors are warnings
@@ -458,6 +470,7 @@ impl Models {
         }
         let Some(dir) = self.dir.clone() else { return };
         for (name, m) in self.kernels.iter_mut().filter(|(_, m)| m.dirty) {
+            let name = *name;
             let r = std::fs::create_dir_all(&dir).and_then(|()| {
                 // Write beside and rename: a crash never leaves half a file.
                 let path = Self::file(&dir, name);
@@ -479,9 +492,9 @@ impl Models {
 fn render(name: &str, m: &KernelModel) -> String {
     let mut s = format!("{FORMAT}\nkernel {name}\n");
     let mut hist: Vec<_> = m
-        .history
+        .devices
         .iter()
-        .flat_map(|(dev, d)| d.iter().map(move |(fp, h)| ((dev, fp), h)))
+        .flat_map(|(dev, d)| d.history.iter().map(move |(fp, h)| ((dev, fp), h)))
         .collect();
     hist.sort_by(|a, b| a.0.cmp(&b.0));
     for ((dev, fp), h) in hist {
@@ -496,7 +509,11 @@ fn render(name: &str, m: &KernelModel) -> String {
             recent.join(",")
         );
     }
-    let mut regs: Vec<_> = m.regression.iter().collect();
+    let mut regs: Vec<_> = m
+        .devices
+        .iter()
+        .filter_map(|(dev, d)| d.regression.as_ref().map(|r| (dev, r)))
+        .collect();
     regs.sort_by(|a, b| a.0.cmp(b.0));
     for (dev, r) in regs {
         s += &format!(
@@ -505,6 +522,13 @@ fn render(name: &str, m: &KernelModel) -> String {
         );
     }
     s
+}
+
+/// `recent` in `total_cmp` order.
+fn sorted(recent: &[f64]) -> Vec<f64> {
+    let mut v = recent.to_vec();
+    v.sort_by(f64::total_cmp);
+    v
 }
 
 fn parse(text: &str, kernel: &str) -> Result<KernelModel, String> {
@@ -559,7 +583,7 @@ fn parse(text: &str, kernel: &str) -> Result<KernelModel, String> {
                 if recent.len() > RECENT || (n > 0 && recent.is_empty()) {
                     return Err(at("recent samples do not match the count".into()));
                 }
-                m.history.entry(dev).or_default().insert(
+                m.devices.entry(dev).or_default().history.insert(
                     fp,
                     History {
                         n,
@@ -567,6 +591,7 @@ fn parse(text: &str, kernel: &str) -> Result<KernelModel, String> {
                         m2,
                         rejected,
                         streak: Vec::new(),
+                        sorted: sorted(&recent),
                         recent,
                         size,
                     },
@@ -587,18 +612,15 @@ fn parse(text: &str, kernel: &str) -> Result<KernelModel, String> {
                         .filter(|x| x.is_finite())
                         .ok_or_else(|| at("bad regression sum".into()))?;
                 }
-                m.regression.insert(
-                    dev,
-                    Regression {
-                        k,
-                        sx: v[0],
-                        sy: v[1],
-                        sxx: v[2],
-                        sxy: v[3],
-                        min_n: v[4],
-                        max_n: v[5],
-                    },
-                );
+                m.devices.entry(dev).or_default().regression = Some(Regression {
+                    k,
+                    sx: v[0],
+                    sy: v[1],
+                    sxx: v[2],
+                    sxy: v[3],
+                    min_n: v[4],
+                    max_n: v[5],
+                });
             }
             Some("") => {}
             Some(other) => return Err(at(format!("unknown record '{other}'"))),
@@ -671,7 +693,7 @@ mod tests {
         let (p, basis) = m.predict("k", "d", 99, 250).expect("fitted");
         assert_eq!(basis, Basis::Regression);
         assert!((p / t(250.0) - 1.0).abs() < 0.05, "{p} vs {}", t(250.0));
-        let (a, b, c) = fit_with_constant(&m.kernels["k"].history["d"]).unwrap();
+        let (a, b, c) = fit_with_constant(&m.kernel("k").devices["d"].history).unwrap();
         assert!(
             (b - 1.5).abs() < 0.05 && (c / 50_000.0 - 1.0).abs() < 0.1,
             "{a} {b} {c}"
