@@ -36,7 +36,22 @@ pub(crate) struct DataState {
     /// current version once `event` completed (an unrecorded event: now).
     pub(crate) valid: Vec<Option<Event>>,
     pub(crate) writer: Option<TaskRef>,
+    /// The readers since the last write, at most one per stream (see
+    /// [`DataState::add_reader`]).
     pub(crate) readers: Vec<TaskRef>,
+}
+
+impl DataState {
+    /// Adds `me` to the readers since the last write. An earlier reader on
+    /// the same stream is dropped: stream order puts `me` after it, and a
+    /// fault there fails `me` too, so waiting for `me` covers it. A datum
+    /// only ever read so keeps one reader per stream that read it, not one
+    /// per task (a constant input read by every task of a long run).
+    pub(crate) fn add_reader(&mut self, me: TaskRef) {
+        self.readers
+            .retain(|r| !super::same_stream_before(&r.end, &me.end));
+        self.readers.push(me);
+    }
 }
 
 /// What every typed buffer offers the task layer.
@@ -365,5 +380,48 @@ impl<T: Pod + Send + Sync> TaskData<T> {
         (0..st.valid.len())
             .filter(|&i| st.valid[i].is_some())
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DataAny;
+    use crate::api::task::{lock, MAX_TASK_STREAMS};
+    use crate::{Context, Device, Kernel};
+
+    /// A datum only ever read (a constant input) keeps one reader per stream
+    /// that read it, not one per task; a write after still waits for every
+    /// read.
+    #[test]
+    fn a_datum_only_read_keeps_one_reader_per_stream() {
+        let dev = Device::host().unwrap();
+        let ctx = Context::new(std::slice::from_ref(&dev)).unwrap();
+        ctx.set_perfmodel_dir(None);
+        let x = ctx.data_from(&[7u32; 4]).unwrap();
+        let ys: Vec<_> = (0..16).map(|_| ctx.data::<u32>(4).unwrap()).collect();
+        let copy = Kernel::new("copy", |b| {
+            let v = b.read::<u32>(0).to_vec();
+            b.write::<u32>(0).copy_from_slice(&v);
+        });
+        for i in 0..1000 {
+            ctx.task(&copy)
+                .read(&x)
+                .write(&ys[i % ys.len()])
+                .submit()
+                .unwrap();
+        }
+        let readers = lock(x.cell.state()).readers.len();
+        assert!(
+            (1..=MAX_TASK_STREAMS).contains(&readers),
+            "{readers} readers kept for 1000 reads"
+        );
+        let set = Kernel::new("set", |b| b.write::<u32>(0).fill(9));
+        ctx.task(&set).write(&x).submit().unwrap();
+        ctx.wait_tasks().unwrap();
+        for y in &ys {
+            assert_eq!(y.to_vec().unwrap(), vec![7; 4]);
+        }
+        assert_eq!(x.to_vec().unwrap(), vec![9; 4]);
+        assert!(lock(x.cell.state()).readers.is_empty());
     }
 }

@@ -8,7 +8,7 @@
 //! context-wide counterpart for tasks.
 
 use super::data::{DataAny, TaskRef};
-use super::{dependencies_in, lock, Context, Runtime, Spec, TaskBuilder};
+use super::{completed_ok, dependencies_in, lock, Context, Runtime, Spec, TaskBuilder};
 use crate::exec::sched::heft::{self, HeftTask};
 use crate::exec::sched::model;
 use crate::{Event, Result, Stream};
@@ -494,6 +494,17 @@ fn make_plan(
     // The state after a launch needs the end events of the steps it names,
     // and `wait_tasks` the last step of every stream.
     for (x, dp) in data.iter_mut().enumerate() {
+        // Of one stream's readers the last stands for all (stream order;
+        // `DataState::add_reader`): only its end is recorded.
+        let mut seen: Vec<usize> = Vec::new();
+        for i in (0..dp.readers.len()).rev() {
+            let q = steps[dp.readers[i]].stream;
+            if seen.contains(&q) {
+                dp.readers.remove(i);
+            } else {
+                seen.push(q);
+            }
+        }
         dp.valid = (0..n_dev)
             .filter_map(|i| valid[x][i].map(|v| (i, v)))
             .collect();
@@ -585,12 +596,19 @@ impl PlacedTaskGraph {
         let mut fixes = Vec::new();
         for dp in &plan.data {
             let st = lock(dp.data.state());
-            let mut evs = Vec::new();
-            if let Some(w) = &st.writer {
-                evs.push(w.end.clone());
-            }
+            // An event already complete without a fault orders nothing:
+            // looked at once here (before any clone) rather than by every
+            // step that waits.
+            let pending = |e: &&Event| !completed_ok(e);
+            let mut evs: Vec<Event> = st
+                .writer
+                .iter()
+                .map(|w| &w.end)
+                .filter(pending)
+                .cloned()
+                .collect();
             if dp.written {
-                evs.extend(st.readers.iter().map(|r| r.end.clone()));
+                evs.extend(st.readers.iter().map(|r| &r.end).filter(pending).cloned());
             }
             let ev = match st.valid.get(dp.start) {
                 // A managed buffer: nothing to bring back.
@@ -612,12 +630,9 @@ impl PlacedTaskGraph {
                     s.record_event()?
                 }
             };
-            if ev.is_recorded() {
+            if ev.is_recorded() && !completed_ok(&ev) {
                 evs.push(ev.clone());
             }
-            // Looked at once here rather than by every step that waits: an
-            // event already complete without a fault orders nothing.
-            evs.retain(|e| !completed_ok(e));
             pre.push(evs);
             start_valid.push(Some(ev));
         }
@@ -696,7 +711,9 @@ impl PlacedTaskGraph {
                 ds.writer = dp.writer.map(task_ref);
                 ds.readers = dp.readers.iter().map(|&r| task_ref(r)).collect();
             } else {
-                ds.readers.extend(dp.readers.iter().map(|&r| task_ref(r)));
+                for &r in &dp.readers {
+                    ds.add_reader(task_ref(r));
+                }
             }
             if let Some(e) = &backs[x] {
                 // The copy back reads the writer's replica: a reader.
@@ -752,14 +769,6 @@ impl PlacedTaskGraph {
             devices: self.placement.clone(),
         })
     }
-}
-
-/// Whether `e` was recorded and completed without a fault (a wait on it
-/// would submit nothing).
-fn completed_ok(e: &Event) -> bool {
-    e.point
-        .as_ref()
-        .is_some_and(|p| matches!(p.timeline.status(p.value), Some(Ok(()))))
 }
 
 impl TaskBuilder<'_> {

@@ -1271,7 +1271,7 @@ impl Runtime {
                 if copied.contains(&i) {
                     s.valid[d] = Some(start.clone());
                 }
-                s.readers.push(me.clone());
+                s.add_reader(me.clone());
             }
         }
         st.streams[d][at].last = Some((id, end.clone()));
@@ -1351,6 +1351,23 @@ fn calibrate_bus(device: &Device) -> Result<crate::exec::sched::bus::BusFigure> 
         LARGE as u64,
         large,
     ))
+}
+
+/// Whether `a` is reached on the same stream as `b` and no later: `b`'s
+/// completion (or fault) implies `a`'s.
+pub(crate) fn same_stream_before(a: &Event, b: &Event) -> bool {
+    match (&a.point, &b.point) {
+        (Some(a), Some(b)) => Arc::ptr_eq(&a.timeline, &b.timeline) && a.value <= b.value,
+        _ => false,
+    }
+}
+
+/// Whether `e` was recorded and completed without a fault: a wait on it
+/// orders nothing.
+pub(crate) fn completed_ok(e: &Event) -> bool {
+    e.point
+        .as_ref()
+        .is_some_and(|p| matches!(p.timeline.status(p.value), Some(Ok(()))))
 }
 
 /// The tasks `spec` depends on, from the order of accesses to its data
