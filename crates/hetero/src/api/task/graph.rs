@@ -437,7 +437,9 @@ fn make_plan(
             }
         }
         let mut mine_on_device = 0;
-        let mut implied = None;
+        // Of the streams it may go on, the one where stream order stands
+        // for the most of its waits.
+        let mut implied: Option<(usize, usize)> = None;
         let mut earliest: Option<(f64, usize)> = None;
         for q in 0..lanes.len() {
             if lanes[q].0 != d {
@@ -446,8 +448,11 @@ fn make_plan(
             mine_on_device += 1;
             let last = position_count[q];
             if join.get(q).copied().unwrap_or(0) >= last && stream_ops[q] + ops <= OPS_PER_STREAM {
-                implied = Some(q);
-                break;
+                let saved = want.iter().filter(|&&j| steps[j].stream == q).count();
+                if implied.is_none_or(|(best, _)| saved > best) {
+                    implied = Some((saved, q));
+                }
+                continue;
             }
             let last_end = last_end_ns[q];
             if earliest.is_none_or(|(e, _)| last_end < e) {
@@ -455,7 +460,7 @@ fn make_plan(
             }
         }
         let stream = match (implied, earliest) {
-            (Some(q), _) => q,
+            (Some((_, q)), _) => q,
             (None, Some((_, q))) if mine_on_device >= super::MAX_TASK_STREAMS => q,
             _ => {
                 lanes.push((d, mine_on_device));
