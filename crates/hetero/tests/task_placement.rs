@@ -231,6 +231,44 @@ fn a_fault_fails_its_dependents_and_nothing_else() {
     }
 }
 
+/// In a HEFT-placed graph a faulting task fails the tasks that depend on
+/// its data and nothing else: the independent tasks HEFT runs after it (on
+/// its compute unit too) write their results.
+#[test]
+fn a_fault_in_a_placed_graph_fails_its_dependents_and_nothing_else() {
+    if common::skipped("a_fault_in_a_placed_graph_fails_its_dependents_and_nothing_else") {
+        return;
+    }
+    let (ctx, _devs) = context();
+    let boom = Kernel::new("boom", |b| {
+        b.write::<u32>(0);
+        panic!("injected fault");
+    })
+    .wgsl(common::wgsl::fails("injected fault"), "main");
+    let (w, copy) = (mix(0, false), mix(1, false));
+    let a = ctx.data::<u32>(LEN).unwrap();
+    let b = ctx.data::<u32>(LEN).unwrap();
+    let ds: Vec<TaskData<u32>> = (0..24).map(|_| b2(&ctx)).collect();
+    let mut g = TaskGraph::new();
+    ctx.task(&boom).write(&a).record(&mut g).unwrap();
+    for d in &ds {
+        ctx.task(&w).write(d).record(&mut g).unwrap();
+    }
+    ctx.task(&copy).read(&a).write(&b).record(&mut g).unwrap();
+    let placed = g.instantiate_on(&ctx).unwrap();
+    for _ in 0..2 {
+        assert!(
+            placed.launch().unwrap().wait().is_err(),
+            "the fault is reported"
+        );
+        for d in &ds {
+            assert_eq!(d.to_vec().unwrap(), vec![7; LEN]);
+        }
+        assert!(b.to_vec().is_err(), "its writer read the faulted tile");
+        let _ = ctx.wait_tasks();
+    }
+}
+
 fn b2(ctx: &Context) -> TaskData<u32> {
     ctx.data::<u32>(LEN).unwrap()
 }

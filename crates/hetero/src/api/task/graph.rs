@@ -579,8 +579,11 @@ impl PlacedTaskGraph {
     /// Submits every task on its placed device and compute unit's stream,
     /// as planned at instantiate (after the tasks submitted before that
     /// touch its data, as any task; tasks submitted after see its writes).
-    /// A task that faults fails the tasks that depend on it and those after
-    /// it on its stream (its compute unit's, in this graph).
+    /// A task that faults fails the tasks that depend on its data and
+    /// nothing else: the plan puts a task only on a stream whose every step
+    /// it depends on, up to [`MAX_TASK_STREAMS`](crate::MAX_TASK_STREAMS)
+    /// streams on a device (past that, a task shares a stream with steps it
+    /// does not depend on, and a fault in one of them reaches it too).
     pub fn launch(&self) -> Result<TaskGraphLaunch> {
         let rt = &self.rt;
         let plan = &self.plan;
