@@ -984,6 +984,73 @@ fn a_stream_graph_with_copies_fills_and_host_nodes_is_placed_whole() {
     assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 2);
 }
 
+/// A captured stream graph with 2-D copies (host to device, device to
+/// device, device to host) placed across the context: every node a task,
+/// the host-memory copies on the graph's device, and two launches leave
+/// its buffers and host memory as two launches on one device do (the rows'
+/// gaps kept).
+#[test]
+fn a_stream_graph_with_2d_copies_is_placed_whole() {
+    if common::skipped("a_stream_graph_with_2d_copies_is_placed_whole") {
+        return;
+    }
+    let (ctx, devs) = context();
+    let dev = &devs[0];
+    let s = dev.create_stream().unwrap();
+    // 16 rows of 10 elements, 16 apart (LEN = 256).
+    let rows = |offset| hetero::Region2D::new(offset, 16, 10, 16);
+    let build = || {
+        let mut up = dev.alloc_pinned::<u32>(LEN).unwrap();
+        for (i, x) in up.as_mut_slice().unwrap().iter_mut().enumerate() {
+            *x = i as u32 * 5 + 1;
+        }
+        let mut down = dev.alloc_pinned::<u32>(LEN).unwrap();
+        let bufs: Vec<hetero::DeviceBuffer<u32>> = (0..3)
+            .map(|b| {
+                let init: Vec<u32> = (0..LEN as u32).map(|i| i ^ (b + 9)).collect();
+                let buf = dev.alloc::<u32>(LEN).unwrap();
+                s.write_slice(&buf, 0, &init).unwrap();
+                buf
+            })
+            .collect();
+        s.synchronize().unwrap();
+        let c = dev.create_stream().unwrap();
+        c.begin_capture().unwrap();
+        c.copy_2d_h2d(&up, rows(0), &bufs[0], rows(3)).unwrap();
+        let args = [hetero::Arg::read(&bufs[0]), hetero::Arg::write(&bufs[1])];
+        c.launch(&mix(1, true), 1.into(), &args).unwrap();
+        c.copy_2d_d2d(&bufs[1], rows(2), &bufs[2], rows(5)).unwrap();
+        c.copy_2d_d2h(&bufs[2], rows(5), &mut down, rows(1))
+            .unwrap();
+        let g = c.end_capture().unwrap();
+        (g, up, down, bufs)
+    };
+    let (one, _up, mut want_down, want_bufs) = build();
+    let exec = one.instantiate().unwrap();
+    s.launch_graph(&exec).unwrap();
+    s.launch_graph(&exec).unwrap();
+    s.synchronize().unwrap();
+    let want: Vec<Vec<u32>> = want_bufs
+        .iter()
+        .map(|b| s.read_to_vec(b).unwrap())
+        .collect();
+
+    let (g, _up, mut down, bufs) = build();
+    let placed = g.instantiate_on(&ctx).unwrap();
+    let p = placed.placement();
+    assert_eq!(p.len(), 4, "every node a task: {p:?}");
+    assert_eq!((p[0], p[3]), (0, 0), "host memory on the graph's device");
+    placed.launch().unwrap().wait().unwrap();
+    placed.launch().unwrap().wait().unwrap();
+    let got: Vec<Vec<u32>> = bufs.iter().map(|b| s.read_to_vec(b).unwrap()).collect();
+    assert_eq!(got, want);
+    drop((exec, one, placed, g));
+    assert_eq!(
+        down.as_mut_slice().unwrap(),
+        want_down.as_mut_slice().unwrap()
+    );
+}
+
 /// Devices without a link model (neither emulated nor the host) get their
 /// bus measured by a calibration run when a context's tasks first need
 /// them, saved beside the performance models and found by the next

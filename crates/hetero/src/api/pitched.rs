@@ -17,7 +17,7 @@ use crate::error::RegionProblem;
 use crate::exec::op::{Body, CopyKind, PendingWrite};
 use crate::exec::rows::{PitchedLayout, Region2D};
 use crate::exec::storage::Storage;
-use crate::exec::transfer::Copy2DOp;
+use crate::exec::transfer::{ByteRegion, Copy2DOp};
 use crate::{Device, Error, MemoryKind, Result, Stream};
 use bytemuck::Pod;
 use std::sync::Arc;
@@ -249,10 +249,38 @@ impl Stream {
         dst_len: usize,
         dst_r: Region2D,
     ) -> Result<()> {
-        self.check_storage(op, src)?;
-        self.check_storage(op, dst)?;
         src_r.check(op, src_len)?;
         dst_r.check(op, dst_len)?;
+        if (src_r.width, src_r.height) != (dst_r.width, dst_r.height) {
+            return Err(Error::Region {
+                op,
+                problem: RegionProblem::ShapeMismatch {
+                    src: (src_r.width, src_r.height),
+                    dst: (dst_r.width, dst_r.height),
+                },
+            });
+        }
+        let size = std::mem::size_of::<T>();
+        self.copy_2d_bytes(op, kind, src, src_r.bytes(size), dst, dst_r.bytes(size))
+    }
+
+    /// A 2-D copy between byte regions of two storages (a placed graph's
+    /// node runs one over the replicas of its device): each region checked
+    /// against its storage's bytes.
+    pub(crate) fn copy_2d_bytes(
+        &self,
+        op: &'static str,
+        kind: CopyKind,
+        src: &Arc<Storage>,
+        src_r: ByteRegion,
+        dst: &Arc<Storage>,
+        dst_r: ByteRegion,
+    ) -> Result<()> {
+        self.check_storage(op, src)?;
+        self.check_storage(op, dst)?;
+        for (r, s) in [(src_r, src), (dst_r, dst)] {
+            Region2D::new(r.offset, r.pitch, r.width, r.height).check(op, s.bytes())?;
+        }
         if (src_r.width, src_r.height) != (dst_r.width, dst_r.height) {
             return Err(Error::Region {
                 op,
@@ -265,16 +293,15 @@ impl Stream {
         if Arc::ptr_eq(src, dst) {
             return Err(Error::Aliasing { op });
         }
-        let size = std::mem::size_of::<T>();
         self.order_use(src)?;
         self.order_use(dst)?;
         let pending = (dst.kind == MemoryKind::Pinned).then(|| PendingWrite::new(dst));
         self.submit(Body::Copy2D(Box::new(Copy2DOp {
             kind,
             src: src.clone(),
-            src_r: src_r.bytes(size),
+            src_r,
             dst: dst.clone(),
-            dst_r: dst_r.bytes(size),
+            dst_r,
             _pending: pending,
         })))?;
         Ok(())

@@ -385,8 +385,8 @@ impl Graph {
 }
 
 impl Graph {
-    /// Places the graph's kernel nodes across the devices of `ctx` (which
-    /// holds the graph's device) with HEFT, as
+    /// Places the graph's nodes across the devices of `ctx` (which holds
+    /// the graph's device) with HEFT, as
     /// [`TaskGraph::instantiate_on`](crate::TaskGraph::instantiate_on) does
     /// tasks: each node a task over the buffers it names (ordered by the
     /// graph's edges and the buffers' accesses), execution times from the
@@ -396,9 +396,11 @@ impl Graph {
     /// graph's device (wait for the launch, then read them as after a launch
     /// on one stream).
     ///
-    /// Kernel nodes over buffers allocated outside the graph, and nodes that
-    /// only order, can be placed; a copy, fill, host or wait node, or a
-    /// buffer allocated in the graph or bound at launch, is an
+    /// Kernels, copies (flat or 2-D) and fills between buffers allocated
+    /// outside the graph go where HEFT puts them; copies to or from host
+    /// memory, host callbacks and waits on outside events run on the
+    /// graph's device; nodes that only order add edges. A buffer allocated
+    /// in the graph or bound at launch, or a managed argument, is an
     /// [`Error::Graph`].
     ///
     /// ```

@@ -14,8 +14,10 @@
 //! `NodeOp`); copies to or from host memory, host callbacks and waits on
 //! outside events run on the graph's device (whose engines reach that host
 //! memory), ordered with the rest through the graph's edges and buffers;
-//! nodes that only order add edges. 2-D copies and buffers the graph
-//! allocates or binds at launch are a typed error.
+//! nodes that only order add edges; 2-D copies as copies are (between the
+//! graph's buffers wherever HEFT puts them, to or from host memory on the
+//! graph's device). Buffers the graph allocates or binds at launch are a
+//! typed error.
 
 use super::data::{DataAny, DataState};
 use super::graph::{place, PlacedTaskGraph};
@@ -24,6 +26,7 @@ use crate::api::buffer::{Arg, DeviceBuffer};
 use crate::exec::graph::{Draft, NodeBody, Operand};
 use crate::exec::op::CopyKind;
 use crate::exec::storage::{GraphHold, Storage};
+use crate::exec::transfer::ByteRegion;
 use crate::{Context, Device, Error, Event, Grid, Kernel, Result, Stream};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -119,6 +122,16 @@ pub(crate) enum NodeOp {
         pattern: [u8; 16],
         len: u8,
     },
+    /// A 2-D copy: between `args[0]` and `args[1]` (two of the graph's
+    /// buffers), or between `host` and `args[0]` on the graph's device
+    /// `home` (`kind` says which way).
+    Copy2D {
+        kind: CopyKind,
+        src_r: ByteRegion,
+        dst_r: ByteRegion,
+        host: Option<GraphHold>,
+        home: usize,
+    },
     /// A host callback, on `home`.
     Callback {
         f: Arc<dyn Fn() + Send + Sync>,
@@ -142,6 +155,15 @@ impl NodeOp {
                 home,
                 ..
             } => (d == *home).then(|| rt.host_leg_ns(d, *bytes as u64, *to_host)),
+            NodeOp::Copy2D {
+                kind, src_r, home, ..
+            } => {
+                let bytes = (src_r.width * src_r.height) as u64;
+                match kind {
+                    CopyKind::D2D => Some(bytes as f64 / 10.0),
+                    _ => (d == *home).then(|| rt.host_leg_ns(d, bytes, *kind == CopyKind::D2H)),
+                }
+            }
             NodeOp::Callback { home, .. } | NodeOp::Wait { home, .. } => {
                 (d == *home).then_some(0.0)
             }
@@ -211,6 +233,20 @@ impl NodeOp {
                 pattern,
                 len,
             } => fill(stream, args[0].storage, *off, *bytes, pattern, *len),
+            NodeOp::Copy2D {
+                kind,
+                src_r,
+                dst_r,
+                host,
+                ..
+            } => {
+                let (src, dst, op) = match (kind, host) {
+                    (CopyKind::H2D, Some(h)) => (&**h, args[0].storage, "copy_2d_h2d"),
+                    (CopyKind::D2H, Some(h)) => (args[0].storage, &**h, "copy_2d_d2h"),
+                    _ => (args[0].storage, args[1].storage, "copy_2d_d2d"),
+                };
+                stream.copy_2d_bytes(op, *kind, src, *src_r, dst, *dst_r)
+            }
             NodeOp::Callback { f, .. } => {
                 let f = f.clone();
                 stream.host_callback(move || f())
@@ -253,8 +289,8 @@ fn refuse(node: usize, what: &str) -> Error {
         op: "Graph::instantiate_on",
         detail: format!(
             "node {node} {what}; a graph placed across devices holds nodes over buffers \
-             allocated outside it, and no 2-D copies: instantiate it on its device instead, or \
-             record the rest outside"
+             allocated outside it: instantiate it on its device instead, or record the rest \
+             outside"
         ),
     }
 }
@@ -402,7 +438,6 @@ pub(crate) fn place_graph(
                     op: None,
                 });
             }
-            NodeBody::Copy2D(_) => return Err(refuse(i, "is a 2-D copy")),
             body => {
                 // A written range that is not the whole buffer keeps the
                 // rest: the task reads it too.
@@ -478,6 +513,31 @@ pub(crate) fn place_graph(
                             },
                         )
                     }
+                    NodeBody::Copy2D(c) => {
+                        let (src, dst) = (fixed(i, &c.src)?, fixed(i, &c.dst)?);
+                        // Rows with gaps between them keep the gaps.
+                        let dst_mode = if c.dst_r.contiguous() {
+                            written(dst, c.dst_r.offset, c.dst_r.width * c.dst_r.height)
+                        } else {
+                            Mode::ReadWrite
+                        };
+                        let (access, host) = match c.kind {
+                            CopyKind::D2D => (
+                                vec![(datum_of(src), Mode::Read), (datum_of(dst), dst_mode)],
+                                None,
+                            ),
+                            CopyKind::H2D => (vec![(datum_of(dst), dst_mode)], Some(src.clone())),
+                            CopyKind::D2H => (vec![(datum_of(src), Mode::Read)], Some(dst.clone())),
+                        };
+                        let op = NodeOp::Copy2D {
+                            kind: c.kind,
+                            src_r: c.src_r,
+                            dst_r: c.dst_r,
+                            host,
+                            home,
+                        };
+                        (access, op)
+                    }
                     NodeBody::Host(f) => (Vec::new(), NodeOp::Callback { f: f.clone(), home }),
                     NodeBody::Wait { timeline, value } => (
                         Vec::new(),
@@ -486,7 +546,7 @@ pub(crate) fn place_graph(
                             home,
                         },
                     ),
-                    NodeBody::Kernel { .. } | NodeBody::Empty | NodeBody::Copy2D(_) => {
+                    NodeBody::Kernel { .. } | NodeBody::Empty => {
                         unreachable!("matched above")
                     }
                 };
