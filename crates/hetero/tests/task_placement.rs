@@ -869,9 +869,10 @@ fn a_stream_graph_placed_across_devices_matches_one_device() {
     let got: Vec<Vec<u32>> = bufs.iter().map(|b| s.read_to_vec(b).unwrap()).collect();
     assert_eq!(got, want);
 
+    // A slot is bound at launch: not placed.
     let mut bad = hetero::Graph::new(&devs[0]).unwrap();
-    let inside = bad.alloc::<u32>(LEN).unwrap();
-    bad.fill(&inside, 1u32, &[]).unwrap();
+    let slot = bad.slot::<u32>(LEN).unwrap();
+    bad.fill(&slot, 1u32, &[]).unwrap();
     let e = bad.instantiate_on(&ctx).unwrap_err();
     assert!(matches!(e, hetero::Error::Graph { .. }), "{e}");
     // Managed arguments follow their buffer already: not placed.
@@ -1049,6 +1050,48 @@ fn a_stream_graph_with_2d_copies_is_placed_whole() {
         down.as_mut_slice().unwrap(),
         want_down.as_mut_slice().unwrap()
     );
+}
+
+/// A stream graph over a buffer it allocates, placed across the context:
+/// the buffer is made for the placed graph (task data like the graph's
+/// other buffers, not copied back), and two launches leave the graph's
+/// output as two launches on one device do.
+#[test]
+fn a_stream_graph_with_its_own_buffers_is_placed() {
+    if common::skipped("a_stream_graph_with_its_own_buffers_is_placed") {
+        return;
+    }
+    let (ctx, devs) = context();
+    let dev = &devs[0];
+    let s = dev.create_stream().unwrap();
+    let init: Vec<u32> = (0..LEN as u32).map(|i| i * 3 + 1).collect();
+    let build = || {
+        let x = dev.alloc::<u32>(LEN).unwrap();
+        let y = dev.alloc::<u32>(LEN).unwrap();
+        s.write_slice(&x, 0, &init).unwrap();
+        s.write_slice(&y, 0, &init).unwrap();
+        s.synchronize().unwrap();
+        let mut g = hetero::Graph::new(dev).unwrap();
+        let t = g.alloc::<u32>(LEN).unwrap();
+        let args = [hetero::Arg::read(&x), hetero::Arg::write(&t)];
+        let a = g.kernel(&mix(1, false), 1.into(), &args, &[]).unwrap();
+        let args = [hetero::Arg::read(&t), hetero::Arg::write(&y)];
+        g.kernel(&mix(1, true), 1.into(), &args, &[a]).unwrap();
+        (g, x, y)
+    };
+    let (one, _x, want_y) = build();
+    let exec = one.instantiate().unwrap();
+    s.launch_graph(&exec).unwrap();
+    s.launch_graph(&exec).unwrap();
+    let want = s.read_to_vec(&want_y).unwrap();
+    assert_ne!(want, init);
+
+    let (g, _x, y) = build();
+    let placed = g.instantiate_on(&ctx).unwrap();
+    assert_eq!(placed.placement().len(), 2, "both kernels are tasks");
+    placed.launch().unwrap().wait().unwrap();
+    placed.launch().unwrap().wait().unwrap();
+    assert_eq!(s.read_to_vec(&y).unwrap(), want);
 }
 
 /// Devices without a link model (neither emulated nor the host) get their

@@ -396,11 +396,12 @@ impl Graph {
     /// graph's device (wait for the launch, then read them as after a launch
     /// on one stream).
     ///
-    /// Kernels, copies (flat or 2-D) and fills between buffers allocated
-    /// outside the graph go where HEFT puts them; copies to or from host
-    /// memory, host callbacks and waits on outside events run on the
-    /// graph's device; nodes that only order add edges. A buffer allocated
-    /// in the graph or bound at launch, or a managed argument, is an
+    /// Kernels, copies (flat or 2-D) and fills between the graph's buffers
+    /// go where HEFT puts them; copies to or from host memory, host
+    /// callbacks and waits on outside events run on the graph's device;
+    /// nodes that only order add edges. A buffer the graph allocates is a
+    /// buffer of the graph's device made now, for the placed graph's life.
+    /// A slot (bound at launch) or a managed argument is an
     /// [`Error::Graph`].
     ///
     /// ```

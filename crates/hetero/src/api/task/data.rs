@@ -70,6 +70,11 @@ pub(crate) trait DataAny: Send + Sync {
     fn is_managed(&self) -> bool {
         false
     }
+    /// Whether nothing outside reads it (a buffer a stream graph allocates):
+    /// a placed graph's launch copies it back to nowhere.
+    fn is_scratch(&self) -> bool {
+        false
+    }
     /// A managed buffer's moves: per device of the context, the bytes a task
     /// there copies in first, by the device they come from (`None`: the
     /// host's copy). Empty for other data.

@@ -513,7 +513,10 @@ fn make_plan(
         dp.valid = (0..n_dev)
             .filter_map(|i| valid[x][i].map(|v| (i, v)))
             .collect();
-        dp.back = write_back && valid[x][dp.start].is_none() && !dp.data.is_managed();
+        dp.back = write_back
+            && valid[x][dp.start].is_none()
+            && !dp.data.is_managed()
+            && !dp.data.is_scratch();
         for &(_, v) in &dp.valid {
             if let Source::Step(j) = v {
                 steps[j].record = true;

@@ -16,7 +16,9 @@
 //! memory), ordered with the rest through the graph's edges and buffers;
 //! nodes that only order add edges; 2-D copies as copies are (between the
 //! graph's buffers wherever HEFT puts them, to or from host memory on the
-//! graph's device). Buffers the graph allocates or binds at launch are a
+//! graph's device). A buffer the graph allocates is a device buffer of the
+//! graph's device made at instantiate for the placed graph's life, task data
+//! like the others but never copied back. Slots (bound at launch) are a
 //! typed error.
 
 use super::data::{DataAny, DataState};
@@ -37,6 +39,8 @@ struct GraphData {
     id: u64,
     bytes: usize,
     home: usize,
+    /// A buffer the graph allocates (nothing outside reads it).
+    scratch: bool,
     hold: GraphHold,
     replicas: Vec<OnceLock<DeviceBuffer<u8>>>,
     state: Mutex<DataState>,
@@ -69,6 +73,9 @@ impl DataAny for GraphData {
     }
     fn state(&self) -> &Mutex<DataState> {
         &self.state
+    }
+    fn is_scratch(&self) -> bool {
+        self.scratch
     }
     fn replica(&self, at: usize, device: &Device) -> Result<()> {
         if at != self.home && self.replicas[at].get().is_none() {
@@ -288,22 +295,21 @@ fn refuse(node: usize, what: &str) -> Error {
     Error::Graph {
         op: "Graph::instantiate_on",
         detail: format!(
-            "node {node} {what}; a graph placed across devices holds nodes over buffers \
-             allocated outside it: instantiate it on its device instead, or record the rest \
-             outside"
+            "node {node} {what}; a graph placed across devices binds its buffers when it \
+             is placed: instantiate it on its device instead, or record the node over a \
+             buffer"
         ),
     }
 }
 
-/// The buffer operand `o` of node `node`, if it existed when the graph was
-/// recorded.
-fn fixed(node: usize, o: &Operand) -> Result<&GraphHold> {
+/// The buffer operand `o` of node `node`: one that existed when the graph
+/// was recorded, or one the graph allocates (`internal`, made for the placed
+/// graph); a slot is an error.
+fn fixed<'a>(node: usize, o: &'a Operand, internal: &'a [GraphHold]) -> Result<&'a GraphHold> {
     match o {
         Operand::Fixed(hold) => Ok(hold),
-        _ => Err(refuse(
-            node,
-            "uses a buffer allocated in the graph or a slot",
-        )),
+        Operand::Internal(k) => Ok(&internal[*k as usize]),
+        Operand::Slot(_) => Err(refuse(node, "uses a slot bound at launch")),
     }
 }
 
@@ -365,6 +371,15 @@ pub(crate) fn place_graph(
             detail: "the graph's dependencies form a cycle".into(),
         });
     }
+    // The buffers the graph allocates: one device buffer each on the graph's
+    // device for the placed graph's life (the arena's reuse of one range by
+    // buffers whose lives do not overlap is not kept).
+    let internal: Vec<GraphHold> = draft
+        .internal
+        .iter()
+        .map(|&bytes| Ok(GraphHold::new(&device.alloc::<u8>(bytes)?.storage)))
+        .collect::<Result<_>>()?;
+    let scratch: Vec<usize> = internal.iter().map(|h| Arc::as_ptr(h) as usize).collect();
     let mut datum: HashMap<usize, Arc<GraphData>> = HashMap::new();
     // The graph's buffer `hold` as task data (one per buffer).
     let mut datum_of = |hold: &GraphHold| -> Arc<dyn DataAny> {
@@ -378,6 +393,7 @@ pub(crate) fn place_graph(
                     id: super::data::next_data_id(),
                     bytes: hold.bytes(),
                     home,
+                    scratch: scratch.contains(&key),
                     hold: hold.clone(),
                     replicas: (0..rt.devices.len()).map(|_| OnceLock::new()).collect(),
                     state: Mutex::new(DataState {
@@ -420,7 +436,7 @@ pub(crate) fn place_graph(
                 let mut elems = Vec::new();
                 for a in &draft.args[args.0 as usize..(args.0 + args.1) as usize] {
                     let mode = if a.write { Mode::ReadWrite } else { Mode::Read };
-                    access.push((datum_of(fixed(i, &a.operand)?), mode));
+                    access.push((datum_of(fixed(i, &a.operand, &internal)?), mode));
                     elems.push(a.elem);
                 }
                 let k = Kernel {
@@ -457,7 +473,7 @@ pub(crate) fn place_graph(
                         dst_off,
                         bytes,
                     } => {
-                        let (src, dst) = (fixed(i, src)?, fixed(i, dst)?);
+                        let (src, dst) = (fixed(i, src, &internal)?, fixed(i, dst, &internal)?);
                         let (src_off, dst_off, bytes) = (*src_off, *dst_off, *bytes);
                         match kind {
                             CopyKind::D2D => (
@@ -502,7 +518,7 @@ pub(crate) fn place_graph(
                         pattern,
                         pattern_len,
                     } => {
-                        let dst = fixed(i, dst)?;
+                        let dst = fixed(i, dst, &internal)?;
                         (
                             vec![(datum_of(dst), written(dst, *off, *bytes))],
                             NodeOp::Fill {
@@ -514,7 +530,8 @@ pub(crate) fn place_graph(
                         )
                     }
                     NodeBody::Copy2D(c) => {
-                        let (src, dst) = (fixed(i, &c.src)?, fixed(i, &c.dst)?);
+                        let (src, dst) =
+                            (fixed(i, &c.src, &internal)?, fixed(i, &c.dst, &internal)?);
                         // Rows with gaps between them keep the gaps.
                         let dst_mode = if c.dst_r.contiguous() {
                             written(dst, c.dst_r.offset, c.dst_r.width * c.dst_r.height)
