@@ -183,6 +183,15 @@ fn dependencies_follow_the_accesses_across_devices() {
     s.synchronize().unwrap();
 }
 
+/// A kernel that writes its first argument and faults.
+fn boom() -> Kernel {
+    Kernel::new("boom", |b| {
+        b.write::<u32>(0);
+        panic!("injected fault");
+    })
+    .wgsl(common::wgsl::fails("injected fault"), "main")
+}
+
 /// A kernel that faults: the tasks that depend on its data fail, an
 /// unrelated task on the same device and later tasks run.
 #[test]
@@ -191,11 +200,7 @@ fn a_fault_fails_its_dependents_and_nothing_else() {
         return;
     }
     let (ctx, _devs) = context();
-    let boom = Kernel::new("boom", |b| {
-        b.write::<u32>(0);
-        panic!("injected fault");
-    })
-    .wgsl(common::wgsl::fails("injected fault"), "main");
+    let boom = boom();
     let (w, copy) = (mix(0, false), mix(1, false));
     let a = ctx.data::<u32>(LEN).unwrap();
     let b = ctx.data::<u32>(LEN).unwrap();
@@ -240,11 +245,7 @@ fn a_fault_in_a_placed_graph_fails_its_dependents_and_nothing_else() {
         return;
     }
     let (ctx, _devs) = context();
-    let boom = Kernel::new("boom", |b| {
-        b.write::<u32>(0);
-        panic!("injected fault");
-    })
-    .wgsl(common::wgsl::fails("injected fault"), "main");
+    let boom = boom();
     let (w, copy) = (mix(0, false), mix(1, false));
     let a = ctx.data::<u32>(LEN).unwrap();
     let b = ctx.data::<u32>(LEN).unwrap();
@@ -1410,11 +1411,7 @@ fn a_fault_over_a_managed_buffer_fails_its_dependents_and_nothing_else() {
         return;
     }
     let (ctx, _devs) = context();
-    let boom = Kernel::new("boom", |b| {
-        b.write::<u32>(0);
-        panic!("injected fault");
-    })
-    .wgsl(common::wgsl::fails("injected fault"), "main");
+    let boom = boom();
     let (w, copy) = (mix(0, false), mix(1, false));
     let a = ctx.alloc_managed::<u32>(LEN).unwrap();
     let b = ctx.alloc_managed::<u32>(LEN).unwrap();

@@ -236,6 +236,17 @@ impl Device {
     }
 }
 
+/// A 2-D copy's two rectangles have one shape (width, height).
+fn same_shape(op: &'static str, src: (usize, usize), dst: (usize, usize)) -> Result<()> {
+    if src != dst {
+        return Err(Error::Region {
+            op,
+            problem: RegionProblem::ShapeMismatch { src, dst },
+        });
+    }
+    Ok(())
+}
+
 impl Stream {
     #[allow(clippy::too_many_arguments)]
     fn copy_2d<T: Pod>(
@@ -251,15 +262,7 @@ impl Stream {
     ) -> Result<()> {
         src_r.check(op, src_len)?;
         dst_r.check(op, dst_len)?;
-        if (src_r.width, src_r.height) != (dst_r.width, dst_r.height) {
-            return Err(Error::Region {
-                op,
-                problem: RegionProblem::ShapeMismatch {
-                    src: (src_r.width, src_r.height),
-                    dst: (dst_r.width, dst_r.height),
-                },
-            });
-        }
+        same_shape(op, (src_r.width, src_r.height), (dst_r.width, dst_r.height))?;
         let size = std::mem::size_of::<T>();
         self.copy_2d_bytes(op, kind, src, src_r.bytes(size), dst, dst_r.bytes(size))
     }
@@ -281,15 +284,7 @@ impl Stream {
         for (r, s) in [(src_r, src), (dst_r, dst)] {
             Region2D::new(r.offset, r.pitch, r.width, r.height).check(op, s.bytes())?;
         }
-        if (src_r.width, src_r.height) != (dst_r.width, dst_r.height) {
-            return Err(Error::Region {
-                op,
-                problem: RegionProblem::ShapeMismatch {
-                    src: (src_r.width, src_r.height),
-                    dst: (dst_r.width, dst_r.height),
-                },
-            });
-        }
+        same_shape(op, (src_r.width, src_r.height), (dst_r.width, dst_r.height))?;
         if Arc::ptr_eq(src, dst) {
             return Err(Error::Aliasing { op });
         }
