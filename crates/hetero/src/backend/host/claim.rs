@@ -63,11 +63,16 @@ impl EngineThread {
             self.candidates
                 .push((s.effective_priority(tick), affinity, served, i));
         }
-        if self.candidates.is_empty() {
-            return None;
-        }
-        self.candidates.sort_unstable();
+        // The most urgent first (keys are unique: the index ends them). It is
+        // nearly always taken, so one pass finds it; the rest are sorted only
+        // when it is not (a sort of every stream per op cost the engine more
+        // than the op on a pool of task streams).
+        let best = (0..self.candidates.len()).min_by_key(|&k| self.candidates[k])?;
+        self.candidates.swap(0, best);
         for k in 0..self.candidates.len() {
+            if k == 1 {
+                self.candidates[1..].sort_unstable();
+            }
             let stream = self.streams[self.candidates[k].3].clone();
             match sh.queues[stream.queue]
                 .state
