@@ -1095,6 +1095,36 @@ fn a_stream_graph_with_its_own_buffers_is_placed() {
     assert_eq!(s.read_to_vec(&y).unwrap(), want);
 }
 
+/// A placed launch orders after the events it is given: a stream graph
+/// reads what a stream wrote into its buffer behind a gate not yet open
+/// when the launch is submitted; an unrecorded event is a typed error.
+#[test]
+fn a_placed_launch_runs_after_the_events_it_is_given() {
+    if common::skipped("a_placed_launch_runs_after_the_events_it_is_given") {
+        return;
+    }
+    let (ctx, devs) = context();
+    let dev = &devs[0];
+    let s = dev.create_stream().unwrap();
+    let x = dev.alloc::<u32>(LEN).unwrap();
+    let y = dev.alloc::<u32>(LEN).unwrap();
+    s.fill(&x, 1u32).unwrap();
+    s.synchronize().unwrap();
+    let mut g = hetero::Graph::new(dev).unwrap();
+    let args = [hetero::Arg::read(&x), hetero::Arg::write(&y)];
+    g.kernel(&mix(1, false), 1.into(), &args, &[]).unwrap();
+    let placed = g.instantiate_on(&ctx).unwrap();
+    assert!(placed.launch_after(&[hetero::Event::new()]).is_err());
+    let gate = dev.host_event();
+    s.wait_event(gate.event()).unwrap();
+    s.fill(&x, 5u32).unwrap();
+    let written = s.record_event().unwrap();
+    let launch = placed.launch_after(&[written]).unwrap();
+    gate.signal();
+    launch.wait().unwrap();
+    assert_eq!(s.read_to_vec(&y).unwrap(), vec![5 + 7; LEN]);
+}
+
 /// Devices without a link model (neither emulated nor the host) get their
 /// bus measured by a calibration run when a context's tasks first need
 /// them, saved beside the performance models and found by the next

@@ -588,6 +588,17 @@ impl PlacedTaskGraph {
     /// streams on a device (past that, a task shares a stream with steps it
     /// does not depend on, and a fault in one of them reaches it too).
     pub fn launch(&self) -> Result<TaskGraphLaunch> {
+        self.launch_after(&[])
+    }
+
+    /// [`launch`](Self::launch), every task of it also after `events`: work
+    /// the caller queued on streams, such as writes into a stream graph's
+    /// buffers (a placed launch has no stream of its own that would order
+    /// it after them). An event of a device outside the context is
+    /// [`Error::EventWrongDevice`](crate::Error::EventWrongDevice), an
+    /// unrecorded one a typed error; a fault before an event fails the
+    /// launch's tasks.
+    pub fn launch_after(&self, events: &[Event]) -> Result<TaskGraphLaunch> {
         let rt = &self.rt;
         let plan = &self.plan;
         let mut streams = lock(&plan.streams);
@@ -598,6 +609,11 @@ impl PlacedTaskGraph {
                 let fresh = rt.devices[d].create_stream()?;
                 fresh.set_name(format!("placed tasks {l}"));
                 *s = fresh;
+            }
+        }
+        for e in events.iter().filter(|e| !completed_ok(e)) {
+            for s in streams.iter() {
+                s.wait_event(e)?;
             }
         }
         // What each datum waits for, and its start replica's event: the
