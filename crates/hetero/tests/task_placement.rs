@@ -77,30 +77,132 @@ fn op() -> impl Strategy<Value = Op> {
 /// Runs `ops` on fresh data (on device `on` if given, else by the policy)
 /// and returns every buffer's bytes.
 fn run(ctx: &Context, kernels: &[Kernel], ops: &[Op], on: Option<usize>) -> Vec<Vec<u32>> {
-    let data: Vec<TaskData<u32>> = (0..BUFS)
+    let data = fresh_data(ctx, ops);
+    for o in ops {
+        op_task(ctx, kernels, o, &data, on).submit().unwrap();
+    }
+    ctx.wait_tasks().unwrap();
+    data.iter().map(|d| d.to_vec().unwrap()).collect()
+}
+
+/// The buffers `ops` name (at least `BUFS`), each with its own contents.
+fn fresh_data(ctx: &Context, ops: &[Op]) -> Vec<TaskData<u32>> {
+    let n = ops
+        .iter()
+        .flat_map(|o| o.reads.iter().chain([&o.out]))
+        .max()
+        .map_or(BUFS, |&m| (m + 1).max(BUFS));
+    (0..n)
         .map(|b| {
             let init: Vec<u32> = (0..LEN as u32).map(|i| i * (b as u32 + 1)).collect();
             ctx.data_from(&init).unwrap()
         })
-        .collect();
-    for o in ops {
-        let k = &kernels[o.reads.len() * 2 + usize::from(o.rw)];
-        let mut t = ctx.task(k);
-        for &r in &o.reads {
-            t = t.read(&data[r]);
-        }
-        t = if o.rw {
-            t.read_write(&data[o.out])
-        } else {
-            t.write(&data[o.out])
-        };
-        if let Some(d) = on {
-            t = t.on_device(d);
-        }
-        t.submit().unwrap();
+        .collect()
+}
+
+/// The task of `o` over `data` (on device `on` if given).
+fn op_task<'c>(
+    ctx: &'c Context,
+    kernels: &[Kernel],
+    o: &Op,
+    data: &[TaskData<u32>],
+    on: Option<usize>,
+) -> hetero::TaskBuilder<'c> {
+    let k = &kernels[o.reads.len() * 2 + usize::from(o.rw)];
+    let mut t = ctx.task(k);
+    for &r in &o.reads {
+        t = t.read(&data[r]);
     }
-    ctx.wait_tasks().unwrap();
-    data.iter().map(|d| d.to_vec().unwrap()).collect()
+    t = if o.rw {
+        t.read_write(&data[o.out])
+    } else {
+        t.write(&data[o.out])
+    };
+    if let Some(d) = on {
+        t = t.on_device(d);
+    }
+    t
+}
+
+/// Tiled Cholesky's tasks over the lower triangle of `t`×`t` tiles (potrf,
+/// trsm, syrk, gemm as `mix` kernels with the same accesses).
+fn cholesky_ops(t: usize) -> Vec<Op> {
+    let tile = |i: usize, j: usize| i * (i + 1) / 2 + j;
+    let mut ops = Vec::new();
+    for k in 0..t {
+        let rw = |reads: Vec<usize>, out| Op {
+            reads,
+            out,
+            rw: true,
+        };
+        ops.push(rw(vec![], tile(k, k)));
+        for i in k + 1..t {
+            ops.push(rw(vec![tile(k, k)], tile(i, k)));
+        }
+        for i in k + 1..t {
+            ops.push(rw(vec![tile(i, k)], tile(i, i)));
+            for j in k + 1..i {
+                ops.push(rw(vec![tile(i, k), tile(j, k)], tile(i, j)));
+            }
+        }
+    }
+    ops
+}
+
+/// Tiled GEMM's tasks, C(i, j) += A(i, k)·B(k, j) over `t`×`t` tiles each.
+fn gemm_ops(t: usize) -> Vec<Op> {
+    let (a, b, c) = (
+        |i, k| i * t + k,
+        |k, j| t * t + k * t + j,
+        |i, j| 2 * t * t + i * t + j,
+    );
+    let mut ops = Vec::new();
+    for i in 0..t {
+        for j in 0..t {
+            for k in 0..t {
+                ops.push(Op {
+                    reads: vec![a(i, k), b(k, j)],
+                    out: c(i, j),
+                    rw: true,
+                });
+            }
+        }
+    }
+    ops
+}
+
+/// The benchmark's workloads (tiled Cholesky and GEMM, as tasks of the same
+/// accesses): every policy, and a HEFT-placed graph of them, give the bytes
+/// of submission order on one device.
+#[test]
+fn the_tiled_workloads_match_submission_order_under_every_policy() {
+    if common::skipped("the_tiled_workloads_match_submission_order_under_every_policy") {
+        return;
+    }
+    let (ctx, _devs) = context();
+    let ks = kernels();
+    for ops in [cholesky_ops(5), gemm_ops(3)] {
+        let want = run(&ctx, &ks, &ops, Some(0));
+        for p in SchedPolicy::ALL {
+            ctx.set_scheduler(p);
+            for _ in 0..2 {
+                assert_eq!(run(&ctx, &ks, &ops, None), want, "policy {}", p.name());
+            }
+        }
+        let data = fresh_data(&ctx, &ops);
+        let mut g = TaskGraph::new();
+        for o in &ops {
+            op_task(&ctx, &ks, o, &data, None).record(&mut g).unwrap();
+        }
+        g.instantiate_on(&ctx)
+            .unwrap()
+            .launch()
+            .unwrap()
+            .wait()
+            .unwrap();
+        let got: Vec<Vec<u32>> = data.iter().map(|d| d.to_vec().unwrap()).collect();
+        assert_eq!(got, want, "HEFT-placed graph");
+    }
 }
 
 fn kernels() -> Vec<Kernel> {
