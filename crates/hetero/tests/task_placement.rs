@@ -78,9 +78,7 @@ fn op() -> impl Strategy<Value = Op> {
 /// and returns every buffer's bytes.
 fn run(ctx: &Context, kernels: &[Kernel], ops: &[Op], on: Option<usize>) -> Vec<Vec<u32>> {
     let data = fresh_data(ctx, ops);
-    for o in ops {
-        op_task(ctx, kernels, o, &data, on).submit().unwrap();
-    }
+    tasks_of(ctx, kernels, &data, ops, on, None);
     ctx.wait_tasks().unwrap();
     data.iter().map(|d| d.to_vec().unwrap()).collect()
 }
@@ -98,30 +96,6 @@ fn fresh_data(ctx: &Context, ops: &[Op]) -> Vec<TaskData<u32>> {
             ctx.data_from(&init).unwrap()
         })
         .collect()
-}
-
-/// The task of `o` over `data` (on device `on` if given).
-fn op_task<'c>(
-    ctx: &'c Context,
-    kernels: &[Kernel],
-    o: &Op,
-    data: &[TaskData<u32>],
-    on: Option<usize>,
-) -> hetero::TaskBuilder<'c> {
-    let k = &kernels[o.reads.len() * 2 + usize::from(o.rw)];
-    let mut t = ctx.task(k);
-    for &r in &o.reads {
-        t = t.read(&data[r]);
-    }
-    t = if o.rw {
-        t.read_write(&data[o.out])
-    } else {
-        t.write(&data[o.out])
-    };
-    if let Some(d) = on {
-        t = t.on_device(d);
-    }
-    t
 }
 
 /// Tiled Cholesky's tasks over the lower triangle of `t`×`t` tiles (potrf,
@@ -191,9 +165,7 @@ fn the_tiled_workloads_match_submission_order_under_every_policy() {
         }
         let data = fresh_data(&ctx, &ops);
         let mut g = TaskGraph::new();
-        for o in &ops {
-            op_task(&ctx, &ks, o, &data, None).record(&mut g).unwrap();
-        }
+        tasks_of(&ctx, &ks, &data, &ops, None, Some(&mut g));
         g.instantiate_on(&ctx)
             .unwrap()
             .launch()
