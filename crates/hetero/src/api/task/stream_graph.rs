@@ -14,9 +14,9 @@
 //! `NodeOp`); copies to or from host memory, host callbacks and waits on
 //! outside events run on the graph's device (whose engines reach that host
 //! memory), ordered with the rest through the graph's edges and buffers;
-//! nodes that only order add edges; 2-D copies as copies are (between the
-//! graph's buffers wherever HEFT puts them, to or from host memory on the
-//! graph's device). A buffer the graph allocates is a device buffer of the
+//! nodes that only order add edges. A 2-D copy is placed as a copy is
+//! (between the graph's buffers wherever HEFT puts it, to or from host
+//! memory on the graph's device). A buffer the graph allocates is a device buffer of the
 //! graph's device made at instantiate for the placed graph's life, task data
 //! like the others but never copied back. Slots (bound at launch) are a
 //! typed error.
