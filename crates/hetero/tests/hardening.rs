@@ -531,3 +531,59 @@ fn allocate_past_a_held_free(dev: Device) {
     held.synchronize().unwrap();
     assert_eq!(other.read_to_vec(&b).unwrap()[(18 << 20) - 1], 2);
 }
+
+/// From inside a host callback: placing a stream graph (its own buffer
+/// allocated then), launching it after an event of the callback's stream
+/// that comes later, and waiting for that launch all return (a result or a
+/// typed error), never hang.
+#[test]
+fn placing_and_launching_a_graph_from_a_callback_does_not_hang() {
+    let devs = [common::device(), common::device()];
+    let ctx = hetero::Context::new(&devs).unwrap();
+    ctx.set_perfmodel_dir(None);
+    let s = devs[0].create_stream().unwrap();
+    let x = devs[0].alloc::<u32>(64).unwrap();
+    let mut g = hetero::Graph::new(&devs[0]).unwrap();
+    let t = g.alloc::<u32>(64).unwrap();
+    let fill = Kernel::new("fill", |b| b.write::<u32>(0).fill(3))
+        .wgsl(common::wgsl::map("u32", 0, "3u"), "main");
+    let copy = Kernel::new("copy", |b| {
+        let v = b.read::<u32>(0).to_vec();
+        b.write::<u32>(0).copy_from_slice(&v);
+    })
+    .wgsl(common::wgsl::map("u32", 1, "x0[i]"), "main");
+    let a = g
+        .kernel(&fill, Grid::new(1), &[Arg::write(&t)], &[])
+        .unwrap();
+    g.kernel(&copy, Grid::new(1), &[Arg::read(&t), Arg::write(&x)], &[a])
+        .unwrap();
+    let later = Arc::new(std::sync::Mutex::new(None::<Event>));
+    let slot = later.clone();
+    let gate = devs[0].host_event();
+    s.wait_event(gate.event()).unwrap();
+    let reply = in_callback(&s, move || {
+        let placed = g.instantiate_on(&ctx)?;
+        let after = slot
+            .lock()
+            .unwrap()
+            .clone()
+            .expect("recorded before the callback ran");
+        let launch = placed.launch_after(&[after])?;
+        // The launch waits for work after this callback: waiting here could
+        // never end.
+        let waited = launch.wait();
+        Ok::<_, Error>((placed, launch, waited))
+    });
+    // Recorded after the callback on its stream (the gate holds the
+    // callback until the event exists).
+    *later.lock().unwrap() = Some(s.record_event().unwrap());
+    gate.signal();
+    match recv(&reply) {
+        Ok((_placed, launch, waited)) => {
+            assert!(is_deadlock(&waited), "{waited:?}");
+            launch.wait().unwrap();
+            assert_eq!(s.read_to_vec(&x).unwrap(), vec![3; 64]);
+        }
+        Err(e) => panic!("placing and launching in a callback: {e}"),
+    }
+}
