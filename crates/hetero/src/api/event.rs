@@ -178,6 +178,23 @@ impl Event {
         Ok((p.timeline.stream, p.value))
     }
 
+    /// Whether it was recorded and completed without a fault: a wait on it
+    /// orders nothing. Looks, never polls.
+    pub(crate) fn completed_ok(&self) -> bool {
+        self.point
+            .as_ref()
+            .is_some_and(|p| matches!(p.timeline.status(p.value), Some(Ok(()))))
+    }
+
+    /// Whether `later`'s completion (or fault) implies this event's: both
+    /// recorded on one stream, this one no later.
+    pub(crate) fn implied_by(&self, later: &Event) -> bool {
+        match (&self.point, &later.point) {
+            (Some(a), Some(b)) => Arc::ptr_eq(&a.timeline, &b.timeline) && a.value <= b.value,
+            _ => false,
+        }
+    }
+
     /// `Ok(true)` once the work before the event completed, `Ok(false)` while it is
     /// pending, an error if it failed.
     pub fn query(&self) -> Result<bool> {

@@ -48,8 +48,7 @@ impl DataState {
     /// only ever read so keeps one reader per stream that read it, not one
     /// per task (a constant input read by every task of a long run).
     pub(crate) fn add_reader(&mut self, me: TaskRef) {
-        self.readers
-            .retain(|r| !super::same_stream_before(&r.end, &me.end));
+        self.readers.retain(|r| !r.end.implied_by(&me.end));
         self.readers.push(me);
     }
 }

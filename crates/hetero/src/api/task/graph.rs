@@ -8,7 +8,7 @@
 //! context-wide counterpart for tasks.
 
 use super::data::{DataAny, TaskRef};
-use super::{completed_ok, dependencies_in, lock, Context, Runtime, Spec, TaskBuilder};
+use super::{dependencies_in, lock, Context, Runtime, Spec, TaskBuilder};
 use crate::exec::sched::heft::{self, HeftTask};
 use crate::exec::sched::model;
 use crate::{Event, Result, Stream};
@@ -611,7 +611,7 @@ impl PlacedTaskGraph {
                 *s = fresh;
             }
         }
-        for e in events.iter().filter(|e| !completed_ok(e)) {
+        for e in events.iter().filter(|e| !e.completed_ok()) {
             for s in streams.iter() {
                 s.wait_event(e)?;
             }
@@ -626,7 +626,7 @@ impl PlacedTaskGraph {
             // An event already complete without a fault orders nothing:
             // looked at once here (before any clone) rather than by every
             // step that waits.
-            let pending = |e: &&Event| !completed_ok(e);
+            let pending = |e: &&Event| !e.completed_ok();
             let mut evs: Vec<Event> = st
                 .writer
                 .iter()
@@ -657,7 +657,7 @@ impl PlacedTaskGraph {
                     s.record_event()?
                 }
             };
-            if ev.is_recorded() && !completed_ok(&ev) {
+            if ev.is_recorded() && !ev.completed_ok() {
                 evs.push(ev.clone());
             }
             pre.push(evs);

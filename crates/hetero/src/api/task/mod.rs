@@ -1142,12 +1142,9 @@ impl Runtime {
                         // At the bound: any stream whose work completed,
                         // else wait for the oldest (as StarPU bounds the
                         // tasks in flight); one that faulted is replaced.
-                        let done = pool.iter().position(|p| {
-                            p.last
-                                .as_ref()
-                                .and_then(|(_, e)| e.point.as_ref())
-                                .is_none_or(|p| matches!(p.timeline.status(p.value), Some(Ok(()))))
-                        });
+                        let done = pool
+                            .iter()
+                            .position(|p| p.last.as_ref().is_none_or(|(_, e)| e.completed_ok()));
                         if done.is_some() {
                             break done;
                         }
@@ -1351,23 +1348,6 @@ fn calibrate_bus(device: &Device) -> Result<crate::exec::sched::bus::BusFigure> 
         LARGE as u64,
         large,
     ))
-}
-
-/// Whether `a` is reached on the same stream as `b` and no later: `b`'s
-/// completion (or fault) implies `a`'s.
-pub(crate) fn same_stream_before(a: &Event, b: &Event) -> bool {
-    match (&a.point, &b.point) {
-        (Some(a), Some(b)) => Arc::ptr_eq(&a.timeline, &b.timeline) && a.value <= b.value,
-        _ => false,
-    }
-}
-
-/// Whether `e` was recorded and completed without a fault: a wait on it
-/// orders nothing.
-pub(crate) fn completed_ok(e: &Event) -> bool {
-    e.point
-        .as_ref()
-        .is_some_and(|p| matches!(p.timeline.status(p.value), Some(Ok(()))))
 }
 
 /// The tasks `spec` depends on, from the order of accesses to its data
