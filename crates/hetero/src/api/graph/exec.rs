@@ -10,7 +10,7 @@
 use crate::api::buffer::{DeviceBuffer, PinnedBuffer};
 use crate::api::stream::Stream;
 use crate::exec::graph::launch::GraphLaunch;
-use crate::exec::graph::plan::{AddressMap, Params, Plan, PlanReport, MAX_SCALARS};
+use crate::exec::graph::plan::{AddressMap, Params, Plan, PlanReport, SlotSpec, MAX_SCALARS};
 use crate::exec::graph::NodeBody;
 use crate::exec::loom::Ordering;
 use crate::exec::op::Body;
@@ -142,11 +142,7 @@ impl GraphExec {
 
     /// An empty binding table for this graph's slots.
     pub fn bindings(&self) -> Bindings {
-        Bindings {
-            exec: self.inner.clone(),
-            table: Arc::new(vec![None; self.inner.slots.len()]),
-            bound: AddressMap::default(),
-        }
+        Bindings::new(self.inner.slots.clone())
     }
 }
 
@@ -156,7 +152,8 @@ impl GraphExec {
 /// afterwards never changes a launch already submitted.
 #[derive(Clone)]
 pub struct Bindings {
-    pub(crate) exec: Arc<Plan>,
+    /// The slots of the graph they bind.
+    pub(crate) spec: Arc<SlotSpec>,
     pub(crate) table: Arc<Vec<Option<GraphHold>>>,
     /// Bound buffers by address: how many slots hold each, whether one writes.
     bound: AddressMap<(u32, bool)>,
@@ -173,6 +170,15 @@ impl std::fmt::Debug for Bindings {
 }
 
 impl Bindings {
+    /// An empty table for the slots `spec` describes.
+    pub(crate) fn new(spec: Arc<SlotSpec>) -> Bindings {
+        Bindings {
+            table: Arc::new(vec![None; spec.info.len()]),
+            spec,
+            bound: AddressMap::default(),
+        }
+    }
+
     fn bind_storage(
         &mut self,
         graph: u32,
@@ -183,8 +189,8 @@ impl Bindings {
         kind: MemoryKind,
     ) -> Result<()> {
         let op = "Bindings::bind";
-        let e = &self.exec;
-        if graph != e.graph {
+        let e = &self.spec;
+        if graph != e.graph || index as usize >= e.info.len() {
             return Err(Error::Graph {
                 op,
                 detail: "the slot belongs to another graph".into(),
@@ -200,7 +206,7 @@ impl Bindings {
                 stream_device: e.device,
             });
         }
-        let info = e.slots[index as usize];
+        let info = e.info[index as usize];
         if info.len != len || !std::ptr::eq(info.elem, elem) && (info.elem.id)() != (elem.id)() {
             return Err(Error::SizeMismatch {
                 op,
@@ -214,9 +220,9 @@ impl Bindings {
             });
         }
         debug_assert_eq!(info.kind, kind);
-        let write = e.slot_write[index as usize];
+        let write = e.write[index as usize];
         let key = Arc::as_ptr(storage) as usize;
-        let fixed_write = e.fixed_index.get(&key).copied();
+        let fixed_write = e.fixed.get(&key).copied();
         let again = self.table[index as usize]
             .as_ref()
             .is_some_and(|s| Arc::ptr_eq(s, storage));
@@ -324,7 +330,7 @@ pub(crate) fn launch(
     }
     let table = match bindings {
         Some(b) => {
-            if !Arc::ptr_eq(&b.exec, e) {
+            if !Arc::ptr_eq(&b.spec, &e.slots) {
                 return Err(Error::Graph {
                     op,
                     detail: "the bindings were made for another graph; use exec.bindings()".into(),
@@ -334,7 +340,7 @@ pub(crate) fn launch(
         }
         None => None,
     };
-    for (i, used) in e.slot_used.iter().enumerate() {
+    for (i, used) in e.slots.used.iter().enumerate() {
         let bound = table.as_ref().is_some_and(|t| t[i].is_some());
         if *used && !bound {
             return Err(Error::Graph {

@@ -54,16 +54,25 @@ impl DataState {
 }
 
 /// What every typed buffer offers the task layer.
+/// The buffers a placed stream graph's launch binds to its slots, by slot.
+pub(crate) type Bound<'a> = &'a [Option<crate::exec::storage::GraphHold>];
+
 pub(crate) trait DataAny: Send + Sync {
     fn id(&self) -> u64;
     fn bytes(&self) -> usize;
     fn state(&self) -> &Mutex<DataState>;
     /// Makes sure device `at` has a replica (allocated, contents undefined).
     fn replica(&self, at: usize, device: &Device) -> Result<()>;
-    /// The kernel argument of replica `at` (which `replica` made).
-    fn arg(&self, at: usize, write: bool) -> Arg<'_>;
+    /// The kernel argument of replica `at` (which `replica` made); `bound`:
+    /// the buffers a placed graph's launch binds to its slots (empty
+    /// elsewhere), where a slot's replica on its graph's device is.
+    fn arg<'a>(&'a self, at: usize, write: bool, bound: Bound<'a>) -> Arg<'a>;
     /// Copies replica `from` into replica `to` on `stream` (of either end).
-    fn copy(&self, stream: &Stream, from: usize, to: usize) -> Result<()>;
+    fn copy(&self, stream: &Stream, from: usize, to: usize, bound: Bound<'_>) -> Result<()>;
+    /// The stream graph slot it stands for, if any.
+    fn slot(&self) -> Option<u32> {
+        None
+    }
     /// Whether it is a managed buffer: no replicas (`valid` stays empty),
     /// its pages move themselves before the kernel that declares them.
     fn is_managed(&self) -> bool {
@@ -115,14 +124,14 @@ impl<T: Pod + Send + Sync> DataAny for ManagedCell<T> {
     fn replica(&self, _at: usize, _device: &Device) -> Result<()> {
         Ok(())
     }
-    fn arg(&self, _at: usize, write: bool) -> Arg<'_> {
+    fn arg<'a>(&'a self, _at: usize, write: bool, _: Bound<'a>) -> Arg<'a> {
         if write {
             Arg::managed_write(&self.buf)
         } else {
             Arg::managed_read(&self.buf)
         }
     }
-    fn copy(&self, _stream: &Stream, _from: usize, _to: usize) -> Result<()> {
+    fn copy(&self, _stream: &Stream, _from: usize, _to: usize, _: Bound<'_>) -> Result<()> {
         Err(Error::InvalidArgument(
             "task data: a managed buffer has no replicas to copy between".into(),
         ))
@@ -236,7 +245,7 @@ impl<T: Pod + Send + Sync> DataAny for DataCell<T> {
         }
         Ok(())
     }
-    fn arg(&self, at: usize, write: bool) -> Arg<'_> {
+    fn arg<'a>(&'a self, at: usize, write: bool, _: Bound<'a>) -> Arg<'a> {
         let b = self.replicas[at]
             .get()
             .expect("replica made before its use");
@@ -246,7 +255,7 @@ impl<T: Pod + Send + Sync> DataAny for DataCell<T> {
             Arg::read(b)
         }
     }
-    fn copy(&self, stream: &Stream, from: usize, to: usize) -> Result<()> {
+    fn copy(&self, stream: &Stream, from: usize, to: usize, _: Bound<'_>) -> Result<()> {
         let (Some(a), Some(b)) = (self.replicas[from].get(), self.replicas[to].get()) else {
             return Err(Error::InvalidArgument(
                 "task data: a copy between replicas that do not exist".into(),

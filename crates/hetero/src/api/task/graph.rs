@@ -7,11 +7,12 @@
 //! Hetero's stream graphs (`api/graph`) are one device's; this is the
 //! context-wide counterpart for tasks.
 
-use super::data::{DataAny, TaskRef};
+use super::data::{Bound, DataAny, TaskRef};
 use super::{dependencies_in, lock, Context, Runtime, Spec, TaskBuilder};
+use crate::exec::graph::plan::SlotSpec;
 use crate::exec::sched::heft::{self, HeftTask};
 use crate::exec::sched::model;
-use crate::{Event, Result, Stream};
+use crate::{Bindings, Error, Event, Result, Stream};
 use std::sync::{Arc, Mutex};
 
 /// Tasks recorded for placement as a whole ([`TaskGraph::instantiate_on`]).
@@ -44,6 +45,8 @@ pub struct TaskGraph {
 pub struct PlacedTaskGraph {
     specs: Vec<Spec>,
     rt: Arc<Runtime>,
+    /// A stream graph's slots (none for a task graph).
+    pub(crate) slots: Arc<SlotSpec>,
     placement: Vec<usize>,
     makespan_ns: f64,
     plan: Plan,
@@ -114,15 +117,24 @@ struct DataPlan {
     back: bool,
 }
 
+/// What launches change, one launch at a time.
+struct Live {
+    /// The streams (replaced when a fault left one failed).
+    streams: Vec<Stream>,
+    /// Per slot: the address of the buffer the last launch bound to it.
+    bound: Vec<usize>,
+}
+
 struct Plan {
-    /// The streams (replaced when a fault left one failed) and each one's
-    /// (device, compute unit).
-    streams: Mutex<Vec<Stream>>,
+    live: Mutex<Live>,
+    /// Each stream's (device, compute unit).
     lanes: Vec<(usize, usize)>,
     /// Per stream: its last step (index into `steps`).
     last: Vec<usize>,
     steps: Vec<Step>,
     data: Vec<DataPlan>,
+    /// The data that stand for slots: (slot, index into `data`).
+    slot_data: Vec<(u32, usize)>,
     /// Bytes copied per launch, per link: (from, to, bytes), each link once.
     moved: Vec<(usize, usize, u64)>,
     /// Tasks per device (index in the context).
@@ -280,6 +292,7 @@ pub(crate) fn place(
     let plan = make_plan(&rt, &specs, &deps, &placed, write_back)?;
     Ok(PlacedTaskGraph {
         specs,
+        slots: Arc::new(SlotSpec::none()),
         placement: placed.iter().map(|p| p.device).collect(),
         makespan_ns: placed.iter().map(|p| p.end).fold(0.0, f64::max),
         rt,
@@ -557,8 +570,22 @@ fn make_plan(
     for step in &steps {
         per_device[step.device] += 1;
     }
+    let slot_data: Vec<(u32, usize)> = data
+        .iter()
+        .enumerate()
+        .filter_map(|(x, dp)| dp.data.slot().map(|k| (k, x)))
+        .collect();
+    let slots = slot_data
+        .iter()
+        .map(|&(k, _)| k as usize + 1)
+        .max()
+        .unwrap_or(0);
     Ok(Plan {
-        streams: Mutex::new(streams),
+        live: Mutex::new(Live {
+            streams,
+            bound: vec![0; slots],
+        }),
+        slot_data,
         lanes,
         last,
         steps,
@@ -599,11 +626,69 @@ impl PlacedTaskGraph {
     /// unrecorded one a typed error; a fault before an event fails the
     /// launch's tasks.
     pub fn launch_after(&self, events: &[Event]) -> Result<TaskGraphLaunch> {
+        self.run(&[], events, "PlacedTaskGraph::launch")
+    }
+
+    /// An empty binding table for the slots of the stream graph this was
+    /// placed from ([`Graph::instantiate_on`](crate::Graph::instantiate_on));
+    /// a task graph has none.
+    pub fn bindings(&self) -> Bindings {
+        Bindings::new(self.slots.clone())
+    }
+
+    /// [`launch_after`](Self::launch_after) with `bindings`' buffers in the
+    /// stream graph's slots. Each slot is task data whose replica on the
+    /// graph's device is the buffer bound to it (read there, results written
+    /// back there) and whose replicas elsewhere are the placed graph's own,
+    /// reused by every launch; a launch binding a buffer that the last
+    /// launch bound to another slot runs after that launch's tasks on it.
+    pub fn launch_with(&self, bindings: &Bindings, after: &[Event]) -> Result<TaskGraphLaunch> {
+        let op = "PlacedTaskGraph::launch_with";
+        if !Arc::ptr_eq(&bindings.spec, &self.slots) {
+            return Err(Error::Graph {
+                op,
+                detail: "the bindings were made for another graph; use placed.bindings()".into(),
+            });
+        }
+        self.run(&bindings.table, after, op)
+    }
+
+    fn run(&self, bound: Bound<'_>, events: &[Event], op: &'static str) -> Result<TaskGraphLaunch> {
         let rt = &self.rt;
         let plan = &self.plan;
-        let mut streams = lock(&plan.streams);
+        for (i, &used) in self.slots.used.iter().enumerate() {
+            if used && bound.get(i).is_none_or(Option::is_none) {
+                return Err(Error::Graph {
+                    op,
+                    detail: format!(
+                        "slot {i} is not bound; bind a buffer to it (placed.bindings(), \
+                         Bindings::bind) and launch with launch_with"
+                    ),
+                });
+            }
+        }
+        let address = |k: u32| {
+            bound
+                .get(k as usize)
+                .and_then(Option::as_ref)
+                .map_or(0, |h| Arc::as_ptr(h) as usize)
+        };
+        let mut live = lock(&plan.live);
+        // A slot bound to a buffer that the last launch bound to another
+        // slot: after that slot's tasks (its data's last writer and readers).
+        let mut rebound: Vec<(usize, Vec<Event>)> = Vec::new();
+        for &(k, x) in &plan.slot_data {
+            let here = address(k);
+            for &(j, y) in &plan.slot_data {
+                if j != k && live.bound[j as usize] == here {
+                    let st = lock(plan.data[y].data.state());
+                    let evs = st.writer.iter().chain(&st.readers).map(|t| &t.end);
+                    rebound.push((x, evs.filter(|e| !e.completed_ok()).cloned().collect()));
+                }
+            }
+        }
         // A stream a fault failed would fail every later launch: replaced.
-        for (q, s) in streams.iter_mut().enumerate() {
+        for (q, s) in live.streams.iter_mut().enumerate() {
             if s.error().is_some() {
                 let (d, l) = plan.lanes[q];
                 let fresh = rt.devices[d].create_stream()?;
@@ -611,6 +696,7 @@ impl PlacedTaskGraph {
                 *s = fresh;
             }
         }
+        let streams = &live.streams;
         for e in events.iter().filter(|e| !e.completed_ok()) {
             for s in streams.iter() {
                 s.wait_event(e)?;
@@ -652,13 +738,17 @@ impl PlacedTaskGraph {
                     if let Some(e) = from_ev.filter(Event::is_recorded) {
                         s.wait_event(&e)?;
                     }
-                    dp.data.copy(&s, from, dp.start)?;
+                    dp.data.copy(&s, from, dp.start, bound)?;
                     fixes.push((from, dp.start, bytes));
                     s.record_event()?
                 }
             };
             if ev.is_recorded() && !ev.completed_ok() {
                 evs.push(ev.clone());
+            }
+            let x = pre.len();
+            for (_, more) in rebound.iter().filter(|r| r.0 == x) {
+                evs.extend(more.iter().cloned());
             }
             pre.push(evs);
             start_valid.push(Some(ev));
@@ -681,13 +771,13 @@ impl PlacedTaskGraph {
                 stream.wait_event(e)?;
             }
             for &(a, from) in &step.copies {
-                spec.access[a].0.copy(stream, from, step.device)?;
+                spec.access[a].0.copy(stream, from, step.device, bound)?;
             }
             args.clear();
             args.extend(
                 spec.access
                     .iter()
-                    .map(|(data, mode)| data.arg(step.device, mode.writes())),
+                    .map(|(data, mode)| data.arg(step.device, mode.writes(), bound)),
             );
             for (arg, &elem) in args.iter_mut().zip(&spec.elems) {
                 arg.elem = elem;
@@ -708,7 +798,7 @@ impl PlacedTaskGraph {
             let w = dp.writer.expect("a written datum has a writer");
             let step = &plan.steps[w];
             let stream = &streams[step.stream];
-            dp.data.copy(stream, step.device, dp.start)?;
+            dp.data.copy(stream, step.device, dp.start, bound)?;
             fixes.push((step.device, dp.start, dp.data.bytes() as u64));
             backs[x] = Some(stream.record_event()?);
         }
@@ -788,7 +878,10 @@ impl PlacedTaskGraph {
         }
         drop(sc);
         drop(st);
-        drop(streams);
+        for &(k, _) in &plan.slot_data {
+            live.bound[k as usize] = address(k);
+        }
+        drop(live);
         rt.keep_alive();
         Ok(TaskGraphLaunch {
             events: tails,

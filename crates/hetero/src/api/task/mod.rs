@@ -1231,14 +1231,14 @@ impl Runtime {
                 st.link_bytes.push((src, d, bytes));
                 src
             };
-            data.copy(&stream, src, d)?;
+            data.copy(&stream, src, d, &[])?;
             copied.push(i);
         }
         let start = stream.record_event()?;
         let args: Vec<crate::Arg<'_>> = spec
             .access
             .iter()
-            .map(|(data, mode)| data.arg(d, mode.writes()))
+            .map(|(data, mode)| data.arg(d, mode.writes(), &[]))
             .collect();
         stream.launch(&spec.kernel, spec.grid, &args)?;
         drop(args);

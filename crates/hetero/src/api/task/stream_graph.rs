@@ -18,13 +18,17 @@
 //! (between the graph's buffers wherever HEFT puts it, to or from host
 //! memory on the graph's device). A buffer the graph allocates is a device buffer of the
 //! graph's device made at instantiate for the placed graph's life, task data
-//! like the others but never copied back. Slots (bound at launch) are a
-//! typed error.
+//! like the others but never copied back. A slot is task data whose replica
+//! on the graph's device is the buffer each launch binds to it
+//! ([`PlacedTaskGraph::launch_with`]); its replicas elsewhere are the placed
+//! graph's own. The host memory of a copy is task data on the graph's device.
 
+use super::data::Bound;
 use super::data::{DataAny, DataState};
 use super::graph::{place, PlacedTaskGraph};
 use super::{Mode, Spec};
 use crate::api::buffer::{Arg, DeviceBuffer};
+use crate::exec::graph::plan::SlotSpec;
 use crate::exec::graph::{Draft, NodeBody, Operand};
 use crate::exec::op::CopyKind;
 use crate::exec::storage::{GraphHold, Storage};
@@ -34,24 +38,30 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// A stream graph's buffer as task data: `home` is the graph's device (its
-/// index in the context), where the replica is the user's buffer.
+/// index in the context), where the replica is the user's buffer (a slot's:
+/// the buffer each launch binds to it).
 struct GraphData {
     id: u64,
     bytes: usize,
     home: usize,
     /// A buffer the graph allocates (nothing outside reads it).
     scratch: bool,
-    hold: GraphHold,
+    /// The buffer on the graph's device; `None` for a slot.
+    hold: Option<GraphHold>,
+    slot: Option<u32>,
     replicas: Vec<OnceLock<DeviceBuffer<u8>>>,
     state: Mutex<DataState>,
 }
 
 impl GraphData {
-    fn storage(&self, at: usize) -> Option<&Arc<Storage>> {
-        if at == self.home {
-            Some(&self.hold)
-        } else {
-            self.replicas[at].get().map(|b| &*b.storage)
+    fn storage<'a>(&'a self, at: usize, bound: Bound<'a>) -> Option<&'a Arc<Storage>> {
+        if at != self.home {
+            return self.replicas[at].get().map(|b| &*b.storage);
+        }
+        match (&self.hold, self.slot) {
+            (Some(h), _) => Some(h),
+            (None, Some(k)) => bound.get(k as usize)?.as_ref().map(|h| &**h),
+            (None, None) => None,
         }
     }
 }
@@ -77,6 +87,9 @@ impl DataAny for GraphData {
     fn is_scratch(&self) -> bool {
         self.scratch
     }
+    fn slot(&self) -> Option<u32> {
+        self.slot
+    }
     fn replica(&self, at: usize, device: &Device) -> Result<()> {
         if at != self.home && self.replicas[at].get().is_none() {
             let b = device.alloc::<u8>(self.bytes)?;
@@ -84,16 +97,19 @@ impl DataAny for GraphData {
         }
         Ok(())
     }
-    fn arg(&self, at: usize, write: bool) -> Arg<'_> {
+    fn arg<'a>(&'a self, at: usize, write: bool, bound: Bound<'a>) -> Arg<'a> {
         Arg {
-            storage: self.storage(at).expect("replica made before its use"),
+            // (A launch checks first that every slot it uses is bound.)
+            storage: self
+                .storage(at, bound)
+                .expect("replica made, slot bound, before its use"),
             elem: crate::exec::kernel::ElemInfo::of::<u8>(),
             write,
             managed: None,
         }
     }
-    fn copy(&self, stream: &Stream, from: usize, to: usize) -> Result<()> {
-        let (Some(a), Some(b)) = (self.storage(from), self.storage(to)) else {
+    fn copy(&self, stream: &Stream, from: usize, to: usize, bound: Bound<'_>) -> Result<()> {
+        let (Some(a), Some(b)) = (self.storage(from, bound), self.storage(to, bound)) else {
             return Err(Error::InvalidArgument(
                 "placed graph: a copy between replicas that do not exist".into(),
             ));
@@ -112,10 +128,10 @@ pub(crate) enum NodeOp {
         dst_off: usize,
         bytes: usize,
     },
-    /// A copy between host memory and `args[0]` (`to_host`: from it), on
-    /// the graph's device `home`, whose engines reach the host memory.
+    /// A copy between host memory `args[1]` and `args[0]` (`to_host`:
+    /// from it), on the graph's device `home`, whose engines reach the host
+    /// memory.
     Host {
-        host: GraphHold,
         host_off: usize,
         dev_off: usize,
         bytes: usize,
@@ -129,14 +145,13 @@ pub(crate) enum NodeOp {
         pattern: [u8; 16],
         len: u8,
     },
-    /// A 2-D copy: between `args[0]` and `args[1]` (two of the graph's
-    /// buffers), or between `host` and `args[0]` on the graph's device
-    /// `home` (`kind` says which way).
+    /// A 2-D copy: from `args[0]` into `args[1]` (two of the graph's
+    /// buffers), or between host memory `args[1]` and `args[0]` on the
+    /// graph's device `home` (`kind` says which way).
     Copy2D {
         kind: CopyKind,
         src_r: ByteRegion,
         dst_r: ByteRegion,
-        host: Option<GraphHold>,
         home: usize,
     },
     /// A host callback, on `home`.
@@ -199,15 +214,13 @@ impl NodeOp {
                 )
             }
             NodeOp::Host {
-                host,
                 host_off,
                 dev_off,
                 bytes,
                 to_host,
                 ..
             } => {
-                let dev = args[0].storage;
-                let host: &Arc<Storage> = host;
+                let (dev, host) = (args[0].storage, args[1].storage);
                 if *to_host {
                     stream.copy_op::<u8>(
                         "copy_d2h",
@@ -241,16 +254,12 @@ impl NodeOp {
                 len,
             } => fill(stream, args[0].storage, *off, *bytes, pattern, *len),
             NodeOp::Copy2D {
-                kind,
-                src_r,
-                dst_r,
-                host,
-                ..
+                kind, src_r, dst_r, ..
             } => {
-                let (src, dst, op) = match (kind, host) {
-                    (CopyKind::H2D, Some(h)) => (&**h, args[0].storage, "copy_2d_h2d"),
-                    (CopyKind::D2H, Some(h)) => (args[0].storage, &**h, "copy_2d_d2h"),
-                    _ => (args[0].storage, args[1].storage, "copy_2d_d2d"),
+                let (src, dst, op) = match kind {
+                    CopyKind::H2D => (args[1].storage, args[0].storage, "copy_2d_h2d"),
+                    CopyKind::D2H => (args[0].storage, args[1].storage, "copy_2d_d2h"),
+                    CopyKind::D2D => (args[0].storage, args[1].storage, "copy_2d_d2d"),
                 };
                 stream.copy_2d_bytes(op, *kind, src, *src_r, dst, *dst_r)
             }
@@ -289,28 +298,6 @@ fn fill(
         };
     }
     fill_as!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
-}
-
-fn refuse(node: usize, what: &str) -> Error {
-    Error::Graph {
-        op: "Graph::instantiate_on",
-        detail: format!(
-            "node {node} {what}; a graph placed across devices binds its buffers when it \
-             is placed: instantiate it on its device instead, or record the node over a \
-             buffer"
-        ),
-    }
-}
-
-/// The buffer operand `o` of node `node`: one that existed when the graph
-/// was recorded, or one the graph allocates (`internal`, made for the placed
-/// graph); a slot is an error.
-fn fixed<'a>(node: usize, o: &'a Operand, internal: &'a [GraphHold]) -> Result<&'a GraphHold> {
-    match o {
-        Operand::Fixed(hold) => Ok(hold),
-        Operand::Internal(k) => Ok(&internal[*k as usize]),
-        Operand::Slot(_) => Err(refuse(node, "uses a slot bound at launch")),
-    }
 }
 
 /// Places the graph `draft` of `device` across `ctx`'s devices.
@@ -380,29 +367,46 @@ pub(crate) fn place_graph(
         .map(|&bytes| Ok(GraphHold::new(&device.alloc::<u8>(bytes)?.storage)))
         .collect::<Result<_>>()?;
     let scratch: Vec<usize> = internal.iter().map(|h| Arc::as_ptr(h) as usize).collect();
-    let mut datum: HashMap<usize, Arc<GraphData>> = HashMap::new();
-    // The graph's buffer `hold` as task data (one per buffer).
-    let mut datum_of = |hold: &GraphHold| -> Arc<dyn DataAny> {
-        let key = Arc::as_ptr(hold) as usize;
-        datum
-            .entry(key)
-            .or_insert_with(|| {
-                let mut valid = vec![None; rt.devices.len()];
-                valid[home] = Some(crate::Event::new());
-                Arc::new(GraphData {
-                    id: super::data::next_data_id(),
-                    bytes: hold.bytes(),
-                    home,
-                    scratch: scratch.contains(&key),
-                    hold: hold.clone(),
-                    replicas: (0..rt.devices.len()).map(|_| OnceLock::new()).collect(),
-                    state: Mutex::new(DataState {
-                        valid,
-                        writer: None,
-                        readers: Vec::new(),
-                    }),
-                })
-            })
+    let n_dev = rt.devices.len();
+    let new_datum = |bytes: usize, hold: Option<GraphHold>, slot: Option<u32>| {
+        let mut valid = vec![None; n_dev];
+        valid[home] = Some(crate::Event::new());
+        let scratch = hold
+            .as_ref()
+            .is_some_and(|h| scratch.contains(&(Arc::as_ptr(h) as usize)));
+        Arc::new(GraphData {
+            id: super::data::next_data_id(),
+            bytes,
+            home,
+            scratch,
+            hold,
+            slot,
+            replicas: (0..n_dev).map(|_| OnceLock::new()).collect(),
+            state: Mutex::new(DataState {
+                valid,
+                writer: None,
+                readers: Vec::new(),
+            }),
+        })
+    };
+    // Task data per buffer (by address) and per slot, each made once.
+    let mut by_buffer: HashMap<usize, Arc<GraphData>> = HashMap::new();
+    let mut by_slot: HashMap<u32, Arc<GraphData>> = HashMap::new();
+    let mut datum_of = |o: &Operand| -> Arc<dyn DataAny> {
+        let hold = match o {
+            Operand::Fixed(hold) => hold,
+            Operand::Internal(k) => &internal[*k as usize],
+            Operand::Slot(k) => {
+                let info = draft.slots[*k as usize];
+                return by_slot
+                    .entry(*k)
+                    .or_insert_with(|| new_datum(info.len * info.elem.size, None, Some(*k)))
+                    .clone();
+            }
+        };
+        by_buffer
+            .entry(Arc::as_ptr(hold) as usize)
+            .or_insert_with(|| new_datum(hold.bytes(), Some(hold.clone()), None))
             .clone()
     };
     let mut specs: Vec<Spec> = Vec::new();
@@ -436,7 +440,7 @@ pub(crate) fn place_graph(
                 let mut elems = Vec::new();
                 for a in &draft.args[args.0 as usize..(args.0 + args.1) as usize] {
                     let mode = if a.write { Mode::ReadWrite } else { Mode::Read };
-                    access.push((datum_of(fixed(i, &a.operand, &internal)?), mode));
+                    access.push((datum_of(&a.operand), mode));
                     elems.push(a.elem);
                 }
                 let k = Kernel {
@@ -457,8 +461,8 @@ pub(crate) fn place_graph(
             body => {
                 // A written range that is not the whole buffer keeps the
                 // rest: the task reads it too.
-                let written = |hold: &GraphHold, off: usize, bytes: usize| {
-                    if off == 0 && bytes == hold.bytes() {
+                let written = |data: &Arc<dyn DataAny>, off: usize, bytes: usize| {
+                    if off == 0 && bytes == data.bytes() {
                         Mode::Write
                     } else {
                         Mode::ReadWrite
@@ -473,24 +477,24 @@ pub(crate) fn place_graph(
                         dst_off,
                         bytes,
                     } => {
-                        let (src, dst) = (fixed(i, src, &internal)?, fixed(i, dst, &internal)?);
+                        let (src, dst) = (datum_of(src), datum_of(dst));
                         let (src_off, dst_off, bytes) = (*src_off, *dst_off, *bytes);
+                        let dst_mode = written(&dst, dst_off, bytes);
                         match kind {
                             CopyKind::D2D => (
-                                vec![
-                                    (datum_of(src), Mode::Read),
-                                    (datum_of(dst), written(dst, dst_off, bytes)),
-                                ],
+                                vec![(src, Mode::Read), (dst, dst_mode)],
                                 NodeOp::Copy {
                                     src_off,
                                     dst_off,
                                     bytes,
                                 },
                             ),
+                            // The host memory is task data too (on the
+                            // graph's device): copies over it keep their
+                            // order across launches.
                             CopyKind::H2D => (
-                                vec![(datum_of(dst), written(dst, dst_off, bytes))],
+                                vec![(dst, dst_mode), (src, Mode::Read)],
                                 NodeOp::Host {
-                                    host: src.clone(),
                                     host_off: src_off,
                                     dev_off: dst_off,
                                     bytes,
@@ -499,9 +503,8 @@ pub(crate) fn place_graph(
                                 },
                             ),
                             CopyKind::D2H => (
-                                vec![(datum_of(src), Mode::Read)],
+                                vec![(src, Mode::Read), (dst, dst_mode)],
                                 NodeOp::Host {
-                                    host: dst.clone(),
                                     host_off: dst_off,
                                     dev_off: src_off,
                                     bytes,
@@ -518,9 +521,10 @@ pub(crate) fn place_graph(
                         pattern,
                         pattern_len,
                     } => {
-                        let dst = fixed(i, dst, &internal)?;
+                        let dst = datum_of(dst);
+                        let mode = written(&dst, *off, *bytes);
                         (
-                            vec![(datum_of(dst), written(dst, *off, *bytes))],
+                            vec![(dst, mode)],
                             NodeOp::Fill {
                                 off: *off,
                                 bytes: *bytes,
@@ -530,27 +534,24 @@ pub(crate) fn place_graph(
                         )
                     }
                     NodeBody::Copy2D(c) => {
-                        let (src, dst) =
-                            (fixed(i, &c.src, &internal)?, fixed(i, &c.dst, &internal)?);
+                        let (src, dst) = (datum_of(&c.src), datum_of(&c.dst));
                         // Rows with gaps between them keep the gaps.
                         let dst_mode = if c.dst_r.contiguous() {
-                            written(dst, c.dst_r.offset, c.dst_r.width * c.dst_r.height)
+                            written(&dst, c.dst_r.offset, c.dst_r.width * c.dst_r.height)
                         } else {
                             Mode::ReadWrite
                         };
-                        let (access, host) = match c.kind {
-                            CopyKind::D2D => (
-                                vec![(datum_of(src), Mode::Read), (datum_of(dst), dst_mode)],
-                                None,
-                            ),
-                            CopyKind::H2D => (vec![(datum_of(dst), dst_mode)], Some(src.clone())),
-                            CopyKind::D2H => (vec![(datum_of(src), Mode::Read)], Some(dst.clone())),
+                        // The device end first (`NodeOp::Copy2D`).
+                        let access = match c.kind {
+                            CopyKind::D2D | CopyKind::D2H => {
+                                vec![(src, Mode::Read), (dst, dst_mode)]
+                            }
+                            CopyKind::H2D => vec![(dst, dst_mode), (src, Mode::Read)],
                         };
                         let op = NodeOp::Copy2D {
                             kind: c.kind,
                             src_r: c.src_r,
                             dst_r: c.dst_r,
-                            host,
                             home,
                         };
                         (access, op)
@@ -601,5 +602,7 @@ pub(crate) fn place_graph(
             }
         }
     }
-    place(rt, specs, deps, true)
+    let mut placed = place(rt, specs, deps, true)?;
+    placed.slots = Arc::new(SlotSpec::of(draft));
+    Ok(placed)
 }

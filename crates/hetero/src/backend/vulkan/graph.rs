@@ -154,7 +154,7 @@ fn slot_places(sh: &Shared, l: &GraphLaunch) -> Result<Vec<SlotPlace>, String> {
     };
     t.iter()
         .enumerate()
-        .map(|(i, s)| match s.as_ref().filter(|_| l.exec.slot_used[i]) {
+        .map(|(i, s)| match s.as_ref().filter(|_| l.exec.slots.used[i]) {
             Some(s) => {
                 let (c, o) = sh.place(s)?;
                 Ok(Some((Arc::as_ptr(&c) as usize, o, s.bytes() as u64)))

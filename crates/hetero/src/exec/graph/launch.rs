@@ -24,8 +24,8 @@ impl GraphLaunch {
         }
         if let Some(t) = &self.table {
             for (i, s) in t.iter().enumerate() {
-                if let Some(s) = s.as_ref().filter(|_| e.slot_used[i]) {
-                    if !f(s, e.slot_write[i]) {
+                if let Some(s) = s.as_ref().filter(|_| e.slots.used[i]) {
+                    if !f(s, e.slots.write[i]) {
                         return false;
                     }
                 }

@@ -69,11 +69,8 @@ pub(crate) struct Plan {
     pub(crate) sched: Schedule,
     /// Buffers the graph names, each once, with whether any node writes it.
     pub(crate) fixed: Box<[(GraphHold, bool)]>,
-    /// `fixed` sorted by address, for the alias check of a binding.
-    pub(crate) fixed_index: AddressMap<bool>,
-    pub(crate) slots: Box<[SlotInfo]>,
-    pub(crate) slot_write: Box<[bool]>,
-    pub(crate) slot_used: Box<[bool]>,
+    /// Its slots, for bindings.
+    pub(crate) slots: Arc<SlotSpec>,
     pub(crate) arena: Option<Arc<Storage>>,
     pub(crate) offsets: Box<[usize]>,
     /// How the device's engines reach its memory.
@@ -112,6 +109,59 @@ impl Plan {
                 arena_bytes: r.arena_bytes,
             },
         );
+    }
+}
+
+/// A graph's slots as its bindings check them (`Bindings`): shared by the
+/// graph's plan on its device and a plan that places it across a context.
+pub(crate) struct SlotSpec {
+    pub(crate) device: u64,
+    pub(crate) graph: u32,
+    pub(crate) info: Box<[SlotInfo]>,
+    /// Per slot: whether a node writes it, whether any node uses it.
+    pub(crate) write: Box<[bool]>,
+    pub(crate) used: Box<[bool]>,
+    /// The buffers the graph names, by address, with whether a node writes
+    /// each (a binding must not alias a written one).
+    pub(crate) fixed: AddressMap<bool>,
+}
+
+impl SlotSpec {
+    /// The slots of draft `d`.
+    pub(crate) fn of(d: &Draft) -> SlotSpec {
+        let mut write = vec![false; d.slots.len()];
+        let mut used = vec![false; d.slots.len()];
+        let mut fixed: AddressMap<bool> = AddressMap::default();
+        for v in 0..d.nodes.len() {
+            d.accesses(v, |o, w| match o {
+                Operand::Fixed(s) => *fixed.entry(Arc::as_ptr(s) as usize).or_default() |= w,
+                Operand::Slot(i) => {
+                    used[*i as usize] = true;
+                    write[*i as usize] |= w;
+                }
+                Operand::Internal(_) => {}
+            });
+        }
+        SlotSpec {
+            device: d.device,
+            graph: d.id,
+            info: d.slots.clone().into_boxed_slice(),
+            write: write.into_boxed_slice(),
+            used: used.into_boxed_slice(),
+            fixed,
+        }
+    }
+
+    /// A spec without slots (a task graph's).
+    pub(crate) fn none() -> SlotSpec {
+        SlotSpec {
+            device: u64::MAX,
+            graph: u32::MAX,
+            info: Box::new([]),
+            write: Box::new([]),
+            used: Box::new([]),
+            fixed: AddressMap::default(),
+        }
     }
 }
 
@@ -314,8 +364,6 @@ pub(crate) fn instantiate(
     // Buffers: fixed ones once each; slots and internal ones by use.
     let mut fixed: Vec<(GraphHold, bool)> = Vec::new();
     let mut fixed_index: AddressMap<usize> = AddressMap::default();
-    let mut slot_write = vec![false; d.slots.len()];
-    let mut slot_used = vec![false; d.slots.len()];
     let mut uses: Vec<Vec<u32>> = vec![Vec::new(); d.internal.len()];
     let mut waits = Vec::new();
     for v in 0..n {
@@ -330,10 +378,7 @@ pub(crate) fn instantiate(
                     }
                 }
             }
-            Operand::Slot(i) => {
-                slot_used[*i as usize] = true;
-                slot_write[*i as usize] |= write;
-            }
+            Operand::Slot(_) => {}
             Operand::Internal(i) => uses[*i as usize].push(v as u32),
         });
         if let NodeBody::Wait {
@@ -428,10 +473,6 @@ pub(crate) fn instantiate(
         lane_steps: sched.steps as usize,
         free_lane_steps,
     };
-    let fixed_index = fixed
-        .iter()
-        .map(|(s, w)| (Arc::as_ptr(s) as usize, *w))
-        .collect();
     let views: Box<[KView]> = d
         .args
         .iter()
@@ -459,10 +500,7 @@ pub(crate) fn instantiate(
         args: d.args.freeze(),
         sched,
         fixed: fixed.into_boxed_slice(),
-        fixed_index,
-        slots: d.slots.clone().into_boxed_slice(),
-        slot_write: slot_write.into_boxed_slice(),
-        slot_used: slot_used.into_boxed_slice(),
+        slots: Arc::new(SlotSpec::of(d)),
         arena,
         offsets: offsets.into_boxed_slice(),
         reach,
