@@ -968,7 +968,7 @@ fn a_stream_graph_placed_across_devices_matches_one_device() {
 /// every slot bound, with bindings of this placed graph; launches with
 /// bindings leave the bound buffers as the same launches on one device do,
 /// each launch over the buffers bound then; and a launch that reads a
-/// buffer the launch before wrote through another slot runs after it, even
+/// buffer an earlier launch wrote through another slot runs after it, even
 /// while that launch waits behind a gate.
 #[test]
 fn a_stream_graph_with_slots_is_placed_and_launched_with_bindings() {
@@ -1067,15 +1067,15 @@ fn a_stream_graph_with_slots_is_placed_and_launched_with_bindings() {
     let want = read(vec![a, b, c], l);
 
     // Placed, the launch over C behind a gate.
-    let e = placed.launch().unwrap_err();
-    assert!(matches!(e, hetero::Error::Graph { .. }), "{e}");
-    let e = placed.launch_with(&exec.bindings(), &[]).unwrap_err();
-    assert!(matches!(e, hetero::Error::Graph { .. }), "{e}");
+    let err = placed.launch().unwrap_err();
+    assert!(matches!(err, hetero::Error::Graph { .. }), "{err}");
+    let err = placed.launch_with(&exec.bindings(), &[]).unwrap_err();
+    assert!(matches!(err, hetero::Error::Graph { .. }), "{err}");
     let (a, b, c, l) = (buffers(1), buffers(2), buffers(3), last());
     let mut bindings = placed.bindings();
     bindings.bind(&x, &a.0).unwrap();
-    let e = placed.launch_with(&bindings, &[]).unwrap_err();
-    assert!(matches!(e, hetero::Error::Graph { .. }), "{e}");
+    let err = placed.launch_with(&bindings, &[]).unwrap_err();
+    assert!(matches!(err, hetero::Error::Graph { .. }), "{err}");
     bind(&mut bindings, &a);
     placed.launch_with(&bindings, &[]).unwrap();
     placed.launch_with(&bindings, &[]).unwrap();
@@ -1086,6 +1086,9 @@ fn a_stream_graph_with_slots_is_placed_and_launched_with_bindings() {
     let gated = placed
         .launch_with(&bindings, std::slice::from_ref(gate.event()))
         .unwrap();
+    // (Right after: a launch between would order it through the streams
+    // the plan shares between launches. C's copy back into its `y` runs on
+    // the stream of `y`'s last writer, which stream order does not reach.)
     bind_last(&mut bindings, &c, &l);
     let after = placed.launch_with(&bindings, &[]).unwrap();
     gate.signal();

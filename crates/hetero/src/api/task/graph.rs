@@ -13,6 +13,7 @@ use crate::exec::graph::plan::SlotSpec;
 use crate::exec::sched::heft::{self, HeftTask};
 use crate::exec::sched::model;
 use crate::{Bindings, Error, Event, Result, Stream};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// Tasks recorded for placement as a whole ([`TaskGraph::instantiate_on`]).
@@ -121,8 +122,10 @@ struct DataPlan {
 struct Live {
     /// The streams (replaced when a fault left one failed).
     streams: Vec<Stream>,
-    /// Per slot: the address of the buffer the last launch bound to it.
-    bound: Vec<usize>,
+    /// Buffers launches bound to slots, by address: the ends of the last
+    /// tasks over each through a slot (its slot's data's last writer and
+    /// readers), kept while one is pending.
+    touched: HashMap<usize, Vec<Event>>,
 }
 
 struct Plan {
@@ -575,15 +578,10 @@ fn make_plan(
         .enumerate()
         .filter_map(|(x, dp)| dp.data.slot().map(|k| (k, x)))
         .collect();
-    let slots = slot_data
-        .iter()
-        .map(|&(k, _)| k as usize + 1)
-        .max()
-        .unwrap_or(0);
     Ok(Plan {
         live: Mutex::new(Live {
             streams,
-            bound: vec![0; slots],
+            touched: HashMap::new(),
         }),
         slot_data,
         lanes,
@@ -640,8 +638,8 @@ impl PlacedTaskGraph {
     /// stream graph's slots. Each slot is task data whose replica on the
     /// graph's device is the buffer bound to it (read there, results written
     /// back there) and whose replicas elsewhere are the placed graph's own,
-    /// reused by every launch; a launch binding a buffer that the last
-    /// launch bound to another slot runs after that launch's tasks on it.
+    /// reused by every launch; a buffer an earlier launch bound to another
+    /// slot is used after that launch's last tasks over it.
     pub fn launch_with(&self, bindings: &Bindings, after: &[Event]) -> Result<TaskGraphLaunch> {
         let op = "PlacedTaskGraph::launch_with";
         if !Arc::ptr_eq(&bindings.spec, &self.slots) {
@@ -674,17 +672,14 @@ impl PlacedTaskGraph {
                 .map_or(0, |h| Arc::as_ptr(h) as usize)
         };
         let mut live = lock(&plan.live);
-        // A slot bound to a buffer that the last launch bound to another
-        // slot: after that slot's tasks (its data's last writer and readers).
+        // A slot's buffer that a launch before touched through a slot (its
+        // own data's state orders only the tasks over the same slot): after
+        // those tasks.
         let mut rebound: Vec<(usize, Vec<Event>)> = Vec::new();
         for &(k, x) in &plan.slot_data {
-            let here = address(k);
-            for &(j, y) in &plan.slot_data {
-                if j != k && live.bound[j as usize] == here {
-                    let st = lock(plan.data[y].data.state());
-                    let evs = st.writer.iter().chain(&st.readers).map(|t| &t.end);
-                    rebound.push((x, evs.filter(|e| !e.completed_ok()).cloned().collect()));
-                }
+            if let Some(evs) = live.touched.get(&address(k)) {
+                let pending = evs.iter().filter(|e| !e.completed_ok()).cloned();
+                rebound.push((x, pending.collect()));
             }
         }
         // A stream a fault failed would fail every later launch: replaced.
@@ -813,6 +808,7 @@ impl PlacedTaskGraph {
             end_ns: t0 + plan.steps[j].end_ns,
             stream: None,
         };
+        let mut touched: Vec<(usize, Vec<Event>)> = Vec::new();
         for (x, dp) in plan.data.iter().enumerate() {
             let mut ds = lock(dp.data.state());
             ds.valid.iter_mut().for_each(|v| *v = None);
@@ -841,6 +837,11 @@ impl PlacedTaskGraph {
                     end_ns: t0 + plan.steps[dp.writer.expect("written")].end_ns,
                     stream: None,
                 });
+            }
+            if let Some(k) = dp.data.slot() {
+                // (The copy back, which writes the bound buffer, among them.)
+                let last = ds.writer.iter().chain(&ds.readers);
+                touched.push((address(k), last.map(|t| t.end.clone()).collect()));
             }
         }
         let mut tails = Vec::with_capacity(plan.lanes.len());
@@ -878,9 +879,9 @@ impl PlacedTaskGraph {
         }
         drop(sc);
         drop(st);
-        for &(k, _) in &plan.slot_data {
-            live.bound[k as usize] = address(k);
-        }
+        live.touched
+            .retain(|_, evs| evs.iter().any(|e| !e.completed_ok()));
+        live.touched.extend(touched);
         drop(live);
         rt.keep_alive();
         Ok(TaskGraphLaunch {
