@@ -1800,3 +1800,44 @@ fn a_managed_buffer_outside_the_context_is_a_typed_error() {
         .submit();
     assert!(e.is_err());
 }
+
+/// A task's measured time is its kernel's whether its start was recorded
+/// (it waited for a task of the other device and copied its input first)
+/// or follows from its stream's last task and its submission (nothing
+/// before its launch): in virtual time on emulated devices, the model's
+/// time for the kernel, the same for every such task.
+#[test]
+fn measured_times_are_the_kernels_whether_or_not_a_start_was_recorded() {
+    let emu = || {
+        let cfg = hetero::EmuConfig::new(hetero::LinkPreset::pcie4x16());
+        // Two compute units: a task queued behind another on its stream
+        // does not wait for a unit, only for that task.
+        Device::new(hetero::DeviceConfig::default().compute_units(2).emu(cfg)).unwrap()
+    };
+    let devs = [emu(), emu()];
+    let ctx = Context::new(&devs).unwrap();
+    ctx.set_perfmodel_dir(None);
+    let k = Kernel::with_cost(
+        "timed",
+        |_| hetero::KernelCost {
+            flops: 4e9,
+            bytes: 0.0,
+        },
+        |b| b.write::<u32>(0).iter_mut().for_each(|v| *v += 1),
+    );
+    let (x, y) = (ctx.data::<u32>(LEN).unwrap(), ctx.data::<u32>(LEN).unwrap());
+    let alone = ctx.task(&k).read_write(&x).on_device(0).submit().unwrap();
+    let chained = ctx.task(&k).read_write(&x).on_device(0).submit().unwrap();
+    let other = ctx.task(&k).read_write(&y).on_device(1).submit().unwrap();
+    let after = ctx.task(&k).read_write(&y).on_device(0).submit().unwrap();
+    ctx.wait_tasks().unwrap();
+    assert_eq!(after.bytes_moved(), (LEN * 4) as u64, "y copied first");
+    let ns: Vec<f64> = [&alone, &chained, &other, &after]
+        .iter()
+        .map(|t| t.measured_ns().unwrap())
+        .collect();
+    assert!(ns[0] > 1_000.0, "{ns:?}");
+    assert!(ns.iter().all(|&t| t == ns[0]), "{ns:?}");
+    assert_eq!(x.to_vec().unwrap(), vec![2; LEN]);
+    assert_eq!(y.to_vec().unwrap(), vec![2; LEN]);
+}
