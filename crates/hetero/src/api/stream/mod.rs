@@ -408,17 +408,9 @@ impl Stream {
     /// Makes work submitted after this call wait until `event` completed. Does not
     /// block the host, and never stalls other streams.
     pub fn wait_event(&self, event: &Event) -> Result<()> {
-        self.wait_event_op(event).map(drop)
-    }
-
-    /// [`wait_event`](Self::wait_event); `true` when it put an op on the
-    /// stream (not for an event of this stream or one complete without a
-    /// fault).
-    pub(crate) fn wait_event_op(&self, event: &Event) -> Result<bool> {
         let p = event.point_any("wait_event")?;
         if crate::api::graph::capture::is_capture_timeline(&p.timeline) {
-            return crate::api::graph::capture::wait(&self.inner.capture, self.id(), p)
-                .map(|()| true);
+            return crate::api::graph::capture::wait(&self.inner.capture, self.id(), p);
         }
         let dev = &self.inner.device;
         let foreign = p.timeline.device != dev.id();
@@ -444,7 +436,7 @@ impl Stream {
         if (!foreign && p.timeline.stream == self.id())
             || matches!(p.timeline.status(p.value), Some(Ok(())))
         {
-            return Ok(false);
+            return Ok(());
         }
         self.submit(Body::Wait {
             timeline: p.timeline.clone(),
@@ -456,7 +448,7 @@ impl Stream {
             // device reaches the value (nothing else tells them).
             p.timeline.watch(p.value, dev.kicker());
         }
-        Ok(true)
+        Ok(())
     }
 
     /// Blocks until all work submitted so far completed (managed prefetches

@@ -202,24 +202,12 @@ struct PoolStream {
 }
 
 /// A task not yet seen complete: what its observation needs.
-/// Where a task's start time comes from.
-#[derive(Clone, Debug)]
-enum Start {
-    /// An event recorded before its launch (after its waits and copies).
-    Recorded(Event),
-    /// A task with nothing before its launch on its stream but the stream's
-    /// last task (no wait, no copy, no record of its own): it starts when
-    /// that task ends (its end event) or when it was submitted (the
-    /// device's clock then), whichever is later.
-    After { prev: Option<Event>, submit_ns: u64 },
-}
-
 struct Pending {
     kernel: &'static str,
     footprint: u64,
     size: u64,
     device: usize,
-    start: Start,
+    start: Event,
     end: Event,
     /// The history model's prediction on its device.
     predicted: Option<f64>,
@@ -601,10 +589,6 @@ impl Runtime {
                 .as_ref()
                 .map_or(0, |p| p.stamp.load(Ordering::Acquire))
         };
-        let start_of = |s: &Start| match s {
-            Start::Recorded(e) => stamp(e),
-            Start::After { prev, submit_ns } => prev.as_ref().map_or(0, stamp).max(*submit_ns),
-        };
         let mut done = Vec::new();
         let mut i = 0;
         while i < st.pending.len() {
@@ -655,13 +639,12 @@ impl Runtime {
             if recent.len() > lanes {
                 recent.remove(0);
             }
-            let start = start_of(&p.start);
-            let ns = end.saturating_sub(start.max(unit_free)) as f64;
+            let ns = end.saturating_sub(stamp(&p.start).max(unit_free)) as f64;
             p.measured.store(ns.to_bits(), Ordering::Relaxed);
             hetero_trace::record_task(hetero_trace::TaskRecord {
                 kernel: p.kernel,
                 device: p.device as u32,
-                start_ns: start,
+                start_ns: stamp(&p.start),
                 end_ns: end,
                 predicted_ns: p.predicted.map(|v| v as u64),
                 measured_ns: ns as u64,
@@ -873,7 +856,7 @@ impl Runtime {
             index: home,
             held: Some(slot.clone()),
             event: signal.event().clone(),
-            start: Start::Recorded(Event::new()),
+            start: Event::new(),
             moved: 0,
             predicted: None,
             measured: measured.clone(),
@@ -1198,10 +1181,7 @@ impl Runtime {
             }
         };
         let stream = pool[at].stream.clone();
-        let (chained, prev_end) = match &pool[at].last {
-            Some((t, e)) => (Some(*t), Some(e.clone())),
-            None => (None, None),
-        };
+        let chained = pool[at].last.as_ref().map(|(t, _)| *t);
         st.stream_waits += u64::from(waited);
         st.stream_wait_ns += wait_ns;
         st.streams_made += u64::from(made);
@@ -1210,12 +1190,9 @@ impl Runtime {
                 stream.set_priority(p)?;
             }
         }
-        // Whether an op goes before the launch (a wait, a copy, a move):
-        // then a recorded event says when the task started.
-        let mut before = !spec.after.is_empty();
         for dep in deps {
             if Some(dep.id) != chained {
-                before |= stream.wait_event_op(&dep.end)?;
+                stream.wait_event(&dep.end)?;
             }
         }
         for e in &spec.after {
@@ -1231,7 +1208,6 @@ impl Runtime {
                     st.link_bytes.push((from.unwrap_or(n), d, bytes));
                 }
                 data.bring(&stream)?;
-                before = true;
                 continue;
             }
             data.replica(d, &self.devices[d])?;
@@ -1242,7 +1218,7 @@ impl Runtime {
                 let s = lock(data.state());
                 if s.valid[d].is_some() {
                     if let Some(ev) = s.valid[d].as_ref().filter(|e| e.is_recorded()) {
-                        before |= stream.wait_event_op(ev)?;
+                        stream.wait_event(ev)?;
                     }
                     continue;
                 }
@@ -1257,18 +1233,8 @@ impl Runtime {
             };
             data.copy(&stream, src, d, &[])?;
             copied.push(i);
-            before = true;
         }
-        // Nothing before the launch but the stream's last task: its start
-        // follows from that task's end and the clock now, one op fewer.
-        let start = if before {
-            Start::Recorded(stream.record_event()?)
-        } else {
-            Start::After {
-                prev: prev_end,
-                submit_ns: self.devices[d].now_ns(),
-            }
-        };
+        let start = stream.record_event()?;
         let args: Vec<crate::Arg<'_>> = spec
             .access
             .iter()
@@ -1299,7 +1265,7 @@ impl Runtime {
                 s.writer = Some(me.clone());
                 s.readers.clear();
             } else {
-                if let (true, Start::Recorded(start)) = (copied.contains(&i), &start) {
+                if copied.contains(&i) {
                     s.valid[d] = Some(start.clone());
                 }
                 s.add_reader(me.clone());
@@ -1415,7 +1381,7 @@ pub struct Task {
     /// Set for a task `ws` held back: the device that took it, once one did.
     held: Option<Arc<HeldSlot>>,
     event: Event,
-    start: Start,
+    start: Event,
     moved: u64,
     predicted: Option<f64>,
     measured: Arc<std::sync::atomic::AtomicU64>,
