@@ -390,14 +390,6 @@ impl Stream {
         Ok(())
     }
 
-    /// An event at this stream's last op, without an op of its own (no
-    /// timestamp: not for `elapsed_ms`): complete when that op is, failed
-    /// when the stream failed at or before it. Only for a stream no other
-    /// thread submits to meanwhile (a placed graph's own).
-    pub(crate) fn last_op_event(&self) -> Event {
-        Event::at(self.q().timeline().clone(), self.q().submitted())
-    }
-
     /// Records a new event at the current end of this stream.
     pub fn record_event(&self) -> Result<Event> {
         let mut e = Event::new();

@@ -782,14 +782,7 @@ impl PlacedTaskGraph {
                 None => stream.launch(&spec.kernel, spec.grid, &args)?,
             }
             if step.record {
-                // A stream's last step records (its event is the launch's,
-                // for users' timings); the others' ends are their op's
-                // place on the stream, with no op of their own.
-                ends[s] = Some(if plan.last[step.stream] == s {
-                    stream.record_event()?
-                } else {
-                    stream.last_op_event()
-                });
+                ends[s] = Some(stream.record_event()?);
             }
         }
         drop(args);
