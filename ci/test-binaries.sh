@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Prints the paths of one package's test binaries (its unit tests and tests/*.rs) as
 # the workspace build makes them, building them first if needed. Usage: $0 PACKAGE
+# (CARGO_TEST_ARGS: what to build instead of `--workspace`, e.g. `--release -p hetero`.)
 set -euo pipefail
 pkg="${1:?usage: $0 PACKAGE}"
-cargo test --workspace --tests --no-run --message-format=json | python3 -c '
+# shellcheck disable=SC2086
+cargo test ${CARGO_TEST_ARGS:---workspace} --tests --no-run --message-format=json | python3 -c '
 import json, sys
 pkg = sys.argv[1]
 for line in sys.stdin:

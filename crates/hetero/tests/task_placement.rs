@@ -827,6 +827,20 @@ fn spin() -> Kernel {
     )
 }
 
+/// `g` instantiated on its own device and launched twice on `s`: then
+/// `bufs`' contents (what a placed graph's two launches must leave).
+fn two_launches_on_its_device(
+    s: &hetero::Stream,
+    g: &hetero::Graph,
+    bufs: &[hetero::DeviceBuffer<u32>],
+) -> Vec<Vec<u32>> {
+    let exec = g.instantiate().unwrap();
+    s.launch_graph(&exec).unwrap();
+    s.launch_graph(&exec).unwrap();
+    s.synchronize().unwrap();
+    bufs.iter().map(|b| s.read_to_vec(b).unwrap()).collect()
+}
+
 /// Calibrates `spin` on both devices of `ctx`: its model is what makes a
 /// second device pay.
 fn calibrate_spin(ctx: &Context) {
@@ -913,13 +927,7 @@ fn a_stream_graph_placed_across_devices_matches_one_device() {
 
     let s = devs[0].create_stream().unwrap();
     let (one, want_bufs) = spin_graph(&devs[0], &s, chains);
-    let exec = one.instantiate().unwrap();
-    s.launch_graph(&exec).unwrap();
-    s.launch_graph(&exec).unwrap();
-    let want: Vec<Vec<u32>> = want_bufs
-        .iter()
-        .map(|b| s.read_to_vec(b).unwrap())
-        .collect();
+    let want = two_launches_on_its_device(&s, &one, &want_bufs);
 
     let (g, bufs) = spin_graph(&devs[0], &s, chains);
     s.synchronize().unwrap();
@@ -1144,15 +1152,8 @@ fn host_memory_of_a_placed_graph_keeps_its_order_across_launches() {
         (g, bufs, (gate, other))
     };
     let (one, want_bufs, (gate, _other)) = build();
-    let exec = one.instantiate().unwrap();
     gate.signal();
-    s.launch_graph(&exec).unwrap();
-    s.launch_graph(&exec).unwrap();
-    s.synchronize().unwrap();
-    let want: Vec<Vec<u32>> = want_bufs
-        .iter()
-        .map(|b| s.read_to_vec(b).unwrap())
-        .collect();
+    let want = two_launches_on_its_device(&s, &one, &want_bufs);
 
     let (g, bufs, (gate, _other)) = build();
     let placed = g.instantiate_on(&ctx).unwrap();
@@ -1226,15 +1227,8 @@ fn a_stream_graph_with_copies_fills_and_host_nodes_is_placed_whole() {
         (g, down, bufs, calls, (gate, other))
     };
     let (one, mut want_down, want_bufs, want_calls, (gate, _other)) = build();
-    let exec = one.instantiate().unwrap();
     gate.signal();
-    s.launch_graph(&exec).unwrap();
-    s.launch_graph(&exec).unwrap();
-    s.synchronize().unwrap();
-    let want: Vec<Vec<u32>> = want_bufs
-        .iter()
-        .map(|b| s.read_to_vec(b).unwrap())
-        .collect();
+    let want = two_launches_on_its_device(&s, &one, &want_bufs);
 
     let (g, mut down, bufs, calls, (gate, _other)) = build();
     let placed = g.instantiate_on(&ctx).unwrap();
@@ -1251,7 +1245,7 @@ fn a_stream_graph_with_copies_fills_and_host_nodes_is_placed_whole() {
     let got: Vec<Vec<u32>> = bufs.iter().map(|b| s.read_to_vec(b).unwrap()).collect();
     assert_eq!(got, want);
     // The graphs hold their host memory while they live.
-    drop((exec, one, placed, g));
+    drop((one, placed, g));
     assert_eq!(
         down.as_mut_slice().unwrap(),
         want_down.as_mut_slice().unwrap()
@@ -1302,14 +1296,7 @@ fn a_stream_graph_with_2d_copies_is_placed_whole() {
         (g, up, down, bufs)
     };
     let (one, _up, mut want_down, want_bufs) = build();
-    let exec = one.instantiate().unwrap();
-    s.launch_graph(&exec).unwrap();
-    s.launch_graph(&exec).unwrap();
-    s.synchronize().unwrap();
-    let want: Vec<Vec<u32>> = want_bufs
-        .iter()
-        .map(|b| s.read_to_vec(b).unwrap())
-        .collect();
+    let want = two_launches_on_its_device(&s, &one, &want_bufs);
 
     let (g, _up, mut down, bufs) = build();
     let placed = g.instantiate_on(&ctx).unwrap();
@@ -1320,7 +1307,7 @@ fn a_stream_graph_with_2d_copies_is_placed_whole() {
     placed.launch().unwrap().wait().unwrap();
     let got: Vec<Vec<u32>> = bufs.iter().map(|b| s.read_to_vec(b).unwrap()).collect();
     assert_eq!(got, want);
-    drop((exec, one, placed, g));
+    drop((one, placed, g));
     assert_eq!(
         down.as_mut_slice().unwrap(),
         want_down.as_mut_slice().unwrap()
@@ -1355,10 +1342,7 @@ fn a_stream_graph_with_its_own_buffers_is_placed() {
         (g, x, y)
     };
     let (one, _x, want_y) = build();
-    let exec = one.instantiate().unwrap();
-    s.launch_graph(&exec).unwrap();
-    s.launch_graph(&exec).unwrap();
-    let want = s.read_to_vec(&want_y).unwrap();
+    let want = two_launches_on_its_device(&s, &one, std::slice::from_ref(&want_y)).remove(0);
     assert_ne!(want, init);
 
     let (g, _x, y) = build();
