@@ -401,8 +401,9 @@ impl Graph {
     /// callbacks and waits on outside events run on the graph's device;
     /// nodes that only order add edges. A buffer the graph allocates is a
     /// buffer of the graph's device made now, for the placed graph's life.
-    /// A slot (bound at launch) or a managed argument is an
-    /// [`Error::Graph`].
+    /// A slot is bound at each launch
+    /// ([`PlacedTaskGraph::launch_with`](crate::PlacedTaskGraph::launch_with));
+    /// a managed argument is an [`Error::Graph`].
     ///
     /// ```
     /// use hetero::{Arg, Context, Device, Graph, Grid, Kernel};

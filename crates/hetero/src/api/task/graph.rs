@@ -639,7 +639,33 @@ impl PlacedTaskGraph {
     /// graph's device is the buffer bound to it (read there, results written
     /// back there) and whose replicas elsewhere are the placed graph's own,
     /// reused by every launch; a buffer an earlier launch bound to another
-    /// slot is used after that launch's last tasks over it.
+    /// slot is used after that launch's last tasks over it. An unbound slot
+    /// or bindings of another graph are an [`Error::Graph`](crate::Error::Graph).
+    ///
+    /// ```
+    /// use hetero::{Arg, Context, Device, Graph, Grid, Kernel};
+    /// let devices = [Device::host().unwrap(), Device::host().unwrap()];
+    /// let ctx = Context::new(&devices).unwrap();
+    /// # ctx.set_perfmodel_dir(None); // the doctest writes no model file
+    /// let inc = Kernel::new("inc", |b| b.write::<u32>(0).iter_mut().for_each(|v| *v += 1));
+    /// let mut g = Graph::new(&devices[0]).unwrap();
+    /// let slot = g.slot::<u32>(4).unwrap();
+    /// g.kernel(&inc, Grid::new(1), &[Arg::write(&slot)], &[]).unwrap();
+    /// let placed = g.instantiate_on(&ctx).unwrap();
+    /// assert!(placed.launch().is_err(), "the slot is not bound");
+    /// let s = devices[0].create_stream().unwrap();
+    /// let (a, b) = (devices[0].alloc::<u32>(4).unwrap(), devices[0].alloc::<u32>(4).unwrap());
+    /// s.fill(&a, 10u32).unwrap();
+    /// s.fill(&b, 20u32).unwrap();
+    /// s.synchronize().unwrap();
+    /// let mut bindings = placed.bindings();
+    /// for buffer in [&a, &b, &a] {
+    ///     bindings.bind(&slot, buffer).unwrap();
+    ///     placed.launch_with(&bindings, &[]).unwrap().wait().unwrap();
+    /// }
+    /// assert_eq!(s.read_to_vec(&a).unwrap(), vec![12; 4]);
+    /// assert_eq!(s.read_to_vec(&b).unwrap(), vec![21; 4]);
+    /// ```
     pub fn launch_with(&self, bindings: &Bindings, after: &[Event]) -> Result<TaskGraphLaunch> {
         let op = "PlacedTaskGraph::launch_with";
         if !Arc::ptr_eq(&bindings.spec, &self.slots) {
