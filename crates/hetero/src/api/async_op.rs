@@ -63,7 +63,7 @@ impl<T: Pod> DeviceBuffer<T> {
 impl Stream {
     /// Enqueues `op` (see [`AsyncOp`]): it starts once everything before it on
     /// the stream completed, and later work waits until it reports done. It may
-    /// use `args` (host-visible buffers only) through its [`AsyncContext`].
+    /// use `args` (host-visible buffers only) through its [`AsyncContext`](crate::AsyncContext).
     /// Async ops cannot be recorded into a graph.
     pub fn enqueue_async(
         &self,

@@ -330,7 +330,7 @@ impl Device {
         self.inner.backend().trace_hash()
     }
 
-    /// A new event the host signals ([`HostEvent`]): a way to hold back work on
+    /// A new event the host signals ([`HostEvent`](crate::HostEvent)): a way to hold back work on
     /// streams until the host says so.
     pub fn host_event(&self) -> crate::HostEvent {
         // Its own timeline, of no stream (0): no stream's order elides a wait on
