@@ -305,6 +305,37 @@ impl Bindings {
     }
 }
 
+/// `bindings`' table for a launch of the graph whose slots `spec` describes
+/// (`None`: no bindings); an error if they were made for another graph or
+/// leave a slot the graph uses unbound. `(graph, launch)` name the handle
+/// and the call the messages point to.
+pub(crate) fn table_for<'b>(
+    bindings: Option<&'b Bindings>,
+    spec: &Arc<SlotSpec>,
+    op: &'static str,
+    (graph, launch): (&str, &str),
+) -> Result<Option<&'b Arc<Vec<Option<GraphHold>>>>> {
+    if bindings.is_some_and(|b| !Arc::ptr_eq(&b.spec, spec)) {
+        return Err(Error::Graph {
+            op,
+            detail: format!("the bindings were made for another graph; use {graph}.bindings()"),
+        });
+    }
+    let table = bindings.map(|b| &b.table);
+    for (i, &used) in spec.used.iter().enumerate() {
+        if used && table.is_none_or(|t| t[i].is_none()) {
+            return Err(Error::Graph {
+                op,
+                detail: format!(
+                    "slot {i} is not bound; bind a buffer to it ({graph}.bindings(), \
+                     Bindings::bind) and launch with {launch}"
+                ),
+            });
+        }
+    }
+    Ok(table)
+}
+
 /// `Stream::launch_graph[_with]`.
 pub(crate) fn launch(
     stream: &Stream,
@@ -328,30 +359,7 @@ pub(crate) fn launch(
             stream_device: stream.device().id(),
         });
     }
-    let table = match bindings {
-        Some(b) => {
-            if !Arc::ptr_eq(&b.spec, &e.slots) {
-                return Err(Error::Graph {
-                    op,
-                    detail: "the bindings were made for another graph; use exec.bindings()".into(),
-                });
-            }
-            Some(b.table.clone())
-        }
-        None => None,
-    };
-    for (i, used) in e.slots.used.iter().enumerate() {
-        let bound = table.as_ref().is_some_and(|t| t[i].is_some());
-        if *used && !bound {
-            return Err(Error::Graph {
-                op,
-                detail: format!(
-                    "slot {i} is not bound; bind a buffer to it (exec.bindings(), \
-                     Bindings::bind) and launch with launch_graph_with"
-                ),
-            });
-        }
-    }
+    let table = table_for(bindings, &e.slots, op, ("exec", "launch_graph_with"))?.cloned();
     for (timeline, value) in e.waits.iter() {
         if !timeline.is_reached(*value) || timeline.error_for(*value).is_some() {
             stream.submit(Body::Wait {

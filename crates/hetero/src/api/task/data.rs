@@ -53,10 +53,10 @@ impl DataState {
     }
 }
 
-/// What every typed buffer offers the task layer.
 /// The buffers a placed stream graph's launch binds to its slots, by slot.
 pub(crate) type Bound<'a> = &'a [Option<crate::exec::storage::GraphHold>];
 
+/// What every typed buffer offers the task layer.
 pub(crate) trait DataAny: Send + Sync {
     fn id(&self) -> u64;
     fn bytes(&self) -> usize;

@@ -9,10 +9,11 @@
 
 use super::data::{Bound, DataAny, TaskRef};
 use super::{dependencies_in, lock, Context, Runtime, Spec, TaskBuilder};
+use crate::api::graph::exec::table_for;
 use crate::exec::graph::plan::SlotSpec;
 use crate::exec::sched::heft::{self, HeftTask};
 use crate::exec::sched::model;
-use crate::{Bindings, Error, Event, Result, Stream};
+use crate::{Bindings, Event, Result, Stream};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -136,8 +137,6 @@ struct Plan {
     last: Vec<usize>,
     steps: Vec<Step>,
     data: Vec<DataPlan>,
-    /// The data that stand for slots: (slot, index into `data`).
-    slot_data: Vec<(u32, usize)>,
     /// Bytes copied per launch, per link: (from, to, bytes), each link once.
     moved: Vec<(usize, usize, u64)>,
     /// Tasks per device (index in the context).
@@ -573,17 +572,11 @@ fn make_plan(
     for step in &steps {
         per_device[step.device] += 1;
     }
-    let slot_data: Vec<(u32, usize)> = data
-        .iter()
-        .enumerate()
-        .filter_map(|(x, dp)| dp.data.slot().map(|k| (k, x)))
-        .collect();
     Ok(Plan {
         live: Mutex::new(Live {
             streams,
             touched: HashMap::new(),
         }),
-        slot_data,
         lanes,
         last,
         steps,
@@ -624,7 +617,7 @@ impl PlacedTaskGraph {
     /// unrecorded one a typed error; a fault before an event fails the
     /// launch's tasks.
     pub fn launch_after(&self, events: &[Event]) -> Result<TaskGraphLaunch> {
-        self.run(&[], events, "PlacedTaskGraph::launch")
+        self.run(None, events, "PlacedTaskGraph::launch")
     }
 
     /// An empty binding table for the slots of the stream graph this was
@@ -667,30 +660,19 @@ impl PlacedTaskGraph {
     /// assert_eq!(s.read_to_vec(&b).unwrap(), vec![21; 4]);
     /// ```
     pub fn launch_with(&self, bindings: &Bindings, after: &[Event]) -> Result<TaskGraphLaunch> {
-        let op = "PlacedTaskGraph::launch_with";
-        if !Arc::ptr_eq(&bindings.spec, &self.slots) {
-            return Err(Error::Graph {
-                op,
-                detail: "the bindings were made for another graph; use placed.bindings()".into(),
-            });
-        }
-        self.run(&bindings.table, after, op)
+        self.run(Some(bindings), after, "PlacedTaskGraph::launch_with")
     }
 
-    fn run(&self, bound: Bound<'_>, events: &[Event], op: &'static str) -> Result<TaskGraphLaunch> {
+    fn run(
+        &self,
+        bindings: Option<&Bindings>,
+        events: &[Event],
+        op: &'static str,
+    ) -> Result<TaskGraphLaunch> {
         let rt = &self.rt;
         let plan = &self.plan;
-        for (i, &used) in self.slots.used.iter().enumerate() {
-            if used && bound.get(i).is_none_or(Option::is_none) {
-                return Err(Error::Graph {
-                    op,
-                    detail: format!(
-                        "slot {i} is not bound; bind a buffer to it (placed.bindings(), \
-                         Bindings::bind) and launch with launch_with"
-                    ),
-                });
-            }
-        }
+        let table = table_for(bindings, &self.slots, op, ("placed", "launch_with"))?;
+        let bound: Bound<'_> = table.map_or(&[], |t| t.as_slice());
         let address = |k: u32| {
             bound
                 .get(k as usize)
@@ -698,16 +680,6 @@ impl PlacedTaskGraph {
                 .map_or(0, |h| Arc::as_ptr(h) as usize)
         };
         let mut live = lock(&plan.live);
-        // A slot's buffer that a launch before touched through a slot (its
-        // own data's state orders only the tasks over the same slot): after
-        // those tasks.
-        let mut rebound: Vec<(usize, Vec<Event>)> = Vec::new();
-        for &(k, x) in &plan.slot_data {
-            if let Some(evs) = live.touched.get(&address(k)) {
-                let pending = evs.iter().filter(|e| !e.completed_ok()).cloned();
-                rebound.push((x, pending.collect()));
-            }
-        }
         // A stream a fault failed would fail every later launch: replaced.
         for (q, s) in live.streams.iter_mut().enumerate() {
             if s.error().is_some() {
@@ -767,10 +739,11 @@ impl PlacedTaskGraph {
             if ev.is_recorded() && !ev.completed_ok() {
                 evs.push(ev.clone());
             }
-            let x = pre.len();
-            for (_, more) in rebound.iter().filter(|r| r.0 == x) {
-                evs.extend(more.iter().cloned());
-            }
+            // A slot's buffer that a launch before touched through any slot
+            // (its data's state orders only the tasks over this slot): after
+            // those tasks too.
+            let touched = dp.data.slot().and_then(|k| live.touched.get(&address(k)));
+            evs.extend(touched.into_iter().flatten().filter(pending).cloned());
             pre.push(evs);
             start_valid.push(Some(ev));
         }

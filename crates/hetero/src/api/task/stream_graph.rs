@@ -46,11 +46,17 @@ struct GraphData {
     home: usize,
     /// A buffer the graph allocates (nothing outside reads it).
     scratch: bool,
-    /// The buffer on the graph's device; `None` for a slot.
-    hold: Option<GraphHold>,
-    slot: Option<u32>,
+    /// Its replica on the graph's device.
+    at_home: AtHome,
     replicas: Vec<OnceLock<DeviceBuffer<u8>>>,
     state: Mutex<DataState>,
+}
+
+/// A stream graph's buffer on its device: one the graph names, or the one
+/// each launch binds to a slot.
+enum AtHome {
+    Buffer(GraphHold),
+    Slot(u32),
 }
 
 impl GraphData {
@@ -58,10 +64,9 @@ impl GraphData {
         if at != self.home {
             return self.replicas[at].get().map(|b| &*b.storage);
         }
-        match (&self.hold, self.slot) {
-            (Some(h), _) => Some(h),
-            (None, Some(k)) => bound.get(k as usize)?.as_ref().map(|h| &**h),
-            (None, None) => None,
+        match &self.at_home {
+            AtHome::Buffer(h) => Some(h),
+            AtHome::Slot(k) => bound.get(*k as usize)?.as_ref().map(|h| &**h),
         }
     }
 }
@@ -88,7 +93,10 @@ impl DataAny for GraphData {
         self.scratch
     }
     fn slot(&self) -> Option<u32> {
-        self.slot
+        match self.at_home {
+            AtHome::Slot(k) => Some(k),
+            AtHome::Buffer(_) => None,
+        }
     }
     fn replica(&self, at: usize, device: &Device) -> Result<()> {
         if at != self.home && self.replicas[at].get().is_none() {
@@ -368,19 +376,17 @@ pub(crate) fn place_graph(
         .collect::<Result<_>>()?;
     let scratch: Vec<usize> = internal.iter().map(|h| Arc::as_ptr(h) as usize).collect();
     let n_dev = rt.devices.len();
-    let new_datum = |bytes: usize, hold: Option<GraphHold>, slot: Option<u32>| {
+    let new_datum = |bytes: usize, at_home: AtHome| {
         let mut valid = vec![None; n_dev];
         valid[home] = Some(crate::Event::new());
-        let scratch = hold
-            .as_ref()
-            .is_some_and(|h| scratch.contains(&(Arc::as_ptr(h) as usize)));
+        let scratch = matches!(&at_home, AtHome::Buffer(h)
+            if scratch.contains(&(Arc::as_ptr(h) as usize)));
         Arc::new(GraphData {
             id: super::data::next_data_id(),
             bytes,
             home,
             scratch,
-            hold,
-            slot,
+            at_home,
             replicas: (0..n_dev).map(|_| OnceLock::new()).collect(),
             state: Mutex::new(DataState {
                 valid,
@@ -400,13 +406,13 @@ pub(crate) fn place_graph(
                 let info = draft.slots[*k as usize];
                 return by_slot
                     .entry(*k)
-                    .or_insert_with(|| new_datum(info.len * info.elem.size, None, Some(*k)))
+                    .or_insert_with(|| new_datum(info.len * info.elem.size, AtHome::Slot(*k)))
                     .clone();
             }
         };
         by_buffer
             .entry(Arc::as_ptr(hold) as usize)
-            .or_insert_with(|| new_datum(hold.bytes(), Some(hold.clone()), None))
+            .or_insert_with(|| new_datum(hold.bytes(), AtHome::Buffer(hold.clone())))
             .clone()
     };
     let mut specs: Vec<Spec> = Vec::new();
