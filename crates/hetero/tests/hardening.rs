@@ -533,16 +533,16 @@ fn allocate_past_a_held_free(dev: Device) {
 }
 
 /// From inside a host callback: placing a stream graph (its own buffer
-/// allocated then), launching it after an event of the callback's stream
-/// that comes later, and waiting for that launch all return (a result or a
-/// typed error), never hang.
+/// allocated then), binding its slot, launching it with those bindings
+/// after an event of the callback's stream that comes later, and waiting
+/// for that launch all return (a result or a typed error), never hang.
 #[test]
 fn placing_and_launching_a_graph_from_a_callback_does_not_hang() {
     let devs = [common::device(), common::device()];
     let ctx = hetero::Context::new(&devs).unwrap();
     ctx.set_perfmodel_dir(None);
     let s = devs[0].create_stream().unwrap();
-    let x = devs[0].alloc::<u32>(64).unwrap();
+    let x = Arc::new(devs[0].alloc::<u32>(64).unwrap());
     let mut g = hetero::Graph::new(&devs[0]).unwrap();
     let t = g.alloc::<u32>(64).unwrap();
     let fill = Kernel::new("fill", |b| b.write::<u32>(0).fill(3))
@@ -555,8 +555,16 @@ fn placing_and_launching_a_graph_from_a_callback_does_not_hang() {
     let a = g
         .kernel(&fill, Grid::new(1), &[Arg::write(&t)], &[])
         .unwrap();
-    g.kernel(&copy, Grid::new(1), &[Arg::read(&t), Arg::write(&x)], &[a])
-        .unwrap();
+    // The result goes to a slot, bound to `x` inside the callback.
+    let out = g.slot::<u32>(64).unwrap();
+    g.kernel(
+        &copy,
+        Grid::new(1),
+        &[Arg::read(&t), Arg::write(&out)],
+        &[a],
+    )
+    .unwrap();
+    let bound_to = x.clone();
     let later = Arc::new(std::sync::Mutex::new(None::<Event>));
     let slot = later.clone();
     let gate = devs[0].host_event();
@@ -568,7 +576,9 @@ fn placing_and_launching_a_graph_from_a_callback_does_not_hang() {
             .unwrap()
             .clone()
             .expect("recorded before the callback ran");
-        let launch = placed.launch_after(&[after])?;
+        let mut bindings = placed.bindings();
+        bindings.bind(&out, &bound_to)?;
+        let launch = placed.launch_with(&bindings, &[after])?;
         // The launch waits for work after this callback: waiting here could
         // never end.
         let waited = launch.wait();
