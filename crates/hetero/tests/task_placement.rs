@@ -787,6 +787,59 @@ fn tasks_are_recorded_in_the_trace_and_summed_in_the_report() {
     assert_eq!(x.to_vec().unwrap(), vec![5; LEN]);
 }
 
+/// A task's launch stamps its own start and end (no record op on either
+/// side): on its device's clock, a task that waited for another starts
+/// after that one ended, and a task's time lies within its launch's span
+/// (not the wait before it).
+#[test]
+fn a_task_is_timed_by_its_own_launch() {
+    if common::skipped("a_task_is_timed_by_its_own_launch") {
+        return;
+    }
+    let (ctx, _devs) = context();
+    let long = spin_named("timed_long");
+    let short = Kernel::new("timed_short", |b| b.write::<u32>(0).fill(3))
+        .wgsl(common::wgsl::map("u32", 0, "3u"), "main");
+    hetero_trace::set_enabled(true);
+    let x = ctx.data_from(&vec![1u32; SPIN_LEN]).unwrap();
+    let y = ctx.data::<u32>(SPIN_LEN).unwrap();
+    let mut pairs = Vec::new();
+    for d in 0..2 {
+        let a = ctx.task(&long).read(&x).write(&y).on_device(d);
+        let a = a.submit().unwrap();
+        // Writes what `a` wrote: after it (WAW), on the same device.
+        let b = ctx.task(&short).write(&y).on_device(d).submit().unwrap();
+        pairs.push((a, b));
+    }
+    ctx.wait_tasks().unwrap();
+    let trace = hetero_trace::take();
+    let record = |name: &str, d: usize| {
+        let mut it = trace
+            .tasks
+            .iter()
+            .filter(|t| t.kernel == name && t.device == d as u32);
+        let r = it.next().expect("the task is in the trace");
+        assert!(it.next().is_none(), "one {name} task on device {d}");
+        r
+    };
+    for (d, (a, b)) in pairs.iter().enumerate() {
+        let (ra, rb) = (record("timed_long", d), record("timed_short", d));
+        assert!(
+            ra.start_ns > 0 && ra.end_ns > ra.start_ns,
+            "device {d}: {ra:?}"
+        );
+        assert!(rb.start_ns >= ra.end_ns, "device {d}: {rb:?} before {ra:?}");
+        assert!(rb.end_ns >= rb.start_ns, "device {d}: {rb:?}");
+        // Its time is within its own launch's span.
+        for (t, r) in [(a, ra), (b, rb)] {
+            assert_eq!(t.measured_ns().unwrap() as u64, r.measured_ns);
+            assert!(r.measured_ns <= r.end_ns - r.start_ns, "device {d}: {r:?}");
+        }
+        assert!(ra.measured_ns > 0, "device {d}: {ra:?}");
+    }
+    assert_eq!(y.to_vec().unwrap(), vec![3; SPIN_LEN]);
+}
+
 /// Iterations of `spin`'s loop per element (under lavapipe's 65 535
 /// iterations per loop).
 const SPIN: u32 = 30_000;
@@ -799,8 +852,13 @@ const SPIN_LEN: usize = 512;
 /// per node that running on a second device pays for moving its buffers;
 /// declared as 2e8 flops for the emulated device's model.
 fn spin() -> Kernel {
+    spin_named("spin")
+}
+
+/// `spin` under another name (the trace of a test's own tasks).
+fn spin_named(name: &'static str) -> Kernel {
     let k = Kernel::with_cost(
-        "spin",
+        name,
         |_| hetero::KernelCost {
             flops: 2e8,
             bytes: 0.0,

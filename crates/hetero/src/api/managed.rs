@@ -2042,7 +2042,13 @@ fn prefetch_to_host(stream: &Stream, sh: &Shared, a: Access) -> Result<()> {
 }
 
 /// `Stream::launch` with managed arguments among `args`.
-pub(crate) fn launch(stream: &Stream, kernel: &Kernel, grid: Grid, args: &[Arg<'_>]) -> Result<()> {
+pub(crate) fn launch(
+    stream: &Stream,
+    kernel: &Kernel,
+    grid: Grid,
+    args: &[Arg<'_>],
+    mut span: Option<Box<crate::exec::op::Span>>,
+) -> Result<Option<u64>> {
     let name = kernel.inner.name;
     if grid.blocks() == 0 {
         return Err(Error::EmptyGrid { kernel: name });
@@ -2112,6 +2118,8 @@ pub(crate) fn launch(stream: &Stream, kernel: &Kernel, grid: Grid, args: &[Arg<'
             }
         }
     }
+    // The launch's value on the stream (none when captured).
+    let mut value = None;
     let mut submit = |views: &[Arc<Storage>]| -> Result<u64> {
         let capturing = stream.is_capturing();
         if !capturing {
@@ -2141,11 +2149,14 @@ pub(crate) fn launch(stream: &Stream, kernel: &Kernel, grid: Grid, args: &[Arg<'
             )?;
             return Ok(0);
         }
-        stream.backend_stream().submit_launch(
+        let v = stream.backend_stream().submit_launch(
             &kernel.inner,
             grid.blocks(),
             crate::exec::kernel::ArgList::from_args(&list),
-        )
+            span.take(),
+        )?;
+        value = Some(v);
+        Ok(v)
     };
     device_op(
         stream,
@@ -2153,7 +2164,8 @@ pub(crate) fn launch(stream: &Stream, kernel: &Kernel, grid: Grid, args: &[Arg<'
         &uses,
         MigrationReason::Declared,
         Some(&mut submit),
-    )
+    )?;
+    Ok(value)
 }
 
 impl Stream {

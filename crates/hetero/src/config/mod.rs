@@ -7,7 +7,7 @@ pub(crate) mod peer;
 /// What one ring slot of a stream costs for the stream's life, about: the op,
 /// its sequence number and the kernel a host slot keeps (checked against the
 /// op's size where `Op` is defined).
-pub(crate) const OP_SLOT_BYTES: usize = 136;
+pub(crate) const OP_SLOT_BYTES: usize = 144;
 
 use std::time::Duration;
 

@@ -144,6 +144,9 @@ pub(crate) enum Body {
         kernel: KernelRef,
         blocks: u32,
         args: ArgList,
+        /// Where the launch stamps its own start and end (a task's launch:
+        /// its time and its end event's timestamp without two record ops).
+        span: Option<Box<Span>>,
     },
     /// Taken (`Option::take`) when it runs.
     Host(Option<Box<dyn FnOnce() + Send>>),
@@ -185,7 +188,32 @@ pub(crate) enum Body {
     Async(Box<crate::exec::async_op::AsyncBody>),
 }
 
+/// The device times a stamped launch writes, on the clock a record op of its
+/// device stamps with: `start` once it starts, `end` before its value
+/// completes (a failed launch writes no `end`).
+pub(crate) struct Span {
+    pub(crate) start: Arc<AtomicU64>,
+    pub(crate) end: Arc<AtomicU64>,
+}
+
+impl Span {
+    pub(crate) fn stamp(&self, start: u64, end: u64) {
+        use std::sync::atomic::Ordering::Release;
+        self.start.store(start, Release);
+        self.end.store(end, Release);
+    }
+}
+
 impl Op {
+    /// The stamps of a launch that writes its own start and end.
+    #[inline(always)]
+    pub(crate) fn span(&self) -> Option<&Span> {
+        match &self.body {
+            Body::Kernel { span, .. } => span.as_deref(),
+            _ => None,
+        }
+    }
+
     /// The profile's kind of this op, and the event it waits on (a wait's
     /// stream and value): the one op → trace mapping every backend records.
     pub(crate) fn trace_kind(&self) -> (hetero_trace::OpKind, Option<(u64, u64)>) {

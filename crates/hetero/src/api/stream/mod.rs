@@ -307,8 +307,51 @@ impl Stream {
     /// Launches `kernel` over `grid`, giving it `args` (see [`Arg`]).
     #[inline]
     pub fn launch(&self, kernel: &Kernel, grid: Grid, args: &[Arg<'_>]) -> Result<()> {
+        self.launch_op(kernel, grid, args, None).map(drop)
+    }
+
+    /// Launches `kernel` as [`Stream::launch`] does, with events at its start
+    /// and its end: the launch stamps both itself (one op, not a record on
+    /// either side). The start event stands for the work before the launch
+    /// (its stamp is the launch's start); the end event is the launch.
+    pub(crate) fn launch_timed(
+        &self,
+        kernel: &Kernel,
+        grid: Grid,
+        args: &[Arg<'_>],
+    ) -> Result<(Event, Event)> {
+        let span = Box::new(crate::exec::op::Span {
+            start: Arc::new(AtomicU64::new(0)),
+            end: Arc::new(AtomicU64::new(0)),
+        });
+        let (start, end) = (span.start.clone(), span.end.clone());
+        match self.launch_op(kernel, grid, args, Some(span))? {
+            Some(value) => {
+                let at = |value, stamp| Event {
+                    point: Some(EventPoint::new(self.q().timeline().clone(), value, stamp)),
+                };
+                Ok((at(value - 1, start), at(value, end)))
+            }
+            // Captured (a capture's node stamps nothing): a record.
+            None => {
+                let e = self.record_event()?;
+                Ok((e.clone(), e))
+            }
+        }
+    }
+
+    /// The checks and the op of a launch; its value on the stream's
+    /// timeline, `None` when it went into a capture.
+    #[inline]
+    fn launch_op(
+        &self,
+        kernel: &Kernel,
+        grid: Grid,
+        args: &[Arg<'_>],
+        span: Option<Box<crate::exec::op::Span>>,
+    ) -> Result<Option<u64>> {
         if args.iter().any(|a| a.managed.is_some()) {
-            return crate::api::managed::launch(self, kernel, grid, args);
+            return crate::api::managed::launch(self, kernel, grid, args, span);
         }
         if grid.blocks == 0 {
             return Err(Error::EmptyGrid {
@@ -332,13 +375,14 @@ impl Stream {
             }
         }
         if self.is_capturing() {
-            return crate::api::graph::capture::kernel(
+            crate::api::graph::capture::kernel(
                 &self.inner.capture,
                 self.id(),
                 &kernel.inner,
                 grid.blocks,
                 args,
-            );
+            )?;
+            return Ok(None);
         }
         for a in args {
             self.order_use(a.storage)?;
@@ -350,11 +394,13 @@ impl Stream {
                 kernel: KernelRef::owned(kernel.inner.clone()),
                 blocks: grid.blocks,
                 args: list,
+                span: None,
             })?;
-        } else {
-            self.q().submit_launch(&kernel.inner, grid.blocks, list)?;
+            return Ok(None);
         }
-        Ok(())
+        self.q()
+            .submit_launch(&kernel.inner, grid.blocks, list, span)
+            .map(Some)
     }
 
     /// Runs `f` on the host once all earlier work on the stream completed; later

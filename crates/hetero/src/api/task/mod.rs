@@ -1,7 +1,8 @@
 //! The task layer, above streams: tasks in sequential-task-flow style over
 //! [`TaskData`] on the devices of a [`Context`], placed by a scheduling
 //! policy (`exec/sched`) on performance models, and turned into the stream
-//! operations of one device (event waits, peer copies, a launch, events).
+//! operations of one device (event waits, peer copies, and a launch that
+//! stamps its own start and end: one op a task, its end the task's event).
 //!
 //! - `data.rs`: task data (replicas per device, validity, last writer and
 //!   readers: the implicit dependencies).
@@ -577,8 +578,8 @@ impl Runtime {
 
     /// Feeds the models with the tasks seen complete.
     ///
-    /// A task's time is from its start event (after its waits and copies)
-    /// to its end, less any wait for a compute unit: processed in order of
+    /// A task's time is from its launch's start to its end (the launch
+    /// stamps both), less any wait for a compute unit: processed in order of
     /// their ends, a device's task is taken to start no earlier than the end
     /// of the task `lanes` places before it (exact when the device serves
     /// its tasks first come, first served).
@@ -1234,15 +1235,14 @@ impl Runtime {
             data.copy(&stream, src, d, &[])?;
             copied.push(i);
         }
-        let start = stream.record_event()?;
         let args: Vec<crate::Arg<'_>> = spec
             .access
             .iter()
             .map(|(data, mode)| data.arg(d, mode.writes(), &[]))
             .collect();
-        stream.launch(&spec.kernel, spec.grid, &args)?;
+        // One op: the launch stamps its own start and end.
+        let (start, end) = stream.launch_timed(&spec.kernel, spec.grid, &args)?;
         drop(args);
-        let end = stream.record_event()?;
         if st.notify_completions {
             // Room for a held task: the progress thread looks.
             let p = self.progress.clone();

@@ -233,6 +233,9 @@ impl Shared {
         if crate::exec::clock::profiling() {
             record(stream, &op, value, engine, ran, result.is_err());
         }
+        if let (Some(span), Ok(())) = (op.span(), &result) {
+            span.stamp(ran.start_ns, crate::exec::clock::now_ns());
+        }
         // Buffer locks are held exactly when an engine was taken (copies, fills, kernels).
         if !matches!(engine, Engine::None) {
             op.release_access(ran.unit);
@@ -282,7 +285,8 @@ thread_local! {
     pub(super) static LOOKING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Who ran an op and when it started; `start_ns` is 0 when profiling is off.
+/// Who ran an op and when it started; `start_ns` is 0 when profiling is off
+/// and the op stamps no span.
 #[derive(Clone, Copy)]
 pub(super) struct Ran {
     pub(super) unit: u32,

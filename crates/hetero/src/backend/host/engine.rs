@@ -288,7 +288,7 @@ impl EngineThread {
         value: u64,
         engine: Option<Engine>,
     ) -> bool {
-        let start_ns = if crate::exec::clock::profiling() {
+        let start_ns = if crate::exec::clock::profiling() || op.span().is_some() {
             crate::exec::clock::now_ns()
         } else {
             0

@@ -92,6 +92,7 @@ impl BackendStream for HostStream {
         kernel: &Arc<crate::exec::kernel::KernelInner>,
         blocks: u32,
         args: crate::exec::kernel::ArgList,
+        span: Option<Box<crate::exec::op::Span>>,
     ) -> Result<u64> {
         self.check_open()?;
         let op = Op::new(Body::Kernel {
@@ -103,6 +104,7 @@ impl BackendStream for HostStream {
             kernel: unsafe { KernelRef::lent(kernel) },
             blocks,
             args,
+            span,
         });
         self.push(op, |op: &mut Op, keep: &mut KernelKeep, pos: u64| {
             self.settle_kernel(op, keep, pos, kernel)

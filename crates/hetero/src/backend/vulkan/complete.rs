@@ -43,6 +43,18 @@ pub(super) fn complete(sh: &Shared, t: Taken, lost: Option<String>, stamps: &Sta
             }
             After::Keep(_) | After::KeepShared(_) | After::Nothing => {}
         }
+        if let Some(span) = op.span() {
+            // The device's timestamps around the dispatch, where it took
+            // them (else the completion, as a record without them).
+            let (start, end) = times
+                .span
+                .and_then(|q| span_ns(stamps, q))
+                .unwrap_or_else(|| {
+                    let now = sh.now_ns();
+                    (now, now)
+                });
+            span.stamp(start, end);
+        }
     }
     drop(op);
     stream.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -53,6 +65,11 @@ pub(super) fn complete(sh: &Shared, t: Taken, lost: Option<String>, stamps: &Sta
             stream.timeline.fail(value, Arc::from(m))
         }
     }
+}
+
+/// The device's times at a start and an end query, where it wrote both.
+fn span_ns(stamps: &Stamps, (a, b): (u32, u32)) -> Option<(u64, u64)> {
+    Some((stamps.get(a)?, stamps.get(b)?))
 }
 
 /// The profiler's records of a completed op (and of a graph launch's nodes),
@@ -69,8 +86,7 @@ fn trace(
     use crate::exec::op::CopyKind;
     use hetero_trace::EngineKind as E;
     let now = sh.now_ns();
-    let span =
-        |(a, b): (u32, u32)| -> Option<(u64, u64)> { Some((stamps.get(a)?, stamps.get(b)?)) };
+    let span = |q| span_ns(stamps, q);
     let (start_ns, end_ns) = times.span.and_then(span).unwrap_or((now, now));
     let engine = match &op.body {
         Body::Kernel { .. } | Body::Graph(_) => E::Compute,

@@ -858,14 +858,16 @@ impl Engine {
                     }
                     _ => {
                         let l = Self::lane_of(sh, &op.body);
-                        let profiling = crate::exec::clock::profiling();
+                        // Timestamps around it while profiling, and around a
+                        // launch that stamps its own span.
+                        let timed = crate::exec::clock::profiling() || op.span().is_some();
                         let r = self.enter(s, l, recs).and_then(|b| {
                             taken.at = (l, b);
                             rec_or_new(sh, &mut self.spares[l], &mut recs[l], l)
                         });
                         let times = &mut taken.times;
                         let r = r.and_then(|r| {
-                            let start = profiling.then(|| self.stamp(sh, r, &mut times.held));
+                            let start = timed.then(|| self.stamp(sh, r, &mut times.held));
                             let after = self.record(sh, r, &op)?;
                             if let Some(Some(start)) = start {
                                 if let Some(end) = self.stamp(sh, r, &mut times.held) {

@@ -178,6 +178,7 @@ impl Engine {
                 kernel,
                 blocks,
                 args,
+                ..
             } => {
                 let mut places = Places::new();
                 for a in args.as_slice_iter() {

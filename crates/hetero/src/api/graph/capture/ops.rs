@@ -145,6 +145,7 @@ pub(crate) fn submit(slot: &CaptureSlot, stream: u64, body: Body) -> Result<u64>
                 kernel,
                 blocks,
                 args,
+                ..
             } => {
                 let start = d.args.len();
                 for a in args.as_slice_iter() {

@@ -320,14 +320,7 @@ impl Sim {
                 match &mut op.body {
                     // In real time the model's clock moves only between passes:
                     // a record stamps the wall clock it ran at.
-                    Body::Record { stamp } => {
-                        let at = if sh.real_time() {
-                            sh.now_ns().max(now)
-                        } else {
-                            now
-                        };
-                        stamp.store(at, Ordering::Release)
-                    }
+                    Body::Record { stamp } => stamp.store(stamp_at(sh, now), Ordering::Release),
                     Body::Host(f) => {
                         if let Some(f) = f.take() {
                             result = op::catch_user(|| "host callback".into(), f);
@@ -362,6 +355,9 @@ impl Sim {
                 (transfer, end)
             }
         };
+        if let Some(span) = op.span() {
+            span.start.store(stamp_at(sh, now), Ordering::Release);
+        }
         let mut merged = Vec::new();
         if let (Some(t), Engine::Copy(k, i), true) = (&mut transfer, engine, result.is_ok()) {
             merge_run(sh, stream, &op, (k, i), t, &mut merged);
@@ -477,6 +473,7 @@ impl Sim {
                 kernel,
                 blocks,
                 args,
+                ..
             } => {
                 let units = match engine {
                     Engine::Compute(_, n) => n,
@@ -564,6 +561,9 @@ impl Sim {
                 record_merged(&r, m, *v, end);
             }
         }
+        if let (Some(span), Ok(())) = (r.op.span(), &r.result) {
+            span.end.store(stamp_at(sh, end), Ordering::Release);
+        }
         let Running {
             stream,
             op,
@@ -580,6 +580,17 @@ impl Sim {
         }
         self.tick += 1;
         stream.last_served.store(self.tick, Ordering::Relaxed);
+    }
+}
+
+/// What a record (or a stamped launch) at model time `now` stamps: `now` in
+/// virtual time; in real time, where the model's clock moves only between
+/// passes, the wall clock it ran at.
+fn stamp_at(sh: &Shared, now: u64) -> u64 {
+    if sh.real_time() {
+        sh.now_ns().max(now)
+    } else {
+        now
     }
 }
 
