@@ -777,18 +777,11 @@ impl PlacedTaskGraph {
                 arg.elem = elem;
             }
             match &spec.op {
-                Some(op) => {
-                    op.run(stream, &args)?;
-                    if step.record {
-                        ends[s] = Some(stream.record_event()?);
-                    }
-                }
-                // A launch whose end others need is its own end event.
-                None if step.record => {
-                    let (_, end) = stream.launch_timed(&spec.kernel, spec.grid, &args)?;
-                    ends[s] = Some(end);
-                }
+                Some(op) => op.run(stream, &args)?,
                 None => stream.launch(&spec.kernel, spec.grid, &args)?,
+            }
+            if step.record {
+                ends[s] = Some(stream.record_event()?);
             }
         }
         drop(args);
