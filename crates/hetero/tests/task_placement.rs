@@ -840,6 +840,56 @@ fn a_task_is_timed_by_its_own_launch() {
     assert_eq!(y.to_vec().unwrap(), vec![3; SPIN_LEN]);
 }
 
+/// A device's dispatch time (what it spends per task outside the kernel's
+/// span) is observed in real time from tasks that were on the device before
+/// a compute unit freed: here every unit runs a slow task while short
+/// independent ones queue behind. In virtual time there is none.
+#[test]
+fn a_devices_dispatch_time_is_observed_in_real_time_only() {
+    if common::skipped("a_devices_dispatch_time_is_observed_in_real_time_only") {
+        return;
+    }
+    let (ctx, devs) = context();
+    // Long on every device: the host's and Vulkan's own spin, and on the
+    // emulated device (which models a kernel from its declared cost) 1e11
+    // flops, milliseconds at its rate.
+    let slow = spin_with("dispatch_slow", 1e11);
+    let short = Kernel::new("dispatch_short", |b| b.write::<u32>(0).fill(3))
+        .wgsl(common::wgsl::map("u32", 0, "3u"), "main");
+    let x = ctx.data_from(&vec![1u32; SPIN_LEN]).unwrap();
+    for (d, dev) in devs.iter().enumerate() {
+        let units = dev.properties().compute_units.max(1);
+        let ys: Vec<_> = (0..units)
+            .map(|_| ctx.data::<u32>(SPIN_LEN).unwrap())
+            .collect();
+        for y in &ys {
+            ctx.task(&slow)
+                .read(&x)
+                .write(y)
+                .on_device(d)
+                .submit()
+                .unwrap();
+        }
+        // Each its own datum: no dependency, nothing to copy.
+        let zs: Vec<_> = (0..64).map(|_| ctx.data::<u32>(1).unwrap()).collect();
+        for z in &zs {
+            ctx.task(&short).write(z).on_device(d).submit().unwrap();
+        }
+        ctx.wait_tasks().unwrap();
+        assert!(zs.iter().all(|z| z.to_vec().unwrap() == vec![3]));
+    }
+    let dispatch = ctx.task_stats().dispatch_ns;
+    if devs[0].trace_hash().is_some() {
+        assert!(dispatch.iter().all(Option::is_none), "{dispatch:?}");
+    } else {
+        assert_eq!(dispatch.len(), 2, "{dispatch:?}");
+        for (d, ns) in dispatch.iter().enumerate() {
+            let ns = ns.unwrap_or_else(|| panic!("device {d}: no estimate: {dispatch:?}"));
+            assert!(ns.is_finite() && ns >= 0.0, "device {d}: {ns}");
+        }
+    }
+}
+
 /// Iterations of `spin`'s loop per element (under lavapipe's 65 535
 /// iterations per loop).
 const SPIN: u32 = 30_000;
@@ -857,12 +907,15 @@ fn spin() -> Kernel {
 
 /// `spin` under another name (the trace of a test's own tasks).
 fn spin_named(name: &'static str) -> Kernel {
+    spin_with(name, 2e8)
+}
+
+/// `spin` under another name, declared as `flops` for the emulated
+/// device's model.
+fn spin_with(name: &'static str, flops: f64) -> Kernel {
     let k = Kernel::with_cost(
         name,
-        |_| hetero::KernelCost {
-            flops: 2e8,
-            bytes: 0.0,
-        },
+        move |_| hetero::KernelCost { flops, bytes: 0.0 },
         |b| {
             let x = b.read::<u32>(0);
             let off = b.write_offset(0);

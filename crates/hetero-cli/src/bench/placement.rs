@@ -843,8 +843,14 @@ fn overhead(rep: &mut BenchReport, quick: bool) -> Result<()> {
         );
         rep.notes.push(format!(
             "overhead {name}: tasks per device {:?}, {} of {n} submissions waited for a busy \
-             device's streams, {} streams made",
-            st.per_device, st.stream_waits, st.streams_made
+             device's streams, {} streams made, dispatch per device (ns) {:?}",
+            st.per_device,
+            st.stream_waits,
+            st.streams_made,
+            st.dispatch_ns
+                .iter()
+                .map(|d| d.map(|ns| ns.round()))
+                .collect::<Vec<_>>()
         ));
     }
     Ok(())

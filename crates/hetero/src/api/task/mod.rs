@@ -28,6 +28,7 @@ pub(crate) mod graph;
 pub(crate) mod stream_graph;
 
 use crate::api::context::{Context, ContextShared, PeerPath};
+use crate::exec::sched::dispatch::Dispatch;
 use crate::exec::sched::learned::Learner;
 use crate::exec::sched::model::{self, Models};
 use crate::exec::sched::{self, Candidate, SchedPolicy};
@@ -100,6 +101,12 @@ pub struct TaskStats {
     /// The history model's prediction against the time observed, per kernel
     /// and device (tasks placed with a trusted prediction and seen complete).
     pub prediction_error: Vec<PredictionError>,
+    /// Per device (by index), the dispatch time the policies add to each
+    /// task there, ns: the median gap between a compute unit freeing and
+    /// the next task starting on it, among tasks already on the device
+    /// then (real time only; `None` until 8 such gaps, and in virtual
+    /// time). Kept across [`Context::reset_task_stats`], as the models are.
+    pub dispatch_ns: Vec<Option<f64>>,
 }
 
 /// How far a kernel's predictions on one device were from what it took.
@@ -138,6 +145,8 @@ pub(crate) struct Sched {
     stats: TaskStats,
     /// Per (kernel, device): tasks and the sum of relative errors.
     errors: std::collections::BTreeMap<(&'static str, usize), (u64, f64)>,
+    /// Per device (by index): its observed dispatch time.
+    dispatch: Vec<Dispatch>,
 }
 
 impl Default for Sched {
@@ -149,6 +158,7 @@ impl Default for Sched {
             learner: Learner::default(),
             stats: TaskStats::default(),
             errors: Default::default(),
+            dispatch: Vec::new(),
         }
     }
 }
@@ -202,6 +212,16 @@ struct PoolStream {
     last: Option<(u64, Event)>,
 }
 
+/// A task just emitted, as `Runtime::account` books it.
+struct Booked {
+    task: Task,
+    /// When it was on its device (`Runtime::dispatch_sample`), or 0.
+    queued_at: u64,
+    /// What it adds to its compute unit's expected free time (its
+    /// expected execution and the device's dispatch time), ns.
+    cost_ns: f64,
+}
+
 /// A task not yet seen complete: what its observation needs.
 struct Pending {
     kernel: &'static str,
@@ -210,6 +230,11 @@ struct Pending {
     device: usize,
     start: Event,
     end: Event,
+    /// When it was on its device (device clock), for the dispatch
+    /// estimate; 0: not sampled.
+    queued_at: u64,
+    /// What it added to its compute unit's expected free time, ns.
+    cost_ns: f64,
     /// The history model's prediction on its device.
     predicted: Option<f64>,
     /// Where the observed time goes (shared with the task's handle).
@@ -614,6 +639,22 @@ impl Runtime {
                 .as_ref()
                 .is_some_and(|p| p.timeline.status(p.value).is_none())
         });
+        if !self.virtual_time {
+            // A device behind its expected times (StarPU's dmda moves a
+            // worker's expected end as its tasks start): its compute units
+            // are free no earlier than its unfinished tasks' costs, shared
+            // among them, from now. (In virtual time the model runs only
+            // when the host waits: the expected times are the model's.)
+            let mut work = vec![0.0f64; self.devices.len()];
+            for p in &st.pending {
+                work[p.device] += p.cost_ns;
+            }
+            let now = self.now_ns();
+            for (d, free) in st.free.iter_mut().enumerate() {
+                let floor = now + work[d] / self.lanes[d] as f64;
+                free.iter_mut().for_each(|f| *f = f.max(floor));
+            }
+        }
         if st.pending.is_empty() && st.graph_tails.is_empty() && st.held.is_empty() {
             // Not the last handle: whoever called holds one (or this is the
             // runtime's drop, and the one kept is another's).
@@ -640,12 +681,19 @@ impl Runtime {
             if recent.len() > lanes {
                 recent.remove(0);
             }
-            let ns = end.saturating_sub(stamp(&p.start).max(unit_free)) as f64;
+            let start = stamp(&p.start);
+            let ns = end.saturating_sub(start.max(unit_free)) as f64;
+            if p.queued_at != 0 {
+                if sc.dispatch.len() < self.devices.len() {
+                    sc.dispatch.resize(self.devices.len(), Dispatch::default());
+                }
+                sc.dispatch[p.device].observe(p.queued_at, unit_free, start);
+            }
             p.measured.store(ns.to_bits(), Ordering::Relaxed);
             hetero_trace::record_task(hetero_trace::TaskRecord {
                 kernel: p.kernel,
                 device: p.device as u32,
-                start_ns: stamp(&p.start),
+                start_ns: start,
                 end_ns: end,
                 predicted_ns: p.predicted.map(|v| v as u64),
                 measured_ns: ns as u64,
@@ -745,11 +793,17 @@ impl Runtime {
         };
         if let Some(f) = forced {
             // A placed task: no policy, no predictions (graph replays).
-            let free = st.free[f].iter().copied().fold(f64::MAX, f64::min).max(now);
+            let free = self.free_at(&st, &sc, f, now);
             let priority = (policy == SchedPolicy::Dmdas)
                 .then_some(spec.priority)
                 .flatten();
             let task = self.emit(&mut st, spec, f, &deps, priority, free, None)?;
+            let queued_at = self.dispatch_sample(spec, &deps, &task);
+            let task = Booked {
+                task,
+                queued_at,
+                cost_ns: 0.0,
+            };
             return Ok(self.account(&mut st, &mut sc, spec, task, footprint, size, false, free));
         }
         let moves = if managed {
@@ -800,6 +854,11 @@ impl Runtime {
         }
         .unwrap_or(0.0);
         let end_ns = chosen.free_ns.max(chosen.data_ready()) + exec_ns;
+        let cost_ns = exec_ns
+            + sc.dispatch
+                .get(device)
+                .and_then(Dispatch::ns)
+                .unwrap_or(0.0);
         let predicted = chosen.predicted_ns;
         st.candidates = candidates;
         sc.stats.decision_ns += deciding.elapsed().as_nanos() as u64;
@@ -809,6 +868,12 @@ impl Runtime {
         };
         let mut task = self.emit(&mut st, spec, device, &deps, priority, end_ns, None)?;
         task.predicted = predicted;
+        let queued_at = self.dispatch_sample(spec, &deps, &task);
+        let task = Booked {
+            task,
+            queued_at,
+            cost_ns,
+        };
         Ok(self.account(
             &mut st,
             &mut sc,
@@ -913,11 +978,7 @@ impl Runtime {
             let sizes = h.spec.access.iter().map(|(x, _)| x.bytes() as u64);
             let footprint = model::footprint(sizes.clone());
             let size: u64 = sizes.sum();
-            let free = st.free[d]
-                .iter()
-                .copied()
-                .fold(f64::MAX, f64::min)
-                .max(self.now_ns());
+            let free = self.free_at(st, sc, d, self.now_ns());
             let mut task = self.emit(st, &h.spec, d, &deps, None, free, Some(h.id))?;
             let stream = st.streams[d]
                 .iter()
@@ -930,6 +991,11 @@ impl Runtime {
             task.measured = h.measured;
             h.slot.bound.store(d, Ordering::Release);
             sc.stats.stolen += u64::from(d != h.home);
+            let task = Booked {
+                task,
+                queued_at: 0,
+                cost_ns: 0.0,
+            };
             self.account(st, sc, &h.spec, task, footprint, size, false, free);
         }
         Ok(())
@@ -1002,7 +1068,7 @@ impl Runtime {
                 transfer_ns += self.cheapest_source(&ds.valid, d, bytes).1;
             }
         }
-        let free = st.free[d].iter().copied().fold(f64::MAX, f64::min).max(now);
+        let free = self.free_at(st, sc, d, now);
         let name = spec.kernel.name();
         let key = &self.keys[d];
         let (predicted, samples) = sc.models().lookup(name, key, footprint, size);
@@ -1025,6 +1091,29 @@ impl Runtime {
         }
     }
 
+    /// When device `d` could start another task, on the layer's clock: its
+    /// first compute unit free (not before `now`), plus its dispatch time.
+    fn free_at(&self, st: &RtState, sc: &Sched, d: usize, now: f64) -> f64 {
+        let unit = st.free[d].iter().copied().fold(f64::MAX, f64::min);
+        unit.max(now) + sc.dispatch.get(d).and_then(Dispatch::ns).unwrap_or(0.0)
+    }
+
+    /// When `task` (just emitted) was on its device, for the dispatch
+    /// estimate (`exec/sched/dispatch.rs`): in real time, one task in four
+    /// with nothing to wait for but the device (no dependency, no copy);
+    /// else 0.
+    fn dispatch_sample(&self, spec: &Spec, deps: &[TaskRef], task: &Task) -> u64 {
+        if self.virtual_time
+            || !task.id.is_multiple_of(4)
+            || !deps.is_empty()
+            || !spec.after.is_empty()
+            || task.moved != 0
+        {
+            return 0;
+        }
+        self.devices[task.index].now_ns()
+    }
+
     /// Books a submitted task: its compute unit's expected free time, the
     /// tasks in flight, the figures.
     #[allow(clippy::too_many_arguments)]
@@ -1033,7 +1122,11 @@ impl Runtime {
         st: &mut RtState,
         sc: &mut Sched,
         spec: &Spec,
-        task: Task,
+        Booked {
+            task,
+            queued_at,
+            cost_ns,
+        }: Booked,
         footprint: u64,
         size: u64,
         calibrating: bool,
@@ -1051,6 +1144,8 @@ impl Runtime {
             device,
             start: task.start.clone(),
             end: task.event.clone(),
+            queued_at,
+            cost_ns,
             predicted: task.predicted,
             measured: task.measured.clone(),
         });
@@ -1673,6 +1768,7 @@ impl Context {
         s.models_loaded = loaded;
         s.models_damaged = damaged;
         s.outliers_rejected = rejected;
+        s.dispatch_ns = sc.dispatch.iter().map(Dispatch::ns).collect();
         s
     }
 

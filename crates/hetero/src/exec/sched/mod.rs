@@ -1,8 +1,9 @@
 //! Placement of tasks on the devices of a context: the scheduling policies
 //! (eager, work stealing, dmda, dmdas, learned), the performance models they
 //! read (`model.rs`) and the measured buses of devices without a link model
-//! (`bus.rs`), the learning policy's estimates (`learned.rs`) and the offline
-//! HEFT planner (`heft.rs`).
+//! (`bus.rs`), the devices' observed dispatch times (`dispatch.rs`), the
+//! learning policy's estimates (`learned.rs`) and the offline HEFT planner
+//! (`heft.rs`).
 //!
 //! Plain data: a policy sees, per device that can run the task, a
 //! [`Candidate`] the task layer (`api/task`) filled in (its expected free
@@ -15,6 +16,7 @@
 //! (deterministic in virtual time).
 
 pub(crate) mod bus;
+pub(crate) mod dispatch;
 pub(crate) mod heft;
 pub(crate) mod learned;
 pub(crate) mod model;

@@ -1,0 +1,116 @@
+//! A device's dispatch time: what it spends per task outside the kernel's
+//! own span (an engine's hand-off of the op, a command buffer's submission
+//! and the queue's start). A task's measured time is its launch's span, so
+//! the models leave this out; the policies add it to a device's expected
+//! free time, as a launch latency.
+//!
+//! Observed, not configured: the gap between a task's compute unit freeing
+//! and the task starting on it, for tasks that were on the device before
+//! the unit freed and had nothing else to wait for (no dependency, no
+//! copy): the device then had the task and did not run it, so the gap is
+//! its own. A task that reached the device after its unit was idle says
+//! nothing (the gap would be the host's pace), so a device used now and then
+//! keeps its estimate. The estimate is the median of the last [`WINDOW`]
+//! such gaps once [`MIN_SAMPLES`] were seen; none before (the policies
+//! then add nothing).
+//!
+//! Real time only: an emulated device in virtual time starts a kernel the
+//! moment a unit frees (its launch latency is inside the kernel's span), so
+//! a gap there is a wait for data or for the host, not dispatch.
+//!
+//! Plain data: no clocks, no devices.
+
+/// Gaps kept per device.
+pub(crate) const WINDOW: usize = 32;
+/// Gaps before the estimate is used.
+pub(crate) const MIN_SAMPLES: usize = 8;
+
+/// One device's recent dispatch gaps and their median.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Dispatch {
+    gaps: Vec<u64>,
+    /// Where the next gap goes once the window is full.
+    at: usize,
+    seen: u64,
+    median_ns: Option<f64>,
+}
+
+impl Dispatch {
+    /// A task that was on the device at `queued` (device clock) started at
+    /// `start` on a unit that freed at `unit_free`: a gap if it was there
+    /// first.
+    pub(crate) fn observe(&mut self, queued: u64, unit_free: u64, start: u64) {
+        if queued == 0 || unit_free == 0 || queued > unit_free {
+            return;
+        }
+        let gap = start.saturating_sub(unit_free);
+        if self.gaps.len() < WINDOW {
+            self.gaps.push(gap);
+        } else {
+            self.gaps[self.at] = gap;
+            self.at = (self.at + 1) % WINDOW;
+        }
+        self.seen += 1;
+        // The median again every few gaps (a sort of 32: cheap, and not
+        // per task).
+        if self.gaps.len() >= MIN_SAMPLES && self.seen.is_multiple_of(4) {
+            let mut s = self.gaps.clone();
+            s.sort_unstable();
+            self.median_ns = Some(s[s.len() / 2] as f64);
+        }
+    }
+
+    /// The expected dispatch time per task, ns (none until enough gaps).
+    pub(crate) fn ns(&self) -> Option<f64> {
+        self.median_ns
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_tasks_already_on_the_device_count() {
+        let mut d = Dispatch::default();
+        // Arrived after their unit freed: the host's pace, not dispatch.
+        for i in 0..64u64 {
+            d.observe(1_000 * i + 500, 1_000 * i + 100, 1_000 * i + 50_000);
+        }
+        assert_eq!(d.ns(), None);
+        // There before the unit freed: gaps of 300 ns, one of 90 µs (a
+        // preemption) that the median ignores.
+        for i in 0..16u64 {
+            let free = 1_000_000 + 10_000 * i;
+            let gap = if i == 5 { 90_000 } else { 300 };
+            d.observe(free - 700, free, free + gap);
+        }
+        assert_eq!(d.ns(), Some(300.0));
+        // Unknown times (0) are no sample.
+        d.observe(0, 5, 10);
+        d.observe(5, 0, 10);
+        assert_eq!(d.ns(), Some(300.0));
+    }
+
+    #[test]
+    fn the_estimate_follows_the_last_window() {
+        let mut d = Dispatch::default();
+        for i in 0..(WINDOW as u64) {
+            d.observe(10, 100 + i, 100 + i + 200);
+        }
+        assert_eq!(d.ns(), Some(200.0));
+        for i in 0..(WINDOW as u64) {
+            d.observe(10, 100 + i, 100 + i + 2_000);
+        }
+        assert_eq!(d.ns(), Some(2_000.0));
+    }
+
+    #[test]
+    fn too_few_gaps_give_no_estimate() {
+        let mut d = Dispatch::default();
+        for _ in 0..MIN_SAMPLES - 1 {
+            d.observe(1, 2, 1_000);
+        }
+        assert_eq!(d.ns(), None);
+    }
+}
