@@ -787,6 +787,11 @@ fn tasks_are_recorded_in_the_trace_and_summed_in_the_report() {
     assert_eq!(x.to_vec().unwrap(), vec![5; LEN]);
 }
 
+/// `y = 3` per element, named `name` (a test's own tasks in the trace).
+fn threes(name: &'static str) -> Kernel {
+    Kernel::new(name, |b| b.write::<u32>(0).fill(3)).wgsl(common::wgsl::map("u32", 0, "3u"), "main")
+}
+
 /// A task's launch stamps its own start and end (no record op on either
 /// side): on its device's clock, a task that waited for another starts
 /// after that one ended, and a task's time lies within its launch's span
@@ -798,8 +803,7 @@ fn a_task_is_timed_by_its_own_launch() {
     }
     let (ctx, _devs) = context();
     let long = spin_named("timed_long");
-    let short = Kernel::new("timed_short", |b| b.write::<u32>(0).fill(3))
-        .wgsl(common::wgsl::map("u32", 0, "3u"), "main");
+    let short = threes("timed_short");
     hetero_trace::set_enabled(true);
     let x = ctx.data_from(&vec![1u32; SPIN_LEN]).unwrap();
     let y = ctx.data::<u32>(SPIN_LEN).unwrap();
@@ -854,8 +858,7 @@ fn a_devices_dispatch_time_is_observed_in_real_time_only() {
     // emulated device (which models a kernel from its declared cost) 1e11
     // flops, milliseconds at its rate.
     let slow = spin_with("dispatch_slow", 1e11);
-    let short = Kernel::new("dispatch_short", |b| b.write::<u32>(0).fill(3))
-        .wgsl(common::wgsl::map("u32", 0, "3u"), "main");
+    let short = threes("dispatch_short");
     let x = ctx.data_from(&vec![1u32; SPIN_LEN]).unwrap();
     for (d, dev) in devs.iter().enumerate() {
         let units = dev.properties().compute_units.max(1);
