@@ -28,7 +28,7 @@ pub(crate) mod graph;
 pub(crate) mod stream_graph;
 
 use crate::api::context::{Context, ContextShared, PeerPath};
-use crate::exec::sched::dispatch::Dispatch;
+use crate::exec::sched::dispatch::{self, Dispatch};
 use crate::exec::sched::learned::Learner;
 use crate::exec::sched::model::{self, Models};
 use crate::exec::sched::{self, Candidate, SchedPolicy};
@@ -645,15 +645,8 @@ impl Runtime {
             // are free no earlier than its unfinished tasks' costs, shared
             // among them, from now. (In virtual time the model runs only
             // when the host waits: the expected times are the model's.)
-            let mut work = vec![0.0f64; self.devices.len()];
-            for p in &st.pending {
-                work[p.device] += p.cost_ns;
-            }
-            let now = self.now_ns();
-            for (d, free) in st.free.iter_mut().enumerate() {
-                let floor = now + work[d] / self.lanes[d] as f64;
-                free.iter_mut().for_each(|f| *f = f.max(floor));
-            }
+            let unfinished = st.pending.iter().map(|p| (p.device, p.cost_ns));
+            dispatch::hold_back(&mut st.free, unfinished, self.now_ns());
         }
         if st.pending.is_empty() && st.graph_tails.is_empty() && st.held.is_empty() {
             // Not the last handle: whoever called holds one (or this is the

@@ -18,6 +18,10 @@
 //! moment a unit frees (its launch latency is inside the kernel's span), so
 //! a gap there is a wait for data or for the host, not dispatch.
 //!
+//! Beside it, [`hold_back`]: a device whose tasks run later than their
+//! expected times (its dispatch time or a model short of the truth) stops
+//! looking free.
+//!
 //! Plain data: no clocks, no devices.
 
 /// Gaps kept per device.
@@ -66,9 +70,45 @@ impl Dispatch {
     }
 }
 
+/// Late devices: puts each device's compute units (`free[d]`, expected
+/// free times) no earlier than `now` plus the costs of its unfinished tasks
+/// (`(device, cost)`), shared among its units. A device whose tasks run
+/// later than their models said then stops looking free (StarPU's dmda
+/// moves a worker's expected end as its tasks start); one on time keeps
+/// its times (they are later already).
+pub(crate) fn hold_back(
+    free: &mut [Vec<f64>],
+    unfinished: impl Iterator<Item = (usize, f64)>,
+    now: f64,
+) {
+    let mut work = vec![0.0f64; free.len()];
+    for (d, cost) in unfinished {
+        work[d] += cost;
+    }
+    for (units, work) in free.iter_mut().zip(work) {
+        let floor = now + work / units.len().max(1) as f64;
+        units.iter_mut().for_each(|f| *f = f.max(floor));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_late_device_stops_looking_free() {
+        // Device 0 (two units) expected free at 100 and 150, but at 1,000
+        // three of its tasks of 400 each have not finished: free from 1,600.
+        // Device 1 is expected busy until 5,000 with one unfinished task of
+        // 300: it keeps its times. Device 2 has none: not before now.
+        let mut free = vec![vec![100.0, 150.0], vec![5_000.0], vec![10.0]];
+        let unfinished = [(0, 400.0), (1, 300.0), (0, 400.0), (0, 400.0)];
+        hold_back(&mut free, unfinished.into_iter(), 1_000.0);
+        assert_eq!(
+            free,
+            vec![vec![1_600.0, 1_600.0], vec![5_000.0], vec![1_000.0]]
+        );
+    }
 
     #[test]
     fn only_tasks_already_on_the_device_count() {
