@@ -164,6 +164,11 @@ impl Default for Sched {
 }
 
 impl Sched {
+    /// Device `d`'s observed dispatch time per task, ns (0 while unknown).
+    fn dispatch_ns(&self, d: usize) -> f64 {
+        self.dispatch.get(d).and_then(Dispatch::ns).unwrap_or(0.0)
+    }
+
     fn models(&mut self) -> &mut Models {
         // The directory is cloned only to make the models (every candidate
         // and observation asks for them).
@@ -795,7 +800,7 @@ impl Runtime {
             let task = Booked {
                 task,
                 queued_at,
-                cost_ns: 0.0,
+                cost_ns: sc.dispatch_ns(f),
             };
             return Ok(self.account(&mut st, &mut sc, spec, task, footprint, size, false, free));
         }
@@ -847,11 +852,7 @@ impl Runtime {
         }
         .unwrap_or(0.0);
         let end_ns = chosen.free_ns.max(chosen.data_ready()) + exec_ns;
-        let cost_ns = exec_ns
-            + sc.dispatch
-                .get(device)
-                .and_then(Dispatch::ns)
-                .unwrap_or(0.0);
+        let cost_ns = exec_ns + sc.dispatch_ns(device);
         let predicted = chosen.predicted_ns;
         st.candidates = candidates;
         sc.stats.decision_ns += deciding.elapsed().as_nanos() as u64;
@@ -987,7 +988,7 @@ impl Runtime {
             let task = Booked {
                 task,
                 queued_at: 0,
-                cost_ns: 0.0,
+                cost_ns: sc.dispatch_ns(d),
             };
             self.account(st, sc, &h.spec, task, footprint, size, false, free);
         }
@@ -1088,7 +1089,7 @@ impl Runtime {
     /// first compute unit free (not before `now`), plus its dispatch time.
     fn free_at(&self, st: &RtState, sc: &Sched, d: usize, now: f64) -> f64 {
         let unit = st.free[d].iter().copied().fold(f64::MAX, f64::min);
-        unit.max(now) + sc.dispatch.get(d).and_then(Dispatch::ns).unwrap_or(0.0)
+        unit.max(now) + sc.dispatch_ns(d)
     }
 
     /// When `task` (just emitted) was on its device, for the dispatch
