@@ -102,9 +102,9 @@ pub struct TaskStats {
     /// and device (tasks placed with a trusted prediction and seen complete).
     pub prediction_error: Vec<PredictionError>,
     /// Per device (by index), the dispatch time the policies add to each
-    /// task there, ns: the median gap between a compute unit freeing and
-    /// the next task starting on it, among tasks already on the device
-    /// then (real time only; `None` until 8 such gaps, and in virtual
+    /// task there, ns: the median gap between the device's last task end
+    /// and the next task's start, among tasks already on the device then
+    /// (real time only; `None` until 8 such gaps, and in virtual
     /// time). Kept across [`Context::reset_task_stats`], as the models are.
     pub dispatch_ns: Vec<Option<f64>>,
 }
@@ -675,18 +675,24 @@ impl Runtime {
             } else {
                 0
             };
+            let start = stamp(&p.start);
+            if p.queued_at != 0 && recent.len() >= lanes {
+                // The device's last end before the task started (some unit
+                // freed then; the task's own may have freed earlier, so the
+                // gap from it is a lower bound of the delay), else the
+                // earliest seen (it ran beside them: no gap).
+                let before = recent.iter().rev().copied().find(|&e| e <= start);
+                let freed = before.unwrap_or(recent[0]);
+                if sc.dispatch.len() < self.devices.len() {
+                    sc.dispatch.resize(self.devices.len(), Dispatch::default());
+                }
+                sc.dispatch[p.device].observe(p.queued_at, freed, start);
+            }
             recent.push(end);
             if recent.len() > lanes {
                 recent.remove(0);
             }
-            let start = stamp(&p.start);
             let ns = end.saturating_sub(start.max(unit_free)) as f64;
-            if p.queued_at != 0 {
-                if sc.dispatch.len() < self.devices.len() {
-                    sc.dispatch.resize(self.devices.len(), Dispatch::default());
-                }
-                sc.dispatch[p.device].observe(p.queued_at, unit_free, start);
-            }
             p.measured.store(ns.to_bits(), Ordering::Relaxed);
             hetero_trace::record_task(hetero_trace::TaskRecord {
                 kernel: p.kernel,

@@ -4,11 +4,13 @@
 //! the models leave this out; the policies add it to a device's expected
 //! free time, as a launch latency.
 //!
-//! Observed, not configured: the gap between a task's compute unit freeing
-//! and the task starting on it, for tasks that were on the device before
-//! the unit freed and had nothing else to wait for (no dependency, no
-//! copy): the device then had the task and did not run it, so the gap is
-//! its own. A task that reached the device after its unit was idle says
+//! Observed, not configured: the gap between the device's last task end
+//! before a task started and that start, for tasks that were on the device
+//! before that end and had nothing else to wait for (no dependency, no
+//! copy): a unit was free and the device had the task and did not run it,
+//! so the gap is its own (a lower bound: the task's unit may have freed
+//! earlier). A task that started beside the last ones (before any of them
+//! ended) counts as no gap. A task that reached the device after its unit was idle says
 //! nothing (the gap would be the host's pace), so a device used now and then
 //! keeps its estimate. The estimate is the median of the last [`WINDOW`]
 //! such gaps once [`MIN_SAMPLES`] were seen; none before (the policies
@@ -41,8 +43,8 @@ pub(crate) struct Dispatch {
 
 impl Dispatch {
     /// A task that was on the device at `queued` (device clock) started at
-    /// `start` on a unit that freed at `unit_free`: a gap if it was there
-    /// first.
+    /// `start`, after a unit freed at `unit_free`: a gap if it was there
+    /// first (none if it started before: it ran beside).
     pub(crate) fn observe(&mut self, queued: u64, unit_free: u64, start: u64) {
         if queued == 0 || unit_free == 0 || queued > unit_free {
             return;
