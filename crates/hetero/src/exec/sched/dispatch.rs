@@ -10,11 +10,11 @@
 //! copy): a unit was free and the device had the task and did not run it,
 //! so the gap is its own (a lower bound: the task's unit may have freed
 //! earlier). A task that started beside the last ones (before any of them
-//! ended) counts as no gap. A task that reached the device after its unit was idle says
-//! nothing (the gap would be the host's pace), so a device used now and then
-//! keeps its estimate. The estimate is the median of the last [`WINDOW`]
-//! such gaps once [`MIN_SAMPLES`] were seen; none before (the policies
-//! then add nothing).
+//! ended) counts as no gap. A task that reached the device after that end
+//! says nothing (the gap would be the host's pace), so a device used now
+//! and then keeps its estimate. The estimate is the median of the last
+//! [`WINDOW`] such gaps once [`MIN_SAMPLES`] were seen; none before (the
+//! policies then add nothing).
 //!
 //! Real time only: an emulated device in virtual time starts a kernel the
 //! moment a unit frees (its launch latency is inside the kernel's span), so
