@@ -796,19 +796,26 @@ impl Runtime {
             deciding.duration_since(self.t0).as_nanos() as u64 as f64
         };
         if let Some(f) = forced {
-            // A placed task: no policy, no predictions (graph replays).
-            let free = self.free_at(&st, &sc, f, now);
+            // Placed by its user (`on_device`): no policy, but its device
+            // is busy for the model's prediction where it has a trusted
+            // one, so the policies' later choices count it.
+            let free = self.free_at(&st, &sc, f, now).max(deps_end);
+            let (predicted, _) = sc.models().lookup(k.name(), &self.keys[f], footprint, size);
+            let predicted = predicted.map(|p| p.0);
+            let exec_ns = predicted.unwrap_or(0.0);
             let priority = (policy == SchedPolicy::Dmdas)
                 .then_some(spec.priority)
                 .flatten();
-            let task = self.emit(&mut st, spec, f, &deps, priority, free, None)?;
+            let end_ns = free + exec_ns;
+            let mut task = self.emit(&mut st, spec, f, &deps, priority, end_ns, None)?;
+            task.predicted = predicted;
             let queued_at = self.dispatch_sample(spec, &deps, &task);
             let task = Booked {
                 task,
                 queued_at,
-                cost_ns: sc.dispatch_ns(f),
+                cost_ns: exec_ns + sc.dispatch_ns(f),
             };
-            return Ok(self.account(&mut st, &mut sc, spec, task, footprint, size, false, free));
+            return Ok(self.account(&mut st, &mut sc, spec, task, footprint, size, false, end_ns));
         }
         let moves = if managed {
             spec.access
@@ -1484,7 +1491,7 @@ pub struct Task {
 
 impl Task {
     /// The history model's prediction of its execution time on its device,
-    /// ns (`None`: placed without one, or forced).
+    /// ns (`None`: placed without a trusted model for that device).
     pub fn predicted_ns(&self) -> Option<f64> {
         self.predicted
     }
@@ -1645,7 +1652,9 @@ impl<'a> TaskBuilder<'a> {
     }
 
     /// Runs it on the context's device `index`, whatever the policy
-    /// (StarPU's `execute_on_a_specific_worker`).
+    /// (StarPU's `execute_on_a_specific_worker`). The device counts as busy
+    /// for the kernel's model prediction there (where trusted), so the
+    /// policy's later choices see it.
     pub fn on_device(mut self, index: usize) -> Self {
         self.on = Some(index);
         self
