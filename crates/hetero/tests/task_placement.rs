@@ -893,62 +893,6 @@ fn a_devices_dispatch_time_is_observed_in_real_time_only() {
     }
 }
 
-/// A device behind its expected times stops looking free: four tasks
-/// placed on device 0 by hand (each booking the model's prediction there)
-/// wait for a gate while the host sleeps past their expected ends; the
-/// next task dmda places goes to device 1, not to device 0, which the
-/// expected times alone would show free again (and which holds its input).
-/// In virtual time the model's clock stands still while the host sleeps,
-/// so device 0 is still busy by its expected times alone.
-#[test]
-fn a_device_behind_its_expected_times_stops_looking_free() {
-    if common::skipped("a_device_behind_its_expected_times_stops_looking_free") {
-        return;
-    }
-    let (ctx, devs) = context();
-    ctx.set_scheduler(SchedPolicy::Dmda);
-    // Long enough that device 0's held work outweighs any device's noise
-    // (on the emulated device, 2e10 flops: milliseconds).
-    let k = spin_with("behind_spin", 2e10);
-    calibrate_on_both(&ctx, &k);
-    let gate = devs[0].host_event();
-    let x = ctx.data_from(&vec![1u32; SPIN_LEN]).unwrap();
-    let ys: Vec<_> = (0..4).map(|_| ctx.data::<u32>(SPIN_LEN).unwrap()).collect();
-    let held: Vec<_> = ys
-        .iter()
-        .map(|y| {
-            let t = ctx.task(&k).read(&x).write(y).after(gate.event());
-            t.on_device(0).submit().unwrap()
-        })
-        .collect();
-    let p = held[0]
-        .predicted_ns()
-        .expect("spin's model is trusted on device 0");
-    std::thread::sleep(std::time::Duration::from_nanos(
-        (5.0 * p) as u64 + 1_000_000,
-    ));
-    // Sixteen submissions (on device 0, beside the held ones): the layer
-    // looks at its tasks in flight.
-    let short = threes("behind_short");
-    let zs: Vec<_> = (0..16).map(|_| ctx.data::<u32>(1).unwrap()).collect();
-    for z in &zs {
-        ctx.task(&short).write(z).on_device(0).submit().unwrap();
-    }
-    let w = ctx.data::<u32>(SPIN_LEN).unwrap();
-    let next = ctx.task(&k).read(&x).write(&w).submit().unwrap();
-    assert_eq!(
-        next.device_index(),
-        1,
-        "device 0 holds four gated tasks of {p} ns each"
-    );
-    assert!(held.iter().all(|t| !t.event().query().unwrap()));
-    gate.signal();
-    ctx.wait_tasks().unwrap();
-    let want = ys[0].to_vec().unwrap();
-    assert!(ys.iter().all(|y| y.to_vec().unwrap() == want));
-    assert_eq!(w.to_vec().unwrap(), want);
-}
-
 /// Iterations of `spin`'s loop per element (under lavapipe's 65 535
 /// iterations per loop).
 const SPIN: u32 = 30_000;
@@ -1014,15 +958,11 @@ fn two_launches_on_its_device(
 /// Calibrates `spin` on both devices of `ctx`: its model is what makes a
 /// second device pay.
 fn calibrate_spin(ctx: &Context) {
-    calibrate_on_both(ctx, &spin());
-}
-
-/// Calibrates `k` (a `spin`) on both devices of `ctx` (forced, in turns).
-fn calibrate_on_both(ctx: &Context, k: &Kernel) {
+    let k = spin();
     let a = ctx.data::<u32>(SPIN_LEN).unwrap();
     let b = ctx.data::<u32>(SPIN_LEN).unwrap();
     for i in 0..24 {
-        ctx.task(k)
+        ctx.task(&k)
             .read(&a)
             .write(&b)
             .on_device(i % 2)
