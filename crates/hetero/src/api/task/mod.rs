@@ -220,7 +220,7 @@ struct PoolStream {
 /// A task just emitted, as `Runtime::account` books it.
 struct Booked {
     task: Task,
-    /// When it was on its device (`Runtime::dispatch_sample`), or 0.
+    /// When it was on its device (`Runtime::booked`), or 0.
     queued_at: u64,
     /// What it adds to its compute unit's expected free time (its
     /// expected execution and the device's dispatch time), ns.
@@ -667,6 +667,9 @@ impl Runtime {
         // differ, so an unstable sort gives the stable order (without its
         // scratch buffer).
         done.sort_unstable_by_key(|(end, i, p)| (*end, p.device, *i));
+        if sc.dispatch.len() < self.devices.len() {
+            sc.dispatch.resize(self.devices.len(), Dispatch::default());
+        }
         for (end, _, p) in done {
             let lanes = self.lanes[p.device];
             let recent = &mut st.recent_ends[p.device];
@@ -683,9 +686,6 @@ impl Runtime {
                 // earliest seen (it ran beside them: no gap).
                 let before = recent.iter().rev().copied().find(|&e| e <= start);
                 let freed = before.unwrap_or(recent[0]);
-                if sc.dispatch.len() < self.devices.len() {
-                    sc.dispatch.resize(self.devices.len(), Dispatch::default());
-                }
                 sc.dispatch[p.device].observe(p.queued_at, freed, start);
             }
             recent.push(end);
@@ -809,12 +809,7 @@ impl Runtime {
             let end_ns = free + exec_ns;
             let mut task = self.emit(&mut st, spec, f, &deps, priority, end_ns, None)?;
             task.predicted = predicted;
-            let queued_at = self.dispatch_sample(spec, &deps, &task);
-            let task = Booked {
-                task,
-                queued_at,
-                cost_ns: exec_ns + sc.dispatch_ns(f),
-            };
+            let task = self.booked(spec, &deps, task, exec_ns + sc.dispatch_ns(f));
             return Ok(self.account(&mut st, &mut sc, spec, task, footprint, size, false, end_ns));
         }
         let moves = if managed {
@@ -875,12 +870,7 @@ impl Runtime {
         };
         let mut task = self.emit(&mut st, spec, device, &deps, priority, end_ns, None)?;
         task.predicted = predicted;
-        let queued_at = self.dispatch_sample(spec, &deps, &task);
-        let task = Booked {
-            task,
-            queued_at,
-            cost_ns,
-        };
+        let task = self.booked(spec, &deps, task, cost_ns);
         Ok(self.account(
             &mut st,
             &mut sc,
@@ -998,6 +988,7 @@ impl Runtime {
             task.measured = h.measured;
             h.slot.bound.store(d, Ordering::Release);
             sc.stats.stolen += u64::from(d != h.home);
+            // (Not a dispatch sample: it waited to be placed.)
             let task = Booked {
                 task,
                 queued_at: 0,
@@ -1105,20 +1096,26 @@ impl Runtime {
         unit.max(now) + sc.dispatch_ns(d)
     }
 
-    /// When `task` (just emitted) was on its device, for the dispatch
-    /// estimate (`exec/sched/dispatch.rs`): in real time, one task in four
-    /// with nothing to wait for but the device (no dependency, no copy);
-    /// else 0.
-    fn dispatch_sample(&self, spec: &Spec, deps: &[TaskRef], task: &Task) -> u64 {
-        if self.virtual_time
-            || !task.id.is_multiple_of(4)
-            || !deps.is_empty()
-            || !spec.after.is_empty()
-            || task.moved != 0
-        {
-            return 0;
+    /// `task` (just emitted after `deps`) as `account` books it, adding
+    /// `cost_ns` to its unit. For the dispatch estimate
+    /// (`exec/sched/dispatch.rs`) it notes when the task was on its device:
+    /// in real time, one task in four with nothing to wait for but the
+    /// device (no dependency, no copy); else 0.
+    fn booked(&self, spec: &Spec, deps: &[TaskRef], task: Task, cost_ns: f64) -> Booked {
+        let sampled = !self.virtual_time
+            && task.id.is_multiple_of(4)
+            && deps.is_empty()
+            && spec.after.is_empty()
+            && task.moved == 0;
+        Booked {
+            queued_at: if sampled {
+                self.devices[task.index].now_ns()
+            } else {
+                0
+            },
+            task,
+            cost_ns,
         }
-        self.devices[task.index].now_ns()
     }
 
     /// Books a submitted task: its compute unit's expected free time, the
