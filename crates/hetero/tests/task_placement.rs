@@ -8,7 +8,9 @@
 
 mod common;
 
-use hetero::{Context, DataArg, Device, Kernel, ManagedBuffer, SchedPolicy, TaskData, TaskGraph};
+use hetero::{
+    Context, DataArg, Device, Event, Kernel, ManagedBuffer, SchedPolicy, TaskData, TaskGraph,
+};
 use proptest::prelude::*;
 
 /// Two devices of the backend under test, in one context.
@@ -459,7 +461,7 @@ fn a_heft_placed_graph_replays_to_the_same_bytes() {
     if common::skipped("a_heft_placed_graph_replays_to_the_same_bytes") {
         return;
     }
-    let (ctx, _devs) = context();
+    let (ctx, devs) = context();
     let ks = kernels();
     let ops: Vec<Op> = (0..30)
         .map(|i| Op {
@@ -499,8 +501,28 @@ fn a_heft_placed_graph_replays_to_the_same_bytes() {
     let got: Vec<Vec<u32>> = data.iter().map(|d| d.to_vec().unwrap()).collect();
     assert_eq!(got, want);
     // A second launch applies the tasks again: so does a second reference run.
-    placed.launch().unwrap();
+    // Its events are stamped where they completed: after an event each
+    // device reached before it (the steps inside end with no record op).
+    let before: Vec<Event> = devs
+        .iter()
+        .map(|d| {
+            let s = d.create_stream().unwrap();
+            let e = s.record_event().unwrap();
+            s.synchronize().unwrap();
+            e
+        })
+        .collect();
+    let second = placed.launch().unwrap();
     ctx.wait_tasks().unwrap();
+    for end in second.events() {
+        // Exactly one device's clock is the event's.
+        let timed: Vec<f64> = before
+            .iter()
+            .filter_map(|b| b.elapsed_ms(end).ok())
+            .collect();
+        assert_eq!(timed.len(), 1, "{end:?}");
+        assert!(timed[0] > 0.0, "{end:?} was stamped {} ms after", timed[0]);
+    }
     let data2: Vec<Vec<u32>> = data.iter().map(|d| d.to_vec().unwrap()).collect();
     want = {
         let again: Vec<Op> = ops.iter().chain(ops.iter()).cloned().collect();

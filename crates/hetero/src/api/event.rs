@@ -68,8 +68,8 @@ impl HostEvent {
         if self.timeline.is_reached(1) {
             return;
         }
-        if let Some(p) = &self.event.point {
-            p.stamp.store(self.device.now_ns(), Ordering::Release);
+        if let Some(s) = self.event.point.as_ref().and_then(|p| p.stamp.as_ref()) {
+            s.store(self.device.now_ns(), Ordering::Release);
         }
         match fault {
             None => self.timeline.complete(1),
@@ -94,19 +94,25 @@ impl std::fmt::Debug for HostEvent {
 }
 
 /// A recorded event: its point on a timeline, and where the stream stamps the
-/// time it was reached (for `Event::elapsed`). Derefs to the point.
+/// time it was reached (for `Event::elapsed`; none for a point only waited
+/// on: [`Event::at`]). Derefs to the point.
 #[derive(Clone)]
 pub(crate) struct EventPoint {
     pub(crate) point: TimelinePoint,
-    pub(crate) stamp: Arc<AtomicU64>,
+    pub(crate) stamp: Option<Arc<AtomicU64>>,
 }
 
 impl EventPoint {
     pub(crate) fn new(timeline: Arc<Timeline>, value: u64, stamp: Arc<AtomicU64>) -> Self {
         EventPoint {
             point: TimelinePoint { timeline, value },
-            stamp,
+            stamp: Some(stamp),
         }
+    }
+
+    /// The device time it was reached at, 0 before (or never stamped).
+    pub(crate) fn stamp_ns(&self) -> u64 {
+        self.stamp.as_ref().map_or(0, |s| s.load(Ordering::Acquire))
     }
 }
 
@@ -140,11 +146,15 @@ impl Event {
         Event { point: None }
     }
 
-    /// The event of value `value` on `timeline` (a graph's wait node names
-    /// one so).
+    /// The event of value `value` on `timeline`, with no timestamp (a
+    /// graph's wait node names one so; a placed graph's steps are ordered by
+    /// them): for waits, not for [`Event::elapsed_ms`].
     pub(crate) fn at(timeline: Arc<crate::exec::timeline::Timeline>, value: u64) -> Self {
         Event {
-            point: Some(EventPoint::new(timeline, value, Arc::default())),
+            point: Some(EventPoint {
+                point: TimelinePoint { timeline, value },
+                stamp: None,
+            }),
         }
     }
 
@@ -245,10 +255,14 @@ impl Event {
                 Some(Ok(())) => {}
             }
         }
-        let (t0, t1) = (
-            a.stamp.load(Ordering::Acquire),
-            b.stamp.load(Ordering::Acquire),
-        );
+        if a.stamp.is_none() || b.stamp.is_none() {
+            return Err(Error::EventTiming {
+                detail: "the runtime made this event to order work and takes no timestamp for \
+                         it; time events recorded with Stream::record"
+                    .into(),
+            });
+        }
+        let (t0, t1) = (a.stamp_ns(), b.stamp_ns());
         Ok((t1 as f64 - t0 as f64) / 1e6)
     }
 }

@@ -189,18 +189,24 @@ pub(crate) enum Body {
 }
 
 /// The device times a stamped launch writes, on the clock a record op of its
-/// device stamps with: `start` once it starts, `end` before its value
+/// device stamps with: `start` once it starts (where it is wanted: a task's
+/// launch; a placed replay's step needs only its end), `end` before its value
 /// completes (a failed launch writes no `end`).
 pub(crate) struct Span {
-    pub(crate) start: Arc<AtomicU64>,
+    pub(crate) start: Option<Arc<AtomicU64>>,
     pub(crate) end: Arc<AtomicU64>,
 }
 
 impl Span {
+    pub(crate) fn stamp_start(&self, at: u64) {
+        if let Some(start) = &self.start {
+            start.store(at, std::sync::atomic::Ordering::Release);
+        }
+    }
+
     pub(crate) fn stamp(&self, start: u64, end: u64) {
-        use std::sync::atomic::Ordering::Release;
-        self.start.store(start, Release);
-        self.end.store(end, Release);
+        self.stamp_start(start);
+        self.end.store(end, std::sync::atomic::Ordering::Release);
     }
 }
 

@@ -320,8 +320,49 @@ impl Stream {
         grid: Grid,
         args: &[Arg<'_>],
     ) -> Result<(Event, Event)> {
+        let (start, end) = self.launch_stamped(kernel, grid, args, true)?;
+        Ok((start.unwrap_or_else(|| end.clone()), end))
+    }
+
+    /// Launches `kernel` as [`Stream::launch`] does and returns the event of
+    /// its end, which the launch stamps itself: what
+    /// [`record_event`](Self::record_event) after it gives, without the
+    /// record's op.
+    pub(crate) fn launch_marked(
+        &self,
+        kernel: &Kernel,
+        grid: Grid,
+        args: &[Arg<'_>],
+    ) -> Result<Event> {
+        Ok(self.launch_stamped(kernel, grid, args, false)?.1)
+    }
+
+    /// Launches `kernel` as [`Stream::launch`] does and returns the point its
+    /// launch reaches, an event to wait on with no timestamp (no allocation,
+    /// no record op).
+    pub(crate) fn launch_point(
+        &self,
+        kernel: &Kernel,
+        grid: Grid,
+        args: &[Arg<'_>],
+    ) -> Result<Event> {
+        match self.launch_op(kernel, grid, args, None)? {
+            Some(value) => Ok(Event::at(self.q().timeline().clone(), value)),
+            None => self.record_event(),
+        }
+    }
+
+    /// A launch with its span: the start event (where `start` asks for it)
+    /// and the end event.
+    fn launch_stamped(
+        &self,
+        kernel: &Kernel,
+        grid: Grid,
+        args: &[Arg<'_>],
+        start: bool,
+    ) -> Result<(Option<Event>, Event)> {
         let span = Box::new(crate::exec::op::Span {
-            start: Arc::new(AtomicU64::new(0)),
+            start: start.then(|| Arc::new(AtomicU64::new(0))),
             end: Arc::new(AtomicU64::new(0)),
         });
         let (start, end) = (span.start.clone(), span.end.clone());
@@ -330,13 +371,10 @@ impl Stream {
                 let at = |value, stamp| Event {
                     point: Some(EventPoint::new(self.q().timeline().clone(), value, stamp)),
                 };
-                Ok((at(value - 1, start), at(value, end)))
+                Ok((start.map(|s| at(value - 1, s)), at(value, end)))
             }
             // Captured (a capture's node stamps nothing): a record.
-            None => {
-                let e = self.record_event()?;
-                Ok((e.clone(), e))
-            }
+            None => Ok((None, self.record_event()?)),
         }
     }
 
@@ -419,7 +457,7 @@ impl Stream {
         }
         // Only this event holds the cell once its record op ran (no clones, and
         // no weak references are ever made), so nothing else can read it.
-        let stamp = match event.point.take().map(|p| p.stamp) {
+        let stamp = match event.point.take().and_then(|p| p.stamp) {
             Some(mut st) => match Arc::get_mut(&mut st) {
                 Some(cell) => {
                     *cell.get_mut() = 0;

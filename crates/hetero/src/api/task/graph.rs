@@ -95,9 +95,13 @@ struct Step {
     first: Vec<usize>,
     /// Copies before the launch: (access index, from device).
     copies: Vec<(usize, usize)>,
-    /// Whether its end event is recorded (another stream or the data's
-    /// state after the launch needs it).
+    /// Whether a launch keeps its end event (another stream or the data's
+    /// state after the launch needs it): the point its launch reaches, with
+    /// no record op.
     record: bool,
+    /// Whether it is its stream's last: its end is one of the launch's
+    /// events, stamped (the caller may time it).
+    tail: bool,
     /// HEFT's expected end, ns after the launch starts.
     end_ns: f64,
 }
@@ -127,6 +131,23 @@ struct Live {
     /// tasks over each through a slot (its slot's data's last writer and
     /// readers), kept while one is pending.
     touched: HashMap<usize, Vec<Event>>,
+    /// A launch's working lists, kept (empty) for the next: a replay
+    /// allocates nothing per launch that it can reuse.
+    scratch: Scratch,
+}
+
+#[derive(Default)]
+struct Scratch {
+    /// Per step: the point its launch reached, where the plan keeps it.
+    ends: Vec<Option<Event>>,
+    /// What the data wait for before the launch, all data's in one list;
+    /// `pre_at[x]` is where datum `x`'s end in it.
+    pre: Vec<Event>,
+    pre_at: Vec<usize>,
+    /// Per datum: its start replica's event.
+    start_valid: Vec<Option<Event>>,
+    /// Per datum: the copy back into its start replica.
+    backs: Vec<Option<Event>>,
 }
 
 struct Plan {
@@ -357,6 +378,7 @@ fn make_plan(
             first: Vec::new(),
             copies: Vec::new(),
             record: false,
+            tail: false,
             end_ns: placed[t].end,
         };
         // Steps this one must follow (in `waits` for now; filtered below by
@@ -551,6 +573,7 @@ fn make_plan(
     }
     for &j in &last {
         steps[j].record = true;
+        steps[j].tail = true;
     }
     let streams = lanes
         .iter()
@@ -576,6 +599,7 @@ fn make_plan(
         live: Mutex::new(Live {
             streams,
             touched: HashMap::new(),
+            scratch: Scratch::default(),
         }),
         lanes,
         last,
@@ -679,7 +703,8 @@ impl PlacedTaskGraph {
                 .and_then(Option::as_ref)
                 .map_or(0, |h| Arc::as_ptr(h) as usize)
         };
-        let mut live = lock(&plan.live);
+        let mut guard = lock(&plan.live);
+        let live = &mut *guard;
         // A stream a fault failed would fail every later launch: replaced.
         for (q, s) in live.streams.iter_mut().enumerate() {
             if s.error().is_some() {
@@ -695,10 +720,22 @@ impl PlacedTaskGraph {
                 s.wait_event(e)?;
             }
         }
+        // The lists are empty (a launch clears them at its end, or failed
+        // before it filled them: cleared here too).
+        let Scratch {
+            ends,
+            pre,
+            pre_at,
+            start_valid,
+            backs,
+        } = &mut live.scratch;
+        for list in [&mut *ends, start_valid, backs] {
+            list.clear();
+        }
+        pre.clear();
+        pre_at.clear();
         // What each datum waits for, and its start replica's event: the
         // launch orders after the tasks before it through these.
-        let mut pre: Vec<Vec<Event>> = Vec::with_capacity(plan.data.len());
-        let mut start_valid: Vec<Option<Event>> = Vec::with_capacity(plan.data.len());
         let mut fixes = Vec::new();
         for dp in &plan.data {
             let st = lock(dp.data.state());
@@ -706,15 +743,9 @@ impl PlacedTaskGraph {
             // looked at once here (before any clone) rather than by every
             // step that waits.
             let pending = |e: &&Event| !e.completed_ok();
-            let mut evs: Vec<Event> = st
-                .writer
-                .iter()
-                .map(|w| &w.end)
-                .filter(pending)
-                .cloned()
-                .collect();
+            pre.extend(st.writer.iter().map(|w| &w.end).filter(pending).cloned());
             if dp.written {
-                evs.extend(st.readers.iter().map(|r| &r.end).filter(pending).cloned());
+                pre.extend(st.readers.iter().map(|r| &r.end).filter(pending).cloned());
             }
             let ev = match st.valid.get(dp.start) {
                 // A managed buffer: nothing to bring back.
@@ -737,17 +768,17 @@ impl PlacedTaskGraph {
                 }
             };
             if ev.is_recorded() && !ev.completed_ok() {
-                evs.push(ev.clone());
+                pre.push(ev.clone());
             }
             // A slot's buffer that a launch before touched through any slot
             // (its data's state orders only the tasks over this slot): after
             // those tasks too.
             let touched = dp.data.slot().and_then(|k| live.touched.get(&address(k)));
-            evs.extend(touched.into_iter().flatten().filter(pending).cloned());
-            pre.push(evs);
+            pre.extend(touched.into_iter().flatten().filter(pending).cloned());
+            pre_at.push(pre.len());
             start_valid.push(Some(ev));
         }
-        let mut ends: Vec<Option<Event>> = vec![None; plan.steps.len()];
+        ends.resize(plan.steps.len(), None);
         let mut args: Vec<crate::Arg<'_>> = Vec::new();
         for (s, step) in plan.steps.iter().enumerate() {
             let stream = &streams[step.stream];
@@ -757,7 +788,8 @@ impl PlacedTaskGraph {
                 stream.wait_event(e)?;
             }
             for &x in &step.first {
-                for e in &pre[x] {
+                let from = if x == 0 { 0 } else { pre_at[x - 1] };
+                for e in &pre[from..pre_at[x]] {
                     stream.wait_event(e)?;
                 }
             }
@@ -776,18 +808,29 @@ impl PlacedTaskGraph {
             for (arg, &elem) in args.iter_mut().zip(&spec.elems) {
                 arg.elem = elem;
             }
-            match &spec.op {
-                Some(op) => op.run(stream, &args)?,
-                None => stream.launch(&spec.kernel, spec.grid, &args)?,
-            }
-            if step.record {
-                ends[s] = Some(stream.record_event()?);
-            }
+            // A step others wait for or the state names: the point its
+            // launch reaches (no record op after it), stamped where the
+            // caller gets it.
+            ends[s] = match (&spec.op, step.record) {
+                (None, false) => {
+                    stream.launch(&spec.kernel, spec.grid, &args)?;
+                    None
+                }
+                (None, true) => Some(if step.tail {
+                    stream.launch_marked(&spec.kernel, spec.grid, &args)?
+                } else {
+                    stream.launch_point(&spec.kernel, spec.grid, &args)?
+                }),
+                (Some(op), record) => {
+                    op.run(stream, &args)?;
+                    record.then(|| stream.record_event()).transpose()?
+                }
+            };
         }
         drop(args);
         // Copies back into the start replicas (stream graphs: the user's
         // buffers hold the results).
-        let mut backs: Vec<Option<Event>> = vec![None; plan.data.len()];
+        backs.resize(plan.data.len(), None);
         for (x, dp) in plan.data.iter().enumerate().filter(|(_, dp)| dp.back) {
             let w = dp.writer.expect("a written datum has a writer");
             let step = &plan.steps[w];
@@ -821,7 +864,8 @@ impl PlacedTaskGraph {
             }
             if dp.written {
                 ds.writer = dp.writer.map(task_ref);
-                ds.readers = dp.readers.iter().map(|&r| task_ref(r)).collect();
+                ds.readers.clear();
+                ds.readers.extend(dp.readers.iter().map(|&r| task_ref(r)));
             } else {
                 for &r in &dp.readers {
                     ds.add_reader(task_ref(r));
@@ -854,7 +898,7 @@ impl PlacedTaskGraph {
             let lane = crate::exec::sched::argmin(free, |&t| t);
             free[lane] = free[lane].max(t0 + plan.steps[j].end_ns);
         }
-        tails.extend(backs.into_iter().flatten());
+        tails.extend(backs.iter().flatten().cloned());
         st.graph_tails.extend(tails.iter().cloned());
         let mut sc = lock(&rt.sched);
         let stats = &mut sc.stats;
@@ -878,10 +922,14 @@ impl PlacedTaskGraph {
         }
         drop(sc);
         drop(st);
+        for list in [&mut *ends, start_valid, backs] {
+            list.clear();
+        }
+        pre.clear();
         live.touched
             .retain(|_, evs| evs.iter().any(|e| !e.completed_ok()));
         live.touched.extend(touched);
-        drop(live);
+        drop(guard);
         rt.keep_alive();
         Ok(TaskGraphLaunch {
             events: tails,

@@ -615,11 +615,7 @@ impl Runtime {
     /// its tasks first come, first served).
     fn harvest(&self, st: &mut RtState, sc: &mut Sched) {
         st.submitted_since_harvest = 0;
-        let stamp = |e: &Event| {
-            e.point
-                .as_ref()
-                .map_or(0, |p| p.stamp.load(Ordering::Acquire))
-        };
+        let stamp = |e: &Event| e.point.as_ref().map_or(0, |p| p.stamp_ns());
         let mut done = Vec::new();
         let mut i = 0;
         while i < st.pending.len() {

@@ -356,7 +356,7 @@ impl Sim {
             }
         };
         if let Some(span) = op.span() {
-            span.start.store(stamp_at(sh, now), Ordering::Release);
+            span.stamp_start(stamp_at(sh, now));
         }
         let mut merged = Vec::new();
         if let (Some(t), Engine::Copy(k, i), true) = (&mut transfer, engine, result.is_ok()) {
