@@ -934,16 +934,20 @@ fn random_programs_over_two_devices_past_capacity_match_the_sequential_model() {
         cases: 12,
         ..ProptestConfig::default()
     });
-    runner
-        .run(
-            &prop::collection::vec(step(PAST_CAPACITY), 1..30),
-            |steps| run_program(&devices, &ctx, PAST_CAPACITY, &steps),
-        )
-        .expect("every program matches the model");
     let evictions =
         |d: &Device| d.managed_stats().clean_evictions + d.managed_stats().dirty_evictions;
-    assert!(
-        evictions(&a) > 0 && evictions(&b) > 0,
-        "both devices evicted"
-    );
+    // Random programs evict on both devices almost always within 12; a few
+    // more rounds where they did not, so the check is of eviction, not luck.
+    for round in 1.. {
+        runner
+            .run(
+                &prop::collection::vec(step(PAST_CAPACITY), 1..30),
+                |steps| run_program(&devices, &ctx, PAST_CAPACITY, &steps),
+            )
+            .expect("every program matches the model");
+        if evictions(&a) > 0 && evictions(&b) > 0 {
+            break;
+        }
+        assert!(round < 4, "both devices evicted within 48 random programs");
+    }
 }

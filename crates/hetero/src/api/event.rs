@@ -39,7 +39,7 @@ impl HostEvent {
     pub(crate) fn new(device: crate::Device, timeline: Arc<Timeline>) -> Self {
         let stamp = Arc::new(AtomicU64::new(0));
         let event = Event {
-            point: Some(EventPoint::new(timeline.clone(), 1, stamp)),
+            point: Some(EventPoint::new(timeline.clone(), 1, Stamp::Cell(stamp))),
         };
         HostEvent {
             event,
@@ -68,7 +68,7 @@ impl HostEvent {
         if self.timeline.is_reached(1) {
             return;
         }
-        if let Some(s) = self.event.point.as_ref().and_then(|p| p.stamp.as_ref()) {
+        if let Some(Stamp::Cell(s)) = self.event.point.as_ref().and_then(|p| p.stamp.as_ref()) {
             s.store(self.device.now_ns(), Ordering::Release);
         }
         match fault {
@@ -93,17 +93,38 @@ impl std::fmt::Debug for HostEvent {
     }
 }
 
+/// Where the device writes the time an event was reached.
+#[derive(Clone)]
+pub(crate) enum Stamp {
+    /// A record op's own cell (or a host event's).
+    Cell(Arc<AtomicU64>),
+    /// The start of a stamped launch (the work before it done).
+    Start(Arc<crate::exec::op::Span>),
+    /// The end of a stamped launch.
+    End(Arc<crate::exec::op::Span>),
+}
+
+impl Stamp {
+    fn ns(&self) -> u64 {
+        match self {
+            Stamp::Cell(c) => c.load(Ordering::Acquire),
+            Stamp::Start(s) => s.start_ns(),
+            Stamp::End(s) => s.end_ns(),
+        }
+    }
+}
+
 /// A recorded event: its point on a timeline, and where the stream stamps the
 /// time it was reached (for `Event::elapsed`; none for a point only waited
 /// on: [`Event::at`]). Derefs to the point.
 #[derive(Clone)]
 pub(crate) struct EventPoint {
     pub(crate) point: TimelinePoint,
-    pub(crate) stamp: Option<Arc<AtomicU64>>,
+    pub(crate) stamp: Option<Stamp>,
 }
 
 impl EventPoint {
-    pub(crate) fn new(timeline: Arc<Timeline>, value: u64, stamp: Arc<AtomicU64>) -> Self {
+    pub(crate) fn new(timeline: Arc<Timeline>, value: u64, stamp: Stamp) -> Self {
         EventPoint {
             point: TimelinePoint { timeline, value },
             stamp: Some(stamp),
@@ -112,7 +133,7 @@ impl EventPoint {
 
     /// The device time it was reached at, 0 before (or never stamped).
     pub(crate) fn stamp_ns(&self) -> u64 {
-        self.stamp.as_ref().map_or(0, |s| s.load(Ordering::Acquire))
+        self.stamp.as_ref().map_or(0, Stamp::ns)
     }
 }
 

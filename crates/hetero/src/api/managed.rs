@@ -2047,7 +2047,7 @@ pub(crate) fn launch(
     kernel: &Kernel,
     grid: Grid,
     args: &[Arg<'_>],
-    mut span: Option<Box<crate::exec::op::Span>>,
+    mut span: Option<Arc<crate::exec::op::Span>>,
 ) -> Result<Option<u64>> {
     let name = kernel.inner.name;
     if grid.blocks() == 0 {

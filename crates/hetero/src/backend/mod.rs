@@ -198,7 +198,7 @@ pub(crate) trait BackendStream: Send + Sync {
         kernel: &Arc<crate::exec::kernel::KernelInner>,
         blocks: u32,
         args: crate::exec::kernel::ArgList,
-        span: Option<Box<crate::exec::op::Span>>,
+        span: Option<Arc<crate::exec::op::Span>>,
     ) -> Result<u64> {
         self.submit(Op::new(crate::exec::op::Body::Kernel {
             kernel: crate::exec::op::KernelRef::owned(kernel.clone()),

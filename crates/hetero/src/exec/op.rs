@@ -146,7 +146,7 @@ pub(crate) enum Body {
         args: ArgList,
         /// Where the launch stamps its own start and end (a task's launch:
         /// its time and its end event's timestamp without two record ops).
-        span: Option<Box<Span>>,
+        span: Option<Arc<Span>>,
     },
     /// Taken (`Option::take`) when it runs.
     Host(Option<Box<dyn FnOnce() + Send>>),
@@ -189,24 +189,35 @@ pub(crate) enum Body {
 }
 
 /// The device times a stamped launch writes, on the clock a record op of its
-/// device stamps with: `start` once it starts (where it is wanted: a task's
-/// launch; a placed replay's step needs only its end), `end` before its value
-/// completes (a failed launch writes no `end`).
+/// device stamps with: its start once it starts, its end before its value
+/// completes (a failed launch writes no end). One allocation holds both, and
+/// the events that name them share it ([`Stamp`](crate::api::event::Stamp)).
+#[derive(Default)]
 pub(crate) struct Span {
-    pub(crate) start: Option<Arc<AtomicU64>>,
-    pub(crate) end: Arc<AtomicU64>,
+    start: AtomicU64,
+    end: AtomicU64,
 }
 
 impl Span {
     pub(crate) fn stamp_start(&self, at: u64) {
-        if let Some(start) = &self.start {
-            start.store(at, std::sync::atomic::Ordering::Release);
-        }
+        self.start.store(at, std::sync::atomic::Ordering::Release);
+    }
+
+    pub(crate) fn stamp_end(&self, at: u64) {
+        self.end.store(at, std::sync::atomic::Ordering::Release);
     }
 
     pub(crate) fn stamp(&self, start: u64, end: u64) {
         self.stamp_start(start);
-        self.end.store(end, std::sync::atomic::Ordering::Release);
+        self.stamp_end(end);
+    }
+
+    pub(crate) fn start_ns(&self) -> u64 {
+        self.start.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    pub(crate) fn end_ns(&self) -> u64 {
+        self.end.load(std::sync::atomic::Ordering::Acquire)
     }
 }
 

@@ -2,7 +2,7 @@
 //! input (typed errors, never panics) and hands a self-contained `Op` to the backend.
 
 use crate::api::buffer::{Arg, DeviceBuffer, PinnedBuffer};
-use crate::api::event::{Event, EventPoint};
+use crate::api::event::{Event, EventPoint, Stamp};
 use crate::api::graph::capture::CaptureSlot;
 use crate::api::kernel::Kernel;
 use crate::backend::BackendStream;
@@ -361,17 +361,14 @@ impl Stream {
         args: &[Arg<'_>],
         start: bool,
     ) -> Result<(Option<Event>, Event)> {
-        let span = Box::new(crate::exec::op::Span {
-            start: start.then(|| Arc::new(AtomicU64::new(0))),
-            end: Arc::new(AtomicU64::new(0)),
-        });
-        let (start, end) = (span.start.clone(), span.end.clone());
-        match self.launch_op(kernel, grid, args, Some(span))? {
+        let span = Arc::new(crate::exec::op::Span::default());
+        match self.launch_op(kernel, grid, args, Some(span.clone()))? {
             Some(value) => {
                 let at = |value, stamp| Event {
                     point: Some(EventPoint::new(self.q().timeline().clone(), value, stamp)),
                 };
-                Ok((start.map(|s| at(value - 1, s)), at(value, end)))
+                let start = start.then(|| at(value - 1, Stamp::Start(span.clone())));
+                Ok((start, at(value, Stamp::End(span))))
             }
             // Captured (a capture's node stamps nothing): a record.
             None => Ok((None, self.record_event()?)),
@@ -386,7 +383,7 @@ impl Stream {
         kernel: &Kernel,
         grid: Grid,
         args: &[Arg<'_>],
-        span: Option<Box<crate::exec::op::Span>>,
+        span: Option<Arc<crate::exec::op::Span>>,
     ) -> Result<Option<u64>> {
         if args.iter().any(|a| a.managed.is_some()) {
             return crate::api::managed::launch(self, kernel, grid, args, span);
@@ -458,19 +455,23 @@ impl Stream {
         // Only this event holds the cell once its record op ran (no clones, and
         // no weak references are ever made), so nothing else can read it.
         let stamp = match event.point.take().and_then(|p| p.stamp) {
-            Some(mut st) => match Arc::get_mut(&mut st) {
+            Some(Stamp::Cell(mut st)) => match Arc::get_mut(&mut st) {
                 Some(cell) => {
                     *cell.get_mut() = 0;
                     st
                 }
                 None => Arc::new(AtomicU64::new(0)),
             },
-            None => Arc::new(AtomicU64::new(0)),
+            _ => Arc::new(AtomicU64::new(0)),
         };
         let value = self.submit(Body::Record {
             stamp: stamp.clone(),
         })?;
-        event.point = Some(EventPoint::new(self.q().timeline().clone(), value, stamp));
+        event.point = Some(EventPoint::new(
+            self.q().timeline().clone(),
+            value,
+            Stamp::Cell(stamp),
+        ));
         Ok(())
     }
 

@@ -92,7 +92,7 @@ impl BackendStream for HostStream {
         kernel: &Arc<crate::exec::kernel::KernelInner>,
         blocks: u32,
         args: crate::exec::kernel::ArgList,
-        span: Option<Box<crate::exec::op::Span>>,
+        span: Option<Arc<crate::exec::op::Span>>,
     ) -> Result<u64> {
         self.check_open()?;
         let op = Op::new(Body::Kernel {

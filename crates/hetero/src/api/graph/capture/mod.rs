@@ -195,7 +195,7 @@ pub(crate) fn record(slot: &CaptureSlot, stream: u64, event: &mut Event) -> Resu
         event.point = Some(EventPoint::new(
             st.timeline.clone(),
             st.events.len() as u64,
-            Arc::new(AtomicU64::new(0)),
+            crate::api::event::Stamp::Cell(Arc::new(AtomicU64::new(0))),
         ));
         Ok(())
     })

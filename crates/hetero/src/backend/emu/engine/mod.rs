@@ -562,7 +562,7 @@ impl Sim {
             }
         }
         if let (Some(span), Ok(())) = (r.op.span(), &r.result) {
-            span.end.store(stamp_at(sh, end), Ordering::Release);
+            span.stamp_end(stamp_at(sh, end));
         }
         let Running {
             stream,
