@@ -915,6 +915,90 @@ fn a_devices_dispatch_time_is_observed_in_real_time_only() {
     }
 }
 
+/// A device behind its expected times stops looking free (real time): eight
+/// tasks placed on device 0 by hand book the model's prediction there and
+/// wait for a gate while the host sleeps past their expected ends; dmda's
+/// next task, whose input only device 0 holds, goes to device 1. By its
+/// expected times alone device 0 is free again, and holds the input. In
+/// virtual time the model's clock stands still while the host sleeps: the
+/// expected times are the model's, and device 0 is busy by them anyway.
+#[test]
+fn a_device_behind_its_expected_times_stops_looking_free() {
+    if common::skipped("a_device_behind_its_expected_times_stops_looking_free") {
+        return;
+    }
+    const HELD: usize = 8;
+    let (ctx, devs) = context();
+    ctx.set_scheduler(SchedPolicy::Dmda);
+    let k = spin_with("behind_spin", 2e10);
+    let x = ctx.data_from(&vec![1u32; SPIN_LEN]).unwrap();
+    let y = ctx.data::<u32>(SPIN_LEN).unwrap();
+    // Calibrated on both devices (in turns) until device 0's prediction is
+    // trusted: what its held tasks book.
+    let mut p = None;
+    for i in 0..96 {
+        let t = ctx
+            .task(&k)
+            .read(&x)
+            .write(&y)
+            .on_device(i % 2)
+            .submit()
+            .unwrap();
+        t.wait().unwrap();
+        p = t.predicted_ns().filter(|_| i % 2 == 0 && i >= 24);
+        if p.is_some() {
+            break;
+        }
+    }
+    let p = p.expect("behind_spin's model is trusted on device 0 within 96 tasks");
+    // The input, written on device 0 last: only it holds the new bytes.
+    let input = ctx.data::<u32>(SPIN_LEN).unwrap();
+    ctx.task(&k)
+        .read(&x)
+        .write(&input)
+        .on_device(0)
+        .submit()
+        .unwrap();
+    ctx.wait_tasks().unwrap();
+    let gate = devs[0].host_event();
+    let ys: Vec<_> = (0..HELD)
+        .map(|_| ctx.data::<u32>(SPIN_LEN).unwrap())
+        .collect();
+    let held: Vec<_> = ys
+        .iter()
+        .map(|y| {
+            let t = ctx.task(&k).read(&input).write(y).after(gate.event());
+            t.on_device(0).submit().unwrap()
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_nanos(
+        (HELD as f64 * p) as u64 + 5_000_000,
+    ));
+    // Sixteen submissions: the layer looks at its tasks in flight at least
+    // once (it does every 16) after the sleep.
+    let short = threes("behind_short");
+    let zs: Vec<_> = (0..16).map(|_| ctx.data::<u32>(1).unwrap()).collect();
+    for z in &zs {
+        ctx.task(&short).write(z).on_device(0).submit().unwrap();
+    }
+    let w = ctx.data::<u32>(SPIN_LEN).unwrap();
+    let next = ctx.task(&k).read(&input).write(&w).submit().unwrap();
+    let dispatch = ctx.task_stats().dispatch_ns;
+    let virtual_time = devs[0].trace_hash().is_some();
+    assert_eq!(
+        next.device_index(),
+        1,
+        "device 0 holds {HELD} gated tasks of {p} ns each (dispatch {dispatch:?}, \
+         virtual time {virtual_time})"
+    );
+    assert!(held.iter().all(|t| !t.event().query().unwrap()));
+    gate.signal();
+    ctx.wait_tasks().unwrap();
+    let want = ys[0].to_vec().unwrap();
+    assert!(ys.iter().all(|y| y.to_vec().unwrap() == want));
+    assert_eq!(w.to_vec().unwrap(), want);
+}
+
 /// Iterations of `spin`'s loop per element (under lavapipe's 65 535
 /// iterations per loop).
 const SPIN: u32 = 30_000;
