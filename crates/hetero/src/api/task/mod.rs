@@ -270,6 +270,9 @@ struct RtState {
     notify_completions: bool,
     /// Per device: the ends of its last tasks seen complete (`harvest`).
     recent_ends: Vec<Vec<u64>>,
+    /// Per device: the costs of its tasks not seen complete (as of the last
+    /// look, plus those accounted since), ns.
+    unfinished: Vec<f64>,
     stream_waits: u64,
     stream_wait_ns: u64,
     streams_made: u64,
@@ -462,6 +465,7 @@ impl Runtime {
                 submitted_since_harvest: 0,
                 notify_completions: false,
                 recent_ends: vec![Vec::new(); n],
+                unfinished: vec![0.0; n],
                 stream_waits: 0,
                 stream_wait_ns: 0,
                 streams_made: 0,
@@ -640,15 +644,12 @@ impl Runtime {
                 .as_ref()
                 .is_some_and(|p| p.timeline.status(p.value).is_none())
         });
-        if !self.virtual_time {
-            // A device behind its expected times (StarPU's dmda moves a
-            // worker's expected end as its tasks start): its compute units
-            // are free no earlier than its unfinished tasks' costs, shared
-            // among them, from now. (In virtual time the model runs only
-            // when the host waits: the expected times are the model's.)
-            let unfinished = st.pending.iter().map(|p| (p.device, p.cost_ns));
-            dispatch::hold_back(&mut st.free, unfinished, self.now_ns());
-        }
+        // Each device's unfinished work, for its floor (`free_at`); tasks
+        // accounted until the next look add to it.
+        let tasks = st.pending.iter().map(|p| (p.device, p.cost_ns));
+        let mut work = std::mem::take(&mut st.unfinished);
+        dispatch::unfinished(&mut work, tasks);
+        st.unfinished = work;
         if st.pending.is_empty() && st.graph_tails.is_empty() && st.held.is_empty() {
             // Not the last handle: whoever called holds one (or this is the
             // runtime's drop, and the one kept is another's).
@@ -1086,10 +1087,19 @@ impl Runtime {
     }
 
     /// When device `d` could start another task, on the layer's clock: its
-    /// first compute unit free (not before `now`), plus its dispatch time.
+    /// first compute unit free (not before `now`, nor in real time before
+    /// its unfinished work from now), plus its dispatch time.
     fn free_at(&self, st: &RtState, sc: &Sched, d: usize, now: f64) -> f64 {
         let unit = st.free[d].iter().copied().fold(f64::MAX, f64::min);
-        unit.max(now) + sc.dispatch_ns(d)
+        // A device behind its expected times: no earlier than its unfinished
+        // work from now. (In virtual time the model runs only when the host
+        // waits: the expected times are the model's.)
+        let start = if self.virtual_time {
+            now
+        } else {
+            dispatch::floor(now, st.unfinished[d], st.free[d].len())
+        };
+        unit.max(start) + sc.dispatch_ns(d)
     }
 
     /// `task` (just emitted after `deps`) as `account` books it, adding
@@ -1137,6 +1147,7 @@ impl Runtime {
         let lanes = &mut st.free[device];
         let lane = sched::argmin(lanes, |&t| t);
         lanes[lane] = end_ns;
+        st.unfinished[device] += cost_ns;
         st.pending.push(Pending {
             kernel: spec.kernel.name(),
             footprint,

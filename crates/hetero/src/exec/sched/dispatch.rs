@@ -20,7 +20,7 @@
 //! moment a unit frees (its launch latency is inside the kernel's span), so
 //! a gap there is a wait for data or for the host, not dispatch.
 //!
-//! Beside it, [`hold_back`]: a device whose tasks run later than their
+//! Beside it, [`floor`]: a device whose tasks run later than their
 //! expected times (its dispatch time or a model short of the truth) stops
 //! looking free.
 //!
@@ -72,25 +72,24 @@ impl Dispatch {
     }
 }
 
-/// Late devices: puts each device's compute units (`free[d]`, expected
-/// free times) no earlier than `now` plus the costs of its unfinished tasks
-/// (`(device, cost)`), shared among its units. A device whose tasks run
-/// later than their models said then stops looking free (StarPU's dmda
-/// moves a worker's expected end as its tasks start); one on time keeps
-/// its times (they are later already).
-pub(crate) fn hold_back(
-    free: &mut [Vec<f64>],
-    unfinished: impl Iterator<Item = (usize, f64)>,
-    now: f64,
-) {
-    let mut work = vec![0.0f64; free.len()];
-    for (d, cost) in unfinished {
+/// Late devices: the work each device has not finished, the costs of its
+/// tasks not seen complete (`(device, cost)`), summed into `work` (one
+/// entry per device).
+pub(crate) fn unfinished(work: &mut [f64], tasks: impl Iterator<Item = (usize, f64)>) {
+    work.iter_mut().for_each(|w| *w = 0.0);
+    for (d, cost) in tasks {
         work[d] += cost;
     }
-    for (units, work) in free.iter_mut().zip(work) {
-        let floor = now + work / units.len().max(1) as f64;
-        units.iter_mut().for_each(|f| *f = f.max(floor));
-    }
+}
+
+/// The earliest a device with `work` unfinished (ns) on `units` compute
+/// units can start another task, from `now`: that work shared among its
+/// units. A device whose tasks run later than their models said then stops
+/// looking free, for as long as they stay unfinished (StarPU's dmda moves a
+/// worker's expected end as its tasks start); one on time is not moved
+/// (its expected free times are later already).
+pub(crate) fn floor(now: f64, work: f64, units: usize) -> f64 {
+    now + work / units.max(1) as f64
 }
 
 #[cfg(test)]
@@ -99,17 +98,17 @@ mod tests {
 
     #[test]
     fn a_late_device_stops_looking_free() {
-        // Device 0 (two units) expected free at 100 and 150, but at 1,000
-        // three of its tasks of 400 each have not finished: free from 1,600.
-        // Device 1 is expected busy until 5,000 with one unfinished task of
-        // 300: it keeps its times. Device 2 has none: not before now.
-        let mut free = vec![vec![100.0, 150.0], vec![5_000.0], vec![10.0]];
-        let unfinished = [(0, 400.0), (1, 300.0), (0, 400.0), (0, 400.0)];
-        hold_back(&mut free, unfinished.into_iter(), 1_000.0);
-        assert_eq!(
-            free,
-            vec![vec![1_600.0, 1_600.0], vec![5_000.0], vec![1_000.0]]
-        );
+        // Device 0 (two units) has three tasks of 400 unfinished: at 1,000
+        // its units are free no earlier than 1,600, and later as time goes
+        // by while they stay unfinished. Device 1 (one unit) has one of
+        // 300; device 2 none: not before now. The sums start from zero.
+        let mut work = vec![7.0; 3];
+        let tasks = [(0, 400.0), (1, 300.0), (0, 400.0), (0, 400.0)];
+        unfinished(&mut work, tasks.into_iter());
+        assert_eq!(work, vec![1_200.0, 300.0, 0.0]);
+        let at = |now| [(0, 2), (1, 1), (2, 4)].map(|(d, units)| floor(now, work[d], units));
+        assert_eq!(at(1_000.0), [1_600.0, 1_300.0, 1_000.0]);
+        assert_eq!(at(5_000.0), [5_600.0, 5_300.0, 5_000.0]);
     }
 
     #[test]
