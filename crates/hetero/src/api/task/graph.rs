@@ -170,10 +170,15 @@ struct Plan {
 pub struct TaskGraphLaunch {
     events: Vec<Event>,
     devices: Vec<usize>,
+    /// The task layer the launch is in flight in (which holds itself alive
+    /// while it sees work in flight: told when the launch is waited for).
+    rt: std::sync::Weak<Runtime>,
 }
 
 impl TaskGraphLaunch {
     /// Waits for every task of the launch; the first fault is the error.
+    /// The context's task layer then looks at what it has in flight, so a
+    /// layer with nothing left stops holding the context's devices.
     pub fn wait(&self) -> Result<()> {
         let mut first = Ok(());
         for e in &self.events {
@@ -182,6 +187,9 @@ impl TaskGraphLaunch {
                     first = Err(err);
                 }
             }
+        }
+        if let Some(rt) = self.rt.upgrade() {
+            rt.look();
         }
         first
     }
@@ -932,6 +940,7 @@ impl PlacedTaskGraph {
         drop(guard);
         rt.keep_alive();
         Ok(TaskGraphLaunch {
+            rt: Arc::downgrade(rt),
             events: tails,
             // Each task's step runs on its placed device.
             devices: self.placement.clone(),

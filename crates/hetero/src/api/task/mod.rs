@@ -130,8 +130,9 @@ pub(crate) struct ContextTasks {
     runtime: Mutex<Weak<Runtime>>,
     /// The runtime while tasks are in flight (so tasks whose handles and
     /// data were dropped still complete on live streams); cleared when the
-    /// layer sees none in flight (`Context::wait_tasks`, or a submission
-    /// after they completed). Until then it holds the context's devices.
+    /// layer sees none in flight (`Context::wait_tasks`, a placed launch's
+    /// `TaskGraphLaunch::wait`, or a submission after they completed). Until
+    /// then it holds the context's devices.
     keep: Mutex<Option<Arc<Runtime>>>,
 }
 
@@ -722,6 +723,15 @@ impl Runtime {
         let task = self.place_and_emit(spec, forced)?;
         self.keep_alive();
         Ok(task)
+    }
+
+    /// Looks at the tasks and graph launches in flight (`harvest`): what
+    /// completed feeds the models, and with none left the runtime stops
+    /// keeping itself (and the context's devices) alive.
+    pub(crate) fn look(&self) {
+        let mut st = lock(&self.state);
+        let mut sc = lock(&self.sched);
+        self.harvest(&mut st, &mut sc);
     }
 
     /// Keeps the runtime alive while tasks are in flight (until the layer
