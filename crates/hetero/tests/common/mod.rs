@@ -286,11 +286,12 @@ const VK_NO_PLACEMENT: &str = "placement by data is the host engines' policy; th
      backend has one engine thread and one queue, so the check would pass vacuously";
 const VK_ONE_UNIT: &str = "asserts a plan of several lanes; a plan has at most one lane per \
      compute unit and the Vulkan device reports one (its kernels all run on its compute lane)";
-const VK_SLOTS_RACE: &str = "NOT a limit of the backend: a known bug. On lavapipe, about 1 in 15 \
-     runs of the whole test binary (never alone), set A's `y` after its two back-to-back launches \
-     differs from the same launches on one device (seen: the even elements from 192 on); which \
-     side is wrong, the placed launches or the one-device graph launches with bindings, is not \
-     yet known. Skipped so that CI's result is not a coin toss; it runs on every other backend";
+const VK_SLOTS_RACE: &str = "NOT a limit of the backend: a known bug. On lavapipe, in about 1 \
+     in 15 runs of the whole test binary (never alone: then the measured bus keeps the plan on \
+     one device), the placed launches leave set A's `y` wrong (seen: the even elements from 192 \
+     on) when the plan spans both devices; one-device launches, synchronized or not, agree with \
+     each other, and waiting for each placed launch does not help. Skipped so that CI's result \
+     is not a coin toss; it runs on every other backend";
 
 /// What the Vulkan backend cannot run, and why.
 const VULKAN_SKIPS: &[(&str, &str)] = &[
