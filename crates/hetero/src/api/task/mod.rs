@@ -648,9 +648,7 @@ impl Runtime {
         // Each device's unfinished work, for its floor (`free_at`); tasks
         // accounted until the next look add to it.
         let tasks = st.pending.iter().map(|p| (p.device, p.cost_ns));
-        let mut work = std::mem::take(&mut st.unfinished);
-        dispatch::unfinished(&mut work, tasks);
-        st.unfinished = work;
+        dispatch::unfinished(&mut st.unfinished, tasks);
         if st.pending.is_empty() && st.graph_tails.is_empty() && st.held.is_empty() {
             // Not the last handle: whoever called holds one (or this is the
             // runtime's drop, and the one kept is another's).
