@@ -725,11 +725,20 @@ impl Runtime {
 
     /// Looks at the tasks and graph launches in flight (`harvest`): what
     /// completed feeds the models, and with none left the runtime stops
-    /// keeping itself (and the context's devices) alive.
+    /// keeping itself (and the context's devices) alive. Only if nobody is
+    /// in the layer: whoever is looks itself, and a caller inside a kernel
+    /// or callback never waits here for a submitter that waits for it.
     pub(crate) fn look(&self) {
-        let mut st = lock(&self.state);
-        let mut sc = lock(&self.sched);
-        self.harvest(&mut st, &mut sc);
+        fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+            match m.try_lock() {
+                Ok(g) => Some(g),
+                Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            }
+        }
+        if let (Some(mut st), Some(mut sc)) = (try_lock(&self.state), try_lock(&self.sched)) {
+            self.harvest(&mut st, &mut sc);
+        }
     }
 
     /// Keeps the runtime alive while tasks are in flight (until the layer
