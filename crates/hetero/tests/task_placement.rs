@@ -1026,9 +1026,21 @@ fn a_device_behind_its_expected_times_stops_looking_free() {
     assert_eq!(w.to_vec().unwrap(), want);
 }
 
-/// Iterations of `spin`'s loop per element (under lavapipe's 65 535
-/// iterations per loop).
+/// Steps of `spin` per element.
+///
+/// Lavapipe (llvmpipe) stops a shader invocation's loops once they have run
+/// 65 535 iterations in all, counted over every loop of the invocation, and
+/// leaves what the rest would have written unwritten. With grid 1 (64
+/// invocations) an invocation covers `SPIN_LEN / 64` = 8 elements, so the
+/// device code runs [`SPIN_UNROLL`] steps per iteration: 8 × 7 500
+/// iterations. (A loop of 30 000 per element, as before, left every element
+/// from the third an invocation covers unwritten: stale memory, which made
+/// placed launches disagree with one device's now and then.)
 const SPIN: u32 = 30_000;
+/// Steps per iteration of `spin`'s loop in its device code.
+const SPIN_UNROLL: u32 = 4;
+const _: () = assert!(SPIN.is_multiple_of(SPIN_UNROLL));
+const _: () = assert!((SPIN_LEN as u32 / 64) * (SPIN / SPIN_UNROLL + 1) < 65_535);
 /// Elements of `spin`'s buffers: enough work per task (about 15 M steps)
 /// that a second device pays for its copies by a wide margin, so measured
 /// models on a busy 2-core machine still say so.
@@ -1064,14 +1076,49 @@ fn spin_with(name: &'static str, flops: f64) -> Kernel {
             }
         },
     );
+    let step = "a = a * 1664525u + 1013904223u; ".repeat(SPIN_UNROLL as usize);
     let prelude = format!(
-        "fn spin(v: u32) -> u32 {{ var a = v; for (var k = 0u; k < {SPIN}u; k = k + 1u) \
-         {{ a = a * 1664525u + 1013904223u; }} return a; }}"
+        "fn spin(v: u32) -> u32 {{ var a = v; for (var k = 0u; k < {}u; k = k + 1u) \
+         {{ {step}}} return a; }}",
+        SPIN / SPIN_UNROLL
     );
     k.wgsl(
         common::wgsl::map_with("u32", 1, &prelude, "spin(x0[i])"),
         "main",
     )
+}
+
+/// `spin`'s device code computes what its host code does, on the device under
+/// test (every other test here compares placed runs with one device's, so a
+/// kernel wrong on the device would only show where the two differ).
+#[test]
+fn spin_computes_on_the_device_what_its_host_code_does() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let x = dev.alloc::<u32>(SPIN_LEN).unwrap();
+    let y = dev.alloc::<u32>(SPIN_LEN).unwrap();
+    let xs: Vec<u32> = (0..SPIN_LEN as u32).map(|i| 3 * i + 1).collect();
+    s.write_slice(&x, 0, &xs).unwrap();
+    // Stale bytes where the kernel leaves any unwritten.
+    s.fill(&y, 0xdead_beef).unwrap();
+    let args = [hetero::Arg::read(&x), hetero::Arg::write(&y)];
+    s.launch(&spin(), 1.into(), &args).unwrap();
+    let got = s.read_to_vec(&y).unwrap();
+    let want: Vec<u32> = xs
+        .iter()
+        .map(|&v| {
+            (0..SPIN).fold(v, |a, _| {
+                a.wrapping_mul(1_664_525).wrapping_add(1_013_904_223)
+            })
+        })
+        .collect();
+    let bad: Vec<usize> = (0..SPIN_LEN).filter(|&i| got[i] != want[i]).collect();
+    assert!(
+        bad.is_empty(),
+        "{} elements differ, from {:?}",
+        bad.len(),
+        bad.first()
+    );
 }
 
 /// `g` instantiated on its own device and launched twice on `s`: then

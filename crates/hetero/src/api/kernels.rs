@@ -94,6 +94,10 @@ pub fn gemm_groups(m: usize, n: usize) -> Grid {
 /// `C` is `m` × `n` (arguments: `A` and `B` read, `C` written). On a device each
 /// workgroup computes a 16 × 16 tile of `C` through workgroup memory; on the
 /// host each block its part of `C`. Sums run over `k` in order in both codes.
+///
+/// On lavapipe an invocation's loops stop after 65 535 iterations in all
+/// (an invocation here runs `k + k / 16` of them), leaving `C` partly
+/// unwritten: keep `k` below about 61 000 there (a real GPU has no such cap).
 pub fn gemm_f32(m: usize, k: usize, n: usize) -> Kernel {
     let wgsl = format!(
         "const M: u32 = {m}u;

@@ -286,13 +286,6 @@ const VK_NO_PLACEMENT: &str = "placement by data is the host engines' policy; th
      backend has one engine thread and one queue, so the check would pass vacuously";
 const VK_ONE_UNIT: &str = "asserts a plan of several lanes; a plan has at most one lane per \
      compute unit and the Vulkan device reports one (its kernels all run on its compute lane)";
-const VK_SLOTS_RACE: &str = "NOT a limit of the backend: a known bug. On lavapipe, in about 1 \
-     in 15 runs of the whole test binary (never alone: then the measured bus keeps the plan on \
-     one device), the placed launches leave set A's `y` wrong (seen: the even elements from 192 \
-     on) when the plan spans both devices; one-device launches, synchronized or not, agree with \
-     each other, and waiting for each placed launch does not help. Skipped so that CI's result \
-     is not a coin toss; it runs on every other backend";
-
 /// What the Vulkan backend cannot run, and why.
 const VULKAN_SKIPS: &[(&str, &str)] = &[
     (
@@ -334,10 +327,6 @@ const VULKAN_SKIPS: &[(&str, &str)] = &[
     (
         "a_running_launch_keeps_its_kernel_while_its_slot_is_replaced",
         VK_GATED_KERNEL,
-    ),
-    (
-        "a_stream_graph_with_slots_is_placed_and_launched_with_bindings",
-        VK_SLOTS_RACE,
     ),
 ];
 

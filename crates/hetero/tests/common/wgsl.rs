@@ -5,6 +5,11 @@
 //! as the closure's blocks together do. Scalars (a graph kernel node's,
 //! `Block::scalars`) are push constants: 8-byte slots, `s(i)` is slot `i`'s
 //! low 32 bits.
+//!
+//! On lavapipe an invocation's loops stop after 65 535 iterations counted
+//! together (the grid-stride loop's and any loop inside `expr`'s functions),
+//! leaving the rest unwritten: with grid 1 an invocation walks `len / 64`
+//! elements, so keep `len / 64` × (the steps of `expr` + 1) below that.
 
 /// A kernel that writes `y[i] = EXPR` for every element of its last buffer
 /// `y`, after `reads` read-only buffers `x0`, `x1`, … of element type `ty`
