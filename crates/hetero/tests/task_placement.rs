@@ -1568,7 +1568,10 @@ fn a_stream_graph_with_2d_copies_is_placed_whole() {
         for (i, x) in up.as_mut_slice().unwrap().iter_mut().enumerate() {
             *x = i as u32 * 5 + 1;
         }
+        // (Its contents are unspecified, and the download writes only the
+        // region's rows: the gaps between them must be known too.)
         let mut down = dev.alloc_pinned::<u32>(LEN).unwrap();
+        down.as_mut_slice().unwrap().fill(0x5eed);
         let bufs: Vec<hetero::DeviceBuffer<u32>> = (0..3)
             .map(|b| {
                 let init: Vec<u32> = (0..LEN as u32).map(|i| i ^ (b + 9)).collect();
