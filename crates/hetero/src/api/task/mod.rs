@@ -271,6 +271,10 @@ struct RtState {
     notify_completions: bool,
     /// Per device: the ends of its last tasks seen complete (`harvest`).
     recent_ends: Vec<Vec<u64>>,
+    /// `harvest`'s lists, kept between looks (empty between them): the
+    /// tasks seen complete, and their order.
+    done: Vec<Pending>,
+    done_order: Vec<u128>,
     /// Per device: the costs of its tasks not seen complete (as of the last
     /// look, plus those accounted since), ns.
     unfinished: Vec<f64>,
@@ -466,6 +470,8 @@ impl Runtime {
                 submitted_since_harvest: 0,
                 notify_completions: false,
                 recent_ends: vec![Vec::new(); n],
+                done: Vec::new(),
+                done_order: Vec::new(),
                 unfinished: vec![0.0; n],
                 stream_waits: 0,
                 stream_wait_ns: 0,
@@ -621,7 +627,8 @@ impl Runtime {
     fn harvest(&self, st: &mut RtState, sc: &mut Sched) {
         st.submitted_since_harvest = 0;
         let stamp = |e: &Event| e.point.as_ref().map_or(0, |p| p.stamp_ns());
-        let mut done = Vec::new();
+        let mut done = std::mem::take(&mut st.done);
+        let mut order = std::mem::take(&mut st.done_order);
         let mut i = 0;
         while i < st.pending.len() {
             let p = &st.pending[i];
@@ -635,7 +642,7 @@ impl Runtime {
                     let p = st.pending.swap_remove(i);
                     st.queued[p.device] -= 1;
                     if r.is_ok() {
-                        done.push((stamp(&p.end), done.len(), p));
+                        done.push(p);
                     }
                 }
             }
@@ -661,12 +668,19 @@ impl Runtime {
         }
         // In order of their ends, then devices, then as found: keys that
         // differ, so an unstable sort gives the stable order (without its
-        // scratch buffer).
-        done.sort_unstable_by_key(|(end, i, p)| (*end, p.device, *i));
+        // scratch buffer). One number per task: the tasks stay where they
+        // are (a sort of the tasks themselves moved them about: 320
+        // instructions per task under callgrind, against 177).
+        order.extend(done.iter().enumerate().map(|(i, p)| {
+            let key = u128::from(stamp(&p.end)) << 64;
+            key | (p.device as u128) << 32 | i as u128
+        }));
+        order.sort_unstable();
         if sc.dispatch.len() < self.devices.len() {
             sc.dispatch.resize(self.devices.len(), Dispatch::default());
         }
-        for (end, _, p) in done {
+        for &key in &order {
+            let (end, p) = ((key >> 64) as u64, &done[key as u32 as usize]);
             let lanes = self.lanes[p.device];
             let recent = &mut st.recent_ends[p.device];
             let unit_free = if recent.len() >= lanes {
@@ -709,6 +723,10 @@ impl Runtime {
                 .observe(p.kernel, p.device, p.footprint, p.size, ns);
             sc.stats.observed += 1;
         }
+        done.clear();
+        order.clear();
+        st.done = done;
+        st.done_order = order;
     }
 
     /// Places `spec` (on `forced` if given, else by the context's policy)

@@ -51,20 +51,72 @@ pub(crate) struct History {
     pub(crate) rejected: u64,
     /// Outliers in a row (a regime change at `REGIME_AFTER`).
     streak: Vec<f64>,
-    /// The last accepted samples, oldest first, for the median.
-    recent: Vec<f64>,
-    /// `recent` in `total_cmp` order: kept sorted as samples come and go
-    /// (a removal and an insertion by binary search), so the median is one
-    /// read; every observation asks for it.
-    sorted: Vec<f64>,
+    /// The last accepted samples, for the median.
+    recent: Window,
     /// Data size of the footprint, bytes.
     size: u64,
 }
 
+/// The last [`RECENT`] accepted samples: in arrival order (a ring) and in
+/// `total_cmp` order (kept sorted as samples come and go), so the median is
+/// one read; every observation asks for it. Fixed arrays: no allocation,
+/// and the shifts stay within one small block of memory.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Window {
+    ring: [f64; RECENT],
+    /// Where the oldest sample is (when full) or the next goes (when not).
+    head: usize,
+    len: usize,
+    sorted: [f64; RECENT],
+}
+
+impl Window {
+    fn from_oldest_first(samples: &[f64]) -> Window {
+        let mut w = Window::default();
+        for &x in samples.iter().take(RECENT) {
+            w.push(x);
+        }
+        w
+    }
+
+    /// The samples, oldest first.
+    fn oldest_first(&self) -> impl Iterator<Item = f64> + '_ {
+        let start = if self.len == RECENT { self.head } else { 0 };
+        (0..self.len).map(move |i| self.ring[(start + i) % RECENT])
+    }
+
+    fn median(&self) -> Option<f64> {
+        (self.len >= 3).then(|| self.sorted[self.len / 2])
+    }
+
+    /// Adds `x`, dropping the oldest sample when full.
+    fn push(&mut self, x: f64) {
+        let mut len = self.len;
+        if len == RECENT {
+            let old = self.ring[self.head];
+            // Equal under `total_cmp` is the same bits: any match will do.
+            if let Some(i) = self.sorted[..len]
+                .iter()
+                .position(|v| v.total_cmp(&old).is_eq())
+            {
+                self.sorted.copy_within(i + 1..len, i);
+                len -= 1;
+            }
+            self.ring[self.head] = x;
+            self.head = (self.head + 1) % RECENT;
+        } else {
+            self.ring[(self.head + self.len) % RECENT] = x;
+            self.len += 1;
+        }
+        let at = self.sorted[..len].partition_point(|v| v.total_cmp(&x).is_le());
+        self.sorted.copy_within(at..len, at + 1);
+        self.sorted[at] = x;
+    }
+}
+
 impl History {
     fn median(&self) -> Option<f64> {
-        let n = self.sorted.len();
-        (n >= 3).then(|| self.sorted[n / 2])
+        self.recent.median()
     }
 
     /// Adds a sample; false when it was rejected as an outlier.
@@ -101,16 +153,7 @@ impl History {
         let d = ns - self.mean;
         self.mean += d / self.n as f64;
         self.m2 += d * (ns - self.mean);
-        if self.recent.len() == RECENT {
-            let old = self.recent.remove(0);
-            // Equal under `total_cmp` is the same bits: any match will do.
-            if let Ok(i) = self.sorted.binary_search_by(|x| x.total_cmp(&old)) {
-                self.sorted.remove(i);
-            }
-        }
         self.recent.push(ns);
-        let at = self.sorted.partition_point(|x| x.total_cmp(&ns).is_le());
-        self.sorted.insert(at, ns);
     }
 
     pub(crate) fn trusted(&self) -> bool {
@@ -443,10 +486,11 @@ impl Models {
     ) {
         let m = self.kernel(kernel);
         m.dirty = true;
-        if !m.devices.contains_key(device) {
-            m.devices.insert(device.to_string(), DeviceModel::default());
-        }
-        let d = m.devices.get_mut(device).expect("inserted above");
+        // One lookup when the device has a model (every sample but its first).
+        let d = match m.devices.get_mut(device) {
+            Some(d) => d,
+            None => m.devices.entry(device.to_string()).or_default(),
+        };
         let h = d.history.entry(footprint).or_insert_with(|| History {
             size,
             ..History::default()
@@ -498,7 +542,7 @@ fn render(name: &str, m: &KernelModel) -> String {
         .collect();
     hist.sort_by(|a, b| a.0.cmp(&b.0));
     for ((dev, fp), h) in hist {
-        let recent: Vec<String> = h.recent.iter().map(|x| format!("{x:e}")).collect();
+        let recent: Vec<String> = h.recent.oldest_first().map(|x| format!("{x:e}")).collect();
         s += &format!(
             "h {dev} {fp} {} {} {:e} {:e} {} {}\n",
             h.size,
@@ -522,13 +566,6 @@ fn render(name: &str, m: &KernelModel) -> String {
         );
     }
     s
-}
-
-/// `recent` in `total_cmp` order.
-fn sorted(recent: &[f64]) -> Vec<f64> {
-    let mut v = recent.to_vec();
-    v.sort_by(f64::total_cmp);
-    v
 }
 
 fn parse(text: &str, kernel: &str) -> Result<KernelModel, String> {
@@ -591,8 +628,7 @@ fn parse(text: &str, kernel: &str) -> Result<KernelModel, String> {
                         m2,
                         rejected,
                         streak: Vec::new(),
-                        sorted: sorted(&recent),
-                        recent,
+                        recent: Window::from_oldest_first(&recent),
                         size,
                     },
                 );
@@ -636,6 +672,33 @@ fn parse(text: &str, kernel: &str) -> Result<KernelModel, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// The window's ring and sorted arrays say what a list of the last
+        /// `RECENT` samples says (values from a small set: ties, and
+        /// samples leaving that equal others still in).
+        #[test]
+        fn the_window_is_the_last_samples_in_order_and_sorted(
+            xs in proptest::collection::vec(0u8..6, 0..60)
+        ) {
+            let mut w = Window::default();
+            let mut last: Vec<f64> = Vec::new();
+            for x in xs {
+                let x = f64::from(x) * 0.5;
+                w.push(x);
+                last.push(x);
+                if last.len() > RECENT {
+                    last.remove(0);
+                }
+                let mut sorted = last.clone();
+                sorted.sort_by(f64::total_cmp);
+                proptest::prop_assert_eq!(w.oldest_first().collect::<Vec<_>>(), last.clone());
+                proptest::prop_assert_eq!(&w.sorted[..w.len], &sorted[..]);
+                let median = (sorted.len() >= 3).then(|| sorted[sorted.len() / 2]);
+                proptest::prop_assert_eq!(w.median(), median);
+            }
+        }
+    }
 
     #[test]
     fn trusted_after_ten_samples() {
