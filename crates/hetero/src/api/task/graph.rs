@@ -150,6 +150,17 @@ struct Scratch {
     backs: Vec<Option<Event>>,
 }
 
+impl Scratch {
+    /// Empties the lists (their events released), keeping their room.
+    fn clear(&mut self) {
+        self.ends.clear();
+        self.pre.clear();
+        self.pre_at.clear();
+        self.start_valid.clear();
+        self.backs.clear();
+    }
+}
+
 struct Plan {
     live: Mutex<Live>,
     /// Each stream's (device, compute unit).
@@ -730,6 +741,7 @@ impl PlacedTaskGraph {
         }
         // The lists are empty (a launch clears them at its end, or failed
         // before it filled them: cleared here too).
+        live.scratch.clear();
         let Scratch {
             ends,
             pre,
@@ -737,11 +749,6 @@ impl PlacedTaskGraph {
             start_valid,
             backs,
         } = &mut live.scratch;
-        for list in [&mut *ends, start_valid, backs] {
-            list.clear();
-        }
-        pre.clear();
-        pre_at.clear();
         // What each datum waits for, and its start replica's event: the
         // launch orders after the tasks before it through these.
         let mut fixes = Vec::new();
@@ -930,10 +937,7 @@ impl PlacedTaskGraph {
         }
         drop(sc);
         drop(st);
-        for list in [&mut *ends, start_valid, backs] {
-            list.clear();
-        }
-        pre.clear();
+        live.scratch.clear();
         live.touched
             .retain(|_, evs| evs.iter().any(|e| !e.completed_ok()));
         live.touched.extend(touched);

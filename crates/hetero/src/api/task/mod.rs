@@ -186,6 +186,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// [`lock`] if nobody holds `m`, else `None`.
+fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
 /// A task work stealing holds back until a device has room.
 struct Held {
     spec: Spec,
@@ -747,13 +756,6 @@ impl Runtime {
     /// in the layer: whoever is looks itself, and a caller inside a kernel
     /// or callback never waits here for a submitter that waits for it.
     pub(crate) fn look(&self) {
-        fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
-            match m.try_lock() {
-                Ok(g) => Some(g),
-                Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-                Err(std::sync::TryLockError::WouldBlock) => None,
-            }
-        }
         if let (Some(mut st), Some(mut sc)) = (try_lock(&self.state), try_lock(&self.sched)) {
             self.harvest(&mut st, &mut sc);
         }

@@ -64,7 +64,7 @@ pub(crate) struct History {
 #[derive(Clone, Debug, Default, PartialEq)]
 struct Window {
     ring: [f64; RECENT],
-    /// Where the oldest sample is (when full) or the next goes (when not).
+    /// Where the oldest sample is (0 until the window is full).
     head: usize,
     len: usize,
     sorted: [f64; RECENT],
@@ -81,8 +81,7 @@ impl Window {
 
     /// The samples, oldest first.
     fn oldest_first(&self) -> impl Iterator<Item = f64> + '_ {
-        let start = if self.len == RECENT { self.head } else { 0 };
-        (0..self.len).map(move |i| self.ring[(start + i) % RECENT])
+        (0..self.len).map(move |i| self.ring[(self.head + i) % RECENT])
     }
 
     fn median(&self) -> Option<f64> {
@@ -91,25 +90,25 @@ impl Window {
 
     /// Adds `x`, dropping the oldest sample when full.
     fn push(&mut self, x: f64) {
-        let mut len = self.len;
-        if len == RECENT {
-            let old = self.ring[self.head];
+        // The sorted samples that stay.
+        let mut kept = self.len;
+        if self.len == RECENT {
+            let old = std::mem::replace(&mut self.ring[self.head], x);
+            self.head = (self.head + 1) % RECENT;
             // Equal under `total_cmp` is the same bits: any match will do.
-            if let Some(i) = self.sorted[..len]
+            let i = self
+                .sorted
                 .iter()
                 .position(|v| v.total_cmp(&old).is_eq())
-            {
-                self.sorted.copy_within(i + 1..len, i);
-                len -= 1;
-            }
-            self.ring[self.head] = x;
-            self.head = (self.head + 1) % RECENT;
+                .expect("the sorted copy holds the ring's samples");
+            self.sorted.copy_within(i + 1.., i);
+            kept -= 1;
         } else {
-            self.ring[(self.head + self.len) % RECENT] = x;
+            self.ring[self.len] = x;
             self.len += 1;
         }
-        let at = self.sorted[..len].partition_point(|v| v.total_cmp(&x).is_le());
-        self.sorted.copy_within(at..len, at + 1);
+        let at = self.sorted[..kept].partition_point(|v| v.total_cmp(&x).is_le());
+        self.sorted.copy_within(at..kept, at + 1);
         self.sorted[at] = x;
     }
 }
