@@ -260,6 +260,30 @@ fn dependencies_follow_the_accesses_across_devices() {
 }
 
 /// A kernel that writes its first argument and faults.
+/// A chain of dependent tasks stays on one stream (each task after the one
+/// before it there): 301 launches, more than a task stream's ring holds, so
+/// submissions wait for room, and the chain completes in order.
+#[test]
+fn a_chain_longer_than_a_task_streams_ring_completes_in_order() {
+    if common::skipped("a_chain_longer_than_a_task_streams_ring_completes_in_order") {
+        return;
+    }
+    let (ctx, _devs) = context();
+    let (w, rw) = (mix(0, false), mix(0, true));
+    let x = ctx.data::<u32>(LEN).unwrap();
+    ctx.reset_task_stats();
+    ctx.task(&w).write(&x).on_device(1).submit().unwrap();
+    let mut want = 7u32;
+    for _ in 0..300 {
+        ctx.task(&rw).read_write(&x).on_device(1).submit().unwrap();
+        want = want.wrapping_mul(31).wrapping_add(7);
+    }
+    ctx.wait_tasks().unwrap();
+    assert_eq!(x.to_vec().unwrap(), vec![want; LEN]);
+    let st = ctx.task_stats();
+    assert_eq!((st.tasks, st.streams_made), (301, 1), "{st:?}");
+}
+
 fn boom() -> Kernel {
     Kernel::new("boom", |b| {
         b.write::<u32>(0);

@@ -298,7 +298,7 @@ impl Device {
         st.idle = pending;
         let queue = match found {
             Some(q) => q,
-            None => self.inner.backend().create_stream(PRIORITY_LOWEST)?,
+            None => self.inner.backend().create_stream(PRIORITY_LOWEST, None)?,
         };
         Ok(StagingStream {
             stream: Stream::internal(queue.clone(), self.clone()),
@@ -490,12 +490,22 @@ impl Device {
 
     /// A new stream with `priority` (0 highest … 7 lowest).
     pub fn create_stream_with_priority(&self, priority: u8) -> Result<Stream> {
+        self.create_stream_sized(priority, None)
+    }
+
+    /// A new stream with `priority` whose ring holds `capacity` ops (rounded
+    /// up to a power of two; `None`: the device's `stream_capacity`).
+    pub(crate) fn create_stream_sized(
+        &self,
+        priority: u8,
+        capacity: Option<usize>,
+    ) -> Result<Stream> {
         if priority > PRIORITY_LOWEST {
             return Err(Error::InvalidArgument(format!(
                 "priority {priority} is out of range; use 0 (highest) ..= 7 (lowest)"
             )));
         }
-        let q = self.inner.backend().create_stream(priority)?;
+        let q = self.inner.backend().create_stream(priority, capacity)?;
         Ok(Stream::new(q, self.clone()))
     }
 

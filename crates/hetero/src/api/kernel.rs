@@ -1,7 +1,7 @@
 //! The kernel handle users hold: a named closure run once per block of a grid
 //! (what engines see of it is `exec::kernel`).
 
-use crate::exec::kernel::{Block, DeviceCode, Grid, KernelCost, KernelInner};
+use crate::exec::kernel::{name_id, Block, DeviceCode, Grid, KernelCost, KernelInner};
 use std::sync::Arc;
 
 /// A kernel: a named closure run once per block.
@@ -39,6 +39,7 @@ impl Kernel {
         Kernel {
             inner: Arc::new(KernelInner {
                 name,
+                id: name_id(name),
                 f: Some(Arc::new(f)),
                 cost: None,
                 code: None,
@@ -66,6 +67,7 @@ impl Kernel {
         Kernel {
             inner: Arc::new(KernelInner {
                 name,
+                id: name_id(name),
                 f: Some(Arc::new(f)),
                 cost: Some(Arc::new(cost)),
                 code: None,
@@ -80,6 +82,7 @@ impl Kernel {
         Kernel {
             inner: Arc::new(KernelInner {
                 name,
+                id: name_id(name),
                 f: None,
                 cost: None,
                 code: None,
@@ -121,6 +124,7 @@ impl Kernel {
                 let k = &self.inner;
                 self.inner = Arc::new(KernelInner {
                     name: k.name,
+                    id: k.id,
                     f: k.f.clone(),
                     cost: k.cost.clone(),
                     code,

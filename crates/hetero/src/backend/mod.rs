@@ -105,7 +105,13 @@ pub struct DeviceProperties {
 
 pub(crate) trait Backend: Send + Sync {
     fn properties(&self) -> &DeviceProperties;
-    fn create_stream(&self, priority: u8) -> Result<Arc<dyn BackendStream>>;
+    /// A stream whose ring holds `capacity` ops (`None`: the device's
+    /// configured `stream_capacity`).
+    fn create_stream(
+        &self,
+        priority: u8,
+        capacity: Option<usize>,
+    ) -> Result<Arc<dyn BackendStream>>;
     /// `bytes` of `kind` memory; device memory is cached per `stream` (0: none).
     fn allocate(&self, kind: MemoryKind, bytes: usize, stream: u64) -> Result<Arc<Storage>>;
     /// The device pool (every backend's device memory goes through one).

@@ -11,7 +11,7 @@
 use crate::exec::storage::{Reach, Storage};
 use bytemuck::Pod;
 use std::any::TypeId;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, Mutex};
 
 pub(crate) type KernelFn = dyn Fn(&mut Block<'_>) + Send + Sync;
 
@@ -22,6 +22,8 @@ pub(crate) type KernelFn = dyn Fn(&mut Block<'_>) + Send + Sync;
 #[repr(align(128))]
 pub(crate) struct KernelInner {
     pub(crate) name: &'static str,
+    /// Its name as a number (`KernelName`).
+    pub(crate) id: u32,
     /// The host code (run once per block on devices that run host code);
     /// `None` for a kernel with device code only.
     pub(crate) f: Option<Arc<KernelFn>>,
@@ -31,7 +33,55 @@ pub(crate) struct KernelInner {
     pub(crate) code: Option<Arc<DeviceCode>>,
 }
 
+/// A kernel's name and its number, the same for every kernel of that name.
+/// The task layer's performance models and estimates are per name and look
+/// it up by the number: no string hashed or compared per task.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct KernelName {
+    pub(crate) id: u32,
+    pub(crate) text: &'static str,
+}
+
+impl KernelName {
+    /// No kernel's.
+    pub(crate) const NONE: KernelName = KernelName {
+        id: u32::MAX,
+        text: "",
+    };
+}
+
+impl PartialEq for KernelName {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for KernelName {}
+
+impl std::hash::Hash for KernelName {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.id.hash(h);
+    }
+}
+
+/// The number of kernel name `name` (given once per kernel made).
+pub(crate) fn name_id(name: &'static str) -> u32 {
+    static NAMES: LazyLock<Mutex<rustc_hash::FxHashMap<&'static str, u32>>> =
+        LazyLock::new(Default::default);
+    let mut names = NAMES.lock().unwrap_or_else(|p| p.into_inner());
+    let next = names.len() as u32;
+    *names.entry(name).or_insert(next)
+}
+
 impl KernelInner {
+    /// Its name and the name's number.
+    pub(crate) fn key(&self) -> KernelName {
+        KernelName {
+            id: self.id,
+            text: self.name,
+        }
+    }
+
     /// The host code. A launch checks that there is some (`runs_on`); were
     /// there none, the stand-in panics, which the engine's catch turns into
     /// the op's fault.

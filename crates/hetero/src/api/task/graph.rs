@@ -266,7 +266,7 @@ pub(crate) fn place(
             let sizes = spec.access.iter().map(|(d, _)| d.bytes() as u64);
             let footprint = model::footprint(sizes.clone());
             let size: u64 = sizes.sum();
-            let name = spec.kernel.name();
+            let name = spec.kernel.inner.key();
             let mut cost: Vec<Option<f64>> = (0..n)
                 .map(|d| {
                     if let Some(op) = &spec.op {
@@ -275,7 +275,7 @@ pub(crate) fn place(
                     rt.devices[d].check_code(&spec.kernel.inner).ok()?;
                     Some(
                         sc.models()
-                            .predict(name, &rt.keys[d], footprint, size)
+                            .predict(name, rt.dev(d), footprint, size)
                             .map_or(f64::NAN, |p| p.0),
                     )
                 })

@@ -28,6 +28,7 @@ pub(crate) mod graph;
 pub(crate) mod stream_graph;
 
 use crate::api::context::{Context, ContextShared, PeerPath};
+use crate::exec::kernel::KernelName;
 use crate::exec::sched::dispatch::{self, Dispatch};
 use crate::exec::sched::learned::Learner;
 use crate::exec::sched::model::{self, Models};
@@ -49,6 +50,14 @@ pub(crate) const HOME: usize = 0;
 /// oldest stream's last task.
 pub const MAX_TASK_STREAMS: usize = 64;
 use MAX_TASK_STREAMS as MAX_STREAMS;
+
+/// Ops a task stream's ring holds. A task stream holds a task's few ops
+/// while it runs, and more only along a chain of dependent tasks; its ring
+/// is cycled through, one slot per op, so the smaller it is the likelier a
+/// submission finds its slot in cache. With the device default (1 024
+/// slots of 144 bytes) a pool of 64 streams cycled through 9 MiB per
+/// device, and every submission's slot was cold.
+const POOL_RING: usize = 64;
 
 /// What a task layer run has done, as [`Context::task_stats`] reports it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -145,7 +154,7 @@ pub(crate) struct Sched {
     learner: Learner,
     stats: TaskStats,
     /// Per (kernel, device): tasks and the sum of relative errors.
-    errors: std::collections::BTreeMap<(&'static str, usize), (u64, f64)>,
+    errors: rustc_hash::FxHashMap<(KernelName, usize), (u64, f64)>,
     /// Per device (by index): its observed dispatch time.
     dispatch: Vec<Dispatch>,
 }
@@ -239,7 +248,7 @@ struct Booked {
 
 /// A task not yet seen complete: what its observation needs.
 struct Pending {
-    kernel: &'static str,
+    kernel: KernelName,
     footprint: u64,
     size: u64,
     device: usize,
@@ -563,6 +572,14 @@ impl Runtime {
 
     /// The task layer's clock, ns: the model's in virtual time, else the
     /// wall clock since the runtime started.
+    /// Device `d` as the performance models know it.
+    pub(crate) fn dev(&self, d: usize) -> model::Dev<'_> {
+        model::Dev {
+            index: d,
+            key: &self.keys[d],
+        }
+    }
+
     pub(crate) fn now_ns(&self) -> f64 {
         if self.virtual_time {
             self.devices[0].now_ns() as f64
@@ -714,7 +731,7 @@ impl Runtime {
             let ns = end.saturating_sub(start.max(unit_free)) as f64;
             p.measured.store(ns.to_bits(), Ordering::Relaxed);
             hetero_trace::record_task(hetero_trace::TaskRecord {
-                kernel: p.kernel,
+                kernel: p.kernel.text,
                 device: p.device as u32,
                 start_ns: start,
                 end_ns: end,
@@ -726,8 +743,8 @@ impl Runtime {
                 e.0 += 1;
                 e.1 += (pred - ns).abs() / ns;
             }
-            let key = &self.keys[p.device];
-            sc.models().observe(p.kernel, key, p.footprint, p.size, ns);
+            sc.models()
+                .observe(p.kernel, self.dev(p.device), p.footprint, p.size, ns);
             sc.learner
                 .observe(p.kernel, p.device, p.footprint, p.size, ns);
             sc.stats.observed += 1;
@@ -834,7 +851,9 @@ impl Runtime {
             // is busy for the model's prediction where it has a trusted
             // one, so the policies' later choices count it.
             let free = self.free_at(&st, &sc, f, now).max(deps_end);
-            let (predicted, _) = sc.models().lookup(k.name(), &self.keys[f], footprint, size);
+            let (predicted, _) = sc
+                .models()
+                .lookup(k.inner.key(), self.dev(f), footprint, size);
             let predicted = predicted.map(|p| p.0);
             let exec_ns = predicted.unwrap_or(0.0);
             let priority = (policy == SchedPolicy::Dmdas)
@@ -866,7 +885,7 @@ impl Runtime {
                 &st, &mut sc, spec, &moves, d, footprint, size, deps_end, now, learned,
             )
         }));
-        sc.learner.prepare(k.name(), footprint);
+        sc.learner.prepare(k.inner.key(), footprint);
         let mut choice = sched::choose(policy, &candidates, &mut sc.learner);
         if ws && !sched::has_room(&candidates[choice.at]) {
             // The counts of tasks in flight as of now, then hold it if still
@@ -890,7 +909,7 @@ impl Runtime {
             _ if ws => chosen.predicted_ns.or(chosen.learned_ns),
             _ => chosen
                 .predicted_ns
-                .or_else(|| sc.learner.estimate(k.name(), device, footprint, size)),
+                .or_else(|| sc.learner.estimate(k.inner.key(), device, footprint, size)),
         }
         .unwrap_or(0.0);
         let end_ns = chosen.free_ns.max(chosen.data_ready()) + exec_ns;
@@ -1101,9 +1120,8 @@ impl Runtime {
             }
         }
         let free = self.free_at(st, sc, d, now);
-        let name = spec.kernel.name();
-        let key = &self.keys[d];
-        let (predicted, samples) = sc.models().lookup(name, key, footprint, size);
+        let name = spec.kernel.inner.key();
+        let (predicted, samples) = sc.models().lookup(name, self.dev(d), footprint, size);
         let predicted = predicted.map(|p| p.0);
         Candidate {
             index: d,
@@ -1186,7 +1204,7 @@ impl Runtime {
         lanes[lane] = end_ns;
         st.unfinished[device] += cost_ns;
         st.pending.push(Pending {
-            kernel: spec.kernel.name(),
+            kernel: spec.kernel.inner.key(),
             footprint,
             size,
             device,
@@ -1311,10 +1329,8 @@ impl Runtime {
         let at = match reuse {
             Some(i) => i,
             None => {
-                let s = match priority {
-                    Some(p) => self.devices[d].create_stream_with_priority(p)?,
-                    None => self.devices[d].create_stream()?,
-                };
+                let p = priority.unwrap_or(crate::api::stream::PRIORITY_LOWEST);
+                let s = self.devices[d].create_stream_sized(p, Some(POOL_RING))?;
                 s.set_name(format!("tasks {}", pool.len()));
                 made = true;
                 pool.push(PoolStream {
@@ -1808,12 +1824,14 @@ impl Context {
             .errors
             .iter()
             .map(|(&(kernel, device), &(tasks, sum))| PredictionError {
-                kernel,
+                kernel: kernel.text,
                 device,
                 tasks,
                 mean_relative_error: sum / tasks as f64,
             })
             .collect();
+        s.prediction_error
+            .sort_unstable_by(|a, b| (a.kernel, a.device).cmp(&(b.kernel, b.device)));
         s.bytes_per_link.sort_unstable();
         s.models_loaded = loaded;
         s.models_damaged = damaged;

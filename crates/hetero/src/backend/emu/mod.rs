@@ -320,7 +320,11 @@ impl Backend for EmuBackend {
         &self.props
     }
 
-    fn create_stream(&self, priority: u8) -> Result<Arc<dyn BackendStream>> {
+    fn create_stream(
+        &self,
+        priority: u8,
+        capacity: Option<usize>,
+    ) -> Result<Arc<dyn BackendStream>> {
         let sh = &self.shared;
         let id = sh.next_stream.fetch_add(1, Ordering::Relaxed);
         let timeline = Arc::new(Timeline::new(sh.device, id, sh.config.host_wait));
@@ -330,7 +334,7 @@ impl Backend for EmuBackend {
         let stream = Arc::new(EmuStream {
             id,
             timeline,
-            ring: Ring::with_capacity(sh.config.ring_capacity),
+            ring: Ring::with_capacity(capacity.unwrap_or(sh.config.ring_capacity)),
             priority: AtomicU8::new(priority),
             queue: (id as usize - 1) % sh.config.hardware_queues,
             closed: AtomicBool::new(false),

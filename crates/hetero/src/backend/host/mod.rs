@@ -194,7 +194,11 @@ impl Backend for HostBackend {
         &self.props
     }
 
-    fn create_stream(&self, priority: u8) -> Result<Arc<dyn BackendStream>> {
+    fn create_stream(
+        &self,
+        priority: u8,
+        capacity: Option<usize>,
+    ) -> Result<Arc<dyn BackendStream>> {
         let sh = &self.shared;
         let id = sh.next_stream.fetch_add(1, Ordering::Relaxed);
         // Least-loaded hardware queue, lowest index first.
@@ -209,7 +213,7 @@ impl Backend for HostBackend {
         let stream = Arc::new(HostStream {
             id,
             timeline: Arc::new(Timeline::new(sh.device, id, sh.config.host_wait)),
-            ring: Ring::with_capacity(sh.config.ring_capacity),
+            ring: Ring::with_capacity(capacity.unwrap_or(sh.config.ring_capacity)),
             priority: AtomicU8::new(priority),
             queue,
             closed: AtomicBool::new(false),

@@ -394,14 +394,18 @@ impl Backend for VulkanBackend {
         &self.props
     }
 
-    fn create_stream(&self, priority: u8) -> Result<Arc<dyn BackendStream>> {
+    fn create_stream(
+        &self,
+        priority: u8,
+        capacity: Option<usize>,
+    ) -> Result<Arc<dyn BackendStream>> {
         let sh = &self.shared;
         sh.check_lost()?;
         let id = sh.next_stream.fetch_add(1, Ordering::Relaxed);
         let stream = Arc::new(VulkanStream {
             id,
             timeline: Arc::new(Timeline::new(sh.device, id, sh.config.host_wait)),
-            ring: Ring::with_capacity(sh.config.ring_capacity),
+            ring: Ring::with_capacity(capacity.unwrap_or(sh.config.ring_capacity)),
             priority: AtomicU8::new(priority),
             closed: AtomicBool::new(false),
             in_flight: AtomicU32::new(0),

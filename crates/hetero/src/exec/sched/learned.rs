@@ -40,6 +40,7 @@
 //!   slowed and recovered is seen again).
 
 use super::{argmin, Candidate, Choice};
+use crate::exec::kernel::KernelName;
 use rustc_hash::FxHashMap as HashMap;
 
 /// Weight of a new observation.
@@ -67,33 +68,38 @@ struct Estimate {
     at: u64,
 }
 
+/// What the policy knows of a kernel on a device, beside its estimates.
+#[derive(Debug, Default)]
+struct PerDevice {
+    /// The footprints observed there and their data sizes, in the order
+    /// first observed.
+    footprints: Vec<(u64, u64)>,
+    /// ns per byte of the task's data, for footprints no device pair can
+    /// scale (`None` before the first observation).
+    per_byte: Option<f64>,
+    /// Tries without an estimate.
+    tries: u64,
+}
+
 /// The learning policy's state (one per context).
 #[derive(Debug)]
 pub(crate) struct Learner {
-    exec: HashMap<(&'static str, usize, u64), Estimate>,
-    /// Per (kernel, device): the footprints observed there and their data
-    /// sizes, in the order first observed.
-    footprints: HashMap<(&'static str, usize), Vec<(u64, u64)>>,
-    /// Per (kernel, device): ns per byte of the task's data, for footprints
-    /// no device pair can scale.
-    per_byte: HashMap<(&'static str, usize), f64>,
-    /// Tries per (kernel, device) without an estimate.
-    tries: HashMap<(&'static str, usize), u64>,
+    exec: HashMap<(KernelName, usize, u64), Estimate>,
+    /// Per (kernel, device).
+    per: HashMap<(KernelName, usize), PerDevice>,
     decisions: u64,
     rng: u64,
     /// Exploring choices made.
     pub(crate) explored: u64,
     /// The task being placed: its kernel and footprint (set by `prepare`).
-    current: Option<(&'static str, u64)>,
+    current: Option<(KernelName, u64)>,
 }
 
 impl Default for Learner {
     fn default() -> Self {
         Learner {
             exec: HashMap::default(),
-            footprints: HashMap::default(),
-            per_byte: HashMap::default(),
-            tries: HashMap::default(),
+            per: HashMap::default(),
             decisions: 0,
             rng: 0x9e37_79b9_7f4a_7c15,
             explored: 0,
@@ -110,7 +116,7 @@ impl Learner {
     /// the kernel's time per byte here times `size`.
     pub(crate) fn estimate(
         &self,
-        kernel: &'static str,
+        kernel: KernelName,
         index: usize,
         footprint: u64,
         size: u64,
@@ -119,9 +125,8 @@ impl Learner {
             return Some(e.ns);
         }
         self.scaled(kernel, index, footprint, size).or_else(|| {
-            self.per_byte
-                .get(&(kernel, index))
-                .map(|b| b * size.max(1) as f64)
+            let b = self.per.get(&(kernel, index))?.per_byte?;
+            Some(b * size.max(1) as f64)
         })
     }
 
@@ -130,12 +135,12 @@ impl Learner {
     /// depends on its data's size the same way on every device (a device is
     /// a speed), which a time per byte does not assume (a compute-bound
     /// kernel's time does not grow with the data it reads).
-    fn scaled(&self, kernel: &'static str, index: usize, footprint: u64, size: u64) -> Option<f64> {
-        let mine = self.footprints.get(&(kernel, index))?;
+    fn scaled(&self, kernel: KernelName, index: usize, footprint: u64, size: u64) -> Option<f64> {
+        let mine = &self.per.get(&(kernel, index))?.footprints;
         // The pair nearest in size wins; device and footprint break ties,
         // so the answer does not depend on the maps' order.
         let mut best: Option<((u64, usize, u64), f64)> = None;
-        for &(k, other) in self.footprints.keys() {
+        for &(k, other) in self.per.keys() {
             if k != kernel || other == index {
                 continue;
             }
@@ -157,14 +162,14 @@ impl Learner {
     }
 
     /// Names the task the next `choose` places.
-    pub(crate) fn prepare(&mut self, kernel: &'static str, footprint: u64) {
+    pub(crate) fn prepare(&mut self, kernel: KernelName, footprint: u64) {
         self.current = Some((kernel, footprint));
     }
 
     /// An observed execution of a task with `size` bytes of data.
     pub(crate) fn observe(
         &mut self,
-        kernel: &'static str,
+        kernel: KernelName,
         index: usize,
         footprint: u64,
         size: u64,
@@ -172,13 +177,13 @@ impl Learner {
     ) {
         let at = self.decisions;
         let b = ns / size.max(1) as f64;
-        self.per_byte
-            .entry((kernel, index))
-            .and_modify(|e| *e += ALPHA * (b.min(*e * CLIP) - *e))
-            .or_insert(b);
-        let seen = self.footprints.entry((kernel, index)).or_default();
-        if !seen.iter().any(|&(fp, _)| fp == footprint) {
-            seen.push((footprint, size));
+        let per = self.per.entry((kernel, index)).or_default();
+        per.per_byte = Some(match per.per_byte {
+            Some(e) => e + ALPHA * (b.min(e * CLIP) - e),
+            None => b,
+        });
+        if !per.footprints.iter().any(|&(fp, _)| fp == footprint) {
+            per.footprints.push((footprint, size));
         }
         self.exec
             .entry((kernel, index, footprint))
@@ -201,11 +206,11 @@ impl Learner {
 
     pub(crate) fn choose(&mut self, c: &[Candidate]) -> Choice {
         self.decisions += 1;
-        let (kernel, fp) = self.current.unwrap_or(("", 0));
+        let (kernel, fp) = self.current.unwrap_or((KernelName::NONE, 0));
         // Warm-up: a device without an estimate is tried first.
         for (i, x) in c.iter().enumerate() {
             if x.learned_ns.is_none() {
-                let t = self.tries.entry((kernel, x.index)).or_insert(0);
+                let t = &mut self.per.entry((kernel, x.index)).or_default().tries;
                 if *t < WARMUP {
                     *t += 1;
                     return Choice {
@@ -258,6 +263,8 @@ impl Learner {
 mod tests {
     use super::*;
 
+    const K: KernelName = KernelName { id: 0, text: "k" };
+
     fn cand(index: usize, learned: Option<f64>) -> Candidate {
         Candidate {
             index,
@@ -271,14 +278,14 @@ mod tests {
     fn recent_observations_outweigh_old_ones() {
         let mut l = Learner::default();
         for _ in 0..50 {
-            l.observe("k", 0, 1, 10, 100.0);
+            l.observe(K, 0, 1, 10, 100.0);
         }
         for _ in 0..7 {
-            l.observe("k", 0, 1, 10, 400.0);
+            l.observe(K, 0, 1, 10, 400.0);
         }
-        let e = l.estimate("k", 0, 1, 10).unwrap();
+        let e = l.estimate(K, 0, 1, 10).unwrap();
         assert!(e > 360.0 && e < 400.0, "{e}");
-        let other = l.estimate("k", 0, 2, 20).unwrap();
+        let other = l.estimate(K, 0, 2, 20).unwrap();
         assert!(other > 720.0 && other < 800.0, "{other}");
     }
 
@@ -287,33 +294,33 @@ mod tests {
         let mut l = Learner::default();
         // Device 1 ran the kernel on 10 and 40 bytes in the same time (it is
         // compute bound); device 0, 16 times slower, only on 40 bytes.
-        l.observe("k", 1, 1, 10, 100.0);
-        l.observe("k", 1, 4, 40, 100.0);
-        l.observe("k", 0, 4, 40, 1600.0);
-        assert_eq!(l.estimate("k", 0, 1, 10), Some(1600.0));
+        l.observe(K, 1, 1, 10, 100.0);
+        l.observe(K, 1, 4, 40, 100.0);
+        l.observe(K, 0, 4, 40, 1600.0);
+        assert_eq!(l.estimate(K, 0, 1, 10), Some(1600.0));
         // No device has the footprint: time per byte.
-        assert_eq!(l.estimate("k", 0, 9, 20), Some(800.0));
+        assert_eq!(l.estimate(K, 0, 9, 20), Some(800.0));
         // No observation of the kernel on the device: none.
-        assert_eq!(l.estimate("k", 2, 1, 10), None);
+        assert_eq!(l.estimate(K, 2, 1, 10), None);
     }
 
     #[test]
     fn estimates_kept_fresh_are_not_explored() {
         let mut l = Learner::default();
-        l.prepare("k", 1);
+        l.prepare(K, 1);
         let c = [cand(0, Some(100.0)), cand(1, Some(140.0))];
         let mut explored = 0;
         for _ in 0..2000 {
             // Both devices observed at every decision: nothing goes stale.
-            l.observe("k", 0, 1, 10, 100.0);
-            l.observe("k", 1, 1, 10, 140.0);
+            l.observe(K, 0, 1, 10, 100.0);
+            l.observe(K, 1, 1, 10, 140.0);
             explored += usize::from(l.choose(&c).at == 1);
         }
         assert_eq!(explored, 0);
         // Device 1 no longer observed: after `STALE_AFTER` decisions it is
         // explored again.
         for _ in 0..STALE_AFTER + 2000 {
-            l.observe("k", 0, 1, 10, 100.0);
+            l.observe(K, 0, 1, 10, 100.0);
             explored += usize::from(l.choose(&c).at == 1);
         }
         assert!(explored > 0);
@@ -322,7 +329,7 @@ mod tests {
     #[test]
     fn exploration_is_bounded() {
         let mut l = Learner::default();
-        l.prepare("k", 1);
+        l.prepare(K, 1);
         let c = [
             cand(0, Some(100.0)),
             cand(1, Some(140.0)),

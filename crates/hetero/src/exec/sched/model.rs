@@ -20,6 +20,7 @@
 //!
 //! Plain data: no ops, no devices; the task layer (`api/task`) feeds it.
 
+use crate::exec::kernel::KernelName;
 use rustc_hash::FxHashMap as HashMap;
 use std::path::{Path, PathBuf};
 
@@ -207,13 +208,51 @@ impl Regression {
     }
 }
 
-/// One kernel's models on every device it ran on, by device key (looked up
-/// by `&str`: no allocation on the submission path).
-#[derive(Clone, Debug, Default, PartialEq)]
+/// A device as the models know it: its key (what the files name) and its
+/// index in the context (what look-ups go by: no string hashed per task).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Dev<'a> {
+    pub(crate) index: usize,
+    pub(crate) key: &'a str,
+}
+
+/// One kernel's models on every device it ran on.
+#[derive(Clone, Debug, Default)]
 struct KernelModel {
-    devices: HashMap<String, DeviceModel>,
+    /// By device key, in the order first seen.
+    devices: Vec<(String, DeviceModel)>,
+    /// Per device index: its model's place in `devices` plus one (0: not
+    /// found yet). One context's models: an index names one key.
+    at: Vec<u32>,
     /// Unsaved samples since the last save.
     dirty: bool,
+}
+
+impl KernelModel {
+    /// `dev`'s model's place in `devices`.
+    fn find(&mut self, dev: Dev<'_>) -> Option<usize> {
+        if let Some(&i) = self.at.get(dev.index).filter(|&&i| i != 0) {
+            return Some(i as usize - 1);
+        }
+        let i = self.devices.iter().position(|(k, _)| k == dev.key)?;
+        if self.at.len() <= dev.index {
+            self.at.resize(dev.index + 1, 0);
+        }
+        self.at[dev.index] = i as u32 + 1;
+        Some(i)
+    }
+
+    /// The model of the device keyed `key`, made empty if there is none.
+    fn keyed(&mut self, key: &str) -> &mut DeviceModel {
+        let i = match self.devices.iter().position(|(k, _)| k == key) {
+            Some(i) => i,
+            None => {
+                self.devices.push((key.to_string(), DeviceModel::default()));
+                self.devices.len() - 1
+            }
+        };
+        &mut self.devices[i].1
+    }
 }
 
 /// One kernel's models on one device: one look-up of the device key finds
@@ -300,9 +339,9 @@ fn fit_with_constant(hist: &HashMap<u64, History>) -> Option<(f64, f64, f64)> {
 pub(crate) struct Models {
     dir: Option<PathBuf>,
     /// Per kernel, in the order first asked.
-    kernels: Vec<(&'static str, KernelModel)>,
+    kernels: Vec<(KernelName, KernelModel)>,
     /// Each kernel's place in `kernels`.
-    index: HashMap<&'static str, usize>,
+    index: HashMap<KernelName, usize>,
     /// The place of the kernel last asked for: a task's candidates and
     /// observations ask for one kernel several times in a row.
     last: usize,
@@ -381,10 +420,13 @@ impl Models {
         dir.join(format!("{safe}.model"))
     }
 
-    fn kernel(&mut self, kernel: &'static str) -> &mut KernelModel {
-        let same = |k: &'static str| std::ptr::eq(k, kernel) || k == kernel;
-        if !self.kernels.get(self.last).is_some_and(|(k, _)| same(k)) {
-            self.last = match self.index.get(kernel) {
+    fn kernel(&mut self, kernel: KernelName) -> &mut KernelModel {
+        if !self
+            .kernels
+            .get(self.last)
+            .is_some_and(|(k, _)| *k == kernel)
+        {
+            self.last = match self.index.get(&kernel) {
                 Some(&at) => at,
                 None => {
                     let m = self.load(kernel);
@@ -398,10 +440,11 @@ impl Models {
     }
 
     /// `kernel`'s models from the directory, else fresh ones.
-    fn load(&mut self, kernel: &'static str) -> KernelModel {
+    fn load(&mut self, kernel: KernelName) -> KernelModel {
         let Some(dir) = &self.dir else {
             return KernelModel::default();
         };
+        let kernel = kernel.text;
         match std::fs::read_to_string(Self::file(dir, kernel)) {
             Ok(text) => match parse(&text, kernel) {
                 Ok(m) => {
@@ -426,8 +469,8 @@ impl Models {
     /// `size` bytes; `None` while uncalibrated.
     pub(crate) fn predict(
         &mut self,
-        kernel: &'static str,
-        device: &str,
+        kernel: KernelName,
+        device: Dev<'_>,
         footprint: u64,
         size: u64,
     ) -> Option<(f64, Basis)> {
@@ -438,14 +481,16 @@ impl Models {
     /// look-up (the submission path asks both per candidate device).
     pub(crate) fn lookup(
         &mut self,
-        kernel: &'static str,
-        device: &str,
+        kernel: KernelName,
+        device: Dev<'_>,
         footprint: u64,
         size: u64,
     ) -> (Option<(f64, Basis)>, u64) {
-        let Some(m) = self.kernel(kernel).devices.get_mut(device) else {
+        let k = self.kernel(kernel);
+        let Some(at) = k.find(device) else {
             return (None, 0);
         };
+        let m = &mut k.devices[at].1;
         let h = m.history.get(&footprint);
         let samples = h.map_or(0, |h| h.n);
         if let Some(h) = h.filter(|h| h.trusted()) {
@@ -466,30 +511,32 @@ impl Models {
 
     /// Accepted samples of the footprint's history.
     #[cfg(test)]
-    pub(crate) fn samples(&mut self, kernel: &'static str, device: &str, footprint: u64) -> u64 {
-        self.kernel(kernel)
-            .devices
-            .get(device)
-            .and_then(|d| d.history.get(&footprint))
+    pub(crate) fn samples(&mut self, kernel: KernelName, device: Dev<'_>, footprint: u64) -> u64 {
+        let k = self.kernel(kernel);
+        k.find(device)
+            .and_then(|at| k.devices[at].1.history.get(&footprint))
             .map_or(0, |h| h.n)
     }
 
     /// Records an observed execution time.
     pub(crate) fn observe(
         &mut self,
-        kernel: &'static str,
-        device: &str,
+        kernel: KernelName,
+        device: Dev<'_>,
         footprint: u64,
         size: u64,
         ns: f64,
     ) {
         let m = self.kernel(kernel);
         m.dirty = true;
-        // One lookup when the device has a model (every sample but its first).
-        let d = match m.devices.get_mut(device) {
-            Some(d) => d,
-            None => m.devices.entry(device.to_string()).or_default(),
+        let at = match m.find(device) {
+            Some(at) => at,
+            None => {
+                m.keyed(device.key);
+                m.find(device).expect("added")
+            }
         };
+        let d = &mut m.devices[at].1;
         let h = d.history.entry(footprint).or_insert_with(|| History {
             size,
             ..History::default()
@@ -513,7 +560,7 @@ impl Models {
         }
         let Some(dir) = self.dir.clone() else { return };
         for (name, m) in self.kernels.iter_mut().filter(|(_, m)| m.dirty) {
-            let name = *name;
+            let name = name.text;
             let r = std::fs::create_dir_all(&dir).and_then(|()| {
                 // Write beside and rename: a crash never leaves half a file.
                 let path = Self::file(&dir, name);
@@ -619,7 +666,7 @@ fn parse(text: &str, kernel: &str) -> Result<KernelModel, String> {
                 if recent.len() > RECENT || (n > 0 && recent.is_empty()) {
                     return Err(at("recent samples do not match the count".into()));
                 }
-                m.devices.entry(dev).or_default().history.insert(
+                m.keyed(&dev).history.insert(
                     fp,
                     History {
                         n,
@@ -647,7 +694,7 @@ fn parse(text: &str, kernel: &str) -> Result<KernelModel, String> {
                         .filter(|x| x.is_finite())
                         .ok_or_else(|| at("bad regression sum".into()))?;
                 }
-                m.devices.entry(dev).or_default().regression = Some(Regression {
+                m.keyed(&dev).regression = Some(Regression {
                     k,
                     sx: v[0],
                     sy: v[1],
@@ -671,6 +718,14 @@ fn parse(text: &str, kernel: &str) -> Result<KernelModel, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const K: KernelName = KernelName { id: 0, text: "k" };
+    const K1: KernelName = KernelName { id: 1, text: "k-1" };
+    const D: Dev<'static> = Dev { index: 0, key: "d" };
+    const EMU: Dev<'static> = Dev {
+        index: 1,
+        key: "emu:x",
+    };
 
     proptest::proptest! {
         /// The window's ring and sorted arrays say what a list of the last
@@ -703,10 +758,10 @@ mod tests {
     fn trusted_after_ten_samples() {
         let mut m = Models::new(None);
         for i in 0..TRUSTED_AFTER {
-            assert!(m.predict("k", "d", 1, 100).is_none(), "after {i}");
-            m.observe("k", "d", 1, 100, 1000.0);
+            assert!(m.predict(K, D, 1, 100).is_none(), "after {i}");
+            m.observe(K, D, 1, 100, 1000.0);
         }
-        assert_eq!(m.predict("k", "d", 1, 100), Some((1000.0, Basis::History)));
+        assert_eq!(m.predict(K, D, 1, 100), Some((1000.0, Basis::History)));
     }
 
     #[test]
@@ -714,18 +769,18 @@ mod tests {
         let mut m = Models::new(None);
         for i in 0..200 {
             let ns = if i % 100 == 50 { 300_000.0 } else { 1000.0 };
-            m.observe("k", "d", 1, 100, ns);
+            m.observe(K, D, 1, 100, ns);
         }
-        assert_eq!(m.predict("k", "d", 1, 100).map(|p| p.0), Some(1000.0));
+        assert_eq!(m.predict(K, D, 1, 100).map(|p| p.0), Some(1000.0));
         assert_eq!(m.rejected, 2);
         for _ in 0..REGIME_AFTER {
-            m.observe("k", "d", 1, 100, 5000.0);
+            m.observe(K, D, 1, 100, 5000.0);
         }
-        assert_eq!(m.samples("k", "d", 1), u64::from(REGIME_AFTER));
+        assert_eq!(m.samples(K, D, 1), u64::from(REGIME_AFTER));
         for _ in 0..TRUSTED_AFTER {
-            m.observe("k", "d", 1, 100, 5000.0);
+            m.observe(K, D, 1, 100, 5000.0);
         }
-        assert_eq!(m.predict("k", "d", 1, 100).map(|p| p.0), Some(5000.0));
+        assert_eq!(m.predict(K, D, 1, 100).map(|p| p.0), Some(5000.0));
     }
 
     #[test]
@@ -734,9 +789,9 @@ mod tests {
         for i in 0..20u64 {
             let n = 1000 + 100 * (i % 10);
             // t = 2 n^1.5
-            m.observe("k", "d", n, n, 2.0 * (n as f64).powf(1.5));
+            m.observe(K, D, n, n, 2.0 * (n as f64).powf(1.5));
         }
-        let (t, basis) = m.predict("k", "d", 99, 4000).expect("fitted");
+        let (t, basis) = m.predict(K, D, 99, 4000).expect("fitted");
         assert_eq!(basis, Basis::Regression);
         let want = 2.0 * 4000f64.powf(1.5);
         assert!((t / want - 1.0).abs() < 1e-6, "{t} vs {want}");
@@ -748,14 +803,14 @@ mod tests {
         let t = |n: f64| 2.0 * n.powf(1.5) + 50_000.0;
         for i in 0..40u64 {
             let n = 1000 * (1 + i % 4);
-            m.observe("k", "d", n, n, t(n as f64));
+            m.observe(K, D, n, n, t(n as f64));
         }
         // A size never seen: the constant matters (a power law alone is
         // off by more than a third here).
-        let (p, basis) = m.predict("k", "d", 99, 250).expect("fitted");
+        let (p, basis) = m.predict(K, D, 99, 250).expect("fitted");
         assert_eq!(basis, Basis::Regression);
         assert!((p / t(250.0) - 1.0).abs() < 0.05, "{p} vs {}", t(250.0));
-        let (a, b, c) = fit_with_constant(&m.kernel("k").devices["d"].history).unwrap();
+        let (a, b, c) = fit_with_constant(&m.kernel(K).devices[0].1.history).unwrap();
         assert!(
             (b - 1.5).abs() < 0.05 && (c / 50_000.0 - 1.0).abs() < 0.1,
             "{a} {b} {c}"
@@ -768,14 +823,11 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let mut m = Models::new(Some(dir.clone()));
         for _ in 0..TRUSTED_AFTER {
-            m.observe("k-1", "emu:x", 7, 64, 500.0);
+            m.observe(K1, EMU, 7, 64, 500.0);
         }
         m.save();
         let mut again = Models::new(Some(dir.clone()));
-        assert_eq!(
-            again.predict("k-1", "emu:x", 7, 64).map(|p| p.0),
-            Some(500.0)
-        );
+        assert_eq!(again.predict(K1, EMU, 7, 64).map(|p| p.0), Some(500.0));
         assert_eq!((again.loaded, again.damaged), (1, 0));
         std::fs::write(
             Models::file(&dir, "k-1"),
@@ -783,7 +835,7 @@ mod tests {
         )
         .unwrap();
         let mut damaged = Models::new(Some(dir.clone()));
-        assert_eq!(damaged.predict("k-1", "emu:x", 7, 64), None);
+        assert_eq!(damaged.predict(K1, EMU, 7, 64), None);
         assert_eq!(damaged.damaged, 1);
         let _ = std::fs::remove_dir_all(&dir);
     }
