@@ -1872,6 +1872,9 @@ fn held_tasks_move_to_devices_without_another_call_into_the_task_layer() {
     for (x, _) in &blocked {
         assert_eq!(x.to_vec().unwrap(), vec![7; LEN]);
     }
+    // A held task's handle learns its time as a placed one's does.
+    assert!(free.iter().all(|(_, t)| t.measured_ns().is_some()));
+    assert!(blocked.iter().all(|(_, t)| t.measured_ns().is_some()));
 }
 
 /// Task data of either kind: the mixed programs below alternate them.

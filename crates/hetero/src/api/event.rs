@@ -184,6 +184,14 @@ impl Event {
         self.point.is_some()
     }
 
+    /// The span of the launch that stamps this event, if a launch does.
+    pub(crate) fn span(&self) -> Option<&crate::exec::op::Span> {
+        match self.point.as_ref()?.stamp.as_ref()? {
+            Stamp::Start(s) | Stamp::End(s) => Some(s),
+            Stamp::Cell(_) => None,
+        }
+    }
+
     /// The point, for a wait; it may be a capture's (see `point`).
     pub(crate) fn point_any(&self, op: &'static str) -> Result<&EventPoint> {
         self.point.as_ref().ok_or(Error::EventNotRecorded { op })

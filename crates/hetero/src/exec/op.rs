@@ -192,13 +192,31 @@ pub(crate) enum Body {
 /// device stamps with: its start once it starts, its end before its value
 /// completes (a failed launch writes no end). One allocation holds both, and
 /// the events that name them share it ([`Stamp`](crate::api::event::Stamp)).
-#[derive(Default)]
+/// A task's launch keeps there too the time the task layer observed for it
+/// (written once the launch is done, by whoever looks): no cell of its own.
 pub(crate) struct Span {
     start: AtomicU64,
     end: AtomicU64,
+    /// `f64` bits, NaN until observed.
+    observed: AtomicU64,
+}
+
+impl Default for Span {
+    fn default() -> Self {
+        Span {
+            start: AtomicU64::new(0),
+            end: AtomicU64::new(0),
+            observed: AtomicU64::new(f64::NAN.to_bits()),
+        }
+    }
 }
 
 impl Span {
+    /// The cell for the time observed for this launch (`f64` bits).
+    pub(crate) fn observed(&self) -> &AtomicU64 {
+        &self.observed
+    }
+
     pub(crate) fn stamp_start(&self, at: u64) {
         self.start.store(at, std::sync::atomic::Ordering::Release);
     }

@@ -218,6 +218,16 @@ struct Held {
     measured: Arc<std::sync::atomic::AtomicU64>,
 }
 
+/// Where a task's observed time goes: its own cell for a held task (its
+/// handle exists before its launch), else its launch's span, which its end
+/// event names (no allocation of its own).
+fn observed<'a>(
+    cell: &'a Option<Arc<std::sync::atomic::AtomicU64>>,
+    end: &'a Event,
+) -> Option<&'a std::sync::atomic::AtomicU64> {
+    cell.as_deref().or_else(|| end.span().map(|s| s.observed()))
+}
+
 /// What a held task's handle learns when a device takes it.
 #[derive(Debug)]
 pub(crate) struct HeldSlot {
@@ -261,8 +271,9 @@ struct Pending {
     cost_ns: f64,
     /// The history model's prediction on its device.
     predicted: Option<f64>,
-    /// Where the observed time goes (shared with the task's handle).
-    measured: Arc<std::sync::atomic::AtomicU64>,
+    /// A held task's cell for the observed time (shared with its handle);
+    /// `None`: the span `end` names (see `observed`).
+    measured: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 struct RtState {
@@ -729,7 +740,9 @@ impl Runtime {
                 recent.remove(0);
             }
             let ns = end.saturating_sub(start.max(unit_free)) as f64;
-            p.measured.store(ns.to_bits(), Ordering::Relaxed);
+            if let Some(cell) = observed(&p.measured, &p.end) {
+                cell.store(ns.to_bits(), Ordering::Relaxed);
+            }
             hetero_trace::record_task(hetero_trace::TaskRecord {
                 kernel: p.kernel.text,
                 device: p.device as u32,
@@ -975,7 +988,7 @@ impl Runtime {
             start: Event::new(),
             moved: 0,
             predicted: None,
-            measured: measured.clone(),
+            measured: Some(measured.clone()),
         };
         st.held.push_back(Held {
             spec: spec.clone(),
@@ -1038,7 +1051,7 @@ impl Runtime {
             let signal = h.signal;
             stream.host_callback(move || signal.signal())?;
             let _ = h.slot.done.set(stream.record_event()?);
-            task.measured = h.measured;
+            task.measured = Some(h.measured);
             h.slot.bound.store(d, Ordering::Release);
             sc.stats.stolen += u64::from(d != h.home);
             // (Not a dispatch sample: it waited to be placed.)
@@ -1440,7 +1453,7 @@ impl Runtime {
             start,
             moved,
             predicted: None,
-            measured: Arc::new(std::sync::atomic::AtomicU64::new(f64::NAN.to_bits())),
+            measured: None,
         })
     }
 
@@ -1543,7 +1556,8 @@ pub struct Task {
     start: Event,
     moved: u64,
     predicted: Option<f64>,
-    measured: Arc<std::sync::atomic::AtomicU64>,
+    /// A held task's cell for its observed time; `None`: its launch's span.
+    measured: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl Task {
@@ -1556,7 +1570,8 @@ impl Task {
     /// Its execution time as the task layer observed it, ns, once it saw the
     /// task complete ([`Context::wait_tasks`]); `None` before.
     pub fn measured_ns(&self) -> Option<f64> {
-        let v = f64::from_bits(self.measured.load(Ordering::Relaxed));
+        let v = observed(&self.measured, &self.event)?.load(Ordering::Relaxed);
+        let v = f64::from_bits(v);
         (!v.is_nan()).then_some(v)
     }
 

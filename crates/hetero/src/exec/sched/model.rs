@@ -91,26 +91,34 @@ impl Window {
 
     /// Adds `x`, dropping the oldest sample when full.
     fn push(&mut self, x: f64) {
-        // The sorted samples that stay.
-        let mut kept = self.len;
-        if self.len == RECENT {
-            let old = std::mem::replace(&mut self.ring[self.head], x);
-            self.head = (self.head + 1) % RECENT;
-            // Equal under `total_cmp` is the same bits: any match will do.
-            let i = self
-                .sorted
-                .iter()
-                .position(|v| v.total_cmp(&old).is_eq())
-                .expect("the sorted copy holds the ring's samples");
-            self.sorted.copy_within(i + 1.., i);
-            kept -= 1;
-        } else {
+        if self.len < RECENT {
             self.ring[self.len] = x;
+            let at = self.sorted[..self.len].partition_point(|v| v.total_cmp(&x).is_le());
+            self.sorted.copy_within(at..self.len, at + 1);
+            self.sorted[at] = x;
             self.len += 1;
+            return;
         }
-        let at = self.sorted[..kept].partition_point(|v| v.total_cmp(&x).is_le());
-        self.sorted.copy_within(at..kept, at + 1);
-        self.sorted[at] = x;
+        let old = std::mem::replace(&mut self.ring[self.head], x);
+        self.head = (self.head + 1) % RECENT;
+        // Equal under `total_cmp` is the same bits: any match will do.
+        let i = self
+            .sorted
+            .iter()
+            .position(|v| v.to_bits() == old.to_bits())
+            .expect("the sorted copy holds the ring's samples");
+        // `x` takes the place `old` leaves: only the samples between the
+        // two places move, one step towards `old`'s.
+        let at = self.sorted.partition_point(|v| v.total_cmp(&x).is_le());
+        if at <= i {
+            // Those from `at` up to `old` are above `x`.
+            self.sorted.copy_within(at..i, at + 1);
+            self.sorted[at] = x;
+        } else {
+            // `old` is at or below `x`; those after it up to `at` are too.
+            self.sorted.copy_within(i + 1..at, i);
+            self.sorted[at - 1] = x;
+        }
     }
 }
 
