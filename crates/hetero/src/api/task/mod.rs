@@ -581,8 +581,6 @@ impl Runtime {
         }
     }
 
-    /// The task layer's clock, ns: the model's in virtual time, else the
-    /// wall clock since the runtime started.
     /// Device `d` as the performance models know it.
     pub(crate) fn dev(&self, d: usize) -> model::Dev<'_> {
         model::Dev {
@@ -591,6 +589,8 @@ impl Runtime {
         }
     }
 
+    /// The task layer's clock, ns: the model's in virtual time, else the
+    /// wall clock since the runtime started.
     pub(crate) fn now_ns(&self) -> f64 {
         if self.virtual_time {
             self.devices[0].now_ns() as f64
