@@ -284,6 +284,59 @@ fn a_chain_longer_than_a_task_streams_ring_completes_in_order() {
     assert_eq!((st.tasks, st.streams_made), (301, 1), "{st:?}");
 }
 
+/// A device's task streams at their bound, the oldest held by an event that
+/// has not happened while others' tasks completed: a later task takes a
+/// completed stream (out of turn) rather than wait for the oldest, and makes
+/// no stream more. (Waiting for the oldest here would hang: only this thread
+/// signals it.) On a device with fewer hardware queues than streams, the
+/// tasks behind the held one on its queue wait too: as many tasks as
+/// completed are submitted.
+#[test]
+fn at_the_stream_bound_a_task_takes_a_completed_stream_out_of_turn() {
+    if common::skipped("at_the_stream_bound_a_task_takes_a_completed_stream_out_of_turn") {
+        return;
+    }
+    common::within(120, "tasks at the stream bound", || {
+        let (ctx, devs) = context();
+        let w = mix(0, false);
+        let (first, rest) = (devs[1].host_event(), devs[1].host_event());
+        let n = hetero::MAX_TASK_STREAMS;
+        let data: Vec<TaskData<u32>> = (0..2 * n).map(|_| ctx.data(LEN).unwrap()).collect();
+        ctx.reset_task_stats();
+        // One stream per task: none depends on another, and none can run.
+        let held: Vec<_> = (0..n)
+            .map(|i| {
+                let go = if i == 0 { &first } else { &rest };
+                let t = ctx.task(&w).write(&data[i]).after(go.event());
+                t.on_device(1).submit().unwrap()
+            })
+            .collect();
+        assert_eq!(ctx.task_stats().streams_made, n as u64);
+        rest.signal();
+        let done = loop {
+            let done = held[1..]
+                .iter()
+                .filter(|t| t.event().query().unwrap())
+                .count();
+            if done > 0 {
+                break done;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        };
+        assert!(!held[0].event().query().unwrap());
+        for x in &data[n..n + done] {
+            ctx.task(&w).write(x).on_device(1).submit().unwrap();
+        }
+        let st = ctx.task_stats();
+        assert_eq!((st.streams_made, st.stream_waits), (n as u64, 0), "{st:?}");
+        first.signal();
+        ctx.wait_tasks().unwrap();
+        for x in &data[..n + done] {
+            assert_eq!(x.to_vec().unwrap(), vec![7; LEN]);
+        }
+    });
+}
+
 fn boom() -> Kernel {
     Kernel::new("boom", |b| {
         b.write::<u32>(0);

@@ -1314,14 +1314,19 @@ impl Runtime {
                         pool.swap_remove(i);
                     }
                     None if pool.len() >= MAX_STREAMS => {
-                        // At the bound: any stream whose work completed,
-                        // else wait for the oldest (as StarPU bounds the
-                        // tasks in flight); one that faulted is replaced.
-                        let done = pool
-                            .iter()
-                            .position(|p| p.last.as_ref().is_none_or(|(_, e)| e.completed_ok()));
-                        if done.is_some() {
-                            break done;
+                        // At the bound: the next stream in turn whose work
+                        // completed (the turn moves past it: the streams
+                        // between were just given tasks, the likeliest
+                        // busy), else wait for the oldest (as StarPU bounds
+                        // the tasks in flight); one that faulted is
+                        // replaced.
+                        let n = pool.len();
+                        let done = (1..n)
+                            .map(|k| (i + k) % n)
+                            .find(|&j| pool[j].last.as_ref().is_none_or(|(_, e)| e.completed_ok()));
+                        if let Some(j) = done {
+                            st.turn[d] = j + 1;
+                            break Some(j);
                         }
                         waited = true;
                         let t0 = std::time::Instant::now();
