@@ -29,6 +29,7 @@ pub(crate) mod stream_graph;
 
 use crate::api::context::{Context, ContextShared, PeerPath};
 use crate::exec::kernel::KernelName;
+use crate::exec::op::Span;
 use crate::exec::sched::dispatch::{self, Dispatch};
 use crate::exec::sched::learned::Learner;
 use crate::exec::sched::model::{self, Models};
@@ -262,7 +263,7 @@ struct Pending {
     footprint: u64,
     size: u64,
     device: usize,
-    start: Event,
+    /// Its launch's end; the launch's span holds its start too.
     end: Event,
     /// When it was on its device (device clock), for the dispatch
     /// estimate; 0: not sampled.
@@ -725,7 +726,7 @@ impl Runtime {
             } else {
                 0
             };
-            let start = stamp(&p.start);
+            let start = p.end.span().map_or_else(|| stamp(&p.end), Span::start_ns);
             if p.queued_at != 0 && recent.len() >= lanes {
                 // The device's last end before the task started (some unit
                 // freed then; the task's own may have freed earlier, so the
@@ -985,7 +986,6 @@ impl Runtime {
             index: home,
             held: Some(slot.clone()),
             event: signal.event().clone(),
-            start: Event::new(),
             moved: 0,
             predicted: None,
             measured: Some(measured.clone()),
@@ -1221,7 +1221,6 @@ impl Runtime {
             footprint,
             size,
             device,
-            start: task.start.clone(),
             end: task.event.clone(),
             queued_at,
             cost_ns,
@@ -1314,19 +1313,17 @@ impl Runtime {
                         pool.swap_remove(i);
                     }
                     None if pool.len() >= MAX_STREAMS => {
-                        // At the bound: the next stream in turn whose work
-                        // completed (the turn moves past it: the streams
-                        // between were just given tasks, the likeliest
-                        // busy), else wait for the oldest (as StarPU bounds
-                        // the tasks in flight); one that faulted is
-                        // replaced.
-                        let n = pool.len();
-                        let done = (1..n)
-                            .map(|k| (i + k) % n)
-                            .find(|&j| pool[j].last.as_ref().is_none_or(|(_, e)| e.completed_ok()));
-                        if let Some(j) = done {
-                            st.turn[d] = j + 1;
-                            break Some(j);
+                        // At the bound: any stream whose work completed,
+                        // else wait for the oldest (as StarPU bounds the
+                        // tasks in flight); one that faulted is replaced.
+                        // (The first from the pool's start: which stream a
+                        // task takes decides its device queue, and so the
+                        // placements that follow in virtual time.)
+                        let done = pool
+                            .iter()
+                            .position(|p| p.last.as_ref().is_none_or(|(_, e)| e.completed_ok()));
+                        if done.is_some() {
+                            break done;
                         }
                         waited = true;
                         let t0 = std::time::Instant::now();
@@ -1358,11 +1355,12 @@ impl Runtime {
                 pool.len() - 1
             }
         };
-        let stream = pool[at].stream.clone();
         let chained = pool[at].last.as_ref().map(|(t, _)| *t);
         st.stream_waits += u64::from(waited);
         st.stream_wait_ns += wait_ns;
         st.streams_made += u64::from(made);
+        // (Borrowed, not cloned: the fields written below are others.)
+        let stream = &st.streams[d][at].stream;
         if let Some(p) = priority {
             if stream.priority() != p {
                 stream.set_priority(p)?;
@@ -1385,7 +1383,7 @@ impl Runtime {
                     moved += bytes;
                     st.link_bytes.push((from.unwrap_or(n), d, bytes));
                 }
-                data.bring(&stream)?;
+                data.bring(stream)?;
                 continue;
             }
             data.replica(d, &self.devices[d])?;
@@ -1409,7 +1407,7 @@ impl Runtime {
                 st.link_bytes.push((src, d, bytes));
                 src
             };
-            data.copy(&stream, src, d, &[])?;
+            data.copy(stream, src, d, &[])?;
             copied.push(i);
         }
         let args: Vec<crate::Arg<'_>> = spec
@@ -1417,15 +1415,22 @@ impl Runtime {
             .iter()
             .map(|(data, mode)| data.arg(d, mode.writes(), &[]))
             .collect();
-        // One op: the launch stamps its own start and end.
-        let (start, end) = stream.launch_timed(&spec.kernel, spec.grid, &args)?;
+        // One op: the launch stamps its own start and end (an event for its
+        // start only where a copy's replica is valid from there).
+        let (start, end) = if copied.is_empty() {
+            let end = stream.launch_marked(&spec.kernel, spec.grid, &args)?;
+            (None, end)
+        } else {
+            let (start, end) = stream.launch_timed(&spec.kernel, spec.grid, &args)?;
+            (Some(start), end)
+        };
         drop(args);
         if st.notify_completions {
             // Room for a held task: the progress thread looks.
             let p = self.progress.clone();
             stream.host_callback(move || p.completed())?;
         }
-        let me = TaskRef {
+        let me = || TaskRef {
             id,
             end: end.clone(),
             end_ns,
@@ -1439,13 +1444,13 @@ impl Runtime {
                 if let Some(v) = s.valid.get_mut(d) {
                     *v = Some(end.clone());
                 }
-                s.writer = Some(me.clone());
+                s.writer = Some(me());
                 s.readers.clear();
             } else {
                 if copied.contains(&i) {
-                    s.valid[d] = Some(start.clone());
+                    s.valid[d] = start.clone();
                 }
-                s.add_reader(me.clone());
+                s.add_reader(me());
             }
         }
         st.streams[d][at].last = Some((id, end.clone()));
@@ -1455,7 +1460,6 @@ impl Runtime {
             index: d,
             held: None,
             event: end,
-            start,
             moved,
             predicted: None,
             measured: None,
@@ -1558,7 +1562,6 @@ pub struct Task {
     /// Set for a task `ws` held back: the device that took it, once one did.
     held: Option<Arc<HeldSlot>>,
     event: Event,
-    start: Event,
     moved: u64,
     predicted: Option<f64>,
     /// A held task's cell for its observed time; `None`: its launch's span.
