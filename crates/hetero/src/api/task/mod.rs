@@ -244,7 +244,27 @@ pub(crate) struct HeldSlot {
 /// A stream of the runtime's pool and the last task on it.
 struct PoolStream {
     stream: Stream,
-    last: Option<(u64, Event)>,
+    /// Its last task and that task's launch: its value on the stream's
+    /// timeline (no event kept: the timeline is the stream's own).
+    last: Option<(u64, u64)>,
+}
+
+impl PoolStream {
+    fn timeline(&self) -> &Arc<crate::exec::timeline::Timeline> {
+        self.stream.backend_stream().timeline()
+    }
+
+    /// Whether its last task completed, or failed (`None`: running).
+    fn status(&self) -> Option<Result<()>> {
+        self.last
+            .map_or(Some(Ok(())), |(_, v)| self.timeline().status(v))
+    }
+
+    /// The end of its last task.
+    fn last_end(&self) -> Option<Event> {
+        let (_, v) = self.last?;
+        Some(Event::at(self.timeline().clone(), v))
+    }
 }
 
 /// A task just emitted, as `Runtime::account` books it.
@@ -1299,12 +1319,7 @@ impl Runtime {
                     break None;
                 }
                 let i = st.turn[d] % pool.len();
-                let status = pool[i]
-                    .last
-                    .as_ref()
-                    .and_then(|(_, e)| e.point.as_ref())
-                    .map_or(Some(Ok(())), |p| p.timeline.status(p.value));
-                match status {
+                match pool[i].status() {
                     Some(Ok(())) => {
                         st.turn[d] = i + 1;
                         break Some(i);
@@ -1319,18 +1334,13 @@ impl Runtime {
                         // (The first from the pool's start: which stream a
                         // task takes decides its device queue, and so the
                         // placements that follow in virtual time.)
-                        let done = pool
-                            .iter()
-                            .position(|p| p.last.as_ref().is_none_or(|(_, e)| e.completed_ok()));
+                        let done = pool.iter().position(|p| matches!(p.status(), Some(Ok(()))));
                         if done.is_some() {
                             break done;
                         }
                         waited = true;
                         let t0 = std::time::Instant::now();
-                        let ok = pool[i]
-                            .last
-                            .as_ref()
-                            .is_none_or(|(_, e)| e.synchronize().is_ok());
+                        let ok = pool[i].last_end().is_none_or(|e| e.synchronize().is_ok());
                         wait_ns += t0.elapsed().as_nanos() as u64;
                         if ok {
                             break Some(i);
@@ -1453,7 +1463,11 @@ impl Runtime {
                 s.add_reader(me());
             }
         }
-        st.streams[d][at].last = Some((id, end.clone()));
+        let pool = &mut st.streams[d][at];
+        pool.last = end.point.as_ref().map(|p| {
+            debug_assert!(Arc::ptr_eq(&p.timeline, pool.timeline()), "launched there");
+            (id, p.value)
+        });
         Ok(Task {
             id,
             device: self.devices[d].clone(),
@@ -1476,7 +1490,7 @@ impl Runtime {
             st.streams
                 .iter()
                 .flatten()
-                .filter_map(|p| p.last.as_ref().map(|(_, e)| e.clone()))
+                .filter_map(PoolStream::last_end)
                 .chain(tails)
                 .collect()
         };
