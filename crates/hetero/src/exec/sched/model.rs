@@ -361,6 +361,21 @@ pub(crate) struct Models {
     pub(crate) rejected: u64,
     /// The bus figures of the same directory (loaded when first asked).
     buses: Option<super::bus::Buses>,
+    /// Per device index, the last lookup and its answer, until the next
+    /// observation (the only change to what a lookup answers): a task's
+    /// candidates ask for the same kernel and sizes as the task before.
+    memo: Vec<Option<Memo>>,
+}
+
+/// A lookup's question and answer (`Models::memo`).
+#[derive(Clone, Copy)]
+struct Memo {
+    kernel: KernelName,
+    /// The device's key, by address (the runtime's, fixed for its life).
+    key: usize,
+    footprint: u64,
+    size: u64,
+    answer: (Option<(f64, Basis)>, u64),
 }
 
 /// The directory models persist in: `HETERO_PERFMODEL_DIR`, else the user's
@@ -400,6 +415,7 @@ impl Models {
             loaded: 0,
             rejected: 0,
             buses: None,
+            memo: Vec::new(),
         }
     }
 
@@ -494,6 +510,37 @@ impl Models {
         footprint: u64,
         size: u64,
     ) -> (Option<(f64, Basis)>, u64) {
+        let asked = |m: &Memo| {
+            (m.kernel, m.key, m.footprint, m.size)
+                == (kernel, device.key.as_ptr() as usize, footprint, size)
+        };
+        match self.memo.get(device.index) {
+            Some(Some(m)) if asked(m) => m.answer,
+            _ => {
+                let answer = self.answer(kernel, device, footprint, size);
+                if self.memo.len() <= device.index {
+                    self.memo.resize(device.index + 1, None);
+                }
+                self.memo[device.index] = Some(Memo {
+                    kernel,
+                    key: device.key.as_ptr() as usize,
+                    footprint,
+                    size,
+                    answer,
+                });
+                answer
+            }
+        }
+    }
+
+    /// `lookup`'s answer from the models.
+    fn answer(
+        &mut self,
+        kernel: KernelName,
+        device: Dev<'_>,
+        footprint: u64,
+        size: u64,
+    ) -> (Option<(f64, Basis)>, u64) {
         let k = self.kernel(kernel);
         let Some(at) = k.find(device) else {
             return (None, 0);
@@ -535,6 +582,7 @@ impl Models {
         size: u64,
         ns: f64,
     ) {
+        self.memo.clear();
         let m = self.kernel(kernel);
         m.dirty = true;
         let at = match m.find(device) {
