@@ -1039,82 +1039,101 @@ fn a_device_behind_its_expected_times_stops_looking_free() {
     let k = spin_with("behind_spin", 2e10);
     let x = ctx.data_from(&vec![1u32; SPIN_LEN]).unwrap();
     let y = ctx.data::<u32>(SPIN_LEN).unwrap();
-    // Calibrated on both devices (in turns) until each one's prediction is
-    // trusted: what the held tasks book, and what dmda weighs (a device
-    // without one would get the next task to calibrate).
-    let mut trusted = [None, None];
-    for i in 0..96 {
-        let t = ctx
-            .task(&k)
+    // The case needs the model trusted when dmda chooses: in real time a
+    // run of slow samples under load can restart its history in between,
+    // so at most three attempts (five test suites at once on two cores,
+    // debug build: 1 run in 6 on emu in real time found it untrusted).
+    for attempt in 0..3 {
+        // Calibrated on both devices (in turns) until each one's prediction is
+        // trusted: what the held tasks book, and what dmda weighs (a device
+        // without one would get the next task to calibrate).
+        let mut trusted = [None, None];
+        for i in 0..96 {
+            let t = ctx
+                .task(&k)
+                .read(&x)
+                .write(&y)
+                .on_device(i % 2)
+                .submit()
+                .unwrap();
+            t.wait().unwrap();
+            trusted[i % 2] = t.predicted_ns();
+            if i >= 24 && trusted.iter().all(Option::is_some) {
+                break;
+            }
+        }
+        let p = trusted[0].expect("behind_spin's model is trusted on both devices within 96 tasks");
+        // The input, valid on both devices: by their expected times alone the
+        // devices tie (both free, the same model, nothing to copy), and dmda
+        // takes the first, device 0.
+        let input = ctx.data::<u32>(SPIN_LEN).unwrap();
+        ctx.task(&k)
             .read(&x)
-            .write(&y)
-            .on_device(i % 2)
+            .write(&input)
+            .on_device(0)
             .submit()
             .unwrap();
-        t.wait().unwrap();
-        trusted[i % 2] = t.predicted_ns();
-        if i >= 24 && trusted.iter().all(Option::is_some) {
-            break;
+        ctx.task(&k)
+            .read(&input)
+            .write(&y)
+            .on_device(1)
+            .submit()
+            .unwrap();
+        ctx.wait_tasks().unwrap();
+        let gate = devs[0].host_event();
+        let ys: Vec<_> = (0..held_tasks)
+            .map(|_| ctx.data::<u32>(SPIN_LEN).unwrap())
+            .collect();
+        let held: Vec<_> = ys
+            .iter()
+            .map(|y| {
+                let t = ctx.task(&k).read(&input).write(y).after(gate.event());
+                t.on_device(0).submit().unwrap()
+            })
+            .collect();
+        // Past their expected ends (each unit booked four).
+        std::thread::sleep(std::time::Duration::from_nanos(
+            (4.0 * p) as u64 + 5_000_000,
+        ));
+        // Sixteen submissions: the layer looks at its tasks in flight at least
+        // once (it does every 16) after the sleep.
+        let short = threes("behind_short");
+        let zs: Vec<_> = (0..16).map(|_| ctx.data::<u32>(1).unwrap()).collect();
+        for z in &zs {
+            ctx.task(&short).write(z).on_device(0).submit().unwrap();
         }
+        let w = ctx.data::<u32>(SPIN_LEN).unwrap();
+        let next = ctx.task(&k).read(&input).write(&w).submit().unwrap();
+        if next.predicted_ns().is_none() && attempt < 2 {
+            // The case did not arise: the model was not trusted when dmda
+            // chose (a run of slow samples under load, six in a row, starts
+            // its history again), and dmda sent the task to calibrate.
+            eprintln!(
+                "a_device_behind_its_expected_times_stops_looking_free: no trusted model at the \
+                 decision (attempt {attempt}); again"
+            );
+            gate.signal();
+            ctx.wait_tasks().unwrap();
+            continue;
+        }
+        let dispatch = ctx.task_stats().dispatch_ns;
+        let virtual_time = devs[0].trace_hash().is_some();
+        assert_eq!(
+            next.device_index(),
+            1,
+            "device 0 holds {held_tasks} gated tasks of {p} ns each on {units} units (next \
+             predicted {:?} ns, calibration's last predictions {trusted:?}, dispatch {dispatch:?}, \
+             virtual time {virtual_time})",
+            next.predicted_ns()
+        );
+        assert!(held.iter().all(|t| !t.event().query().unwrap()));
+        gate.signal();
+        ctx.wait_tasks().unwrap();
+        let want = ys[0].to_vec().unwrap();
+        assert!(ys.iter().all(|y| y.to_vec().unwrap() == want));
+        assert_eq!(w.to_vec().unwrap(), want);
+        return;
     }
-    let p = trusted[0].expect("behind_spin's model is trusted on both devices within 96 tasks");
-    // The input, valid on both devices: by their expected times alone the
-    // devices tie (both free, the same model, nothing to copy), and dmda
-    // takes the first, device 0.
-    let input = ctx.data::<u32>(SPIN_LEN).unwrap();
-    ctx.task(&k)
-        .read(&x)
-        .write(&input)
-        .on_device(0)
-        .submit()
-        .unwrap();
-    ctx.task(&k)
-        .read(&input)
-        .write(&y)
-        .on_device(1)
-        .submit()
-        .unwrap();
-    ctx.wait_tasks().unwrap();
-    let gate = devs[0].host_event();
-    let ys: Vec<_> = (0..held_tasks)
-        .map(|_| ctx.data::<u32>(SPIN_LEN).unwrap())
-        .collect();
-    let held: Vec<_> = ys
-        .iter()
-        .map(|y| {
-            let t = ctx.task(&k).read(&input).write(y).after(gate.event());
-            t.on_device(0).submit().unwrap()
-        })
-        .collect();
-    // Past their expected ends (each unit booked four).
-    std::thread::sleep(std::time::Duration::from_nanos(
-        (4.0 * p) as u64 + 5_000_000,
-    ));
-    // Sixteen submissions: the layer looks at its tasks in flight at least
-    // once (it does every 16) after the sleep.
-    let short = threes("behind_short");
-    let zs: Vec<_> = (0..16).map(|_| ctx.data::<u32>(1).unwrap()).collect();
-    for z in &zs {
-        ctx.task(&short).write(z).on_device(0).submit().unwrap();
-    }
-    let w = ctx.data::<u32>(SPIN_LEN).unwrap();
-    let next = ctx.task(&k).read(&input).write(&w).submit().unwrap();
-    let dispatch = ctx.task_stats().dispatch_ns;
-    let virtual_time = devs[0].trace_hash().is_some();
-    assert_eq!(
-        next.device_index(),
-        1,
-        "device 0 holds {held_tasks} gated tasks of {p} ns each on {units} units (next \
-         predicted {:?} ns, calibration's last predictions {trusted:?}, dispatch {dispatch:?}, \
-         virtual time {virtual_time})",
-        next.predicted_ns()
-    );
-    assert!(held.iter().all(|t| !t.event().query().unwrap()));
-    gate.signal();
-    ctx.wait_tasks().unwrap();
-    let want = ys[0].to_vec().unwrap();
-    assert!(ys.iter().all(|y| y.to_vec().unwrap() == want));
-    assert_eq!(w.to_vec().unwrap(), want);
 }
 
 /// Steps of `spin` per element.
