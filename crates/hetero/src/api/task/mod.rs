@@ -1463,9 +1463,9 @@ impl Runtime {
                 s.add_reader(me());
             }
         }
-        let pool = &mut st.streams[d][at];
-        pool.last = end.point.as_ref().map(|p| {
-            debug_assert!(Arc::ptr_eq(&p.timeline, pool.timeline()), "launched there");
+        let taken = &mut st.streams[d][at];
+        taken.last = end.point.as_ref().map(|p| {
+            debug_assert!(Arc::ptr_eq(&p.timeline, taken.timeline()), "launched there");
             (id, p.value)
         });
         Ok(Task {
