@@ -81,8 +81,8 @@ enum Source {
     Step(usize),
 }
 
-/// One task of the plan, in submission order.
-struct Step {
+/// One task of the plan while `make_plan` walks it, in submission order.
+struct Draft {
     /// The task's index in recording order.
     task: usize,
     device: usize,
@@ -104,6 +104,49 @@ struct Step {
     tail: bool,
     /// HEFT's expected end, ns after the launch starts.
     end_ns: f64,
+}
+
+/// One task of the plan as a launch replays it, in submission order: what
+/// its ops need is in the step or in the plan's flat lists (`Plan::ids`,
+/// `Plan::access`), read in the order the steps are, so that a replay
+/// follows no pointer per task into the recorded specs (memory the
+/// devices' work has since evicted from the caches).
+struct Step {
+    /// The task's index in recording order.
+    task: usize,
+    device: usize,
+    /// Index into `Plan::streams`.
+    stream: usize,
+    kernel: crate::Kernel,
+    grid: crate::Grid,
+    /// A stream graph's node that is not a kernel (`Spec::op`).
+    op: Option<Arc<super::stream_graph::NodeOp>>,
+    /// From `ids`: in `Plan::ids`, the steps it waits for (`waits` of them),
+    /// then the data whose launch-time events it waits for (`first`), then
+    /// its copies as (access index, from device) pairs (`copies`).
+    ids: usize,
+    waits: u32,
+    first: u32,
+    copies: u32,
+    /// From `access`: its accesses in `Plan::access` (`accesses` of them).
+    access: usize,
+    accesses: u32,
+    /// Whether its spec waits for events too (`Spec::after`).
+    after: bool,
+    /// As `Draft::record`.
+    record: bool,
+    /// As `Draft::tail`.
+    tail: bool,
+    /// HEFT's expected end, ns after the launch starts.
+    end_ns: f64,
+}
+
+/// A step's access, as its launch passes it.
+struct Access {
+    data: Arc<dyn DataAny>,
+    writes: bool,
+    /// The argument's element type when it is not the data's own.
+    elem: Option<&'static crate::exec::kernel::ElemInfo>,
 }
 
 /// One datum the graph touches.
@@ -168,6 +211,10 @@ struct Plan {
     /// Per stream: its last step (index into `steps`).
     last: Vec<usize>,
     steps: Vec<Step>,
+    /// The steps' lists (`Step::ids`).
+    ids: Vec<usize>,
+    /// The steps' accesses (`Step::access`).
+    access: Vec<Access>,
     data: Vec<DataPlan>,
     /// Bytes copied per launch, per link: (from, to, bytes), each link once.
     moved: Vec<(usize, usize, u64)>,
@@ -383,13 +430,13 @@ fn make_plan(
     let mut data_index: std::collections::HashMap<u64, usize> = Default::default();
     // Per datum, per device: the source of its valid replica in the walk.
     let mut valid: Vec<Vec<Option<Source>>> = Vec::new();
-    let mut steps: Vec<Step> = Vec::with_capacity(specs.len());
+    let mut steps: Vec<Draft> = Vec::with_capacity(specs.len());
     let mut moved = Vec::new();
     for &t in &order {
         let spec = &specs[t];
         let d = placed[t].device;
         let s = steps.len();
-        let mut step = Step {
+        let mut step = Draft {
             task: t,
             device: d,
             stream: usize::MAX,
@@ -614,6 +661,45 @@ fn make_plan(
     for step in &steps {
         per_device[step.device] += 1;
     }
+    let len = |n: usize| u32::try_from(n).expect("a task's lists are shorter than 2^32");
+    let (mut ids, mut access) = (Vec::new(), Vec::new());
+    let steps = steps
+        .into_iter()
+        .map(|d| {
+            let spec = &specs[d.task];
+            let step = Step {
+                task: d.task,
+                device: d.device,
+                stream: d.stream,
+                kernel: spec.kernel.clone(),
+                grid: spec.grid,
+                op: spec.op.clone(),
+                ids: ids.len(),
+                waits: len(d.waits.len()),
+                first: len(d.first.len()),
+                copies: len(d.copies.len()),
+                access: access.len(),
+                accesses: len(spec.access.len()),
+                after: !spec.after.is_empty(),
+                record: d.record,
+                tail: d.tail,
+                end_ns: d.end_ns,
+            };
+            ids.extend(d.waits.iter().chain(&d.first));
+            ids.extend(d.copies.iter().flat_map(|&(a, from)| [a, from]));
+            access.extend(
+                spec.access
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (data, mode))| Access {
+                        data: data.clone(),
+                        writes: mode.writes(),
+                        elem: spec.elems.get(i).copied(),
+                    }),
+            );
+            step
+        })
+        .collect();
     Ok(Plan {
         live: Mutex::new(Live {
             streams,
@@ -623,6 +709,8 @@ fn make_plan(
         lanes,
         last,
         steps,
+        ids,
+        access,
         data,
         moved: per_link,
         per_device,
@@ -797,44 +885,49 @@ impl PlacedTaskGraph {
         let mut args: Vec<crate::Arg<'_>> = Vec::new();
         for (s, step) in plan.steps.iter().enumerate() {
             let stream = &streams[step.stream];
-            let spec = &self.specs[step.task];
-            for &j in &step.waits {
+            let (waits, first) = (step.waits as usize, step.first as usize);
+            let ids = &plan.ids[step.ids..step.ids + waits + first + 2 * step.copies as usize];
+            let (waits, rest) = ids.split_at(waits);
+            let (first, copies) = rest.split_at(first);
+            let access = &plan.access[step.access..step.access + step.accesses as usize];
+            for &j in waits {
                 let e = ends[j].as_ref().expect("a waited step records its end");
                 stream.wait_event(e)?;
             }
-            for &x in &step.first {
+            for &x in first {
                 let from = if x == 0 { 0 } else { pre_at[x - 1] };
                 for e in &pre[from..pre_at[x]] {
                     stream.wait_event(e)?;
                 }
             }
-            for e in &spec.after {
-                stream.wait_event(e)?;
+            if step.after {
+                for e in &self.specs[step.task].after {
+                    stream.wait_event(e)?;
+                }
             }
-            for &(a, from) in &step.copies {
-                spec.access[a].0.copy(stream, from, step.device, bound)?;
+            for c in copies.chunks_exact(2) {
+                access[c[0]].data.copy(stream, c[1], step.device, bound)?;
             }
             args.clear();
-            args.extend(
-                spec.access
-                    .iter()
-                    .map(|(data, mode)| data.arg(step.device, mode.writes(), bound)),
-            );
-            for (arg, &elem) in args.iter_mut().zip(&spec.elems) {
-                arg.elem = elem;
-            }
+            args.extend(access.iter().map(|a| {
+                let mut arg = a.data.arg(step.device, a.writes, bound);
+                if let Some(elem) = a.elem {
+                    arg.elem = elem;
+                }
+                arg
+            }));
             // A step others wait for or the state names: the point its
             // launch reaches (no record op after it), stamped where the
             // caller gets it.
-            ends[s] = match (&spec.op, step.record) {
+            ends[s] = match (&step.op, step.record) {
                 (None, false) => {
-                    stream.launch(&spec.kernel, spec.grid, &args)?;
+                    stream.launch(&step.kernel, step.grid, &args)?;
                     None
                 }
                 (None, true) => Some(if step.tail {
-                    stream.launch_marked(&spec.kernel, spec.grid, &args)?
+                    stream.launch_marked(&step.kernel, step.grid, &args)?
                 } else {
-                    stream.launch_point(&spec.kernel, spec.grid, &args)?
+                    stream.launch_point(&step.kernel, step.grid, &args)?
                 }),
                 (Some(op), record) => {
                     op.run(stream, &args)?;
