@@ -213,6 +213,9 @@ pub(crate) trait BackendStream: Send + Sync {
             span,
         }))
     }
+    /// A hint that `n` ops will be submitted soon: the backend may bring
+    /// the memory they are written to into the cache.
+    fn prefetch_submit(&self, _n: u64) {}
     /// The value of the last operation submitted.
     fn submitted(&self) -> u64;
     fn priority(&self) -> u8;

@@ -135,6 +135,19 @@ impl<T, K> Ring<T, K> {
         }
     }
 
+    /// Asks the CPU to bring the slots of the next `n` positions into its
+    /// cache, for pushes a little later: a slot was last written a whole
+    /// ring's worth of pushes ago (or by the consumer), so a push otherwise
+    /// stalls on it. Only a hint: reads and writes nothing.
+    #[inline]
+    pub(crate) fn prefetch(&self, n: u64) {
+        let tail = self.tail.load(Ordering::Relaxed);
+        for pos in tail..tail + n.min(self.mask + 1) {
+            let slot: *const Slot<T, K> = &self.slots[(pos & self.mask) as usize];
+            super::prefetch(slot.cast(), std::mem::size_of::<Slot<T, K>>());
+        }
+    }
+
     /// Positions handed out so far (the next position to be claimed).
     #[inline]
     pub(crate) fn tail(&self) -> u64 {

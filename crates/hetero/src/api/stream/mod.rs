@@ -112,6 +112,13 @@ impl Stream {
         &*self.inner.queue
     }
 
+    /// A hint that `n` ops will be submitted on this stream soon
+    /// (`BackendStream::prefetch_submit`).
+    #[inline]
+    pub(crate) fn prefetch_submit(&self, n: u64) {
+        self.q().prefetch_submit(n);
+    }
+
     pub(crate) fn backend_stream(&self) -> &dyn BackendStream {
         self.q()
     }

@@ -61,6 +61,13 @@ pub struct PlacedTaskGraph {
 /// wait runs the devices' model on the host).
 const OPS_PER_STREAM: usize = 256;
 
+/// How many steps ahead a replay asks for the ring slots a step will write
+/// (a slot was last written a ring's worth of ops ago, and the devices' work
+/// since evicted it: prefetched, the misses of a few steps overlap), and for
+/// how many (a step's ops: waits, copies, the launch; about three).
+const PREFETCH_STEPS: usize = 4;
+const PREFETCH_OPS: u64 = 3;
+
 impl std::fmt::Debug for PlacedTaskGraph {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PlacedTaskGraph")
@@ -885,6 +892,9 @@ impl PlacedTaskGraph {
         let mut args: Vec<crate::Arg<'_>> = Vec::new();
         for (s, step) in plan.steps.iter().enumerate() {
             let stream = &streams[step.stream];
+            if let Some(next) = plan.steps.get(s + PREFETCH_STEPS) {
+                streams[next.stream].prefetch_submit(PREFETCH_OPS);
+            }
             let (waits, first) = (step.waits as usize, step.first as usize);
             let ids = &plan.ids[step.ids..step.ids + waits + first + 2 * step.copies as usize];
             let (waits, rest) = ids.split_at(waits);

@@ -90,6 +90,10 @@ impl BackendStream for EmuStream {
         Ok(pos + 1)
     }
 
+    fn prefetch_submit(&self, n: u64) {
+        self.ring.prefetch(n);
+    }
+
     fn submitted(&self) -> u64 {
         self.ring.tail()
     }

@@ -111,6 +111,10 @@ impl BackendStream for HostStream {
         })
     }
 
+    fn prefetch_submit(&self, n: u64) {
+        self.ring.prefetch(n);
+    }
+
     fn submitted(&self) -> u64 {
         self.ring.tail()
     }
