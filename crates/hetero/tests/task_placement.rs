@@ -423,6 +423,44 @@ fn a_fault_in_a_placed_graph_fails_its_dependents_and_nothing_else() {
     }
 }
 
+/// A recorded task's own events (`TaskBuilder::after`) hold it in a placed
+/// graph's launch as they hold it online: the task behind a gate waits for
+/// it, the task beside it does not, and every launch applies it again.
+#[test]
+fn a_recorded_task_waits_for_its_events_in_a_placed_launch() {
+    if common::skipped("a_recorded_task_waits_for_its_events_in_a_placed_launch") {
+        return;
+    }
+    common::within(60, "a recorded task behind a gate", || {
+        let (ctx, devs) = context();
+        let (w, inc) = (mix(0, false), mix(0, true));
+        let gate = devs[0].host_event();
+        let x = ctx.data_from(&vec![1u32; LEN]).unwrap();
+        let y = ctx.data::<u32>(LEN).unwrap();
+        let mut g = TaskGraph::new();
+        ctx.task(&inc)
+            .read_write(&x)
+            .after(gate.event())
+            .record(&mut g)
+            .unwrap();
+        ctx.task(&w).write(&y).record(&mut g).unwrap();
+        let placed = g.instantiate_on(&ctx).unwrap();
+        let first = placed.launch().unwrap();
+        // The task beside it completes while it waits.
+        assert_eq!(y.to_vec().unwrap(), vec![7; LEN]);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(
+            first.events().iter().any(|e| !e.query().unwrap()),
+            "the task behind the gate waits for it"
+        );
+        gate.signal();
+        first.wait().unwrap();
+        assert_eq!(x.to_vec().unwrap(), vec![31 + 7; LEN]);
+        placed.launch().unwrap().wait().unwrap();
+        assert_eq!(x.to_vec().unwrap(), vec![(31 + 7) * 31 + 7; LEN]);
+    });
+}
+
 fn b2(ctx: &Context) -> TaskData<u32> {
     ctx.data::<u32>(LEN).unwrap()
 }

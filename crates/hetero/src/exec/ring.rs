@@ -138,7 +138,7 @@ impl<T, K> Ring<T, K> {
     /// Asks the CPU to bring the slots of the next `n` positions into its
     /// cache, for pushes a little later: a slot was last written a whole
     /// ring's worth of pushes ago (or by the consumer), so a push otherwise
-    /// stalls on it. Only a hint: reads and writes nothing.
+    /// stalls on it. Only a hint: it changes nothing (it reads the tail).
     #[inline]
     pub(crate) fn prefetch(&self, n: u64) {
         let tail = self.tail.load(Ordering::Relaxed);
