@@ -479,6 +479,16 @@ impl Device {
         self.inner.backend().kick();
     }
 
+    /// Kicks this device when `timeline` (another device's) reaches `value`,
+    /// which a wait of this device's work is for: its engines look at the
+    /// wait again then (nothing else tells them). Nothing where the device
+    /// needs no kick (`Backend::kicks`).
+    pub(crate) fn watch(&self, timeline: &crate::exec::timeline::Timeline, value: u64) {
+        if self.inner.backend().kicks() {
+            timeline.watch(value, self.kicker());
+        }
+    }
+
     pub(crate) fn host_wait(&self) -> CompletionMode {
         self.inner.backend().host_wait()
     }

@@ -1659,7 +1659,7 @@ fn submit_wait(stream: &Stream, st: &mut Space, p: &Point, fault: bool) -> Resul
         fault,
     })?;
     if p.timeline.device != stream.device().id() {
-        p.timeline.watch(p.value, stream.device().kicker());
+        stream.device().watch(&p.timeline, p.value);
     }
     st.note_wait(stream.backend_stream().timeline(), at, p);
     Ok(())

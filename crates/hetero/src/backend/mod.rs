@@ -136,6 +136,13 @@ pub(crate) trait Backend: Send + Sync {
     /// Something other than a submission made work ready (a host event was
     /// signalled): engines that sleep must look again.
     fn kick(&self);
+    /// Whether `kick` does anything: false where the engines look at every
+    /// stream at each step without being told (an emulated device in
+    /// virtual time), and a wait on another device's work then registers
+    /// no watcher for it.
+    fn kicks(&self) -> bool {
+        true
+    }
     /// A digest of every completed op, on a device in virtual time.
     fn trace_hash(&self) -> Option<u64> {
         None

@@ -530,7 +530,7 @@ impl Stream {
         if foreign {
             // This device's engines look at the wait again when the other
             // device reaches the value (nothing else tells them).
-            p.timeline.watch(p.value, dev.kicker());
+            dev.watch(&p.timeline, p.value);
         }
         Ok(())
     }

@@ -147,7 +147,7 @@ impl Stream {
                     value,
                     fault: false,
                 })?;
-                timeline.watch(value, self.device().kicker());
+                self.device().watch(&timeline, value);
             }
         }
         self.submit(Body::Copy {
