@@ -1440,9 +1440,19 @@ impl Runtime {
             let p = self.progress.clone();
             stream.host_callback(move || p.completed())?;
         }
+        // The data's states keep the points the launch reaches, not its
+        // stamped events: what they order needs no time, and the launch's
+        // span (the task's own, for the harvest and its handle) is then let
+        // go where the task is done with, not by whichever later task or
+        // launch overwrites a state (one counted reference less per copy).
+        let point = |e: &Event| match &e.point {
+            Some(p) => Event::at(p.timeline.clone(), p.value),
+            None => e.clone(),
+        };
+        let (start, end_at) = (start.as_ref().map(point), point(&end));
         let me = || TaskRef {
             id,
-            end: end.clone(),
+            end: end_at.clone(),
             end_ns,
             stream: Some((d, at)),
         };
@@ -1452,7 +1462,7 @@ impl Runtime {
                 // (A managed buffer keeps no `valid`: its pages say.)
                 s.valid.iter_mut().for_each(|v| *v = None);
                 if let Some(v) = s.valid.get_mut(d) {
-                    *v = Some(end.clone());
+                    *v = Some(end_at.clone());
                 }
                 s.writer = Some(me());
                 s.readers.clear();
