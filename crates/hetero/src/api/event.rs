@@ -179,6 +179,17 @@ impl Event {
         }
     }
 
+    /// The same point with no timestamp (`Event::at`), or this event if it
+    /// names none: what the task data's states keep, which order work and
+    /// time nothing, so that a launch's span goes with the task's own
+    /// references, not with whichever later task overwrites a state.
+    pub(crate) fn unstamped(&self) -> Event {
+        match &self.point {
+            Some(p) => Event::at(p.timeline.clone(), p.value),
+            None => Event::new(),
+        }
+    }
+
     /// Whether the event was recorded.
     pub fn is_recorded(&self) -> bool {
         self.point.is_some()

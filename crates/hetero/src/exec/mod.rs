@@ -22,23 +22,3 @@ pub(crate) mod storage;
 pub(crate) mod thread;
 pub(crate) mod timeline;
 pub(crate) mod transfer;
-
-/// Asks the CPU to bring the `bytes` from `p` into its cache, for a use a
-/// little later (a replay's next steps: memory the devices' work evicted).
-/// Only a hint: it reads and writes nothing the program sees and faults on
-/// no address, so any pointer will do.
-#[inline(always)]
-pub(crate) fn prefetch(p: *const u8, bytes: usize) {
-    for off in (0..bytes).step_by(64) {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: a prefetch neither reads nor writes memory the program
-        // sees and faults on no address (SSE is in the x86_64 baseline).
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                p.wrapping_add(off).cast(),
-            );
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (p, off);
-    }
-}

@@ -964,7 +964,10 @@ impl PlacedTaskGraph {
         st.next_task += (plan.steps.len() + plan.data.len()) as u64;
         let task_ref = |j: usize| TaskRef {
             id: base + j as u64,
-            end: ends[j].clone().expect("recorded: the state names it"),
+            end: ends[j]
+                .as_ref()
+                .map(Event::unstamped)
+                .expect("recorded: the state names it"),
             end_ns: t0 + plan.steps[j].end_ns,
             stream: None,
         };
@@ -976,7 +979,7 @@ impl PlacedTaskGraph {
                 if let Some(v) = ds.valid.get_mut(i) {
                     *v = match src {
                         Source::Start => start_valid[x].clone(),
-                        Source::Step(j) => ends[j].clone(),
+                        Source::Step(j) => ends[j].as_ref().map(Event::unstamped),
                     };
                 }
             }
@@ -991,10 +994,10 @@ impl PlacedTaskGraph {
             }
             if let Some(e) = &backs[x] {
                 // The copy back reads the writer's replica: a reader.
-                ds.valid[dp.start] = Some(e.clone());
+                ds.valid[dp.start] = Some(e.unstamped());
                 ds.readers.push(TaskRef {
                     id: base + (plan.steps.len() + x) as u64,
-                    end: e.clone(),
+                    end: e.unstamped(),
                     end_ns: t0 + plan.steps[dp.writer.expect("written")].end_ns,
                     stream: None,
                 });

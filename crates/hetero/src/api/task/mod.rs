@@ -1441,15 +1441,8 @@ impl Runtime {
             stream.host_callback(move || p.completed())?;
         }
         // The data's states keep the points the launch reaches, not its
-        // stamped events: what they order needs no time, and the launch's
-        // span (the task's own, for the harvest and its handle) is then let
-        // go where the task is done with, not by whichever later task or
-        // launch overwrites a state (one counted reference less per copy).
-        let point = |e: &Event| match &e.point {
-            Some(p) => Event::at(p.timeline.clone(), p.value),
-            None => e.clone(),
-        };
-        let (start, end_at) = (start.as_ref().map(point), point(&end));
+        // stamped events (`Event::unstamped`).
+        let (start, end_at) = (start.as_ref().map(Event::unstamped), end.unstamped());
         let me = || TaskRef {
             id,
             end: end_at.clone(),

@@ -510,10 +510,9 @@ impl Models {
         footprint: u64,
         size: u64,
     ) -> (Option<(f64, Basis)>, u64) {
-        let asked = |m: &Memo| {
-            (m.kernel, m.key, m.footprint, m.size)
-                == (kernel, device.key.as_ptr() as usize, footprint, size)
-        };
+        let key = device.key.as_ptr() as usize;
+        let asked =
+            |m: &Memo| (m.kernel, m.key, m.footprint, m.size) == (kernel, key, footprint, size);
         match self.memo.get(device.index) {
             Some(Some(m)) if asked(m) => m.answer,
             _ => {
@@ -523,7 +522,7 @@ impl Models {
                 }
                 self.memo[device.index] = Some(Memo {
                     kernel,
-                    key: device.key.as_ptr() as usize,
+                    key,
                     footprint,
                     size,
                     answer,
