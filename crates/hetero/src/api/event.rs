@@ -190,6 +190,20 @@ impl Event {
         }
     }
 
+    /// Makes this event the point `value` on `timeline`, with no timestamp
+    /// (as [`Event::at`]): where it names an unstamped point on that
+    /// timeline already, only its value changes (no count taken or let go:
+    /// a placed graph's launch moves the data's states so, each naming the
+    /// same streams launch after launch).
+    pub(crate) fn set_at(&mut self, timeline: &Arc<crate::exec::timeline::Timeline>, value: u64) {
+        match &mut self.point {
+            Some(p) if p.stamp.is_none() && Arc::ptr_eq(&p.point.timeline, timeline) => {
+                p.point.value = value;
+            }
+            _ => *self = Event::at(timeline.clone(), value),
+        }
+    }
+
     /// Whether the event was recorded.
     pub fn is_recorded(&self) -> bool {
         self.point.is_some()

@@ -9,6 +9,7 @@ use crate::backend::BackendStream;
 use crate::exec::kernel::{ArgList, Grid, MAX_KERNEL_ARGS};
 use crate::exec::op::{Body, KernelRef, Op};
 use crate::exec::storage::Storage;
+use crate::exec::timeline::Timeline;
 use crate::{Device, Error, Result};
 use std::any::TypeId;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -344,19 +345,22 @@ impl Stream {
         Ok(self.launch_stamped(kernel, grid, args, false)?.1)
     }
 
-    /// Launches `kernel` as [`Stream::launch`] does and returns the point its
-    /// launch reaches, an event to wait on with no timestamp (no allocation,
-    /// no record op).
+    /// Launches `kernel` as [`Stream::launch`] does and returns the value its
+    /// launch reaches on the stream's timeline (no event made, no record
+    /// op): a point to wait on with [`Stream::wait_at`]. A stream that is
+    /// capturing has no such point: an error.
     pub(crate) fn launch_point(
         &self,
         kernel: &Kernel,
         grid: Grid,
         args: &[Arg<'_>],
-    ) -> Result<Event> {
-        match self.launch_op(kernel, grid, args, None)? {
-            Some(value) => Ok(Event::at(self.q().timeline().clone(), value)),
-            None => self.record_event(),
-        }
+    ) -> Result<u64> {
+        self.launch_op(kernel, grid, args, None)?
+            .ok_or_else(|| Error::Graph {
+                op: "launch",
+                detail: "the stream is capturing: its launches reach no point on its timeline"
+                    .into(),
+            })
     }
 
     /// A launch with its span: the start event (where `start` asks for it)
@@ -496,8 +500,14 @@ impl Stream {
         if crate::api::graph::capture::is_capture_timeline(&p.timeline) {
             return crate::api::graph::capture::wait(&self.inner.capture, self.id(), p);
         }
+        self.wait_at(&p.timeline, p.value)
+    }
+
+    /// [`Stream::wait_event`] for the point `value` on `timeline` (a
+    /// stream's, not a capture's): what an event names, without one.
+    pub(crate) fn wait_at(&self, timeline: &Arc<Timeline>, value: u64) -> Result<()> {
         let dev = &self.inner.device;
-        let foreign = p.timeline.device != dev.id();
+        let foreign = timeline.device != dev.id();
         if foreign && self.is_capturing() {
             return Err(Error::Graph {
                 op: "wait_event",
@@ -506,10 +516,10 @@ impl Stream {
                     .into(),
             });
         }
-        if foreign && !dev.shares_context(p.timeline.device) {
+        if foreign && !dev.shares_context(timeline.device) {
             return Err(Error::EventWrongDevice {
                 op: "wait_event",
-                event_device: p.timeline.device,
+                event_device: timeline.device,
                 stream_device: dev.id(),
             });
         }
@@ -517,20 +527,20 @@ impl Stream {
             return Err(Error::StreamDestroyed { stream: self.id() });
         }
         // Own stream: already ordered. Completed without fault: nothing to wait for.
-        if (!foreign && p.timeline.stream == self.id())
-            || matches!(p.timeline.status(p.value), Some(Ok(())))
+        if (!foreign && timeline.stream == self.id())
+            || matches!(timeline.status(value), Some(Ok(())))
         {
             return Ok(());
         }
         self.submit(Body::Wait {
-            timeline: p.timeline.clone(),
-            value: p.value,
+            timeline: timeline.clone(),
+            value,
             fault: true,
         })?;
         if foreign {
             // This device's engines look at the wait again when the other
             // device reaches the value (nothing else tells them).
-            dev.watch(&p.timeline, p.value);
+            dev.watch(timeline, value);
         }
         Ok(())
     }

@@ -11,6 +11,7 @@
 use super::Runtime;
 use crate::api::buffer::{Arg, DeviceBuffer};
 use crate::api::managed::CopiesIn;
+use crate::exec::timeline::Timeline;
 use crate::{Context, Device, Error, Event, Location, ManagedBuffer, Result, Stream};
 use bytemuck::Pod;
 use std::marker::PhantomData;
@@ -27,6 +28,28 @@ pub(crate) struct TaskRef {
     /// Its device and place in that device's stream pool (the task is the
     /// last on that stream while the pool entry's last task is its number).
     pub(crate) stream: Option<(usize, usize)>,
+}
+
+impl TaskRef {
+    /// A task that ends at `value` on `timeline` (a placed graph's step: in
+    /// no stream pool).
+    pub(crate) fn at(id: u64, timeline: &Arc<Timeline>, value: u64, end_ns: f64) -> Self {
+        TaskRef {
+            id,
+            end: Event::at(timeline.clone(), value),
+            end_ns,
+            stream: None,
+        }
+    }
+
+    /// Becomes [`TaskRef::at`] in place: no count taken where its end names
+    /// that timeline already ([`Event::set_at`]).
+    pub(crate) fn set_at(&mut self, id: u64, timeline: &Arc<Timeline>, value: u64, end_ns: f64) {
+        self.id = id;
+        self.end.set_at(timeline, value);
+        self.end_ns = end_ns;
+        self.stream = None;
+    }
 }
 
 /// The coherence state of one buffer.

@@ -13,6 +13,7 @@ use crate::api::graph::exec::table_for;
 use crate::exec::graph::plan::SlotSpec;
 use crate::exec::sched::heft::{self, HeftTask};
 use crate::exec::sched::model;
+use crate::exec::timeline::Timeline;
 use crate::{Bindings, Event, Result, Stream};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -177,6 +178,8 @@ struct DataPlan {
 struct Live {
     /// The streams (replaced when a fault left one failed).
     streams: Vec<Stream>,
+    /// Their timelines, where the steps' ends are.
+    timelines: Vec<Arc<Timeline>>,
     /// Buffers launches bound to slots, by address: the ends of the last
     /// tasks over each through a slot (its slot's data's last writer and
     /// readers), kept while one is pending.
@@ -188,8 +191,11 @@ struct Live {
 
 #[derive(Default)]
 struct Scratch {
-    /// Per step: the point its launch reached, where the plan keeps it.
-    ends: Vec<Option<Event>>,
+    /// Per step: the value its launch reached on its stream's timeline,
+    /// where the plan keeps it (no event made per step).
+    ends: Vec<Option<u64>>,
+    /// Per stream: its last step's end event, stamped (the caller's).
+    tail_events: Vec<Option<Event>>,
     /// What the data wait for before the launch, all data's in one list;
     /// `pre_at[x]` is where datum `x`'s end in it.
     pre: Vec<Event>,
@@ -204,6 +210,7 @@ impl Scratch {
     /// Empties the lists (their events released), keeping their room.
     fn clear(&mut self) {
         self.ends.clear();
+        self.tail_events.clear();
         self.pre.clear();
         self.pre_at.clear();
         self.start_valid.clear();
@@ -709,6 +716,10 @@ fn make_plan(
         .collect();
     Ok(Plan {
         live: Mutex::new(Live {
+            timelines: streams
+                .iter()
+                .map(|s| s.backend_stream().timeline().clone())
+                .collect(),
             streams,
             touched: HashMap::new(),
             scratch: Scratch::default(),
@@ -825,10 +836,11 @@ impl PlacedTaskGraph {
                 let (d, l) = plan.lanes[q];
                 let fresh = rt.devices[d].create_stream()?;
                 fresh.set_name(format!("placed tasks {l}"));
+                live.timelines[q] = fresh.backend_stream().timeline().clone();
                 *s = fresh;
             }
         }
-        let streams = &live.streams;
+        let (streams, timelines) = (&live.streams, &live.timelines);
         for e in events.iter().filter(|e| !e.completed_ok()) {
             for s in streams.iter() {
                 s.wait_event(e)?;
@@ -839,6 +851,7 @@ impl PlacedTaskGraph {
         live.scratch.clear();
         let Scratch {
             ends,
+            tail_events,
             pre,
             pre_at,
             start_valid,
@@ -889,6 +902,7 @@ impl PlacedTaskGraph {
             start_valid.push(Some(ev));
         }
         ends.resize(plan.steps.len(), None);
+        tail_events.resize(streams.len(), None);
         let mut args: Vec<crate::Arg<'_>> = Vec::new();
         for (s, step) in plan.steps.iter().enumerate() {
             let stream = &streams[step.stream];
@@ -901,8 +915,8 @@ impl PlacedTaskGraph {
             let (first, copies) = rest.split_at(first);
             let access = &plan.access[step.access..step.access + step.accesses as usize];
             for &j in waits {
-                let e = ends[j].as_ref().expect("a waited step records its end");
-                stream.wait_event(e)?;
+                let value = ends[j].expect("a waited step records its end");
+                stream.wait_at(&timelines[plan.steps[j].stream], value)?;
             }
             for &x in first {
                 let from = if x == 0 { 0 } else { pre_at[x - 1] };
@@ -929,21 +943,27 @@ impl PlacedTaskGraph {
             // A step others wait for or the state names: the point its
             // launch reaches (no record op after it), stamped where the
             // caller gets it.
-            ends[s] = match (&step.op, step.record) {
+            let tail = match (&step.op, step.record) {
                 (None, false) => {
                     stream.launch(&step.kernel, step.grid, &args)?;
                     None
                 }
-                (None, true) => Some(if step.tail {
-                    stream.launch_marked(&step.kernel, step.grid, &args)?
-                } else {
-                    stream.launch_point(&step.kernel, step.grid, &args)?
-                }),
+                (None, true) if !step.tail => {
+                    ends[s] = Some(stream.launch_point(&step.kernel, step.grid, &args)?);
+                    None
+                }
+                (None, true) => Some(stream.launch_marked(&step.kernel, step.grid, &args)?),
                 (Some(op), record) => {
                     op.run(stream, &args)?;
                     record.then(|| stream.record_event()).transpose()?
                 }
             };
+            if let Some(e) = tail {
+                ends[s] = Some(e.point_any("launch")?.value);
+                if step.tail {
+                    tail_events[step.stream] = Some(e);
+                }
+            }
         }
         drop(args);
         // Copies back into the start replicas (stream graphs: the user's
@@ -962,31 +982,50 @@ impl PlacedTaskGraph {
         let mut st = lock(&rt.state);
         let base = st.next_task;
         st.next_task += (plan.steps.len() + plan.data.len()) as u64;
-        let task_ref = |j: usize| TaskRef {
-            id: base + j as u64,
-            end: ends[j]
-                .as_ref()
-                .map(Event::unstamped)
-                .expect("recorded: the state names it"),
-            end_ns: t0 + plan.steps[j].end_ns,
-            stream: None,
+        // Step `j` as the state names it: its task's number, and the point
+        // its launch reached. A state names the same streams launch after
+        // launch: set in place (`TaskRef::set_at`), no count taken or let go.
+        let step_end = |j: usize| {
+            let value = ends[j].expect("recorded: the state names it");
+            (&timelines[plan.steps[j].stream], value)
+        };
+        let set = |r: &mut TaskRef, j: usize| {
+            let (timeline, value) = step_end(j);
+            r.set_at(base + j as u64, timeline, value, t0 + plan.steps[j].end_ns);
+        };
+        let task_ref = |j: usize| {
+            let (timeline, value) = step_end(j);
+            TaskRef::at(base + j as u64, timeline, value, t0 + plan.steps[j].end_ns)
         };
         let mut touched: Vec<(usize, Vec<Event>)> = Vec::new();
         for (x, dp) in plan.data.iter().enumerate() {
             let mut ds = lock(dp.data.state());
-            ds.valid.iter_mut().for_each(|v| *v = None);
-            for &(i, src) in &dp.valid {
-                if let Some(v) = ds.valid.get_mut(i) {
-                    *v = match src {
-                        Source::Start => start_valid[x].clone(),
-                        Source::Step(j) => ends[j].as_ref().map(Event::unstamped),
-                    };
+            let mut valid = dp.valid.iter().peekable();
+            for (i, v) in ds.valid.iter_mut().enumerate() {
+                match valid.next_if(|&&(k, _)| k == i).map(|&(_, src)| src) {
+                    None => *v = None,
+                    Some(Source::Start) => *v = start_valid[x].clone(),
+                    Some(Source::Step(j)) => {
+                        let (timeline, value) = step_end(j);
+                        match v {
+                            Some(e) => e.set_at(timeline, value),
+                            None => *v = Some(Event::at(timeline.clone(), value)),
+                        }
+                    }
                 }
             }
             if dp.written {
-                ds.writer = dp.writer.map(task_ref);
-                ds.readers.clear();
-                ds.readers.extend(dp.readers.iter().map(|&r| task_ref(r)));
+                match (dp.writer, &mut ds.writer) {
+                    (Some(j), Some(w)) => set(w, j),
+                    (j, w) => *w = j.map(task_ref),
+                }
+                ds.readers.truncate(dp.readers.len());
+                for (k, &r) in dp.readers.iter().enumerate() {
+                    match ds.readers.get_mut(k) {
+                        Some(t) => set(t, r),
+                        None => ds.readers.push(task_ref(r)),
+                    }
+                }
             } else {
                 for &r in &dp.readers {
                     ds.add_reader(task_ref(r));
@@ -1010,9 +1049,13 @@ impl PlacedTaskGraph {
         }
         let mut tails = Vec::with_capacity(plan.lanes.len());
 
-        for (&(d, _), &j) in plan.lanes.iter().zip(&plan.last) {
-            let e = ends[j].clone().expect("a stream's last step records");
-            tails.push(e);
+        for ((&(d, _), &j), tail) in plan
+            .lanes
+            .iter()
+            .zip(&plan.last)
+            .zip(tail_events.iter_mut())
+        {
+            tails.push(tail.take().expect("a stream's last step records"));
             // dmda's view of the device: this compute unit is busy until the
             // plan's end of its last task.
             let free = &mut st.free[d];
