@@ -57,6 +57,11 @@ impl ContextShared {
         self.devices.iter().any(|(id, _)| *id == device)
     }
 
+    /// Whether device `id` is in the context and still has a handle.
+    pub(crate) fn is_alive(&self, id: u64) -> bool {
+        self.devices.iter().any(|(d, w)| *d == id && w.is_alive())
+    }
+
     pub(crate) fn device(&self, id: u64) -> Option<Device> {
         self.devices
             .iter()

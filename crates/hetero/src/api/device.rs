@@ -22,6 +22,11 @@ impl WeakDevice {
     pub(crate) fn upgrade(&self) -> Option<Device> {
         self.0.upgrade().map(|inner| Device { inner })
     }
+
+    /// Whether the device still has a handle (no count taken to know).
+    pub(crate) fn is_alive(&self) -> bool {
+        self.0.strong_count() > 0
+    }
 }
 
 /// A device: compute units, copy engines, hardware queues and memory. Cloning gives

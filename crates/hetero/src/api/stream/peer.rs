@@ -86,7 +86,7 @@ impl Stream {
         }
         let other = if s.device == here { d.device } else { s.device };
         let ctx = match self.device().context_shared() {
-            Some(c) if c.contains(other) => c.clone(),
+            Some(c) if c.contains(other) => c,
             _ => {
                 return Err(Error::DeviceContext {
                     op: OP,
@@ -97,18 +97,16 @@ impl Stream {
                 })
             }
         };
-        let Some(other_dev) = ctx.device(other) else {
-            return Err(Error::DeviceContext {
-                op: OP,
-                detail: format!(
-                    "device {other} was dropped; its buffers outlive it only as handles"
-                ),
-            });
+        let dropped = || Error::DeviceContext {
+            op: OP,
+            detail: format!("device {other} was dropped; its buffers outlive it only as handles"),
         };
+        if !ctx.is_alive(other) {
+            return Err(dropped());
+        }
         let path = ctx
             .topology()
             .path(here, other)
-            .cloned()
             .expect("two devices of one context have a path");
         let (src, dst) = (&src.storage, &dst.storage);
         match path {
@@ -116,6 +114,7 @@ impl Stream {
                 self.peer_direct(src, src_off, dst, dst_off, bytes)
             }
             PeerPath::Staged { .. } => {
+                let other_dev = ctx.device(other).ok_or_else(dropped)?;
                 let (a, b) = if s.device == here {
                     (self.device().clone(), other_dev)
                 } else {
