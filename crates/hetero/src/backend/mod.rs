@@ -223,6 +223,16 @@ pub(crate) trait BackendStream: Send + Sync {
     /// A hint that `n` ops will be submitted soon: the backend may bring
     /// the memory they are written to into the cache.
     fn prefetch_submit(&self, _n: u64) {}
+    /// A hint that ops will be submitted a little later: the backend may
+    /// bring its stream's state into the cache (what `prefetch_submit` and a
+    /// submission read first).
+    fn prefetch_stream(&self) {}
+    /// Whether its engine takes a wait on several points as one op
+    /// ([`Body::WaitAll`](crate::exec::op::Body::WaitAll)); else each point
+    /// is an op of its own.
+    fn waits_all(&self) -> bool {
+        false
+    }
     /// The value of the last operation submitted.
     fn submitted(&self) -> u64;
     fn priority(&self) -> u8;

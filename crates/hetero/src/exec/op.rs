@@ -2,6 +2,7 @@
 //! clones of the storages it touches, which keeps them alive until it completes.
 
 use crate::exec::kernel::{ArgList, KernelInner};
+use crate::exec::point::TimelinePoint;
 use crate::exec::storage::Storage;
 use crate::exec::timeline::Timeline;
 use std::ptr::NonNull;
@@ -186,6 +187,59 @@ pub(crate) enum Body {
     Copy2D(Box<crate::exec::transfer::Copy2DOp>),
     /// Work outside the device, started and then polled (`async_op.rs`).
     Async(Box<crate::exec::async_op::AsyncBody>),
+    /// Event waits on several points, one op: an [`Body::Wait`] with `fault`
+    /// on each (a placed graph's step after the steps it follows, where the
+    /// backend takes it: `BackendStream::waits_all`).
+    WaitAll(WaitAll),
+}
+
+/// The most points one [`Body::WaitAll`] names.
+pub(crate) const WAIT_ALL: usize = 4;
+
+/// The points of a [`Body::WaitAll`]: at least two, the first `n` set.
+pub(crate) struct WaitAll {
+    points: [Option<TimelinePoint>; WAIT_ALL],
+}
+
+impl WaitAll {
+    /// An op over `points` (two to [`WAIT_ALL`] of them).
+    pub(crate) fn new(points: &[(&Arc<Timeline>, u64)]) -> Self {
+        debug_assert!((2..=WAIT_ALL).contains(&points.len()));
+        WaitAll {
+            points: std::array::from_fn(|i| {
+                points.get(i).map(|&(timeline, value)| TimelinePoint {
+                    timeline: timeline.clone(),
+                    value,
+                })
+            }),
+        }
+    }
+
+    pub(crate) fn points(&self) -> impl Iterator<Item = &TimelinePoint> {
+        self.points.iter().map_while(Option::as_ref)
+    }
+
+    /// Whether every point is reached (completed or failed).
+    pub(crate) fn is_reached(&self) -> bool {
+        self.points().all(|p| p.timeline.is_reached(p.value))
+    }
+
+    /// Once reached: the op's fault, the first point's that failed.
+    pub(crate) fn fault(&self) -> Result<(), String> {
+        self.points()
+            .find_map(|p| p.timeline.error_for(p.value).map(|e| (p, e)))
+            .map_or(Ok(()), |(p, e)| Err(wait_fault(p.timeline.stream, e)))
+    }
+
+    /// The first point not yet reached.
+    pub(crate) fn pending(&self) -> Option<&TimelinePoint> {
+        self.points().find(|p| !p.timeline.is_reached(p.value))
+    }
+}
+
+/// What an event wait takes on from the stream it waited on.
+pub(crate) fn wait_fault(stream: u64, fault: impl std::fmt::Display) -> String {
+    format!("waited on an event of stream {stream}, which failed: {fault}")
 }
 
 /// The device times a stamped launch writes, on the clock a record op of its
@@ -267,6 +321,13 @@ impl Op {
             Body::Wait {
                 timeline, value, ..
             } => return (K::Wait, Some((timeline.stream, *value))),
+            // (A trace's op names one event: the first point's.)
+            Body::WaitAll(w) => {
+                return (
+                    K::Wait,
+                    w.points().next().map(|p| (p.timeline.stream, p.value)),
+                )
+            }
         };
         (kind, None)
     }
@@ -316,7 +377,7 @@ impl Op {
             Body::CopyBatch(b) => b.storages.iter().all(|(s, w)| f(s, *w)),
             Body::Copy2D(c) => f(&c.src, false) && f(&c.dst, true),
             Body::Async(a) => a.args.iter().all(|(s, w)| f(s, *w)),
-            Body::Host(_) | Body::Wait { .. } | Body::Record { .. } => true,
+            Body::Host(_) | Body::Wait { .. } | Body::WaitAll(_) | Body::Record { .. } => true,
         }
     }
 
@@ -376,6 +437,7 @@ impl Op {
             Body::Host(_) => "host_fn",
             Body::Wait { fault: true, .. } => "wait_event",
             Body::Wait { fault: false, .. } => "wait_memory",
+            Body::WaitAll(_) => "wait_events",
             Body::Record { .. } => "record_event",
             Body::HostWrite { inline: true, .. } => "copy_h2d_inline",
             Body::HostWrite { .. } => "write_slice",

@@ -29,7 +29,7 @@ use std::mem::MaybeUninit;
 /// little later. Only a hint: it reads and writes nothing the program sees
 /// and faults on no address, so any pointer will do.
 #[inline(always)]
-fn prefetch(p: *const u8, bytes: usize) {
+pub(crate) fn prefetch(p: *const u8, bytes: usize) {
     for off in (0..bytes).step_by(64) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: a prefetch neither reads nor writes memory the program
@@ -165,6 +165,14 @@ impl<T, K> Ring<T, K> {
             let slot: *const Slot<T, K> = &self.slots[(pos & self.mask) as usize];
             prefetch(slot.cast(), std::mem::size_of::<Slot<T, K>>());
         }
+    }
+
+    /// Asks the CPU to bring in what a push reads first: the tail, and where
+    /// the slots are (for a [`Ring::prefetch`] a little later).
+    #[inline]
+    pub(crate) fn prefetch_header(&self) {
+        prefetch((&raw const *self.tail).cast(), 8);
+        prefetch((&raw const self.slots).cast(), 8);
     }
 
     /// Positions handed out so far (the next position to be claimed).

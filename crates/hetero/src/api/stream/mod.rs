@@ -7,7 +7,7 @@ use crate::api::graph::capture::CaptureSlot;
 use crate::api::kernel::Kernel;
 use crate::backend::BackendStream;
 use crate::exec::kernel::{ArgList, Grid, MAX_KERNEL_ARGS};
-use crate::exec::op::{Body, KernelRef, Op};
+use crate::exec::op::{Body, KernelRef, Op, WaitAll, WAIT_ALL};
 use crate::exec::storage::Storage;
 use crate::exec::timeline::Timeline;
 use crate::{Device, Error, Result};
@@ -118,6 +118,23 @@ impl Stream {
     #[inline]
     pub(crate) fn prefetch_submit(&self, n: u64) {
         self.q().prefetch_submit(n);
+    }
+
+    /// Hints that ops will be submitted on this stream a little later: the
+    /// first of the lines a submission reads, the handle's (for
+    /// [`Stream::prefetch_queue`] later).
+    #[inline]
+    pub(crate) fn prefetch_handle(&self) {
+        crate::exec::ring::prefetch(Arc::as_ptr(&self.inner).cast(), 64);
+    }
+
+    /// Hints that ops will be submitted on this stream soon: the lines a
+    /// submission reads after the handle's (the capture flag, the backend
+    /// stream's state: `BackendStream::prefetch_stream`).
+    #[inline]
+    pub(crate) fn prefetch_queue(&self) {
+        crate::exec::ring::prefetch(Arc::as_ptr(&self.inner.capture).cast(), 1);
+        self.q().prefetch_stream();
     }
 
     pub(crate) fn backend_stream(&self) -> &dyn BackendStream {
@@ -506,6 +523,55 @@ impl Stream {
     /// [`Stream::wait_event`] for the point `value` on `timeline` (a
     /// stream's, not a capture's): what an event names, without one.
     pub(crate) fn wait_at(&self, timeline: &Arc<Timeline>, value: u64) -> Result<()> {
+        let Some(foreign) = self.wait_needed(timeline, value)? else {
+            return Ok(());
+        };
+        self.submit(Body::Wait {
+            timeline: timeline.clone(),
+            value,
+            fault: true,
+        })?;
+        if foreign {
+            // This device's engines look at the wait again when the other
+            // device reaches the value (nothing else tells them).
+            self.inner.device.watch(timeline, value);
+        }
+        Ok(())
+    }
+
+    /// Event waits on `points`, as few ops as the backend takes: one per
+    /// [`WAIT_ALL`] points where it waits on several at once
+    /// (`BackendStream::waits_all`), else one per point. The caller checked
+    /// what [`Stream::wait_at`] checks: the points are on other streams of
+    /// this stream's context, and this stream is not capturing (a placed
+    /// graph's own streams). A point already complete costs the engine a
+    /// look, not a check here.
+    pub(crate) fn wait_points(&self, points: &[(&Arc<Timeline>, u64)]) -> Result<()> {
+        let per_op = if self.q().waits_all() { WAIT_ALL } else { 1 };
+        for chunk in points.chunks(per_op) {
+            self.submit(match *chunk {
+                [(timeline, value)] => Body::Wait {
+                    timeline: timeline.clone(),
+                    value,
+                    fault: true,
+                },
+                _ => Body::WaitAll(WaitAll::new(chunk)),
+            })?;
+        }
+        let dev = &self.inner.device;
+        for &(timeline, value) in points {
+            if timeline.device != dev.id() {
+                dev.watch(timeline, value);
+            }
+        }
+        Ok(())
+    }
+
+    /// The checks of a wait on `value` on `timeline`; whether it needs an op
+    /// (`None`: its own stream, or complete without a fault), and then
+    /// whether the timeline is another device's.
+    #[inline]
+    fn wait_needed(&self, timeline: &Arc<Timeline>, value: u64) -> Result<Option<bool>> {
         let dev = &self.inner.device;
         let foreign = timeline.device != dev.id();
         if foreign && self.is_capturing() {
@@ -527,22 +593,9 @@ impl Stream {
             return Err(Error::StreamDestroyed { stream: self.id() });
         }
         // Own stream: already ordered. Completed without fault: nothing to wait for.
-        if (!foreign && timeline.stream == self.id())
-            || matches!(timeline.status(value), Some(Ok(())))
-        {
-            return Ok(());
-        }
-        self.submit(Body::Wait {
-            timeline: timeline.clone(),
-            value,
-            fault: true,
-        })?;
-        if foreign {
-            // This device's engines look at the wait again when the other
-            // device reaches the value (nothing else tells them).
-            dev.watch(timeline, value);
-        }
-        Ok(())
+        let done = (!foreign && timeline.stream == self.id())
+            || matches!(timeline.status(value), Some(Ok(())));
+        Ok((!done).then_some(foreign))
     }
 
     /// Blocks until all work submitted so far completed (managed prefetches
@@ -592,4 +645,105 @@ fn _assert_send_sync() {
     ok::<DeviceBuffer<f32>>();
     ok::<PinnedBuffer<f32>>();
     let _ = TypeId::of::<u8>();
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Context, Device, DeviceConfig, EmuConfig, HostEvent, LinkPreset, TimeMode};
+    use std::sync::Arc;
+
+    fn emu(time: TimeMode) -> Device {
+        let emu = EmuConfig::new(LinkPreset::pcie4x16()).time(time);
+        Device::new(DeviceConfig::default().emu(emu)).unwrap()
+    }
+
+    /// The host, an emulated device in virtual time and one in real time.
+    fn devices() -> Vec<Device> {
+        vec![
+            Device::host().unwrap(),
+            emu(TimeMode::Virtual),
+            emu(TimeMode::Real),
+        ]
+    }
+
+    fn points(gates: &[HostEvent]) -> Vec<(&Arc<super::Timeline>, u64)> {
+        gates
+            .iter()
+            .map(|g| {
+                let p = g.event().point.as_ref().unwrap();
+                (&p.timeline, p.value)
+            })
+            .collect()
+    }
+
+    /// Five points: one op for four of them and one for the fifth where the
+    /// backend waits on several at once, one per point elsewhere; the work
+    /// after them waits for every one.
+    #[test]
+    fn a_wait_on_several_points_waits_for_each() {
+        for dev in devices() {
+            let s = dev.create_stream().unwrap();
+            let gates: Vec<HostEvent> = (0..5).map(|_| dev.host_event()).collect();
+            let before = s.q().submitted();
+            s.wait_points(&points(&gates)).unwrap();
+            let ops = s.q().submitted() - before;
+            assert_eq!(ops, if s.q().waits_all() { 2 } else { 5 });
+            let done = s.record_event().unwrap();
+            // The last point first: each op then has a point reached and
+            // others not.
+            for i in [4, 0, 1, 2, 3] {
+                // (A moment for an engine that would run it too early.)
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                assert!(!done.query().unwrap(), "ran before point {i}");
+                gates[i].signal();
+            }
+            done.synchronize().unwrap();
+        }
+    }
+
+    /// A point that failed fails the wait, and the stream, with its fault.
+    #[test]
+    fn a_wait_on_several_points_takes_on_a_fault() {
+        for dev in devices() {
+            let s = dev.create_stream().unwrap();
+            let gates: Vec<HostEvent> = (0..3).map(|_| dev.host_event()).collect();
+            s.wait_points(&points(&gates)).unwrap();
+            let done = s.record_event().unwrap();
+            let mut gates = gates.into_iter();
+            gates.next().unwrap().signal();
+            drop(gates);
+            let err = done.synchronize().unwrap_err().to_string();
+            assert!(err.contains("dropped before it was signalled"), "{err}");
+            assert!(s.error().is_some());
+        }
+    }
+
+    /// Points of another device of the context: the wait ends once they
+    /// are reached, in real time too, with no host thread blocked on the
+    /// waiting device (a query only looks).
+    #[test]
+    fn a_wait_on_several_points_of_another_device_wakes() {
+        let host = || Device::host().unwrap();
+        // (Emulated devices in real time share their engines in a context:
+        // the points are a host device's, or the waiting stream is one.)
+        let pairs = [
+            (emu(TimeMode::Virtual), emu(TimeMode::Virtual)),
+            (host(), emu(TimeMode::Real)),
+            (emu(TimeMode::Real), host()),
+        ];
+        for (a, b) in pairs {
+            let _ctx = Context::new(&[a.clone(), b.clone()]).unwrap();
+            let gates: Vec<HostEvent> = (0..2).map(|_| a.host_event()).collect();
+            let s = b.create_stream().unwrap();
+            s.wait_points(&points(&gates)).unwrap();
+            let done = s.record_event().unwrap();
+            assert!(!done.query().unwrap());
+            gates.iter().for_each(HostEvent::signal);
+            let start = std::time::Instant::now();
+            while !done.query().unwrap() {
+                assert!(start.elapsed().as_secs() < 20, "no engine looked again");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    }
 }

@@ -904,8 +904,16 @@ impl PlacedTaskGraph {
         ends.resize(plan.steps.len(), None);
         tail_events.resize(streams.len(), None);
         let mut args: Vec<crate::Arg<'_>> = Vec::new();
+        let mut points = Vec::new();
         for (s, step) in plan.steps.iter().enumerate() {
             let stream = &streams[step.stream];
+            // Each prefetch reads only lines the one before brought in.
+            if let Some(next) = plan.steps.get(s + 3 * PREFETCH_STEPS) {
+                streams[next.stream].prefetch_handle();
+            }
+            if let Some(next) = plan.steps.get(s + 2 * PREFETCH_STEPS) {
+                streams[next.stream].prefetch_queue();
+            }
             if let Some(next) = plan.steps.get(s + PREFETCH_STEPS) {
                 streams[next.stream].prefetch_submit(PREFETCH_OPS);
             }
@@ -914,10 +922,13 @@ impl PlacedTaskGraph {
             let (waits, rest) = ids.split_at(waits);
             let (first, copies) = rest.split_at(first);
             let access = &plan.access[step.access..step.access + step.accesses as usize];
-            for &j in waits {
+            // (The plan's own streams: `wait_points`' checks hold.)
+            points.clear();
+            points.extend(waits.iter().map(|&j| {
                 let value = ends[j].expect("a waited step records its end");
-                stream.wait_at(&timelines[plan.steps[j].stream], value)?;
-            }
+                (&timelines[plan.steps[j].stream], value)
+            }));
+            stream.wait_points(&points)?;
             for &x in first {
                 let from = if x == 0 { 0 } else { pre_at[x - 1] };
                 for e in &pre[from..pre_at[x]] {

@@ -98,6 +98,15 @@ impl BackendStream for EmuStream {
         self.ring.prefetch(n);
     }
 
+    fn prefetch_stream(&self) {
+        self.ring.prefetch_header();
+        crate::exec::ring::prefetch((&raw const self.closed).cast(), 1);
+    }
+
+    fn waits_all(&self) -> bool {
+        true
+    }
+
     fn submitted(&self) -> u64 {
         self.ring.tail()
     }

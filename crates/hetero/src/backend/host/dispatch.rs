@@ -83,6 +83,13 @@ impl Shared {
                     Readiness::NotReady
                 }
             }
+            Body::WaitAll(w) => {
+                if w.is_reached() {
+                    Readiness::Ready(Engine::None)
+                } else {
+                    Readiness::NotReady
+                }
+            }
             Body::Copy { kind, .. } => self.ready_with_engine(op, *kind as usize),
             Body::Fill { .. } => self.ready_with_engine(op, crate::CopyKind::D2D as usize),
             Body::HostWrite { .. } => self.ready_with_engine(op, crate::CopyKind::H2D as usize),
@@ -325,9 +332,11 @@ pub(super) fn record(
         Body::CopyBatch(b) => (copy_engine(b.kind), copy_index),
         Body::Copy2D(c) => (copy_engine(c.kind), copy_index),
         Body::Kernel { .. } | Body::Graph(_) => (E::Compute, ran.unit),
-        Body::Host(_) | Body::Wait { .. } | Body::Record { .. } | Body::Async(_) => {
-            (E::Host, ran.unit)
-        }
+        Body::Host(_)
+        | Body::Wait { .. }
+        | Body::WaitAll(_)
+        | Body::Record { .. }
+        | Body::Async(_) => (E::Host, ran.unit),
     };
     let (kind, dep) = op.trace_kind();
     let end_ns = crate::exec::clock::now_ns();

@@ -338,12 +338,10 @@ impl EngineThread {
                 },
                 _,
             ) => match timeline.error_for(*v).filter(|_| *fault) {
-                Some(e) => Err(format!(
-                    "waited on an event of stream {}, which failed: {e}",
-                    timeline.stream
-                )),
+                Some(e) => Err(crate::exec::op::wait_fault(timeline.stream, e)),
                 None => Ok(()),
             },
+            (Body::WaitAll(w), _) => w.fault(),
             (Body::Graph(_), _) => unreachable!("graph launches run as jobs"),
             (Body::Async(a), _) => {
                 // SAFETY: this engine holds the stream's queue.

@@ -115,6 +115,15 @@ impl BackendStream for HostStream {
         self.ring.prefetch(n);
     }
 
+    fn prefetch_stream(&self) {
+        self.ring.prefetch_header();
+        crate::exec::ring::prefetch((&raw const self.closed).cast(), 1);
+    }
+
+    fn waits_all(&self) -> bool {
+        true
+    }
+
     fn submitted(&self) -> u64 {
         self.ring.tail()
     }
@@ -328,6 +337,11 @@ pub(super) fn wait_hint_of(op: &Op, device: u64) -> Option<u64> {
         Body::Wait {
             timeline, value, ..
         } if timeline.device == device => pack_hint(timeline.stream, *value),
+        // The first point not reached: the next look finds the one after.
+        Body::WaitAll(w) => w
+            .pending()
+            .filter(|p| p.timeline.device == device)
+            .and_then(|p| pack_hint(p.timeline.stream, p.value)),
         _ => None,
     }
 }

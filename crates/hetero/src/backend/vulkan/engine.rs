@@ -671,6 +671,9 @@ impl Engine {
                                 || (timeline.device == sh.device
                                     && self.recorded_here(timeline.stream, *value))
                         }
+                        // (Not given to this backend, `waits_all`; waits for
+                        // completion if it were.)
+                        Body::WaitAll(w) => w.is_reached(),
                         Body::Host(_) => in_flight == 0,
                         Body::Async(a) if in_flight == 0 && (device_idle || started) => {
                             // It starts with its buffers' locks (released
@@ -793,6 +796,7 @@ impl Engine {
                             self.follow(s, timeline.stream);
                         }
                     }
+                    Body::WaitAll(w) => taken.result = w.fault(),
                     Body::Record { .. } => {
                         taken.after = After::Stamp;
                         // The device's time when the work before it is done,

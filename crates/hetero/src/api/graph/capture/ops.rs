@@ -184,6 +184,15 @@ pub(crate) fn submit(slot: &CaptureSlot, stream: u64, body: Body) -> Result<u64>
             Body::Wait {
                 timeline, value, ..
             } => NodeBody::Wait { timeline, value },
+            // (A stream that is capturing is given one wait per event:
+            // `Stream::wait_all`.)
+            Body::WaitAll(_) => {
+                return Err(capture_error(
+                    "wait_events",
+                    "a wait on several events is not recorded as one node; wait on each \
+                     event instead",
+                ))
+            }
             Body::HostWrite { .. } | Body::HostRead { .. } => {
                 return Err(capture_error(
                     "write_slice/read_slice",

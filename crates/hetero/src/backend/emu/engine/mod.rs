@@ -26,7 +26,7 @@ use super::stream::EmuStream;
 use super::Shared;
 use crate::config::link::Dir;
 use crate::exec::kernel::{Block, KernelCost};
-use crate::exec::op::{self, Body, CopyKind, Op};
+use crate::exec::op::{self, wait_fault, Body, CopyKind, Op};
 use crate::exec::timeline::Timeline;
 use record::{fnv, kind_code, record, record_merged, FNV_OFFSET};
 use std::cell::Cell;
@@ -247,13 +247,11 @@ impl Sim {
                         fault,
                     } => timeline.is_reached(*value).then(|| {
                         Plan::Now(match timeline.error_for(*value).filter(|_| *fault) {
-                            Some(e) => Err(format!(
-                                "waited on an event of stream {}, which failed: {e}",
-                                timeline.stream
-                            )),
+                            Some(e) => Err(wait_fault(timeline.stream, e)),
                             None => Ok(()),
                         })
                     }),
+                    Body::WaitAll(w) => w.is_reached().then(|| Plan::Now(w.fault())),
                     Body::Record { .. } | Body::Host(_) => Some(Plan::Now(Ok(()))),
                     // A peer copy takes a copy engine at both ends: out of
                     // the source (D2H), into the destination (H2D).

@@ -22,7 +22,7 @@ pub(super) fn kind_code(body: &Body) -> u64 {
         Body::Fill { .. } => 4,
         Body::Kernel { .. } => 5,
         Body::Host(_) => 6,
-        Body::Wait { .. } => 7,
+        Body::Wait { .. } | Body::WaitAll(_) => 7,
         Body::Record { .. } => 8,
         Body::HostWrite { .. } => 9,
         Body::HostRead { .. } => 10,
