@@ -69,6 +69,18 @@ const OPS_PER_STREAM: usize = 256;
 const PREFETCH_STEPS: usize = 4;
 const PREFETCH_OPS: u64 = 3;
 
+/// How many data ahead the passes over the data before and after a launch
+/// ask for a datum's state (its lock, replicas, writer, readers' list).
+const PREFETCH_DATA: usize = 4;
+
+/// Asks the CPU for datum `x`'s cell (where its state is), if there is one.
+fn prefetch_datum(data: &[DataPlan], x: usize) {
+    if let Some(dp) = data.get(x) {
+        let cell: &dyn DataAny = &*dp.data;
+        crate::exec::ring::prefetch(std::ptr::from_ref(cell).cast(), std::mem::size_of_val(cell));
+    }
+}
+
 impl std::fmt::Debug for PlacedTaskGraph {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PlacedTaskGraph")
@@ -735,6 +747,13 @@ fn make_plan(
     })
 }
 
+impl Plan {
+    /// Step `step`'s accesses.
+    fn accesses(&self, step: &Step) -> &[Access] {
+        &self.access[step.access..step.access + step.accesses as usize]
+    }
+}
+
 impl PlacedTaskGraph {
     /// The device (index in the context) of each task, in recording order.
     pub fn placement(&self) -> &[usize] {
@@ -860,7 +879,8 @@ impl PlacedTaskGraph {
         // What each datum waits for, and its start replica's event: the
         // launch orders after the tasks before it through these.
         let mut fixes = Vec::new();
-        for dp in &plan.data {
+        for (x, dp) in plan.data.iter().enumerate() {
+            prefetch_datum(&plan.data, x + PREFETCH_DATA);
             let st = lock(dp.data.state());
             // An event already complete without a fault orders nothing:
             // looked at once here (before any clone) rather than by every
@@ -921,7 +941,7 @@ impl PlacedTaskGraph {
             let ids = &plan.ids[step.ids..step.ids + waits + first + 2 * step.copies as usize];
             let (waits, rest) = ids.split_at(waits);
             let (first, copies) = rest.split_at(first);
-            let access = &plan.access[step.access..step.access + step.accesses as usize];
+            let access = plan.accesses(step);
             // (The plan's own streams: `wait_points`' checks hold.)
             points.clear();
             points.extend(waits.iter().map(|&j| {
@@ -1010,6 +1030,7 @@ impl PlacedTaskGraph {
         };
         let mut touched: Vec<(usize, Vec<Event>)> = Vec::new();
         for (x, dp) in plan.data.iter().enumerate() {
+            prefetch_datum(&plan.data, x + PREFETCH_DATA);
             let mut ds = lock(dp.data.state());
             let mut valid = dp.valid.iter().peekable();
             for (i, v) in ds.valid.iter_mut().enumerate() {
