@@ -25,23 +25,38 @@ use crate::exec::loom::{AtomicU64, Ordering, UnsafeCell};
 use crossbeam_utils::CachePadded;
 use std::mem::MaybeUninit;
 
-/// Asks the CPU to bring the `bytes` from `p` into its cache, for a use a
-/// little later. Only a hint: it reads and writes nothing the program sees
-/// and faults on no address, so any pointer will do.
+/// Asks the CPU to bring the lines of the `bytes` from `p` into its cache,
+/// for a use a little later: to be written (`WRITE`: owned, so that the
+/// stores do not wait for the line to be claimed), or read. Only a hint: it
+/// reads and writes nothing the program sees and faults on no address, so
+/// any pointer will do.
 #[inline(always)]
-pub(crate) fn prefetch(p: *const u8, bytes: usize) {
-    for off in (0..bytes).step_by(64) {
+pub(crate) fn prefetch_lines<const WRITE: bool>(p: *const u8, bytes: usize) {
+    let skip = p.addr() % 64;
+    let first = p.wrapping_sub(skip);
+    for off in (0..skip + bytes).step_by(64) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: a prefetch neither reads nor writes memory the program
-        // sees and faults on no address (SSE is in the x86_64 baseline).
+        // sees and faults on no address (SSE is in the x86_64 baseline; a
+        // CPU without PREFETCHW takes the write hint as a read one).
         unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                p.wrapping_add(off).cast(),
-            );
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
+            let line = first.wrapping_add(off).cast();
+            if WRITE {
+                _mm_prefetch::<_MM_HINT_ET0>(line);
+            } else {
+                _mm_prefetch::<_MM_HINT_T0>(line);
+            }
         }
         #[cfg(not(target_arch = "x86_64"))]
-        let _ = (p, off);
+        let _ = (first, off);
     }
+}
+
+/// [`prefetch_lines`] for a read.
+#[inline(always)]
+pub(crate) fn prefetch(p: *const u8, bytes: usize) {
+    prefetch_lines::<false>(p, bytes);
 }
 
 struct Slot<T, K> {
@@ -163,15 +178,16 @@ impl<T, K> Ring<T, K> {
         let tail = self.tail.load(Ordering::Relaxed);
         for pos in tail..tail + n.min(self.mask + 1) {
             let slot: *const Slot<T, K> = &self.slots[(pos & self.mask) as usize];
-            prefetch(slot.cast(), std::mem::size_of::<Slot<T, K>>());
+            prefetch_lines::<true>(slot.cast(), std::mem::size_of::<Slot<T, K>>());
         }
     }
 
-    /// Asks the CPU to bring in what a push reads first: the tail, and where
-    /// the slots are (for a [`Ring::prefetch`] a little later).
+    /// Asks the CPU to bring in what a push reads first: the tail (owned: a
+    /// push writes it), and where the slots are (for a [`Ring::prefetch`] a
+    /// little later).
     #[inline]
     pub(crate) fn prefetch_header(&self) {
-        prefetch((&raw const *self.tail).cast(), 8);
+        prefetch_lines::<true>((&raw const *self.tail).cast(), 8);
         prefetch((&raw const self.slots).cast(), 8);
     }
 
