@@ -243,8 +243,12 @@ impl Storage {
     /// peer copy): stream ids name streams of one device only, so the memory
     /// is marked to return to its pool only once its last op completed.
     pub(crate) fn use_off_device(&self) -> Option<(&Arc<Timeline>, u64)> {
-        self.shared.store(true, Ordering::Relaxed);
-        self.used_on_more.store(true, Ordering::Relaxed);
+        // Stored once: a store to a line no other op wrote since would claim
+        // it from the cache of every core that reads the storage.
+        if !self.used_on_more.load(Ordering::Relaxed) {
+            self.shared.store(true, Ordering::Relaxed);
+            self.used_on_more.store(true, Ordering::Relaxed);
+        }
         self.pending_ready()
     }
 
