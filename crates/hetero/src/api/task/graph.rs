@@ -850,8 +850,9 @@ impl PlacedTaskGraph {
         let mut guard = lock(&plan.live);
         let live = &mut *guard;
         // A stream a fault failed would fail every later launch: replaced.
+        // (Its timeline says so: one line, not the stream's handle first.)
         for (q, s) in live.streams.iter_mut().enumerate() {
-            if s.error().is_some() {
+            if live.timelines[q].fault_at().is_some() {
                 let (d, l) = plan.lanes[q];
                 let fresh = rt.devices[d].create_stream()?;
                 fresh.set_name(format!("placed tasks {l}"));
