@@ -50,7 +50,7 @@ pub struct PlacedTaskGraph {
     rt: Arc<Runtime>,
     /// A stream graph's slots (none for a task graph).
     pub(crate) slots: Arc<SlotSpec>,
-    placement: Vec<usize>,
+    placement: Arc<[usize]>,
     makespan_ns: f64,
     plan: Plan,
 }
@@ -253,7 +253,8 @@ struct Plan {
 #[derive(Clone, Debug)]
 pub struct TaskGraphLaunch {
     events: Vec<Event>,
-    devices: Vec<usize>,
+    /// The plan's placement (shared with it: a launch copies nothing).
+    devices: Arc<[usize]>,
     /// The task layer the launch is in flight in (which holds itself alive
     /// while it sees work in flight: told when the launch is waited for).
     rt: std::sync::Weak<Runtime>,
@@ -1129,7 +1130,7 @@ impl PlacedTaskGraph {
             rt: Arc::downgrade(rt),
             events: tails,
             // Each task's step runs on its placed device.
-            devices: self.placement.clone(),
+            devices: Arc::clone(&self.placement),
         })
     }
 }
