@@ -196,7 +196,7 @@ pub(crate) enum Body {
 /// The most points one [`Body::WaitAll`] names.
 pub(crate) const WAIT_ALL: usize = 4;
 
-/// The points of a [`Body::WaitAll`]: at least two, the first `n` set.
+/// The points of a [`Body::WaitAll`]: two to [`WAIT_ALL`], the set ones first.
 pub(crate) struct WaitAll {
     points: [Option<TimelinePoint>; WAIT_ALL],
 }

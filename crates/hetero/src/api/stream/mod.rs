@@ -364,7 +364,7 @@ impl Stream {
 
     /// Launches `kernel` as [`Stream::launch`] does and returns the value its
     /// launch reaches on the stream's timeline (no event made, no record
-    /// op): a point to wait on with [`Stream::wait_at`]. A stream that is
+    /// op): a point to wait on with [`Stream::wait_points`]. A stream that is
     /// capturing has no such point: an error.
     pub(crate) fn launch_point(
         &self,
@@ -517,37 +517,23 @@ impl Stream {
         if crate::api::graph::capture::is_capture_timeline(&p.timeline) {
             return crate::api::graph::capture::wait(&self.inner.capture, self.id(), p);
         }
-        self.wait_at(&p.timeline, p.value)
-    }
-
-    /// [`Stream::wait_event`] for the point `value` on `timeline` (a
-    /// stream's, not a capture's): what an event names, without one.
-    pub(crate) fn wait_at(&self, timeline: &Arc<Timeline>, value: u64) -> Result<()> {
-        let Some(foreign) = self.wait_needed(timeline, value)? else {
+        if !self.wait_needed(&p.timeline, p.value)? {
             return Ok(());
-        };
-        self.submit(Body::Wait {
-            timeline: timeline.clone(),
-            value,
-            fault: true,
-        })?;
-        if foreign {
-            // This device's engines look at the wait again when the other
-            // device reaches the value (nothing else tells them).
-            self.inner.device.watch(timeline, value);
         }
-        Ok(())
+        self.wait_points(&[(&p.timeline, p.value)])
     }
 
-    /// Event waits on `points`, as few ops as the backend takes: one per
-    /// [`WAIT_ALL`] points where it waits on several at once
-    /// (`BackendStream::waits_all`), else one per point. The caller checked
-    /// what [`Stream::wait_at`] checks: the points are on other streams of
-    /// this stream's context, and this stream is not capturing (a placed
-    /// graph's own streams). A point already complete costs the engine a
-    /// look, not a check here.
+    /// Event waits on `points` (streams' timelines, not a capture's), as few
+    /// ops as the backend takes: one per [`WAIT_ALL`] points where it waits
+    /// on several at once (`BackendStream::waits_all`) and the stream is not
+    /// capturing (a capture records one node per wait), else one per point.
+    /// The caller checked what [`Stream::wait_event`] checks: the points are
+    /// of this stream's context and not this stream's own (a placed graph's
+    /// own streams). A point already complete costs the engine a look, not a
+    /// check here.
     pub(crate) fn wait_points(&self, points: &[(&Arc<Timeline>, u64)]) -> Result<()> {
-        let per_op = if self.q().waits_all() { WAIT_ALL } else { 1 };
+        let many = self.q().waits_all() && !self.is_capturing();
+        let per_op = if many { WAIT_ALL } else { 1 };
         for chunk in points.chunks(per_op) {
             self.submit(match *chunk {
                 [(timeline, value)] => Body::Wait {
@@ -558,6 +544,8 @@ impl Stream {
                 _ => Body::WaitAll(WaitAll::new(chunk)),
             })?;
         }
+        // This device's engines look at a wait on another device's timeline
+        // again when that device reaches the value (nothing else tells them).
         let dev = &self.inner.device;
         for &(timeline, value) in points {
             if timeline.device != dev.id() {
@@ -568,10 +556,9 @@ impl Stream {
     }
 
     /// The checks of a wait on `value` on `timeline`; whether it needs an op
-    /// (`None`: its own stream, or complete without a fault), and then
-    /// whether the timeline is another device's.
+    /// (not on its own stream, nor complete without a fault).
     #[inline]
-    fn wait_needed(&self, timeline: &Arc<Timeline>, value: u64) -> Result<Option<bool>> {
+    fn wait_needed(&self, timeline: &Arc<Timeline>, value: u64) -> Result<bool> {
         let dev = &self.inner.device;
         let foreign = timeline.device != dev.id();
         if foreign && self.is_capturing() {
@@ -595,7 +582,7 @@ impl Stream {
         // Own stream: already ordered. Completed without fault: nothing to wait for.
         let done = (!foreign && timeline.stream == self.id())
             || matches!(timeline.status(value), Some(Ok(())));
-        Ok((!done).then_some(foreign))
+        Ok(!done)
     }
 
     /// Blocks until all work submitted so far completed (managed prefetches
@@ -698,6 +685,27 @@ mod tests {
                 gates[i].signal();
             }
             done.synchronize().unwrap();
+        }
+    }
+
+    /// A stream that is capturing records a node per point (a capture has
+    /// no node for a wait on several).
+    #[test]
+    fn a_wait_on_several_points_is_captured_point_by_point() {
+        for dev in devices() {
+            let (s, other) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+            let events: Vec<_> = (0..2).map(|_| other.record_event().unwrap()).collect();
+            let points: Vec<_> = events
+                .iter()
+                .map(|e| {
+                    let p = e.point.as_ref().unwrap();
+                    (&p.timeline, p.value)
+                })
+                .collect();
+            s.begin_capture().unwrap();
+            s.wait_points(&points).unwrap();
+            let graph = s.end_capture().unwrap();
+            assert_eq!(graph.len(), 2);
         }
     }
 

@@ -1041,10 +1041,7 @@ impl PlacedTaskGraph {
                     Some(Source::Start) => *v = start_valid[x].clone(),
                     Some(Source::Step(j)) => {
                         let (timeline, value) = step_end(j);
-                        match v {
-                            Some(e) => e.set_at(timeline, value),
-                            None => *v = Some(Event::at(timeline.clone(), value)),
-                        }
+                        v.get_or_insert_with(Event::new).set_at(timeline, value);
                     }
                 }
             }

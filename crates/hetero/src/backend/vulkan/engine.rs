@@ -783,10 +783,7 @@ impl Engine {
                             && timeline.device == sh.device
                             && self.faulted_here(timeline.stream);
                         if let Some(e) = error {
-                            taken.result = Err(format!(
-                                "waited on an event of stream {}, which failed: {e}",
-                                timeline.stream
-                            ));
+                            taken.result = Err(crate::exec::op::wait_fault(timeline.stream, e));
                         } else if failed_here {
                             taken.result = Err(format!(
                                 "waited on an event of stream {}, which failed",

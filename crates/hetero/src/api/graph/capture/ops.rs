@@ -185,7 +185,7 @@ pub(crate) fn submit(slot: &CaptureSlot, stream: u64, body: Body) -> Result<u64>
                 timeline, value, ..
             } => NodeBody::Wait { timeline, value },
             // (A stream that is capturing is given one wait per event:
-            // `Stream::wait_all`.)
+            // `Stream::wait_points`.)
             Body::WaitAll(_) => {
                 return Err(capture_error(
                     "wait_events",
