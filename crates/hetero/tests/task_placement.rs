@@ -482,6 +482,52 @@ fn a_kernel_without_code_for_the_context_is_an_error() {
     assert!(matches!(e, hetero::Error::NoCodeForDevice { .. }), "{e}");
 }
 
+/// Task data and task graphs belong to one context: data of another
+/// context in a task, or a graph instantiated on another context than its
+/// tasks', is a typed error, and the data stays usable in its own.
+#[test]
+fn data_and_graphs_of_another_context_are_refused() {
+    if common::skipped("data_and_graphs_of_another_context_are_refused") {
+        return;
+    }
+    let (ctx, _devs) = context();
+    let (other, _other_devs) = context();
+    let k = mix(0, true);
+    let theirs = other.data_from(&[1u32; LEN]).unwrap();
+    let e = ctx.task(&k).read_write(&theirs).submit().unwrap_err();
+    assert!(matches!(e, hetero::Error::DeviceContext { .. }), "{e}");
+    let mut g = TaskGraph::new();
+    other.task(&k).read_write(&theirs).record(&mut g).unwrap();
+    let e = g.instantiate_on(&ctx).unwrap_err();
+    assert!(matches!(e, hetero::Error::DeviceContext { .. }), "{e}");
+    g.instantiate_on(&other)
+        .unwrap()
+        .launch()
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(theirs.to_vec().unwrap(), vec![31 + 7; LEN]);
+}
+
+/// `Context::data` is zeroes on memory the pool hands out again (written
+/// in blocks: more than one here), and a length no device can hold is a
+/// typed error, not a panic or an abort of the host's allocator.
+#[test]
+fn zeroed_task_data_of_any_length_is_zeroes_or_an_error() {
+    if common::skipped("zeroed_task_data_of_any_length_is_zeroes_or_an_error") {
+        return;
+    }
+    let (ctx, _devs) = context();
+    // Over 1 MiB: zeroes written in two blocks.
+    let len = (1 << 20) / 4 + 1000;
+    drop(ctx.data_from(&vec![7u32; len]).unwrap());
+    let z = ctx.data::<u32>(len).unwrap();
+    assert!(z.to_vec().unwrap().iter().all(|&v| v == 0));
+    assert!(ctx.data::<u32>(0).unwrap().to_vec().unwrap().is_empty());
+    let e = ctx.data::<u64>(usize::MAX / 2).map(drop).unwrap_err();
+    assert!(matches!(e, hetero::Error::InvalidArgument(_)), "{e}");
+}
+
 /// The same tasks on fresh devices twice: the same placements, the same
 /// trace on every device, the same end time.
 #[test]

@@ -17,6 +17,9 @@ use bytemuck::Pod;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, OnceLock};
 
+/// The most bytes of zeroes `Context::data` writes at a time.
+const ZEROS: usize = 1 << 20;
+
 /// A task that touched a buffer, as later tasks need it.
 #[derive(Clone)]
 pub(crate) struct TaskRef {
@@ -201,7 +204,18 @@ impl<'d, T: Pod + Send + Sync> From<&'d ManagedBuffer<T>> for DataArg<'d> {
 }
 
 impl<T: Pod + Send + Sync> AsTaskData for TaskData<T> {
-    fn task_data(&self, _ctx: &Context) -> Result<(Arc<dyn DataAny>, Arc<Runtime>)> {
+    fn task_data(&self, ctx: &Context) -> Result<(Arc<dyn DataAny>, Arc<Runtime>)> {
+        if !Arc::ptr_eq(&self.rt.ctx, ctx.shared()) {
+            return Err(Error::DeviceContext {
+                op: "task",
+                detail: format!(
+                    "task data of context {} given to a task of context {}: a task uses data \
+                     of its own context (`Context::data`)",
+                    self.rt.ctx.id(),
+                    ctx.id()
+                ),
+            });
+        }
         Ok((self.any(), self.rt.clone()))
     }
 }
@@ -337,11 +351,37 @@ impl<T: Pod> std::fmt::Debug for TaskData<T> {
 }
 
 impl<T: Pod + Send + Sync> TaskData<T> {
+    /// Task data holding `data`.
     pub(crate) fn new(rt: Arc<Runtime>, data: &[T]) -> Result<Self> {
+        Self::written(rt, data.len(), |s, buf| s.write_slice(buf, 0, data))
+    }
+
+    /// Task data of `len` zeroed elements, written from a zeroed block of at
+    /// most [`ZEROS`] bytes at a time (not from `len` zeroes on the host: a
+    /// length the device cannot hold is its allocation's error, not the
+    /// host's).
+    pub(crate) fn zeroed(rt: Arc<Runtime>, len: usize) -> Result<Self> {
+        Self::written(rt, len, |s, buf| {
+            let per = (ZEROS / std::mem::size_of::<T>().max(1)).clamp(1, len);
+            let zeros = vec![T::zeroed(); per];
+            for at in (0..len).step_by(per) {
+                s.write_slice(buf, at, &zeros[..per.min(len - at)])?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Task data of `len` elements on the context's first device, which
+    /// `write` fills (when `len` is not 0) on the host stream there.
+    fn written(
+        rt: Arc<Runtime>,
+        len: usize,
+        write: impl FnOnce(&Stream, &DeviceBuffer<T>) -> Result<()>,
+    ) -> Result<Self> {
         let n = rt.devices.len();
         let cell = DataCell {
             id: next_data_id(),
-            len: data.len(),
+            len,
             replicas: (0..n).map(|_| OnceLock::new()).collect(),
             state: Mutex::new(DataState {
                 valid: vec![None; n],
@@ -350,13 +390,9 @@ impl<T: Pod + Send + Sync> TaskData<T> {
             }),
         };
         cell.replica(super::HOME, &rt.devices[super::HOME])?;
-        if !data.is_empty() {
+        if len != 0 {
             let s = rt.host_stream(super::HOME)?;
-            s.write_slice(
-                cell.replicas[super::HOME].get().expect("made above"),
-                0,
-                data,
-            )?;
+            write(&s, cell.replicas[super::HOME].get().expect("made above"))?;
         }
         cell.state.lock().unwrap_or_else(|p| p.into_inner()).valid[super::HOME] =
             Some(Event::new());

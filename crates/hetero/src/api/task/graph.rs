@@ -216,6 +216,9 @@ struct Scratch {
     start_valid: Vec<Option<Event>>,
     /// Per datum: the copy back into its start replica.
     backs: Vec<Option<Event>>,
+    /// Copies the launch adds to the plan's, as (from, to, bytes): into the
+    /// start replicas before it and back into them after it.
+    fixes: Vec<(usize, usize, u64)>,
 }
 
 impl Scratch {
@@ -227,6 +230,7 @@ impl Scratch {
         self.pre_at.clear();
         self.start_valid.clear();
         self.backs.clear();
+        self.fixes.clear();
     }
 }
 
@@ -312,8 +316,21 @@ impl TaskGraph {
     /// models (a kernel without a trusted model on a device costs its mean
     /// elsewhere, or 1 µs), transfers from the link models, data not written
     /// in the graph where it is now.
+    /// Tasks recorded from another context's builder are an
+    /// [`Error::DeviceContext`](crate::Error::DeviceContext).
     pub fn instantiate_on(&self, ctx: &Context) -> Result<PlacedTaskGraph> {
         let rt = match &self.rt {
+            Some(rt) if !Arc::ptr_eq(&rt.ctx, ctx.shared()) => {
+                return Err(crate::Error::DeviceContext {
+                    op: "TaskGraph::instantiate_on",
+                    detail: format!(
+                        "the graph holds tasks of context {}, not of context {}: instantiate it \
+                         on the context its tasks were recorded from",
+                        rt.ctx.id(),
+                        ctx.id()
+                    ),
+                })
+            }
             Some(rt) => rt.clone(),
             None => ctx.task_runtime()?,
         };
@@ -877,10 +894,10 @@ impl PlacedTaskGraph {
             pre_at,
             start_valid,
             backs,
+            fixes,
         } = &mut live.scratch;
         // What each datum waits for, and its start replica's event: the
         // launch orders after the tasks before it through these.
-        let mut fixes = Vec::new();
         for (x, dp) in plan.data.iter().enumerate() {
             prefetch_datum(&plan.data, x + PREFETCH_DATA);
             let st = lock(dp.data.state());
@@ -1104,7 +1121,7 @@ impl PlacedTaskGraph {
         for (count, &n) in stats.per_device.iter_mut().zip(&plan.per_device) {
             *count += n;
         }
-        for &(a, b, n) in plan.moved.iter().chain(&fixes) {
+        for &(a, b, n) in plan.moved.iter().chain(fixes.iter()) {
             stats.bytes_moved += n;
             match stats
                 .bytes_per_link

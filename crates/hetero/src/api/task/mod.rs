@@ -1817,7 +1817,7 @@ impl Context {
 
     /// Task data of `len` zeroed elements.
     pub fn data<T: Pod + Send + Sync>(&self, len: usize) -> Result<TaskData<T>> {
-        TaskData::new(self.task_runtime()?, &vec![T::zeroed(); len])
+        TaskData::zeroed(self.task_runtime()?, len)
     }
 
     /// Sets the scheduling policy for tasks submitted from now on (default:
