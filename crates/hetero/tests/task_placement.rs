@@ -528,6 +528,94 @@ fn zeroed_task_data_of_any_length_is_zeroes_or_an_error() {
     assert!(matches!(e, hetero::Error::InvalidArgument(_)), "{e}");
 }
 
+/// Placed launches and online tasks over one datum from several threads at
+/// once: every task applies, in some order, once (the same affine map each
+/// time, so the result says how many ran, not in which order). A launch is
+/// one step in the data's order; an online task never reads the states
+/// between a launch's start and end (it ran beside the launch's writers, and
+/// the launch's states then dropped its write).
+#[test]
+fn placed_launches_and_online_tasks_from_several_threads_lose_no_write() {
+    if common::skipped("placed_launches_and_online_tasks_from_several_threads_lose_no_write") {
+        return;
+    }
+    let (ctx, _devs) = context();
+    let k = mix(0, true);
+    // (A race shows in some tries, not in each.)
+    for _try in 0..4 {
+        let a = ctx.data::<u32>(LEN).unwrap();
+        let mut g = TaskGraph::new();
+        for _ in 0..10 {
+            ctx.task(&k).read_write(&a).record(&mut g).unwrap();
+        }
+        let placed = std::sync::Arc::new(g.instantiate_on(&ctx).unwrap());
+        let (threads, rounds) = (4, 100);
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                let (placed, ctx, a, k) = (placed.clone(), ctx.clone(), a.clone(), k.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..rounds {
+                        placed.launch().unwrap();
+                        ctx.task(&k).read_write(&a).submit().unwrap();
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        ctx.wait_tasks().unwrap();
+        let runs = threads * rounds * 11;
+        let want = (0..runs).fold(0u32, |y, _| y.wrapping_mul(31).wrapping_add(7));
+        assert_eq!(a.to_vec().unwrap(), vec![want; LEN]);
+    }
+}
+
+/// A kernel that submits a task while the submitting thread waits for room
+/// in its device's pool of streams (every stream busy) completes: the
+/// submitter holds no lock of the task layer while it waits.
+#[test]
+fn a_kernel_submitting_a_task_while_the_pool_is_full_does_not_deadlock() {
+    if common::skipped("a_kernel_submitting_a_task_while_the_pool_is_full_does_not_deadlock") {
+        return;
+    }
+    let (ctx, _devs) = context();
+    ctx.set_scheduler(SchedPolicy::Eager);
+    let inner = Kernel::new("inner", |_| {});
+    let submitted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let nested = {
+        let (ctx, submitted) = (ctx.clone(), submitted.clone());
+        Kernel::new("nested", move |_| {
+            // Until the submitter is at the pool's bound and waiting.
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            ctx.task(&inner).submit().unwrap();
+            submitted.store(true, std::sync::atomic::Ordering::Relaxed);
+        })
+    };
+    let slow = Kernel::new("slow", |_| {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    });
+    let data: Vec<_> = (0..2 * hetero::MAX_TASK_STREAMS + 8)
+        .map(|_| ctx.data::<u32>(1).unwrap())
+        .collect();
+    for (d, x) in data[..2].iter().enumerate() {
+        ctx.task(&nested)
+            .read_write(x)
+            .on_device(d)
+            .submit()
+            .unwrap();
+    }
+    for (i, x) in data[2..].iter().enumerate() {
+        ctx.task(&slow)
+            .read_write(x)
+            .on_device(i % 2)
+            .submit()
+            .unwrap();
+    }
+    ctx.wait_tasks().unwrap();
+    assert!(submitted.load(std::sync::atomic::Ordering::Relaxed));
+}
+
 /// The same tasks on fresh devices twice: the same placements, the same
 /// trace on every device, the same end time.
 #[test]

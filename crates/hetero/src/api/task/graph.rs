@@ -57,10 +57,22 @@ pub struct PlacedTaskGraph {
 
 /// Ops of one launch a plan puts on one stream at most (an upper count per
 /// task: launch, record, waits, copies) before it goes on with the next
-/// stream of the same compute unit: a quarter of a stream's default ring,
-/// so that a launch never waits for room in a ring (in virtual time that
-/// wait runs the devices' model on the host).
+/// stream of the same compute unit: a quarter of a placed stream's ring
+/// ([`PLACED_RING`]), so that a launch, which starts with its rings at most
+/// half full, never waits for room in one while it submits.
 const OPS_PER_STREAM: usize = 256;
+
+/// The ring of a placed graph's stream: four launches' ops at most (a
+/// launch waits for its rings to be at most half full: `run`).
+const PLACED_RING: u64 = 4 * OPS_PER_STREAM as u64;
+
+/// A stream of a placed graph on compute unit `l` of device `d`.
+fn placed_stream(rt: &Runtime, (d, l): (usize, usize)) -> Result<crate::Stream> {
+    let ring = Some(PLACED_RING as usize);
+    let s = rt.devices[d].create_stream_sized(crate::api::stream::PRIORITY_LOWEST, ring)?;
+    s.set_name(format!("placed tasks {l}"));
+    Ok(s)
+}
 
 /// How many steps ahead a replay asks for the ring slots a step will write
 /// (a slot was last written a ring's worth of ops ago, and the devices' work
@@ -687,11 +699,7 @@ fn make_plan(
     }
     let streams = lanes
         .iter()
-        .map(|&(d, l)| {
-            let s = rt.devices[d].create_stream()?;
-            s.set_name(format!("placed tasks {l}"));
-            Ok(s)
-        })
+        .map(|&lane| placed_stream(rt, lane))
         .collect::<Result<Vec<_>>>()?;
     // A launch's figures, summed here rather than at every launch.
     let mut per_link: Vec<(usize, usize, u64)> = Vec::new();
@@ -867,17 +875,34 @@ impl PlacedTaskGraph {
         };
         let mut guard = lock(&plan.live);
         let live = &mut *guard;
+        // The launch is one step in the data's order: an online submission
+        // holds the runtime's state while it reads and sets its data's
+        // states, so it sees them as before the launch or as after it, never
+        // in between (where it missed the launch's writers, ran beside them,
+        // and the states after the launch then dropped its write).
         // A stream a fault failed would fail every later launch: replaced.
         // (Its timeline says so: one line, not the stream's handle first.)
+        // And room for this launch in every ring, waited for before the
+        // state is held (only launches of this plan add to these rings, and
+        // they wait for `live`): a submission that waited for room while
+        // the state is held would hold it while the devices run (in virtual
+        // time, while this thread runs their model), and a kernel or
+        // callback that submits a task would wait for it.
         for (q, s) in live.streams.iter_mut().enumerate() {
-            if live.timelines[q].fault_at().is_some() {
-                let (d, l) = plan.lanes[q];
-                let fresh = rt.devices[d].create_stream()?;
-                fresh.set_name(format!("placed tasks {l}"));
+            let timeline = &live.timelines[q];
+            if timeline.fault_at().is_some() {
+                let fresh = placed_stream(rt, plan.lanes[q])?;
                 live.timelines[q] = fresh.backend_stream().timeline().clone();
                 *s = fresh;
+                continue;
+            }
+            let queued = s.backend_stream().submitted();
+            if queued.saturating_sub(timeline.completed()) > PLACED_RING / 2 {
+                let room = "room in a placed graph's stream";
+                timeline.wait_for(queued - PLACED_RING / 2, timeline.host_wait, room)?;
             }
         }
+        let mut books = lock(&rt.state);
         let (streams, timelines) = (&live.streams, &live.timelines);
         for e in events.iter().filter(|e| !e.completed_ok()) {
             for s in streams.iter() {
@@ -920,7 +945,7 @@ impl PlacedTaskGraph {
                     let (from, _) = rt.cheapest_source(&st.valid, dp.start, bytes);
                     let from_ev = st.valid[from].clone();
                     drop(st);
-                    let s = rt.host_stream(dp.start)?;
+                    let s = rt.host_stream_in(&mut books, dp.start)?;
                     if let Some(e) = from_ev.filter(Event::is_recorded) {
                         s.wait_event(&e)?;
                     }
@@ -1029,9 +1054,8 @@ impl PlacedTaskGraph {
         }
         // The data's state after the launch, and the runtime's books.
         let t0 = rt.now_ns();
-        let mut st = lock(&rt.state);
-        let base = st.next_task;
-        st.next_task += (plan.steps.len() + plan.data.len()) as u64;
+        let base = books.next_task;
+        books.next_task += (plan.steps.len() + plan.data.len()) as u64;
         // Step `j` as the state names it: its task's number, and the point
         // its launch reached. A state names the same streams launch after
         // launch: set in place (`TaskRef::set_at`), no count taken or let go.
@@ -1106,12 +1130,12 @@ impl PlacedTaskGraph {
             tails.push(tail.take().expect("a stream's last step records"));
             // dmda's view of the device: this compute unit is busy until the
             // plan's end of its last task.
-            let free = &mut st.free[d];
+            let free = &mut books.free[d];
             let lane = crate::exec::sched::argmin(free, |&t| t);
             free[lane] = free[lane].max(t0 + plan.steps[j].end_ns);
         }
         tails.extend(backs.iter().flatten().cloned());
-        st.graph_tails.extend(tails.iter().cloned());
+        books.graph_tails.extend(tails.iter().cloned());
         let mut sc = lock(&rt.sched);
         let stats = &mut sc.stats;
         stats.tasks += plan.steps.len() as u64;
@@ -1133,7 +1157,7 @@ impl PlacedTaskGraph {
             }
         }
         drop(sc);
-        drop(st);
+        drop(books);
         live.scratch.clear();
         live.touched
             .retain(|_, evs| evs.iter().any(|e| !e.completed_ok()));
