@@ -902,7 +902,23 @@ impl PlacedTaskGraph {
                 timeline.wait_for(queued - PLACED_RING / 2, timeline.host_wait, room)?;
             }
         }
-        let mut books = lock(&rt.state);
+        // Tasks work stealing holds back over the plan's data go to devices
+        // first: the launch comes after them in the data's order.
+        let holds_mine = |st: &super::RtState| {
+            !st.held.is_empty()
+                && plan
+                    .data
+                    .iter()
+                    .any(|dp| st.held_data.contains_key(&dp.data.id()))
+        };
+        let mut books = loop {
+            let books = lock(&rt.state);
+            if !holds_mine(&books) {
+                break books;
+            }
+            drop(books);
+            rt.pump_until(|| !holds_mine(&lock(&rt.state)))?;
+        };
         let (streams, timelines) = (&live.streams, &live.timelines);
         for e in events.iter().filter(|e| !e.completed_ok()) {
             for s in streams.iter() {
