@@ -661,6 +661,53 @@ fn a_placed_launch_runs_after_the_held_tasks_over_its_data() {
     assert_eq!(a.to_vec().unwrap(), vec![12; LEN]);
 }
 
+/// A task work stealing does not hold (placed by its user, or submitted
+/// after the policy changed) over data a held task writes runs after it.
+#[test]
+fn a_task_not_held_runs_after_the_held_tasks_over_its_data() {
+    if common::skipped("a_task_not_held_runs_after_the_held_tasks_over_its_data") {
+        return;
+    }
+    let (rw, set) = (mix(0, true), mix(1, false));
+    for forced in [true, false] {
+        let (ctx, devs) = context();
+        ctx.set_scheduler(SchedPolicy::WorkStealing);
+        let a = ctx.data_from(&vec![1u32; LEN]).unwrap();
+        let b = ctx.data_from(&vec![5u32; LEN]).unwrap();
+        let window =
+            |d: usize| (hetero::WS_WINDOW as usize) * devs[d].properties().compute_units.max(1);
+        let gates = [devs[0].host_event(), devs[1].host_event()];
+        for (d, gate) in gates.iter().enumerate() {
+            for _ in 0..window(d) {
+                let x = ctx.data::<u32>(LEN).unwrap();
+                let t = ctx
+                    .task(&rw)
+                    .read_write(&x)
+                    .on_device(d)
+                    .after(gate.event());
+                t.submit().unwrap();
+            }
+        }
+        let held = ctx.task(&rw).read_write(&a).submit().unwrap();
+        assert!(!held.is_placed(), "held back");
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            gates.iter().for_each(|g| g.signal());
+        });
+        let after = ctx.task(&set).read(&b).write(&a);
+        if forced {
+            after.on_device(1).submit().unwrap();
+        } else {
+            ctx.set_scheduler(SchedPolicy::Dmda);
+            after.submit().unwrap();
+        }
+        opener.join().unwrap();
+        ctx.wait_tasks().unwrap();
+        // The held task first (a = 1·31 + 7), then a = 5 + 7.
+        assert_eq!(a.to_vec().unwrap(), vec![12; LEN], "forced: {forced}");
+    }
+}
+
 /// The same tasks on fresh devices twice: the same placements, the same
 /// trace on every device, the same end time.
 #[test]

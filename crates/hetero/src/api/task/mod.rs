@@ -341,8 +341,19 @@ struct RtState {
 enum Decision {
     /// Held back (work stealing): its handle.
     Held(Task),
+    /// Not held, but over data a held task touches: after that task.
+    BehindHeld,
     /// To submit as `Go` says, after these tasks.
     Go(Go, Vec<TaskRef>),
+}
+
+/// Whether a task held back (work stealing) touches data of `spec`.
+fn spec_behind_held(st: &RtState, spec: &Spec) -> bool {
+    !st.held.is_empty()
+        && spec
+            .access
+            .iter()
+            .any(|(d, _)| st.held_data.contains_key(&d.id()))
 }
 
 /// Where a task goes, and what the books keep of the decision.
@@ -851,9 +862,19 @@ impl Runtime {
     fn place_and_emit(self: &Arc<Self>, spec: &Spec, forced: Option<usize>) -> Result<Task> {
         let mut st = lock(&self.state);
         let mut sc = lock(&self.sched);
-        let (go, mut deps) = match self.decide(&mut st, &mut sc, spec, forced)? {
-            Decision::Held(task) => return Ok(task),
-            Decision::Go(go, deps) => (go, deps),
+        let (go, mut deps) = loop {
+            match self.decide(&mut st, &mut sc, spec, forced)? {
+                Decision::Held(task) => return Ok(task),
+                Decision::Go(go, deps) => break (go, deps),
+                Decision::BehindHeld => {
+                    // The held tasks over its data go to devices first.
+                    drop(sc);
+                    drop(st);
+                    self.pump_until(|| !spec_behind_held(&lock(&self.state), spec))?;
+                    st = lock(&self.state);
+                    sc = lock(&self.sched);
+                }
+            }
         };
         // Where its device's pool of streams is full of work not done, the
         // task waits for the stream next in turn with no lock of the layer
@@ -980,15 +1001,16 @@ impl Runtime {
         let managed = spec.access.iter().any(|(d, _)| d.is_managed());
         let ws = policy == SchedPolicy::WorkStealing && forced.is_none() && !managed;
         st.notify_completions = policy == SchedPolicy::WorkStealing && !self.virtual_time;
+        if !ws && spec_behind_held(st, spec) {
+            // Work stealing would hold it behind them; placed by its user,
+            // or after the policy changed, it waits for them instead.
+            return Ok(Decision::BehindHeld);
+        }
         if ws && !st.held.is_empty() {
             self.pump(st, sc)?;
             // Behind a held task that touches its data: held too (its data's
             // state is the held task's to set first).
-            if spec
-                .access
-                .iter()
-                .any(|(d, _)| st.held_data.contains_key(&d.id()))
-            {
+            if spec_behind_held(st, spec) {
                 let home = self.home_of(spec);
                 return Ok(Decision::Held(self.hold(st, spec, home)));
             }
