@@ -878,12 +878,27 @@ impl Runtime {
         };
         // Where its device's pool of streams is full of work not done, the
         // task waits for the stream next in turn with no lock of the layer
-        // held: a kernel or callback that submits a task meanwhile would wait
-        // for the lock, and the waited stream for it. (A wait refused, where
-        // this thread runs the devices' model or the stream's kernel: the
-        // stream leaves the pool in `emit` and a new one takes its place.)
+        // held (`emit` hands the wait back): a kernel or callback that
+        // submits a task meanwhile would wait for the lock, and the waited
+        // stream for it. (A wait refused, where this thread runs the
+        // devices' model or the stream's kernel: `emit` drops that stream
+        // from the pool and a new one takes its place.)
         let (mut may_wait, mut waited) = (true, false);
-        while let Some(next) = self.pool_full(&st, go.device, &deps).filter(|_| may_wait) {
+        let turn = loop {
+            let turn = st.turn[go.device];
+            let next = match self.emit(
+                &mut st,
+                spec,
+                go.device,
+                &deps,
+                go.priority,
+                go.end_ns,
+                None,
+                may_wait,
+            )? {
+                Ok(task) => break (task, turn),
+                Err(next) => next,
+            };
             waited = true;
             let issued = st.next_task;
             drop(sc);
@@ -900,17 +915,8 @@ impl Runtime {
                 // ones cost a wait that is already over.)
                 deps = dependencies(spec);
             }
-        }
-        let turn = st.turn[go.device];
-        let mut task = self.emit(
-            &mut st,
-            spec,
-            go.device,
-            &deps,
-            go.priority,
-            go.end_ns,
-            None,
-        )?;
+        };
+        let (mut task, turn) = turn;
         if waited {
             // The turn stays on the stream waited for: the next task looks
             // at it first. (Moving on to the next stream, the placements
@@ -931,34 +937,6 @@ impl Runtime {
             go.calibrating,
             go.end_ns,
         ))
-    }
-
-    /// The end of the stream of device `d`'s pool that a task after `deps`
-    /// would wait for there (`emit`): the pool at its bound, the stream next
-    /// in turn not done nor failed, no stream done, and none whose last task
-    /// is one of `deps`. (A stream's status only goes from not done to done
-    /// or failed: where this finds no wait, `emit` waits for none.)
-    fn pool_full(&self, st: &RtState, d: usize, deps: &[TaskRef]) -> Option<Event> {
-        let pool = &st.streams[d];
-        if pool.len() < MAX_STREAMS {
-            return None;
-        }
-        let next = &pool[st.turn[d] % pool.len()];
-        if next.status().is_some() || pool.iter().any(|p| matches!(p.status(), Some(Ok(())))) {
-            return None;
-        }
-        let chained = deps.iter().any(|x| {
-            x.stream.is_some_and(|(xd, i)| {
-                xd == d
-                    && pool
-                        .get(i)
-                        .is_some_and(|p| matches!(&p.last, Some((t, _)) if *t == x.id))
-            })
-        });
-        if chained {
-            return None;
-        }
-        next.last_end()
     }
 
     /// Where `spec` goes (on `forced` if given, else by the context's
@@ -1214,7 +1192,9 @@ impl Runtime {
             let footprint = model::footprint(sizes.clone());
             let size: u64 = sizes.sum();
             let free = self.free_at(st, sc, d, self.now_ns());
-            let mut task = self.emit(st, &h.spec, d, &deps, None, free, Some(h.id))?;
+            let mut task = self
+                .emit(st, &h.spec, d, &deps, None, free, Some(h.id), false)?
+                .unwrap_or_else(|_| unreachable!("emit waits itself where not deferred"));
             let stream = st.streams[d]
                 .iter()
                 .find(|p| matches!(&p.last, Some((t, _)) if *t == h.id))
@@ -1432,6 +1412,9 @@ impl Runtime {
 
     /// Submits `spec` on device `d` after `deps`: a stream for it, the waits,
     /// the copies its data needs, the launch, and the buffers' new state.
+    /// Where the device's pool is full of work not done it waits for the
+    /// stream next in turn, or with `defer_wait` hands that stream's end
+    /// back (`Err`) having changed nothing but dropping failed streams.
     #[allow(clippy::too_many_arguments)]
     fn emit(
         &self,
@@ -1442,11 +1425,8 @@ impl Runtime {
         priority: Option<u8>,
         end_ns: f64,
         id: Option<u64>,
-    ) -> Result<Task> {
-        let id = id.unwrap_or_else(|| {
-            st.next_task += 1;
-            st.next_task - 1
-        });
+        defer_wait: bool,
+    ) -> Result<std::result::Result<Task, Event>> {
         let pool = &mut st.streams[d];
         // A stream whose last task this one depends on (a fault there fails
         // this one anyway): a scan of task numbers, no shared memory read.
@@ -1490,6 +1470,10 @@ impl Runtime {
                         if done.is_some() {
                             break done;
                         }
+                        if let Some(end) = pool[i].last_end().filter(|_| defer_wait) {
+                            // The caller waits, with no lock held, and asks again.
+                            return Ok(Err(end));
+                        }
                         waited = true;
                         let t0 = std::time::Instant::now();
                         let ok = pool[i].last_end().is_none_or(|e| e.synchronize().is_ok());
@@ -1503,6 +1487,11 @@ impl Runtime {
                 }
             },
         };
+        let id = id.unwrap_or_else(|| {
+            st.next_task += 1;
+            st.next_task - 1
+        });
+        let pool = &mut st.streams[d];
         let at = match reuse {
             Some(i) => i,
             None => {
@@ -1623,7 +1612,7 @@ impl Runtime {
             debug_assert!(Arc::ptr_eq(&p.timeline, taken.timeline()), "launched there");
             (id, p.value)
         });
-        Ok(Task {
+        Ok(Ok(Task {
             id,
             device: self.devices[d].clone(),
             index: d,
@@ -1632,7 +1621,7 @@ impl Runtime {
             moved,
             predicted: None,
             measured: None,
-        })
+        }))
     }
 
     /// Waits for every task submitted so far; the first fault among them is
