@@ -616,6 +616,33 @@ fn a_kernel_submitting_a_task_while_the_pool_is_full_does_not_deadlock() {
     assert!(submitted.load(std::sync::atomic::Ordering::Relaxed));
 }
 
+/// Under work stealing (the context's policy), fills every device's window
+/// with tasks behind a gate, then submits `rw` over `a`, which is held back;
+/// the thread it returns opens the gates 50 ms later.
+fn held_over(
+    ctx: &Context,
+    devs: &[Device],
+    rw: &Kernel,
+    a: &TaskData<u32>,
+) -> std::thread::JoinHandle<()> {
+    let window =
+        |d: usize| (hetero::WS_WINDOW as usize) * devs[d].properties().compute_units.max(1);
+    let gates = [devs[0].host_event(), devs[1].host_event()];
+    for (d, gate) in gates.iter().enumerate() {
+        for _ in 0..window(d) {
+            let x = ctx.data::<u32>(LEN).unwrap();
+            let t = ctx.task(rw).read_write(&x).on_device(d).after(gate.event());
+            t.submit().unwrap();
+        }
+    }
+    let held = ctx.task(rw).read_write(a).submit().unwrap();
+    assert!(!held.is_placed(), "held back");
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        gates.iter().for_each(|g| g.signal());
+    })
+}
+
 /// Under work stealing, a placed launch over data a held task (submitted
 /// before it, not yet on a device) writes runs after that task: the launch
 /// hands held tasks over its data to devices first.
@@ -633,27 +660,7 @@ fn a_placed_launch_runs_after_the_held_tasks_over_its_data() {
     let mut g = TaskGraph::new();
     ctx.task(&set).read(&b).write(&a).record(&mut g).unwrap();
     let placed = g.instantiate_on(&ctx).unwrap();
-    // Every device's window full of tasks behind a gate: the next is held.
-    let window =
-        |d: usize| (hetero::WS_WINDOW as usize) * devs[d].properties().compute_units.max(1);
-    let gates = [devs[0].host_event(), devs[1].host_event()];
-    for (d, gate) in gates.iter().enumerate() {
-        for _ in 0..window(d) {
-            let x = ctx.data::<u32>(LEN).unwrap();
-            let t = ctx
-                .task(&rw)
-                .read_write(&x)
-                .on_device(d)
-                .after(gate.event());
-            t.submit().unwrap();
-        }
-    }
-    let held = ctx.task(&rw).read_write(&a).submit().unwrap();
-    assert!(!held.is_placed(), "held back");
-    let opener = std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        gates.iter().for_each(|g| g.signal());
-    });
+    let opener = held_over(&ctx, &devs, &rw, &a);
     placed.launch().unwrap().wait().unwrap();
     opener.join().unwrap();
     ctx.wait_tasks().unwrap();
@@ -674,26 +681,7 @@ fn a_task_not_held_runs_after_the_held_tasks_over_its_data() {
         ctx.set_scheduler(SchedPolicy::WorkStealing);
         let a = ctx.data_from(&vec![1u32; LEN]).unwrap();
         let b = ctx.data_from(&vec![5u32; LEN]).unwrap();
-        let window =
-            |d: usize| (hetero::WS_WINDOW as usize) * devs[d].properties().compute_units.max(1);
-        let gates = [devs[0].host_event(), devs[1].host_event()];
-        for (d, gate) in gates.iter().enumerate() {
-            for _ in 0..window(d) {
-                let x = ctx.data::<u32>(LEN).unwrap();
-                let t = ctx
-                    .task(&rw)
-                    .read_write(&x)
-                    .on_device(d)
-                    .after(gate.event());
-                t.submit().unwrap();
-            }
-        }
-        let held = ctx.task(&rw).read_write(&a).submit().unwrap();
-        assert!(!held.is_placed(), "held back");
-        let opener = std::thread::spawn(move || {
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            gates.iter().for_each(|g| g.signal());
-        });
+        let opener = held_over(&ctx, &devs, &rw, &a);
         let after = ctx.task(&set).read(&b).write(&a);
         if forced {
             after.on_device(1).submit().unwrap();

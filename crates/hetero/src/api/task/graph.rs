@@ -904,13 +904,8 @@ impl PlacedTaskGraph {
         }
         // Tasks work stealing holds back over the plan's data go to devices
         // first: the launch comes after them in the data's order.
-        let holds_mine = |st: &super::RtState| {
-            !st.held.is_empty()
-                && plan
-                    .data
-                    .iter()
-                    .any(|dp| st.held_data.contains_key(&dp.data.id()))
-        };
+        let holds_mine =
+            |st: &super::RtState| st.holds_any(plan.data.iter().map(|dp| dp.data.id()));
         let mut books = loop {
             let books = lock(&rt.state);
             if !holds_mine(&books) {

@@ -347,13 +347,16 @@ enum Decision {
     Go(Go, Vec<TaskRef>),
 }
 
+impl RtState {
+    /// Whether a task held back (work stealing) touches one of the data `ids`.
+    fn holds_any(&self, mut ids: impl Iterator<Item = u64>) -> bool {
+        !self.held.is_empty() && ids.any(|id| self.held_data.contains_key(&id))
+    }
+}
+
 /// Whether a task held back (work stealing) touches data of `spec`.
 fn spec_behind_held(st: &RtState, spec: &Spec) -> bool {
-    !st.held.is_empty()
-        && spec
-            .access
-            .iter()
-            .any(|(d, _)| st.held_data.contains_key(&d.id()))
+    st.holds_any(spec.access.iter().map(|(d, _)| d.id()))
 }
 
 /// Where a task goes, and what the books keep of the decision.
@@ -883,9 +886,8 @@ impl Runtime {
         // stream for it. (A wait refused, where this thread runs the
         // devices' model or the stream's kernel: `emit` drops that stream
         // from the pool and a new one takes its place.)
-        let (mut may_wait, mut waited) = (true, false);
-        let turn = loop {
-            let turn = st.turn[go.device];
+        let (mut may_wait, mut kept_turn) = (true, None);
+        let mut task = loop {
             let next = match self.emit(
                 &mut st,
                 spec,
@@ -896,10 +898,9 @@ impl Runtime {
                 None,
                 may_wait,
             )? {
-                Ok(task) => break (task, turn),
+                Ok(task) => break task,
                 Err(next) => next,
             };
-            waited = true;
             let issued = st.next_task;
             drop(sc);
             drop(st);
@@ -909,6 +910,7 @@ impl Runtime {
             sc = lock(&self.sched);
             st.stream_waits += 1;
             st.stream_wait_ns += t0.elapsed().as_nanos() as u64;
+            kept_turn = Some(st.turn[go.device]);
             if st.next_task != issued {
                 // Tasks (or placed launches) submitted meanwhile, maybe over
                 // its data. (Else its dependencies stand as they were: ended
@@ -916,8 +918,7 @@ impl Runtime {
                 deps = dependencies(spec);
             }
         };
-        let (mut task, turn) = turn;
-        if waited {
+        if let Some(turn) = kept_turn {
             // The turn stays on the stream waited for: the next task looks
             // at it first. (Moving on to the next stream, the placements
             // in virtual time changed: dmda's Cholesky over HEFT's went
@@ -1247,7 +1248,7 @@ impl Runtime {
 
     /// Whether a held task touches datum `id`.
     pub(crate) fn holds(&self, id: u64) -> bool {
-        lock(&self.state).held_data.contains_key(&id)
+        lock(&self.state).holds_any(std::iter::once(id))
     }
 
     /// A candidate device `d` for `spec`, as the policies see it.
