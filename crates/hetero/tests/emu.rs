@@ -199,3 +199,76 @@ fn a_virtual_wait_for_work_another_thread_releases_completes() {
     assert_eq!(s.read_to_vec(&b).expect("read"), vec![9; 16]);
     signaller.join().expect("signaller");
 }
+
+/// A kernel whose declared cost has no modelled time on the device (not a
+/// count, or past the 52 days a modelled kernel may take, the device's
+/// slowdown included) faults with a message naming it, alone on its stream
+/// or as a graph node; the device's clock never goes back (a time that
+/// saturated a `u64` once wrapped it), and other streams go on.
+#[test]
+fn a_kernel_cost_past_the_clock_faults_and_the_clock_goes_on() {
+    for time in [TimeMode::Virtual, TimeMode::Real] {
+        let dev = emu(time);
+        let flops = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let f = flops.clone();
+        let k = Kernel::with_cost(
+            "costly",
+            move |_| KernelCost {
+                flops: f64::from_bits(f.load(std::sync::atomic::Ordering::Relaxed)),
+                bytes: 0.0,
+            },
+            |b| {
+                for x in b.write::<u32>(0) {
+                    *x += 1;
+                }
+            },
+        );
+        let x = dev.alloc::<u32>(4).expect("x");
+        let run = |cost: f64| {
+            flops.store(cost.to_bits(), std::sync::atomic::Ordering::Relaxed);
+            let s = dev.create_stream().expect("stream");
+            s.fill(&x, 0u32).expect("fill");
+            s.launch(&k, Grid::new(1), &[Arg::write(&x)])
+                .expect("launch");
+            let before = dev.now_ns();
+            let r = s.synchronize();
+            assert!(dev.now_ns() >= before, "{time:?}: the clock went back");
+            (r, s)
+        };
+        for cost in [1e30, f64::INFINITY, f64::NAN, -1.0] {
+            let (r, _) = run(cost);
+            match r {
+                Err(Error::StreamFault { message, .. }) => {
+                    assert!(message.contains("kernel 'costly'"), "{message}")
+                }
+                other => panic!("{time:?}, {cost} flops: {other:?}"),
+            }
+        }
+        // A sane cost runs, and a slowdown that takes it past the bound faults it.
+        let (r, s) = run(1e6);
+        r.expect("a kernel of 1e6 flops");
+        assert_eq!(s.read_to_vec(&x).expect("read"), vec![1; 4]);
+        dev.set_emu_slowdown(1e300).expect("a finite slowdown");
+        let (r, _) = run(1e6);
+        assert!(
+            matches!(&r, Err(Error::StreamFault { message, .. }) if message.contains("slowdown")),
+            "{r:?}"
+        );
+        dev.set_emu_slowdown(1.0).expect("slowdown");
+        // As a graph node: the launch faults, with the kernel named.
+        flops.store(1e30f64.to_bits(), std::sync::atomic::Ordering::Relaxed);
+        let s = dev.create_stream().expect("stream");
+        s.begin_capture().expect("capture");
+        s.launch(&k, Grid::new(1), &[Arg::write(&x)])
+            .expect("launch");
+        let exec = s.end_capture().expect("graph").instantiate().expect("exec");
+        let g = dev.create_stream().expect("stream");
+        g.launch_graph(&exec).expect("launch graph");
+        match g.synchronize() {
+            Err(Error::StreamFault { message, .. }) => {
+                assert!(message.contains("kernel 'costly'"), "{message}")
+            }
+            other => panic!("{time:?}, graph: {other:?}"),
+        }
+    }
+}

@@ -27,14 +27,15 @@ pub(crate) const GRAPH_NODE_NS: u64 = 200;
 /// The modelled time of a graph launch on `units` compute units and the
 /// device's copy engines: nodes in topological order, each on the resource of
 /// its kind that frees first, after its predecessors (a list schedule; the
-/// launch has the link to itself).
+/// launch has the link to itself). An error names a kernel node whose cost
+/// has no modelled time (`cost_ns`).
 pub(super) fn model_graph(
     sh: &Shared,
     l: &crate::exec::graph::launch::GraphLaunch,
     units: usize,
     traced: Option<NodeTrace>,
     run: &crate::exec::graph::run::RunState,
-) -> u64 {
+) -> Result<u64, String> {
     use crate::exec::graph::NodeBody;
     let e = &*l.exec;
     let link = &sh.emu.link;
@@ -63,7 +64,9 @@ pub(super) fn model_graph(
                             .sum(),
                     },
                 };
-                (Some(0), GRAPH_NODE_NS + cost_ns(sh, cost, 1))
+                let name = kernel.map_or("?", |k| k.name);
+                let ns = cost_ns(sh, cost, 1).map_err(|e| format!("kernel '{name}': {e}"))?;
+                (Some(0), GRAPH_NODE_NS + ns)
             }
             NodeBody::Copy {
                 kind: kind @ (CopyKind::H2D | CopyKind::D2H),
@@ -97,7 +100,8 @@ pub(super) fn model_graph(
                     .min_by_key(|(_, t)| **t)
                     .expect("every resource has an instance");
                 let start = ready.max(*slot);
-                *slot = start + ns;
+                // (Saturating: the launch's end is checked against the clock's reach.)
+                *slot = start.saturating_add(ns);
                 (start, *slot, index)
             }
             None => (ready, ready, 0),
@@ -135,5 +139,5 @@ pub(super) fn model_graph(
             preds_end[w as usize] = preds_end[w as usize].max(finish);
         }
     }
-    makespan
+    Ok(makespan)
 }

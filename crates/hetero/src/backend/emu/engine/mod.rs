@@ -493,7 +493,7 @@ impl Sim {
                 let measured = started.elapsed().as_nanos() as u64;
                 let modelled = match &kernel.cost {
                     Some(cost) => cost_ns(sh, cost(crate::Grid::new(*blocks)), units),
-                    None if sh.real_time() => measured,
+                    None if sh.real_time() => Ok(measured),
                     None => {
                         let bytes: usize = args.as_slice_iter().map(|a| a.storage.bytes()).sum();
                         let cost = KernelCost {
@@ -503,7 +503,9 @@ impl Sim {
                         cost_ns(sh, cost, units)
                     }
                 };
-                (None, now + KERNEL_LAUNCH_NS + modelled, result)
+                let modelled = modelled.map_err(|e| format!("kernel '{name}': {e}"));
+                let (end, result) = modelled_end(now, modelled, result);
+                (None, end, result)
             }
             Body::Graph(l) => {
                 let (first, units) = match engine {
@@ -521,10 +523,11 @@ impl Sim {
                 });
                 let mut modelled = model_graph(sh, l, units, traced, &run);
                 run.give_back(&l.exec);
-                if sh.real_time() {
-                    modelled = modelled.max(started.elapsed().as_nanos() as u64);
+                if let (true, Ok(m)) = (sh.real_time(), &mut modelled) {
+                    *m = (*m).max(started.elapsed().as_nanos() as u64);
                 }
-                (None, now + KERNEL_LAUNCH_NS + modelled, result)
+                let (end, result) = modelled_end(now, modelled, result);
+                (None, end, result)
             }
             _ => (None, now, Ok(())),
         }
@@ -645,12 +648,70 @@ fn merge_run(
     }
 }
 
-/// Modelled duration of a kernel on `units` compute units, ns.
-pub(super) fn cost_ns(sh: &Shared, cost: KernelCost, units: usize) -> u64 {
-    let compute = cost.flops.max(0.0) / (sh.emu.flops_per_unit * units.max(1) as f64) * 1e9;
-    let memory = cost.bytes.max(0.0) / sh.emu.link.memory_gbps;
+/// The longest a modelled kernel may take, ns (2^52: 52 days): past it the
+/// kernel faults, where its time as a `u64` would have saturated and the
+/// device's clock wrapped (the clock's reach is `CLOCK_MAX_NS`).
+pub(super) const KERNEL_MAX_NS: u64 = 1 << 52;
+
+/// The device clock's reach, ns (2^62: 146 years): an op that would end
+/// past it faults instead, so the clock never wraps.
+const CLOCK_MAX_NS: u64 = 1 << 62;
+
+/// Modelled duration of a kernel on `units` compute units, ns; an error for
+/// a cost that is not a number of at least zero, or whose time (the
+/// device's slowdown included) is past `KERNEL_MAX_NS`.
+pub(super) fn cost_ns(sh: &Shared, cost: KernelCost, units: usize) -> Result<u64, String> {
+    let KernelCost { flops, bytes } = cost;
+    // (Written so that NaN fails too.)
+    if !(flops >= 0.0 && bytes >= 0.0) {
+        return Err(format!(
+            "its cost ({flops:e} flops, {bytes:e} bytes) is not a count; give finite counts of at \
+             least zero (Kernel::with_cost)"
+        ));
+    }
+    let compute = flops / (sh.emu.flops_per_unit * units.max(1) as f64) * 1e9;
+    let memory = bytes / sh.emu.link.memory_gbps;
     let slowdown = f64::from_bits(sh.slowdown.load(std::sync::atomic::Ordering::Relaxed));
-    (compute.max(memory) * slowdown).ceil() as u64
+    let ns = (compute.max(memory) * slowdown).ceil();
+    if ns <= KERNEL_MAX_NS as f64 {
+        Ok(ns as u64)
+    } else {
+        Err(format!(
+            "its cost ({flops:e} flops, {bytes:e} bytes) models {:.3e} s on this device (slowdown \
+             {slowdown:e}), past the {} days a modelled kernel may take; give a smaller cost or \
+             slowdown",
+            ns / 1e9,
+            KERNEL_MAX_NS / 86_400_000_000_000
+        ))
+    }
+}
+
+/// A kernel's (or graph's) end on the device clock from its modelled time,
+/// and its result: a time not modelled (`modelled`'s error), or an end past
+/// the clock's reach, faults the op at its launch instead.
+fn modelled_end(
+    now: u64,
+    modelled: Result<u64, String>,
+    result: Result<(), String>,
+) -> (u64, Result<(), String>) {
+    let launched = now + KERNEL_LAUNCH_NS;
+    let end = modelled.and_then(|m| {
+        launched
+            .checked_add(m)
+            .filter(|&end| end <= CLOCK_MAX_NS)
+            .ok_or_else(|| {
+                format!(
+                    "the device's clock would pass {} years (it is at {now} ns, the op takes \
+                     {m} ns); make a new device",
+                    CLOCK_MAX_NS / 31_557_600_000_000_000
+                )
+            })
+    });
+    match end {
+        Ok(end) => (end, result),
+        // The kernel's own fault, if any, first.
+        Err(e) => (launched, result.and(Err(e))),
+    }
 }
 
 /// User code of a graph node in the simulation.
