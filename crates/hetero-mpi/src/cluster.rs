@@ -145,12 +145,7 @@ impl Cluster {
     /// every rank calls it. Dropping the cluster waits for the device's work,
     /// then finalizes MPI.
     pub fn init(device: &Device, config: ClusterConfig) -> Result<Cluster> {
-        if !config.gbps.is_finite() || config.gbps <= 0.0 {
-            return Err(MpiError::Init(format!(
-                "the modelled network bandwidth is {} GB/s; give a positive figure",
-                config.gbps
-            )));
-        }
+        config.validate()?;
         let (universe, level) = mpi::initialize_with_threading(mpi::Threading::Multiple)
             .ok_or_else(|| {
                 MpiError::Init(

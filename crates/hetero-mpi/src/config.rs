@@ -57,7 +57,34 @@ impl ClusterConfig {
     /// The modelled time a message of `bytes` takes, ns.
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub(crate) fn wire_ns(&self, bytes: usize) -> u64 {
-        self.latency_ns + (bytes as f64 / self.gbps.max(1e-9)).ceil() as u64
+        self.latency_ns + (bytes as f64 / self.gbps).ceil() as u64
+    }
+
+    /// Checks the network's figures (`Cluster::init` does): a bandwidth
+    /// from 1 MB/s to 1 PB/s and a latency of at most 1 s, so that a
+    /// message's modelled time never saturates a `u64` and wraps a device's
+    /// clock (a bandwidth of zero or NaN was once read as 1 B/s).
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn validate(&self) -> std::result::Result<(), crate::MpiError> {
+        const GBPS: std::ops::RangeInclusive<f64> = 1e-3..=1e6;
+        const LATENCY_MAX_NS: u64 = 1_000_000_000;
+        if !GBPS.contains(&self.gbps) {
+            return Err(crate::MpiError::Init(format!(
+                "the modelled network bandwidth is {} GB/s; give a figure from {} to {} \
+                 (ClusterConfig::network)",
+                self.gbps,
+                GBPS.start(),
+                GBPS.end()
+            )));
+        }
+        if self.latency_ns > LATENCY_MAX_NS {
+            return Err(crate::MpiError::Init(format!(
+                "the modelled network latency is {} ns; give at most {LATENCY_MAX_NS} (1 s) \
+                 (ClusterConfig::network)",
+                self.latency_ns
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -108,4 +135,29 @@ fn online_cpus() -> usize {
     parsed
         .filter(|&n| n > 0)
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ClusterConfig;
+
+    #[test]
+    fn a_network_whose_times_would_wrap_a_clock_is_refused() {
+        assert!(ClusterConfig::default().validate().is_ok());
+        for (latency, gbps) in [
+            (1_500, 0.0),
+            (1_500, f64::NAN),
+            (1_500, -2.0),
+            (1_500, 1e-300),
+            (1_500, f64::INFINITY),
+            (u64::MAX, 12.5),
+        ] {
+            let c = ClusterConfig::default().network(latency, gbps);
+            let e = c.validate().expect_err("refused").to_string();
+            assert!(
+                e.contains("ClusterConfig::network"),
+                "{latency} ns, {gbps} GB/s: {e}"
+            );
+        }
+    }
 }

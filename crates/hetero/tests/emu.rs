@@ -272,3 +272,38 @@ fn a_kernel_cost_past_the_clock_faults_and_the_clock_goes_on() {
         }
     }
 }
+
+/// A link whose figures the model cannot run (a rate of zero, NaN, negative
+/// or so small that a copy's time would wrap the clock; a setup latency past
+/// 1 s) is refused when the device or context is made, naming the figure:
+/// a rate of zero left the first copy waiting for ever.
+#[test]
+fn a_link_whose_figures_would_stall_or_wrap_the_clock_is_refused() {
+    type Set = fn(&mut LinkPreset);
+    let bad: [(&str, Set); 6] = [
+        ("h2d_gbps", |l| l.h2d_gbps = 0.0),
+        ("d2h_gbps", |l| l.d2h_gbps = f64::NAN),
+        ("bidir_h2d_gbps", |l| l.bidir_h2d_gbps = -3.0),
+        ("d2d_gbps", |l| l.d2d_gbps = 1e-12),
+        ("memory_gbps", |l| l.memory_gbps = f64::INFINITY),
+        ("setup_ns", |l| l.setup_ns = u64::MAX),
+    ];
+    for (field, set) in bad {
+        let mut link = LinkPreset::pcie4x16();
+        set(&mut link);
+        let cfg = EmuConfig::new(link).time(TimeMode::Virtual);
+        match Device::new(DeviceConfig::default().emu(cfg)) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains(field), "{field}: {m}"),
+            other => panic!("{field}: {:?}", other.map(|_| ())),
+        }
+    }
+    let devs = [emu(TimeMode::Virtual), emu(TimeMode::Virtual)];
+    let mut peer = hetero::PeerLink::nvlink3();
+    peer.gbps = 0.0;
+    match hetero::Context::with_peer_link(&devs, Some(peer)) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("gbps"), "{m}"),
+        other => panic!("peer link: {:?}", other.map(|_| ())),
+    }
+    // The devices join a context with a sound link after the refusal.
+    hetero::Context::with_peer_link(&devs, Some(hetero::PeerLink::nvlink3())).expect("context");
+}

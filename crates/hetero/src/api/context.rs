@@ -177,6 +177,11 @@ impl Context {
                 "Context::new: no devices; pass the devices to join (at least one)".into(),
             ));
         }
+        if let Some(Err(e)) = peer_link.as_ref().map(PeerLink::validate) {
+            return Err(Error::InvalidArgument(format!(
+                "Context::with_peer_link: {e}"
+            )));
+        }
         for (i, d) in devices.iter().enumerate() {
             if devices[..i].iter().any(|e| e.id() == d.id()) {
                 return Err(Error::DeviceContext {

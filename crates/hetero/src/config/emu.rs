@@ -174,6 +174,7 @@ impl EmuConfig {
                 self.iommu_page_max
             ));
         }
+        self.link.validate()?;
         if !self.flops_per_unit.is_finite() || self.flops_per_unit <= 0.0 {
             return Err(format!(
                 "emu flops_per_unit is {}; use a positive rate",

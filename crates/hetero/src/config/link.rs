@@ -146,6 +146,23 @@ impl LinkPreset {
         effective / self.efficiency()
     }
 
+    /// Checks the figures a model divides by or adds to a clock
+    /// ([`check_figures`]).
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        check_figures(
+            &format!("link {}", self.name),
+            self.setup_ns,
+            &[
+                ("h2d_gbps", self.h2d_gbps),
+                ("d2h_gbps", self.d2h_gbps),
+                ("bidir_h2d_gbps", self.bidir_h2d_gbps),
+                ("bidir_d2h_gbps", self.bidir_d2h_gbps),
+                ("d2d_gbps", self.d2d_gbps),
+                ("memory_gbps", self.memory_gbps),
+            ],
+        )
+    }
+
     /// Peak effective bandwidth over both directions, GB/s (the profiler's
     /// "of link peak").
     pub fn peak_gbps(&self) -> f64 {
@@ -157,6 +174,37 @@ impl LinkPreset {
     pub fn transfer_ns(&self, bytes: u64, d2h: bool) -> f64 {
         let dir = if d2h { Dir::D2H } else { Dir::H2D };
         self.setup_ns as f64 + self.wire_bytes(bytes) / self.wire_rate(dir, false)
+    }
+}
+
+/// The rates a link may give, GB/s: a rate of zero or NaN left a copy
+/// waiting for ever, and one so small that a copy's time saturated a `u64`
+/// wrapped the device's clock. (1 MB/s moves a 256 TiB memory in 9 years of
+/// modelled time, within the clock's reach.)
+pub(crate) const RATE_GBPS: std::ops::RangeInclusive<f64> = 1e-3..=1e6;
+
+/// The longest setup latency a link may give, ns (1 s).
+pub(crate) const SETUP_MAX_NS: u64 = 1_000_000_000;
+
+/// Checks a link's (`what`) setup latency and named rates against
+/// `SETUP_MAX_NS` and `RATE_GBPS`: the message names the first figure out.
+pub(crate) fn check_figures(
+    what: &str,
+    setup_ns: u64,
+    rates: &[(&str, f64)],
+) -> Result<(), String> {
+    if setup_ns > SETUP_MAX_NS {
+        return Err(format!(
+            "{what}: setup_ns is {setup_ns}; give at most {SETUP_MAX_NS} ns (1 s)"
+        ));
+    }
+    match rates.iter().find(|(_, r)| !RATE_GBPS.contains(r)) {
+        Some((name, r)) => Err(format!(
+            "{what}: {name} is {r}; give a rate from {} to {} GB/s",
+            RATE_GBPS.start(),
+            RATE_GBPS.end()
+        )),
+        None => Ok(()),
     }
 }
 

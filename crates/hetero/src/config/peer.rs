@@ -102,6 +102,16 @@ impl PeerLink {
         Self::all().iter().map(|p| p.name).collect()
     }
 
+    /// Checks the figures a model divides by or adds to a clock
+    /// (`link::check_figures`).
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        super::link::check_figures(
+            &format!("peer link {}", self.name),
+            self.setup_ns,
+            &[("gbps", self.gbps), ("bidir_gbps", self.bidir_gbps)],
+        )
+    }
+
     fn efficiency(&self) -> f64 {
         let p = f64::from(self.max_payload.max(1));
         p / (p + f64::from(self.header_bytes))
