@@ -4,7 +4,7 @@
 
 mod common;
 
-use hetero::{AsyncArg, AsyncContext, CompletionMode, Error};
+use hetero::{AsyncArg, AsyncContext, CompletionMode, Device, Error};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
@@ -162,6 +162,21 @@ fn parked_engines_still_poll_async_ops() {
     let e = s.record_event().unwrap();
     e.synchronize().unwrap();
     assert!(polls.load(Ordering::Relaxed) >= 2);
+}
+
+/// The poll interval is bounded: an emulated device in real time polled an
+/// async op once per `async_poll`, so `Duration::MAX` left it pending for
+/// ever. Zero and past one second are refused, naming the bound.
+#[test]
+fn the_async_poll_interval_is_bounded() {
+    for poll in [Duration::ZERO, Duration::from_secs(2), Duration::MAX] {
+        let Err(err) = Device::new(common::config().async_poll(poll)) else {
+            panic!("async_poll {poll:?} is refused");
+        };
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+        assert!(err.to_string().contains("1 µs to 1 s"), "{err}");
+    }
+    Device::new(common::config().async_poll(Duration::from_secs(1))).expect("1 s is allowed");
 }
 
 #[test]

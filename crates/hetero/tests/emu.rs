@@ -275,7 +275,8 @@ fn a_kernel_cost_past_the_clock_faults_and_the_clock_goes_on() {
 
 /// A link whose figures the model cannot run (a rate of zero, NaN, negative
 /// or so small that a copy's time would wrap the clock; a setup latency past
-/// 1 s) is refused when the device or context is made, naming the figure:
+/// 1 s), or an I/O TLB miss past 1 ms, is refused when the device or context
+/// is made, naming the figure:
 /// a rate of zero left the first copy waiting for ever.
 #[test]
 fn a_link_whose_figures_would_stall_or_wrap_the_clock_is_refused() {
@@ -296,6 +297,11 @@ fn a_link_whose_figures_would_stall_or_wrap_the_clock_is_refused() {
             Err(Error::InvalidArgument(m)) => assert!(m.contains(field), "{field}: {m}"),
             other => panic!("{field}: {:?}", other.map(|_| ())),
         }
+    }
+    let cfg = EmuConfig::new(LinkPreset::pcie4x16()).iotlb_miss_ns(u64::MAX);
+    match Device::new(DeviceConfig::default().emu(cfg)) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("iotlb_miss_ns"), "{m}"),
+        other => panic!("iotlb_miss_ns: {:?}", other.map(|_| ())),
     }
     let devs = [emu(TimeMode::Virtual), emu(TimeMode::Virtual)];
     let mut peer = hetero::PeerLink::nvlink3();

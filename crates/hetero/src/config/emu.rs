@@ -168,6 +168,15 @@ impl EmuConfig {
         if self.iotlb_entries == 0 {
             return Err("emu iotlb_entries is 0; give the I/O TLB at least one entry".into());
         }
+        if self.iotlb_miss_ns > 1_000_000 {
+            // (A transfer's stall is its misses times this: past 1 ms a
+            // miss, it could wrap the clock.)
+            return Err(format!(
+                "emu iotlb_miss_ns is {}; give at most 1000000 ns (1 ms; a real miss costs \
+                 about 1 µs)",
+                self.iotlb_miss_ns
+            ));
+        }
         if !self.iommu_page_max.is_power_of_two() || self.iommu_page_max < 4096 {
             return Err(format!(
                 "emu iommu_page_max is {}; use a power of two of at least 4096",

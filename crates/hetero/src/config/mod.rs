@@ -274,7 +274,7 @@ impl DeviceConfig {
     /// While async ops ([`crate::AsyncOp`]) are in flight, an engine that
     /// found no work parks for at most this long before it polls them again
     /// (the bound on their polling rate when the device is otherwise idle).
-    /// Default 50 µs.
+    /// Default 50 µs; from 1 µs to 1 s.
     pub fn async_poll(mut self, interval: std::time::Duration) -> Self {
         self.async_poll = interval;
         self
@@ -386,8 +386,12 @@ impl DeviceConfig {
                 self.placement_wait
             ));
         }
-        if self.async_poll.is_zero() {
-            return bad("async_poll is 0; use at least 1 µs (50 µs by default)".into());
+        if self.async_poll.is_zero() || self.async_poll > std::time::Duration::from_secs(1) {
+            return bad(format!(
+                "async_poll is {:?}; use 1 µs to 1 s (50 µs by default): an async op in flight \
+                 is polled that often while nothing else wakes the device",
+                self.async_poll
+            ));
         }
         if self.hardware_queues == 0 || self.hardware_queues > 256 {
             return bad(format!(
