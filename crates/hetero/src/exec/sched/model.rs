@@ -430,18 +430,27 @@ impl Models {
         self.buses.as_mut().expect("loaded above")
     }
 
+    /// The file of `kernel`'s models: its name where that is a short plain
+    /// file name, else its first `NAME_MAX` safe characters and a hash of
+    /// the whole name (so `gemm<f32>` and `gemm[f32]`, or two long names
+    /// that share a start, keep a file each: one file for both left each
+    /// kernel finding the other's and calibrating afresh every run).
     fn file(dir: &Path, kernel: &str) -> PathBuf {
+        const NAME_MAX: usize = 64;
+        let plain = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+        if kernel.len() <= NAME_MAX && !kernel.is_empty() && kernel.chars().all(plain) {
+            return dir.join(format!("{kernel}.model"));
+        }
         let safe: String = kernel
             .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                    c
-                } else {
-                    '_'
-                }
-            })
+            .take(NAME_MAX)
+            .map(|c| if plain(c) { c } else { '_' })
             .collect();
-        dir.join(format!("{safe}.model"))
+        // FNV-1a: stable across runs and builds (the std hasher is not).
+        let hash = kernel.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        dir.join(format!("{safe}-{hash:016x}.model"))
     }
 
     fn kernel(&mut self, kernel: KernelName) -> &mut KernelModel {
@@ -892,6 +901,47 @@ mod tests {
         let mut damaged = Models::new(Some(dir.clone()));
         assert_eq!(damaged.predict(K1, EMU, 7, 64), None);
         assert_eq!(damaged.damaged, 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Names that differ only in characters a file name cannot hold, or past
+    /// a file name's length, keep a model each: a shared file made each
+    /// kernel find the other's (damaged, calibrated afresh every run), and a
+    /// name past 255 bytes could not be saved at all.
+    #[test]
+    fn kernels_whose_names_a_file_name_cannot_tell_apart_keep_a_model_each() {
+        let dir = std::env::temp_dir().join(format!("hetero-model-names-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let long_a: &'static str = Box::leak(format!("{}a", "k".repeat(300)).into_boxed_str());
+        let long_b: &'static str = Box::leak(format!("{}b", "k".repeat(300)).into_boxed_str());
+        let names = [
+            "gemm<f32>",
+            "gemm[f32]",
+            "gemm_f32_",
+            "ä",
+            "ö",
+            long_a,
+            long_b,
+        ];
+        let kernels: Vec<KernelName> = (0..names.len())
+            .map(|i| KernelName {
+                id: 10 + i as u32,
+                text: names[i],
+            })
+            .collect();
+        let mut m = Models::new(Some(dir.clone()));
+        for (i, &k) in kernels.iter().enumerate() {
+            for _ in 0..TRUSTED_AFTER {
+                m.observe(k, EMU, 7, 64, 100.0 * (i + 1) as f64);
+            }
+        }
+        m.save();
+        let mut again = Models::new(Some(dir.clone()));
+        for (i, &k) in kernels.iter().enumerate() {
+            let p = again.predict(k, EMU, 7, 64).map(|p| p.0);
+            assert_eq!(p, Some(100.0 * (i + 1) as f64), "{}", k.text);
+        }
+        assert_eq!((again.loaded, again.damaged), (names.len() as u64, 0));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
