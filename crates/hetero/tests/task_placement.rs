@@ -616,6 +616,72 @@ fn a_kernel_submitting_a_task_while_the_pool_is_full_does_not_deadlock() {
     assert!(submitted.load(std::sync::atomic::Ordering::Relaxed));
 }
 
+/// A kernel of a placed graph that launches the same graph while the
+/// launching thread waits for room in the graph's streams (every ring past
+/// half full behind that kernel) neither deadlocks nor loses a launch: the
+/// launch waits holding no lock of the graph (in virtual time the kernel
+/// runs on the waiting thread, which then held the lock its launch took).
+/// The nested launch runs, or gets a typed error where it would wait for
+/// its own stream; the data counts every launch that ran.
+#[test]
+fn a_kernel_launching_its_graph_while_a_launch_waits_for_room_does_not_deadlock() {
+    const NAME: &str =
+        "a_kernel_launching_its_graph_while_a_launch_waits_for_room_does_not_deadlock";
+    if common::skipped(NAME) {
+        return;
+    }
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (ctx, _devs) = context();
+        let graph = std::sync::Arc::new(std::sync::OnceLock::<hetero::PlacedTaskGraph>::new());
+        let nested = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let first = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let inc = |b: &mut hetero::Block<'_>| b.write::<u32>(0).iter_mut().for_each(|x| *x += 1);
+        let relaunch = {
+            let (graph, nested, first) = (graph.clone(), nested.clone(), first.clone());
+            Kernel::new("relaunch", move |b| {
+                inc(b);
+                if first.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                    // Until the launching thread waits for room.
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                    let g = graph.get().expect("instantiated");
+                    *nested.lock().unwrap() = Some(g.launch().map(|_| ()));
+                }
+            })
+        };
+        let step = Kernel::new("step", inc);
+        let d = ctx.data::<u32>(1).unwrap();
+        let mut g = TaskGraph::new();
+        ctx.task(&relaunch).read_write(&d).record(&mut g).unwrap();
+        const TASKS: u32 = 100;
+        const LAUNCHES: u32 = 24;
+        for _ in 1..TASKS {
+            ctx.task(&step).read_write(&d).record(&mut g).unwrap();
+        }
+        assert!(graph.set(g.instantiate_on(&ctx).unwrap()).is_ok());
+        // Launches until a ring is past half full behind the sleeping kernel
+        // (a launch puts up to 256 ops, counted high, on a stream; in fact
+        // about one per task).
+        for _ in 0..LAUNCHES {
+            graph.get().unwrap().launch().unwrap();
+        }
+        ctx.wait_tasks().unwrap();
+        let nested = nested.lock().unwrap().take().expect("the kernel launched");
+        let launches = match nested {
+            Ok(()) => LAUNCHES + 1,
+            Err(e) => {
+                assert!(!matches!(e, hetero::Error::StreamFault { .. }), "{e}");
+                LAUNCHES
+            }
+        };
+        assert_eq!(d.to_vec().unwrap(), vec![TASKS * launches]);
+        done.send(()).unwrap();
+    });
+    finished
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("no deadlock: the launches complete");
+}
+
 /// Under work stealing (the context's policy), fills every device's window
 /// with tasks behind a gate, then submits `rw` over `a`, which is held back;
 /// the thread it returns opens the gates 50 ms later.

@@ -873,47 +873,61 @@ impl PlacedTaskGraph {
                 .and_then(Option::as_ref)
                 .map_or(0, |h| Arc::as_ptr(h) as usize)
         };
-        let mut guard = lock(&plan.live);
-        let live = &mut *guard;
         // The launch is one step in the data's order: an online submission
         // holds the runtime's state while it reads and sets its data's
         // states, so it sees them as before the launch or as after it, never
         // in between (where it missed the launch's writers, ran beside them,
-        // and the states after the launch then dropped its write).
-        // A stream a fault failed would fail every later launch: replaced.
-        // (Its timeline says so: one line, not the stream's handle first.)
-        // And room for this launch in every ring, waited for before the
-        // state is held (only launches of this plan add to these rings, and
-        // they wait for `live`): a submission that waited for room while
-        // the state is held would hold it while the devices run (in virtual
-        // time, while this thread runs their model), and a kernel or
-        // callback that submits a task would wait for it.
-        for (q, s) in live.streams.iter_mut().enumerate() {
-            let timeline = &live.timelines[q];
-            if timeline.fault_at().is_some() {
-                let fresh = placed_stream(rt, plan.lanes[q])?;
-                live.timelines[q] = fresh.backend_stream().timeline().clone();
-                *s = fresh;
-                continue;
-            }
-            let queued = s.backend_stream().submitted();
-            if queued.saturating_sub(timeline.completed()) > PLACED_RING / 2 {
-                let room = "room in a placed graph's stream";
-                timeline.wait_for(queued - PLACED_RING / 2, timeline.host_wait, room)?;
-            }
-        }
-        // Tasks work stealing holds back over the plan's data go to devices
-        // first: the launch comes after them in the data's order.
+        // and the states after the launch then dropped its write). So the
+        // launch holds `live` and then the state from its first pass to its
+        // last, and waits for nothing while it holds `live`: what it needs
+        // first (room in its rings, the held tasks over its data gone to
+        // devices) it waits for with no lock held, then looks again. A
+        // kernel or callback that launches or submits meanwhile goes ahead
+        // (in virtual time it runs on the thread that waits: had that thread
+        // held `live`, a launch from the kernel waited for itself).
         let holds_mine =
             |st: &super::RtState| st.holds_any(plan.data.iter().map(|dp| dp.data.id()));
-        let mut books = loop {
-            let books = lock(&rt.state);
-            if !holds_mine(&books) {
-                break books;
+        let (mut guard, mut books) = loop {
+            let mut guard = lock(&plan.live);
+            let live = &mut *guard;
+            // A stream a fault failed would fail every later launch:
+            // replaced. (Its timeline says so: one line, not the stream's
+            // handle first.)
+            let mut full = None;
+            for (q, s) in live.streams.iter_mut().enumerate() {
+                let timeline = &live.timelines[q];
+                if timeline.fault_at().is_some() {
+                    let fresh = placed_stream(rt, plan.lanes[q])?;
+                    live.timelines[q] = fresh.backend_stream().timeline().clone();
+                    *s = fresh;
+                    continue;
+                }
+                // Room for this launch in every ring: only launches of this
+                // plan add to these rings, and they hold `live`.
+                let queued = s.backend_stream().submitted();
+                if queued.saturating_sub(timeline.completed()) > PLACED_RING / 2 {
+                    full = Some((timeline.clone(), queued - PLACED_RING / 2));
+                    break;
+                }
             }
-            drop(books);
-            rt.pump_until(|| !holds_mine(&lock(&rt.state)))?;
+            if let Some((timeline, room)) = full {
+                drop(guard);
+                let what = "room in a placed graph's stream";
+                timeline.wait_for(room, timeline.host_wait, what)?;
+                continue;
+            }
+            // Tasks work stealing holds back over the plan's data go to
+            // devices first: the launch comes after them in the data's order.
+            let books = lock(&rt.state);
+            if holds_mine(&books) {
+                drop(books);
+                drop(guard);
+                rt.pump_until(|| !holds_mine(&lock(&rt.state)))?;
+                continue;
+            }
+            break (guard, books);
         };
+        let live = &mut *guard;
         let (streams, timelines) = (&live.streams, &live.timelines);
         for e in events.iter().filter(|e| !e.completed_ok()) {
             for s in streams.iter() {
