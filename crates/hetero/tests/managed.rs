@@ -167,6 +167,38 @@ fn a_sub_range_argument_moves_only_its_pages() {
     );
 }
 
+/// A range that ends before it starts is a typed error in every call that
+/// takes one (it read as empty: the call did nothing and said nothing); an
+/// empty range is a range, and past the end is out of bounds.
+#[test]
+#[allow(clippy::reversed_empty_ranges)]
+fn a_reversed_range_is_refused_everywhere_a_range_is_taken() {
+    let dev = common::device();
+    let s = dev.create_stream().expect("stream");
+    let buf = dev.alloc_managed::<u32>(64).expect("managed");
+    host_fill(&buf, |i| i as u32);
+    let reversed = |r: hetero::Result<()>, what: &str| match r {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("10..5"), "{what}: {m}"),
+        other => panic!("{what}: {other:?}"),
+    };
+    reversed(buf.read(10..5).map(drop), "read");
+    reversed(buf.try_read(10..5).map(drop), "try_read");
+    reversed(buf.write(10..5).map(drop), "write");
+    reversed(buf.try_write(10..5).map(drop), "try_write");
+    let here = Location::Device(dev.id());
+    reversed(buf.prefetch(10..5, here, &s), "prefetch");
+    reversed(buf.advise(10..5, Advice::ReadMostly), "advise");
+    reversed(buf.unadvise(10..5, Advice::ReadMostly), "unadvise");
+    let launch = s.launch(&touch(), 1.into(), &[Arg::managed_read_range(&buf, 10..5)]);
+    reversed(launch, "launch");
+    // Empty and past-the-end ranges keep their meaning.
+    assert!(buf.read(5..5).expect("empty").is_empty());
+    buf.prefetch(5..5, here, &s).expect("an empty prefetch");
+    assert!(matches!(buf.read(60..70), Err(Error::OutOfBounds { .. })));
+    s.synchronize().expect("nothing failed the stream");
+    assert_eq!(buf.read(..).expect("read")[63], 63);
+}
+
 #[test]
 fn kernels_on_several_streams_follow_submission_order_on_shared_pages() {
     if common::skipped("kernels_on_several_streams_follow_submission_order_on_shared_pages") {

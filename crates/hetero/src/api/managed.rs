@@ -440,10 +440,12 @@ impl<T: Pod> std::fmt::Debug for ManagedBuffer<T> {
 pub(crate) struct ManagedArg<'a> {
     pub(crate) shared: &'a Arc<Shared>,
     pub(crate) len: usize,
+    /// The range asked for, checked at launch ([`elem_span`]).
     pub(crate) start: usize,
-    pub(crate) count: usize,
+    pub(crate) end: usize,
 }
 
+/// `range` of a buffer of `len` elements as (start, end), unchecked.
 fn elems(len: usize, range: impl RangeBounds<usize>) -> (usize, usize) {
     let start = match range.start_bound() {
         Bound::Included(&s) => s,
@@ -455,7 +457,21 @@ fn elems(len: usize, range: impl RangeBounds<usize>) -> (usize, usize) {
         Bound::Excluded(&e) => e,
         Bound::Unbounded => len,
     };
-    (start, end.saturating_sub(start))
+    (start, end)
+}
+
+/// Elements `start..end` of a buffer of `len` as (start, count): an error
+/// for a range that ends before it starts (it once read as empty: the op did
+/// nothing, silently) or past the buffer.
+fn elem_span(op: &'static str, len: usize, (start, end): (usize, usize)) -> Result<(usize, usize)> {
+    if end < start {
+        return Err(Error::InvalidArgument(format!(
+            "{op}: range {start}..{end} (elements) ends before it starts; pass start..end with \
+             start <= end"
+        )));
+    }
+    crate::api::stream::check_range(op, len, start, end - start)?;
+    Ok((start, end - start))
 }
 
 impl<'a> Arg<'a> {
@@ -471,7 +487,7 @@ impl<'a> Arg<'a> {
         buf: &'a ManagedBuffer<T>,
         range: impl RangeBounds<usize>,
     ) -> Self {
-        let (start, count) = elems(buf.len, range);
+        let (start, end) = elems(buf.len, range);
         Arg {
             storage: &buf.shared.home().dev,
             elem: crate::exec::kernel::ElemInfo::of::<T>(),
@@ -480,7 +496,7 @@ impl<'a> Arg<'a> {
                 shared: &buf.shared,
                 len: buf.len,
                 start,
-                count,
+                end,
             }),
         }
     }
@@ -584,7 +600,7 @@ impl Context {
             return Err(Error::Managed {
                 op: OP,
                 detail: format!(
-                    "context {} joins a {backend} device and a {} device; a context's managed \
+                    "context {} joins devices of backends {backend} and {}; a context's managed \
                      buffer needs devices of one backend (their copies share one host copy): \
                      use Device::alloc_managed on each, or a context of one kind",
                     self.id(),
@@ -1071,8 +1087,7 @@ impl<T: Pod> ManagedBuffer<T> {
         range: impl RangeBounds<usize>,
         write: bool,
     ) -> Result<(Access, usize)> {
-        let (start, count) = elems(self.len, range);
-        crate::api::stream::check_range(op, self.len, start, count)?;
+        let (start, count) = elem_span(op, self.len, elems(self.len, range))?;
         let size = std::mem::size_of::<T>();
         let a = Access {
             buffer: self.shared.id,
@@ -2067,12 +2082,12 @@ pub(crate) fn launch(
         match &a.managed {
             Some(m) => {
                 check_stream("launch", stream, m.shared)?;
-                crate::api::stream::check_range("launch", m.len, m.start, m.count)?;
+                let (start, count) = elem_span("launch", m.len, (m.start, m.end))?;
                 let size = a.elem.size;
                 let acc = Access {
                     buffer: m.shared.id,
-                    off: m.start * size,
-                    bytes: m.count * size,
+                    off: start * size,
+                    bytes: count * size,
                     write: a.write,
                 };
                 for (sh, b) in &uses {
