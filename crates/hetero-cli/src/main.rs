@@ -38,17 +38,61 @@ struct WorkloadArgs {
     kernel_passes: Option<f64>,
 }
 
+/// The most kernel passes per element `--kernel-passes` takes (the default
+/// is about 3; past this a run takes hours).
+const MAX_KERNEL_PASSES: f64 = 1024.0;
+
 impl WorkloadArgs {
+    /// The workload these arguments ask for, or the exit with a message that
+    /// names the argument: zero tiles, tile size or repetitions, kernel
+    /// passes out of range, or tiles whose pinned input and output would take
+    /// more than half the host's available memory (they once ran until the
+    /// kernel killed the process).
     fn config(self, spec: &DeviceSpec) -> demo::DemoConfig {
+        let at_least_one = |flag: &str, v: usize| match v {
+            0 => fail(flag, format!("{flag} is 0; give at least 1")),
+            v => v,
+        };
+        let tiles = at_least_one("--tiles", self.tiles);
+        let reps = at_least_one("--reps", self.reps);
+        let tile_bytes = match self.tile_kib {
+            None => demo::default_tile_bytes(spec),
+            Some(k) => at_least_one("--tile-kib", k)
+                .checked_mul(1024)
+                .unwrap_or_else(|| fail("--tile-kib", format!("--tile-kib {k} is too large"))),
+        };
+        let work = self.kernel_passes.map(|p| {
+            if !(0.0..=MAX_KERNEL_PASSES).contains(&p) {
+                fail(
+                    "--kernel-passes",
+                    format!("--kernel-passes is {p}; give 0 to {MAX_KERNEL_PASSES}"),
+                );
+            }
+            (p * f64::from(demo::PASS)).round() as u32
+        });
+        // Each tile has a pinned input and output on the host.
+        let pinned = tiles.checked_mul(tile_bytes).and_then(|b| b.checked_mul(2));
+        let available = hetero::SystemInfo::probe().mem_available_bytes;
+        let gib = |b: f64| b / f64::from(1u32 << 30);
+        match (pinned, available) {
+            (Some(p), Some(a)) if p as u64 <= a / 2 => {}
+            (Some(_), None) => {}
+            _ => fail(
+                "--tiles",
+                format!(
+                    "{tiles} tiles of {tile_bytes} bytes need {:.1} GiB of pinned host memory \
+                     (an input and an output each), more than half of the {:.1} GiB available; \
+                     lower --tiles or --tile-kib",
+                    gib(tiles as f64 * tile_bytes as f64 * 2.0),
+                    gib(available.unwrap_or(0) as f64)
+                ),
+            ),
+        }
         demo::DemoConfig {
-            tiles: self.tiles.max(1),
-            tile_bytes: self
-                .tile_kib
-                .map_or_else(|| demo::default_tile_bytes(spec), |k| k.max(1) * 1024),
-            reps: self.reps.max(1),
-            work: self
-                .kernel_passes
-                .map(|p| (p.max(0.0) * f64::from(demo::PASS)).round() as u32),
+            tiles,
+            tile_bytes,
+            reps,
+            work,
         }
     }
 }

@@ -116,3 +116,39 @@ fn bench_json_has_the_shared_shape() {
         assert!(ratios[key].is_number(), "ratio {key} missing in {ratios:?}");
     }
 }
+
+/// Workload arguments the demo cannot run are refused with a message naming
+/// the argument, before any work: zero tiles, tile size or repetitions
+/// (once clamped to 1 silently), kernel passes out of range (1e30 ran for
+/// ever), and tiles whose pinned memory exceeds half the host's (the run
+/// was killed for memory).
+#[test]
+fn workload_arguments_the_demo_cannot_run_are_refused() {
+    for args in [
+        &["--tiles", "0"][..],
+        &["--tile-kib", "0"],
+        &["--reps", "0"],
+        &["--kernel-passes=-1"],
+        &["--kernel-passes", "1e30"],
+        &["--kernel-passes", "NaN"],
+        &["--tiles", "100000000", "--tile-kib", "1048576"],
+    ] {
+        let flag = args[0].split('=').next().unwrap();
+        for cmd in [
+            &["demo"][..],
+            &["profile", "demo", "--out", "/nonexistent/never"],
+        ] {
+            let out = Command::new(env!("CARGO_BIN_EXE_hetero"))
+                .args(cmd)
+                .args(args)
+                .output()
+                .expect("run hetero");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{cmd:?} {args:?}: {err}");
+            assert!(
+                err.contains(&format!("hetero {flag} failed")),
+                "{args:?}: {err}"
+            );
+        }
+    }
+}
