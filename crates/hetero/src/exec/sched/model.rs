@@ -912,8 +912,12 @@ mod tests {
     fn kernels_whose_names_a_file_name_cannot_tell_apart_keep_a_model_each() {
         let dir = std::env::temp_dir().join(format!("hetero-model-names-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let long_a: &'static str = Box::leak(format!("{}a", "k".repeat(300)).into_boxed_str());
-        let long_b: &'static str = Box::leak(format!("{}b", "k".repeat(300)).into_boxed_str());
+        // Two names of 301 bytes that differ in the last (a file name holds
+        // 255 at most); statics, as kernel names are.
+        use std::sync::LazyLock;
+        static LONG_A: LazyLock<String> = LazyLock::new(|| format!("{}a", "k".repeat(300)));
+        static LONG_B: LazyLock<String> = LazyLock::new(|| format!("{}b", "k".repeat(300)));
+        let (long_a, long_b): (&'static str, &'static str) = (&LONG_A, &LONG_B);
         let names = [
             "gemm<f32>",
             "gemm[f32]",
