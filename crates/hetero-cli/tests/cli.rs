@@ -60,6 +60,50 @@ fn demo_json_is_verified_and_complete() {
     let trace: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let events = trace["traceEvents"].as_array().unwrap();
     assert!(events.iter().any(|e| e["cat"] == "Kernel"));
+    assert_eq!(trace["otherData"]["dropped_records"], 0, "a whole trace");
+    let _ = std::fs::remove_file(&path);
+}
+
+/// HETERO_PROFILE_MAX_RECORDS bounds what the recorder holds: a run past it
+/// writes the records it kept, counts the rest in the trace, and says so.
+#[test]
+fn a_profile_past_its_bound_keeps_what_fits_and_says_what_it_dropped() {
+    let path = std::env::temp_dir().join(format!("hetero-cli-cut-{}.json", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_hetero"))
+        .args([
+            "demo",
+            "--json",
+            "--tiles",
+            "8",
+            "--tile-kib",
+            "32",
+            "--reps",
+            "1",
+        ])
+        .env("HETERO_PROFILE", &path)
+        .env("HETERO_PROFILE_MAX_RECORDS", "64")
+        .output()
+        .expect("run hetero");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("HETERO_PROFILE_MAX_RECORDS"), "{stderr}");
+    let trace: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let dropped = trace["otherData"]["dropped_records"].as_u64().unwrap();
+    assert!(dropped > 0, "the demo makes more than 64 records");
+    let slices = trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["pid"] == 1)
+        .count();
+    assert!(
+        slices > 0 && slices <= 64,
+        "{slices} op slices kept of a bound of 64"
+    );
     let _ = std::fs::remove_file(&path);
 }
 

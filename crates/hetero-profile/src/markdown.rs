@@ -57,6 +57,15 @@ impl Report {
                 "Times are on the device's virtual clock: modelled, not measured on the host.\n"
             )?;
         }
+        if self.dropped_records > 0 {
+            writeln!(
+                md,
+                "**{} records were dropped** past the recorder's bound \
+                 (`HETERO_PROFILE_MAX_RECORDS`, `hetero_trace::set_max_records`): \
+                 this report covers the rest.\n",
+                self.dropped_records
+            )?;
+        }
 
         writeln!(md, "## Engines\n")?;
         writeln!(

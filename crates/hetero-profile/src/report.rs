@@ -91,6 +91,10 @@ pub struct Report {
     pub ops: u64,
     /// Of those, ops that completed with an error.
     pub failed_ops: u64,
+    /// Records the recorder dropped past its bound (`Trace::dropped`): the
+    /// report covers the rest. Absent in older reports: 0.
+    #[serde(default)]
+    pub dropped_records: u64,
     /// Node records of graph launches (not in `ops`).
     pub graph_nodes: u64,
     /// The link peak the H2D and D2H bandwidths are compared with, if given.
@@ -552,6 +556,7 @@ impl Report {
             clock: trace.clock.as_str().to_string(),
             ops: submitted.len() as u64,
             failed_ops: submitted.iter().filter(|o| o.failed).count() as u64,
+            dropped_records: trace.dropped,
             graph_nodes: (ops.len() - submitted.len()) as u64,
             link_peak_gbps: options.link_peak_gbps,
             engines,

@@ -144,3 +144,27 @@ fn only_copies_across_the_link_are_measured_against_its_peak() {
     assert!(!md.contains("400.0 %"), "no D2D fraction of the link: {md}");
     assert!(md.contains("Link peak: 20.00 GB/s"), "{md}");
 }
+
+/// A trace the recorder cut at its bound says so in the report (markdown and
+/// JSON); a whole one says nothing; an older report without the field
+/// reads as whole.
+#[test]
+fn a_report_of_a_cut_trace_counts_the_dropped_records() {
+    let whole = Report::build(&copies(TraceClock::Wall), &with_peak());
+    assert_eq!(whole.dropped_records, 0);
+    assert!(!whole.to_markdown().contains("dropped"));
+    let cut = Trace {
+        dropped: 1234,
+        ..copies(TraceClock::Wall)
+    };
+    let r = Report::build(&cut, &with_peak());
+    assert!(r.to_markdown().contains("**1234 records were dropped**"));
+    let mut json: serde_json::Value =
+        serde_json::from_str(&r.to_json().expect("serializes")).expect("valid JSON");
+    assert_eq!(json["dropped_records"], 1234);
+    json.as_object_mut()
+        .expect("an object")
+        .remove("dropped_records");
+    let old: Report = serde_json::from_value(json).expect("an older report still parses");
+    assert_eq!(old.dropped_records, 0);
+}

@@ -5,7 +5,9 @@
 //! except stream 0, which gets a fresh tid), process 2 "engines" one track
 //! per (engine kind, index), process 3 "memory" the reserved/allocated
 //! counters and pool instants; `otherData` names the device and the clock
-//! the timestamps are on (`"wall"` or `"virtual"`, see `TraceClock`). A tid
+//! the timestamps are on (`"wall"` or `"virtual"`, see `TraceClock`), and
+//! counts the records dropped past the recorder's bound (`dropped_records`,
+//! 0 for a whole trace). A tid
 //! is never reused under another pid (Perfetto treats tids as process-wide
 //! and would split such a track). Each op is a
 //! complete ("X") slice on its stream track and on its engine track. Wait ops
@@ -338,6 +340,7 @@ pub fn write_chrome_trace(trace: &Trace, w: &mut impl Write) -> io::Result<()> {
     w.write_all(json_str(&trace.device_name).as_bytes())?;
     w.write_all(b",\"clock\":")?;
     w.write_all(json_str(trace.clock.as_str()).as_bytes())?;
+    write!(w, ",\"dropped_records\":{}", trace.dropped)?;
     w.write_all(b"},\"traceEvents\":[\n")?;
     let mut ev = Events { w, first: true };
 

@@ -43,5 +43,6 @@ pub use record::{
 };
 pub use recorder::{
     enabled, now_ns, record_iotlb, record_mem, record_migration, record_op, record_task, set_clock,
-    set_device_name, set_enabled, set_graph_plan, set_stream_name, take,
+    set_device_name, set_enabled, set_graph_plan, set_max_records, set_stream_name, take,
+    DEFAULT_MAX_RECORDS,
 };

@@ -256,6 +256,9 @@ pub struct Trace {
     /// Tasks of a context's task layer seen complete while recording, from
     /// [`crate::record_task`], in the order they were seen.
     pub tasks: Vec<TaskRecord>,
+    /// Records dropped because the recorder held its bound
+    /// ([`crate::set_max_records`]); zero when the trace is whole.
+    pub dropped: u64,
 }
 
 /// One task of a context's task layer, seen complete: the device its policy

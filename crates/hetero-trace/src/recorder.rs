@@ -12,7 +12,7 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
@@ -24,6 +24,23 @@ use crate::record::{
 };
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Records the recorder holds at most until a [`take`] (ops, memory events,
+/// tasks and migrations together): a long run with profiling on grew its
+/// memory without bound until the kernel killed the process, trace and all.
+/// Past it records are dropped and counted ([`Trace::dropped`]). About
+/// 0.5 GiB of ops at the default; [`set_max_records`] changes it.
+pub const DEFAULT_MAX_RECORDS: usize = 4 << 20;
+
+/// Records a thread takes from the bound at a time at most (its budget): one
+/// shared atomic per this many records, not per record.
+const BUDGET: usize = 256;
+
+static MAX_RECORDS: AtomicUsize = AtomicUsize::new(DEFAULT_MAX_RECORDS);
+/// Records held or promised to threads' budgets since the last `take`.
+static HELD: AtomicUsize = AtomicUsize::new(0);
+/// Records dropped past the bound since the last `take`.
+static DROPPED: AtomicU64 = AtomicU64::new(0);
 static EPOCH: OnceLock<Instant> = OnceLock::new();
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     ops: Vec::new(),
@@ -69,29 +86,82 @@ pub fn record_iotlb(engine: EngineKind, index: u32, hits: u64, misses: u64) {
 /// migration, nothing when recording is off. Migrations are page runs, far
 /// fewer than ops.
 pub fn record_migration(r: MigrationRecord) {
-    if !enabled() {
-        return;
+    if enabled() && admitted() {
+        registry().migrations.push(r);
     }
-    registry().migrations.push(r);
 }
 
 /// Records one task of a context's task layer seen complete: one lock per
 /// task, nothing when recording is off.
 pub fn record_task(r: TaskRecord) {
-    if !enabled() {
-        return;
+    if enabled() && admitted() {
+        registry().tasks.push(r);
     }
-    registry().tasks.push(r);
 }
 
-/// This thread's writers, created on its first record of each type.
+/// This thread's writers, created on its first record of each type, and
+/// the records it may still make under the bound (`MAX_RECORDS`).
 struct Local {
     ops: Option<Writer<OpRecord>>,
     mem: Option<Writer<MemRecord>>,
+    budget: usize,
+}
+
+impl Local {
+    /// Whether one more record fits under the bound: from this thread's
+    /// budget, refilled from `HELD` (else the record is counted dropped).
+    fn admit(&mut self) -> bool {
+        if self.budget == 0 {
+            let max = MAX_RECORDS.load(Ordering::Relaxed);
+            // (A small bound is shared out in small budgets.)
+            let grant = BUDGET.min(max / 16).max(1);
+            let before = HELD.fetch_add(grant, Ordering::Relaxed);
+            if before.saturating_add(grant) > max {
+                HELD.fetch_sub(grant, Ordering::Relaxed);
+                DROPPED.fetch_add(1, Ordering::Relaxed);
+                return false;
+            }
+            self.budget = grant;
+        }
+        self.budget -= 1;
+        true
+    }
+}
+
+impl Drop for Local {
+    /// A thread that exits gives back the budget it did not use.
+    fn drop(&mut self) {
+        release(self.budget);
+    }
+}
+
+/// Takes `n` records off `HELD` (never below zero: a `take` may drain
+/// records whose budget a thread took before a bound was set).
+fn release(n: usize) {
+    let _ = HELD.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| {
+        Some(h.saturating_sub(n))
+    });
 }
 
 thread_local! {
-    static LOCAL: RefCell<Local> = const { RefCell::new(Local { ops: None, mem: None }) };
+    static LOCAL: RefCell<Local> =
+        const { RefCell::new(Local { ops: None, mem: None, budget: 0 }) };
+}
+
+/// [`Local::admit`] on this thread (a record made while this thread's
+/// locals are being destroyed, or from inside a record, is dropped).
+fn admitted() -> bool {
+    LOCAL
+        .try_with(|local| local.try_borrow_mut().is_ok_and(|mut l| l.admit()))
+        .unwrap_or(false)
+}
+
+/// Sets how many records the recorder holds at most until a [`take`]
+/// ([`DEFAULT_MAX_RECORDS`] until set); past it records are dropped and
+/// counted in [`Trace::dropped`]. Threads hold up to 256 records of the
+/// bound each ahead of time, so it is kept to within that per thread.
+pub fn set_max_records(max: usize) {
+    MAX_RECORDS.store(max, Ordering::Relaxed);
 }
 
 fn registry() -> std::sync::MutexGuard<'static, Registry> {
@@ -146,10 +216,12 @@ fn push_op(r: OpRecord) {
     // rather than panicking in the caller.
     let _ = LOCAL.try_with(|local| {
         if let Ok(mut local) = local.try_borrow_mut() {
-            local
-                .ops
-                .get_or_insert_with(|| register(|reg, log| reg.ops.push(log)))
-                .push(r);
+            if local.admit() {
+                local
+                    .ops
+                    .get_or_insert_with(|| register(|reg, log| reg.ops.push(log)))
+                    .push(r);
+            }
         }
     });
 }
@@ -158,10 +230,12 @@ fn push_op(r: OpRecord) {
 fn push_mem(r: MemRecord) {
     let _ = LOCAL.try_with(|local| {
         if let Ok(mut local) = local.try_borrow_mut() {
-            local
-                .mem
-                .get_or_insert_with(|| register(|reg, log| reg.mem.push(log)))
-                .push(r);
+            if local.admit() {
+                local
+                    .mem
+                    .get_or_insert_with(|| register(|reg, log| reg.mem.push(log)))
+                    .push(r);
+            }
         }
     });
 }
@@ -197,7 +271,9 @@ pub fn set_clock(clock: TraceClock) {
 }
 
 /// Drains every thread's records (threads that exited included) into a
-/// [`Trace`], sorted by time. Each record is returned by exactly one call.
+/// [`Trace`], sorted by time. Each record is returned by exactly one call;
+/// the records dropped past the bound ([`set_max_records`]) since the last
+/// call are counted in [`Trace::dropped`], and the bound starts afresh.
 pub fn take() -> Trace {
     let mut trace = Trace::default();
     {
@@ -226,6 +302,9 @@ pub fn take() -> Trace {
             .collect();
         trace.migrations = std::mem::take(&mut reg.migrations);
         trace.tasks = std::mem::take(&mut reg.tasks);
+        let drained = trace.ops.len() + trace.mem.len();
+        release(drained + trace.migrations.len() + trace.tasks.len());
+        trace.dropped = DROPPED.swap(0, Ordering::Relaxed);
     }
     trace.sort();
     trace

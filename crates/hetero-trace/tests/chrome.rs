@@ -398,6 +398,12 @@ fn chrome_trace_metadata_names_the_device_and_the_clock() {
         ..pipeline()
     });
     assert_eq!(virt["clock"], "virtual");
+    assert_eq!(wall["dropped_records"], 0, "a whole trace");
+    let cut = other(&Trace {
+        dropped: 12,
+        ..pipeline()
+    });
+    assert_eq!(cut["dropped_records"], 12);
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -166,3 +166,58 @@ fn recorder_clock_is_wall_until_set_and_kept_across_take() {
     hetero_trace::set_clock(TraceClock::Wall);
     assert_eq!(hetero_trace::take().clock, TraceClock::Wall);
 }
+
+/// The recorder holds at most its bound of records until a take (a long
+/// run with profiling on grew without bound until the process was killed):
+/// past it records are dropped and counted, within a thread's budget of the
+/// bound; a take starts the bound afresh.
+#[test]
+fn recorder_holds_its_bound_and_counts_what_it_drops() {
+    let _g = serial();
+    hetero_trace::take();
+    const MAX: usize = 4_096;
+    hetero_trace::set_max_records(MAX);
+    hetero_trace::set_enabled(true);
+    const THREADS: u64 = 3;
+    const PER: u64 = 5_000;
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            std::thread::spawn(move || {
+                for i in 0..PER {
+                    hetero_trace::record_op(op(300 + t, i));
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("recording thread");
+    }
+    let cut = hetero_trace::take();
+    let kept = cut
+        .ops
+        .iter()
+        .filter(|o| (300..300 + THREADS).contains(&o.stream))
+        .count();
+    assert!(
+        kept <= MAX && kept >= MAX - 256 * THREADS as usize,
+        "kept {kept} of a bound of {MAX}"
+    );
+    assert_eq!(
+        kept as u64 + cut.dropped,
+        THREADS * PER,
+        "every record kept or counted"
+    );
+    // Afresh after the take: a new thread's records are kept again.
+    std::thread::spawn(|| {
+        for i in 0..100 {
+            hetero_trace::record_op(op(400, i));
+        }
+    })
+    .join()
+    .expect("recording thread");
+    hetero_trace::set_enabled(false);
+    let again = hetero_trace::take();
+    assert_eq!(again.ops.iter().filter(|o| o.stream == 400).count(), 100);
+    assert_eq!(again.dropped, 0);
+    hetero_trace::set_max_records(hetero_trace::DEFAULT_MAX_RECORDS);
+}

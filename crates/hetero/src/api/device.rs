@@ -56,7 +56,8 @@ struct DeviceInner {
     id: u64,
     /// Taken only by `Drop`.
     backend: Option<Box<dyn Backend>>,
-    /// `HETERO_PROFILE=PATH`: where to write the trace when the device drops.
+    /// `HETERO_PROFILE=PATH`: where to write the trace when the device drops
+    /// (`HETERO_PROFILE_MAX_RECORDS`: the recorder's bound).
     profile_to: Option<std::path::PathBuf>,
     /// Pitched buffers' (pitch alignment in bytes, height alignment in rows).
     pitch_rules: (usize, usize),
@@ -147,6 +148,16 @@ fn shutdown(backend: Box<dyn Backend>, profile_to: Option<std::path::PathBuf>) {
         backend.shutdown();
         if let Some(path) = profile_to {
             let trace = hetero_trace::take();
+            if trace.dropped > 0 {
+                eprintln!(
+                    "hetero: the HETERO_PROFILE trace in {} lacks {} records, dropped past the \
+                     recorder's bound (HETERO_PROFILE_MAX_RECORDS, default {}); raise it to \
+                     keep them",
+                    path.display(),
+                    trace.dropped,
+                    hetero_trace::DEFAULT_MAX_RECORDS
+                );
+            }
             let written = std::fs::File::create(&path).and_then(|f| {
                 let mut w = std::io::BufWriter::new(f);
                 hetero_trace::write_chrome_trace(&trace, &mut w)?;
@@ -212,6 +223,15 @@ impl Device {
             .filter(|p| !p.is_empty())
             .map(std::path::PathBuf::from);
         if profile_to.is_some() {
+            if let Some(v) = std::env::var_os("HETERO_PROFILE_MAX_RECORDS") {
+                match v.to_str().and_then(|s| s.trim().parse::<usize>().ok()) {
+                    Some(n) => hetero_trace::set_max_records(n),
+                    None => tracing::warn!(
+                        "HETERO_PROFILE_MAX_RECORDS is {v:?}, not a count of records; the \
+                         recorder keeps its bound"
+                    ),
+                }
+            }
             hetero_trace::set_device_name(backend.properties().name.clone());
             hetero_trace::set_clock(clock);
             hetero_trace::set_enabled(true);
