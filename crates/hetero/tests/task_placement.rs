@@ -616,6 +616,72 @@ fn a_kernel_submitting_a_task_while_the_pool_is_full_does_not_deadlock() {
     assert!(submitted.load(std::sync::atomic::Ordering::Relaxed));
 }
 
+/// Work stealing hands a held task to a device whose pool of streams is
+/// full (a device of 64 compute units: its window of 128 tasks is past the
+/// pool's 64 streams, and each stream holds a chain of two) while a kernel
+/// on one of those streams submits a task: the pump leaves the task held
+/// rather than wait for the pool holding the layer's locks, which the
+/// kernel's submission waited for (a deadlock before). Emulated devices in
+/// real time, whatever the backend under test.
+#[test]
+fn a_kernel_submitting_while_work_stealing_meets_a_full_pool_does_not_deadlock() {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let emu =
+            hetero::EmuConfig::new(hetero::LinkPreset::pcie4x16()).time(hetero::TimeMode::Real);
+        let config = hetero::DeviceConfig::default().compute_units(64).emu(emu);
+        let devs = [
+            Device::new(config.clone()).unwrap(),
+            Device::new(config).unwrap(),
+        ];
+        let ctx = Context::new(&devs).unwrap();
+        ctx.set_perfmodel_dir(None);
+        let inner = Kernel::new("inner", |_| {});
+        let submitted = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let nested = {
+            let (ctx, inner, submitted) = (ctx.clone(), inner.clone(), submitted.clone());
+            Kernel::new("nested", move |_| {
+                // Until the pump meets the full pool.
+                std::thread::sleep(std::time::Duration::from_millis(30));
+                ctx.task(&inner).submit().unwrap();
+                submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            })
+        };
+        let gated = Kernel::new("gated", |_| {});
+        let gates = [devs[0].host_event(), devs[1].host_event()];
+        let mut data = Vec::new();
+        for (d, gate) in gates.iter().enumerate() {
+            for _ in 0..hetero::MAX_TASK_STREAMS {
+                // A chain of two on one pool stream: the gated task, then
+                // the kernel that submits.
+                let x = ctx.data::<u32>(1).unwrap();
+                let first = ctx.task(&gated).read_write(&x).on_device(d);
+                first.after(gate.event()).submit().unwrap();
+                ctx.task(&nested)
+                    .read_write(&x)
+                    .on_device(d)
+                    .submit()
+                    .unwrap();
+                data.push(x);
+            }
+        }
+        // Every device's window full: work stealing holds the next task.
+        ctx.set_scheduler(SchedPolicy::WorkStealing);
+        let y = ctx.data::<u32>(1).unwrap();
+        let held = ctx.task(&inner).read_write(&y).submit().unwrap();
+        assert!(!held.is_placed(), "held back");
+        gates.iter().for_each(|g| g.signal());
+        ctx.wait_tasks().unwrap();
+        held.wait().unwrap();
+        let want = 2 * hetero::MAX_TASK_STREAMS as u32;
+        assert_eq!(submitted.load(std::sync::atomic::Ordering::Relaxed), want);
+        done.send(()).unwrap();
+    });
+    finished
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("no deadlock: every task completes");
+}
+
 /// A kernel of a placed graph that launches the same graph while the
 /// launching thread waits for room in the graph's streams (every ring past
 /// half full behind that kernel) neither deadlocks nor loses a launch: the

@@ -1180,6 +1180,24 @@ impl Runtime {
                 }
             };
             let h = st.held.pop_front().expect("looked at above");
+            let deps = dependencies(&h.spec);
+            let sizes = h.spec.access.iter().map(|(x, _)| x.bytes() as u64);
+            let footprint = model::footprint(sizes.clone());
+            let size: u64 = sizes.sum();
+            let free = self.free_at(st, sc, d, self.now_ns());
+            // A device's full pool of streams is not waited for here: the
+            // caller holds the state and the scheduler, and a kernel or
+            // callback on one of those streams that submits a task, or asks
+            // the layer anything, would wait for it (the pool is full only
+            // where a device runs more than `MAX_TASK_STREAMS / WS_WINDOW`
+            // tasks at once and streams hold chains). The task stays first
+            // in line; the next pump (the progress thread, `pump_until`, the
+            // next submission) places it.
+            let Ok(mut task) = self.emit(st, &h.spec, d, &deps, None, free, Some(h.id), true)?
+            else {
+                st.held.push_front(h);
+                break;
+            };
             for (x, _) in &h.spec.access {
                 if let Some(n) = st.held_data.get_mut(&x.id()) {
                     *n -= 1;
@@ -1188,14 +1206,6 @@ impl Runtime {
                     }
                 }
             }
-            let deps = dependencies(&h.spec);
-            let sizes = h.spec.access.iter().map(|(x, _)| x.bytes() as u64);
-            let footprint = model::footprint(sizes.clone());
-            let size: u64 = sizes.sum();
-            let free = self.free_at(st, sc, d, self.now_ns());
-            let mut task = self
-                .emit(st, &h.spec, d, &deps, None, free, Some(h.id), false)?
-                .unwrap_or_else(|_| unreachable!("emit waits itself where not deferred"));
             let stream = st.streams[d]
                 .iter()
                 .find(|p| matches!(&p.last, Some((t, _)) if *t == h.id))
