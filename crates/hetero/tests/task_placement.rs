@@ -616,6 +616,58 @@ fn a_kernel_submitting_a_task_while_the_pool_is_full_does_not_deadlock() {
     assert!(submitted.load(std::sync::atomic::Ordering::Relaxed));
 }
 
+/// A kernel that waits for a held task (work stealing holds it while every
+/// device's window is full) gets `WouldDeadlock`, not a hang: the tasks that
+/// fill the windows read the kernel's data, so none makes room before it
+/// returns (the wait spun for ever). Outside the kernel the same wait works.
+#[test]
+fn a_kernel_waiting_for_a_held_task_gets_an_error_not_a_hang() {
+    const NAME: &str = "a_kernel_waiting_for_a_held_task_gets_an_error_not_a_hang";
+    if common::skipped(NAME) {
+        return;
+    }
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (ctx, devs) = context();
+        let held: std::sync::Arc<std::sync::Mutex<Option<hetero::Task>>> = Default::default();
+        let got = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let inner = Kernel::new("inner", |_| {});
+        let waiter = {
+            let (held, got) = (held.clone(), got.clone());
+            Kernel::new("waiter", move |_| {
+                let t = held.lock().unwrap().take().expect("the held task");
+                *got.lock().unwrap() = Some(t.wait());
+            })
+        };
+        let gate = devs[0].host_event();
+        let w = ctx.data::<u32>(1).unwrap();
+        let first = ctx.task(&waiter).read_write(&w).on_device(0);
+        first.after(gate.event()).submit().unwrap();
+        for (d, dev) in devs.iter().enumerate() {
+            let window = hetero::WS_WINDOW as usize * dev.properties().compute_units.max(1);
+            for _ in 0..window {
+                ctx.task(&inner).read(&w).on_device(d).submit().unwrap();
+            }
+        }
+        ctx.set_scheduler(SchedPolicy::WorkStealing);
+        let y = ctx.data::<u32>(1).unwrap();
+        let t = ctx.task(&inner).read_write(&y).submit().unwrap();
+        assert!(!t.is_placed(), "held back");
+        *held.lock().unwrap() = Some(t.clone());
+        gate.signal();
+        ctx.wait_tasks().unwrap();
+        match got.lock().unwrap().take().expect("the kernel ran") {
+            Err(hetero::Error::WouldDeadlock(m)) => assert!(m.contains("outside"), "{m}"),
+            other => panic!("the kernel's wait: {other:?}"),
+        }
+        t.wait().unwrap();
+        done.send(()).unwrap();
+    });
+    finished
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("no hang: the kernel's wait returns");
+}
+
 /// Work stealing hands a held task to a device whose pool of streams is
 /// full (a device of 64 compute units: its window of 128 tasks is past the
 /// pool's 64 streams, and each stream holds a chain of two) while a kernel

@@ -493,8 +493,35 @@ impl Drop for PendingWrite {
 /// cannot unwind into the runtime (that payload is leaked instead).
 #[inline]
 pub(crate) fn catch_user(what: impl FnOnce() -> String, f: impl FnOnce()) -> Result<(), String> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| in_user_code(f)))
         .map_err(|payload| format!("{} panicked: {}", what(), drop_payload(payload)))
+}
+
+thread_local! {
+    /// How deep this thread is in device user code (a kernel, host
+    /// callback, graph host node or async op's poll) that a backend runs.
+    static USER_DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `f`, device user code, counted in this thread's depth
+/// ([`running_user_code`]); the count is restored however `f` ends.
+#[inline]
+pub(crate) fn in_user_code<R>(f: impl FnOnce() -> R) -> R {
+    struct Leave;
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            let _ = USER_DEPTH.try_with(|d| d.set(d.get().saturating_sub(1)));
+        }
+    }
+    let _ = USER_DEPTH.try_with(|d| d.set(d.get() + 1));
+    let _leave = Leave;
+    f()
+}
+
+/// Whether this thread runs device user code now: a call from it that
+/// waits for devices' progress may wait for work behind that code.
+pub(crate) fn running_user_code() -> bool {
+    USER_DEPTH.try_with(|d| d.get() > 0).unwrap_or(false)
 }
 
 /// The message of a caught panic; the payload is dropped without letting a

@@ -1242,6 +1242,18 @@ impl Runtime {
             if done() {
                 return Ok(());
             }
+            if crate::exec::op::running_user_code() {
+                // The tasks in flight may be behind this kernel or callback
+                // (its stream's later work, tasks over its data): none would
+                // make room while it waits here.
+                return Err(Error::WouldDeadlock(
+                    "work stealing holds tasks back until the devices have room, which work \
+                     behind this kernel or host callback may hold; wait for them (Task::wait, \
+                     Context::wait_tasks, TaskData::to_vec, a placed launch over their data) \
+                     outside the callback"
+                        .into(),
+                ));
+            }
             if in_flight.is_empty() {
                 return Err(Error::InvalidArgument(
                     "work stealing holds tasks back while no device has a task in flight; \

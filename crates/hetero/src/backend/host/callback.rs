@@ -93,7 +93,7 @@ pub(super) fn in_frame<R>(stream: &HostStream, value: u64, op: &Op, f: impl FnOn
     };
     TOP.with(|t| t.set(&frame));
     let _unlink = Unlink(frame.prev);
-    f()
+    op::in_user_code(f)
 }
 
 /// Calls `f` on every frame of this thread, innermost first, until it returns
