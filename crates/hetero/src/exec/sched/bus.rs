@@ -55,10 +55,10 @@ impl Buses {
         let Some(dir) = dir else {
             return Buses::default();
         };
-        let Ok(text) = std::fs::read_to_string(dir.join(FILE)) else {
+        let Some(text) = super::model::read_file(&dir.join(FILE)) else {
             return Buses::default();
         };
-        match parse(&text) {
+        match text.and_then(|t| parse(&t)) {
             Ok(figures) => Buses {
                 figures,
                 ..Buses::default()

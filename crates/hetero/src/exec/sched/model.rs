@@ -478,8 +478,8 @@ impl Models {
             return KernelModel::default();
         };
         let kernel = kernel.text;
-        match std::fs::read_to_string(Self::file(dir, kernel)) {
-            Ok(text) => match parse(&text, kernel) {
+        match read_file(&Self::file(dir, kernel)) {
+            Some(text) => match text.and_then(|t| parse(&t, kernel)) {
                 Ok(m) => {
                     self.loaded += 1;
                     m
@@ -494,7 +494,7 @@ impl Models {
                     KernelModel::default()
                 }
             },
-            Err(_) => KernelModel::default(),
+            None => KernelModel::default(),
         }
     }
 
@@ -641,6 +641,27 @@ impl Models {
             }
         }
     }
+}
+
+/// The most a model file may hold (a kernel's models take a few KiB): a
+/// larger one is damaged, so that a stray huge file, or a name that is a
+/// device such as `/dev/zero`, never fills memory.
+const FILE_MAX: u64 = 16 << 20;
+
+/// A model file's text: `None` where there is none (or it cannot be
+/// opened), else its text or why it is damaged (too large, unreadable, not
+/// UTF-8).
+pub(crate) fn read_file(path: &Path) -> Option<Result<String, String>> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).ok()?;
+    let mut bytes = Vec::new();
+    if let Err(e) = file.take(FILE_MAX + 1).read_to_end(&mut bytes) {
+        return Some(Err(format!("unreadable: {e}")));
+    }
+    if bytes.len() as u64 > FILE_MAX {
+        return Some(Err(format!("larger than {} MiB", FILE_MAX >> 20)));
+    }
+    Some(String::from_utf8(bytes).map_err(|_| "not UTF-8 text".into()))
 }
 
 fn render(name: &str, m: &KernelModel) -> String {
@@ -901,6 +922,19 @@ mod tests {
         let mut damaged = Models::new(Some(dir.clone()));
         assert_eq!(damaged.predict(K1, EMU, 7, 64), None);
         assert_eq!(damaged.damaged, 1);
+        // Not text, and past the size a model file may have: damaged too
+        // (never read whole into memory).
+        let file = Models::file(&dir, "k-1");
+        std::fs::write(&file, [0xff, 0xfe, 0x00]).unwrap();
+        let mut binary = Models::new(Some(dir.clone()));
+        assert_eq!(binary.predict(K1, EMU, 7, 64), None);
+        assert_eq!(binary.damaged, 1);
+        std::fs::File::create(&file)
+            .and_then(|f| f.set_len(FILE_MAX + 4096))
+            .unwrap();
+        let mut huge = Models::new(Some(dir.clone()));
+        assert_eq!(huge.predict(K1, EMU, 7, 64), None);
+        assert_eq!(huge.damaged, 1);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
