@@ -363,6 +363,10 @@ pub(crate) fn place(
 ) -> Result<PlacedTaskGraph> {
     let n = rt.devices.len();
     let mut tasks = Vec::with_capacity(specs.len());
+    // The data tasks before the one at hand write (a scan of every earlier
+    // task per access made instantiate quadratic: 40 000 independent tasks
+    // took 8.8 s).
+    let mut written: std::collections::HashSet<u64> = std::collections::HashSet::new();
     {
         let mut sc = lock(&rt.sched);
         for (i, spec) in specs.iter().enumerate() {
@@ -404,11 +408,7 @@ pub(crate) fn place(
             }
             let mut inputs = Vec::new();
             for (data, mode) in &spec.access {
-                let written_before = specs[..i].iter().any(|s| {
-                    s.access
-                        .iter()
-                        .any(|(x, m)| x.id() == data.id() && m.writes())
-                });
+                let written_before = written.contains(&data.id());
                 if data.is_managed() && !written_before {
                     // Its pages move whatever the mode: HEFT sees it on the
                     // device that needs the fewest moved, the others paying
@@ -425,6 +425,8 @@ pub(crate) fn place(
                     inputs.push((at, data.bytes() as u64));
                 }
             }
+            let writes = spec.access.iter().filter(|(_, m)| m.writes());
+            written.extend(writes.map(|(x, _)| x.id()));
             tasks.push(HeftTask {
                 preds: deps[i].clone(),
                 inputs,
