@@ -347,9 +347,11 @@ pub fn verify(
 mod dag;
 mod place;
 mod random;
+mod sweep;
 #[cfg(test)]
 mod tests;
 
 use dag::{ones, topological_order, BitMatrix, Csr};
 use place::{align_up, check_align, order_by, Placement, Placer};
 pub use random::{random_case, RandomCase};
+pub use sweep::plan_intervals;
