@@ -544,6 +544,34 @@ impl Space {
     /// The waits and copies that make `accesses` resident in memory `mem`
     /// for an op on stream `side` (`HOST_SIDE`: the host), evicting from
     /// `mem` past `budget` bytes. Changes nothing.
+    /// The bytes of the pages `accesses` cover, each page once (their page
+    /// ranges merged per buffer: no walk of the pages).
+    fn covered_bytes(&self, accesses: &[Access]) -> usize {
+        let mut ranges: Vec<(u64, std::ops::Range<usize>)> = accesses
+            .iter()
+            .filter_map(|a| {
+                let t = self.tables.get(&a.buffer)?;
+                Some((a.buffer, t.pages_of(a.off, a.bytes)))
+            })
+            .filter(|(_, r)| !r.is_empty())
+            .collect();
+        ranges.sort_unstable_by_key(|(b, r)| (*b, r.start));
+        let bytes = |b: u64, r: &std::ops::Range<usize>| self.tables[&b].run_bytes(r).1;
+        let mut needed = 0;
+        let mut run: Option<(u64, std::ops::Range<usize>)> = None;
+        for (b, r) in ranges {
+            match &mut run {
+                Some((rb, rr)) if *rb == b && r.start <= rr.end => rr.end = rr.end.max(r.end),
+                _ => {
+                    if let Some((rb, rr)) = run.replace((b, r)) {
+                        needed += bytes(rb, &rr);
+                    }
+                }
+            }
+        }
+        needed + run.map_or(0, |(b, r)| bytes(b, &r))
+    }
+
     pub(crate) fn plan_device(
         &self,
         accesses: &[Access],
@@ -551,6 +579,16 @@ impl Space {
         side: Side,
         budget: Option<usize>,
     ) -> Result<Plan, TooLarge> {
+        if let (Some(budget), false) = (budget, mem == HOST) {
+            // Past the budget whatever is resident: said before any page is
+            // walked (a 1 TiB prefetch to a 16 GiB device walked 16 M pages
+            // for 17 s to say so). The pages the accesses cover, each once:
+            // their page ranges merged per buffer.
+            let needed = self.covered_bytes(accesses);
+            if needed > budget {
+                return Err(TooLarge { needed, budget });
+            }
+        }
         let mut plan = Plan::default();
         // The access's own pages, per buffer (a page used by two arguments
         // counts once, as a writer if either writes).
@@ -1255,6 +1293,39 @@ mod tests {
             .err()
             .expect("too large");
         assert_eq!((err.needed, err.budget), (3 * 4096, 2 * 4096));
+    }
+
+    proptest::proptest! {
+        /// The bytes past which a device access fails are those of the pages
+        /// it covers, each once, found without walking the pages: as a walk
+        /// counts them.
+        #[test]
+        fn the_covered_bytes_are_those_a_walk_of_the_pages_counts(
+            spans in proptest::collection::vec((0usize..40_000, 0usize..20_000), 0..6),
+        ) {
+            let s = space(10, 4096);
+            let accesses: Vec<Access> = spans
+                .iter()
+                .map(|&(off, bytes)| Access {
+                    buffer: 7,
+                    off,
+                    bytes: bytes.min(10 * 4096 - off.min(10 * 4096)),
+                    write: false,
+                })
+                .collect();
+            let t = &s.tables[&7];
+            let mut pages = std::collections::BTreeSet::new();
+            for a in &accesses {
+                pages.extend(t.pages_of(a.off, a.bytes));
+            }
+            let walked: usize = pages.iter().map(|&p| t.page_len(p)).sum();
+            proptest::prop_assert_eq!(s.covered_bytes(&accesses), walked);
+            // And past a budget below it, the plan fails with it.
+            if walked > 0 {
+                let err = s.plan_device(&accesses, 1, (1, 1), Some(walked - 1)).err();
+                proptest::prop_assert_eq!(err.map(|e| e.needed), Some(walked));
+            }
+        }
     }
 
     /// A buffer with copies in memories 1 and 2 (two devices of a context).
