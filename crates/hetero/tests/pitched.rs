@@ -344,3 +344,30 @@ fn two_d_copies_record_into_graphs_and_replay() {
         assert_eq!(out.as_slice().expect("out"), &want[..], "round {round}");
     }
 }
+
+/// A region of one row may give any pitch (it addresses no second row): its
+/// copies run, `pitched_from` refuses a pitch whose bytes overflow, and a
+/// sub-rectangle whose corner passes the address space is out of bounds. (A
+/// debug build panicked on the overflowing multiplications.)
+#[test]
+fn a_one_row_region_with_a_huge_pitch_copies_or_is_refused_without_overflow() {
+    let dev = common::device();
+    let s = dev.create_stream().unwrap();
+    let a = dev.alloc::<u32>(16).unwrap();
+    let b = dev.alloc::<u32>(16).unwrap();
+    s.fill(&a, 5u32).unwrap();
+    s.fill(&b, 0u32).unwrap();
+    let row = Region2D::new(0, usize::MAX, 4, 1);
+    s.copy_2d_d2d(&a, row, &b, row).unwrap();
+    let mut h = dev.alloc_pinned::<u32>(16).unwrap();
+    s.copy_2d_d2h(&b, row, &mut h, row).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(&h.as_slice().unwrap()[..5], &[5, 5, 5, 5, 0]);
+    let huge = dev.pitched_from(dev.alloc::<u32>(16).unwrap(), 4, 1, usize::MAX);
+    assert!(matches!(huge, Err(Error::InvalidArgument(_))), "{huge:?}");
+    let past = Region2D::new(0, 4, 4, 4).sub(usize::MAX, 3, 1, 1);
+    assert!(matches!(
+        s.copy_2d_d2d(&a, past, &b, past),
+        Err(Error::Region { .. })
+    ));
+}

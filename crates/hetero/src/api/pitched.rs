@@ -195,7 +195,13 @@ impl Device {
         }
         Region2D::new(0, pitch, width, height).check(op, buf.len())?;
         let (align, _) = self.pitch_rules();
-        let pitch_bytes = pitch * std::mem::size_of::<T>();
+        // (One row checks no pitch against the buffer.)
+        let pitch_bytes = pitch.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "pitched_from: a pitch of {pitch} elements overflows the address space; \
+                     give the image's row pitch"
+            ))
+        })?;
         if !pitch_bytes.is_multiple_of(align) {
             return Err(Error::Region {
                 op,

@@ -39,7 +39,15 @@ impl Region2D {
 
     /// The sub-rectangle of `width` x `height` at column `x`, row `y` of this one.
     pub fn sub(&self, x: usize, y: usize, width: usize, height: usize) -> Self {
-        Region2D::new(self.offset + y * self.pitch + x, self.pitch, width, height)
+        // Saturating: a corner past the address space is out of any buffer,
+        // which the check of the region says (never an overflow here).
+        let offset = y.saturating_mul(self.pitch).saturating_add(x);
+        Region2D::new(
+            self.offset.saturating_add(offset),
+            self.pitch,
+            width,
+            height,
+        )
     }
 
     pub(crate) fn check(&self, op: &'static str, len: usize) -> Result<()> {
@@ -69,10 +77,13 @@ impl Region2D {
         }
     }
 
+    /// In bytes, of a checked region (its offset and width are inside the
+    /// buffer; a one-row region's pitch may be anything, and is never used
+    /// to address: saturating).
     pub(crate) fn bytes(&self, size: usize) -> ByteRegion {
         ByteRegion {
             offset: self.offset * size,
-            pitch: self.pitch * size,
+            pitch: self.pitch.saturating_mul(size),
             width: self.width * size,
             height: self.height,
         }
