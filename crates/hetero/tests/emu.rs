@@ -313,3 +313,27 @@ fn a_link_whose_figures_would_stall_or_wrap_the_clock_is_refused() {
     // The devices join a context with a sound link after the refusal.
     hetero::Context::with_peer_link(&devs, Some(hetero::PeerLink::nvlink3())).expect("context");
 }
+
+/// Emulated-device settings past what can be built are refused, naming the
+/// setting: a capacity past the 64 TiB a reservation holds (`usize::MAX`
+/// overflowed its rounding), an I/O TLB past 2^20 entries (its table is
+/// allocated whole: `usize::MAX` overflowed, large ones exhausted memory),
+/// and IOMMU pages past 1 GiB.
+#[test]
+fn emulated_settings_past_what_can_be_built_are_refused() {
+    let base = || EmuConfig::new(LinkPreset::pcie4x16()).time(TimeMode::Virtual);
+    let cases: [(&str, EmuConfig); 4] = [
+        ("capacity", base().capacity(usize::MAX)),
+        ("capacity", base().capacity(1 << 47)),
+        ("iotlb_entries", base().iotlb_entries(usize::MAX)),
+        ("iommu_page_max", base().iommu_page_max(1 << 62)),
+    ];
+    for (field, cfg) in cases {
+        match Device::new(DeviceConfig::default().emu(cfg)) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains(field), "{field}: {m}"),
+            other => panic!("{field}: {:?}", other.map(|_| ())),
+        }
+    }
+    let large = base().capacity(1 << 40).iotlb_entries(1 << 20);
+    Device::new(DeviceConfig::default().emu(large)).expect("1 TiB, 2^20 entries");
+}

@@ -45,6 +45,9 @@ pub const DEFAULT_IOTLB_ENTRIES: usize = 64;
 /// flight ahead of its data, so a miss stalls the stream of bytes by about an
 /// eighth of a walk.
 pub const DEFAULT_IOTLB_MISS_NS: u64 = 40;
+/// The largest emulated memory: its address space is reserved up front (a
+/// reservation holds at most 64 TiB).
+const MAX_CAPACITY: usize = 1 << 46;
 /// Default inline threshold: H2D copies of at most 2 KiB ride in the command.
 pub const DEFAULT_INLINE_COPY_MAX: usize = 2048;
 
@@ -159,14 +162,19 @@ impl EmuConfig {
     }
 
     pub(crate) fn validate(&self) -> Result<(), String> {
-        if self.capacity < (1 << 20) {
+        if self.capacity < (1 << 20) || self.capacity > MAX_CAPACITY {
             return Err(format!(
-                "emu capacity is {} bytes; give it at least 1 MiB",
+                "emu capacity is {} bytes; give it from 1 MiB to 2^46 bytes (64 TiB: its \
+                 address space is reserved up front)",
                 self.capacity
             ));
         }
-        if self.iotlb_entries == 0 {
-            return Err("emu iotlb_entries is 0; give the I/O TLB at least one entry".into());
+        if self.iotlb_entries == 0 || self.iotlb_entries > 1 << 20 {
+            return Err(format!(
+                "emu iotlb_entries is {}; give the I/O TLB 1 to 1048576 entries (its table is \
+                 allocated whole; real ones hold hundreds to thousands)",
+                self.iotlb_entries
+            ));
         }
         if self.iotlb_miss_ns > 1_000_000 {
             // (A transfer's stall is its misses times this: past 1 ms a
@@ -177,9 +185,11 @@ impl EmuConfig {
                 self.iotlb_miss_ns
             ));
         }
-        if !self.iommu_page_max.is_power_of_two() || self.iommu_page_max < 4096 {
+        if !self.iommu_page_max.is_power_of_two()
+            || !(4096..=1 << 30).contains(&self.iommu_page_max)
+        {
             return Err(format!(
-                "emu iommu_page_max is {}; use a power of two of at least 4096",
+                "emu iommu_page_max is {}; use a power of two from 4096 to 1 GiB",
                 self.iommu_page_max
             ));
         }
