@@ -281,7 +281,9 @@ fn a_kernel_cost_past_the_clock_faults_and_the_clock_goes_on() {
 #[test]
 fn a_link_whose_figures_would_stall_or_wrap_the_clock_is_refused() {
     type Set = fn(&mut LinkPreset);
-    let bad: [(&str, Set); 6] = [
+    let bad: [(&str, Set); 8] = [
+        ("max_payload", |l| l.max_payload = 0),
+        ("header_bytes", |l| l.header_bytes = u32::MAX),
         ("h2d_gbps", |l| l.h2d_gbps = 0.0),
         ("d2h_gbps", |l| l.d2h_gbps = f64::NAN),
         ("bidir_h2d_gbps", |l| l.bidir_h2d_gbps = -3.0),

@@ -149,6 +149,11 @@ impl LinkPreset {
     /// Checks the figures a model divides by or adds to a clock
     /// ([`check_figures`]).
     pub(crate) fn validate(&self) -> Result<(), String> {
+        check_packets(
+            &format!("link {}", self.name),
+            self.max_payload,
+            self.header_bytes,
+        )?;
         check_figures(
             &format!("link {}", self.name),
             self.setup_ns,
@@ -206,6 +211,23 @@ pub(crate) fn check_figures(
         )),
         None => Ok(()),
     }
+}
+
+/// Checks a link's packets: a payload of 1 byte to 1 MiB, a header of at
+/// most 64 KiB (a copy's wire bytes, its packets times its header, then stay
+/// within a `u64` for any memory).
+pub(crate) fn check_packets(what: &str, max_payload: u32, header_bytes: u32) -> Result<(), String> {
+    if !(1..=1 << 20).contains(&max_payload) {
+        return Err(format!(
+            "{what}: max_payload is {max_payload}; give 1 to 1048576 bytes"
+        ));
+    }
+    if header_bytes > 1 << 16 {
+        return Err(format!(
+            "{what}: header_bytes is {header_bytes}; give at most 65536"
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -105,6 +105,11 @@ impl PeerLink {
     /// Checks the figures a model divides by or adds to a clock
     /// (`link::check_figures`).
     pub(crate) fn validate(&self) -> Result<(), String> {
+        super::link::check_packets(
+            &format!("peer link {}", self.name),
+            self.max_payload,
+            self.header_bytes,
+        )?;
         super::link::check_figures(
             &format!("peer link {}", self.name),
             self.setup_ns,
