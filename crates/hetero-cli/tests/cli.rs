@@ -3,13 +3,31 @@
 use serde_json::Value;
 use std::process::Command;
 
-fn hetero(args: &[&str], env: &[(&str, &str)]) -> Value {
+/// A small demo, as JSON.
+const SMALL_DEMO: [&str; 8] = [
+    "demo",
+    "--json",
+    "--tiles",
+    "8",
+    "--tile-kib",
+    "32",
+    "--reps",
+    "1",
+];
+
+/// Runs `hetero` with `args` and `env`, whatever it returns.
+fn run(args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> std::process::Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_hetero"));
     cmd.args(args);
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let out = cmd.output().expect("run hetero");
+    cmd.output().expect("run hetero")
+}
+
+/// Runs `hetero`, which must succeed and print one JSON object.
+fn hetero(args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Value {
+    let out = run(args, env);
     assert!(
         out.status.success(),
         "hetero {args:?} failed: {}",
@@ -21,20 +39,7 @@ fn hetero(args: &[&str], env: &[(&str, &str)]) -> Value {
 #[test]
 fn demo_json_is_verified_and_complete() {
     let path = std::env::temp_dir().join(format!("hetero-cli-trace-{}.json", std::process::id()));
-    let p = path.to_str().unwrap();
-    let v = hetero(
-        &[
-            "demo",
-            "--json",
-            "--tiles",
-            "8",
-            "--tile-kib",
-            "32",
-            "--reps",
-            "1",
-        ],
-        &[("HETERO_PROFILE", p)],
-    );
+    let v = hetero(&SMALL_DEMO, &[("HETERO_PROFILE", path.as_os_str())]);
     assert_eq!(v["verified"], true);
     for key in [
         "serial_ms",
@@ -69,21 +74,11 @@ fn demo_json_is_verified_and_complete() {
 #[test]
 fn a_profile_past_its_bound_keeps_what_fits_and_says_what_it_dropped() {
     let path = std::env::temp_dir().join(format!("hetero-cli-cut-{}.json", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_hetero"))
-        .args([
-            "demo",
-            "--json",
-            "--tiles",
-            "8",
-            "--tile-kib",
-            "32",
-            "--reps",
-            "1",
-        ])
-        .env("HETERO_PROFILE", &path)
-        .env("HETERO_PROFILE_MAX_RECORDS", "64")
-        .output()
-        .expect("run hetero");
+    let env = [
+        ("HETERO_PROFILE", path.as_os_str()),
+        ("HETERO_PROFILE_MAX_RECORDS", "64".as_ref()),
+    ];
+    let out = run(&SMALL_DEMO, &env);
     assert!(
         out.status.success(),
         "{}",
@@ -182,11 +177,7 @@ fn workload_arguments_the_demo_cannot_run_are_refused() {
             &["demo"][..],
             &["profile", "demo", "--out", "/nonexistent/never"],
         ] {
-            let out = Command::new(env!("CARGO_BIN_EXE_hetero"))
-                .args(cmd)
-                .args(args)
-                .output()
-                .expect("run hetero");
+            let out = run(&[cmd, args].concat(), &[]);
             let err = String::from_utf8_lossy(&out.stderr);
             assert_eq!(out.status.code(), Some(1), "{cmd:?} {args:?}: {err}");
             assert!(

@@ -626,8 +626,7 @@ fn a_kernel_waiting_for_a_held_task_gets_an_error_not_a_hang() {
     if common::skipped(NAME) {
         return;
     }
-    let (done, finished) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
+    common::within(120, "no hang: the kernel's wait returns", move || {
         let (ctx, devs) = context();
         let held: std::sync::Arc<std::sync::Mutex<Option<hetero::Task>>> = Default::default();
         let got = std::sync::Arc::new(std::sync::Mutex::new(None));
@@ -661,11 +660,7 @@ fn a_kernel_waiting_for_a_held_task_gets_an_error_not_a_hang() {
             other => panic!("the kernel's wait: {other:?}"),
         }
         t.wait().unwrap();
-        done.send(()).unwrap();
     });
-    finished
-        .recv_timeout(std::time::Duration::from_secs(120))
-        .expect("no hang: the kernel's wait returns");
 }
 
 /// Work stealing hands a held task to a device whose pool of streams is
@@ -677,8 +672,7 @@ fn a_kernel_waiting_for_a_held_task_gets_an_error_not_a_hang() {
 /// real time, whatever the backend under test.
 #[test]
 fn a_kernel_submitting_while_work_stealing_meets_a_full_pool_does_not_deadlock() {
-    let (done, finished) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
+    common::within(120, "no deadlock: every task completes", move || {
         let emu =
             hetero::EmuConfig::new(hetero::LinkPreset::pcie4x16()).time(hetero::TimeMode::Real);
         let config = hetero::DeviceConfig::default().compute_units(64).emu(emu);
@@ -727,11 +721,7 @@ fn a_kernel_submitting_while_work_stealing_meets_a_full_pool_does_not_deadlock()
         held.wait().unwrap();
         let want = 2 * hetero::MAX_TASK_STREAMS as u32;
         assert_eq!(submitted.load(std::sync::atomic::Ordering::Relaxed), want);
-        done.send(()).unwrap();
     });
-    finished
-        .recv_timeout(std::time::Duration::from_secs(120))
-        .expect("no deadlock: every task completes");
 }
 
 /// A kernel of a placed graph that launches the same graph while the
@@ -748,8 +738,7 @@ fn a_kernel_launching_its_graph_while_a_launch_waits_for_room_does_not_deadlock(
     if common::skipped(NAME) {
         return;
     }
-    let (done, finished) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
+    common::within(120, "no deadlock: the launches complete", move || {
         let (ctx, _devs) = context();
         let graph = std::sync::Arc::new(std::sync::OnceLock::<hetero::PlacedTaskGraph>::new());
         let nested = std::sync::Arc::new(std::sync::Mutex::new(None));
@@ -793,11 +782,7 @@ fn a_kernel_launching_its_graph_while_a_launch_waits_for_room_does_not_deadlock(
             }
         };
         assert_eq!(d.to_vec().unwrap(), vec![TASKS * launches]);
-        done.send(()).unwrap();
     });
-    finished
-        .recv_timeout(std::time::Duration::from_secs(120))
-        .expect("no deadlock: the launches complete");
 }
 
 /// Under work stealing (the context's policy), fills every device's window

@@ -354,4 +354,4 @@ mod tests;
 use dag::{ones, topological_order, BitMatrix, Csr};
 use place::{align_up, check_align, order_by, Placement, Placer};
 pub use random::{random_case, RandomCase};
-pub use sweep::plan_intervals;
+pub use sweep::{merge_free, plan_intervals};

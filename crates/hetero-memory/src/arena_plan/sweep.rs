@@ -81,23 +81,34 @@ pub fn plan_intervals(sizes: &[u64], align: u64, intervals: &[(u32, u32)]) -> Ar
     }
 }
 
-/// Returns `at..at + bytes` to the free blocks, merged with the blocks beside
-/// it; a block that reaches `top` lowers it instead.
-fn give_back(free: &mut BTreeMap<u64, u64>, top: &mut u64, mut at: u64, mut bytes: u64) {
-    if let Some((&before, &len)) = free.range(..at).next_back() {
-        if before + len == at {
-            free.remove(&before);
-            at = before;
-            bytes += len;
-        }
-    }
-    if let Some(&len) = free.get(&(at + bytes)) {
-        free.remove(&(at + bytes));
-        bytes += len;
-    }
+/// Returns `at..at + bytes` to the free blocks; a block that reaches `top`
+/// lowers it instead.
+fn give_back(free: &mut BTreeMap<u64, u64>, top: &mut u64, at: u64, bytes: u64) {
+    let (at, bytes) = merge_free(free, at, bytes);
     if at.saturating_add(bytes) == *top {
         *top = at;
     } else {
         free.insert(at, bytes);
     }
+}
+
+/// Takes the free blocks beside `at..at + len` (keyed by start, holding
+/// their length) out of `free` and returns the merged block, for the caller
+/// to insert (or not). Shared with other free lists of ranges (the emulated
+/// device's memory).
+pub fn merge_free<T>(free: &mut BTreeMap<T, T>, mut at: T, mut len: T) -> (T, T)
+where
+    T: Ord + Copy + std::ops::Add<Output = T>,
+{
+    if let Some((&before, &blen)) = free.range(..at).next_back() {
+        if before + blen == at {
+            free.remove(&before);
+            at = before;
+            len = len + blen;
+        }
+    }
+    if let Some(after) = free.remove(&(at + len)) {
+        len = len + after;
+    }
+    (at, len)
 }

@@ -366,7 +366,7 @@ pub(crate) fn place(
     // The data tasks before the one at hand write (a scan of every earlier
     // task per access made instantiate quadratic: 40 000 independent tasks
     // took 8.8 s).
-    let mut written: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    let mut written = rustc_hash::FxHashSet::<u64>::default();
     {
         let mut sc = lock(&rt.sched);
         for (i, spec) in specs.iter().enumerate() {

@@ -143,19 +143,8 @@ impl ChunkSource for ArenaChunks {
             tracing::error!(error = %e, "returning an emulated device chunk failed");
         }
         let mut free = a.free.lock().unwrap_or_else(|p| p.into_inner());
-        let (mut start, mut len) = (off, chunk.size);
-        // Merge with the neighbours.
-        if let Some((&prev, &plen)) = free.range(..start).next_back() {
-            if prev + plen == start {
-                free.remove(&prev);
-                start = prev;
-                len += plen;
-            }
-        }
-        if let Some(&nlen) = free.get(&(start + len)) {
-            free.remove(&(start + len));
-            len += nlen;
-        }
+        // Merged with the neighbours.
+        let (start, len) = hetero_memory::arena_plan::merge_free(&mut free, off, chunk.size);
         free.insert(start, len);
     }
 }

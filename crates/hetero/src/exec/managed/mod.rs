@@ -603,13 +603,11 @@ impl Space {
         }
         let mut keys: Vec<_> = own.keys().copied().collect();
         keys.sort_unstable();
-        let mut needed = 0usize;
         let mut incoming = 0usize;
         for &(b, p) in &keys {
             let t = &self.tables[&b];
             let page = &t.pages[p];
             let len = t.page_len(p);
-            needed += len;
             let write = own[&(b, p)];
             let moving = mem != HOST && !page.has(mem);
             // A migration copy writes the target memory's copy: it follows
@@ -624,9 +622,7 @@ impl Space {
             return Ok(plan);
         }
         if let Some(budget) = budget {
-            if needed > budget {
-                return Err(TooLarge { needed, budget });
-            }
+            // (The accesses' own pages fit it: checked first.)
             let resident = self.resident[mem as usize];
             if resident + incoming > budget {
                 let mut want = resident + incoming - budget;
