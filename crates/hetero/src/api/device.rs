@@ -419,7 +419,9 @@ impl Device {
             Ok(())
         } else {
             Err(Error::InvalidArgument(
-                "unregister_host: the buffer is not registered host memory (it comes from                  the pinned pool, or was unregistered already); only buffers from                  Device::register_host can be unregistered"
+                "unregister_host: the buffer is not registered host memory (it comes from the \
+                pinned pool, or was unregistered already); only buffers from \
+                Device::register_host can be unregistered"
                     .into(),
             ))
         }

@@ -229,7 +229,9 @@ impl Event {
         if crate::api::graph::capture::is_capture_timeline(&p.timeline) {
             return Err(Error::Graph {
                 op,
-                detail: "the event was recorded during a stream capture: it marks a point of                          the graph being recorded, which only streams recording into that                          capture can wait on; record an event after launching the graph"
+                detail: "the event was recorded during a stream capture: it marks a point of the \
+                        graph being recorded, which only streams recording into that capture can \
+                        wait on; record an event after launching the graph"
                     .into(),
             });
         }

@@ -179,7 +179,8 @@ impl Stream {
         if self.is_capturing() {
             return Err(Error::Graph {
                 op,
-                detail: "the stream is recording a capture: nothing it records runs before                          the graph is launched, so this would never complete; end the capture                          first"
+                detail: "the stream is recording a capture: nothing it records runs before the \
+                        graph is launched, so this would never complete; end the capture first"
                     .into(),
             });
         }
