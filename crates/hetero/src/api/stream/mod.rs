@@ -518,10 +518,36 @@ impl Stream {
         if crate::api::graph::capture::is_capture_timeline(&p.timeline) {
             return crate::api::graph::capture::wait(&self.inner.capture, self.id(), p);
         }
-        if !self.wait_needed(&p.timeline, p.value)? {
+        if !self.wait_needed(&p.timeline, p.value, true)? {
             return Ok(());
         }
         self.wait_points(&[(&p.timeline, p.value)])
+    }
+
+    /// Makes work submitted after this call wait until `event` completed,
+    /// faulted or not (a memory wait: its fault is not taken on). The task
+    /// layer's order-only dependencies: a task that writes data a faulted
+    /// task read, or overwrites data without reading it, waits for that
+    /// task and does not fail with it. Checked as [`Stream::wait_event`]; in
+    /// a capture, an event wait (a graph's edges carry faults).
+    pub(crate) fn order_after(&self, event: &Event) -> Result<()> {
+        let p = event.point_any("wait_event")?;
+        if crate::api::graph::capture::is_capture_timeline(&p.timeline) {
+            return crate::api::graph::capture::wait(&self.inner.capture, self.id(), p);
+        }
+        if !self.wait_needed(&p.timeline, p.value, false)? {
+            return Ok(());
+        }
+        self.submit(Body::Wait {
+            timeline: p.timeline.clone(),
+            value: p.value,
+            fault: false,
+        })?;
+        let dev = &self.inner.device;
+        if p.timeline.device != dev.id() {
+            dev.watch(&p.timeline, p.value);
+        }
+        Ok(())
     }
 
     /// Event waits on `points` (streams' timelines, not a capture's), as few
@@ -557,9 +583,10 @@ impl Stream {
     }
 
     /// The checks of a wait on `value` on `timeline`; whether it needs an op
-    /// (not on its own stream, nor complete without a fault).
+    /// (not on its own stream, nor complete: without a fault where the wait
+    /// takes one on, `fault`).
     #[inline]
-    fn wait_needed(&self, timeline: &Arc<Timeline>, value: u64) -> Result<bool> {
+    fn wait_needed(&self, timeline: &Arc<Timeline>, value: u64, fault: bool) -> Result<bool> {
         let dev = &self.inner.device;
         let foreign = timeline.device != dev.id();
         if foreign && self.is_capturing() {
@@ -582,7 +609,11 @@ impl Stream {
         }
         // Own stream: already ordered. Completed without fault: nothing to wait for.
         let done = (!foreign && timeline.stream == self.id())
-            || matches!(timeline.status(value), Some(Ok(())));
+            || match timeline.status(value) {
+                Some(Ok(())) => true,
+                Some(Err(_)) => !fault,
+                None => false,
+            };
         Ok(!done)
     }
 

@@ -333,6 +333,11 @@ struct RtState {
     streams_made: u64,
     /// Copies since the last account: (from, to, bytes).
     link_bytes: Vec<(usize, usize, u64)>,
+    /// The first fault among tasks and placed launches seen complete
+    /// (`harvest`) since the last `wait_all`, which reports it: a faulted
+    /// stream may have left the pool, and a launch's tail the list, before
+    /// anyone waited.
+    unreported: Option<Error>,
     /// The candidates of the task being placed (kept to reuse the list).
     candidates: Vec<Candidate>,
 }
@@ -344,7 +349,7 @@ enum Decision {
     /// Not held, but over data a held task touches: after that task.
     BehindHeld,
     /// To submit as `Go` says, after these tasks.
-    Go(Go, Vec<TaskRef>),
+    Go(Go, Vec<Dep>),
 }
 
 impl RtState {
@@ -564,6 +569,7 @@ impl Runtime {
                 stream_wait_ns: 0,
                 streams_made: 0,
                 link_bytes: Vec::new(),
+                unreported: None,
                 candidates: Vec::new(),
             }),
             devices,
@@ -740,16 +746,28 @@ impl Runtime {
                 Some(r) => {
                     let p = st.pending.swap_remove(i);
                     st.queued[p.device] -= 1;
-                    if r.is_ok() {
-                        done.push(p);
+                    match r {
+                        Ok(()) => done.push(p),
+                        Err(e) => {
+                            st.unreported.get_or_insert(e);
+                        }
                     }
                 }
             }
         }
+        let unreported = &mut st.unreported;
         st.graph_tails.retain(|e| {
-            e.point
-                .as_ref()
-                .is_some_and(|p| p.timeline.status(p.value).is_none())
+            let Some(p) = e.point.as_ref() else {
+                return false;
+            };
+            match p.timeline.status(p.value) {
+                None => true,
+                Some(Ok(())) => false,
+                Some(Err(e)) => {
+                    unreported.get_or_insert(e);
+                    false
+                }
+            }
         });
         // Each device's unfinished work, for its floor (`free_at`); tasks
         // accounted until the next look add to it.
@@ -1350,7 +1368,7 @@ impl Runtime {
     /// (`exec/sched/dispatch.rs`) it notes when the task was on its device:
     /// in real time, one task in four with nothing to wait for but the
     /// device (no dependency, no copy); else 0.
-    fn booked(&self, spec: &Spec, deps: &[TaskRef], task: Task, cost_ns: f64) -> Booked {
+    fn booked(&self, spec: &Spec, deps: &[Dep], task: Task, cost_ns: f64) -> Booked {
         let sampled = !self.virtual_time
             && task.id.is_multiple_of(4)
             && deps.is_empty()
@@ -1444,16 +1462,18 @@ impl Runtime {
         st: &mut RtState,
         spec: &Spec,
         d: usize,
-        deps: &[TaskRef],
+        deps: &[Dep],
         priority: Option<u8>,
         end_ns: f64,
         id: Option<u64>,
         defer_wait: bool,
     ) -> Result<std::result::Result<Task, Event>> {
         let pool = &mut st.streams[d];
-        // A stream whose last task this one depends on (a fault there fails
-        // this one anyway): a scan of task numbers, no shared memory read.
-        let chained_at = deps.iter().find_map(|x| {
+        // A stream whose last task this one reads the data of (a fault there
+        // fails this one anyway; behind a task it only follows, that task's
+        // fault, sticky on its stream, would fail it): a scan of task
+        // numbers, no shared memory read.
+        let chained_at = deps.iter().filter(|x| x.data).find_map(|x| {
             let i = x.stream?;
             (i.0 == d
                 && pool
@@ -1541,8 +1561,13 @@ impl Runtime {
             }
         }
         for dep in deps {
-            if Some(dep.id) != chained {
+            if Some(dep.id) == chained {
+                continue;
+            }
+            if dep.data {
                 stream.wait_event(&dep.end)?;
+            } else {
+                stream.order_after(&dep.end)?;
             }
         }
         for e in &spec.after {
@@ -1647,8 +1672,10 @@ impl Runtime {
         }))
     }
 
-    /// Waits for every task submitted so far; the first fault among them is
-    /// the error (the others still complete or fail on their own).
+    /// Waits for every task submitted so far; the first fault among those
+    /// submitted since the last call is the error (the others still complete
+    /// or fail on their own). Each fault is reported once: a faulted
+    /// stream leaves the pool here, and the faults `harvest` met are taken.
     pub(crate) fn wait_all(&self) -> Result<()> {
         self.pump_until(|| lock(&self.state).held.is_empty())?;
         let events: Vec<Event> = {
@@ -1673,7 +1700,11 @@ impl Runtime {
         let mut sc = lock(&self.sched);
         self.harvest(&mut st, &mut sc);
         sc.models().save();
-        first
+        for pool in &mut st.streams {
+            pool.retain(|p| !matches!(p.status(), Some(Err(_))));
+        }
+        let unreported = st.unreported.take();
+        first.and(unreported.map_or(Ok(()), Err))
     }
 }
 
@@ -1714,23 +1745,43 @@ fn calibrate_bus(device: &Device) -> Result<crate::exec::sched::bus::BusFigure> 
 
 /// The tasks `spec` depends on, from the order of accesses to its data
 /// (RAW, WAR, WAW), each once.
-fn dependencies(spec: &Spec) -> Vec<TaskRef> {
-    let mut deps: Vec<TaskRef> = Vec::new();
-    let mut add = |t: &TaskRef| {
-        if !deps.iter().any(|d| d.id == t.id) {
-            deps.push(t.clone());
-        }
+fn dependencies(spec: &Spec) -> Vec<Dep> {
+    let mut deps: Vec<Dep> = Vec::new();
+    let mut add = |t: &TaskRef, data: bool| match deps.iter_mut().find(|d| d.id == t.id) {
+        Some(d) => d.data |= data,
+        None => deps.push(Dep {
+            task: t.clone(),
+            data,
+        }),
     };
     for (data, mode) in &spec.access {
         let st = lock(data.state());
         if let Some(w) = &st.writer {
-            add(w);
+            add(w, mode.reads());
         }
         if mode.writes() {
-            st.readers.iter().for_each(&mut add);
+            st.readers.iter().for_each(|r| add(r, false));
         }
     }
     deps
+}
+
+/// A task a new one follows. `data`: it reads what that task wrote (RAW),
+/// so that task's fault is its own; else the order only (WAR, and WAW
+/// without a read): it waits for that task's end, faulted or not, and a
+/// faulted reader (or a faulted writer of data it overwrites) leaves it,
+/// and the data it writes, whole.
+#[derive(Clone)]
+pub(crate) struct Dep {
+    task: TaskRef,
+    data: bool,
+}
+
+impl std::ops::Deref for Dep {
+    type Target = TaskRef;
+    fn deref(&self) -> &TaskRef {
+        &self.task
+    }
 }
 
 /// A submitted task: its completion event (usable by streams of any device
@@ -1764,8 +1815,9 @@ impl Task {
         (!v.is_nan()).then_some(v)
     }
 
-    /// Completes when the task has (fails if it faulted or a task it depends
-    /// on did). For a task work stealing held back, a host-signalled event:
+    /// Completes when the task has (fails if it faulted or a task whose
+    /// output it reads did; a task it only follows, one that read what it
+    /// writes or whose output it overwrites unread, does not fail it). For a task work stealing held back, a host-signalled event:
     /// it completes once a device took the task and ran it; in virtual time
     /// waiting on it alone runs no device's model (use [`Task::wait`] or
     /// [`Context::wait_tasks`]).
@@ -2009,7 +2061,9 @@ impl Context {
     }
 
     /// Waits for every task submitted so far and feeds their times to the
-    /// models (and saves them); the first fault among the tasks is the error.
+    /// models (and saves them); the first fault among the tasks (and placed
+    /// launches) since the last call is the error: each fault is reported
+    /// once, by the first call after it.
     pub fn wait_tasks(&self) -> Result<()> {
         let rt = lock(&self.tasks_state().runtime).upgrade();
         match rt {
