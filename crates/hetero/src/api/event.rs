@@ -252,6 +252,14 @@ impl Event {
             .is_some_and(|p| matches!(p.timeline.status(p.value), Some(Ok(()))))
     }
 
+    /// Whether it was recorded and completed with a fault. Looks, never
+    /// polls.
+    pub(crate) fn failed(&self) -> bool {
+        self.point
+            .as_ref()
+            .is_some_and(|p| matches!(p.timeline.status(p.value), Some(Err(_))))
+    }
+
     /// Whether `later`'s completion (or fault) implies this event's: both
     /// recorded on one stream, this one no later.
     pub(crate) fn implied_by(&self, later: &Event) -> bool {

@@ -538,14 +538,22 @@ impl Stream {
         if !self.wait_needed(&p.timeline, p.value, false)? {
             return Ok(());
         }
-        self.submit(Body::Wait {
-            timeline: p.timeline.clone(),
-            value: p.value,
-            fault: false,
-        })?;
+        self.order_points(&[(&p.timeline, p.value)])
+    }
+
+    /// Memory waits on `points` (no fault taken on), one op each; the
+    /// caller checked them as for [`Stream::wait_points`].
+    pub(crate) fn order_points(&self, points: &[(&Arc<Timeline>, u64)]) -> Result<()> {
         let dev = &self.inner.device;
-        if p.timeline.device != dev.id() {
-            dev.watch(&p.timeline, p.value);
+        for &(timeline, value) in points {
+            self.submit(Body::Wait {
+                timeline: timeline.clone(),
+                value,
+                fault: false,
+            })?;
+            if timeline.device != dev.id() {
+                dev.watch(timeline, value);
+            }
         }
         Ok(())
     }

@@ -68,6 +68,21 @@ pub(crate) struct DataState {
 }
 
 impl DataState {
+    /// Forgets the replicas whose copy is known to have failed (a task's
+    /// copy made on a stream that failed before it: a wait for another
+    /// datum's faulted writer), while another holds the current version:
+    /// a reader then copies from that one instead of taking on the fault.
+    pub(crate) fn drop_failed_replicas(&mut self) {
+        let failed = |e: &Event| e.failed();
+        if self.valid.iter().flatten().any(|e| !failed(e)) {
+            for v in &mut self.valid {
+                if v.as_ref().is_some_and(failed) {
+                    *v = None;
+                }
+            }
+        }
+    }
+
     /// Adds `me` to the readers since the last write. An earlier reader on
     /// the same stream is dropped: stream order puts `me` after it, and a
     /// fault there fails `me` too, so waiting for `me` covers it. A datum
@@ -423,27 +438,33 @@ impl<T: Pod + Send + Sync> TaskData<T> {
         // Tasks work stealing holds back that touch it go to devices first.
         let id = self.cell.id;
         self.rt.pump_until(|| !self.rt.holds(id))?;
-        let (at, ready, writer) = {
+        let (replicas, writer) = {
             let st = self.cell.state.lock().unwrap_or_else(|p| p.into_inner());
-            let at = (0..st.valid.len())
-                .find(|&i| st.valid[i].is_some())
-                .expect("some replica holds the current version");
-            (
-                at,
-                st.valid[at].clone().expect("found above"),
-                st.writer.clone(),
-            )
+            let replicas: Vec<(usize, Event)> = (0..st.valid.len())
+                .filter_map(|i| Some((i, st.valid[i].clone()?)))
+                .collect();
+            (replicas, st.writer.clone())
         };
         if let Some(w) = &writer {
             w.end.synchronize()?;
         }
-        let s = self.rt.host_stream(at)?;
-        if ready.is_recorded() {
-            s.wait_event(&ready)?;
+        // The first replica whose copy completed: one a task's copy made on
+        // a stream that failed before it (a wait for another datum's
+        // faulted writer) holds nothing, and the data's current version is
+        // in another.
+        let mut last = None;
+        for (at, ready) in replicas {
+            if ready.is_recorded() {
+                if let Err(e) = ready.synchronize() {
+                    last = Some(e);
+                    continue;
+                }
+            }
+            let s = self.rt.host_stream(at)?;
+            let buf = self.cell.replicas[at].get().expect("valid replicas exist");
+            return s.read_to_vec(buf);
         }
-        let buf = self.cell.replicas[at].get().expect("valid replicas exist");
-        let out = s.read_to_vec(buf)?;
-        Ok(out)
+        Err(last.expect("some replica holds the current version"))
     }
 
     /// Devices holding the current version, by index in the context.

@@ -120,10 +120,17 @@ struct Draft {
     device: usize,
     /// Index into `Plan::streams`.
     stream: usize,
-    /// Earlier steps on other streams whose end events it waits for.
+    /// Earlier steps on other streams whose end events it waits for, taking
+    /// on their faults (it reads what they wrote).
     waits: Vec<usize>,
+    /// Earlier steps on other streams it only follows (it writes what they
+    /// read, or overwrites what they wrote unread): memory waits, no fault
+    /// taken on.
+    orders: Vec<usize>,
     /// Data (index into `Plan::data`) whose launch-time events it waits for
-    /// (it touches them before any step of the graph wrote them).
+    /// (it touches them before any step of the graph wrote them), as
+    /// `2 x + 1` where it reads the datum (the last writer's fault is its
+    /// own), else `2 x`.
     first: Vec<usize>,
     /// Copies before the launch: (access index, from device).
     copies: Vec<(usize, usize)>,
@@ -154,10 +161,12 @@ struct Step {
     /// A stream graph's node that is not a kernel (`Spec::op`).
     op: Option<Arc<super::stream_graph::NodeOp>>,
     /// From `ids`: in `Plan::ids`, the steps it waits for (`waits` of them),
-    /// then the data whose launch-time events it waits for (`first`), then
-    /// its copies as (access index, from device) pairs (`copies`).
+    /// the steps it only follows (`orders`), the data whose launch-time
+    /// events it waits for (`first`, as `Draft::first`), then its copies as
+    /// (access index, from device) pairs (`copies`).
     ids: usize,
     waits: u32,
+    orders: u32,
     first: u32,
     copies: u32,
     /// From `access`: its accesses in `Plan::access` (`accesses` of them).
@@ -221,8 +230,10 @@ struct Scratch {
     /// Per stream: its last step's end event, stamped (the caller's).
     tail_events: Vec<Option<Event>>,
     /// What the data wait for before the launch, all data's in one list;
-    /// `pre_at[x]` is where datum `x`'s end in it.
-    pre: Vec<Event>,
+    /// `pre_at[x]` is where datum `x`'s end in it. `true`: what a step that
+    /// reads the datum takes faults from (its last writer, its start
+    /// replica); `false`: what any step only follows (its readers).
+    pre: Vec<(Event, bool)>,
     pre_at: Vec<usize>,
     /// Per datum: its start replica's event.
     start_valid: Vec<Option<Event>>,
@@ -484,6 +495,9 @@ fn make_plan(
     let mut clock: Vec<Vec<u32>> = Vec::new();
     let mut position: Vec<u32> = Vec::with_capacity(specs.len());
     let mut after_clock: Vec<Vec<u32>> = Vec::with_capacity(specs.len());
+    // The same for faults (see `fault_clock` below).
+    let mut fault_clock: Vec<Vec<u32>> = Vec::new();
+    let mut after_fault: Vec<Vec<u32>> = Vec::with_capacity(specs.len());
     let mut data: Vec<DataPlan> = Vec::new();
     let mut data_index: std::collections::HashMap<u64, usize> = Default::default();
     // Per datum, per device: the source of its valid replica in the walk.
@@ -499,6 +513,7 @@ fn make_plan(
             device: d,
             stream: usize::MAX,
             waits: Vec::new(),
+            orders: Vec::new(),
             first: Vec::new(),
             copies: Vec::new(),
             record: false,
@@ -506,8 +521,10 @@ fn make_plan(
             end_ns: placed[t].end,
         };
         // Steps this one must follow (in `waits` for now; filtered below by
-        // what its stream already follows).
+        // what its stream already follows), and of them those whose output
+        // it reads (their faults are its own: `reads`).
         step.waits.extend(deps[t].iter().map(|&(p, _)| step_of[p]));
+        let mut reads: Vec<usize> = Vec::new();
         for (a, (datum, mode)) in spec.access.iter().enumerate() {
             let x = *data_index.entry(datum.id()).or_insert_with(|| {
                 let st = lock(datum.state());
@@ -531,13 +548,19 @@ fn make_plan(
             });
             datum.replica(d, &rt.devices[d])?;
             if !data[x].written {
-                step.first.push(x);
+                step.first.push(2 * x + usize::from(mode.reads()));
+            }
+            if mode.reads() {
+                reads.extend(data[x].writer);
             }
             // A managed buffer's pages move at its launch (the waits its
             // dependencies give order them): no replica to copy.
             if mode.reads() && !datum.is_managed() {
                 match valid[x][d] {
-                    Some(Source::Step(j)) => step.waits.push(j),
+                    Some(Source::Step(j)) => {
+                        step.waits.push(j);
+                        reads.push(j);
+                    }
                     Some(Source::Start) => {}
                     None => {
                         // From the last writer's device if there is one,
@@ -559,6 +582,7 @@ fn make_plan(
                         datum.replica(from, &rt.devices[from])?;
                         if let Some(Source::Step(j)) = valid[x][from] {
                             step.waits.push(j);
+                            reads.push(j);
                         }
                         step.copies.push((a, from));
                         moved.push((from, d, bytes));
@@ -580,20 +604,27 @@ fn make_plan(
         // Vector clocks: `clock[q][r]` is how many steps of stream `r` the
         // next step of stream `q` follows; a wait another already implies
         // (through stream order or an earlier wait) is left out.
+        // A second clock, `fault_clock`, counts only what a step takes
+        // faults from: its stream's earlier steps (a fault is sticky on its
+        // stream) and the steps whose output it reads, through their own.
         let mut want = std::mem::take(&mut step.waits);
         want.sort_unstable_by(|a, b| b.cmp(a));
         want.dedup();
-        // The stream: one of the device's whose every step this one follows
-        // anyway (through the steps it must follow), so a stream's order
-        // never holds a task behind one it does not depend on (HEFT's order
-        // on a compute unit comes from estimates; the device runs whichever
+        reads.retain(|&j| j < s);
+        reads.sort_unstable_by(|a, b| b.cmp(a));
+        reads.dedup();
+        // The stream: one of the device's whose every step's fault would be
+        // this one's anyway (through the steps whose output it reads), so a
+        // stream's order never holds a task behind one whose fault is not
+        // its own (nor behind one it does not depend on: HEFT's order on a
+        // compute unit comes from estimates; the device runs whichever
         // stream is ready), and with room for its ops in this launch; else
         // a new one; past `MAX_TASK_STREAMS` on the device, the one whose
         // last step HEFT ends first.
         let ops = 2 + 2 * want.len() + 3 * spec.access.len();
         let mut join = vec![0u32; lanes.len()];
-        for &j in &want {
-            for (m, &c) in join.iter_mut().zip(&after_clock[j]) {
+        for &j in &reads {
+            for (m, &c) in join.iter_mut().zip(&after_fault[j]) {
                 *m = (*m).max(c);
             }
         }
@@ -637,24 +668,46 @@ fn make_plan(
         step.stream = stream;
         if clock.len() < lanes.len() {
             clock.resize(lanes.len(), Vec::new());
+            fault_clock.resize(lanes.len(), Vec::new());
         }
         let mut mine = std::mem::take(&mut clock[stream]);
+        let mut faults = std::mem::take(&mut fault_clock[stream]);
         mine.resize(lanes.len(), 0);
-        for j in want {
-            let r = steps[j].stream;
-            if r == stream || mine[r] > position[j] {
-                continue;
-            }
-            step.waits.push(j);
-            steps[j].record = true;
-            for (m, &c) in mine.iter_mut().zip(&after_clock[j]) {
+        faults.resize(lanes.len(), 0);
+        let join = |to: &mut Vec<u32>, from: &[u32]| {
+            for (m, &c) in to.iter_mut().zip(from) {
                 *m = (*m).max(c);
             }
+        };
+        for j in want {
+            let r = steps[j].stream;
+            if r == stream {
+                continue;
+            }
+            // A wait for a step whose output it reads is implied only where
+            // its fault is too; one it only follows, wherever its end is.
+            if reads.binary_search_by(|a| j.cmp(a)).is_ok() {
+                if faults[r] > position[j] {
+                    continue;
+                }
+                step.waits.push(j);
+                join(&mut faults, &after_fault[j]);
+            } else {
+                if mine[r] > position[j] {
+                    continue;
+                }
+                step.orders.push(j);
+            }
+            steps[j].record = true;
+            join(&mut mine, &after_clock[j]);
         }
         position.push(mine[stream]);
         mine[stream] += 1;
+        faults[stream] += 1;
         after_clock.push(mine.clone());
+        after_fault.push(faults.clone());
         clock[stream] = mine;
+        fault_clock[stream] = faults;
         steps.push(step);
     }
     // The state after a launch needs the end events of the steps it names,
@@ -730,6 +783,7 @@ fn make_plan(
                 op: spec.op.clone(),
                 ids: ids.len(),
                 waits: len(d.waits.len()),
+                orders: len(d.orders.len()),
                 first: len(d.first.len()),
                 copies: len(d.copies.len()),
                 access: access.len(),
@@ -739,7 +793,7 @@ fn make_plan(
                 tail: d.tail,
                 end_ns: d.end_ns,
             };
-            ids.extend(d.waits.iter().chain(&d.first));
+            ids.extend(d.waits.iter().chain(&d.orders).chain(&d.first));
             ids.extend(d.copies.iter().flat_map(|&(a, from)| [a, from]));
             access.extend(
                 spec.access
@@ -957,9 +1011,12 @@ impl PlacedTaskGraph {
             // looked at once here (before any clone) rather than by every
             // step that waits.
             let pending = |e: &&Event| !e.completed_ok();
-            pre.extend(st.writer.iter().map(|w| &w.end).filter(pending).cloned());
+            let kind = |data: bool| move |e: &Event| (e.clone(), data);
+            let writer = st.writer.iter().map(|w| &w.end).filter(pending);
+            pre.extend(writer.map(kind(true)));
             if dp.written {
-                pre.extend(st.readers.iter().map(|r| &r.end).filter(pending).cloned());
+                let readers = st.readers.iter().map(|r| &r.end).filter(pending);
+                pre.extend(readers.map(kind(false)));
             }
             let ev = match st.valid.get(dp.start) {
                 // A managed buffer: nothing to bring back.
@@ -982,13 +1039,20 @@ impl PlacedTaskGraph {
                 }
             };
             if ev.is_recorded() && !ev.completed_ok() {
-                pre.push(ev.clone());
+                pre.push((ev.clone(), true));
             }
             // A slot's buffer that a launch before touched through any slot
             // (its data's state orders only the tasks over this slot): after
-            // those tasks too.
+            // those tasks too (their faults taken on: they may have written
+            // it).
             let touched = dp.data.slot().and_then(|k| live.touched.get(&address(k)));
-            pre.extend(touched.into_iter().flatten().filter(pending).cloned());
+            pre.extend(
+                touched
+                    .into_iter()
+                    .flatten()
+                    .filter(pending)
+                    .map(kind(true)),
+            );
             pre_at.push(pre.len());
             start_valid.push(Some(ev));
         }
@@ -1008,22 +1072,36 @@ impl PlacedTaskGraph {
             if let Some(next) = plan.steps.get(s + PREFETCH_STEPS) {
                 streams[next.stream].prefetch_submit(PREFETCH_OPS);
             }
-            let (waits, first) = (step.waits as usize, step.first as usize);
-            let ids = &plan.ids[step.ids..step.ids + waits + first + 2 * step.copies as usize];
+            let (waits, orders) = (step.waits as usize, step.orders as usize);
+            let first = step.first as usize;
+            let n = waits + orders + first + 2 * step.copies as usize;
+            let ids = &plan.ids[step.ids..step.ids + n];
             let (waits, rest) = ids.split_at(waits);
+            let (orders, rest) = rest.split_at(orders);
             let (first, copies) = rest.split_at(first);
             let access = plan.accesses(step);
             // (The plan's own streams: `wait_points`' checks hold.)
-            points.clear();
-            points.extend(waits.iter().map(|&j| {
+            let at = |&j: &usize| {
                 let value = ends[j].expect("a waited step records its end");
                 (&timelines[plan.steps[j].stream], value)
-            }));
+            };
+            points.clear();
+            points.extend(waits.iter().map(at));
             stream.wait_points(&points)?;
-            for &x in first {
+            if !orders.is_empty() {
+                points.clear();
+                points.extend(orders.iter().map(at));
+                stream.order_points(&points)?;
+            }
+            for &v in first {
+                let (x, reads) = (v / 2, v % 2 == 1);
                 let from = if x == 0 { 0 } else { pre_at[x - 1] };
-                for e in &pre[from..pre_at[x]] {
-                    stream.wait_event(e)?;
+                for (e, data) in &pre[from..pre_at[x]] {
+                    if *data && reads {
+                        stream.wait_event(e)?;
+                    } else {
+                        stream.order_after(e)?;
+                    }
                 }
             }
             if step.after {

@@ -670,7 +670,10 @@ impl Runtime {
 
     /// [`host_stream`](Self::host_stream) where the caller holds the state.
     fn host_stream_in(&self, st: &mut RtState, at: usize) -> Result<Stream> {
-        if let Some(s) = &st.host_streams[at] {
+        // One that took on a fault (a copy from a replica whose maker
+        // faulted) would fail every later read: replaced.
+        let faulted = |s: &Stream| s.backend_stream().timeline().fault_at().is_some();
+        if let Some(s) = st.host_streams[at].as_ref().filter(|s| !faulted(s)) {
             return Ok(s.clone());
         }
         let s = self.devices[at].create_stream()?;
@@ -1590,7 +1593,8 @@ impl Runtime {
                 continue;
             }
             let src = {
-                let s = lock(data.state());
+                let mut s = lock(data.state());
+                s.drop_failed_replicas();
                 if s.valid[d].is_some() {
                     if let Some(ev) = s.valid[d].as_ref().filter(|e| e.is_recorded()) {
                         stream.wait_event(ev)?;
