@@ -432,6 +432,47 @@ fn a_task_that_only_follows_a_faulted_task_runs_and_the_data_stays_usable() {
     ctx.wait_tasks().unwrap();
 }
 
+/// A task that only follows a failed task still comes after everything
+/// that task was ordered after: a failed stream's waits still wait. Here
+/// the failed task read-writes `x` after a slow writer of `x` (held by a
+/// gate); the task after it overwrites `x` unread. Had the failed task's
+/// end come at once, the overwrite ran first and the slow writer's result
+/// replaced it.
+#[test]
+fn a_task_after_a_failed_task_still_follows_what_that_task_waited_for() {
+    if common::skipped("a_task_after_a_failed_task_still_follows_what_that_task_waited_for") {
+        return;
+    }
+    common::within(60, "a task after a failed one", || {
+        let (ctx, devs) = context();
+        let (w, inc, use_y) = (mix(0, false), mix(0, true), mix(1, true));
+        let boom = boom();
+        let gate = devs[1].host_event();
+        let x = ctx.data_from(&vec![1u32; LEN]).unwrap();
+        let y = b2(&ctx);
+        let bad = ctx.task(&boom).write(&y).on_device(0).submit().unwrap();
+        let slow = ctx
+            .task(&inc)
+            .read_write(&x)
+            .after(gate.event())
+            .on_device(1);
+        let slow = slow.submit().unwrap();
+        let failed = ctx.task(&use_y).read(&y).read_write(&x).on_device(0);
+        let failed = failed.submit().unwrap();
+        let last = ctx.task(&w).write(&x).on_device(1).submit().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        gate.signal();
+        assert!(bad.wait().is_err());
+        slow.wait().unwrap();
+        assert!(
+            failed.wait().is_err(),
+            "it read what the faulted task wrote"
+        );
+        last.wait().unwrap();
+        assert_eq!(x.to_vec().unwrap(), vec![7; LEN]);
+    });
+}
+
 /// The same in a HEFT-placed graph, within a launch and across launches: a
 /// step that writes what a faulted step read, or overwrites its output
 /// unread, runs (on whatever stream and device HEFT put it); a step that

@@ -98,8 +98,6 @@ impl std::fmt::Debug for HostEvent {
 pub(crate) enum Stamp {
     /// A record op's own cell (or a host event's).
     Cell(Arc<AtomicU64>),
-    /// The start of a stamped launch (the work before it done).
-    Start(Arc<crate::exec::op::Span>),
     /// The end of a stamped launch.
     End(Arc<crate::exec::op::Span>),
 }
@@ -108,7 +106,6 @@ impl Stamp {
     fn ns(&self) -> u64 {
         match self {
             Stamp::Cell(c) => c.load(Ordering::Acquire),
-            Stamp::Start(s) => s.start_ns(),
             Stamp::End(s) => s.end_ns(),
         }
     }
@@ -212,7 +209,7 @@ impl Event {
     /// The span of the launch that stamps this event, if a launch does.
     pub(crate) fn span(&self) -> Option<&crate::exec::op::Span> {
         match self.point.as_ref()?.stamp.as_ref()? {
-            Stamp::Start(s) | Stamp::End(s) => Some(s),
+            Stamp::End(s) => Some(s),
             Stamp::Cell(_) => None,
         }
     }

@@ -294,6 +294,22 @@ impl Span {
 }
 
 impl Op {
+    /// On a stream that failed (every op from its fault on fails without
+    /// running), whether this op may now complete: a wait only once what it
+    /// waits for is reached, everything else at once. So the stream's
+    /// points keep their order: work that follows one of them with a memory
+    /// wait (a task that only follows a failed task) still comes after what
+    /// that op was ordered after, as it would had the stream not failed.
+    pub(crate) fn failed_wait_done(&self) -> bool {
+        match &self.body {
+            Body::Wait {
+                timeline, value, ..
+            } => timeline.is_reached(*value),
+            Body::WaitAll(w) => w.is_reached(),
+            _ => true,
+        }
+    }
+
     /// The stamps of a launch that writes its own start and end.
     #[inline(always)]
     pub(crate) fn span(&self) -> Option<&Span> {

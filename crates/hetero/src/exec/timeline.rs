@@ -7,7 +7,9 @@
 //! - A fault at value `v` is published (`fault_at`, message) *before* `completed`
 //!   reaches `v`, so a reader that sees `completed >= v` (Acquire) also sees the fault.
 //! - Every operation at or after `fault_at` is failed: it does not run, its resources
-//!   are released, and the timeline still advances past it (nobody waits forever).
+//!   are released, and the timeline still advances past it (nobody waits forever). A
+//!   wait among them still waits for its point first (`Op::failed_wait_done`), so the
+//!   stream's points keep their order for work that follows them with memory waits.
 //! - No lost wake-up, and no wake-up for nothing: a host thread that parks first
 //!   records the value it waits for (`waiting`, whose minimum is `wake_at`), then
 //!   registers as a sleeper, fences and checks; a completion stores `completed`,

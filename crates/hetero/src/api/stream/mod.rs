@@ -336,20 +336,6 @@ impl Stream {
         self.launch_op(kernel, grid, args, None).map(drop)
     }
 
-    /// Launches `kernel` as [`Stream::launch`] does, with events at its start
-    /// and its end: the launch stamps both itself (one op, not a record on
-    /// either side). The start event stands for the work before the launch
-    /// (its stamp is the launch's start); the end event is the launch.
-    pub(crate) fn launch_timed(
-        &self,
-        kernel: &Kernel,
-        grid: Grid,
-        args: &[Arg<'_>],
-    ) -> Result<(Event, Event)> {
-        let (start, end) = self.launch_stamped(kernel, grid, args, true)?;
-        Ok((start.unwrap_or_else(|| end.clone()), end))
-    }
-
     /// Launches `kernel` as [`Stream::launch`] does and returns the event of
     /// its end, which the launch stamps itself: what
     /// [`record_event`](Self::record_event) after it gives, without the
@@ -360,7 +346,7 @@ impl Stream {
         grid: Grid,
         args: &[Arg<'_>],
     ) -> Result<Event> {
-        Ok(self.launch_stamped(kernel, grid, args, false)?.1)
+        self.launch_stamped(kernel, grid, args)
     }
 
     /// Launches `kernel` as [`Stream::launch`] does and returns the value its
@@ -383,24 +369,18 @@ impl Stream {
 
     /// A launch with its span: the start event (where `start` asks for it)
     /// and the end event.
-    fn launch_stamped(
-        &self,
-        kernel: &Kernel,
-        grid: Grid,
-        args: &[Arg<'_>],
-        start: bool,
-    ) -> Result<(Option<Event>, Event)> {
+    fn launch_stamped(&self, kernel: &Kernel, grid: Grid, args: &[Arg<'_>]) -> Result<Event> {
         let span = Arc::new(crate::exec::op::Span::default());
         match self.launch_op(kernel, grid, args, Some(span.clone()))? {
-            Some(value) => {
-                let at = |value, stamp| Event {
-                    point: Some(EventPoint::new(self.q().timeline().clone(), value, stamp)),
-                };
-                let start = start.then(|| at(value - 1, Stamp::Start(span.clone())));
-                Ok((start, at(value, Stamp::End(span))))
-            }
+            Some(value) => Ok(Event {
+                point: Some(EventPoint::new(
+                    self.q().timeline().clone(),
+                    value,
+                    Stamp::End(span),
+                )),
+            }),
             // Captured (a capture's node stamps nothing): a record.
-            None => Ok((None, self.record_event()?)),
+            None => self.record_event(),
         }
     }
 

@@ -59,6 +59,9 @@ use MAX_TASK_STREAMS as MAX_STREAMS;
 /// slots of 144 bytes) a pool of 64 streams cycled through 9 MiB per
 /// device, and every submission's slot was cold.
 const POOL_RING: usize = 64;
+/// Streams per device that copy replicas in for tasks chained behind
+/// another (see `Runtime::emit`).
+const COPY_STREAMS: usize = 4;
 
 /// What a task layer run has done, as [`Context::task_stats`] reports it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -315,6 +318,11 @@ struct RtState {
     /// chained (modulo the pool's length).
     turn: Vec<usize>,
     host_streams: Vec<Option<Stream>>,
+    /// Per device: where tasks chained behind another copy their replicas
+    /// in (`emit`), [`COPY_STREAMS`] taken in turn, each made at its first
+    /// such copy; and the turn.
+    copy_streams: Vec<[Option<Stream>; COPY_STREAMS]>,
+    copy_turn: usize,
     submitted_since_harvest: u32,
     /// Whether tasks emitted now tell `Runtime::progress` when they complete
     /// (work stealing in real time).
@@ -559,6 +567,8 @@ impl Runtime {
                 held_data: Default::default(),
                 graph_tails: Vec::new(),
                 host_streams: vec![None; n],
+                copy_streams: vec![Default::default(); n],
+                copy_turn: 0,
                 submitted_since_harvest: 0,
                 notify_completions: false,
                 recent_ends: vec![Vec::new(); n],
@@ -670,16 +680,33 @@ impl Runtime {
 
     /// [`host_stream`](Self::host_stream) where the caller holds the state.
     fn host_stream_in(&self, st: &mut RtState, at: usize) -> Result<Stream> {
-        // One that took on a fault (a copy from a replica whose maker
-        // faulted) would fail every later read: replaced.
+        self.side_stream(&mut st.host_streams[at], at, "task data host access")
+    }
+
+    /// The stream in `slot` of device `at`, made if there is none; one that
+    /// took on a fault (sticky: it would fail all its later work) is
+    /// replaced.
+    fn side_stream(&self, slot: &mut Option<Stream>, at: usize, name: &str) -> Result<Stream> {
         let faulted = |s: &Stream| s.backend_stream().timeline().fault_at().is_some();
-        if let Some(s) = st.host_streams[at].as_ref().filter(|s| !faulted(s)) {
+        if let Some(s) = slot.as_ref().filter(|s| !faulted(s)) {
             return Ok(s.clone());
         }
         let s = self.devices[at].create_stream()?;
-        s.set_name("task data host access");
-        st.host_streams[at] = Some(s.clone());
+        s.set_name(name);
+        *slot = Some(s.clone());
         Ok(s)
+    }
+
+    /// Whether `spec` on device `d` copies a replica in first (a datum it
+    /// reads that holds its current version elsewhere only).
+    fn copies_needed(&self, spec: &Spec, d: usize) -> bool {
+        spec.access.iter().any(|(x, mode)| {
+            mode.reads() && !x.is_managed() && {
+                let mut s = lock(x.state());
+                s.drop_failed_replicas();
+                s.valid[d].is_none()
+            }
+        })
     }
 
     /// The modelled time to move `bytes` from device `a` to device `b`, ns:
@@ -1556,6 +1583,26 @@ impl Runtime {
         st.stream_waits += u64::from(waited);
         st.stream_wait_ns += wait_ns;
         st.streams_made += u64::from(made);
+        // Copies run where nothing before them can fail: a fault there,
+        // sticky, would leave the copy undone and its replica marked valid
+        // with a failed point, failing later readers of data that is whole.
+        // So a copy takes on no fault: it follows its source replica's maker
+        // with a memory wait (and starts then, as StarPU prefetches a
+        // task's data once it is placed), on the task's stream when that
+        // was taken in turn (its work all completed without a fault), else
+        // (chained behind a task that may still fail) on one of the
+        // device's copy streams; the task then waits for the copies, and
+        // for its dependencies with their faults. (Copies that also waited
+        // for the task's dependencies, as before, moved `bench placement`'s
+        // figures as much: chaotically, both ways.)
+        let copies = self.copies_needed(spec, d);
+        let side = if copies && chained_at.is_some() {
+            st.copy_turn = st.copy_turn.wrapping_add(1);
+            let slot = &mut st.copy_streams[d][st.copy_turn % COPY_STREAMS];
+            Some(self.side_stream(slot, d, "task data copies")?)
+        } else {
+            None
+        };
         // (Borrowed, not cloned: the fields written below are others.)
         let stream = &st.streams[d][at].stream;
         if let Some(p) = priority {
@@ -1563,21 +1610,10 @@ impl Runtime {
                 stream.set_priority(p)?;
             }
         }
-        for dep in deps {
-            if Some(dep.id) == chained {
-                continue;
-            }
-            if dep.data {
-                stream.wait_event(&dep.end)?;
-            } else {
-                stream.order_after(&dep.end)?;
-            }
-        }
-        for e in &spec.after {
-            stream.wait_event(e)?;
-        }
         let mut moved = 0u64;
         let mut copied = Vec::new();
+        let mut here = Vec::new();
+        let copies_on = side.as_ref().unwrap_or(stream);
         for (i, (data, mode)) in spec.access.iter().enumerate() {
             if data.is_managed() {
                 let n = self.devices.len();
@@ -1596,37 +1632,56 @@ impl Runtime {
                 let mut s = lock(data.state());
                 s.drop_failed_replicas();
                 if s.valid[d].is_some() {
+                    // (After the copies: it may take on a fault.)
                     if let Some(ev) = s.valid[d].as_ref().filter(|e| e.is_recorded()) {
-                        stream.wait_event(ev)?;
+                        here.push(ev.clone());
                     }
                     continue;
                 }
                 let bytes = data.bytes() as u64;
                 let (src, _) = self.cheapest_source(&s.valid, d, bytes);
+                // After the source replica's maker, faulted or not: a fault
+                // there is the datum's writer's, which every reader of the
+                // datum takes on through its dependency on that writer.
                 if let Some(ev) = s.valid[src].as_ref().filter(|e| e.is_recorded()) {
-                    stream.wait_event(ev)?;
+                    copies_on.order_after(ev)?;
                 }
                 moved += bytes;
                 st.link_bytes.push((src, d, bytes));
                 src
             };
-            data.copy(stream, src, d, &[])?;
-            copied.push(i);
+            data.copy(copies_on, src, d, &[])?;
+            // The copy's own point: the replica is valid once it is reached
+            // (failed only where the copy itself failed).
+            let q = copies_on.backend_stream();
+            copied.push((i, Event::at(q.timeline().clone(), q.submitted())));
+        }
+        if let (Some(_), Some((_, last))) = (&side, copied.last()) {
+            stream.wait_event(last)?;
+        }
+        for ev in &here {
+            stream.wait_event(ev)?;
+        }
+        for dep in deps {
+            if Some(dep.id) == chained {
+                continue;
+            }
+            if dep.data {
+                stream.wait_event(&dep.end)?;
+            } else {
+                stream.order_after(&dep.end)?;
+            }
+        }
+        for e in &spec.after {
+            stream.wait_event(e)?;
         }
         let args: Vec<crate::Arg<'_>> = spec
             .access
             .iter()
             .map(|(data, mode)| data.arg(d, mode.writes(), &[]))
             .collect();
-        // One op: the launch stamps its own start and end (an event for its
-        // start only where a copy's replica is valid from there).
-        let (start, end) = if copied.is_empty() {
-            let end = stream.launch_marked(&spec.kernel, spec.grid, &args)?;
-            (None, end)
-        } else {
-            let (start, end) = stream.launch_timed(&spec.kernel, spec.grid, &args)?;
-            (Some(start), end)
-        };
+        // One op: the launch stamps its own start and end.
+        let end = stream.launch_marked(&spec.kernel, spec.grid, &args)?;
         drop(args);
         if st.notify_completions {
             // Room for a held task: the progress thread looks.
@@ -1635,7 +1690,7 @@ impl Runtime {
         }
         // The data's states keep the points the launch reaches, not its
         // stamped events (`Event::unstamped`).
-        let (start, end_at) = (start.as_ref().map(Event::unstamped), end.unstamped());
+        let end_at = end.unstamped();
         let me = || TaskRef {
             id,
             end: end_at.clone(),
@@ -1653,8 +1708,8 @@ impl Runtime {
                 s.writer = Some(me());
                 s.readers.clear();
             } else {
-                if copied.contains(&i) {
-                    s.valid[d] = start.clone();
+                if let Some((_, point)) = copied.iter().find(|c| c.0 == i) {
+                    s.valid[d] = Some(point.clone());
                 }
                 s.add_reader(me());
             }

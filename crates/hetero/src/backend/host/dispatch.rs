@@ -71,7 +71,12 @@ impl Shared {
     /// taking its engine and buffer locks if so.
     pub(super) fn readiness(&self, stream: &HostStream, op: &Op, value: u64) -> Readiness {
         if stream.timeline.fault_at().is_some() {
-            return Readiness::Skip;
+            // Failed, but its waits still wait (`Op::failed_wait_done`).
+            return if op.failed_wait_done() {
+                Readiness::Skip
+            } else {
+                Readiness::NotReady
+            };
         }
         match &op.body {
             Body::Wait {

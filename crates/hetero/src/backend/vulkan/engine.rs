@@ -660,8 +660,12 @@ impl Engine {
             // every stream, as polling an async op requires).
             let ready = unsafe {
                 s.ring.peek_with(|op, _| {
-                    if s.faulted.load(Ordering::Relaxed) || sh.lost().is_some() {
+                    if sh.lost().is_some() {
                         return true;
+                    }
+                    if s.faulted.load(Ordering::Relaxed) {
+                        // Failed, but its waits still wait (`Op::failed_wait_done`).
+                        return op.failed_wait_done();
                     }
                     match &op.body {
                         Body::Wait {

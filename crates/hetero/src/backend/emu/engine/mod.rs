@@ -238,7 +238,8 @@ impl Sim {
         let plan = unsafe {
             stream.ring.peek_with(|op, _| {
                 if stream.timeline.fault_at().is_some() {
-                    return Some(Plan::Skip);
+                    // Failed, but its waits still wait (`Op::failed_wait_done`).
+                    return op.failed_wait_done().then_some(Plan::Skip);
                 }
                 match &op.body {
                     Body::Wait {
