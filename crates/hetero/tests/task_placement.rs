@@ -210,6 +210,136 @@ proptest! {
     }
 }
 
+/// What `ops` leave, run in order on the host with op `bad` faulting: per
+/// op whether it fails (it is `bad`, or reads a buffer whose last writer
+/// failed), and per buffer its contents (`None`: its last writer failed).
+fn faulted_oracle(ops: &[Op], bad: usize, bufs: usize) -> (Vec<bool>, Vec<Option<Vec<u32>>>) {
+    let mut data: Vec<Option<Vec<u32>>> = (0..bufs)
+        .map(|b| Some((0..LEN as u32).map(|i| i * (b as u32 + 1)).collect()))
+        .collect();
+    let mut failed = Vec::new();
+    for (i, o) in ops.iter().enumerate() {
+        let reads_bad =
+            o.reads.iter().any(|&r| data[r].is_none()) || (o.rw && data[o.out].is_none());
+        let fails = i == bad || reads_bad;
+        failed.push(fails);
+        data[o.out] = if fails {
+            None
+        } else {
+            let mut y = data[o.out].clone().unwrap_or_else(|| vec![0; LEN]);
+            for (j, v) in y.iter_mut().enumerate() {
+                let mut acc = if o.rw { v.wrapping_mul(31) } else { 0 };
+                for (r, &x) in o.reads.iter().enumerate() {
+                    let x = data[x].as_ref().expect("checked above")[j];
+                    acc = acc.wrapping_add(x.wrapping_mul(r as u32 + 1));
+                }
+                *v = acc.wrapping_add(7);
+            }
+            Some(y)
+        };
+    }
+    (failed, data)
+}
+
+/// One run of `ops` with op `bad` faulting, online under `policy` or as a
+/// HEFT-placed graph (`None`), checked against [`faulted_oracle`].
+fn check_faulted_run(
+    ctx: &Context,
+    ops: &[Op],
+    bad: usize,
+    policy: Option<SchedPolicy>,
+) -> std::result::Result<(), TestCaseError> {
+    let (ks, boom) = (kernels(), boom());
+    let (want_failed, want) = faulted_oracle(ops, bad, BUFS);
+    let data = fresh_data(ctx, ops);
+    let mut graph = policy.is_none().then(TaskGraph::new);
+    if let Some(p) = policy {
+        ctx.set_scheduler(p);
+    }
+    let mut tasks = Vec::new();
+    for (i, o) in ops.iter().enumerate() {
+        let k = if i == bad {
+            &boom
+        } else {
+            &ks[o.reads.len() * 2 + usize::from(o.rw)]
+        };
+        let mut t = ctx.task(k);
+        for &r in &o.reads {
+            t = t.read(&data[r]);
+        }
+        t = if o.rw {
+            t.read_write(&data[o.out])
+        } else {
+            t.write(&data[o.out])
+        };
+        match graph.as_mut() {
+            Some(g) => {
+                t.record(g).unwrap();
+            }
+            None => tasks.push(t.submit().unwrap()),
+        }
+    }
+    if let Some(g) = graph {
+        let placed = g.instantiate_on(ctx).unwrap();
+        prop_assert!(placed.launch().unwrap().wait().is_err());
+    }
+    for (i, t) in tasks.iter().enumerate() {
+        let got = t.wait();
+        prop_assert_eq!(
+            got.is_err(),
+            want_failed[i],
+            "task {} ({:?}): {:?}",
+            i,
+            policy,
+            got.err()
+        );
+    }
+    for (b, d) in data.iter().enumerate() {
+        let got = d.to_vec();
+        match &want[b] {
+            Some(v) => prop_assert_eq!(
+                got.as_ref().ok(),
+                Some(v),
+                "buffer {} ({:?}): {:?}",
+                b,
+                policy,
+                got.as_ref().err()
+            ),
+            None => prop_assert!(
+                got.is_err(),
+                "buffer {} ({:?}): its writer failed",
+                b,
+                policy
+            ),
+        }
+    }
+    prop_assert!(ctx.wait_tasks().is_err(), "the fault is reported");
+    prop_assert!(ctx.wait_tasks().is_ok(), "once");
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(8))]
+    /// Random DAGs with one task that faults, on two devices, online under
+    /// eager, ws and dmda: exactly the tasks that read (through any chain)
+    /// what the faulted task wrote fail; every other task runs and every
+    /// buffer whose last writer ran holds its sequential bytes.
+    #[test]
+    fn a_fault_fails_exactly_the_tasks_that_read_its_output(
+        ops in proptest::collection::vec(op(), 1..24),
+        bad in any::<proptest::sample::Index>(),
+    ) {
+        if common::skipped("a_fault_fails_exactly_the_tasks_that_read_its_output") {
+            return Ok(());
+        }
+        let (ctx, _devs) = context();
+        let bad = bad.index(ops.len());
+        for policy in [SchedPolicy::Eager, SchedPolicy::WorkStealing, SchedPolicy::Dmda] {
+            check_faulted_run(&ctx, &ops, bad, Some(policy))?;
+        }
+    }
+}
+
 /// Tasks alternate between the devices: each sees the last writer's bytes
 /// (RAW), a reader sees the value before a later write (WAR), and the last
 /// of two writes wins (WAW).

@@ -61,7 +61,7 @@ pub(super) fn complete(sh: &Shared, t: Taken, lost: Option<String>, stamps: &Sta
     match result {
         Ok(()) => stream.timeline.complete(value),
         Err(m) => {
-            stream.faulted.store(true, Ordering::Relaxed);
+            stream.faulted_at.fetch_min(value, Ordering::Relaxed);
             stream.timeline.fail(value, Arc::from(m))
         }
     }

@@ -663,7 +663,7 @@ impl Engine {
                     if sh.lost().is_some() {
                         return true;
                     }
-                    if s.faulted.load(Ordering::Relaxed) {
+                    if s.faulted() {
                         // Failed, but its waits still wait (`Op::failed_wait_done`).
                         return op.failed_wait_done();
                     }
@@ -750,7 +750,7 @@ impl Engine {
             };
             if let Some(lost) = sh.lost() {
                 taken.result = Err(lost);
-            } else if s.faulted.load(Ordering::Relaxed) {
+            } else if s.faulted() {
                 taken.result = Err(String::new());
             } else {
                 match &mut op.body {
@@ -785,7 +785,7 @@ impl Engine {
                         // recorded has not failed its timeline yet.
                         let failed_here = *fault
                             && timeline.device == sh.device
-                            && self.faulted_here(timeline.stream);
+                            && self.faulted_here(timeline.stream, *v);
                         if let Some(e) = error {
                             taken.result = Err(crate::exec::op::wait_fault(timeline.stream, e));
                         } else if failed_here {
@@ -898,7 +898,7 @@ impl Engine {
                 }
             }
             if taken.result.is_err() {
-                s.faulted.store(true, Ordering::Relaxed);
+                s.faulted_at.fetch_min(value, Ordering::Relaxed);
             } else {
                 // Taken in order: whatever is recorded from now on runs
                 // after this op and everything before it on its stream (a
@@ -950,10 +950,12 @@ impl Engine {
         self.streams.iter().find(|s| s.id == id)
     }
 
-    fn faulted_here(&self, stream: u64) -> bool {
+    /// Whether `stream` of this device failed at or before `value` (an op
+    /// that failed when it was recorded has not failed its timeline yet).
+    fn faulted_here(&self, stream: u64, value: u64) -> bool {
         self.streams
             .iter()
-            .any(|s| s.id == stream && s.faulted.load(Ordering::Relaxed))
+            .any(|s| s.id == stream && s.faulted_at.load(Ordering::Relaxed) <= value)
     }
 }
 

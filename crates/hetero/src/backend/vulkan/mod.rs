@@ -410,7 +410,7 @@ impl Backend for VulkanBackend {
             closed: AtomicBool::new(false),
             in_flight: AtomicU32::new(0),
             recorded: AtomicU64::new(0),
-            faulted: AtomicBool::new(false),
+            faulted_at: AtomicU64::new(u64::MAX),
             in_callback: AtomicBool::new(false),
             deps: [AtomicU64::new(0), AtomicU64::new(0)],
             lane: AtomicU8::new(0),

@@ -24,8 +24,9 @@ pub(crate) struct VulkanStream {
     /// The value of the stream's last op recorded for the device (what a
     /// wait of another stream on this device is ordered behind).
     pub(crate) recorded: AtomicU64,
-    /// An op of the stream failed: the ones after it are skipped.
-    pub(crate) faulted: AtomicBool,
+    /// The value of the stream's first op that failed (`u64::MAX`: none):
+    /// the ones after it fail without running.
+    pub(crate) faulted_at: AtomicU64,
     /// A host callback of the stream was taken and has not completed: the
     /// engine takes nothing more from it. Engine thread only.
     pub(crate) in_callback: AtomicBool,
@@ -42,6 +43,13 @@ pub(crate) struct VulkanStream {
     pub(crate) last_served: AtomicU64,
     pub(crate) shared: Weak<Shared>,
     pub(crate) host_wait: CompletionMode,
+}
+
+impl VulkanStream {
+    /// Whether an op of the stream failed.
+    pub(crate) fn faulted(&self) -> bool {
+        self.faulted_at.load(Ordering::Relaxed) != u64::MAX
+    }
 }
 
 impl BackendStream for VulkanStream {
