@@ -338,6 +338,19 @@ proptest! {
             check_faulted_run(&ctx, &ops, bad, Some(policy))?;
         }
     }
+
+    /// The same as a HEFT-placed graph.
+    #[test]
+    fn a_fault_in_a_placed_graph_fails_exactly_the_steps_that_read_its_output(
+        ops in proptest::collection::vec(op(), 1..24),
+        bad in any::<proptest::sample::Index>(),
+    ) {
+        if common::skipped("a_fault_in_a_placed_graph_fails_exactly_the_steps_that_read_its_output") {
+            return Ok(());
+        }
+        let (ctx, _devs) = context();
+        check_faulted_run(&ctx, &ops, bad.index(ops.len()), None)?;
+    }
 }
 
 /// Tasks alternate between the devices: each sees the last writer's bytes

@@ -109,9 +109,32 @@ impl std::fmt::Debug for PlacedTaskGraph {
 enum Source {
     /// Valid when the launch starts (its launch-time event).
     Start,
-    /// Valid after a step's end event.
+    /// Valid after a step's end event (the step wrote it there).
     Step(usize),
+    /// Valid once a copy ([`Plan::copies`]) reached its point on its copy
+    /// lane.
+    Copy(usize),
 }
+
+/// A copy of a replica into a step's device, on a copy lane of that device
+/// (a stream of copies only): it follows its source's maker with a memory
+/// wait and fails only where it fails itself, so the replica it makes stays
+/// usable whatever the steps around it do (a fault there is the datum's
+/// writer's, which every reader takes on through its wait for that writer).
+#[derive(Clone, Copy, Debug)]
+struct CopyPlan {
+    /// The datum (index into `Plan::data`).
+    data: usize,
+    from: usize,
+    to: usize,
+    /// What made the source replica current.
+    src: Source,
+    /// Its lane (index into `Plan::lanes`).
+    lane: usize,
+}
+
+/// The lane of a copy lane in `Plan::lanes`: (device, this).
+const COPY_LANE: usize = usize::MAX;
 
 /// One task of the plan while `make_plan` walks it, in submission order.
 struct Draft {
@@ -132,8 +155,11 @@ struct Draft {
     /// `2 x + 1` where it reads the datum (the last writer's fault is its
     /// own), else `2 x`.
     first: Vec<usize>,
-    /// Copies before the launch: (access index, from device).
+    /// Its copies: (access index, copy index into `Plan::copies`).
     copies: Vec<(usize, usize)>,
+    /// Copies (its own and earlier steps') whose replicas it reads: it
+    /// waits for their points, taking on their faults.
+    copy_waits: Vec<usize>,
     /// Whether a launch keeps its end event (another stream or the data's
     /// state after the launch needs it): the point its launch reaches, with
     /// no record op.
@@ -163,12 +189,14 @@ struct Step {
     /// From `ids`: in `Plan::ids`, the steps it waits for (`waits` of them),
     /// the steps it only follows (`orders`), the data whose launch-time
     /// events it waits for (`first`, as `Draft::first`), then its copies as
-    /// (access index, from device) pairs (`copies`).
+    /// (access index, copy index) pairs (`copies`), then the copies whose
+    /// points it waits for (`copy_waits`).
     ids: usize,
     waits: u32,
     orders: u32,
     first: u32,
     copies: u32,
+    copy_waits: u32,
     /// From `access`: its accesses in `Plan::access` (`accesses` of them).
     access: usize,
     accesses: u32,
@@ -227,6 +255,8 @@ struct Scratch {
     /// Per step: the value its launch reached on its stream's timeline,
     /// where the plan keeps it (no event made per step).
     ends: Vec<Option<u64>>,
+    /// Per copy: the value it reached on its lane's timeline.
+    copy_ends: Vec<Option<u64>>,
     /// Per stream: its last step's end event, stamped (the caller's).
     tail_events: Vec<Option<Event>>,
     /// What the data wait for before the launch, all data's in one list;
@@ -248,6 +278,7 @@ impl Scratch {
     /// Empties the lists (their events released), keeping their room.
     fn clear(&mut self) {
         self.ends.clear();
+        self.copy_ends.clear();
         self.tail_events.clear();
         self.pre.clear();
         self.pre_at.clear();
@@ -271,6 +302,8 @@ struct Plan {
     data: Vec<DataPlan>,
     /// Bytes copied per launch, per link: (from, to, bytes), each link once.
     moved: Vec<(usize, usize, u64)>,
+    /// The replicas' copies, each on a copy lane.
+    copies: Vec<CopyPlan>,
     /// Tasks per device (index in the context).
     per_device: Vec<u64>,
 }
@@ -504,6 +537,9 @@ fn make_plan(
     let mut valid: Vec<Vec<Option<Source>>> = Vec::new();
     let mut steps: Vec<Draft> = Vec::with_capacity(specs.len());
     let mut moved = Vec::new();
+    let mut copies: Vec<CopyPlan> = Vec::new();
+    // The copy lanes made so far (indices into `lanes`).
+    let mut copy_lanes: Vec<usize> = Vec::new();
     for &t in &order {
         let spec = &specs[t];
         let d = placed[t].device;
@@ -516,6 +552,7 @@ fn make_plan(
             orders: Vec::new(),
             first: Vec::new(),
             copies: Vec::new(),
+            copy_waits: Vec::new(),
             record: false,
             tail: false,
             end_ns: placed[t].end,
@@ -561,6 +598,7 @@ fn make_plan(
                         step.waits.push(j);
                         reads.push(j);
                     }
+                    Some(Source::Copy(k)) => step.copy_waits.push(k),
                     Some(Source::Start) => {}
                     None => {
                         // From the last writer's device if there is one,
@@ -580,13 +618,35 @@ fn make_plan(
                                     .expect("some replica is valid")
                             });
                         datum.replica(from, &rt.devices[from])?;
-                        if let Some(Source::Step(j)) = valid[x][from] {
-                            step.waits.push(j);
-                            reads.push(j);
+                        let src = valid[x][from].expect("chosen valid");
+                        if let Source::Step(j) = src {
+                            steps[j].record = true;
                         }
-                        step.copies.push((a, from));
+                        // On the device's copy lane with room for it.
+                        let lane = match copy_lanes.iter().rev().find(|&&q| lanes[q].0 == d) {
+                            Some(&q) if stream_ops[q] + 3 <= OPS_PER_STREAM => q,
+                            _ => {
+                                lanes.push((d, COPY_LANE));
+                                stream_ops.push(0);
+                                position_count.push(0);
+                                last_end_ns.push(0.0);
+                                copy_lanes.push(lanes.len() - 1);
+                                lanes.len() - 1
+                            }
+                        };
+                        stream_ops[lane] += 3;
+                        let k = copies.len();
+                        copies.push(CopyPlan {
+                            data: x,
+                            from,
+                            to: d,
+                            src,
+                            lane,
+                        });
+                        step.copies.push((a, k));
+                        step.copy_waits.push(k);
                         moved.push((from, d, bytes));
-                        valid[x][d] = Some(Source::Step(s));
+                        valid[x][d] = Some(Source::Copy(k));
                     }
                 }
             }
@@ -634,7 +694,7 @@ fn make_plan(
         let mut implied: Option<(usize, usize)> = None;
         let mut earliest: Option<(f64, usize)> = None;
         for q in 0..lanes.len() {
-            if lanes[q].0 != d {
+            if lanes[q].0 != d || lanes[q].1 == COPY_LANE {
                 continue;
             }
             mine_on_device += 1;
@@ -743,12 +803,13 @@ fn make_plan(
             steps[r].record = true;
         }
     }
-    // Each stream's last step (every stream has one: it was made for one).
-    let mut last = vec![0; lanes.len()];
+    // Each stream's last step (every stream but a copy lane has one: it was
+    // made for one).
+    let mut last = vec![usize::MAX; lanes.len()];
     for (j, step) in steps.iter().enumerate() {
         last[step.stream] = j;
     }
-    for &j in &last {
+    for &j in last.iter().filter(|&&j| j != usize::MAX) {
         steps[j].record = true;
         steps[j].tail = true;
     }
@@ -786,6 +847,7 @@ fn make_plan(
                 orders: len(d.orders.len()),
                 first: len(d.first.len()),
                 copies: len(d.copies.len()),
+                copy_waits: len(d.copy_waits.len()),
                 access: access.len(),
                 accesses: len(spec.access.len()),
                 after: !spec.after.is_empty(),
@@ -794,7 +856,8 @@ fn make_plan(
                 end_ns: d.end_ns,
             };
             ids.extend(d.waits.iter().chain(&d.orders).chain(&d.first));
-            ids.extend(d.copies.iter().flat_map(|&(a, from)| [a, from]));
+            ids.extend(d.copies.iter().flat_map(|&(a, k)| [a, k]));
+            ids.extend(&d.copy_waits);
             access.extend(
                 spec.access
                     .iter()
@@ -825,6 +888,7 @@ fn make_plan(
         access,
         data,
         moved: per_link,
+        copies,
         per_device,
     })
 }
@@ -995,6 +1059,7 @@ impl PlacedTaskGraph {
         live.scratch.clear();
         let Scratch {
             ends,
+            copy_ends,
             tail_events,
             pre,
             pre_at,
@@ -1057,6 +1122,7 @@ impl PlacedTaskGraph {
             start_valid.push(Some(ev));
         }
         ends.resize(plan.steps.len(), None);
+        copy_ends.resize(plan.copies.len(), None);
         tail_events.resize(streams.len(), None);
         let mut args: Vec<crate::Arg<'_>> = Vec::new();
         let mut points = Vec::new();
@@ -1073,20 +1139,61 @@ impl PlacedTaskGraph {
                 streams[next.stream].prefetch_submit(PREFETCH_OPS);
             }
             let (waits, orders) = (step.waits as usize, step.orders as usize);
-            let first = step.first as usize;
-            let n = waits + orders + first + 2 * step.copies as usize;
+            let (first, copies) = (step.first as usize, 2 * step.copies as usize);
+            let n = waits + orders + first + copies + step.copy_waits as usize;
             let ids = &plan.ids[step.ids..step.ids + n];
             let (waits, rest) = ids.split_at(waits);
             let (orders, rest) = rest.split_at(orders);
-            let (first, copies) = rest.split_at(first);
+            let (first, rest) = rest.split_at(first);
+            let (copies, copy_waits) = rest.split_at(copies);
             let access = plan.accesses(step);
             // (The plan's own streams: `wait_points`' checks hold.)
             let at = |&j: &usize| {
                 let value = ends[j].expect("a waited step records its end");
                 (&timelines[plan.steps[j].stream], value)
             };
+            // Its copies first, each on its lane after its source's maker
+            // (memory waits: see `CopyPlan`).
+            for c in copies.chunks_exact(2) {
+                let (a, k) = (c[0], c[1]);
+                let cp = &plan.copies[k];
+                let lane = &streams[cp.lane];
+                let x = cp.data;
+                let after = match cp.src {
+                    // The start replica's event (it follows the datum's
+                    // last writer), and for a slot's buffer what else
+                    // touched it.
+                    Source::Start if plan.data[x].data.slot().is_some() => {
+                        let from = if x == 0 { 0 } else { pre_at[x - 1] };
+                        for (e, _) in &pre[from..pre_at[x]] {
+                            lane.order_after(e)?;
+                        }
+                        None
+                    }
+                    Source::Start => {
+                        if let Some(e) = start_valid[x].as_ref().filter(|e| e.is_recorded()) {
+                            lane.order_after(e)?;
+                        }
+                        None
+                    }
+                    Source::Step(j) => Some(at(&j)),
+                    Source::Copy(k) => {
+                        let value = copy_ends[k].expect("an earlier step's copy");
+                        Some((&timelines[plan.copies[k].lane], value))
+                    }
+                };
+                if let Some(point) = after.filter(|(t, v)| !t.is_reached(*v)) {
+                    lane.order_points(&[point])?;
+                }
+                access[a].data.copy(lane, cp.from, cp.to, bound)?;
+                copy_ends[k] = Some(lane.backend_stream().submitted());
+            }
             points.clear();
             points.extend(waits.iter().map(at));
+            points.extend(copy_waits.iter().map(|&k| {
+                let value = copy_ends[k].expect("an earlier or this step's copy");
+                (&timelines[plan.copies[k].lane], value)
+            }));
             stream.wait_points(&points)?;
             if !orders.is_empty() {
                 points.clear();
@@ -1108,9 +1215,6 @@ impl PlacedTaskGraph {
                 for e in &self.specs[step.task].after {
                     stream.wait_event(e)?;
                 }
-            }
-            for c in copies.chunks_exact(2) {
-                access[c[0]].data.copy(stream, c[1], step.device, bound)?;
             }
             args.clear();
             args.extend(access.iter().map(|a| {
@@ -1189,6 +1293,11 @@ impl PlacedTaskGraph {
                         let (timeline, value) = step_end(j);
                         v.get_or_insert_with(Event::new).set_at(timeline, value);
                     }
+                    Some(Source::Copy(k)) => {
+                        let value = copy_ends[k].expect("the launch made every copy");
+                        let timeline = &timelines[plan.copies[k].lane];
+                        v.get_or_insert_with(Event::new).set_at(timeline, value);
+                    }
                 }
             }
             if dp.written {
@@ -1232,6 +1341,10 @@ impl PlacedTaskGraph {
             .zip(&plan.last)
             .zip(tail_events.iter_mut())
         {
+            if j == usize::MAX {
+                // A copy lane: each copy is waited for by its step.
+                continue;
+            }
             tails.push(tail.take().expect("a stream's last step records"));
             // dmda's view of the device: this compute unit is busy until the
             // plan's end of its last task.
