@@ -494,14 +494,7 @@ impl Stream {
     /// Makes work submitted after this call wait until `event` completed. Does not
     /// block the host, and never stalls other streams.
     pub fn wait_event(&self, event: &Event) -> Result<()> {
-        let p = event.point_any("wait_event")?;
-        if crate::api::graph::capture::is_capture_timeline(&p.timeline) {
-            return crate::api::graph::capture::wait(&self.inner.capture, self.id(), p);
-        }
-        if !self.wait_needed(&p.timeline, p.value, true)? {
-            return Ok(());
-        }
-        self.wait_points(&[(&p.timeline, p.value)])
+        self.wait_on(event, true)
     }
 
     /// Makes work submitted after this call wait until `event` completed,
@@ -511,31 +504,26 @@ impl Stream {
     /// task and does not fail with it. Checked as [`Stream::wait_event`]; in
     /// a capture, an event wait (a graph's edges carry faults).
     pub(crate) fn order_after(&self, event: &Event) -> Result<()> {
+        self.wait_on(event, false)
+    }
+
+    /// [`wait_event`](Self::wait_event) (`fault`) or
+    /// [`order_after`](Self::order_after).
+    fn wait_on(&self, event: &Event, fault: bool) -> Result<()> {
         let p = event.point_any("wait_event")?;
         if crate::api::graph::capture::is_capture_timeline(&p.timeline) {
             return crate::api::graph::capture::wait(&self.inner.capture, self.id(), p);
         }
-        if !self.wait_needed(&p.timeline, p.value, false)? {
+        if !self.wait_needed(&p.timeline, p.value, fault)? {
             return Ok(());
         }
-        self.order_points(&[(&p.timeline, p.value)])
+        self.waits(&[(&p.timeline, p.value)], fault)
     }
 
     /// Memory waits on `points` (no fault taken on), one op each; the
     /// caller checked them as for [`Stream::wait_points`].
     pub(crate) fn order_points(&self, points: &[(&Arc<Timeline>, u64)]) -> Result<()> {
-        let dev = &self.inner.device;
-        for &(timeline, value) in points {
-            self.submit(Body::Wait {
-                timeline: timeline.clone(),
-                value,
-                fault: false,
-            })?;
-            if timeline.device != dev.id() {
-                dev.watch(timeline, value);
-            }
-        }
-        Ok(())
+        self.waits(points, false)
     }
 
     /// Event waits on `points` (streams' timelines, not a capture's), as few
@@ -547,14 +535,21 @@ impl Stream {
     /// own streams). A point already complete costs the engine a look, not a
     /// check here.
     pub(crate) fn wait_points(&self, points: &[(&Arc<Timeline>, u64)]) -> Result<()> {
-        let many = self.q().waits_all() && !self.is_capturing();
+        self.waits(points, true)
+    }
+
+    /// Waits on `points`: event waits (`fault`; several per op where the
+    /// backend takes it, see [`Stream::wait_points`]) or memory waits, one
+    /// op each.
+    fn waits(&self, points: &[(&Arc<Timeline>, u64)], fault: bool) -> Result<()> {
+        let many = fault && self.q().waits_all() && !self.is_capturing();
         let per_op = if many { WAIT_ALL } else { 1 };
         for chunk in points.chunks(per_op) {
             self.submit(match *chunk {
                 [(timeline, value)] => Body::Wait {
                     timeline: timeline.clone(),
                     value,
-                    fault: true,
+                    fault,
                 },
                 _ => Body::WaitAll(WaitAll::new(chunk)),
             })?;

@@ -594,12 +594,9 @@ fn make_plan(
             // dependencies give order them): no replica to copy.
             if mode.reads() && !datum.is_managed() {
                 match valid[x][d] {
-                    Some(Source::Step(j)) => {
-                        step.waits.push(j);
-                        reads.push(j);
-                    }
+                    // Written here by its writer: a dependency already.
+                    Some(Source::Step(_) | Source::Start) => {}
                     Some(Source::Copy(k)) => step.copy_waits.push(k),
-                    Some(Source::Start) => {}
                     None => {
                         // From the last writer's device if there is one,
                         // else the cheapest valid replica.

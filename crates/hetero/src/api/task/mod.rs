@@ -348,6 +348,9 @@ struct RtState {
     unreported: Option<Error>,
     /// The candidates of the task being placed (kept to reuse the list).
     candidates: Vec<Candidate>,
+    /// `emit`'s waits for replicas valid on the task's device (kept to
+    /// reuse the list; empty between tasks).
+    here: Vec<Event>,
 }
 
 /// What `Runtime::decide` decided for a task.
@@ -581,6 +584,7 @@ impl Runtime {
                 link_bytes: Vec::new(),
                 unreported: None,
                 candidates: Vec::new(),
+                here: Vec::new(),
             }),
             devices,
             keys,
@@ -1592,11 +1596,8 @@ impl Runtime {
         // was taken in turn (its work all completed without a fault), else
         // (chained behind a task that may still fail) on one of the
         // device's copy streams; the task then waits for the copies, and
-        // for its dependencies with their faults. (Copies that also waited
-        // for the task's dependencies, as before, moved `bench placement`'s
-        // figures as much: chaotically, both ways.)
-        let copies = self.copies_needed(spec, d);
-        let side = if copies && chained_at.is_some() {
+        // for its dependencies with their faults.
+        let side = if chained_at.is_some() && self.copies_needed(spec, d) {
             st.copy_turn = st.copy_turn.wrapping_add(1);
             let slot = &mut st.copy_streams[d][st.copy_turn % COPY_STREAMS];
             Some(self.side_stream(slot, d, "task data copies")?)
@@ -1612,7 +1613,9 @@ impl Runtime {
         }
         let mut moved = 0u64;
         let mut copied = Vec::new();
-        let mut here = Vec::new();
+        // Waits for replicas valid here, issued after the copies (they may
+        // take on a fault); the list kept between tasks.
+        let mut here = std::mem::take(&mut st.here);
         let copies_on = side.as_ref().unwrap_or(stream);
         for (i, (data, mode)) in spec.access.iter().enumerate() {
             if data.is_managed() {
@@ -1659,9 +1662,10 @@ impl Runtime {
         if let (Some(_), Some((_, last))) = (&side, copied.last()) {
             stream.wait_event(last)?;
         }
-        for ev in &here {
-            stream.wait_event(ev)?;
+        for ev in here.drain(..) {
+            stream.wait_event(&ev)?;
         }
+        st.here = here;
         for dep in deps {
             if Some(dep.id) == chained {
                 continue;
