@@ -234,6 +234,7 @@ impl Stream {
                     dst_off: g.dst_off,
                     bytes: g.len,
                     _pending: None,
+                    after: None,
                 })?;
             }
             return Ok(());

@@ -1620,6 +1620,7 @@ fn copy_table_run(
         dst_off: 0,
         bytes: m.bytes,
         _pending: None,
+        after: None,
     })?;
     record(stream.id(), buffer, m, kind == CopyKind::D2H, reason, true);
     Ok(v)
@@ -1770,6 +1771,7 @@ fn submit_plan(
                 dst_off: 0,
                 bytes: m.bytes,
                 _pending: None,
+                after: None,
             })?;
             record(stream.id(), m.buffer, m, false, reason, true);
             st.apply_move(m, mem, Some(point_of(&timeline, v)), reason, budget);
@@ -2209,6 +2211,7 @@ impl Stream {
                 dst_off: dst_offset * size,
                 bytes: count * size,
                 _pending: None,
+                after: None,
             })
         };
         device_op(
@@ -2245,6 +2248,7 @@ impl Stream {
                 dst_off: 0,
                 bytes: count * size,
                 _pending: None,
+                after: None,
             })
         };
         device_op(

@@ -233,6 +233,12 @@ pub(crate) trait BackendStream: Send + Sync {
     fn waits_all(&self) -> bool {
         false
     }
+    /// Whether its engine takes a memory wait folded into a copy
+    /// (`Body::Copy::after`: the copy starts once the point is reached);
+    /// else the wait is an op of its own before the copy.
+    fn copies_wait(&self) -> bool {
+        false
+    }
     /// The value of the last operation submitted.
     fn submitted(&self) -> u64;
     fn priority(&self) -> u8;

@@ -132,6 +132,10 @@ pub(crate) enum Body {
         bytes: usize,
         /// Set when the destination is pinned: host reads wait for it.
         _pending: Option<PendingWrite>,
+        /// A memory wait folded into the copy (where the backend takes it:
+        /// `BackendStream::copies_wait`): it starts once this point is
+        /// reached, faulted or not, and takes on no fault from it.
+        after: Option<TimelinePoint>,
     },
     Fill {
         dst: Arc<Storage>,
@@ -306,6 +310,17 @@ impl Op {
                 timeline, value, ..
             } => timeline.is_reached(*value),
             Body::WaitAll(w) => w.is_reached(),
+            Body::Copy { after: Some(p), .. } => p.timeline.is_reached(p.value),
+            _ => true,
+        }
+    }
+
+    /// Whether what the op waits for before it starts (a copy's folded
+    /// memory wait, `Body::Copy::after`) is reached.
+    #[inline]
+    pub(crate) fn after_reached(&self) -> bool {
+        match &self.body {
+            Body::Copy { after: Some(p), .. } => p.timeline.is_reached(p.value),
             _ => true,
         }
     }

@@ -54,6 +54,7 @@ impl Stream {
             dst_off: dst_offset * size,
             bytes: count * size,
             _pending: host_dst,
+            after: None,
         })?;
         Ok(())
     }

@@ -10,7 +10,9 @@ use super::{check_range, Stream};
 use crate::api::buffer::DeviceBuffer;
 use crate::api::context::PeerPath;
 use crate::exec::op::{Body, CopyKind, PendingWrite};
+use crate::exec::point::TimelinePoint;
 use crate::exec::storage::Storage;
+use crate::exec::timeline::Timeline;
 use crate::{Device, Error, Result};
 use bytemuck::Pod;
 use std::sync::Arc;
@@ -40,6 +42,31 @@ impl Stream {
         dst: &DeviceBuffer<T>,
         dst_offset: usize,
         count: usize,
+    ) -> Result<()> {
+        self.peer_range((src, src_offset), (dst, dst_offset), count, None)
+    }
+
+    /// [`Stream::copy_peer`] once `after` (a point of a stream of this
+    /// stream's context) is reached, faulted or not: a memory wait, folded
+    /// into the copy's op where the backend takes it
+    /// (`BackendStream::copies_wait`). The task layer's copies, after their
+    /// source replica's maker.
+    pub(crate) fn copy_peer_after<T: Pod>(
+        &self,
+        src: &DeviceBuffer<T>,
+        dst: &DeviceBuffer<T>,
+        after: Option<(&Arc<Timeline>, u64)>,
+    ) -> Result<()> {
+        Self::same_len(OP, src.len(), dst.len())?;
+        self.peer_range((src, 0), (dst, 0), src.len(), after)
+    }
+
+    fn peer_range<T: Pod>(
+        &self,
+        (src, src_offset): (&DeviceBuffer<T>, usize),
+        (dst, dst_offset): (&DeviceBuffer<T>, usize),
+        count: usize,
+        after: Option<(&Arc<Timeline>, u64)>,
     ) -> Result<()> {
         if self.is_capturing() {
             return Err(Error::Graph {
@@ -71,6 +98,7 @@ impl Stream {
                     stream_device: here,
                 });
             }
+            self.order_points(after.as_slice())?;
             return self.copy_d2d_range(src, src_offset, dst, dst_offset, count);
         }
         if s.device != here && d.device != here {
@@ -111,9 +139,10 @@ impl Stream {
         let (src, dst) = (&src.storage, &dst.storage);
         match path {
             PeerPath::Link(_) | PeerPath::SharedMemory => {
-                self.peer_direct(src, src_off, dst, dst_off, bytes)
+                self.peer_direct((src, src_off), (dst, dst_off), bytes, after)
             }
             PeerPath::Staged { .. } => {
+                self.order_points(after.as_slice())?;
                 let other_dev = ctx.device(other).ok_or_else(dropped)?;
                 let (a, b) = if s.device == here {
                     (self.device().clone(), other_dev)
@@ -126,14 +155,15 @@ impl Stream {
     }
 
     /// One op on this stream: both storages named, the other device's ordered
-    /// by its memory wait (if its memory was reused from queued work).
+    /// by its memory wait (if its memory was reused from queued work), and
+    /// after `after` (a memory wait, in the copy's op where the backend
+    /// takes it).
     fn peer_direct(
         &self,
-        src: &Arc<Storage>,
-        src_off: usize,
-        dst: &Arc<Storage>,
-        dst_off: usize,
+        (src, src_off): (&Arc<Storage>, usize),
+        (dst, dst_off): (&Arc<Storage>, usize),
         bytes: usize,
+        after: Option<(&Arc<Timeline>, u64)>,
     ) -> Result<()> {
         let here = self.device().id();
         for s in [src, dst] {
@@ -149,6 +179,14 @@ impl Stream {
                 self.device().watch(&timeline, value);
             }
         }
+        let after = after.filter(|(timeline, value)| !timeline.is_reached(*value));
+        let folded = match after {
+            Some(point) if !self.q().copies_wait() => {
+                self.order_points(&[point])?;
+                None
+            }
+            p => p,
+        };
         self.submit(Body::Copy {
             kind: CopyKind::D2D,
             src: src.clone(),
@@ -157,7 +195,16 @@ impl Stream {
             dst_off,
             bytes,
             _pending: None,
+            after: folded.map(|(timeline, value)| TimelinePoint {
+                timeline: timeline.clone(),
+                value,
+            }),
         })?;
+        // (As `Stream::waits`: this device's engines look at the copy again
+        // when the other device reaches the value.)
+        if let Some((timeline, value)) = folded.filter(|(t, _)| t.device != here) {
+            self.device().watch(timeline, value);
+        }
         Ok(())
     }
 
@@ -211,6 +258,7 @@ impl Stream {
             dst_off: 0,
             bytes,
             _pending: Some(PendingWrite::new(&first_dst)),
+            after: None,
         })?;
         // Two devices with pinned pools of their own: one host copy between
         // the two staging buffers, in `a`'s order.
@@ -245,6 +293,7 @@ impl Stream {
             dst_off,
             bytes,
             _pending: None,
+            after: None,
         })?;
         if b.id() != here {
             let done = sb.record_event()?;

@@ -97,6 +97,9 @@ impl DataState {
 /// The buffers a placed stream graph's launch binds to its slots, by slot.
 pub(crate) type Bound<'a> = &'a [Option<crate::exec::storage::GraphHold>];
 
+/// A point a copy follows with a memory wait (its source replica's maker).
+pub(crate) type After<'a> = Option<(&'a Arc<Timeline>, u64)>;
+
 /// What every typed buffer offers the task layer.
 pub(crate) trait DataAny: Send + Sync {
     fn id(&self) -> u64;
@@ -108,8 +111,17 @@ pub(crate) trait DataAny: Send + Sync {
     /// the buffers a placed graph's launch binds to its slots (empty
     /// elsewhere), where a slot's replica on its graph's device is.
     fn arg<'a>(&'a self, at: usize, write: bool, bound: Bound<'a>) -> Arg<'a>;
-    /// Copies replica `from` into replica `to` on `stream` (of either end).
-    fn copy(&self, stream: &Stream, from: usize, to: usize, bound: Bound<'_>) -> Result<()>;
+    /// Copies replica `from` into replica `to` on `stream` (of either end),
+    /// once `after` is reached, faulted or not (a memory wait: see
+    /// `Stream::copy_peer_after`).
+    fn copy(
+        &self,
+        stream: &Stream,
+        from: usize,
+        to: usize,
+        after: After<'_>,
+        bound: Bound<'_>,
+    ) -> Result<()>;
     /// The stream graph slot it stands for, if any.
     fn slot(&self) -> Option<u32> {
         None
@@ -172,7 +184,7 @@ impl<T: Pod + Send + Sync> DataAny for ManagedCell<T> {
             Arg::managed_read(&self.buf)
         }
     }
-    fn copy(&self, _stream: &Stream, _from: usize, _to: usize, _: Bound<'_>) -> Result<()> {
+    fn copy(&self, _: &Stream, _: usize, _: usize, _: After<'_>, _: Bound<'_>) -> Result<()> {
         Err(Error::InvalidArgument(
             "task data: a managed buffer has no replicas to copy between".into(),
         ))
@@ -307,13 +319,20 @@ impl<T: Pod + Send + Sync> DataAny for DataCell<T> {
             Arg::read(b)
         }
     }
-    fn copy(&self, stream: &Stream, from: usize, to: usize, _: Bound<'_>) -> Result<()> {
+    fn copy(
+        &self,
+        stream: &Stream,
+        from: usize,
+        to: usize,
+        after: After<'_>,
+        _: Bound<'_>,
+    ) -> Result<()> {
         let (Some(a), Some(b)) = (self.replicas[from].get(), self.replicas[to].get()) else {
             return Err(Error::InvalidArgument(
                 "task data: a copy between replicas that do not exist".into(),
             ));
         };
-        stream.copy_peer(a, b)
+        stream.copy_peer_after(a, b, after)
     }
 }
 

@@ -1095,7 +1095,7 @@ impl PlacedTaskGraph {
                     if let Some(e) = from_ev.filter(Event::is_recorded) {
                         s.wait_event(&e)?;
                     }
-                    dp.data.copy(&s, from, dp.start, bound)?;
+                    dp.data.copy(&s, from, dp.start, None, bound)?;
                     fixes.push((from, dp.start, bytes));
                     s.record_event()?
                 }
@@ -1179,10 +1179,7 @@ impl PlacedTaskGraph {
                         Some((&timelines[plan.copies[k].lane], value))
                     }
                 };
-                if let Some(point) = after.filter(|(t, v)| !t.is_reached(*v)) {
-                    lane.order_points(&[point])?;
-                }
-                access[a].data.copy(lane, cp.from, cp.to, bound)?;
+                access[a].data.copy(lane, cp.from, cp.to, after, bound)?;
                 copy_ends[k] = Some(lane.backend_stream().submitted());
             }
             points.clear();
@@ -1254,7 +1251,7 @@ impl PlacedTaskGraph {
             let w = dp.writer.expect("a written datum has a writer");
             let step = &plan.steps[w];
             let stream = &streams[step.stream];
-            dp.data.copy(stream, step.device, dp.start, bound)?;
+            dp.data.copy(stream, step.device, dp.start, None, bound)?;
             fixes.push((step.device, dp.start, dp.data.bytes() as u64));
             backs[x] = Some(stream.record_event()?);
         }

@@ -1631,7 +1631,7 @@ impl Runtime {
             if !mode.reads() {
                 continue;
             }
-            let src = {
+            let (src, after) = {
                 let mut s = lock(data.state());
                 s.drop_failed_replicas();
                 if s.valid[d].is_some() {
@@ -1646,14 +1646,19 @@ impl Runtime {
                 // After the source replica's maker, faulted or not: a fault
                 // there is the datum's writer's, which every reader of the
                 // datum takes on through its dependency on that writer.
-                if let Some(ev) = s.valid[src].as_ref().filter(|e| e.is_recorded()) {
-                    copies_on.order_after(ev)?;
-                }
+                let after = match s.valid[src].as_ref().filter(|e| e.is_recorded()) {
+                    Some(ev) => {
+                        let p = ev.point_any("task data copy")?;
+                        Some((p.timeline.clone(), p.value))
+                    }
+                    None => None,
+                };
                 moved += bytes;
                 st.link_bytes.push((src, d, bytes));
-                src
+                (src, after)
             };
-            data.copy(copies_on, src, d, &[])?;
+            let after = after.as_ref().map(|(timeline, value)| (timeline, *value));
+            data.copy(copies_on, src, d, after, &[])?;
             // The copy's own point: the replica is valid once it is reached
             // (failed only where the copy itself failed).
             let q = copies_on.backend_stream();

@@ -23,7 +23,7 @@
 //! ([`PlacedTaskGraph::launch_with`]); its replicas elsewhere are the placed
 //! graph's own. The host memory of a copy is task data on the graph's device.
 
-use super::data::Bound;
+use super::data::{After, Bound};
 use super::data::{DataAny, DataState};
 use super::graph::{place, PlacedTaskGraph};
 use super::{Mode, Spec};
@@ -116,13 +116,20 @@ impl DataAny for GraphData {
             managed: None,
         }
     }
-    fn copy(&self, stream: &Stream, from: usize, to: usize, bound: Bound<'_>) -> Result<()> {
+    fn copy(
+        &self,
+        stream: &Stream,
+        from: usize,
+        to: usize,
+        after: After<'_>,
+        bound: Bound<'_>,
+    ) -> Result<()> {
         let (Some(a), Some(b)) = (self.storage(from, bound), self.storage(to, bound)) else {
             return Err(Error::InvalidArgument(
                 "placed graph: a copy between replicas that do not exist".into(),
             ));
         };
-        as_buffer(a, |a| as_buffer(b, |b| stream.copy_peer(a, b)))
+        as_buffer(a, |a| as_buffer(b, |b| stream.copy_peer_after(a, b, after)))
     }
 }
 

@@ -107,6 +107,10 @@ impl BackendStream for EmuStream {
         true
     }
 
+    fn copies_wait(&self) -> bool {
+        true
+    }
+
     fn submitted(&self) -> u64 {
         self.ring.tail()
     }

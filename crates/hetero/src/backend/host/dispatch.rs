@@ -95,6 +95,7 @@ impl Shared {
                     Readiness::NotReady
                 }
             }
+            Body::Copy { .. } if !op.after_reached() => Readiness::NotReady,
             Body::Copy { kind, .. } => self.ready_with_engine(op, *kind as usize),
             Body::Fill { .. } => self.ready_with_engine(op, crate::CopyKind::D2D as usize),
             Body::HostWrite { .. } => self.ready_with_engine(op, crate::CopyKind::H2D as usize),

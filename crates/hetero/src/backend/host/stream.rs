@@ -124,6 +124,10 @@ impl BackendStream for HostStream {
         true
     }
 
+    fn copies_wait(&self) -> bool {
+        true
+    }
+
     fn submitted(&self) -> u64 {
         self.ring.tail()
     }
@@ -329,14 +333,18 @@ pub(super) fn unpack_hint(hint: u64) -> (u64, u64) {
     (hint >> HINT_VALUE_BITS, hint & ((1 << HINT_VALUE_BITS) - 1))
 }
 
-/// What a wait op waits for, packed, or `None` when the op is not a wait on
-/// a stream of `device` (hints name streams of their own device only: a wait
-/// on another device of a context gives none).
+/// What a wait op (or a copy's folded wait) waits for, packed, or `None`
+/// when the op is not a wait on a stream of `device` (hints name streams of
+/// their own device only: a wait on another device of a context gives none).
 pub(super) fn wait_hint_of(op: &Op, device: u64) -> Option<u64> {
     match &op.body {
         Body::Wait {
             timeline, value, ..
         } if timeline.device == device => pack_hint(timeline.stream, *value),
+        // A copy's folded memory wait (reached: no hint holds it back).
+        Body::Copy { after: Some(p), .. } if p.timeline.device == device => {
+            pack_hint(p.timeline.stream, p.value)
+        }
         // The first point not reached: the next look finds the one after.
         Body::WaitAll(w) => w
             .pending()

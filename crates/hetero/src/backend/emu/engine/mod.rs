@@ -241,6 +241,9 @@ impl Sim {
                     // Failed, but its waits still wait (`Op::failed_wait_done`).
                     return op.failed_wait_done().then_some(Plan::Skip);
                 }
+                if !op.after_reached() {
+                    return None;
+                }
                 match &op.body {
                     Body::Wait {
                         timeline,
