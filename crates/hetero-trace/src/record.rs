@@ -118,7 +118,8 @@ pub struct OpRecord {
     pub end_ns: u64,
     /// Bytes moved or written (0 for kernels unless known).
     pub bytes: u64,
-    /// For [`OpKind::Wait`]: the (stream, timeline value) waited on.
+    /// For [`OpKind::Wait`], and a copy that waits before it starts: the
+    /// (stream, timeline value) waited on.
     pub dep: Option<(u64, u64)>,
     /// True if it completed with an error.
     pub failed: bool,

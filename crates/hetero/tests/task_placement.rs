@@ -1647,6 +1647,87 @@ fn tasks_are_recorded_in_the_trace_and_summed_in_the_report() {
     assert_eq!(x.to_vec().unwrap(), vec![5; LEN]);
 }
 
+/// A task's copy shows in the profiler's trace what it waited for: the
+/// launch that made its source replica (the Chrome trace's flow arrow),
+/// whether the wait is folded into the copy's op (emu, host) or is an op of
+/// its own just before it on the copy's stream.
+#[test]
+fn a_tasks_copy_names_its_source_maker_in_the_trace() {
+    if common::skipped("a_tasks_copy_names_its_source_maker_in_the_trace") {
+        return;
+    }
+    use hetero_trace::{OpKind as K, OpRecord};
+    let (ctx, devs) = context();
+    let maker = spin_named("copy_source_maker");
+    let reader = mix(1, false);
+    hetero_trace::set_enabled(true);
+    let x = ctx.data_from(&vec![1u32; SPIN_LEN]).unwrap();
+    let y = ctx.data::<u32>(SPIN_LEN).unwrap();
+    let z = ctx.data::<u32>(SPIN_LEN).unwrap();
+    // `y` is made on device 0 and read on device 1: a copy after the maker
+    // (held back until the reader is placed).
+    let gate = devs[0].host_event();
+    let held = ctx.task(&maker).read(&x).write(&y).on_device(0);
+    held.after(gate.event()).submit().unwrap();
+    ctx.task(&reader)
+        .read(&y)
+        .write(&z)
+        .on_device(1)
+        .submit()
+        .unwrap();
+    gate.signal();
+    ctx.wait_tasks().unwrap();
+    let trace = hetero_trace::take();
+    let made = trace
+        .ops
+        .iter()
+        .find(|o| o.kind == K::Kernel && o.name == "copy_source_maker")
+        .expect("the maker's launch is in the trace");
+    let bytes = (SPIN_LEN * 4) as u64;
+    let copies: Vec<_> = trace
+        .ops
+        .iter()
+        .filter(|o| matches!(o.kind, K::H2D | K::D2H | K::D2D) && o.bytes == bytes)
+        .collect();
+    // Its own dependency, or a wait among the markers just before it on
+    // its stream, through another stream's markers where that wait names
+    // them (a staged copy's second stream follows the first by an event).
+    // Stream ids are per device: of the ops at a (stream, seq), those that
+    // ended before the op that follows them (one clock for the context's
+    // devices).
+    fn reaches(ops: &[OpRecord], (stream, seq, start): (u64, u64, u64), point: (u64, u64)) -> bool {
+        for seq in (1..seq).rev() {
+            let at = |o: &&OpRecord| (o.stream, o.seq) == (stream, seq) && o.end_ns <= start;
+            let mut marker = false;
+            for o in ops.iter().filter(at) {
+                match (o.kind, o.dep) {
+                    (K::Wait, Some(d)) if d == point => return true,
+                    (K::Wait, Some(d)) if reaches(ops, (d.0, d.1 + 1, o.start_ns), point) => {
+                        return true
+                    }
+                    (K::Wait | K::Record, _) => marker = true,
+                    _ => {}
+                }
+            }
+            if !marker {
+                return false;
+            }
+        }
+        false
+    }
+    let point = (made.stream, made.seq);
+    let waited = |c: &&OpRecord| {
+        c.dep == Some(point) || reaches(&trace.ops, (c.stream, c.seq, c.start_ns), point)
+    };
+    assert!(
+        copies.iter().any(waited),
+        "no copy of y names the maker's point {point:?}: {:#?}",
+        trace.ops
+    );
+    let want: Vec<u32> = y.to_vec().unwrap().iter().map(|v| v + 7).collect();
+    assert_eq!(z.to_vec().unwrap(), want);
+}
+
 /// `y = 3` per element, named `name` (a test's own tasks in the trace).
 fn threes(name: &'static str) -> Kernel {
     Kernel::new(name, |b| b.write::<u32>(0).fill(3)).wgsl(common::wgsl::map("u32", 0, "3u"), "main")

@@ -335,11 +335,16 @@ impl Op {
     }
 
     /// The profile's kind of this op, and the event it waits on (a wait's
-    /// stream and value): the one op → trace mapping every backend records.
+    /// stream and value, or a copy's folded wait's): the one op → trace
+    /// mapping every backend records.
     pub(crate) fn trace_kind(&self) -> (hetero_trace::OpKind, Option<(u64, u64)>) {
         use hetero_trace::OpKind as K;
         let kind = match &self.body {
-            Body::Copy { kind, .. } => kind.trace_kind(),
+            // (A folded wait's point is the copy's dependency.)
+            Body::Copy { kind, after, .. } => {
+                let dep = after.as_ref().map(|p| (p.timeline.stream, p.value));
+                return (kind.trace_kind(), dep);
+            }
             Body::HostWrite { .. } => K::H2D,
             Body::HostRead { .. } => K::D2H,
             Body::CopyBatch(b) => b.kind.trace_kind(),
