@@ -1587,6 +1587,19 @@ fn a_mixed_context_matches_submission_order() {
     );
 }
 
+/// The profiler's recorder is the process's: a test that reads it holds
+/// this while it records and takes (`hetero_trace::take` drains every
+/// thread's records, another such test's included), from an empty one.
+fn traced() -> std::sync::MutexGuard<'static, ()> {
+    static TRACE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let guard = TRACE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _ = hetero_trace::take();
+    hetero_trace::set_enabled(true);
+    guard
+}
+
 /// Each task seen complete is in the profiler's trace with the device its
 /// policy chose, the model's prediction and the time it took; the report
 /// sums them per kernel and device.
@@ -1599,7 +1612,7 @@ fn tasks_are_recorded_in_the_trace_and_summed_in_the_report() {
     // Its own name: other tests' tasks of this process may be recorded too.
     let k = Kernel::new("traced", |b| b.write::<u32>(0).fill(5))
         .wgsl(common::wgsl::map("u32", 0, "5u"), "main");
-    hetero_trace::set_enabled(true);
+    let _trace = traced();
     let x = ctx.data::<u32>(LEN).unwrap();
     let tasks: Vec<_> = (0..48)
         .map(|i| ctx.task(&k).write(&x).on_device(i % 2).submit().unwrap())
@@ -1660,7 +1673,7 @@ fn a_tasks_copy_names_its_source_maker_in_the_trace() {
     let (ctx, devs) = context();
     let maker = spin_named("copy_source_maker");
     let reader = mix(1, false);
-    hetero_trace::set_enabled(true);
+    let _trace = traced();
     let x = ctx.data_from(&vec![1u32; SPIN_LEN]).unwrap();
     let y = ctx.data::<u32>(SPIN_LEN).unwrap();
     let z = ctx.data::<u32>(SPIN_LEN).unwrap();
@@ -1728,6 +1741,50 @@ fn a_tasks_copy_names_its_source_maker_in_the_trace() {
     assert_eq!(z.to_vec().unwrap(), want);
 }
 
+/// A task's launch stamps a span the layer reuses once nothing holds it
+/// (no allocation per task): a task after many whose handles were dropped
+/// has no time of theirs, none before it ran and its own after.
+#[test]
+fn a_task_reports_only_its_own_time_when_launch_spans_are_reused() {
+    if common::skipped("a_task_reports_only_its_own_time_when_launch_spans_are_reused") {
+        return;
+    }
+    let (ctx, devs) = context();
+    let k = Kernel::new("span_reuse", |_| {}).wgsl(common::wgsl::nothing(0), "main");
+    // Data keeps the context's task runtime (and the spans it kept)
+    // between batches.
+    let _keep = ctx.data::<u32>(1).unwrap();
+    for round in 0..3 {
+        for i in 0..64 {
+            ctx.task(&k).on_device(i % 2).submit().unwrap();
+        }
+        ctx.wait_tasks().unwrap();
+        let gates = [devs[0].host_event(), devs[1].host_event()];
+        let kept: Vec<_> = (0..2)
+            .map(|d| {
+                let b = ctx.task(&k).on_device(d).after(gates[d].event());
+                b.submit().unwrap()
+            })
+            .collect();
+        for t in &kept {
+            assert_eq!(t.measured_ns(), None, "round {round}: before it ran");
+            assert!(!t.event().query().unwrap(), "round {round}");
+        }
+        let before = devs[0].create_stream().unwrap().record_event().unwrap();
+        gates.iter().for_each(hetero::HostEvent::signal);
+        ctx.wait_tasks().unwrap();
+        for t in &kept {
+            let ns = t.measured_ns().expect("seen complete");
+            assert!(ns >= 0.0, "round {round}: {ns}");
+            if t.device_index() == 0 {
+                // Its end is after the gate opened, not an old launch's.
+                let ms = before.elapsed_ms(t.event()).unwrap();
+                assert!(ms >= 0.0, "round {round}: ended {ms} ms before the gate");
+            }
+        }
+    }
+}
+
 /// `y = 3` per element, named `name` (a test's own tasks in the trace).
 fn threes(name: &'static str) -> Kernel {
     Kernel::new(name, |b| b.write::<u32>(0).fill(3)).wgsl(common::wgsl::map("u32", 0, "3u"), "main")
@@ -1745,7 +1802,7 @@ fn a_task_is_timed_by_its_own_launch() {
     let (ctx, _devs) = context();
     let long = spin_named("timed_long");
     let short = threes("timed_short");
-    hetero_trace::set_enabled(true);
+    let _trace = traced();
     let x = ctx.data_from(&vec![1u32; SPIN_LEN]).unwrap();
     let y = ctx.data::<u32>(SPIN_LEN).unwrap();
     let mut pairs = Vec::new();

@@ -207,6 +207,15 @@ impl Event {
     }
 
     /// The span of the launch that stamps this event, if a launch does.
+    /// The stamped launch's span it holds, if any (given up with the
+    /// event).
+    pub(crate) fn into_span(mut self) -> Option<Arc<crate::exec::op::Span>> {
+        match self.point.take()?.stamp? {
+            Stamp::End(s) => Some(s),
+            Stamp::Cell(_) => None,
+        }
+    }
+
     pub(crate) fn span(&self) -> Option<&crate::exec::op::Span> {
         match self.point.as_ref()?.stamp.as_ref()? {
             Stamp::End(s) => Some(s),

@@ -270,6 +270,12 @@ impl Default for Span {
 }
 
 impl Span {
+    /// As new, for another launch (its only holder reuses it: no allocation
+    /// per launch).
+    pub(crate) fn reset(&mut self) {
+        *self = Span::default();
+    }
+
     /// The cell for the time observed for this launch (`f64` bits).
     pub(crate) fn observed(&self) -> &AtomicU64 {
         &self.observed

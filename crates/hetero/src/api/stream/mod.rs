@@ -337,7 +337,8 @@ impl Stream {
     }
 
     /// Launches `kernel` as [`Stream::launch`] does and returns the event of
-    /// its end, which the launch stamps itself: what
+    /// its end, which the launch stamps itself in `span` (a fresh one, or
+    /// one its only holder reused: `Span::reset`): what
     /// [`record_event`](Self::record_event) after it gives, without the
     /// record's op.
     pub(crate) fn launch_marked(
@@ -345,8 +346,19 @@ impl Stream {
         kernel: &Kernel,
         grid: Grid,
         args: &[Arg<'_>],
+        span: Arc<crate::exec::op::Span>,
     ) -> Result<Event> {
-        self.launch_stamped(kernel, grid, args)
+        match self.launch_op(kernel, grid, args, Some(span.clone()))? {
+            Some(value) => Ok(Event {
+                point: Some(EventPoint::new(
+                    self.q().timeline().clone(),
+                    value,
+                    Stamp::End(span),
+                )),
+            }),
+            // Captured (a capture's node stamps nothing): a record.
+            None => self.record_event(),
+        }
     }
 
     /// Launches `kernel` as [`Stream::launch`] does and returns the value its
@@ -365,23 +377,6 @@ impl Stream {
                 detail: "the stream is capturing: its launches reach no point on its timeline"
                     .into(),
             })
-    }
-
-    /// A launch with its span: the start event (where `start` asks for it)
-    /// and the end event.
-    fn launch_stamped(&self, kernel: &Kernel, grid: Grid, args: &[Arg<'_>]) -> Result<Event> {
-        let span = Arc::new(crate::exec::op::Span::default());
-        match self.launch_op(kernel, grid, args, Some(span.clone()))? {
-            Some(value) => Ok(Event {
-                point: Some(EventPoint::new(
-                    self.q().timeline().clone(),
-                    value,
-                    Stamp::End(span),
-                )),
-            }),
-            // Captured (a capture's node stamps nothing): a record.
-            None => self.record_event(),
-        }
     }
 
     /// The checks and the op of a launch; its value on the stream's

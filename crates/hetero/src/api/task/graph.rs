@@ -1230,7 +1230,10 @@ impl PlacedTaskGraph {
                     ends[s] = Some(stream.launch_point(&step.kernel, step.grid, &args)?);
                     None
                 }
-                (None, true) => Some(stream.launch_marked(&step.kernel, step.grid, &args)?),
+                (None, true) => {
+                    let span = Arc::default();
+                    Some(stream.launch_marked(&step.kernel, step.grid, &args, span)?)
+                }
                 (Some(op), record) => {
                     op.run(stream, &args)?;
                     record.then(|| stream.record_event()).transpose()?

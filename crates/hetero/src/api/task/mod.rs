@@ -351,7 +351,14 @@ struct RtState {
     /// `emit`'s waits for replicas valid on the task's device (kept to
     /// reuse the list; empty between tasks).
     here: Vec<Event>,
+    /// Launch spans of tasks seen complete that nothing else held, reset
+    /// for the next launches (at most `SPARE_SPANS`): a task's launch
+    /// allocates none.
+    spans: Vec<Arc<crate::exec::op::Span>>,
 }
+
+/// The most spans `RtState::spans` keeps.
+const SPARE_SPANS: usize = 256;
 
 /// What `Runtime::decide` decided for a task.
 enum Decision {
@@ -585,6 +592,7 @@ impl Runtime {
                 unreported: None,
                 candidates: Vec::new(),
                 here: Vec::new(),
+                spans: Vec::new(),
             }),
             devices,
             keys,
@@ -876,7 +884,17 @@ impl Runtime {
                 .observe(p.kernel, p.device, p.footprint, p.size, ns);
             sc.stats.observed += 1;
         }
-        done.clear();
+        // Their spans, where nothing else holds them (no handle, no data's
+        // state): for the next launches.
+        for p in done.drain(..) {
+            let Some(mut span) = p.end.into_span() else {
+                continue;
+            };
+            if let (Some(s), true) = (Arc::get_mut(&mut span), st.spans.len() < SPARE_SPANS) {
+                s.reset();
+                st.spans.push(span);
+            }
+        }
         order.clear();
         st.done = done;
         st.done_order = order;
@@ -1604,6 +1622,7 @@ impl Runtime {
         } else {
             None
         };
+        let span = st.spans.pop().unwrap_or_default();
         // (Borrowed, not cloned: the fields written below are others.)
         let stream = &st.streams[d][at].stream;
         if let Some(p) = priority {
@@ -1690,7 +1709,7 @@ impl Runtime {
             .map(|(data, mode)| data.arg(d, mode.writes(), &[]))
             .collect();
         // One op: the launch stamps its own start and end.
-        let end = stream.launch_marked(&spec.kernel, spec.grid, &args)?;
+        let end = stream.launch_marked(&spec.kernel, spec.grid, &args, span)?;
         drop(args);
         if st.notify_completions {
             // Room for a held task: the progress thread looks.
@@ -1885,8 +1904,9 @@ impl Task {
 
     /// Completes when the task has (fails if it faulted or a task whose
     /// output it reads did; a task it only follows, one that read what it
-    /// writes or whose output it overwrites unread, does not fail it). For a task work stealing held back, a host-signalled event:
-    /// it completes once a device took the task and ran it; in virtual time
+    /// writes or whose output it overwrites unread, does not fail it). For
+    /// a task work stealing held back, a host-signalled event: it
+    /// completes once a device took the task and ran it; in virtual time
     /// waiting on it alone runs no device's model (use [`Task::wait`] or
     /// [`Context::wait_tasks`]).
     pub fn event(&self) -> &Event {
