@@ -1587,6 +1587,46 @@ fn a_mixed_context_matches_submission_order() {
     );
 }
 
+/// Task data of no elements is data like any other: tasks read and write it
+/// on every device, online and in a placed graph, and nothing needs a copy
+/// (a copy of no elements is an error of the stream API, not of tasks).
+#[test]
+fn task_data_of_no_elements_moves_between_devices() {
+    if common::skipped("task_data_of_no_elements_moves_between_devices") {
+        return;
+    }
+    let (ctx, _devs) = context();
+    let (a, b) = (mix(1, false), mix(1, true));
+    let x = ctx.data::<u32>(0).unwrap();
+    let y = ctx.data::<u32>(0).unwrap();
+    let mut g = TaskGraph::new();
+    for d in [0, 1, 1, 0] {
+        ctx.task(&a)
+            .read(&x)
+            .write(&y)
+            .on_device(d)
+            .submit()
+            .unwrap();
+        ctx.task(&b)
+            .read(&y)
+            .read_write(&x)
+            .on_device(1 - d)
+            .submit()
+            .unwrap();
+        let t = ctx.task(&a).read(&x).write(&y).on_device(d);
+        t.record(&mut g).unwrap();
+        let t = ctx.task(&b).read(&y).read_write(&x).on_device(1 - d);
+        t.record(&mut g).unwrap();
+    }
+    ctx.wait_tasks().unwrap();
+    let placed = g.instantiate_on(&ctx).unwrap();
+    placed.launch().unwrap();
+    placed.launch().unwrap();
+    ctx.wait_tasks().unwrap();
+    assert_eq!(x.to_vec().unwrap(), Vec::<u32>::new());
+    assert_eq!(y.to_vec().unwrap(), Vec::<u32>::new());
+}
+
 /// The profiler's recorder is the process's: a test that reads it holds
 /// this while it records and takes (`hetero_trace::take` drains every
 /// thread's records, another such test's included), from an empty one.

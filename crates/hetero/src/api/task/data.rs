@@ -332,6 +332,10 @@ impl<T: Pod + Send + Sync> DataAny for DataCell<T> {
                 "task data: a copy between replicas that do not exist".into(),
             ));
         };
+        if self.len == 0 {
+            // Nothing to move: every replica of no elements is current.
+            return Ok(());
+        }
         stream.copy_peer_after(a, b, after)
     }
 }
