@@ -1627,6 +1627,61 @@ fn task_data_of_no_elements_moves_between_devices() {
     assert_eq!(y.to_vec().unwrap(), Vec::<u32>::new());
 }
 
+/// Under dmdas a task's priority is its stream's: on a device of one
+/// compute unit, a high-priority task submitted after low-priority ones,
+/// all ready at once (they read what one task writes, held at a gate until
+/// all are submitted), runs first (the trace's start times). A priority out
+/// of range is an error.
+#[test]
+fn dmdas_runs_a_ready_high_priority_task_first() {
+    if common::skipped("dmdas_runs_a_ready_high_priority_task_first") {
+        return;
+    }
+    let k = |name| {
+        let k = Kernel::new(name, |b| b.write::<u32>(0).fill(3));
+        k.wgsl(common::wgsl::map("u32", 1, "3u"), "main")
+    };
+    let (low, high, first) = (k("prio_low"), k("prio_high"), mix(0, false));
+    let dev = common::device_with(|c| c.compute_units(1));
+    let ctx = Context::new(std::slice::from_ref(&dev)).unwrap();
+    ctx.set_perfmodel_dir(None);
+    ctx.set_scheduler(SchedPolicy::Dmdas);
+    let x = ctx.data::<u32>(4).unwrap();
+    let bad = ctx.task(&low).priority(hetero::PRIORITY_LOWEST + 1);
+    let bad = bad.read(&x).write(&ctx.data::<u32>(4).unwrap()).submit();
+    let bad = bad.unwrap_err();
+    assert!(bad.to_string().contains("out of range"), "{bad}");
+    let _trace = traced();
+    let data: Vec<_> = (0..7).map(|_| ctx.data::<u32>(LEN).unwrap()).collect();
+    let gate = dev.host_event();
+    ctx.task(&first)
+        .write(&x)
+        .after(gate.event())
+        .submit()
+        .unwrap();
+    for d in &data[..6] {
+        let t = ctx.task(&low).priority(hetero::PRIORITY_LOWEST);
+        t.read(&x).write(d).submit().unwrap();
+    }
+    let t = ctx.task(&high).priority(hetero::PRIORITY_HIGHEST);
+    t.read(&x).write(&data[6]).submit().unwrap();
+    gate.signal();
+    ctx.wait_tasks().unwrap();
+    let trace = hetero_trace::take();
+    let start = |name: &str| {
+        let mine = trace.tasks.iter().filter(|t| t.kernel == name);
+        let mut s: Vec<u64> = mine.map(|t| t.start_ns).collect();
+        s.sort_unstable();
+        s
+    };
+    let (lows, highs) = (start("prio_low"), start("prio_high"));
+    assert_eq!((lows.len(), highs.len()), (6, 1));
+    assert!(highs[0] <= lows[0], "high at {highs:?}, low at {lows:?}");
+    for d in &data {
+        assert_eq!(d.to_vec().unwrap(), vec![3; LEN]);
+    }
+}
+
 /// The profiler's recorder is the process's: a test that reads it holds
 /// this while it records and takes (`hetero_trace::take` drains every
 /// thread's records, another such test's included), from an empty one.
@@ -1741,23 +1796,21 @@ fn a_tasks_copy_names_its_source_maker_in_the_trace() {
         .ops
         .iter()
         .filter(|o| matches!(o.kind, K::H2D | K::D2H | K::D2D) && o.bytes == bytes)
+        // (Not the uploads of the data made from host slices.)
+        .filter(|o| o.name != "write_slice")
         .collect();
     // Its own dependency, or a wait among the markers just before it on
     // its stream, through another stream's markers where that wait names
     // them (a staged copy's second stream follows the first by an event).
-    // Stream ids are per device: of the ops at a (stream, seq), those that
-    // ended before the op that follows them (one clock for the context's
-    // devices).
-    fn reaches(ops: &[OpRecord], (stream, seq, start): (u64, u64, u64), point: (u64, u64)) -> bool {
+    // (Stream ids are per device: any op at a (stream, seq) will do.)
+    fn reaches(ops: &[OpRecord], (stream, seq): (u64, u64), point: (u64, u64)) -> bool {
         for seq in (1..seq).rev() {
-            let at = |o: &&OpRecord| (o.stream, o.seq) == (stream, seq) && o.end_ns <= start;
+            let at = |o: &&OpRecord| (o.stream, o.seq) == (stream, seq);
             let mut marker = false;
             for o in ops.iter().filter(at) {
                 match (o.kind, o.dep) {
                     (K::Wait, Some(d)) if d == point => return true,
-                    (K::Wait, Some(d)) if reaches(ops, (d.0, d.1 + 1, o.start_ns), point) => {
-                        return true
-                    }
+                    (K::Wait, Some(d)) if reaches(ops, (d.0, d.1 + 1), point) => return true,
                     (K::Wait | K::Record, _) => marker = true,
                     _ => {}
                 }
@@ -1769,9 +1822,8 @@ fn a_tasks_copy_names_its_source_maker_in_the_trace() {
         false
     }
     let point = (made.stream, made.seq);
-    let waited = |c: &&OpRecord| {
-        c.dep == Some(point) || reaches(&trace.ops, (c.stream, c.seq, c.start_ns), point)
-    };
+    let waited =
+        |c: &&OpRecord| c.dep == Some(point) || reaches(&trace.ops, (c.stream, c.seq), point);
     assert!(
         copies.iter().any(waited),
         "no copy of y names the maker's point {point:?}: {:#?}",

@@ -2038,9 +2038,17 @@ impl<'a> TaskBuilder<'a> {
 
     /// The priority ([`PRIORITY_HIGHEST`](crate::PRIORITY_HIGHEST) = 0 ..
     /// [`PRIORITY_LOWEST`](crate::PRIORITY_LOWEST) = 7): under `dmdas`, its
-    /// stream's priority.
+    /// stream's priority (ready tasks of higher priority run first on their
+    /// device). Out of range: `submit` and `record` fail.
     pub fn priority(mut self, priority: u8) -> Self {
-        self.spec.priority = Some(priority.min(crate::PRIORITY_LOWEST));
+        if priority > crate::PRIORITY_LOWEST {
+            self.error.get_or_insert(Error::InvalidArgument(format!(
+                "task '{}': priority {priority} is out of range; use 0 (highest) ..= {} (lowest)",
+                self.spec.kernel.name(),
+                crate::PRIORITY_LOWEST
+            )));
+        }
+        self.spec.priority = Some(priority);
         self
     }
 
