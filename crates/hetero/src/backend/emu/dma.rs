@@ -492,6 +492,8 @@ pub(crate) fn joins_run(
             src_off,
             dst,
             dst_off,
+            // (A copy that waits first starts on its own.)
+            after: None,
             ..
         } if *k == kind && *bytes <= max_bytes && kind != CopyKind::D2D => {
             let (host, off) = if kind == CopyKind::H2D {
