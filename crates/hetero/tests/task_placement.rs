@@ -1682,6 +1682,48 @@ fn dmdas_runs_a_ready_high_priority_task_first() {
     }
 }
 
+/// A task's observed time is its kernel's span, also where a device of
+/// several compute units ends its tasks out of the order they started in:
+/// short tasks start beside a long one and end before it (an observation
+/// less "the end of the task a unit-count before" took the shorts' ends
+/// for the long one's wait for a unit, and under-observed it).
+#[test]
+fn a_task_is_observed_for_its_whole_span_beside_shorter_ones() {
+    if common::skipped("a_task_is_observed_for_its_whole_span_beside_shorter_ones") {
+        return;
+    }
+    let long = spin_named("span_long");
+    let short = threes("span_short");
+    let dev = common::device_with(|c| c.compute_units(2));
+    let ctx = Context::new(std::slice::from_ref(&dev)).unwrap();
+    ctx.set_perfmodel_dir(None);
+    let _trace = traced();
+    let x = ctx.data_from(&vec![1u32; SPIN_LEN]).unwrap();
+    let y = ctx.data::<u32>(SPIN_LEN).unwrap();
+    let mut tasks = vec![ctx.task(&long).read(&x).write(&y).submit().unwrap()];
+    let outs: Vec<_> = (0..6).map(|_| ctx.data::<u32>(LEN).unwrap()).collect();
+    for o in &outs {
+        tasks.push(ctx.task(&short).write(o).submit().unwrap());
+    }
+    ctx.wait_tasks().unwrap();
+    let trace = hetero_trace::take();
+    let mine: Vec<_> = trace
+        .tasks
+        .iter()
+        .filter(|t| t.kernel == "span_long" || t.kernel == "span_short")
+        .collect();
+    assert_eq!(mine.len(), tasks.len());
+    for r in &mine {
+        assert_eq!(r.measured_ns, r.end_ns - r.start_ns, "{r:?}");
+    }
+    let long_record = mine.iter().find(|t| t.kernel == "span_long").unwrap();
+    let measured = tasks[0].measured_ns().unwrap() as u64;
+    assert_eq!(measured, long_record.end_ns - long_record.start_ns);
+    for o in &outs {
+        assert_eq!(o.to_vec().unwrap(), vec![3; LEN]);
+    }
+}
+
 /// The profiler's recorder is the process's: a test that reads it holds
 /// this while it records and takes (`hetero_trace::take` drains every
 /// thread's records, another such test's included), from an empty one.

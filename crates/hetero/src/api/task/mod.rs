@@ -766,11 +766,10 @@ impl Runtime {
 
     /// Feeds the models with the tasks seen complete.
     ///
-    /// A task's time is from its launch's start to its end (the launch
-    /// stamps both), less any wait for a compute unit: processed in order of
-    /// their ends, a device's task is taken to start no earlier than the end
-    /// of the task `lanes` places before it (exact when the device serves
-    /// its tasks first come, first served).
+    /// A task's time is from its launch's start to its end: the launch
+    /// stamps both where it holds its compute units (the host engine's run,
+    /// the emulated device's units taken, Vulkan's timestamp queries around
+    /// the dispatch), so no wait for a unit is in it.
     fn harvest(&self, st: &mut RtState, sc: &mut Sched) {
         st.submitted_since_harvest = 0;
         let stamp = |e: &Event| e.point.as_ref().map_or(0, |p| p.stamp_ns());
@@ -842,11 +841,6 @@ impl Runtime {
             let (end, p) = ((key >> 64) as u64, &done[key as u32 as usize]);
             let lanes = self.lanes[p.device];
             let recent = &mut st.recent_ends[p.device];
-            let unit_free = if recent.len() >= lanes {
-                recent[recent.len() - lanes]
-            } else {
-                0
-            };
             let start = p.end.span().map_or_else(|| stamp(&p.end), Span::start_ns);
             if p.queued_at != 0 && recent.len() >= lanes {
                 // The device's last end before the task started (some unit
@@ -861,7 +855,7 @@ impl Runtime {
             if recent.len() > lanes {
                 recent.remove(0);
             }
-            let ns = end.saturating_sub(start.max(unit_free)) as f64;
+            let ns = end.saturating_sub(start) as f64;
             if let Some(cell) = observed(&p.measured, &p.end) {
                 cell.store(ns.to_bits(), Ordering::Relaxed);
             }
