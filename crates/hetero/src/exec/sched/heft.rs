@@ -3,7 +3,12 @@
 //! the longest mean path of communication and execution to an exit task);
 //! each goes to the compute unit where it finishes earliest, counting the
 //! transfers from its predecessors' devices and filling the earliest idle gap
-//! long enough for it (insertion).
+//! long enough for it (insertion). Transfers are scheduled too: a copy
+//! holds the copy engine out of its source device and the one into its
+//! destination (as the runtime's peer copies do), in the earliest gap the
+//! two share, and one copy of a task's output serves every later reader on
+//! a device (its replica stays valid there), so the plan counts the queues
+//! its copies make on the links.
 
 /// One task of the DAG, as HEFT sees it.
 #[derive(Clone, Debug, Default)]
@@ -84,6 +89,25 @@ pub(crate) fn plan(
         .map(|&n| (0..n.max(1)).map(|_| Lane::default()).collect())
         .collect();
     let mut placed: Vec<Option<Placed>> = vec![None; tasks.len()];
+    // Copy engines: per device, its engine out and its engine in (a copy
+    // holds one at each end, as a peer copy does), with insertion as the
+    // compute units; per (task, device), when the task's output is there
+    // (one copy serves every later reader on the device).
+    let mut outs: Vec<Lane> = (0..devices).map(|_| Lane::default()).collect();
+    let mut ins: Vec<Lane> = (0..devices).map(|_| Lane::default()).collect();
+    let mut arrived: std::collections::HashMap<(usize, usize), f64> = Default::default();
+    // The earliest start at or after `ready` of a `w`-long copy from `a` to `b`.
+    let both = |outs: &[Lane], ins: &[Lane], a: usize, b: usize, ready: f64, w: f64| {
+        let mut t = ready;
+        loop {
+            let t1 = outs[a].earliest(t, w);
+            let t2 = ins[b].earliest(t1, w);
+            if t2 == t1 {
+                return t1;
+            }
+            t = t2;
+        }
+    };
     // A task whose predecessor is not placed yet (zero-cost ties) waits. (A
     // deque: the task taken is nearly always the first, and a `Vec`'s
     // removal from the front made a 100 000-task chain quadratic.)
@@ -101,12 +125,15 @@ pub(crate) fn plan(
             let mut ready = 0.0f64;
             for &(p, bytes) in &t.preds {
                 let pp = placed[p].expect("checked above");
-                let c = if pp.device == d {
-                    0.0
+                let at = if pp.device == d || bytes == 0 {
+                    pp.end
+                } else if let Some(&a) = arrived.get(&(p, d)) {
+                    a
                 } else {
-                    comm(pp.device, d, bytes)
+                    let c = comm(pp.device, d, bytes);
+                    both(&outs, &ins, pp.device, d, pp.end, c) + c
                 };
-                ready = ready.max(pp.end + c);
+                ready = ready.max(at);
             }
             let inputs: f64 = t
                 .inputs
@@ -124,6 +151,17 @@ pub(crate) fn plan(
         }
         let (end, d, l, start) = best.expect("every task runs on some device");
         busy[d][l].insert(start, end);
+        for &(p, bytes) in &t.preds {
+            let pp = placed[p].expect("placed");
+            if pp.device == d || bytes == 0 || arrived.contains_key(&(p, d)) {
+                continue;
+            }
+            let c = comm(pp.device, d, bytes);
+            let s0 = both(&outs, &ins, pp.device, d, pp.end, c);
+            outs[pp.device].insert(s0, s0 + c);
+            ins[d].insert(s0, s0 + c);
+            arrived.insert((p, d), s0 + c);
+        }
         placed[i] = Some(Placed {
             device: d,
             lane: l,
@@ -231,6 +269,41 @@ mod tests {
             .collect();
         let p = plan(&fork, &[1, 1], &comm);
         assert_eq!(p.iter().filter(|x| x.device == 1).count(), 2);
+    }
+
+    /// Copies hold a copy engine at each end: two outputs made at once on
+    /// one device and read on another cross the link one after the other,
+    /// and one copy serves every reader of an output on a device.
+    #[test]
+    fn copies_take_turns_on_the_engines_and_one_serves_every_reader() {
+        let only = |d: usize, w: f64| {
+            let mut cost = vec![None, None];
+            cost[d] = Some(w);
+            cost
+        };
+        let task = |preds: Vec<(usize, u64)>, cost| HeftTask {
+            preds,
+            inputs: vec![],
+            cost,
+        };
+        // 0, 1 on device 0 (two units: both end at 10); 2, 3 read them on
+        // device 1; 4 reads 0's output on device 1 too.
+        let tasks = vec![
+            task(vec![], only(0, 10.0)),
+            task(vec![], only(0, 10.0)),
+            task(vec![(0, 1000)], only(1, 1.0)),
+            task(vec![(1, 1000)], only(1, 1.0)),
+            task(vec![(0, 1000)], only(1, 1.0)),
+        ];
+        // 5 per copy.
+        let comm = |_: usize, _: usize, b: u64| b as f64 / 200.0;
+        let p = plan(&tasks, &[2, 4], &comm);
+        let mut reads_copied: Vec<f64> = p[2..4].iter().map(|x| x.start).collect();
+        reads_copied.sort_by(f64::total_cmp);
+        // One copy from 10 to 15, the other from 15 to 20.
+        assert_eq!(reads_copied, vec![15.0, 20.0], "{p:?}");
+        // Task 4 reads what task 2's copy brought: no third copy.
+        assert_eq!(p[4].start, p[2].start, "{p:?}");
     }
 
     /// A lane of these slots, placed in order.
