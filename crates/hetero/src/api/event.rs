@@ -206,7 +206,6 @@ impl Event {
         self.point.is_some()
     }
 
-    /// The span of the launch that stamps this event, if a launch does.
     /// The stamped launch's span it holds, if any (given up with the
     /// event).
     pub(crate) fn into_span(mut self) -> Option<Arc<crate::exec::op::Span>> {
@@ -216,6 +215,7 @@ impl Event {
         }
     }
 
+    /// The span of the launch that stamps this event, if a launch does.
     pub(crate) fn span(&self) -> Option<&crate::exec::op::Span> {
         match self.point.as_ref()?.stamp.as_ref()? {
             Stamp::End(s) => Some(s),

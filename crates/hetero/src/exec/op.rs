@@ -309,15 +309,15 @@ impl Op {
     /// waits for is reached, everything else at once. So the stream's
     /// points keep their order: work that follows one of them with a memory
     /// wait (a task that only follows a failed task) still comes after what
-    /// that op was ordered after, as it would had the stream not failed.
+    /// that op was ordered after, as it would had the stream not failed. (A
+    /// copy's folded wait counts as a wait.)
     pub(crate) fn failed_wait_done(&self) -> bool {
         match &self.body {
             Body::Wait {
                 timeline, value, ..
             } => timeline.is_reached(*value),
             Body::WaitAll(w) => w.is_reached(),
-            Body::Copy { after: Some(p), .. } => p.timeline.is_reached(p.value),
-            _ => true,
+            _ => self.after_reached(),
         }
     }
 

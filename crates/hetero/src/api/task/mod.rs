@@ -709,18 +709,6 @@ impl Runtime {
         Ok(s)
     }
 
-    /// Whether `spec` on device `d` copies a replica in first (a datum it
-    /// reads that holds its current version elsewhere only).
-    fn copies_needed(&self, spec: &Spec, d: usize) -> bool {
-        spec.access.iter().any(|(x, mode)| {
-            mode.reads() && !x.is_managed() && {
-                let mut s = lock(x.state());
-                s.drop_failed_replicas();
-                s.valid[d].is_none()
-            }
-        })
-    }
-
     /// The modelled time to move `bytes` from device `a` to device `b`, ns:
     /// from the peer link between them, else out of `a` and into `b` over
     /// their links to the host (emulated devices; a device whose memory is the
@@ -1607,15 +1595,10 @@ impl Runtime {
         // task's data once it is placed), on the task's stream when that
         // was taken in turn (its work all completed without a fault), else
         // (chained behind a task that may still fail) on one of the
-        // device's copy streams; the task then waits for the copies, and
-        // for its dependencies with their faults.
-        let side = if chained_at.is_some() && self.copies_needed(spec, d) {
-            st.copy_turn = st.copy_turn.wrapping_add(1);
-            let slot = &mut st.copy_streams[d][st.copy_turn % COPY_STREAMS];
-            Some(self.side_stream(slot, d, "task data copies")?)
-        } else {
-            None
-        };
+        // device's copy streams (taken at the task's first copy); the task
+        // then waits for the copies, and for its dependencies with their
+        // faults.
+        let mut side: Option<Stream> = None;
         let span = st.spans.pop().unwrap_or_default();
         // (Borrowed, not cloned: the fields written below are others.)
         let stream = &st.streams[d][at].stream;
@@ -1629,7 +1612,6 @@ impl Runtime {
         // Waits for replicas valid here, issued after the copies (they may
         // take on a fault); the list kept between tasks.
         let mut here = std::mem::take(&mut st.here);
-        let copies_on = side.as_ref().unwrap_or(stream);
         for (i, (data, mode)) in spec.access.iter().enumerate() {
             if data.is_managed() {
                 let n = self.devices.len();
@@ -1669,6 +1651,15 @@ impl Runtime {
                 moved += bytes;
                 st.link_bytes.push((src, d, bytes));
                 (src, after)
+            };
+            let copies_on = match (chained_at, &mut side) {
+                (None, _) => stream,
+                (Some(_), Some(s)) => s,
+                (Some(_), side) => {
+                    st.copy_turn = st.copy_turn.wrapping_add(1);
+                    let slot = &mut st.copy_streams[d][st.copy_turn % COPY_STREAMS];
+                    side.insert(self.side_stream(slot, d, "task data copies")?)
+                }
             };
             let after = after.as_ref().map(|(timeline, value)| (timeline, *value));
             data.copy(copies_on, src, d, after, &[])?;
