@@ -194,3 +194,50 @@ fn submitting_empty_tasks_allocates_less_than_once_per_task() {
     eprintln!("{made} allocations for {n} tasks");
     assert!(made < n / 4, "{made} allocations for {n} tasks");
 }
+
+/// A placed graph's relaunch allocates a few lists per launch (the events
+/// handed back), not one span per stream it ends: each stream's last launch
+/// stamps a span that the next launch reuses once nothing else holds it.
+#[test]
+fn relaunching_a_placed_graph_allocates_less_than_once_per_stream() {
+    let devs = [device(), device()];
+    let ctx = hetero::Context::new(&devs).expect("context");
+    ctx.set_perfmodel_dir(None);
+    let k = Kernel::new("inc", |b| {
+        b.write::<u32>(0).iter_mut().for_each(|v| *v += 1)
+    })
+    .wgsl(common::wgsl::map("u32", 0, "y[i] + 1u"), "main");
+    // Independent tasks: each its own chain, so the plan ends many streams.
+    let data: Vec<_> = (0..32)
+        .map(|_| ctx.data_from(&[0u32; 4]).expect("data"))
+        .collect();
+    let mut g = hetero::TaskGraph::new();
+    for d in &data {
+        ctx.task(&k).read_write(d).record(&mut g).expect("record");
+    }
+    let placed = g.instantiate_on(&ctx).expect("instantiate");
+    let streams = placed.launch().expect("launch").events().len() as u64;
+    ctx.wait_tasks().expect("tasks");
+    for _ in 0..3 {
+        placed.launch().expect("launch");
+        ctx.wait_tasks().expect("tasks");
+    }
+    // Launches only: in virtual time the waits run the device's work on
+    // this thread.
+    let (launches, mut made) = (20, 0);
+    for _ in 0..launches {
+        let before = allocs();
+        placed.launch().expect("launch");
+        made += allocs() - before;
+        ctx.wait_tasks().expect("tasks");
+    }
+    eprintln!("{made} allocations for {launches} launches ending {streams} streams each");
+    assert!(streams >= 4, "the plan ends {streams} streams");
+    assert!(
+        made < launches * streams,
+        "{made} allocations for {launches} launches ending {streams} streams each"
+    );
+    for d in &data {
+        assert_eq!(d.to_vec().expect("read"), vec![1 + 3 + launches as u32; 4]);
+    }
+}

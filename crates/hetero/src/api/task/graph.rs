@@ -248,6 +248,10 @@ struct Live {
     /// A launch's working lists, kept (empty) for the next: a replay
     /// allocates nothing per launch that it can reuse.
     scratch: Scratch,
+    /// Per stream: the span its last launch's tail stamped, kept to be
+    /// reused by the next launch's tail once nothing else holds it (the op
+    /// done, the caller's launch handle and the runtime's books let go).
+    tail_spans: Vec<Option<Arc<crate::exec::op::Span>>>,
 }
 
 #[derive(Default)]
@@ -306,6 +310,10 @@ struct Plan {
     copies: Vec<CopyPlan>,
     /// Tasks per device (index in the context).
     per_device: Vec<u64>,
+    /// The most accesses a step has, and the most points it waits for in
+    /// one call (`waits` with `copy_waits`, or `orders`).
+    most_accesses: usize,
+    most_points: usize,
 }
 
 /// One launch of a [`PlacedTaskGraph`]: the last event of each stream it
@@ -828,7 +836,7 @@ fn make_plan(
     }
     let len = |n: usize| u32::try_from(n).expect("a task's lists are shorter than 2^32");
     let (mut ids, mut access) = (Vec::new(), Vec::new());
-    let steps = steps
+    let steps: Vec<Step> = steps
         .into_iter()
         .map(|d| {
             let spec = &specs[d.task];
@@ -868,6 +876,12 @@ fn make_plan(
             step
         })
         .collect();
+    let most_accesses = steps.iter().map(|st| st.accesses as usize).max();
+    let most_points = steps
+        .iter()
+        .map(|st| ((st.waits + st.copy_waits) as usize).max(st.orders as usize))
+        .max();
+    let (most_accesses, most_points) = (most_accesses.unwrap_or(0), most_points.unwrap_or(0));
     Ok(Plan {
         live: Mutex::new(Live {
             timelines: streams
@@ -877,6 +891,7 @@ fn make_plan(
             streams,
             touched: HashMap::new(),
             scratch: Scratch::default(),
+            tail_spans: Vec::new(),
         }),
         lanes,
         last,
@@ -887,6 +902,8 @@ fn make_plan(
         moved: per_link,
         copies,
         per_device,
+        most_accesses,
+        most_points,
     })
 }
 
@@ -1046,6 +1063,8 @@ impl PlacedTaskGraph {
         };
         let live = &mut *guard;
         let (streams, timelines) = (&live.streams, &live.timelines);
+        let tail_spans = &mut live.tail_spans;
+        tail_spans.resize(streams.len(), None);
         for e in events.iter().filter(|e| !e.completed_ok()) {
             for s in streams.iter() {
                 s.wait_event(e)?;
@@ -1121,8 +1140,9 @@ impl PlacedTaskGraph {
         ends.resize(plan.steps.len(), None);
         copy_ends.resize(plan.copies.len(), None);
         tail_events.resize(streams.len(), None);
-        let mut args: Vec<crate::Arg<'_>> = Vec::new();
-        let mut points = Vec::new();
+        // (Sized for every step: nothing grows while the launch goes.)
+        let mut args: Vec<crate::Arg<'_>> = Vec::with_capacity(plan.most_accesses);
+        let mut points = Vec::with_capacity(plan.most_points);
         for (s, step) in plan.steps.iter().enumerate() {
             let stream = &streams[step.stream];
             // Each prefetch reads only lines the one before brought in.
@@ -1231,7 +1251,18 @@ impl PlacedTaskGraph {
                     None
                 }
                 (None, true) => {
-                    let span = Arc::default();
+                    let kept = &mut tail_spans[step.stream];
+                    let span = match kept.take() {
+                        Some(mut span) => match Arc::get_mut(&mut span) {
+                            Some(only) => {
+                                only.reset();
+                                span
+                            }
+                            None => Arc::default(),
+                        },
+                        None => Arc::default(),
+                    };
+                    *kept = Some(span.clone());
                     Some(stream.launch_marked(&step.kernel, step.grid, &args, span)?)
                 }
                 (Some(op), record) => {
