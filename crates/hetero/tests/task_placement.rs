@@ -2309,6 +2309,157 @@ fn expect_both_devices(test: &str, ctx: &Context, placed: &hetero::PlacedTaskGra
     }
 }
 
+/// A task graph launched again and again with nothing else touching its
+/// data in between (each launch then leaves its data only a mark, applied
+/// at the next look at a datum's state: `Marks` in `api/task/graph.rs`):
+/// its data end as in submission order on one device, whoever looks next
+/// (a launch, a host read, online tasks submitted while the last launch
+/// runs) and after the graph is dropped. Spread over both devices, some
+/// data end away from the replica the plan starts from, which each launch
+/// brings back first.
+#[test]
+fn a_graph_launched_again_and_again_leaves_its_data_current() {
+    if common::skipped("a_graph_launched_again_and_again_leaves_its_data_current") {
+        return;
+    }
+    let (ctx, devs) = context();
+    calibrate_spin(&ctx);
+    let (k, fold) = (spin(), mix(1, true));
+    let chains = 2 * devs[0].properties().compute_units.max(1) + 2;
+    let init = |ctx: &Context| -> Vec<TaskData<u32>> {
+        (0..2 * chains + 1)
+            .map(|b| {
+                let v: Vec<u32> = (0..SPIN_LEN as u32).map(|i| i * (b as u32 + 1)).collect();
+                ctx.data_from(&v).unwrap()
+            })
+            .collect()
+    };
+    // Chain `c` spins `x[c]` into `m[c]`, then folds `m[c]` into `x[c]` and
+    // into the sum `y` (the last datum).
+    let graph = |d: &[TaskData<u32>], on: Option<usize>, mut g: Option<&mut TaskGraph>| {
+        let y = &d[2 * chains];
+        for c in 0..chains {
+            let (x, m) = (&d[c], &d[chains + c]);
+            let tasks = [
+                ctx.task(&k).read(x).write(m),
+                ctx.task(&fold).read(m).read_write(x),
+                ctx.task(&fold).read(m).read_write(y),
+            ];
+            for t in tasks {
+                let t = match on {
+                    Some(at) => t.on_device(at),
+                    None => t,
+                };
+                match g.as_deref_mut() {
+                    Some(g) => drop(t.record(g).unwrap()),
+                    None => drop(t.submit().unwrap()),
+                }
+            }
+        }
+    };
+    // Online tasks after the graph: the sum into every `x`, each `m` into
+    // the sum.
+    let after = |d: &[TaskData<u32>], on: Option<usize>| {
+        let y = &d[2 * chains];
+        for c in 0..chains {
+            let t = ctx.task(&fold).read(y).read_write(&d[c]);
+            let u = ctx.task(&fold).read(&d[chains + c]).read_write(y);
+            for t in [t, u] {
+                match on {
+                    Some(at) => drop(t.on_device(at).submit().unwrap()),
+                    None => drop(t.submit().unwrap()),
+                }
+            }
+        }
+    };
+    let reference = init(&ctx);
+    let mut fourth = Vec::new();
+    for round in 1..=7 {
+        graph(&reference, Some(0), None);
+        if round == 4 {
+            fourth = reference[chains].to_vec().unwrap();
+        }
+        if round >= 6 {
+            after(&reference, Some(0));
+        }
+    }
+    ctx.wait_tasks().unwrap();
+    let want: Vec<Vec<u32>> = reference.iter().map(|d| d.to_vec().unwrap()).collect();
+
+    let data = init(&ctx);
+    let mut g = TaskGraph::new();
+    graph(&data, None, Some(&mut g));
+    let placed = g.instantiate_on(&ctx).unwrap();
+    expect_both_devices(
+        "a_graph_launched_again_and_again_leaves_its_data_current",
+        &ctx,
+        &placed,
+    );
+    // The second and third launches follow a whole launch before them.
+    for _ in 0..3 {
+        placed.launch().unwrap().wait().unwrap();
+    }
+    // A host read between launches, then one right behind a launch (it
+    // waits for that launch's writer), then again.
+    assert_eq!(data[chains].to_vec().unwrap().len(), SPIN_LEN);
+    placed.launch().unwrap();
+    assert_eq!(data[chains].to_vec().unwrap(), fourth);
+    placed.launch().unwrap().wait().unwrap();
+    // Online tasks right behind a launch, then a launch right behind them.
+    placed.launch().unwrap();
+    after(&data, None);
+    placed.launch().unwrap();
+    drop(placed);
+    after(&data, None);
+    ctx.wait_tasks().unwrap();
+    let got: Vec<Vec<u32>> = data.iter().map(|d| d.to_vec().unwrap()).collect();
+    assert_eq!(got, want);
+}
+
+/// Host reads from another thread while a graph is launched again and
+/// again: a read that looks at a datum while a launch goes (the datum's
+/// mark applied with the launch before) makes that launch mark it again,
+/// so a read right behind the next launch still waits for that launch's
+/// writer. (The race shows in some tries, not in each.)
+#[test]
+fn host_reads_while_a_graph_is_launched_again_lose_no_launch() {
+    if common::skipped("host_reads_while_a_graph_is_launched_again_lose_no_launch") {
+        return;
+    }
+    let (ctx, _devs) = context();
+    let inc = mix(0, true);
+    let data: Vec<TaskData<u32>> = (0..4).map(|_| ctx.data::<u32>(LEN).unwrap()).collect();
+    let mut g = TaskGraph::new();
+    for _ in 0..24 {
+        for d in &data {
+            ctx.task(&inc).read_write(d).record(&mut g).unwrap();
+        }
+    }
+    let placed = g.instantiate_on(&ctx).unwrap();
+    // `mix0rw` maps y to 31 y + 7 per task.
+    let after =
+        |launches: usize| (0..24 * launches).fold(0u32, |v, _| v.wrapping_mul(31).wrapping_add(7));
+    let rounds = 300;
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                for d in &data {
+                    d.valid_on();
+                }
+            }
+        });
+        for _ in 0..rounds {
+            placed.launch().unwrap().wait().unwrap();
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    placed.launch().unwrap();
+    for d in &data {
+        assert_eq!(d.to_vec().unwrap(), vec![after(rounds + 1); LEN]);
+    }
+}
+
 /// A stream graph of independent `spin` chains joined pairwise (and one
 /// node after an ordering-only node), each chain's middle also copied to a
 /// buffer of its own, on buffers of `dev`: the graph, its buffers (inputs,

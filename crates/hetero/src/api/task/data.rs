@@ -15,7 +15,7 @@ use crate::exec::timeline::Timeline;
 use crate::{Context, Device, Error, Event, Location, ManagedBuffer, Result, Stream};
 use bytemuck::Pod;
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 /// The most bytes of zeroes `Context::data` writes at a time.
 const ZEROS: usize = 1 << 20;
@@ -65,6 +65,21 @@ pub(crate) struct DataState {
     /// The readers since the last write, at most one per stream (see
     /// [`DataState::add_reader`]).
     pub(crate) readers: Vec<TaskRef>,
+    /// A placed graph's launch not yet applied to the fields above (see
+    /// `graph::Marks`): applied by [`settled`], which every look at a
+    /// state goes through.
+    pub(crate) mark: Option<super::graph::Mark>,
+}
+
+/// Locks a datum's state, first applying what a placed graph's launch left
+/// marked on it (`graph::Marks`): the state as every launch and task
+/// before left it. Every look at a datum's state goes through here.
+pub(crate) fn settled(state: &Mutex<DataState>) -> MutexGuard<'_, DataState> {
+    let mut st = super::lock(state);
+    if let Some(mark) = st.mark.take() {
+        mark.settle(&mut st);
+    }
+    st
 }
 
 impl DataState {
@@ -425,6 +440,7 @@ impl<T: Pod + Send + Sync> TaskData<T> {
                 valid: vec![None; n],
                 writer: None,
                 readers: Vec::new(),
+                mark: None,
             }),
         };
         cell.replica(super::HOME, &rt.devices[super::HOME])?;
@@ -462,7 +478,7 @@ impl<T: Pod + Send + Sync> TaskData<T> {
         let id = self.cell.id;
         self.rt.pump_until(|| !self.rt.holds(id))?;
         let (replicas, writer) = {
-            let st = self.cell.state.lock().unwrap_or_else(|p| p.into_inner());
+            let st = settled(&self.cell.state);
             let replicas: Vec<(usize, Event)> = (0..st.valid.len())
                 .filter_map(|i| Some((i, st.valid[i].clone()?)))
                 .collect();
@@ -492,7 +508,7 @@ impl<T: Pod + Send + Sync> TaskData<T> {
 
     /// Devices holding the current version, by index in the context.
     pub fn valid_on(&self) -> Vec<usize> {
-        let st = self.cell.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = settled(&self.cell.state);
         (0..st.valid.len())
             .filter(|&i| st.valid[i].is_some())
             .collect()

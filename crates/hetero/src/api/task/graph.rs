@@ -252,15 +252,13 @@ struct Live {
     /// reused by the next launch's tail once nothing else holds it (the op
     /// done, the caller's launch handle and the runtime's books let go).
     tail_spans: Vec<Option<Arc<crate::exec::op::Span>>>,
+    /// The lists a launch fills with what it reaches (the one before's,
+    /// once published in `Marks` and swapped back).
+    spare: View,
 }
 
 #[derive(Default)]
 struct Scratch {
-    /// Per step: the value its launch reached on its stream's timeline,
-    /// where the plan keeps it (no event made per step).
-    ends: Vec<Option<u64>>,
-    /// Per copy: the value it reached on its lane's timeline.
-    copy_ends: Vec<Option<u64>>,
     /// Per stream: its last step's end event, stamped (the caller's).
     tail_events: Vec<Option<Event>>,
     /// What the data wait for before the launch, all data's in one list;
@@ -269,8 +267,6 @@ struct Scratch {
     /// replica); `false`: what any step only follows (its readers).
     pre: Vec<(Event, bool)>,
     pre_at: Vec<usize>,
-    /// Per datum: its start replica's event.
-    start_valid: Vec<Option<Event>>,
     /// Per datum: the copy back into its start replica.
     backs: Vec<Option<Event>>,
     /// Copies the launch adds to the plan's, as (from, to, bytes): into the
@@ -281,14 +277,164 @@ struct Scratch {
 impl Scratch {
     /// Empties the lists (their events released), keeping their room.
     fn clear(&mut self) {
-        self.ends.clear();
-        self.copy_ends.clear();
         self.tail_events.clear();
         self.pre.clear();
         self.pre_at.clear();
-        self.start_valid.clear();
         self.backs.clear();
         self.fixes.clear();
+    }
+}
+
+/// What one launch reached: the data's states after it follow from this
+/// and the plan (`Marks::apply`).
+#[derive(Default)]
+struct View {
+    /// The number of its first task (the runtime's books).
+    base: u64,
+    /// When it started, ns on the runtime's clock.
+    t0: f64,
+    /// Its streams' timelines.
+    timelines: Vec<Arc<Timeline>>,
+    /// Per step: the value its launch reached on its stream's timeline,
+    /// where the plan keeps it (no event made per step).
+    ends: Vec<Option<u64>>,
+    /// Per copy: the value it reached on its lane's timeline.
+    copy_ends: Vec<Option<u64>>,
+    /// Per datum: its start replica's event.
+    start_valid: Vec<Option<Event>>,
+}
+
+impl View {
+    /// Empty lists the size of `plan`'s, for a launch to fill.
+    fn reset(&mut self, plan: &Plan) {
+        self.ends.clear();
+        self.ends.resize(plan.steps.len(), None);
+        self.copy_ends.clear();
+        self.copy_ends.resize(plan.copies.len(), None);
+        self.start_valid.clear();
+    }
+}
+
+/// What a datum's state needs of a placed graph to take on its latest
+/// launch. A launch of a graph over task data only (no slot of a stream
+/// graph, no managed buffer, nothing copied back) publishes what it
+/// reached here and leaves on each datum only a [`Mark`]; whoever next
+/// locks that datum's state (`data::settled`) applies the latest launch to
+/// it. A launch after one that completed without a fault, its data
+/// untouched since (all still marked, none settled: not `dirty`), reads
+/// and sets no datum's state at all: it brings back the start replicas the
+/// plan does not leave valid (the plan is fixed, the replicas it ends on
+/// known) and goes. Holds no data (the data's marks hold this).
+///
+/// Invariant: a datum marked with these `Marks` has as its state the one it
+/// holds with the latest published launch applied. A launch publishes
+/// before it marks (a datum it marks is never settled with the launch
+/// before); one that marks nothing (every datum still marked from the last)
+/// sees `dirty` when a datum was settled while it ran (a host read from
+/// another thread), and marks again. Lock order: the launch's `live`, the
+/// runtime's state, a datum's state, `published`; whoever holds
+/// `published` takes no other.
+pub(crate) struct Marks {
+    data: Vec<SettleDatum>,
+    /// Per step: its stream and HEFT's expected end (ns after its launch's
+    /// start).
+    steps: Vec<(usize, f64)>,
+    /// Per copy: its lane.
+    copy_lanes: Vec<usize>,
+    published: Mutex<Published>,
+}
+
+/// A datum's state after a launch, as `DataPlan` says it.
+struct SettleDatum {
+    valid: Vec<(usize, Source)>,
+    writer: Option<usize>,
+    readers: Vec<usize>,
+    written: bool,
+}
+
+#[derive(Default)]
+struct Published {
+    /// The latest launch's (empty before the first).
+    view: View,
+    /// Whether a marked datum was settled since the launch published.
+    dirty: bool,
+}
+
+/// A datum's mark: its state waits for its graph's latest launch (datum
+/// `x` of that plan) to be applied.
+pub(crate) struct Mark {
+    marks: Arc<Marks>,
+    x: usize,
+}
+
+impl Mark {
+    fn is_of(&self, marks: &Arc<Marks>) -> bool {
+        Arc::ptr_eq(&self.marks, marks)
+    }
+
+    /// Applies the latest launch of the mark's graph to `ds` (the state the
+    /// mark was on, locked by the caller).
+    pub(crate) fn settle(self, ds: &mut super::data::DataState) {
+        let mut p = lock(&self.marks.published);
+        p.dirty = true;
+        self.marks.apply(&p.view, self.x, ds);
+    }
+}
+
+impl Marks {
+    /// Datum `x`'s state after the launch `view`: its valid replicas, last
+    /// writer and readers.
+    fn apply(&self, view: &View, x: usize, ds: &mut super::data::DataState) {
+        let d = &self.data[x];
+        // Step `j` as the state names it: its task's number, and the point
+        // its launch reached. A state names the same streams launch after
+        // launch: set in place (`TaskRef::set_at`), no count taken or let go.
+        let step_end = |j: usize| {
+            let value = view.ends[j].expect("recorded: the state names it");
+            (&view.timelines[self.steps[j].0], value)
+        };
+        let end_ns = |j: usize| view.t0 + self.steps[j].1;
+        let set = |r: &mut TaskRef, j: usize| {
+            let (timeline, value) = step_end(j);
+            r.set_at(view.base + j as u64, timeline, value, end_ns(j));
+        };
+        let task_ref = |j: usize| {
+            let (timeline, value) = step_end(j);
+            TaskRef::at(view.base + j as u64, timeline, value, end_ns(j))
+        };
+        let mut valid = d.valid.iter().peekable();
+        for (i, v) in ds.valid.iter_mut().enumerate() {
+            match valid.next_if(|&&(k, _)| k == i).map(|&(_, src)| src) {
+                None => *v = None,
+                Some(Source::Start) => *v = view.start_valid[x].clone(),
+                Some(Source::Step(j)) => {
+                    let (timeline, value) = step_end(j);
+                    v.get_or_insert_with(Event::new).set_at(timeline, value);
+                }
+                Some(Source::Copy(k)) => {
+                    let value = view.copy_ends[k].expect("the launch made every copy");
+                    let timeline = &view.timelines[self.copy_lanes[k]];
+                    v.get_or_insert_with(Event::new).set_at(timeline, value);
+                }
+            }
+        }
+        if d.written {
+            match (d.writer, &mut ds.writer) {
+                (Some(j), Some(w)) => set(w, j),
+                (j, w) => *w = j.map(task_ref),
+            }
+            ds.readers.truncate(d.readers.len());
+            for (k, &r) in d.readers.iter().enumerate() {
+                match ds.readers.get_mut(k) {
+                    Some(t) => set(t, r),
+                    None => ds.readers.push(task_ref(r)),
+                }
+            }
+        } else {
+            for &r in &d.readers {
+                ds.add_reader(task_ref(r));
+            }
+        }
     }
 }
 
@@ -314,6 +460,11 @@ struct Plan {
     /// one call (`waits` with `copy_waits`, or `orders`).
     most_accesses: usize,
     most_points: usize,
+    /// What the data's marks need to apply a launch (`Marks`).
+    marks: Arc<Marks>,
+    /// Whether a launch marks the data (`Marks`) rather than setting their
+    /// states: no datum is a slot, a managed buffer or copied back.
+    lazy: bool,
 }
 
 /// One launch of a [`PlacedTaskGraph`]: the last event of each stream it
@@ -470,7 +621,7 @@ pub(crate) fn place(
                     let at = (0..n).min_by_key(|&d| to_move(d)).unwrap_or(super::HOME);
                     inputs.push((at, (0..n).map(to_move).max().unwrap_or(0)));
                 } else if mode.reads() && !written_before {
-                    let st = lock(data.state());
+                    let st = super::data::settled(data.state());
                     let at = (0..n)
                         .find(|&d| st.valid[d].is_some())
                         .unwrap_or(super::HOME);
@@ -572,7 +723,7 @@ fn make_plan(
         let mut reads: Vec<usize> = Vec::new();
         for (a, (datum, mode)) in spec.access.iter().enumerate() {
             let x = *data_index.entry(datum.id()).or_insert_with(|| {
-                let st = lock(datum.state());
+                let st = super::data::settled(datum.state());
                 // (A managed buffer keeps no `valid`: its start is `HOME`.)
                 let start = (0..n_dev)
                     .find(|&i| st.valid.get(i).is_some_and(Option::is_some))
@@ -882,6 +1033,23 @@ fn make_plan(
         .map(|st| ((st.waits + st.copy_waits) as usize).max(st.orders as usize))
         .max();
     let (most_accesses, most_points) = (most_accesses.unwrap_or(0), most_points.unwrap_or(0));
+    let lazy = data
+        .iter()
+        .all(|dp| dp.data.slot().is_none() && !dp.data.is_managed() && !dp.back);
+    let marks = Arc::new(Marks {
+        data: data
+            .iter()
+            .map(|dp| SettleDatum {
+                valid: dp.valid.clone(),
+                writer: dp.writer,
+                readers: dp.readers.clone(),
+                written: dp.written,
+            })
+            .collect(),
+        steps: steps.iter().map(|st| (st.stream, st.end_ns)).collect(),
+        copy_lanes: copies.iter().map(|c| c.lane).collect(),
+        published: Mutex::default(),
+    });
     Ok(Plan {
         live: Mutex::new(Live {
             timelines: streams
@@ -892,6 +1060,7 @@ fn make_plan(
             touched: HashMap::new(),
             scratch: Scratch::default(),
             tail_spans: Vec::new(),
+            spare: View::default(),
         }),
         lanes,
         last,
@@ -904,6 +1073,8 @@ fn make_plan(
         per_device,
         most_accesses,
         most_points,
+        marks,
+        lazy,
     })
 }
 
@@ -1063,6 +1234,22 @@ impl PlacedTaskGraph {
         };
         let live = &mut *guard;
         let (streams, timelines) = (&live.streams, &live.timelines);
+        // Again after a launch whose every stream completed without a fault
+        // and whose data nobody touched since (each still marked, `Marks`):
+        // nothing the launch must follow, and nothing to set per datum.
+        let again = plan.lazy && {
+            let p = lock(&plan.marks.published);
+            let v = &p.view;
+            !p.dirty
+                && v.ends.len() == plan.steps.len()
+                && plan.last.iter().enumerate().all(|(q, &j)| {
+                    j == usize::MAX
+                        || v.ends[j].is_some_and(|value| {
+                            Arc::ptr_eq(&v.timelines[q], &timelines[q])
+                                && matches!(timelines[q].status(value), Some(Ok(())))
+                        })
+                })
+        };
         let tail_spans = &mut live.tail_spans;
         tail_spans.resize(streams.len(), None);
         for e in events.iter().filter(|e| !e.completed_ok()) {
@@ -1074,20 +1261,53 @@ impl PlacedTaskGraph {
         // before it filled them: cleared here too).
         live.scratch.clear();
         let Scratch {
-            ends,
-            copy_ends,
             tail_events,
             pre,
             pre_at,
-            start_valid,
             backs,
             fixes,
         } = &mut live.scratch;
+        let spare = &mut live.spare;
+        spare.reset(plan);
+        let View {
+            ends,
+            copy_ends,
+            start_valid,
+            ..
+        } = spare;
+        if again {
+            // What the last launch left, complete: in place where it left
+            // the start replica valid, else brought back to it first (as
+            // below, from the replica the least time away).
+            for dp in &plan.data {
+                let to = dp.start;
+                let ev = if dp.valid.iter().any(|&(k, _)| k == to) {
+                    Event::new()
+                } else {
+                    let bytes = dp.data.bytes() as u64;
+                    let from = dp
+                        .valid
+                        .iter()
+                        .map(|&(k, _)| (k, rt.transfer_ns(k, to, bytes)))
+                        .min_by(|a, b| a.1.total_cmp(&b.1))
+                        .expect("some replica holds the current version")
+                        .0;
+                    let s = rt.host_stream_in(&mut books, to)?;
+                    dp.data.copy(&s, from, to, None, bound)?;
+                    fixes.push((from, to, bytes));
+                    let ev = s.record_event()?;
+                    pre.push((ev.clone(), true));
+                    ev
+                };
+                pre_at.push(pre.len());
+                start_valid.push(Some(ev));
+            }
+        }
         // What each datum waits for, and its start replica's event: the
         // launch orders after the tasks before it through these.
-        for (x, dp) in plan.data.iter().enumerate() {
+        for (x, dp) in plan.data.iter().enumerate().filter(|_| !again) {
             prefetch_datum(&plan.data, x + PREFETCH_DATA);
-            let st = lock(dp.data.state());
+            let st = super::data::settled(dp.data.state());
             // An event already complete without a fault orders nothing:
             // looked at once here (before any clone) rather than by every
             // step that waits.
@@ -1137,8 +1357,6 @@ impl PlacedTaskGraph {
             pre_at.push(pre.len());
             start_valid.push(Some(ev));
         }
-        ends.resize(plan.steps.len(), None);
-        copy_ends.resize(plan.copies.len(), None);
         tail_events.resize(streams.len(), None);
         // (Sized for every step: nothing grows while the launch goes.)
         let mut args: Vec<crate::Arg<'_>> = Vec::with_capacity(plan.most_accesses);
@@ -1293,72 +1511,59 @@ impl PlacedTaskGraph {
         let t0 = rt.now_ns();
         let base = books.next_task;
         books.next_task += (plan.steps.len() + plan.data.len()) as u64;
-        // Step `j` as the state names it: its task's number, and the point
-        // its launch reached. A state names the same streams launch after
-        // launch: set in place (`TaskRef::set_at`), no count taken or let go.
-        let step_end = |j: usize| {
-            let value = ends[j].expect("recorded: the state names it");
-            (&timelines[plan.steps[j].stream], value)
-        };
-        let set = |r: &mut TaskRef, j: usize| {
-            let (timeline, value) = step_end(j);
-            r.set_at(base + j as u64, timeline, value, t0 + plan.steps[j].end_ns);
-        };
-        let task_ref = |j: usize| {
-            let (timeline, value) = step_end(j);
-            TaskRef::at(base + j as u64, timeline, value, t0 + plan.steps[j].end_ns)
-        };
+        spare.base = base;
+        spare.t0 = t0;
+        spare.timelines.clone_from(timelines);
         let mut touched: Vec<(usize, Vec<Event>)> = Vec::new();
-        for (x, dp) in plan.data.iter().enumerate() {
-            prefetch_datum(&plan.data, x + PREFETCH_DATA);
-            let mut ds = lock(dp.data.state());
-            let mut valid = dp.valid.iter().peekable();
-            for (i, v) in ds.valid.iter_mut().enumerate() {
-                match valid.next_if(|&&(k, _)| k == i).map(|&(_, src)| src) {
-                    None => *v = None,
-                    Some(Source::Start) => *v = start_valid[x].clone(),
-                    Some(Source::Step(j)) => {
-                        let (timeline, value) = step_end(j);
-                        v.get_or_insert_with(Event::new).set_at(timeline, value);
-                    }
-                    Some(Source::Copy(k)) => {
-                        let value = copy_ends[k].expect("the launch made every copy");
-                        let timeline = &timelines[plan.copies[k].lane];
-                        v.get_or_insert_with(Event::new).set_at(timeline, value);
-                    }
+        if plan.lazy {
+            // Published first: a datum marked is never settled with the
+            // launch before this one.
+            let settled_meanwhile = {
+                let mut p = lock(&plan.marks.published);
+                std::mem::swap(&mut p.view, spare);
+                std::mem::replace(&mut p.dirty, false)
+            };
+            // Launched again with every datum still marked: marked again
+            // only where one was settled while this launch went.
+            for (x, dp) in plan.data.iter().enumerate() {
+                if again && !settled_meanwhile {
+                    break;
+                }
+                prefetch_datum(&plan.data, x + PREFETCH_DATA);
+                let mut ds = lock(dp.data.state());
+                if !ds.mark.as_ref().is_some_and(|m| m.is_of(&plan.marks)) {
+                    // (Another graph's mark cannot be here: its launch
+                    // would have settled this graph's, and this launch
+                    // then not been `again`; nor go on while this one holds
+                    // the runtime's state.)
+                    debug_assert!(ds.mark.is_none(), "another graph's mark");
+                    ds.mark = Some(Mark {
+                        marks: plan.marks.clone(),
+                        x,
+                    });
                 }
             }
-            if dp.written {
-                match (dp.writer, &mut ds.writer) {
-                    (Some(j), Some(w)) => set(w, j),
-                    (j, w) => *w = j.map(task_ref),
+        } else {
+            for (x, dp) in plan.data.iter().enumerate() {
+                prefetch_datum(&plan.data, x + PREFETCH_DATA);
+                let mut ds = super::data::settled(dp.data.state());
+                plan.marks.apply(spare, x, &mut ds);
+                if let Some(e) = &backs[x] {
+                    // The copy back reads the writer's replica: a reader.
+                    ds.valid[dp.start] = Some(e.unstamped());
+                    ds.readers.push(TaskRef {
+                        id: base + (plan.steps.len() + x) as u64,
+                        end: e.unstamped(),
+                        end_ns: t0 + plan.steps[dp.writer.expect("written")].end_ns,
+                        stream: None,
+                    });
                 }
-                ds.readers.truncate(dp.readers.len());
-                for (k, &r) in dp.readers.iter().enumerate() {
-                    match ds.readers.get_mut(k) {
-                        Some(t) => set(t, r),
-                        None => ds.readers.push(task_ref(r)),
-                    }
+                if let Some(k) = dp.data.slot() {
+                    // (The copy back, which writes the bound buffer, among
+                    // them.)
+                    let last = ds.writer.iter().chain(&ds.readers);
+                    touched.push((address(k), last.map(|t| t.end.clone()).collect()));
                 }
-            } else {
-                for &r in &dp.readers {
-                    ds.add_reader(task_ref(r));
-                }
-            }
-            if let Some(e) = &backs[x] {
-                // The copy back reads the writer's replica: a reader.
-                ds.valid[dp.start] = Some(e.unstamped());
-                ds.readers.push(TaskRef {
-                    id: base + (plan.steps.len() + x) as u64,
-                    end: e.unstamped(),
-                    end_ns: t0 + plan.steps[dp.writer.expect("written")].end_ns,
-                    stream: None,
-                });
-            }
-            if let Some(k) = dp.data.slot() {
-                // (The copy back, which writes the bound buffer, among them.)
-                let last = ds.writer.iter().chain(&ds.readers);
-                touched.push((address(k), last.map(|t| t.end.clone()).collect()));
             }
         }
         let mut tails = Vec::with_capacity(plan.lanes.len());

@@ -1157,7 +1157,7 @@ impl Runtime {
     fn home_of(&self, spec: &Spec) -> usize {
         let mut local = vec![0u64; self.devices.len()];
         for (data, _) in &spec.access {
-            let ds = lock(data.state());
+            let ds = data::settled(data.state());
             for (d, v) in ds.valid.iter().enumerate() {
                 if v.is_some() {
                     local[d] += data.bytes() as u64;
@@ -1351,7 +1351,7 @@ impl Runtime {
                 transfer_ns += self.managed_in_ns(m, d);
                 continue;
             }
-            let ds = lock(data.state());
+            let ds = data::settled(data.state());
             if ds.valid[d].is_some() {
                 local += bytes;
             } else if mode.reads() {
@@ -1627,7 +1627,7 @@ impl Runtime {
                 continue;
             }
             let (src, after) = {
-                let mut s = lock(data.state());
+                let mut s = data::settled(data.state());
                 s.drop_failed_replicas();
                 if s.valid[d].is_some() {
                     // (After the copies: it may take on a fault.)
@@ -1711,7 +1711,7 @@ impl Runtime {
             stream: Some((d, at)),
         };
         for (i, (data, mode)) in spec.access.iter().enumerate() {
-            let mut s = lock(data.state());
+            let mut s = data::settled(data.state());
             if mode.writes() {
                 // (A managed buffer keeps no `valid`: its pages say.)
                 s.valid.iter_mut().for_each(|v| *v = None);
@@ -1827,7 +1827,7 @@ fn dependencies(spec: &Spec) -> Vec<Dep> {
         }),
     };
     for (data, mode) in &spec.access {
-        let st = lock(data.state());
+        let st = data::settled(data.state());
         if let Some(w) = &st.writer {
             add(w, mode.reads());
         }

@@ -403,6 +403,7 @@ pub(crate) fn place_graph(
                 valid,
                 writer: None,
                 readers: Vec::new(),
+                mark: None,
             }),
         })
     };
