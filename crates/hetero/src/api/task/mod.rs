@@ -2130,15 +2130,20 @@ impl Context {
 
     /// Where this context's performance models persist (`None`: in memory
     /// only). Default: `HETERO_PERFMODEL_DIR`, else the user's cache
-    /// directory (`$XDG_CACHE_HOME` or `~/.cache`) + `hetero/perfmodels`.
-    /// Models already loaded are saved first and then forgotten.
+    /// directory (`$XDG_CACHE_HOME` or `~/.cache`) + `hetero/perfmodels`;
+    /// an empty path means that default too, as an empty
+    /// `HETERO_PERFMODEL_DIR` does (not the working directory). Models
+    /// already loaded are saved first and then forgotten.
     pub fn set_perfmodel_dir(&self, dir: Option<PathBuf>) {
         let mut sc = lock(&self.tasks_state().sched);
         if let Some(m) = &mut sc.models {
             m.save();
         }
         sc.models = None;
-        sc.model_dir = Some(dir);
+        sc.model_dir = match dir {
+            Some(d) if d.as_os_str().is_empty() => None,
+            d => Some(d),
+        };
     }
 
     /// Waits for every task submitted so far and feeds their times to the
