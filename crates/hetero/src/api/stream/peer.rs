@@ -158,7 +158,7 @@ impl Stream {
     /// by its memory wait (if its memory was reused from queued work), and
     /// after `after` (a memory wait, in the copy's op where the backend
     /// takes it).
-    fn peer_direct(
+    pub(crate) fn peer_direct(
         &self,
         (src, src_off): (&Arc<Storage>, usize),
         (dst, dst_off): (&Arc<Storage>, usize),

@@ -137,6 +137,19 @@ pub(crate) trait DataAny: Send + Sync {
         after: After<'_>,
         bound: Bound<'_>,
     ) -> Result<()>;
+    /// The storages of replicas `from` and `to` where both exist and hold
+    /// bytes (task data's, for a placed graph's copies: `None` for others,
+    /// which copy through [`DataAny::copy`]).
+    fn storages(
+        &self,
+        _from: usize,
+        _to: usize,
+    ) -> Option<(
+        &Arc<crate::exec::storage::Storage>,
+        &Arc<crate::exec::storage::Storage>,
+    )> {
+        None
+    }
     /// The stream graph slot it stands for, if any.
     fn slot(&self) -> Option<u32> {
         None
@@ -352,6 +365,17 @@ impl<T: Pod + Send + Sync> DataAny for DataCell<T> {
             return Ok(());
         }
         stream.copy_peer_after(a, b, after)
+    }
+    fn storages(
+        &self,
+        from: usize,
+        to: usize,
+    ) -> Option<(
+        &Arc<crate::exec::storage::Storage>,
+        &Arc<crate::exec::storage::Storage>,
+    )> {
+        let (a, b) = (self.replicas[from].get()?, self.replicas[to].get()?);
+        (self.len != 0).then_some((&a.storage, &b.storage))
     }
 }
 

@@ -131,6 +131,9 @@ struct CopyPlan {
     src: Source,
     /// Its lane (index into `Plan::lanes`).
     lane: usize,
+    /// Whether the two devices have a direct path (a link or shared
+    /// memory, not staged through the host): one op, from the storages.
+    direct: bool,
 }
 
 /// The lane of a copy lane in `Plan::lanes`: (device, this).
@@ -792,12 +795,19 @@ fn make_plan(
                         };
                         stream_ops[lane] += 3;
                         let k = copies.len();
+                        let ids = (rt.devices[from].id(), rt.devices[d].id());
+                        let path = rt.ctx.topology().path(ids.0, ids.1);
+                        let direct = matches!(
+                            path,
+                            Some(crate::PeerPath::Link(_) | crate::PeerPath::SharedMemory)
+                        );
                         copies.push(CopyPlan {
                             data: x,
                             from,
                             to: d,
                             src,
                             lane,
+                            direct,
                         });
                         step.copies.push((a, k));
                         step.copy_waits.push(k);
@@ -1417,7 +1427,18 @@ impl PlacedTaskGraph {
                         Some((&timelines[plan.copies[k].lane], value))
                     }
                 };
-                access[a].data.copy(lane, cp.from, cp.to, after, bound)?;
+                // Between task data's replicas over a direct path: the
+                // plan checked what a peer copy checks (devices of the
+                // context, whole buffers, the path), one op from the
+                // storages.
+                match access[a]
+                    .data
+                    .storages(cp.from, cp.to)
+                    .filter(|_| cp.direct)
+                {
+                    Some((src, dst)) => lane.peer_direct((src, 0), (dst, 0), src.bytes(), after)?,
+                    None => access[a].data.copy(lane, cp.from, cp.to, after, bound)?,
+                }
                 copy_ends[k] = Some(lane.backend_stream().submitted());
             }
             points.clear();
