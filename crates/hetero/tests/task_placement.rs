@@ -2460,6 +2460,42 @@ fn host_reads_while_a_graph_is_launched_again_lose_no_launch() {
     }
 }
 
+/// A task a launch would refuse (no blocks, more data than a kernel takes)
+/// is refused when recorded, with the error a submission gives: a placed
+/// launch never stops part way through its tasks for it.
+#[test]
+fn recording_a_task_a_launch_would_refuse_is_an_error() {
+    if common::skipped("recording_a_task_a_launch_would_refuse_is_an_error") {
+        return;
+    }
+    let (ctx, _devs) = context();
+    let k = mix(0, true);
+    let a = ctx.data::<u32>(LEN).unwrap();
+    let mut g = TaskGraph::new();
+    ctx.task(&k).read_write(&a).record(&mut g).unwrap();
+    let empty = ctx.task(&k).read_write(&a).grid(0).record(&mut g);
+    assert!(
+        matches!(empty, Err(hetero::Error::EmptyGrid { .. })),
+        "{empty:?}"
+    );
+    let many: Vec<TaskData<u32>> = (0..=hetero::MAX_KERNEL_ARGS)
+        .map(|_| ctx.data::<u32>(4).unwrap())
+        .collect();
+    let mut t = ctx.task(&k);
+    for d in &many {
+        t = t.read_write(d);
+    }
+    let too_many = t.record(&mut g);
+    assert!(
+        matches!(too_many, Err(hetero::Error::TooManyArgs { .. })),
+        "{too_many:?}"
+    );
+    assert_eq!(g.len(), 1);
+    let placed = g.instantiate_on(&ctx).unwrap();
+    placed.launch().unwrap().wait().unwrap();
+    assert_eq!(a.to_vec().unwrap(), vec![7; LEN]);
+}
+
 /// A stream graph of independent `spin` chains joined pairwise (and one
 /// node after an ordering-only node), each chain's middle also copied to a
 /// buffer of its own, on buffers of `dev`: the graph, its buffers (inputs,

@@ -1652,6 +1652,19 @@ impl TaskBuilder<'_> {
         if let Some(e) = self.error {
             return Err(e);
         }
+        // What a launch would refuse, refused here: a launch then never
+        // stops part way for it.
+        let kernel = self.spec.kernel.inner.name;
+        if self.spec.grid.blocks == 0 {
+            return Err(crate::Error::EmptyGrid { kernel });
+        }
+        if self.spec.access.len() > crate::MAX_KERNEL_ARGS {
+            return Err(crate::Error::TooManyArgs {
+                kernel,
+                count: self.spec.access.len(),
+                max: crate::MAX_KERNEL_ARGS,
+            });
+        }
         let rt = match self.rt {
             Some(rt) => rt,
             None => self.ctx.task_runtime()?,
