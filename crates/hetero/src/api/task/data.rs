@@ -11,6 +11,7 @@
 use super::Runtime;
 use crate::api::buffer::{Arg, DeviceBuffer};
 use crate::api::managed::CopiesIn;
+use crate::exec::storage::Storage;
 use crate::exec::timeline::Timeline;
 use crate::{Context, Device, Error, Event, Location, ManagedBuffer, Result, Stream};
 use bytemuck::Pod;
@@ -109,6 +110,14 @@ impl DataState {
     }
 }
 
+/// Runs `f` on a buffer handle over `storage` that gives it back unreleased.
+pub(crate) fn as_buffer<R>(storage: &Arc<Storage>, f: impl FnOnce(&DeviceBuffer<u8>) -> R) -> R {
+    let b = DeviceBuffer::<u8>::from_storage(storage.clone(), storage.bytes());
+    let r = f(&b);
+    drop(b.into_storage());
+    r
+}
+
 /// The buffers a placed stream graph's launch binds to its slots, by slot.
 pub(crate) type Bound<'a> = &'a [Option<crate::exec::storage::GraphHold>];
 
@@ -126,9 +135,16 @@ pub(crate) trait DataAny: Send + Sync {
     /// the buffers a placed graph's launch binds to its slots (empty
     /// elsewhere), where a slot's replica on its graph's device is.
     fn arg<'a>(&'a self, at: usize, write: bool, bound: Bound<'a>) -> Arg<'a>;
+    /// The storage of replica `at`, if it was made (`bound`: as for
+    /// [`DataAny::arg`]); `None` for a managed buffer, which has no
+    /// replicas.
+    fn storage<'a>(&'a self, _at: usize, _bound: Bound<'a>) -> Option<&'a Arc<Storage>> {
+        None
+    }
     /// Copies replica `from` into replica `to` on `stream` (of either end),
     /// once `after` is reached, faulted or not (a memory wait: see
-    /// `Stream::copy_peer_after`).
+    /// `Stream::copy_peer_after`). Replicas of no bytes are all current:
+    /// nothing moves.
     fn copy(
         &self,
         stream: &Stream,
@@ -136,19 +152,16 @@ pub(crate) trait DataAny: Send + Sync {
         to: usize,
         after: After<'_>,
         bound: Bound<'_>,
-    ) -> Result<()>;
-    /// The storages of replicas `from` and `to` where both exist and hold
-    /// bytes (task data's, for a placed graph's copies: `None` for others,
-    /// which copy through [`DataAny::copy`]).
-    fn storages(
-        &self,
-        _from: usize,
-        _to: usize,
-    ) -> Option<(
-        &Arc<crate::exec::storage::Storage>,
-        &Arc<crate::exec::storage::Storage>,
-    )> {
-        None
+    ) -> Result<()> {
+        let (Some(a), Some(b)) = (self.storage(from, bound), self.storage(to, bound)) else {
+            return Err(Error::InvalidArgument(
+                "task data: a copy between replicas that do not exist".into(),
+            ));
+        };
+        if a.bytes() == 0 {
+            return Ok(());
+        }
+        as_buffer(a, |a| as_buffer(b, |b| stream.copy_peer_after(a, b, after)))
     }
     /// The stream graph slot it stands for, if any.
     fn slot(&self) -> Option<u32> {
@@ -347,35 +360,8 @@ impl<T: Pod + Send + Sync> DataAny for DataCell<T> {
             Arg::read(b)
         }
     }
-    fn copy(
-        &self,
-        stream: &Stream,
-        from: usize,
-        to: usize,
-        after: After<'_>,
-        _: Bound<'_>,
-    ) -> Result<()> {
-        let (Some(a), Some(b)) = (self.replicas[from].get(), self.replicas[to].get()) else {
-            return Err(Error::InvalidArgument(
-                "task data: a copy between replicas that do not exist".into(),
-            ));
-        };
-        if self.len == 0 {
-            // Nothing to move: every replica of no elements is current.
-            return Ok(());
-        }
-        stream.copy_peer_after(a, b, after)
-    }
-    fn storages(
-        &self,
-        from: usize,
-        to: usize,
-    ) -> Option<(
-        &Arc<crate::exec::storage::Storage>,
-        &Arc<crate::exec::storage::Storage>,
-    )> {
-        let (a, b) = (self.replicas[from].get()?, self.replicas[to].get()?);
-        (self.len != 0).then_some((&a.storage, &b.storage))
+    fn storage<'a>(&'a self, at: usize, _: Bound<'a>) -> Option<&'a Arc<Storage>> {
+        self.replicas[at].get().map(|b| &*b.storage)
     }
 }
 

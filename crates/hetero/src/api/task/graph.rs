@@ -1427,17 +1427,16 @@ impl PlacedTaskGraph {
                         Some((&timelines[plan.copies[k].lane], value))
                     }
                 };
-                // Between task data's replicas over a direct path: the
-                // plan checked what a peer copy checks (devices of the
-                // context, whole buffers, the path), one op from the
-                // storages.
-                match access[a]
-                    .data
-                    .storages(cp.from, cp.to)
-                    .filter(|_| cp.direct)
-                {
-                    Some((src, dst)) => lane.peer_direct((src, 0), (dst, 0), src.bytes(), after)?,
-                    None => access[a].data.copy(lane, cp.from, cp.to, after, bound)?,
+                // Over a direct path: the plan checked what a peer copy
+                // checks (devices of the context, whole replicas, the
+                // path), one op from the replicas' storages.
+                let data = &access[a].data;
+                let ends = (data.storage(cp.from, bound), data.storage(cp.to, bound));
+                match ends {
+                    (Some(src), Some(dst)) if cp.direct && src.bytes() != 0 => {
+                        lane.peer_direct((src, 0), (dst, 0), src.bytes(), after)?;
+                    }
+                    _ => data.copy(lane, cp.from, cp.to, after, bound)?,
                 }
                 copy_ends[k] = Some(lane.backend_stream().submitted());
             }

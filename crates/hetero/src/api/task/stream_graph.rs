@@ -23,7 +23,7 @@
 //! ([`PlacedTaskGraph::launch_with`]); its replicas elsewhere are the placed
 //! graph's own. The host memory of a copy is task data on the graph's device.
 
-use super::data::{After, Bound};
+use super::data::Bound;
 use super::data::{DataAny, DataState};
 use super::graph::{place, PlacedTaskGraph};
 use super::{Mode, Spec};
@@ -57,26 +57,6 @@ struct GraphData {
 enum AtHome {
     Buffer(GraphHold),
     Slot(u32),
-}
-
-impl GraphData {
-    fn storage<'a>(&'a self, at: usize, bound: Bound<'a>) -> Option<&'a Arc<Storage>> {
-        if at != self.home {
-            return self.replicas[at].get().map(|b| &*b.storage);
-        }
-        match &self.at_home {
-            AtHome::Buffer(h) => Some(h),
-            AtHome::Slot(k) => bound.get(*k as usize)?.as_ref().map(|h| &**h),
-        }
-    }
-}
-
-/// Runs `f` on a buffer handle over `storage` that gives it back unreleased.
-fn as_buffer<R>(storage: &Arc<Storage>, f: impl FnOnce(&DeviceBuffer<u8>) -> R) -> R {
-    let b = DeviceBuffer::<u8>::from_storage(storage.clone(), storage.bytes());
-    let r = f(&b);
-    drop(b.into_storage());
-    r
 }
 
 impl DataAny for GraphData {
@@ -116,24 +96,14 @@ impl DataAny for GraphData {
             managed: None,
         }
     }
-    fn copy(
-        &self,
-        stream: &Stream,
-        from: usize,
-        to: usize,
-        after: After<'_>,
-        bound: Bound<'_>,
-    ) -> Result<()> {
-        let (Some(a), Some(b)) = (self.storage(from, bound), self.storage(to, bound)) else {
-            return Err(Error::InvalidArgument(
-                "placed graph: a copy between replicas that do not exist".into(),
-            ));
-        };
-        if self.bytes() == 0 {
-            // Nothing to move: every replica of no bytes is current.
-            return Ok(());
+    fn storage<'a>(&'a self, at: usize, bound: Bound<'a>) -> Option<&'a Arc<Storage>> {
+        if at != self.home {
+            return self.replicas[at].get().map(|b| &*b.storage);
         }
-        as_buffer(a, |a| as_buffer(b, |b| stream.copy_peer_after(a, b, after)))
+        match &self.at_home {
+            AtHome::Buffer(h) => Some(h),
+            AtHome::Slot(k) => bound.get(*k as usize)?.as_ref().map(|h| &**h),
+        }
     }
 }
 
