@@ -85,6 +85,27 @@ const PREFETCH_OPS: u64 = 3;
 /// ask for a datum's state (its lock, replicas, writer, readers' list).
 const PREFETCH_DATA: usize = 4;
 
+/// Copies datum `dp` from replica `from` into its start replica, on a host
+/// stream of the start device after `after`, as the copies a launch adds
+/// to its plan (`fixes`): the start replica's event.
+fn bring_back(
+    rt: &Runtime,
+    books: &mut super::RtState,
+    dp: &DataPlan,
+    from: usize,
+    after: Option<Event>,
+    bound: Bound<'_>,
+    fixes: &mut Vec<(usize, usize, u64)>,
+) -> Result<Event> {
+    let s = rt.host_stream_in(books, dp.start)?;
+    if let Some(e) = after {
+        s.wait_event(&e)?;
+    }
+    dp.data.copy(&s, from, dp.start, None, bound)?;
+    fixes.push((from, dp.start, dp.data.bytes() as u64));
+    s.record_event()
+}
+
 /// Asks the CPU for datum `x`'s cell (where its state is), if there is one.
 fn prefetch_datum(data: &[DataPlan], x: usize) {
     if let Some(dp) = data.get(x) {
@@ -1294,18 +1315,9 @@ impl PlacedTaskGraph {
                 let ev = if dp.valid.iter().any(|&(k, _)| k == to) {
                     Event::new()
                 } else {
-                    let bytes = dp.data.bytes() as u64;
-                    let from = dp
-                        .valid
-                        .iter()
-                        .map(|&(k, _)| (k, rt.transfer_ns(k, to, bytes)))
-                        .min_by(|a, b| a.1.total_cmp(&b.1))
-                        .expect("some replica holds the current version")
-                        .0;
-                    let s = rt.host_stream_in(&mut books, to)?;
-                    dp.data.copy(&s, from, to, None, bound)?;
-                    fixes.push((from, to, bytes));
-                    let ev = s.record_event()?;
+                    let ends = dp.valid.iter().map(|&(k, _)| k);
+                    let (from, _) = rt.cheapest_of(ends, to, dp.data.bytes() as u64);
+                    let ev = bring_back(rt, &mut books, dp, from, None, bound, fixes)?;
                     pre.push((ev.clone(), true));
                     ev
                 };
@@ -1340,13 +1352,8 @@ impl PlacedTaskGraph {
                     let (from, _) = rt.cheapest_source(&st.valid, dp.start, bytes);
                     let from_ev = st.valid[from].clone();
                     drop(st);
-                    let s = rt.host_stream_in(&mut books, dp.start)?;
-                    if let Some(e) = from_ev.filter(Event::is_recorded) {
-                        s.wait_event(&e)?;
-                    }
-                    dp.data.copy(&s, from, dp.start, None, bound)?;
-                    fixes.push((from, dp.start, bytes));
-                    s.record_event()?
+                    let after = from_ev.filter(Event::is_recorded);
+                    bring_back(rt, &mut books, dp, from, after, bound, fixes)?
                 }
             };
             if ev.is_recorded() && !ev.completed_ok() {
@@ -1545,10 +1552,8 @@ impl PlacedTaskGraph {
             };
             // Launched again with every datum still marked: marked again
             // only where one was settled while this launch went.
-            for (x, dp) in plan.data.iter().enumerate() {
-                if again && !settled_meanwhile {
-                    break;
-                }
+            let mark_all = !again || settled_meanwhile;
+            for (x, dp) in plan.data.iter().enumerate().filter(|_| mark_all) {
                 prefetch_datum(&plan.data, x + PREFETCH_DATA);
                 let mut ds = lock(dp.data.state());
                 if !ds.mark.as_ref().is_some_and(|m| m.is_of(&plan.marks)) {

@@ -1478,8 +1478,18 @@ impl Runtime {
 
     /// The valid replica to copy from into `to` and its transfer time.
     fn cheapest_source(&self, valid: &[Option<Event>], to: usize, bytes: u64) -> (usize, f64) {
-        (0..valid.len())
-            .filter(|&i| valid[i].is_some())
+        self.cheapest_of((0..valid.len()).filter(|&i| valid[i].is_some()), to, bytes)
+    }
+
+    /// Of replicas on `devices` (one at least), the one `bytes` reach
+    /// device `to` from soonest, and that time.
+    fn cheapest_of(
+        &self,
+        devices: impl Iterator<Item = usize>,
+        to: usize,
+        bytes: u64,
+    ) -> (usize, f64) {
+        devices
             .map(|i| (i, self.transfer_ns(i, to, bytes)))
             .min_by(|a, b| a.1.total_cmp(&b.1))
             .expect("some replica holds the current version")
