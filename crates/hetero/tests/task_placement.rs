@@ -749,6 +749,49 @@ fn a_fault_in_a_placed_graph_fails_its_dependents_and_nothing_else() {
     }
 }
 
+/// A launch that brings a datum back to the device its plan starts it on,
+/// from a replica whose writer faults, leaves that device's host access
+/// working: a host read of another datum there, queued behind the copy,
+/// returns its bytes. (The copy goes on the device's stream for host
+/// access; had it taken on the fault, every host read there behind it
+/// failed with it.)
+#[test]
+fn bringing_back_faulted_data_leaves_host_reads_of_other_data_working() {
+    if common::skipped("bringing_back_faulted_data_leaves_host_reads_of_other_data_working") {
+        return;
+    }
+    common::within(60, "a host read behind a copy held by a gate", || {
+        let (ctx, devs) = context();
+        let (boom, w, inc) = (boom(), mix(0, false), mix(0, true));
+        let gate = devs[0].host_event();
+        let x = ctx.data_from(&vec![1u32; LEN]).unwrap();
+        let y = ctx.data_from(&vec![2u32; LEN]).unwrap();
+        ctx.task(&w).write(&y).on_device(0).submit().unwrap();
+        let mut g = TaskGraph::new();
+        ctx.task(&inc)
+            .read_write(&x)
+            .on_device(0)
+            .record(&mut g)
+            .unwrap();
+        let placed = g.instantiate_on(&ctx).unwrap();
+        assert_eq!(x.valid_on(), vec![0], "the plan starts `x` on device 0");
+        // `x` written on device 1 by a task that faults once the gate
+        // opens: the launch brings it back to device 0 behind it.
+        let bad = ctx.task(&boom).write(&x).on_device(1);
+        bad.after(gate.event()).submit().unwrap();
+        let launch = placed.launch().unwrap();
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            gate.signal();
+        });
+        assert_eq!(y.to_vec().unwrap(), vec![7; LEN]);
+        opener.join().unwrap();
+        assert!(launch.wait().is_err(), "its task read the faulted datum");
+        assert!(x.to_vec().is_err(), "its writer read the faulted datum");
+        let _ = ctx.wait_tasks();
+    });
+}
+
 /// A recorded task's own events (`TaskBuilder::after`) hold it in a placed
 /// graph's launch as they hold it online: the task behind a gate waits for
 /// it, the task beside it does not, and every launch applies it again.

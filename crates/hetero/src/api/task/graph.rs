@@ -87,19 +87,23 @@ const PREFETCH_DATA: usize = 4;
 
 /// Copies datum `dp` from replica `from` into its start replica, on a host
 /// stream of the start device after `after`, as the copies a launch adds
-/// to its plan (`fixes`): the start replica's event.
+/// to its plan (`fixes`): the start replica's event. It only follows
+/// `after` (a memory wait): the stream is the device's one for every
+/// datum's host access, and a fault taken on there would fail them all
+/// (the caller passes the fault of `after` to the steps that read the
+/// datum, as any fault of its own).
 fn bring_back(
     rt: &Runtime,
     books: &mut super::RtState,
     dp: &DataPlan,
     from: usize,
-    after: Option<Event>,
+    after: Option<&Event>,
     bound: Bound<'_>,
     fixes: &mut Vec<(usize, usize, u64)>,
 ) -> Result<Event> {
     let s = rt.host_stream_in(books, dp.start)?;
     if let Some(e) = after {
-        s.wait_event(&e)?;
+        s.order_after(e)?;
     }
     dp.data.copy(&s, from, dp.start, None, bound)?;
     fixes.push((from, dp.start, dp.data.bytes() as u64));
@@ -1352,8 +1356,11 @@ impl PlacedTaskGraph {
                     let (from, _) = rt.cheapest_source(&st.valid, dp.start, bytes);
                     let from_ev = st.valid[from].clone();
                     drop(st);
-                    let after = from_ev.filter(Event::is_recorded);
-                    bring_back(rt, &mut books, dp, from, after, bound, fixes)?
+                    let after = from_ev.filter(|e| e.is_recorded() && !e.completed_ok());
+                    // Its fault, if it has one, is the readers' (the copy
+                    // only follows it).
+                    pre.extend(after.iter().map(kind(true)));
+                    bring_back(rt, &mut books, dp, from, after.as_ref(), bound, fixes)?
                 }
             };
             if ev.is_recorded() && !ev.completed_ok() {
