@@ -749,6 +749,47 @@ fn a_fault_in_a_placed_graph_fails_its_dependents_and_nothing_else() {
     }
 }
 
+/// A launch while the one before is still in flight: a fault in the first
+/// fails only the tasks of the second that read what it wrote. (The second
+/// goes on other streams: on the first's, its tasks queued behind the
+/// faulted one, and a stream fails all its work after a fault.)
+#[test]
+fn a_fault_in_a_launch_in_flight_stays_out_of_the_next_launch() {
+    if common::skipped("a_fault_in_a_launch_in_flight_stays_out_of_the_next_launch") {
+        return;
+    }
+    common::within(60, "two launches, the first's fault behind a gate", || {
+        let (ctx, devs) = context();
+        let (boom, w, inc) = (boom(), mix(0, false), mix(0, true));
+        let gate = devs[0].host_event();
+        let (a, b) = (b2(&ctx), b2(&ctx));
+        let x = ctx.data_from(&vec![1u32; LEN]).unwrap();
+        // `a`'s writer, then the faulting task that reads it on the same
+        // device: on one stream (its fault is the reader's anyway).
+        let mut g = TaskGraph::new();
+        ctx.task(&w).write(&a).on_device(0).record(&mut g).unwrap();
+        let bad = ctx.task(&boom).read(&a).write(&b).on_device(0);
+        bad.after(gate.event()).record(&mut g).unwrap();
+        ctx.task(&inc).read_write(&x).record(&mut g).unwrap();
+        let placed = g.instantiate_on(&ctx).unwrap();
+        let first = placed.launch().unwrap();
+        let second = placed.launch().unwrap();
+        gate.signal();
+        assert!(first.wait().is_err(), "the fault is reported");
+        assert!(second.wait().is_err(), "the second launch's own fault");
+        assert_eq!(
+            a.to_vec().unwrap(),
+            vec![7; LEN],
+            "the second launch wrote it"
+        );
+        assert_eq!(x.to_vec().unwrap(), vec![(31 + 7) * 31 + 7; LEN]);
+        assert!(b.to_vec().is_err(), "its writer faulted");
+        let _ = ctx.wait_tasks();
+        placed.launch().unwrap();
+        assert_eq!(x.to_vec().unwrap(), vec![((31 + 7) * 31 + 7) * 31 + 7; LEN]);
+    });
+}
+
 /// A launch that brings a datum back to the device its plan starts it on,
 /// from a replica whose writer faults, leaves that device's host access
 /// working: a host read of another datum there, queued behind the copy,

@@ -59,11 +59,13 @@ pub struct PlacedTaskGraph {
 /// task: launch, record, waits, copies) before it goes on with the next
 /// stream of the same compute unit: a quarter of a placed stream's ring
 /// ([`PLACED_RING`]), so that a launch, which starts with its rings at most
-/// half full, never waits for room in one while it submits.
+/// half full (empty, but for launches sharing a set: `Streams`), never
+/// waits for room in one while it submits.
 const OPS_PER_STREAM: usize = 256;
 
-/// The ring of a placed graph's stream: four launches' ops at most (a
-/// launch waits for its rings to be at most half full: `run`).
+/// The ring of a placed graph's stream: four times the ops of one launch
+/// the plan counts on it (launches that share a set, `STREAM_SETS`, wait
+/// for it to be at most half full).
 const PLACED_RING: u64 = 4 * OPS_PER_STREAM as u64;
 
 /// A stream of a placed graph on compute unit `l` of device `d`.
@@ -265,10 +267,14 @@ struct DataPlan {
 
 /// What launches change, one launch at a time.
 struct Live {
-    /// The streams (replaced when a fault left one failed).
-    streams: Vec<Stream>,
-    /// Their timelines, where the steps' ends are.
-    timelines: Vec<Arc<Timeline>>,
+    /// The sets of streams launches go on (see [`Streams`]), made as
+    /// launches in flight at once need them, up to [`STREAM_SETS`].
+    sets: Vec<Streams>,
+    /// Per set, when a launch last went on it (a count of launches): the
+    /// set a launch waits for when every set is busy is the least recent.
+    used: Vec<u64>,
+    /// Launches so far.
+    launches: u64,
     /// Buffers launches bound to slots, by address: the ends of the last
     /// tasks over each through a slot (its slot's data's last writer and
     /// readers), kept while one is pending.
@@ -276,13 +282,76 @@ struct Live {
     /// A launch's working lists, kept (empty) for the next: a replay
     /// allocates nothing per launch that it can reuse.
     scratch: Scratch,
+    /// The lists a launch fills with what it reaches (the one before's,
+    /// once published in `Marks` and swapped back).
+    spare: View,
+}
+
+/// One stream per lane of the plan (`Plan::lanes`), for one launch at a
+/// time: a launch goes on a set whose streams hold no pending work. A
+/// stream fails every op after a fault (its timeline's fault is sticky),
+/// and the plan puts a step on a stream only after steps whose faults are
+/// its own anyway; a step of the launch before, still pending, is no such
+/// step (a launch depends on the one before only through their data). So
+/// a launch while another is in flight goes on another set (up to
+/// [`STREAM_SETS`]), and a set whose stream failed gets a fresh stream
+/// there before its next launch.
+struct Streams {
+    streams: Vec<Stream>,
+    /// Their timelines, where the steps' ends are.
+    timelines: Vec<Arc<Timeline>>,
     /// Per stream: the span its last launch's tail stamped, kept to be
     /// reused by the next launch's tail once nothing else holds it (the op
     /// done, the caller's launch handle and the runtime's books let go).
     tail_spans: Vec<Option<Arc<crate::exec::op::Span>>>,
-    /// The lists a launch fills with what it reaches (the one before's,
-    /// once published in `Marks` and swapped back).
-    spare: View,
+}
+
+/// Sets of streams a plan makes at most: launches in flight at once whose
+/// faults stay in their own launch. A launch while that many are in
+/// flight shares the least recent one's streams (behind it: a fault there
+/// reaches its steps on them too); it waits only for room in their rings.
+const STREAM_SETS: usize = 4;
+
+impl Streams {
+    /// A stream per lane of `lanes`.
+    fn new(rt: &Runtime, lanes: &[(usize, usize)]) -> Result<Streams> {
+        let streams = lanes
+            .iter()
+            .map(|&lane| placed_stream(rt, lane))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Streams {
+            timelines: streams
+                .iter()
+                .map(|s| s.backend_stream().timeline().clone())
+                .collect(),
+            tail_spans: vec![None; streams.len()],
+            streams,
+        })
+    }
+
+    /// Whether every op submitted to its streams completed (with a fault
+    /// or not): only launches of its plan submit to them, holding `live`.
+    fn idle(&self) -> bool {
+        self.streams.iter().zip(&self.timelines).all(|(s, t)| {
+            let submitted = s.backend_stream().submitted();
+            submitted == 0 || t.status(submitted).is_some()
+        })
+    }
+
+    /// Its streams a fault failed, replaced (one would fail every later
+    /// launch's steps on it). (Its timeline says so: one line, not the
+    /// stream's handle first.)
+    fn replace_failed(&mut self, rt: &Runtime, lanes: &[(usize, usize)]) -> Result<()> {
+        for (q, s) in self.streams.iter_mut().enumerate() {
+            if self.timelines[q].fault_at().is_some() {
+                let fresh = placed_stream(rt, lanes[q])?;
+                self.timelines[q] = fresh.backend_stream().timeline().clone();
+                self.tail_spans[q] = None;
+                *s = fresh;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Default)]
@@ -1004,10 +1073,7 @@ fn make_plan(
         steps[j].record = true;
         steps[j].tail = true;
     }
-    let streams = lanes
-        .iter()
-        .map(|&lane| placed_stream(rt, lane))
-        .collect::<Result<Vec<_>>>()?;
+    let streams = Streams::new(rt, &lanes)?;
     // A launch's figures, summed here rather than at every launch.
     let mut per_link: Vec<(usize, usize, u64)> = Vec::new();
     for (a, b, n) in moved {
@@ -1087,14 +1153,11 @@ fn make_plan(
     });
     Ok(Plan {
         live: Mutex::new(Live {
-            timelines: streams
-                .iter()
-                .map(|s| s.backend_stream().timeline().clone())
-                .collect(),
-            streams,
+            sets: vec![streams],
+            used: vec![0],
+            launches: 0,
             touched: HashMap::new(),
             scratch: Scratch::default(),
-            tail_spans: Vec::new(),
             spare: View::default(),
         }),
         lanes,
@@ -1138,7 +1201,12 @@ impl PlacedTaskGraph {
     /// nothing else: the plan puts a task only on a stream whose every step
     /// it depends on, up to [`MAX_TASK_STREAMS`](crate::MAX_TASK_STREAMS)
     /// streams on a device (past that, a task shares a stream with steps it
-    /// does not depend on, and a fault in one of them reaches it too).
+    /// does not depend on, and a fault in one of them reaches it too); and
+    /// a launch while others are in flight goes on streams of its own, up
+    /// to four launches in flight at once (a fifth goes behind the least
+    /// recent one on its streams, and a fault there reaches its tasks on
+    /// them too). A launch does not wait for the launches before it, only,
+    /// while five are in flight, for room in the streams it shares.
     pub fn launch(&self) -> Result<TaskGraphLaunch> {
         self.launch_after(&[])
     }
@@ -1227,35 +1295,51 @@ impl PlacedTaskGraph {
         // held `live`, a launch from the kernel waited for itself).
         let holds_mine =
             |st: &super::RtState| st.holds_any(plan.data.iter().map(|dp| dp.data.id()));
-        let (mut guard, mut books) = loop {
+        let (mut guard, mut books, set) = loop {
             let mut guard = lock(&plan.live);
             let live = &mut *guard;
-            // A stream a fault failed would fail every later launch:
-            // replaced. (Its timeline says so: one line, not the stream's
-            // handle first.)
-            let mut full = None;
-            for (q, s) in live.streams.iter_mut().enumerate() {
-                let timeline = &live.timelines[q];
-                if timeline.fault_at().is_some() {
-                    let fresh = placed_stream(rt, plan.lanes[q])?;
-                    live.timelines[q] = fresh.backend_stream().timeline().clone();
-                    *s = fresh;
-                    continue;
+            // A set with no pending work (`Streams`): the last launch's
+            // first (its data may need no pass: `again` below), else any,
+            // else a new one, else the least recent, waited for.
+            let last = (0..live.sets.len()).max_by_key(|&k| live.used[k]);
+            let idle = last
+                .into_iter()
+                .chain(0..live.sets.len())
+                .find(|&k| live.sets[k].idle());
+            let set = match idle {
+                Some(k) => k,
+                None if live.sets.len() < STREAM_SETS => {
+                    live.sets.push(Streams::new(rt, &plan.lanes)?);
+                    live.used.push(0);
+                    live.sets.len() - 1
                 }
-                // Room for this launch in every ring: only launches of this
-                // plan add to these rings, and they hold `live`.
-                let queued = s.backend_stream().submitted();
-                if queued.saturating_sub(timeline.completed()) > PLACED_RING / 2 {
-                    full = Some((timeline.clone(), queued - PLACED_RING / 2));
-                    break;
+                None => {
+                    // Every set busy: the least recent, shared (its
+                    // launch's fault then reaches this one's steps on its
+                    // streams), once its rings have room for this launch
+                    // (waited for with no lock held). Launches do not wait
+                    // for each other.
+                    let k = (0..live.sets.len())
+                        .min_by_key(|&k| live.used[k])
+                        .expect("a plan has a set");
+                    let set = &live.sets[k];
+                    let full = set.streams.iter().zip(&set.timelines).find_map(|(s, t)| {
+                        let queued = s.backend_stream().submitted();
+                        let room = queued.saturating_sub(PLACED_RING / 2);
+                        (room > t.completed()).then(|| (t.clone(), room))
+                    });
+                    match full {
+                        None => k,
+                        Some((timeline, room)) => {
+                            drop(guard);
+                            let what = "room in a placed graph's stream";
+                            timeline.wait_for(room, timeline.host_wait, what)?;
+                            continue;
+                        }
+                    }
                 }
-            }
-            if let Some((timeline, room)) = full {
-                drop(guard);
-                let what = "room in a placed graph's stream";
-                timeline.wait_for(room, timeline.host_wait, what)?;
-                continue;
-            }
+            };
+            live.sets[set].replace_failed(rt, &plan.lanes)?;
             // Tasks work stealing holds back over the plan's data go to
             // devices first: the launch comes after them in the data's order.
             let books = lock(&rt.state);
@@ -1265,10 +1349,17 @@ impl PlacedTaskGraph {
                 rt.pump_until(|| !holds_mine(&lock(&rt.state)))?;
                 continue;
             }
-            break (guard, books);
+            break (guard, books, set);
         };
         let live = &mut *guard;
-        let (streams, timelines) = (&live.streams, &live.timelines);
+        live.launches += 1;
+        live.used[set] = live.launches;
+        let Streams {
+            streams,
+            timelines,
+            tail_spans,
+        } = &mut live.sets[set];
+        let (streams, timelines) = (&*streams, &*timelines);
         // Again after a launch whose every stream completed without a fault
         // and whose data nobody touched since (each still marked, `Marks`):
         // nothing the launch must follow, and nothing to set per datum.
@@ -1285,8 +1376,6 @@ impl PlacedTaskGraph {
                         })
                 })
         };
-        let tail_spans = &mut live.tail_spans;
-        tail_spans.resize(streams.len(), None);
         for e in events.iter().filter(|e| !e.completed_ok()) {
             for s in streams.iter() {
                 s.wait_event(e)?;
@@ -1341,7 +1430,10 @@ impl PlacedTaskGraph {
             let kind = |data: bool| move |e: &Event| (e.clone(), data);
             let writer = st.writer.iter().map(|w| &w.end).filter(pending);
             pre.extend(writer.map(kind(true)));
-            if dp.written {
+            // Its readers, where the launch writes it: also a slot's (the
+            // launch's copies of the buffer bound now overwrite the
+            // replicas elsewhere that the launches before read).
+            if dp.written || dp.data.slot().is_some() {
                 let readers = st.readers.iter().map(|r| &r.end).filter(pending);
                 pre.extend(readers.map(kind(false)));
             }
