@@ -369,14 +369,19 @@ proptest! {
 #[derive(Clone, Debug)]
 enum Act {
     Launch { graph: usize, wait: bool },
-    Online { op: Op, policy: usize },
+    Online { op: Op, policy: usize, bad: bool },
     Read(usize),
 }
 
 fn act() -> impl Strategy<Value = Act> {
     prop_oneof![
         (0..2usize, any::<bool>()).prop_map(|(graph, wait)| Act::Launch { graph, wait }),
-        (op(), 0..SchedPolicy::ALL.len()).prop_map(|(op, policy)| Act::Online { op, policy }),
+        (
+            op(),
+            0..SchedPolicy::ALL.len(),
+            proptest::bool::weighted(0.15)
+        )
+            .prop_map(|(op, policy, bad)| Act::Online { op, policy, bad }),
         (0..BUFS).prop_map(Act::Read),
     ]
 }
@@ -385,8 +390,9 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(16))]
     /// Two HEFT-placed graphs over the same data, the first with a task
     /// that faults or not, launched again and again (waited for or not)
-    /// between online tasks under every policy and host reads: each launch
-    /// fails exactly when one of its tasks does, and every read, and the
+    /// between online tasks under every policy (some faulting) and host
+    /// reads: each launch and online task fails exactly when one of its
+    /// tasks does, and every read, and the
     /// data at the end, hold what all of it run in program order on the
     /// host leaves (a buffer whose last writer failed reads as an error). (A
     /// launch after one that completed with its data untouched since sets
@@ -449,10 +455,21 @@ proptest! {
                         prop_assert_eq!(launch.wait().is_err(), failed, "launch at act {}", i);
                     }
                 }
-                Act::Online { op, policy } => {
+                Act::Online { op, policy, bad } => {
                     ctx.set_scheduler(SchedPolicy::ALL[*policy]);
-                    tasks_of(&ctx, &ks, &data, std::slice::from_ref(op), None, None);
-                    apply(&mut want, op, false);
+                    let k = if *bad { &boom } else { &ks[op.reads.len() * 2 + usize::from(op.rw)] };
+                    let mut t = ctx.task(k);
+                    for &r in &op.reads {
+                        t = t.read(&data[r]);
+                    }
+                    t = if op.rw { t.read_write(&data[op.out]) } else { t.write(&data[op.out]) };
+                    let task = t.submit().unwrap();
+                    let failed = apply(&mut want, op, *bad);
+                    if *bad {
+                        prop_assert!(task.wait().is_err(), "online task at act {}", i);
+                    } else if i % 2 == 0 {
+                        prop_assert_eq!(task.wait().is_err(), failed, "online task at act {}", i);
+                    }
                 }
                 Act::Read(b) => {
                     let got = data[*b].to_vec();
