@@ -208,6 +208,25 @@ fn costed_kernels(flops: Option<f64>) -> Vec<Kernel> {
         .collect()
 }
 
+/// [`kernels`] that an emulated device models as long (0.1 ms, against a
+/// few µs to move a buffer), their models in `ctx` trusted: HEFT and the
+/// model-driven policies spread them across the devices.
+fn spread_kernels(ctx: &Context) -> Vec<Kernel> {
+    let ks = costed_kernels(Some(1e7));
+    let scratch: Vec<TaskData<u32>> = (0..3).map(|_| b2(ctx)).collect();
+    for (n, k) in ks.iter().enumerate() {
+        for i in 0..20 {
+            let mut t = ctx.task(k).on_device(i % 2);
+            for x in &scratch[..n / 2] {
+                t = t.read(x);
+            }
+            t.read_write(&scratch[2]).submit().unwrap();
+        }
+    }
+    ctx.wait_tasks().unwrap();
+    ks
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(8))]
     /// Random DAGs: every policy's result is bit-identical to the same tasks
@@ -432,7 +451,7 @@ proptest! {
             return Ok(());
         }
         let (ctx, _devs) = context();
-        let (ks, boom) = (kernels(), boom());
+        let (ks, boom) = (spread_kernels(&ctx), boom());
         let data = fresh_data(&ctx, &[]);
         let mut want: Vec<Option<Vec<u32>>> =
             data.iter().map(|d| Some(d.to_vec().unwrap())).collect();
@@ -2852,21 +2871,7 @@ proptest! {
         }
         let (ctx, devs) = context();
         let dev = &devs[0];
-        // Kernels an emulated device models as long (0.1 ms, against a few
-        // µs to move a buffer), their models trusted: HEFT spreads them
-        // across the devices.
-        let ks = costed_kernels(Some(1e7));
-        let scratch: Vec<TaskData<u32>> = (0..3).map(|_| b2(&ctx)).collect();
-        for (n, k) in ks.iter().enumerate() {
-            for i in 0..20 {
-                let mut t = ctx.task(k).on_device(i % 2);
-                for x in &scratch[..n / 2] {
-                    t = t.read(x);
-                }
-                t.read_write(&scratch[2]).submit().unwrap();
-            }
-        }
-        ctx.wait_tasks().unwrap();
+        let ks = spread_kernels(&ctx);
         let s = dev.create_stream().unwrap();
         let mut g = hetero::Graph::new(dev).unwrap();
         let slots = [g.slot::<u32>(LEN).unwrap(), g.slot::<u32>(LEN).unwrap()];
