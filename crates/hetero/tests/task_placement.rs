@@ -239,7 +239,7 @@ proptest! {
             return Ok(());
         }
         let (ctx, _devs) = context();
-        let ks = kernels();
+        let ks = spread_kernels(&ctx);
         let want = run(&ctx, &ks, &ops, Some(0));
         for p in SchedPolicy::ALL {
             ctx.set_scheduler(p);
@@ -301,7 +301,7 @@ fn check_faulted_run(
     bad: usize,
     policy: Option<SchedPolicy>,
 ) -> std::result::Result<(), TestCaseError> {
-    let (ks, boom) = (kernels(), boom());
+    let (ks, boom) = (spread_kernels(ctx), boom());
     let (want_failed, want) = faulted_oracle(ops, bad, BUFS);
     let data = fresh_data(ctx, ops);
     let mut graph = policy.is_none().then(TaskGraph::new);
