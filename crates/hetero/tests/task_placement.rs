@@ -3582,6 +3582,58 @@ fn mixed_buffers(ctx: &Context) -> Vec<Buf> {
         .collect()
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(8))]
+    /// `relaunches_between_online_tasks_and_reads_match_program_order` (no
+    /// fault) over task data and managed buffers of the context alike.
+    #[test]
+    fn relaunches_over_managed_buffers_match_program_order(
+        graphs in proptest::collection::vec(proptest::collection::vec(op(), 1..12), 2),
+        acts in proptest::collection::vec(act(), 1..16),
+    ) {
+        if common::skipped("relaunches_over_managed_buffers_match_program_order") {
+            return Ok(());
+        }
+        let (ctx, _devs) = context();
+        let ks = spread_kernels(&ctx);
+        let data = mixed_buffers(&ctx);
+        let mut want: Vec<Option<Vec<u32>>> = data.iter().map(|d| Some(d.contents())).collect();
+        let placed: Vec<_> = graphs
+            .iter()
+            .map(|ops| {
+                let mut g = TaskGraph::new();
+                tasks_of(&ctx, &ks, &data, ops, None, Some(&mut g));
+                g.instantiate_on(&ctx).unwrap()
+            })
+            .collect();
+        for (i, a) in acts.iter().enumerate() {
+            match a {
+                Act::Launch { graph, wait } => {
+                    let launch = placed[*graph].launch().unwrap();
+                    for o in &graphs[*graph] {
+                        apply(&mut want, o, false);
+                    }
+                    if *wait {
+                        launch.wait().unwrap();
+                    }
+                }
+                Act::Online { op, policy, .. } => {
+                    ctx.set_scheduler(SchedPolicy::ALL[*policy]);
+                    tasks_of(&ctx, &ks, &data, std::slice::from_ref(op), None, None);
+                    apply(&mut want, op, false);
+                }
+                Act::Read(b) => {
+                    prop_assert_eq!(Some(data[*b].contents()), want[*b].clone(), "buffer {} at act {}", b, i);
+                }
+            }
+        }
+        ctx.wait_tasks().unwrap();
+        for (b, d) in data.iter().enumerate() {
+            prop_assert_eq!(Some(d.contents()), want[b].clone(), "buffer {} at the end", b);
+        }
+    }
+}
+
 /// `run` over mixed buffers.
 fn run_mixed(ctx: &Context, ks: &[Kernel], ops: &[Op], on: Option<usize>) -> Vec<Vec<u32>> {
     let bufs = mixed_buffers(ctx);
