@@ -2863,8 +2863,9 @@ proptest! {
     /// and then another is ordered through what the launches touched.)
     #[test]
     fn a_placed_stream_graph_rebound_between_launches_matches_one_device(
-        nodes in proptest::collection::vec(op(), 1..10),
-        launches in proptest::collection::vec((0..4usize, 0..3usize, any::<bool>()), 1..10),
+        nodes in proptest::collection::vec((op(), 0..8u8), 1..10),
+        download in proptest::option::of((0..BUFS, 0..10usize)),
+        launches in proptest::collection::vec((0..4usize, 0..3usize, 0..2usize, any::<bool>()), 1..10),
     ) {
         if common::skipped("a_placed_stream_graph_rebound_between_launches_matches_one_device") {
             return Ok(());
@@ -2880,24 +2881,55 @@ proptest! {
         let buf = |b: usize| -> &hetero::DeviceBuffer<u32> {
             if b < 2 { &slots[b] } else { &own[b - 2] }
         };
-        // A buffer of the graph's own is written before anything reads it
+        let mut down = g.pinned_slot::<u32>(LEN).unwrap();
+        // Nodes: `mix` kernels, and as the kind says a copy of another of
+        // the buffers into `out` (kind 0) or a fill of `out` (kind 1); the
+        // download of one buffer into the pinned slot after node `at`. A
+        // buffer of the graph's own is written before anything reads it
         // (its bytes between launches are no launch's input).
         let mut written = [false; BUFS];
-        let mut ops = Vec::new();
-        for o in nodes {
-            for &b in o.reads.iter().chain(o.rw.then_some(&o.out)) {
+        let mut ops: Vec<(Op, u8)> = Vec::new();
+        let reads_of = |o: &Op, kind: u8| -> Vec<usize> {
+            match kind {
+                0 => vec![(o.out + 1) % BUFS],
+                1 => vec![],
+                _ => o.reads.iter().copied().chain(o.rw.then_some(o.out)).collect(),
+            }
+        };
+        let download = download.map(|(b, at)| (b, at.min(nodes.len() - 1)));
+        let mut at_op = None;
+        for (n, (o, kind)) in nodes.into_iter().enumerate() {
+            let mut read = reads_of(&o, kind);
+            if let Some((b, at)) = download {
+                if at == n { read.push(b); }
+            }
+            for b in read {
                 if b >= 2 && !written[b] {
-                    ops.push(Op { reads: vec![], out: b, rw: false });
+                    ops.push((Op { reads: vec![], out: b, rw: false }, 2));
                     written[b] = true;
                 }
             }
             written[o.out] = true;
-            ops.push(o);
+            ops.push((o, kind));
+            if download.is_some_and(|(_, at)| at == n) {
+                at_op = Some(ops.len() - 1);
+            }
         }
-        for o in &ops {
-            let mut args: Vec<hetero::Arg<'_>> = o.reads.iter().map(|&r| hetero::Arg::read(buf(r))).collect();
-            args.push(hetero::Arg::write(buf(o.out)));
-            g.kernel(&ks[o.reads.len() * 2 + usize::from(o.rw)], 1.into(), &args, &[]).unwrap();
+        for (n, (o, kind)) in ops.iter().enumerate() {
+            match kind {
+                0 => drop(g.copy_d2d(buf((o.out + 1) % BUFS), buf(o.out), &[]).unwrap()),
+                1 => drop(g.fill(buf(o.out), 5u32 + o.out as u32, &[]).unwrap()),
+                _ => {
+                    let mut args: Vec<hetero::Arg<'_>> = o.reads.iter().map(|&r| hetero::Arg::read(buf(r))).collect();
+                    args.push(hetero::Arg::write(buf(o.out)));
+                    g.kernel(&ks[o.reads.len() * 2 + usize::from(o.rw)], 1.into(), &args, &[]).unwrap();
+                }
+            }
+            if let Some((b, _)) = download {
+                if at_op == Some(n) {
+                    g.copy_d2h(buf(b), &mut down, &[]).unwrap();
+                }
+            }
         }
         let exec = g.instantiate().unwrap();
         let placed = g.instantiate_on(&ctx).unwrap();
@@ -2912,16 +2944,27 @@ proptest! {
                 .collect()
         };
         let (want, got) = (pool(), pool());
+        let pinned = || -> Vec<hetero::PinnedBuffer<u32>> {
+            (0..2)
+                .map(|_| {
+                    let mut p = dev.alloc_pinned::<u32>(LEN).unwrap();
+                    p.as_mut_slice().unwrap().fill(3);
+                    p
+                })
+                .collect()
+        };
+        let (mut want_down, mut got_down) = (pinned(), pinned());
         s.synchronize().unwrap();
         let (mut pending, mut kept) = (Vec::new(), Vec::new());
-        for &(x, y, wait) in &launches {
+        for &(x, y, d, wait) in &launches {
             // Two different buffers (one buffer in two slots is an error
             // where a node writes either).
             let y = if y >= x { y + 1 } else { y };
             let (mut one, mut across) = (exec.bindings(), placed.bindings());
-            for (b, p) in [(&mut one, &want), (&mut across, &got)] {
+            for (b, p, pd) in [(&mut one, &want, &want_down), (&mut across, &got, &got_down)] {
                 b.bind(&slots[0], &p[x]).unwrap();
                 b.bind(&slots[1], &p[y]).unwrap();
+                b.bind_pinned(&down, &pd[d]).unwrap();
             }
             s.launch_graph_with(&exec, &one).unwrap();
             let launch = placed.launch_with(&across, &[]).unwrap();
@@ -2938,6 +2981,10 @@ proptest! {
         ctx.wait_tasks().unwrap();
         s.synchronize().unwrap();
         drop(kept);
+        for k in 0..2 {
+            let (w, g) = (want_down[k].as_mut_slice().unwrap().to_vec(), got_down[k].as_mut_slice().unwrap().to_vec());
+            prop_assert_eq!(g, w, "pinned buffer {} (placement {:?})", k, placed.placement());
+        }
         for k in 0..4 {
             prop_assert_eq!(s.read_to_vec(&got[k]).unwrap(), s.read_to_vec(&want[k]).unwrap(), "pool buffer {} (placement {:?})", k, placed.placement());
         }
