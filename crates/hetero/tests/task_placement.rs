@@ -410,14 +410,23 @@ proptest! {
 /// or read a buffer on the host.
 #[derive(Clone, Debug)]
 enum Act {
-    Launch { graph: usize, wait: bool },
-    Online { op: Op, policy: usize, bad: bool },
+    Launch {
+        graph: usize,
+        wait: bool,
+        gated: bool,
+    },
+    Online {
+        op: Op,
+        policy: usize,
+        bad: bool,
+    },
     Read(usize),
 }
 
 fn act() -> impl Strategy<Value = Act> {
     prop_oneof![
-        (0..2usize, any::<bool>()).prop_map(|(graph, wait)| Act::Launch { graph, wait }),
+        (0..2usize, any::<bool>(), proptest::bool::weighted(0.3))
+            .prop_map(|(graph, wait, gated)| Act::Launch { graph, wait, gated }),
         (
             op(),
             0..SchedPolicy::ALL.len(),
@@ -450,8 +459,12 @@ proptest! {
         if common::skipped("relaunches_between_online_tasks_and_reads_match_program_order") {
             return Ok(());
         }
-        let (ctx, _devs) = context();
+        let (ctx, devs) = context();
         let (ks, boom) = (spread_kernels(&ctx), boom());
+        // Gated launches wait for a host event each, opened before anything
+        // waits (a read, a launch's or all tasks' wait).
+        let mut gates: Vec<hetero::HostEvent> = Vec::new();
+        let open = |gates: &mut Vec<hetero::HostEvent>| gates.drain(..).for_each(|g| g.signal());
         let data = fresh_data(&ctx, &[]);
         let mut want: Vec<Option<Vec<u32>>> =
             data.iter().map(|d| Some(d.to_vec().unwrap())).collect();
@@ -482,18 +495,27 @@ proptest! {
         let mut in_flight = [0; 2];
         for (i, a) in acts.iter().enumerate() {
             match a {
-                Act::Launch { graph, wait } => {
+                Act::Launch { graph, wait, gated } => {
                     if in_flight[*graph] == 4 {
+                        open(&mut gates);
                         let _ = ctx.wait_tasks();
                         in_flight = [0; 2];
                     }
                     in_flight[*graph] += 1;
-                    let launch = placed[*graph].launch().unwrap();
+                    let launch = if *gated {
+                        let gate = devs[0].host_event();
+                        let launch = placed[*graph].launch_after(std::slice::from_ref(gate.event()));
+                        gates.push(gate);
+                        launch.unwrap()
+                    } else {
+                        placed[*graph].launch().unwrap()
+                    };
                     let mut failed = false;
                     for (j, o) in graphs[*graph].iter().enumerate() {
                         failed |= apply(&mut want, o, *graph == 0 && Some(j) == bad);
                     }
                     if *wait {
+                        open(&mut gates);
                         prop_assert_eq!(launch.wait().is_err(), failed, "launch at act {}", i);
                     }
                 }
@@ -507,6 +529,9 @@ proptest! {
                     t = if op.rw { t.read_write(&data[op.out]) } else { t.write(&data[op.out]) };
                     let task = t.submit().unwrap();
                     let failed = apply(&mut want, op, *bad);
+                    if *bad || i % 2 == 0 {
+                        open(&mut gates);
+                    }
                     if *bad {
                         prop_assert!(task.wait().is_err(), "online task at act {}", i);
                     } else if i % 2 == 0 {
@@ -514,11 +539,13 @@ proptest! {
                     }
                 }
                 Act::Read(b) => {
+                    open(&mut gates);
                     let got = data[*b].to_vec();
                     prop_assert_eq!(got.as_ref().ok(), want[*b].as_ref(), "buffer {} at act {}: {:?}", b, i, got.as_ref().err());
                 }
             }
         }
+        open(&mut gates);
         let _ = ctx.wait_tasks();
         prop_assert!(ctx.wait_tasks().is_ok(), "a fault is reported once");
         for (b, d) in data.iter().enumerate() {
@@ -3655,7 +3682,7 @@ proptest! {
             .collect();
         for (i, a) in acts.iter().enumerate() {
             match a {
-                Act::Launch { graph, wait } => {
+                Act::Launch { graph, wait, .. } => {
                     let launch = placed[*graph].launch().unwrap();
                     for o in &graphs[*graph] {
                         apply(&mut want, o, false);
