@@ -87,9 +87,11 @@ pub enum Error {
     InvalidArgument(String),
 
     /// Work on a stream failed: a kernel or host callback panicked, or it waited on
-    /// work that failed. Later work on that stream does not run.
-    #[error("stream {stream} failed at operation {value}: {message}")]
+    /// work that failed. Later work on that stream does not run. (`stream` numbers
+    /// the streams of one device: `device` says which.)
+    #[error("stream {stream} of device {device} failed at operation {value}: {message}")]
     StreamFault {
+        device: u64,
         stream: u64,
         value: u64,
         message: Arc<str>,

@@ -222,6 +222,21 @@ fn a_fault_on_one_device_reaches_what_waits_on_it_on_another() {
         format!("{err}").contains("injected fault on device a"),
         "the message names the fault: {err}"
     );
+    // Stream numbers are per device: the message names both streams'
+    // devices, the waiter's in the error too.
+    let (ia, ib) = (a.id(), b.id());
+    assert!(
+        format!("{err}").contains(&format!(
+            "stream {} of device {ia}, which failed: stream {} of device {ia} failed",
+            sa.id(),
+            sa.id()
+        )),
+        "{err}"
+    );
+    assert!(
+        matches!(err, hetero::Error::StreamFault { device, stream, .. } if device == ib && stream == sb.id()),
+        "{err:?}"
+    );
     // b's other stream is untouched; x kept its old value.
     assert_eq!(other.read_to_vec(&x).expect("read"), vec![5u32; 16]);
     // A copy whose stream took on the fault fails; a fresh stream's works.

@@ -232,7 +232,7 @@ impl WaitAll {
     pub(crate) fn fault(&self) -> Result<(), String> {
         self.points()
             .find_map(|p| p.timeline.error_for(p.value).map(|e| (p, e)))
-            .map_or(Ok(()), |(p, e)| Err(wait_fault(p.timeline.stream, e)))
+            .map_or(Ok(()), |(p, e)| Err(wait_fault(&p.timeline, e)))
     }
 
     /// The first point not yet reached.
@@ -242,8 +242,9 @@ impl WaitAll {
 }
 
 /// What an event wait takes on from the stream it waited on.
-pub(crate) fn wait_fault(stream: u64, fault: impl std::fmt::Display) -> String {
-    format!("waited on an event of stream {stream}, which failed: {fault}")
+pub(crate) fn wait_fault(timeline: &Timeline, fault: impl std::fmt::Display) -> String {
+    let (stream, device) = (timeline.stream, timeline.device);
+    format!("waited on an event of stream {stream} of device {device}, which failed: {fault}")
 }
 
 /// The device times a stamped launch writes, on the clock a record op of its

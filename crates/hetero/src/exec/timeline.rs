@@ -227,6 +227,7 @@ impl Timeline {
 
     pub(crate) fn fault_error(&self, at: u64) -> Error {
         Error::StreamFault {
+            device: self.device,
             stream: self.stream,
             value: at,
             message: self

@@ -338,7 +338,7 @@ impl EngineThread {
                 },
                 _,
             ) => match timeline.error_for(*v).filter(|_| *fault) {
-                Some(e) => Err(crate::exec::op::wait_fault(timeline.stream, e)),
+                Some(e) => Err(crate::exec::op::wait_fault(timeline, e)),
                 None => Ok(()),
             },
             (Body::WaitAll(w), _) => w.fault(),

@@ -787,11 +787,11 @@ impl Engine {
                             && timeline.device == sh.device
                             && self.faulted_here(timeline.stream, *v);
                         if let Some(e) = error {
-                            taken.result = Err(crate::exec::op::wait_fault(timeline.stream, e));
+                            taken.result = Err(crate::exec::op::wait_fault(timeline, e));
                         } else if failed_here {
                             taken.result = Err(format!(
-                                "waited on an event of stream {}, which failed",
-                                timeline.stream
+                                "waited on an event of stream {} of device {}, which failed",
+                                timeline.stream, timeline.device
                             ));
                         } else if timeline.device == sh.device {
                             self.follow(s, timeline.stream);

@@ -251,7 +251,7 @@ impl Sim {
                         fault,
                     } => timeline.is_reached(*value).then(|| {
                         Plan::Now(match timeline.error_for(*value).filter(|_| *fault) {
-                            Some(e) => Err(wait_fault(timeline.stream, e)),
+                            Some(e) => Err(wait_fault(timeline, e)),
                             None => Ok(()),
                         })
                     }),
