@@ -270,9 +270,6 @@ struct Live {
     /// The sets of streams launches go on (see [`Streams`]), made as
     /// launches in flight at once need them, up to [`STREAM_SETS`].
     sets: Vec<Streams>,
-    /// Per set, when a launch last went on it (a count of launches): the
-    /// set a launch waits for when every set is busy is the least recent.
-    used: Vec<u64>,
     /// Launches so far.
     launches: u64,
     /// Buffers launches bound to slots, by address: the ends of the last
@@ -304,6 +301,9 @@ struct Streams {
     /// reused by the next launch's tail once nothing else holds it (the op
     /// done, the caller's launch handle and the runtime's books let go).
     tail_spans: Vec<Option<Arc<crate::exec::op::Span>>>,
+    /// When a launch last went on it (`Live::launches` then): a launch
+    /// tries the most recent set first and shares the least recent.
+    used: u64,
 }
 
 /// Sets of streams a plan makes at most: launches in flight at once whose
@@ -326,6 +326,7 @@ impl Streams {
                 .collect(),
             tail_spans: vec![None; streams.len()],
             streams,
+            used: 0,
         })
     }
 
@@ -1154,7 +1155,6 @@ fn make_plan(
     Ok(Plan {
         live: Mutex::new(Live {
             sets: vec![streams],
-            used: vec![0],
             launches: 0,
             touched: HashMap::new(),
             scratch: Scratch::default(),
@@ -1300,8 +1300,8 @@ impl PlacedTaskGraph {
             let live = &mut *guard;
             // A set with no pending work (`Streams`): the last launch's
             // first (its data may need no pass: `again` below), else any,
-            // else a new one, else the least recent, waited for.
-            let last = (0..live.sets.len()).max_by_key(|&k| live.used[k]);
+            // else a new one, else the least recent, shared.
+            let last = (0..live.sets.len()).max_by_key(|&k| live.sets[k].used);
             let idle = last
                 .into_iter()
                 .chain(0..live.sets.len())
@@ -1310,7 +1310,6 @@ impl PlacedTaskGraph {
                 Some(k) => k,
                 None if live.sets.len() < STREAM_SETS => {
                     live.sets.push(Streams::new(rt, &plan.lanes)?);
-                    live.used.push(0);
                     live.sets.len() - 1
                 }
                 None => {
@@ -1320,7 +1319,7 @@ impl PlacedTaskGraph {
                     // (waited for with no lock held). Launches do not wait
                     // for each other.
                     let k = (0..live.sets.len())
-                        .min_by_key(|&k| live.used[k])
+                        .min_by_key(|&k| live.sets[k].used)
                         .expect("a plan has a set");
                     let set = &live.sets[k];
                     let full = set.streams.iter().zip(&set.timelines).find_map(|(s, t)| {
@@ -1353,12 +1352,13 @@ impl PlacedTaskGraph {
         };
         let live = &mut *guard;
         live.launches += 1;
-        live.used[set] = live.launches;
         let Streams {
             streams,
             timelines,
             tail_spans,
+            used,
         } = &mut live.sets[set];
+        *used = live.launches;
         let (streams, timelines) = (&*streams, &*timelines);
         // Again after a launch whose every stream completed without a fault
         // and whose data nobody touched since (each still marked, `Marks`):
