@@ -168,8 +168,14 @@ impl Shared {
                     // Never under the lock: the engines we wait for free into it.
                     drop(g);
                     may_wait = wait_all_progressing(&fences, GROW_WAIT);
-                    continue;
                 }
+                // Else every queued free's work completed since the reap
+                // above (the engines run on): retry from what they freed, as
+                // after a wait, rather than map beside it. (Mapping here made
+                // a host that ran ahead reserve a chunk more than the ratio
+                // allows, when its frees completed in that window.) The next
+                // pass reaps them, so it comes back only for frees queued since.
+                continue;
             }
             // A new chunk. Wholly free chunks could not serve (those of this kind
             // are too small, the others are of another kind): release them
