@@ -2159,7 +2159,9 @@ impl Context {
     /// Waits for every task submitted so far and feeds their times to the
     /// models (and saves them); the first fault among the tasks (and placed
     /// launches) since the last call is the error: each fault is reported
-    /// once, by the first call after it.
+    /// once, by the first call after it. Tasks and launches that running
+    /// kernels or callbacks submit while it waits may still be in flight
+    /// when it returns; a later call waits for them.
     pub fn wait_tasks(&self) -> Result<()> {
         let rt = lock(&self.tasks_state().runtime).upgrade();
         match rt {
