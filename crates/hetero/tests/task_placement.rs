@@ -951,6 +951,84 @@ fn a_fault_in_a_placed_graph_fails_its_dependents_and_nothing_else() {
     }
 }
 
+/// A fault fails its task and the tasks that read what it wrote, not the
+/// tasks after it on its device's compute unit. With one unit, a placed
+/// graph's tasks on a device run in one order: where streams have fault
+/// scopes (host, emulated) they share a stream and each starts a scope;
+/// elsewhere the plan puts a task behind another on a stream only where
+/// that task's fault is its own. The launch and the task layer still report
+/// the fault, though the unit's last task completed.
+#[test]
+fn a_fault_fails_the_tasks_that_read_its_output_not_the_next_on_its_unit() {
+    if common::skipped("a_fault_fails_the_tasks_that_read_its_output_not_the_next_on_its_unit") {
+        return;
+    }
+    common::within(60, "a fault among tasks on one compute unit", || {
+        let dev = Device::new(common::config().compute_units(1)).expect("device");
+        let ctx = Context::new(std::slice::from_ref(&dev)).expect("context");
+        ctx.set_perfmodel_dir(None);
+        let (boom, copy, inc) = (boom(), mix(1, false), mix(0, true));
+        let (a, c) = (b2(&ctx), b2(&ctx));
+        let x = ctx.data_from(&vec![1u32; LEN]).unwrap();
+        let y = ctx.data_from(&vec![1u32; LEN]).unwrap();
+        let mut g = TaskGraph::new();
+        ctx.task(&boom).write(&a).record(&mut g).unwrap();
+        ctx.task(&inc).read_write(&x).record(&mut g).unwrap();
+        ctx.task(&copy).read(&a).write(&c).record(&mut g).unwrap();
+        ctx.task(&inc).read_write(&y).record(&mut g).unwrap();
+        let placed = g.instantiate_on(&ctx).unwrap();
+        for (launch, v) in [(1, 38), (2, 38 * 31 + 7)] {
+            let run = placed.launch().unwrap();
+            assert!(
+                run.wait().is_err(),
+                "launch {launch} reports its task's fault"
+            );
+            assert!(ctx.wait_tasks().is_err(), "so does the task layer");
+            assert!(ctx.wait_tasks().is_ok(), "once");
+            assert_eq!(x.to_vec().unwrap(), vec![v; LEN], "launch {launch}");
+            assert_eq!(y.to_vec().unwrap(), vec![v; LEN], "launch {launch}");
+            assert!(a.to_vec().is_err(), "its writer faulted");
+            assert!(c.to_vec().is_err(), "its writer read faulted data");
+        }
+    });
+}
+
+/// A launch after an event that faults fails every task of it, each
+/// task's scope taking the event's fault (where streams have fault scopes
+/// the stream's first wait for the event fails only the scope before the
+/// first task); the next launch, after nothing, runs them all.
+#[test]
+fn a_launch_after_a_faulted_event_fails_all_its_tasks() {
+    if common::skipped("a_launch_after_a_faulted_event_fails_all_its_tasks") {
+        return;
+    }
+    common::within(60, "a launch after a faulted event", || {
+        let dev = Device::new(common::config().compute_units(1)).expect("device");
+        let ctx = Context::new(std::slice::from_ref(&dev)).expect("context");
+        ctx.set_perfmodel_dir(None);
+        let (boom, w) = (boom(), mix(0, false));
+        let data: Vec<TaskData<u32>> = (0..3).map(|_| b2(&ctx)).collect();
+        let mut g = TaskGraph::new();
+        for d in &data {
+            ctx.task(&w).write(d).record(&mut g).unwrap();
+        }
+        let placed = g.instantiate_on(&ctx).unwrap();
+        let bad = ctx.task(&boom).write(&b2(&ctx)).submit().unwrap();
+        let run = placed
+            .launch_after(std::slice::from_ref(bad.event()))
+            .unwrap();
+        assert!(run.wait().is_err(), "the launch took the event's fault");
+        let _ = ctx.wait_tasks();
+        for (i, d) in data.iter().enumerate() {
+            assert!(d.to_vec().is_err(), "task {i} took the event's fault");
+        }
+        placed.launch().unwrap().wait().unwrap();
+        for d in &data {
+            assert_eq!(d.to_vec().unwrap(), vec![7; LEN]);
+        }
+    });
+}
+
 /// A launch while the one before is still in flight: a fault in the first
 /// fails only the tasks of the second that read what it wrote. (The second
 /// goes on other streams: on the first's, its tasks queued behind the

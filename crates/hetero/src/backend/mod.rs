@@ -126,6 +126,12 @@ pub(crate) trait Backend: Send + Sync {
     }
     /// Waits until every operation submitted so far on any stream has completed.
     fn synchronize(&self) -> Result<()>;
+    /// Whether its engines end a fault's scope where a stream's submitter
+    /// started a new one (`Timeline::start_scope`, `Timeline::recover_at`);
+    /// else a fault fails every later op of its stream.
+    fn fault_scopes(&self) -> bool {
+        false
+    }
     /// Stops the engines after all submitted work completed.
     fn shutdown(&self);
     fn host_wait(&self) -> crate::CompletionMode;

@@ -6,5 +6,5 @@
 #[allow(unused_imports)]
 pub(crate) use hetero_sync::{
     fence, model_yield, spin_hint, yield_now, Arc, AtomicBool, AtomicU32, AtomicU64, AtomicU8,
-    AtomicUsize, Mutex, Ordering, UnsafeCell,
+    AtomicUsize, Mutex, MutexGuard, Ordering, UnsafeCell,
 };

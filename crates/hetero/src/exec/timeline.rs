@@ -6,10 +6,20 @@
 //!   a time, in submission order: values only grow, by one per operation.
 //! - A fault at value `v` is published (`fault_at`, message) *before* `completed`
 //!   reaches `v`, so a reader that sees `completed >= v` (Acquire) also sees the fault.
-//! - Every operation at or after `fault_at` is failed: it does not run, its resources
-//!   are released, and the timeline still advances past it (nobody waits forever). A
-//!   wait among them still waits for its point first (`Op::failed_wait_done`), so the
-//!   stream's points keep their order for work that follows them with memory waits.
+//! - A fault fails every operation from the failed one to the end of its *scope*: it
+//!   does not run, its resources are released, and the timeline still advances past it
+//!   (nobody waits forever). A wait among them still waits for its point first
+//!   (`Op::failed_wait_done`), so the stream's points keep their order for work that
+//!   follows them with memory waits. A stream's scope lasts until a value its
+//!   submitter named with `start_scope` (a placed graph's step: a fault there fails
+//!   the step, not the steps after it on the stream), else for ever: a stream
+//!   nobody starts scopes on fails for good at its first fault.
+//! - Only the engine running the stream's current operation writes `failing` and
+//!   ends a fault's scope (`recover_at`, before it runs the op that starts the next),
+//!   in order, as it writes `completed`. A fault's record (`faults`) is pushed before
+//!   `completed` reaches its value, and its scope's end before `completed` reaches
+//!   the scope after it, so a reader that sees `completed >= v` sees whether `v`
+//!   failed.
 //! - No lost wake-up, and no wake-up for nothing: a host thread that parks first
 //!   records the value it waits for (`waiting`, whose minimum is `wake_at`), then
 //!   registers as a sleeper, fences and checks; a completion stores `completed`,
@@ -19,7 +29,7 @@
 //!   stream cost every completion a futex wake, a syscall on the engine's path.)
 
 use crate::config::CompletionMode;
-use crate::exec::loom::{AtomicU64, Mutex, Ordering};
+use crate::exec::loom::{AtomicBool, AtomicU64, Mutex, Ordering};
 use crate::exec::park::Parker;
 use crate::Error;
 use crossbeam_utils::CachePadded;
@@ -58,6 +68,14 @@ pub(crate) trait Driver: Send + Sync {
     fn poll(&self);
 }
 
+/// Room for scope starts a stream's list makes at once (more when that
+/// many are in flight).
+const SCOPES_KEPT: usize = 256;
+
+fn lock<T>(m: &Mutex<T>) -> crate::exec::loom::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn engine_wait() -> Option<EngineWait> {
     ENGINE_WAIT.try_with(|w| w.get()).ok().flatten()
 }
@@ -65,8 +83,18 @@ fn engine_wait() -> Option<EngineWait> {
 #[derive(Debug)]
 pub(crate) struct Timeline {
     completed: CachePadded<AtomicU64>,
+    /// The first failed value (`u64::MAX`: none): whether anything failed.
     fault_at: AtomicU64,
-    fault: OnceLock<Arc<str>>,
+    /// Where the fault now failing the stream's operations started
+    /// (`u64::MAX`: none).
+    failing: AtomicU64,
+    /// Every fault: its first failed value, the last value of its scope
+    /// (`u64::MAX` while it lasts) and its message, in order.
+    faults: Mutex<Vec<(u64, u64, Arc<str>)>>,
+    /// Values where a scope starts that the engine has not passed
+    /// (`start_scope`); empty on streams nobody starts scopes on.
+    scopes: Mutex<std::collections::VecDeque<u64>>,
+    has_scopes: AtomicBool,
     parker: Parker,
     /// The smallest value a parked host thread waits for (`u64::MAX`: none).
     wake_at: AtomicU64,
@@ -104,7 +132,10 @@ impl Timeline {
         Timeline {
             completed: CachePadded::new(AtomicU64::new(0)),
             fault_at: AtomicU64::new(u64::MAX),
-            fault: OnceLock::new(),
+            failing: AtomicU64::new(u64::MAX),
+            faults: Mutex::new(Vec::new()),
+            scopes: Mutex::new(std::collections::VecDeque::new()),
+            has_scopes: AtomicBool::new(false),
             parker: Parker::new(),
             wake_at: AtomicU64::new(u64::MAX),
             // Room for a few waiters up front: parking allocates nothing.
@@ -209,38 +240,98 @@ impl Timeline {
         }
     }
 
-    /// Records that the operation at `value` failed with `message` (first fault wins),
-    /// then completes it.
+    /// Whether a fault fails the stream's operations now (its scope lasts):
+    /// the engine skips them (see the module invariants).
+    #[inline]
+    pub(crate) fn failing(&self) -> bool {
+        self.failing.load(Ordering::Acquire) != u64::MAX
+    }
+
+    /// Records that the operation at `value` failed with `message` (within a
+    /// fault's scope, the first fault wins), then completes it.
     pub(crate) fn fail(&self, value: u64, message: Arc<str>) {
-        if self.fault_at.load(Ordering::Relaxed) == u64::MAX {
-            let _ = self.fault.set(message);
-            self.fault_at.store(value, Ordering::Release);
+        if self.failing.load(Ordering::Relaxed) == u64::MAX {
+            lock(&self.faults).push((value, u64::MAX, message));
+            self.failing.store(value, Ordering::Release);
+            if self.fault_at.load(Ordering::Relaxed) == u64::MAX {
+                self.fault_at.store(value, Ordering::Release);
+            }
         }
         self.complete(value);
     }
 
-    /// The error for work at `value`, if the stream failed at or before it.
-    pub(crate) fn error_for(&self, value: u64) -> Option<Error> {
-        let at = self.fault_at()?;
-        (at <= value).then(|| self.fault_error(at))
+    /// Starts a fault scope at `value`, the value of the next operation
+    /// submitted: a fault before it fails no operation from it on. Called by
+    /// the stream's submitter before it submits that operation.
+    pub(crate) fn start_scope(&self, value: u64) {
+        self.has_scopes.store(true, Ordering::Relaxed);
+        let mut scopes = lock(&self.scopes);
+        // The engine drops those it passes only while a fault lasts: those
+        // passed go when the list is full, before it grows (a look at the
+        // engine's line per list's worth of scopes; nothing allocated once
+        // the list holds the scopes in flight).
+        if scopes.len() == scopes.capacity() {
+            let done = self.completed();
+            while scopes.front().is_some_and(|&v| v <= done) {
+                scopes.pop_front();
+            }
+            if scopes.len() == scopes.capacity() {
+                let more = SCOPES_KEPT.max(scopes.len());
+                scopes.reserve(more);
+            }
+        }
+        scopes.push_back(value);
     }
 
-    pub(crate) fn fault_error(&self, at: u64) -> Error {
-        Error::StreamFault {
+    /// Whether its submitter started a fault scope (a wait on one of its
+    /// own points may then take on a fault its order does not).
+    pub(crate) fn has_scopes(&self) -> bool {
+        self.has_scopes.load(Ordering::Relaxed)
+    }
+
+    /// For the engine, before it skips the operation at `value` of a failing
+    /// stream: whether a scope starts there. If so the fault's scope ends
+    /// before it, and the operation runs.
+    pub(crate) fn recover_at(&self, value: u64) -> bool {
+        let starts = {
+            let mut scopes = lock(&self.scopes);
+            while scopes.front().is_some_and(|&v| v < value) {
+                scopes.pop_front();
+            }
+            scopes.front() == Some(&value)
+        };
+        if starts {
+            if let Some(last) = lock(&self.faults).last_mut() {
+                last.1 = value - 1;
+            }
+            self.failing.store(u64::MAX, Ordering::Release);
+        }
+        starts
+    }
+
+    /// The error for work at `value`: the fault whose scope holds it, if any.
+    pub(crate) fn error_for(&self, value: u64) -> Option<Error> {
+        self.error_in(value, value)
+    }
+
+    /// The first fault of an operation in `from..=to`, if any.
+    pub(crate) fn error_in(&self, from: u64, to: u64) -> Option<Error> {
+        if self.fault_at()? > to {
+            return None;
+        }
+        let faults = lock(&self.faults);
+        let (at, _, message) = faults.iter().find(|f| f.0 <= to && f.1 >= from)?;
+        Some(Error::StreamFault {
             device: self.device,
             stream: self.stream,
-            value: at,
-            message: self
-                .fault
-                .get()
-                .cloned()
-                .unwrap_or_else(|| Arc::from("unknown fault")),
-        }
+            value: *at,
+            message: message.clone(),
+        })
     }
 
     /// The stream's first fault, if any.
     pub(crate) fn fault(&self) -> Option<Error> {
-        self.fault_at().map(|at| self.fault_error(at))
+        self.error_in(0, u64::MAX)
     }
 
     /// `None` while `value` is pending; then `Ok` or the stream's fault.
@@ -437,6 +528,40 @@ mod loom_tests {
             );
             done.join().expect("completer");
             assert!(kicks.load(Ordering::Relaxed) >= 1);
+        });
+    }
+
+    /// A fault's scope: a reader that sees a value completed sees whether
+    /// its op failed, the fault's scope ending where the submitter started
+    /// the next (the engine's `recover_at` before it runs that op).
+    #[test]
+    fn a_reader_sees_where_a_faults_scope_ends() {
+        loom::model(|| {
+            let tl = Arc::new(Timeline::new(0, 7, CompletionMode::Spin));
+            tl.start_scope(3);
+            let t2 = tl.clone();
+            let engine = loom::thread::spawn(move || {
+                t2.fail(1, std::sync::Arc::from("boom"));
+                // Within the fault's scope: skipped, failed.
+                assert!(t2.failing() && !t2.recover_at(2));
+                t2.fail(2, std::sync::Arc::from(""));
+                assert!(t2.failing() && t2.recover_at(3));
+                t2.complete(3);
+            });
+            let seen = tl.completed();
+            if seen >= 1 {
+                assert!(tl.error_for(1).is_some());
+            }
+            if seen >= 3 {
+                assert!(tl.error_for(2).is_some());
+                assert!(tl.error_for(3).is_none());
+            }
+            engine.join().expect("engine");
+            assert!(!tl.failing());
+            let e = tl.error_in(2, 3).expect("the fault");
+            assert!(
+                matches!(e, Error::StreamFault { value: 1, ref message, .. } if &**message == "boom")
+            );
         });
     }
 

@@ -521,14 +521,23 @@ impl Stream {
         self.waits(points, false)
     }
 
+    /// Starts a fault scope at the next op submitted: a fault of an op before
+    /// it fails no op from it on (the stream's backend has fault scopes:
+    /// `Backend::fault_scopes`; the caller checked).
+    pub(crate) fn start_fault_scope(&self) {
+        let q = self.backend_stream();
+        q.timeline().start_scope(q.submitted() + 1);
+    }
+
     /// Event waits on `points` (streams' timelines, not a capture's), as few
     /// ops as the backend takes: one per [`WAIT_ALL`] points where it waits
     /// on several at once (`BackendStream::waits_all`) and the stream is not
     /// capturing (a capture records one node per wait), else one per point.
     /// The caller checked what [`Stream::wait_event`] checks: the points are
-    /// of this stream's context and not this stream's own (a placed graph's
-    /// own streams). A point already complete costs the engine a look, not a
-    /// check here.
+    /// of this stream's context (a placed graph's own streams; a point of
+    /// this stream itself, earlier, takes on that op's fault where the
+    /// stream has fault scopes). A point already complete costs the engine
+    /// a look, not a check here.
     pub(crate) fn wait_points(&self, points: &[(&Arc<Timeline>, u64)]) -> Result<()> {
         self.waits(points, true)
     }
@@ -585,8 +594,10 @@ impl Stream {
         if self.q().is_closed() {
             return Err(Error::StreamDestroyed { stream: self.id() });
         }
-        // Own stream: already ordered. Completed without fault: nothing to wait for.
-        let done = (!foreign && timeline.stream == self.id())
+        // Own stream: already ordered (and its fault taken on, but past a
+        // fault scope's start). Completed without fault: nothing to wait for.
+        let own = !foreign && timeline.stream == self.id();
+        let done = (own && !(fault && timeline.has_scopes()))
             || match timeline.status(value) {
                 Some(Ok(())) => true,
                 Some(Err(_)) => !fault,

@@ -163,6 +163,14 @@ struct CopyPlan {
     direct: bool,
 }
 
+/// Streams per compute unit a plan keeps where streams have fault scopes:
+/// a step goes on the one whose last step it reads, else on the one HEFT
+/// frees first. (One per unit runs the unit's steps in HEFT's order, whose
+/// times are estimates: on the modelled node GEMM's replay took 18.13 ms
+/// against 16.72 with a stream per chain of steps, Cholesky 20.60 against
+/// 22.52; two: 16.95 and 21.14; three: 16.72 and 21.86.)
+const UNIT_STREAMS: usize = 2;
+
 /// The lane of a copy lane in `Plan::lanes`: (device, this).
 const COPY_LANE: usize = usize::MAX;
 
@@ -194,6 +202,10 @@ struct Draft {
     /// state after the launch needs it): the point its launch reaches, with
     /// no record op.
     record: bool,
+    /// Whether it starts a fault scope on its stream (a stream with fault
+    /// scopes, unless it reads the step before it there: it then goes on in
+    /// that step's scope, whose fault is its own anyway).
+    scope: bool,
     /// Whether it is its stream's last: its end is one of the launch's
     /// events, stamped (the caller may time it).
     tail: bool,
@@ -234,6 +246,8 @@ struct Step {
     after: bool,
     /// As `Draft::record`.
     record: bool,
+    /// As `Draft::scope`.
+    scope: bool,
     /// As `Draft::tail`.
     tail: bool,
     /// HEFT's expected end, ns after the launch starts.
@@ -285,14 +299,16 @@ struct Live {
 }
 
 /// One stream per lane of the plan (`Plan::lanes`), for one launch at a
-/// time: a launch goes on a set whose streams hold no pending work. A
-/// stream fails every op after a fault (its timeline's fault is sticky),
-/// and the plan puts a step on a stream only after steps whose faults are
-/// its own anyway; a step of the launch before, still pending, is no such
-/// step (a launch depends on the one before only through their data). So
-/// a launch while another is in flight goes on another set (up to
-/// [`STREAM_SETS`]), and a set whose stream failed gets a fresh stream
-/// there before its next launch.
+/// time: a launch goes on a set whose streams hold no pending work. Where
+/// a stream fails every op after a fault (its device has no fault scopes),
+/// the plan puts a step on a stream only after steps whose faults are its
+/// own anyway; a step of the launch before, still pending, is no such step
+/// (a launch depends on the one before only through their data). So a
+/// launch while another is in flight goes on another set (up to
+/// [`STREAM_SETS`]), and a set whose such stream failed gets a fresh stream
+/// there before its next launch. (Where each step starts a fault scope,
+/// a stream's fault ends with its step; sets then only spare a launch the
+/// wait for room in rings another launch fills.)
 struct Streams {
     streams: Vec<Stream>,
     /// Their timelines, where the steps' ends are.
@@ -308,8 +324,9 @@ struct Streams {
 
 /// Sets of streams a plan makes at most: launches in flight at once whose
 /// faults stay in their own launch. A launch while that many are in
-/// flight shares the least recent one's streams (behind it: a fault there
-/// reaches its steps on them too); it waits only for room in their rings.
+/// flight shares the least recent one's streams (behind it: where streams
+/// fail for good, a fault there reaches its steps on them too); it waits
+/// only for room in their rings.
 const STREAM_SETS: usize = 4;
 
 impl Streams {
@@ -340,11 +357,17 @@ impl Streams {
     }
 
     /// Its streams a fault failed, replaced (one would fail every later
-    /// launch's steps on it). (Its timeline says so: one line, not the
-    /// stream's handle first.)
-    fn replace_failed(&mut self, rt: &Runtime, lanes: &[(usize, usize)]) -> Result<()> {
+    /// launch's steps on it), but for those with fault scopes (`scoped`:
+    /// the next launch's first step there starts one). (Its timeline says
+    /// so: one line, not the stream's handle first.)
+    fn replace_failed(
+        &mut self,
+        rt: &Runtime,
+        lanes: &[(usize, usize)],
+        scoped: &[bool],
+    ) -> Result<()> {
         for (q, s) in self.streams.iter_mut().enumerate() {
-            if self.timelines[q].fault_at().is_some() {
+            if self.timelines[q].failing() && !scoped[q] {
                 let fresh = placed_stream(rt, lanes[q])?;
                 self.timelines[q] = fresh.backend_stream().timeline().clone();
                 self.tail_spans[q] = None;
@@ -540,7 +563,12 @@ struct Plan {
     live: Mutex<Live>,
     /// Each stream's (device, compute unit).
     lanes: Vec<(usize, usize)>,
-    /// Per stream: its last step (index into `steps`).
+    /// Per stream: whether it has fault scopes (`make_plan`'s `scoped`:
+    /// each of its steps starts one). A copy lane has none.
+    scoped: Vec<bool>,
+    /// Per stream: its first and last steps (indices into `steps`;
+    /// `usize::MAX` on a copy lane).
+    first: Vec<usize>,
     last: Vec<usize>,
     steps: Vec<Step>,
     /// The steps' lists (`Step::ids`).
@@ -570,11 +598,28 @@ struct Plan {
 #[derive(Clone, Debug)]
 pub struct TaskGraphLaunch {
     events: Vec<Event>,
+    /// Per event: the value of its timeline from which a fault is the
+    /// launch's (`launch_fault`).
+    from: Vec<u64>,
     /// The plan's placement (shared with it: a launch copies nothing).
     devices: Arc<[usize]>,
     /// The task layer the launch is in flight in (which holds itself alive
     /// while it sees work in flight: told when the launch is waited for).
     rt: std::sync::Weak<Runtime>,
+}
+
+/// The first fault on the timeline of `tail`, a launch's last event on a
+/// stream, from value `from` to the event's (where its stream has fault
+/// scopes, the event's own fault is its step's only; `u64::MAX`: the
+/// event's own); call once `tail` is reached.
+pub(crate) fn launch_fault(tail: &Event, from: u64) -> Result<()> {
+    match tail.point.as_ref() {
+        Some(p) => p
+            .timeline
+            .error_in(from.min(p.value), p.value)
+            .map_or(Ok(()), Err),
+        None => Ok(()),
+    }
 }
 
 impl TaskGraphLaunch {
@@ -583,8 +628,8 @@ impl TaskGraphLaunch {
     /// layer with nothing left stops holding the context's devices.
     pub fn wait(&self) -> Result<()> {
         let mut first = Ok(());
-        for e in &self.events {
-            if let Err(err) = e.synchronize() {
+        for (e, &from) in self.events.iter().zip(&self.from) {
+            if let Err(err) = e.synchronize().and_then(|()| launch_fault(e, from)) {
                 if first.is_ok() {
                     first = Err(err);
                 }
@@ -596,7 +641,11 @@ impl TaskGraphLaunch {
         first
     }
 
-    /// The last event of each stream the launch used.
+    /// The last event of each stream the launch used. Work that waits for
+    /// one follows that stream's tasks of the launch and takes on the fault
+    /// of its last task and what that task read, not every fault of the
+    /// launch on the stream (where streams have fault scopes, each task's
+    /// fault is its own): [`wait`](Self::wait) reports every fault.
     pub fn events(&self) -> &[Event] {
         &self.events
     }
@@ -761,6 +810,14 @@ fn make_plan(
     write_back: bool,
 ) -> Result<Plan> {
     let n_dev = rt.devices.len();
+    // Devices whose streams have fault scopes (`Backend::fault_scopes`):
+    // each step there starts one, so a fault fails its step and what reads
+    // its output, not the steps after it on its stream.
+    let scoped: Vec<bool> = rt
+        .devices
+        .iter()
+        .map(|d| d.backend().fault_scopes())
+        .collect();
     let mut order: Vec<usize> = (0..specs.len()).collect();
     order.sort_by(|&a, &b| placed[a].start.total_cmp(&placed[b].start).then(a.cmp(&b)));
     let mut step_of = vec![usize::MAX; specs.len()];
@@ -780,6 +837,8 @@ fn make_plan(
     // Per stream: its steps so far, and HEFT's end of its last one.
     let mut position_count: Vec<u32> = Vec::new();
     let mut last_end_ns: Vec<f64> = Vec::new();
+    // Per stream: its last step so far (`usize::MAX`: none).
+    let mut last_step: Vec<usize> = Vec::new();
     // Per stream, the vector clock of its next step; per step, its place on
     // its stream and the clock after it.
     let mut clock: Vec<Vec<u32>> = Vec::new();
@@ -811,6 +870,7 @@ fn make_plan(
             copies: Vec::new(),
             copy_waits: Vec::new(),
             record: false,
+            scope: false,
             tail: false,
             end_ns: placed[t].end,
         };
@@ -884,6 +944,7 @@ fn make_plan(
                                 stream_ops.push(0);
                                 position_count.push(0);
                                 last_end_ns.push(0.0);
+                                last_step.push(usize::MAX);
                                 copy_lanes.push(lanes.len() - 1);
                                 lanes.len() - 1
                             }
@@ -926,23 +987,30 @@ fn make_plan(
         // next step of stream `q` follows; a wait another already implies
         // (through stream order or an earlier wait) is left out.
         // A second clock, `fault_clock`, counts only what a step takes
-        // faults from: its stream's earlier steps (a fault is sticky on its
-        // stream) and the steps whose output it reads, through their own.
+        // faults from: its stream's earlier steps (a fault is sticky on a
+        // stream without fault scopes) and the steps whose output it reads,
+        // through their own.
         let mut want = std::mem::take(&mut step.waits);
         want.sort_unstable_by(|a, b| b.cmp(a));
         want.dedup();
         reads.retain(|&j| j < s);
         reads.sort_unstable_by(|a, b| b.cmp(a));
         reads.dedup();
-        // The stream: one of the device's whose every step's fault would be
-        // this one's anyway (through the steps whose output it reads), so a
+        // The stream, on a device without fault scopes: one of the
+        // device's whose every step's fault would be this one's anyway
+        // (through the steps whose output it reads), so a
         // stream's order never holds a task behind one whose fault is not
         // its own (nor behind one it does not depend on: HEFT's order on a
         // compute unit comes from estimates; the device runs whichever
         // stream is ready), and with room for its ops in this launch; else
         // a new one; past `MAX_TASK_STREAMS` on the device, the one whose
         // last step HEFT ends first.
-        let ops = 2 + 2 * want.len() + 3 * spec.access.len();
+        // (Its copies go on copy lanes: on its stream, a wait op per four
+        // points and the launch; counted as one op per point.)
+        let ops = match scoped[d] {
+            true => 3 + want.len() + step.first.len() + step.copy_waits.len(),
+            false => 2 + 2 * want.len() + 3 * spec.access.len(),
+        };
         let mut join = vec![0u32; lanes.len()];
         for &j in &reads {
             for (m, &c) in join.iter_mut().zip(&after_fault[j]) {
@@ -972,20 +1040,53 @@ fn make_plan(
                 earliest = Some((last_end, q));
             }
         }
-        let stream = match (implied, earliest) {
-            (Some((_, q)), _) => q,
-            (None, Some((_, q))) if mine_on_device >= super::MAX_TASK_STREAMS => q,
+        // With fault scopes: one of its compute unit's streams in HEFT's
+        // plan (`UNIT_STREAMS`, named `unit × UNIT_STREAMS + k`), the one
+        // whose last step it reads, else the one HEFT frees first; while
+        // it has room, else a new one in its place.
+        let unit = scoped[d].then(|| {
+            let mut best: Option<(bool, f64, usize)> = None;
+            for name in (0..UNIT_STREAMS).map(|k| placed[t].lane * UNIT_STREAMS + k) {
+                let (chain, end) = match (0..lanes.len()).rev().find(|&q| lanes[q] == (d, name)) {
+                    Some(q) => (
+                        reads.binary_search_by(|a| last_step[q].cmp(a)).is_ok(),
+                        last_end_ns[q],
+                    ),
+                    None => (false, 0.0),
+                };
+                if best.is_none_or(|(c, e, _)| (chain && !c) || (chain == c && end < e)) {
+                    best = Some((chain, end, name));
+                }
+            }
+            best.expect("a unit has streams").2
+        });
+        let unit_stream = unit.and_then(|u| (0..lanes.len()).rev().find(|&q| lanes[q] == (d, u)));
+        let stream = match (unit, unit_stream, implied, earliest) {
+            (Some(_), Some(q), ..) if stream_ops[q] + ops <= OPS_PER_STREAM => q,
+            (Some(_), Some(q), ..) if mine_on_device >= super::MAX_TASK_STREAMS => q,
+            (Some(u), ..) => {
+                lanes.push((d, u));
+                stream_ops.push(0);
+                position_count.push(0);
+                last_end_ns.push(0.0);
+                last_step.push(usize::MAX);
+                lanes.len() - 1
+            }
+            (None, _, Some((_, q)), _) => q,
+            (None, _, None, Some((_, q))) if mine_on_device >= super::MAX_TASK_STREAMS => q,
             _ => {
                 lanes.push((d, mine_on_device));
                 stream_ops.push(0);
                 position_count.push(0);
                 last_end_ns.push(0.0);
+                last_step.push(usize::MAX);
                 lanes.len() - 1
             }
         };
         stream_ops[stream] += ops;
         position_count[stream] += 1;
         last_end_ns[stream] = placed[t].end;
+        let before = std::mem::replace(&mut last_step[stream], s);
         step.stream = stream;
         if clock.len() < lanes.len() {
             clock.resize(lanes.len(), Vec::new());
@@ -993,6 +1094,13 @@ fn make_plan(
         }
         let mut mine = std::mem::take(&mut clock[stream]);
         let mut faults = std::mem::take(&mut fault_clock[stream]);
+        if scoped[d] {
+            // Its stream's earlier steps' faults are not its own: it takes
+            // only those of what it reads. (A fault clock counts a prefix
+            // of each stream; a scoped stream's entries stay 0, so no wait
+            // for a scoped step's fault is ever taken as implied.)
+            faults.clear();
+        }
         mine.resize(lanes.len(), 0);
         faults.resize(lanes.len(), 0);
         let join = |to: &mut Vec<u32>, from: &[u32]| {
@@ -1000,8 +1108,29 @@ fn make_plan(
                 *m = (*m).max(c);
             }
         };
+        // A step that reads the step before it on its stream goes on in
+        // that step's fault scope; any other starts one.
+        let chained = (before != usize::MAX && reads.binary_search_by(|a| before.cmp(a)).is_ok())
+            .then_some(before);
+        step.scope = scoped[d] && chained.is_none();
         for j in want {
             let r = steps[j].stream;
+            if scoped[d] && Some(j) == chained {
+                // Its fault is this step's scope's.
+                join(&mut faults, &after_fault[j]);
+                continue;
+            }
+            if scoped[d] && reads.binary_search_by(|a| j.cmp(a)).is_ok() {
+                // Its fault, on its own stream too: a wait per step read
+                // (one op for several: `Stream::wait_points`).
+                step.waits.push(j);
+                steps[j].record = true;
+                join(&mut faults, &after_fault[j]);
+                if r != stream {
+                    join(&mut mine, &after_clock[j]);
+                }
+                continue;
+            }
             if r == stream {
                 continue;
             }
@@ -1024,7 +1153,9 @@ fn make_plan(
         }
         position.push(mine[stream]);
         mine[stream] += 1;
-        faults[stream] += 1;
+        if !scoped[d] {
+            faults[stream] += 1;
+        }
         after_clock.push(mine.clone());
         after_fault.push(faults.clone());
         clock[stream] = mine;
@@ -1067,12 +1198,25 @@ fn make_plan(
     // Each stream's last step (every stream but a copy lane has one: it was
     // made for one).
     let mut last = vec![usize::MAX; lanes.len()];
+    let mut first = vec![usize::MAX; lanes.len()];
     for (j, step) in steps.iter().enumerate() {
         last[step.stream] = j;
+        if first[step.stream] == usize::MAX {
+            first[step.stream] = j;
+        }
     }
+    let scoped: Vec<bool> = lanes
+        .iter()
+        .map(|&(d, l)| l != COPY_LANE && scoped[d])
+        .collect();
     for &j in last.iter().filter(|&&j| j != usize::MAX) {
         steps[j].record = true;
         steps[j].tail = true;
+    }
+    // A launch's faults on a stream are those from its first step's end to
+    // its last's (`TaskGraphLaunch::wait`).
+    for &j in first.iter().filter(|&&j| j != usize::MAX) {
+        steps[j].record = true;
     }
     let streams = Streams::new(rt, &lanes)?;
     // A launch's figures, summed here rather than at every launch.
@@ -1110,6 +1254,7 @@ fn make_plan(
                 accesses: len(spec.access.len()),
                 after: !spec.after.is_empty(),
                 record: d.record,
+                scope: d.scope,
                 tail: d.tail,
                 end_ns: d.end_ns,
             };
@@ -1161,6 +1306,8 @@ fn make_plan(
             spare: View::default(),
         }),
         lanes,
+        scoped,
+        first,
         last,
         steps,
         ids,
@@ -1198,15 +1345,21 @@ impl PlacedTaskGraph {
     /// as planned at instantiate (after the tasks submitted before that
     /// touch its data, as any task; tasks submitted after see its writes).
     /// A task that faults fails the tasks that depend on its data and
-    /// nothing else: the plan puts a task only on a stream whose every step
-    /// it depends on, up to [`MAX_TASK_STREAMS`](crate::MAX_TASK_STREAMS)
-    /// streams on a device (past that, a task shares a stream with steps it
-    /// does not depend on, and a fault in one of them reaches it too); and
-    /// a launch while others are in flight goes on streams of its own, up
-    /// to four launches in flight at once (a fifth goes behind the least
-    /// recent one on its streams, and a fault there reaches its tasks on
-    /// them too). A launch does not wait for the launches before it, only,
-    /// while five are in flight, for room in the streams it shares.
+    /// nothing else. On the host and emulated devices a task's stream is one
+    /// of its compute unit's in HEFT's plan, and each task there starts a
+    /// fault scope (or goes on in the one of the task before it, whose
+    /// output it reads): a fault fails its task, and the tasks that read
+    /// its output take it on through their waits. Elsewhere (Vulkan) a stream fails
+    /// all its work after a fault, so the plan puts a task only on a stream
+    /// whose every step it depends on, up to
+    /// [`MAX_TASK_STREAMS`](crate::MAX_TASK_STREAMS) streams on a device
+    /// (past that, a task shares a stream with steps it does not depend on,
+    /// and a fault in one of them reaches it too). A launch while others are
+    /// in flight goes on streams of its own, up to four launches in flight
+    /// at once; a fifth goes behind the least recent one on its streams
+    /// (where streams fail for good, a fault there reaches its tasks on them
+    /// too). A launch does not wait for the launches before it, only, while
+    /// five are in flight, for room in the streams it shares.
     pub fn launch(&self) -> Result<TaskGraphLaunch> {
         self.launch_after(&[])
     }
@@ -1338,7 +1491,7 @@ impl PlacedTaskGraph {
                     }
                 }
             };
-            live.sets[set].replace_failed(rt, &plan.lanes)?;
+            live.sets[set].replace_failed(rt, &plan.lanes, &plan.scoped)?;
             // Tasks work stealing holds back over the plan's data go to
             // devices first: the launch comes after them in the data's order.
             let books = lock(&rt.state);
@@ -1371,14 +1524,24 @@ impl PlacedTaskGraph {
                 && plan.last.iter().enumerate().all(|(q, &j)| {
                     j == usize::MAX
                         || v.ends[j].is_some_and(|value| {
+                            let from = v.ends[plan.first[q]].unwrap_or(value);
                             Arc::ptr_eq(&v.timelines[q], &timelines[q])
-                                && matches!(timelines[q].status(value), Some(Ok(())))
+                                && timelines[q].is_reached(value)
+                                && timelines[q].error_in(from, value).is_none()
                         })
                 })
         };
+        // Where each step starts a fault scope, a fault of `events` must
+        // reach every step, not only each stream's first: their points join
+        // each such step's waits too.
+        let mut after_points: Vec<(Arc<Timeline>, u64)> = Vec::new();
         for e in events.iter().filter(|e| !e.completed_ok()) {
             for s in streams.iter() {
                 s.wait_event(e)?;
+            }
+            let capture = |t: &Arc<Timeline>| crate::api::graph::capture::is_capture_timeline(t);
+            if let Some(p) = e.point.as_ref().filter(|p| !capture(&p.timeline)) {
+                after_points.push((p.timeline.clone(), p.value));
             }
         }
         // The lists are empty (a launch clears them at its end, or failed
@@ -1546,8 +1709,14 @@ impl PlacedTaskGraph {
                 }
                 copy_ends[k] = Some(lane.backend_stream().submitted());
             }
+            if step.scope {
+                stream.start_fault_scope();
+            }
             points.clear();
             points.extend(waits.iter().map(at));
+            if step.scope {
+                points.extend(after_points.iter().map(|(t, v)| (t, *v)));
+            }
             points.extend(copy_waits.iter().map(|&k| {
                 let value = copy_ends[k].expect("an earlier or this step's copy");
                 (&timelines[plan.copies[k].lane], value)
@@ -1633,6 +1802,15 @@ impl PlacedTaskGraph {
             fixes.push((step.device, dp.start, dp.data.bytes() as u64));
             backs[x] = Some(stream.record_event()?);
         }
+        // Per stream with steps: the value from which its faults are the
+        // launch's (its first step's end; a tail's own fault is only its
+        // step's where the stream has fault scopes).
+        let mut from: Vec<u64> = plan
+            .first
+            .iter()
+            .filter(|&&j| j != usize::MAX)
+            .map(|&j| ends[j].expect("a stream's first step records"))
+            .collect();
         // The data's state after the launch, and the runtime's books.
         let t0 = rt.now_ns();
         let base = books.next_task;
@@ -1691,7 +1869,6 @@ impl PlacedTaskGraph {
             }
         }
         let mut tails = Vec::with_capacity(plan.lanes.len());
-
         for ((&(d, _), &j), tail) in plan
             .lanes
             .iter()
@@ -1709,8 +1886,13 @@ impl PlacedTaskGraph {
             let lane = crate::exec::sched::argmin(free, |&t| t);
             free[lane] = free[lane].max(t0 + plan.steps[j].end_ns);
         }
-        tails.extend(backs.iter().flatten().cloned());
-        books.graph_tails.extend(tails.iter().cloned());
+        for e in backs.iter().flatten() {
+            tails.push(e.clone());
+            from.push(u64::MAX);
+        }
+        books
+            .graph_tails
+            .extend(tails.iter().cloned().zip(from.iter().copied()));
         let mut sc = lock(&rt.sched);
         let stats = &mut sc.stats;
         stats.tasks += plan.steps.len() as u64;
@@ -1742,6 +1924,7 @@ impl PlacedTaskGraph {
         Ok(TaskGraphLaunch {
             rt: Arc::downgrade(rt),
             events: tails,
+            from,
             // Each task's step runs on its placed device.
             devices: Arc::clone(&self.placement),
         })

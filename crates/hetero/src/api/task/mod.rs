@@ -309,7 +309,9 @@ struct RtState {
     streams: Vec<Vec<PoolStream>>,
     /// The last events of placed task graphs' launches not yet seen
     /// complete (their streams are the graphs' own, not the pool's).
-    graph_tails: Vec<Event>,
+    /// (With the value from which a fault on the event's timeline is the
+    /// launch's: `graph::launch_fault`.)
+    graph_tails: Vec<(Event, u64)>,
     /// Tasks `ws` holds back, in submission order.
     held: std::collections::VecDeque<Held>,
     /// Per datum (id): the held tasks that touch it.
@@ -785,18 +787,17 @@ impl Runtime {
             }
         }
         let unreported = &mut st.unreported;
-        st.graph_tails.retain(|e| {
+        st.graph_tails.retain(|(e, from)| {
             let Some(p) = e.point.as_ref() else {
                 return false;
             };
-            match p.timeline.status(p.value) {
-                None => true,
-                Some(Ok(())) => false,
-                Some(Err(e)) => {
-                    unreported.get_or_insert(e);
-                    false
-                }
+            if !p.timeline.is_reached(p.value) {
+                return true;
             }
+            if let Err(e) = graph::launch_fault(e, *from) {
+                unreported.get_or_insert(e);
+            }
+            false
         });
         // Each device's unfinished work, for its floor (`free_at`); tasks
         // accounted until the next look add to it.
@@ -1760,19 +1761,19 @@ impl Runtime {
     /// stream leaves the pool here, and the faults `harvest` met are taken.
     pub(crate) fn wait_all(&self) -> Result<()> {
         self.pump_until(|| lock(&self.state).held.is_empty())?;
-        let events: Vec<Event> = {
+        let events: Vec<(Event, u64)> = {
             let mut st = lock(&self.state);
             let tails = std::mem::take(&mut st.graph_tails);
             st.streams
                 .iter()
                 .flatten()
-                .filter_map(PoolStream::last_end)
+                .filter_map(|p| Some((p.last_end()?, u64::MAX)))
                 .chain(tails)
                 .collect()
         };
         let mut first = Ok(());
-        for e in events {
-            if let Err(err) = e.synchronize() {
+        for (e, from) in events {
+            if let Err(err) = e.synchronize().and_then(|()| graph::launch_fault(&e, from)) {
                 if first.is_ok() {
                     first = Err(err);
                 }

@@ -387,6 +387,10 @@ impl Backend for EmuBackend {
         &self.pinned
     }
 
+    fn fault_scopes(&self) -> bool {
+        true
+    }
+
     fn synchronize(&self) -> Result<()> {
         let points = self
             .shared

@@ -70,7 +70,7 @@ impl Shared {
     /// Decides whether the stream's oldest op (at timeline `value`) can start,
     /// taking its engine and buffer locks if so.
     pub(super) fn readiness(&self, stream: &HostStream, op: &Op, value: u64) -> Readiness {
-        if stream.timeline.fault_at().is_some() {
+        if stream.timeline.failing() && !stream.timeline.recover_at(value) {
             // Failed, but its waits still wait (`Op::failed_wait_done`).
             return if op.failed_wait_done() {
                 Readiness::Skip
@@ -179,7 +179,7 @@ impl Shared {
     /// With the stream's queue claimed: polls its head if it is an async op
     /// (starting it on the first poll) and takes it if it is done.
     fn take_done_async(&self, stream: &HostStream) -> Option<(Op, u64)> {
-        if stream.timeline.fault_at().is_some() {
+        if stream.timeline.failing() {
             return None;
         }
         // SAFETY: the caller holds the stream's hardware-queue claim, which makes

@@ -267,7 +267,7 @@ impl EngineThread {
         unsafe {
             stream.ring.peek_with(|op, pos| {
                 if let Body::Async(a) = &op.body {
-                    if stream.timeline.fault_at().is_none() {
+                    if !stream.timeline.failing() {
                         let _ = sh.async_readiness(stream, op, pos + 1, a);
                     }
                 }

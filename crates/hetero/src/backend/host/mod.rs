@@ -249,6 +249,10 @@ impl Backend for HostBackend {
         &self.pinned
     }
 
+    fn fault_scopes(&self) -> bool {
+        true
+    }
+
     fn synchronize(&self) -> Result<()> {
         let points = self
             .shared

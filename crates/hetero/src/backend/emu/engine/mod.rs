@@ -236,8 +236,8 @@ impl Sim {
         // SAFETY: the holder of the sim lock is the only consumer of every ring,
         // and it holds every stream (as polling an async op requires).
         let plan = unsafe {
-            stream.ring.peek_with(|op, _| {
-                if stream.timeline.fault_at().is_some() {
+            stream.ring.peek_with(|op, pos| {
+                if stream.timeline.failing() && !stream.timeline.recover_at(pos + 1) {
                     // Failed, but its waits still wait (`Op::failed_wait_done`).
                     return op.failed_wait_done().then_some(Plan::Skip);
                 }
