@@ -1029,6 +1029,40 @@ fn a_launch_after_a_faulted_event_fails_all_its_tasks() {
     });
 }
 
+/// `on_device` binds a recorded task's placement: HEFT puts it there. An
+/// index past the context's devices is a typed error when it is recorded.
+#[test]
+fn on_device_binds_a_recorded_tasks_placement() {
+    if common::skipped("on_device_binds_a_recorded_tasks_placement") {
+        return;
+    }
+    let (ctx, _devs) = context();
+    let inc = mix(0, true);
+    let data: Vec<TaskData<u32>> = (0..6)
+        .map(|_| ctx.data_from(&vec![1u32; LEN]).unwrap())
+        .collect();
+    let mut g = TaskGraph::new();
+    for (i, d) in data.iter().enumerate() {
+        let on = [1, 0, 1, 1, 0, 1][i];
+        ctx.task(&inc)
+            .read_write(d)
+            .on_device(on)
+            .record(&mut g)
+            .unwrap();
+    }
+    let past = ctx.task(&inc).read_write(&data[0]).on_device(2);
+    assert!(matches!(
+        past.record(&mut g),
+        Err(hetero::Error::InvalidArgument(_))
+    ));
+    let placed = g.instantiate_on(&ctx).unwrap();
+    assert_eq!(placed.placement(), &[1, 0, 1, 1, 0, 1]);
+    placed.launch().unwrap().wait().unwrap();
+    for d in &data {
+        assert_eq!(d.to_vec().unwrap(), vec![38; LEN]);
+    }
+}
+
 /// A launch while the one before is still in flight: a fault in the first
 /// fails only the tasks of the second that read what it wrote. (The second
 /// goes on other streams: on the first's, its tasks queued behind the

@@ -753,6 +753,13 @@ pub(crate) fn place(
                     *c = fill;
                 }
             }
+            if let Some(f) = spec.on {
+                // Bound there (`TaskBuilder::on_device`; checked at record).
+                cost.iter_mut()
+                    .enumerate()
+                    .filter(|&(d, _)| d != f)
+                    .for_each(|(_, c)| *c = None);
+            }
             if cost.iter().all(Option::is_none) {
                 rt.devices[0].check_code(&spec.kernel.inner)?;
             }
@@ -1061,28 +1068,23 @@ fn make_plan(
             best.expect("a unit has streams").2
         });
         let unit_stream = unit.and_then(|u| (0..lanes.len()).rev().find(|&q| lanes[q] == (d, u)));
-        let stream = match (unit, unit_stream, implied, earliest) {
-            (Some(_), Some(q), ..) if stream_ops[q] + ops <= OPS_PER_STREAM => q,
-            (Some(_), Some(q), ..) if mine_on_device >= super::MAX_TASK_STREAMS => q,
-            (Some(u), ..) => {
-                lanes.push((d, u));
-                stream_ops.push(0);
-                position_count.push(0);
-                last_end_ns.push(0.0);
-                last_step.push(usize::MAX);
-                lanes.len() - 1
-            }
-            (None, _, Some((_, q)), _) => q,
-            (None, _, None, Some((_, q))) if mine_on_device >= super::MAX_TASK_STREAMS => q,
-            _ => {
-                lanes.push((d, mine_on_device));
-                stream_ops.push(0);
-                position_count.push(0);
-                last_end_ns.push(0.0);
-                last_step.push(usize::MAX);
-                lanes.len() - 1
-            }
+        // A stream, or the name of a new one.
+        let chosen = match (unit, unit_stream, implied, earliest) {
+            (Some(_), Some(q), ..) if stream_ops[q] + ops <= OPS_PER_STREAM => Ok(q),
+            (Some(_), Some(q), ..) if mine_on_device >= super::MAX_TASK_STREAMS => Ok(q),
+            (Some(u), ..) => Err(u),
+            (None, _, Some((_, q)), _) => Ok(q),
+            (None, _, None, Some((_, q))) if mine_on_device >= super::MAX_TASK_STREAMS => Ok(q),
+            _ => Err(mine_on_device),
         };
+        let stream = chosen.unwrap_or_else(|name| {
+            lanes.push((d, name));
+            stream_ops.push(0);
+            position_count.push(0);
+            last_end_ns.push(0.0);
+            last_step.push(usize::MAX);
+            lanes.len() - 1
+        });
         stream_ops[stream] += ops;
         position_count[stream] += 1;
         last_end_ns[stream] = placed[t].end;
@@ -1798,6 +1800,13 @@ impl PlacedTaskGraph {
             let w = dp.writer.expect("a written datum has a writer");
             let step = &plan.steps[w];
             let stream = &streams[step.stream];
+            if plan.scoped[step.stream] {
+                // After the stream's last step, in a scope of its own that
+                // takes its writer's fault (the last step's is not it).
+                stream.start_fault_scope();
+                let value = ends[w].expect("a datum's last writer records");
+                stream.wait_points(&[(&timelines[step.stream], value)])?;
+            }
             dp.data.copy(stream, step.device, dp.start, None, bound)?;
             fixes.push((step.device, dp.start, dp.data.bytes() as u64));
             backs[x] = Some(stream.record_event()?);
@@ -1963,7 +1972,16 @@ impl TaskBuilder<'_> {
                 })
             }
             Some(_) => {}
-            None => graph.rt = Some(rt),
+            None => graph.rt = Some(rt.clone()),
+        }
+        if let Some(f) = self.spec.on {
+            let Some(dev) = rt.devices.get(f) else {
+                return Err(crate::Error::InvalidArgument(format!(
+                    "task '{kernel}': device index {f}, the context has {} devices",
+                    rt.devices.len()
+                )));
+            };
+            dev.check_code(&self.spec.kernel.inner)?;
         }
         graph.specs.push(self.spec);
         Ok(graph.specs.len() - 1)

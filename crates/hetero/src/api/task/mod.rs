@@ -499,6 +499,9 @@ pub(crate) struct Spec {
     /// A stream graph's node that is not a kernel (a copy, a fill, a host
     /// callback, a wait), run instead of `kernel` (then a name only).
     pub(crate) op: Option<Arc<stream_graph::NodeOp>>,
+    /// The device it runs on whatever the policy, or HEFT
+    /// ([`TaskBuilder::on_device`]).
+    pub(crate) on: Option<usize>,
 }
 
 impl Runtime {
@@ -1968,7 +1971,6 @@ pub struct TaskBuilder<'a> {
     ctx: &'a Context,
     spec: Spec,
     rt: Option<Arc<Runtime>>,
-    on: Option<usize>,
     error: Option<Error>,
 }
 
@@ -2059,9 +2061,10 @@ impl<'a> TaskBuilder<'a> {
     /// Runs it on the context's device `index`, whatever the policy
     /// (StarPU's `execute_on_a_specific_worker`). The device counts as busy
     /// for the kernel's model prediction there (where trusted), so the
-    /// policy's later choices see it.
+    /// policy's later choices see it. Recorded into a
+    /// [`TaskGraph`], it binds HEFT's placement there too.
     pub fn on_device(mut self, index: usize) -> Self {
-        self.on = Some(index);
+        self.spec.on = Some(index);
         self
     }
 
@@ -2074,7 +2077,7 @@ impl<'a> TaskBuilder<'a> {
             Some(rt) => rt,
             None => self.ctx.task_runtime()?,
         };
-        rt.submit(&self.spec, self.on)
+        rt.submit(&self.spec, self.spec.on)
     }
 }
 
@@ -2111,9 +2114,9 @@ impl Context {
                 elems: Vec::new(),
                 after: Vec::new(),
                 op: None,
+                on: None,
             },
             rt: None,
-            on: None,
             error: None,
         }
     }

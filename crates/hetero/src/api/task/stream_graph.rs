@@ -444,6 +444,7 @@ pub(crate) fn place_graph(
                     elems,
                     after: Vec::new(),
                     op: None,
+                    on: None,
                 });
             }
             body => {
@@ -570,6 +571,7 @@ pub(crate) fn place_graph(
                     priority: None,
                     after: Vec::new(),
                     op: Some(Arc::new(op)),
+                    on: None,
                 });
             }
         }
