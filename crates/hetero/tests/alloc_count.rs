@@ -258,7 +258,7 @@ fn relaunching_a_placed_graph_allocates_less_than_once_per_stream() {
         ctx.wait_tasks().expect("tasks");
     }
     eprintln!("{made} allocations for {launches} launches ending {streams} streams each");
-    assert!(streams >= 4, "the plan ends {streams} streams");
+    assert!(streams >= 2, "the plan ends {streams} streams");
     let tasks = data.len() as u64;
     assert!(
         made < launches * streams.max(tasks),

@@ -969,13 +969,18 @@ fn a_fault_fails_the_tasks_that_read_its_output_not_the_next_on_its_unit() {
         ctx.set_perfmodel_dir(None);
         let (boom, copy, inc) = (boom(), mix(1, false), mix(0, true));
         let (a, c) = (b2(&ctx), b2(&ctx));
-        let x = ctx.data_from(&vec![1u32; LEN]).unwrap();
-        let y = ctx.data_from(&vec![1u32; LEN]).unwrap();
+        // More unrelated tasks than the unit has streams (`UNIT_STREAMS`):
+        // some go behind the faulted one on its stream.
+        let xs: Vec<TaskData<u32>> = (0..4)
+            .map(|_| ctx.data_from(&vec![1u32; LEN]).unwrap())
+            .collect();
         let mut g = TaskGraph::new();
         ctx.task(&boom).write(&a).record(&mut g).unwrap();
-        ctx.task(&inc).read_write(&x).record(&mut g).unwrap();
+        ctx.task(&inc).read_write(&xs[0]).record(&mut g).unwrap();
         ctx.task(&copy).read(&a).write(&c).record(&mut g).unwrap();
-        ctx.task(&inc).read_write(&y).record(&mut g).unwrap();
+        for x in &xs[1..] {
+            ctx.task(&inc).read_write(x).record(&mut g).unwrap();
+        }
         let placed = g.instantiate_on(&ctx).unwrap();
         for (launch, v) in [(1, 38), (2, 38 * 31 + 7)] {
             let run = placed.launch().unwrap();
@@ -985,8 +990,9 @@ fn a_fault_fails_the_tasks_that_read_its_output_not_the_next_on_its_unit() {
             );
             assert!(ctx.wait_tasks().is_err(), "so does the task layer");
             assert!(ctx.wait_tasks().is_ok(), "once");
-            assert_eq!(x.to_vec().unwrap(), vec![v; LEN], "launch {launch}");
-            assert_eq!(y.to_vec().unwrap(), vec![v; LEN], "launch {launch}");
+            for (i, x) in xs.iter().enumerate() {
+                assert_eq!(x.to_vec().unwrap(), vec![v; LEN], "launch {launch}, x{i}");
+            }
             assert!(a.to_vec().is_err(), "its writer faulted");
             assert!(c.to_vec().is_err(), "its writer read faulted data");
         }

@@ -289,6 +289,12 @@ impl Timeline {
         self.has_scopes.load(Ordering::Relaxed)
     }
 
+    /// Whether a scope starts at `value` (for an engine that decides when
+    /// it records, ahead of completing: it drops nothing).
+    pub(crate) fn starts_scope(&self, value: u64) -> bool {
+        self.has_scopes() && lock(&self.scopes).binary_search(&value).is_ok()
+    }
+
     /// For the engine, before it skips the operation at `value` of a failing
     /// stream: whether a scope starts there. If so the fault's scope ends
     /// before it, and the operation runs.

@@ -1347,16 +1347,16 @@ impl PlacedTaskGraph {
     /// as planned at instantiate (after the tasks submitted before that
     /// touch its data, as any task; tasks submitted after see its writes).
     /// A task that faults fails the tasks that depend on its data and
-    /// nothing else. On the host and emulated devices a task's stream is one
-    /// of its compute unit's in HEFT's plan, and each task there starts a
-    /// fault scope (or goes on in the one of the task before it, whose
-    /// output it reads): a fault fails its task, and the tasks that read
-    /// its output take it on through their waits. Elsewhere (Vulkan) a stream fails
-    /// all its work after a fault, so the plan puts a task only on a stream
-    /// whose every step it depends on, up to
+    /// nothing else. A task's stream is one of its compute unit's in HEFT's
+    /// plan, and each task there starts a fault scope (or goes on in the one
+    /// of the task before it, whose output it reads): a fault fails its
+    /// task, and the tasks that read its output take it on through their
+    /// waits. (On a backend without fault scopes a stream fails all its
+    /// work after a fault, so the plan puts a task only on a stream whose
+    /// every step it depends on, up to
     /// [`MAX_TASK_STREAMS`](crate::MAX_TASK_STREAMS) streams on a device
     /// (past that, a task shares a stream with steps it does not depend on,
-    /// and a fault in one of them reaches it too). A launch while others are
+    /// and a fault in one of them reaches it too).) A launch while others are
     /// in flight goes on streams of its own, up to four launches in flight
     /// at once; a fifth goes behind the least recent one on its streams
     /// (where streams fail for good, a fault there reaches its tasks on them

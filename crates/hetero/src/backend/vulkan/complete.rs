@@ -58,10 +58,20 @@ pub(super) fn complete(sh: &Shared, t: Taken, lost: Option<String>, stamps: &Sta
     }
     drop(op);
     stream.in_flight.fetch_sub(1, Ordering::Relaxed);
+    // Where a fault scope starts here, the failing one ends before it
+    // (`VulkanStream::faulted` ended it when recording), whatever this op's
+    // result.
+    if stream.timeline.failing() {
+        stream.timeline.recover_at(value);
+    }
     match result {
         Ok(()) => stream.timeline.complete(value),
         Err(m) => {
-            stream.faulted_at.fetch_min(value, Ordering::Relaxed);
+            // (A failure only the device's run showed fails the stream's
+            // later ops from here, where it has no fault scopes.)
+            if !stream.timeline.has_scopes() {
+                stream.faulted_at.fetch_min(value, Ordering::Relaxed);
+            }
             stream.timeline.fail(value, Arc::from(m))
         }
     }

@@ -659,11 +659,11 @@ impl Engine {
             // SAFETY: the engine thread is the ring's only consumer (and holds
             // every stream, as polling an async op requires).
             let ready = unsafe {
-                s.ring.peek_with(|op, _| {
+                s.ring.peek_with(|op, pos| {
                     if sh.lost().is_some() {
                         return true;
                     }
-                    if s.faulted() {
+                    if s.faulted(pos + 1) {
                         // Failed, but its waits still wait (`Op::failed_wait_done`).
                         return op.failed_wait_done();
                     }
@@ -750,7 +750,7 @@ impl Engine {
             };
             if let Some(lost) = sh.lost() {
                 taken.result = Err(lost);
-            } else if s.faulted() {
+            } else if s.faulted(value) {
                 taken.result = Err(String::new());
             } else {
                 match &mut op.body {
@@ -780,7 +780,14 @@ impl Engine {
                         value: v,
                         fault,
                     } => {
-                        let error = timeline.error_for(*v).filter(|_| *fault);
+                        // Its fault once it completed (before, a fault of
+                        // an earlier op may still seem to last: its scope
+                        // ends when the next scope's start completes).
+                        let error = timeline
+                            .is_reached(*v)
+                            .then(|| timeline.error_for(*v))
+                            .flatten()
+                            .filter(|_| *fault);
                         // An op of this device that failed when it was
                         // recorded has not failed its timeline yet.
                         let failed_here = *fault
@@ -955,7 +962,7 @@ impl Engine {
     fn faulted_here(&self, stream: u64, value: u64) -> bool {
         self.streams
             .iter()
-            .any(|s| s.id == stream && s.faulted_at.load(Ordering::Relaxed) <= value)
+            .any(|s| s.id == stream && s.faulted_through(value))
     }
 }
 

@@ -411,6 +411,7 @@ impl Backend for VulkanBackend {
             in_flight: AtomicU32::new(0),
             recorded: AtomicU64::new(0),
             faulted_at: AtomicU64::new(u64::MAX),
+            faulted_before: std::sync::Mutex::new(Vec::new()),
             in_callback: AtomicBool::new(false),
             deps: [AtomicU64::new(0), AtomicU64::new(0)],
             lane: AtomicU8::new(0),
@@ -453,6 +454,10 @@ impl Backend for VulkanBackend {
     fn allocate_readback(&self, bytes: usize) -> Result<Arc<Storage>> {
         self.shared.check_lost()?;
         Storage::pinned_arc(self.shared.device, &self.shared.readback, bytes)
+    }
+
+    fn fault_scopes(&self) -> bool {
+        true
     }
 
     fn synchronize(&self) -> Result<()> {

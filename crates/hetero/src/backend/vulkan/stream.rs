@@ -24,9 +24,13 @@ pub(crate) struct VulkanStream {
     /// The value of the stream's last op recorded for the device (what a
     /// wait of another stream on this device is ordered behind).
     pub(crate) recorded: AtomicU64,
-    /// The value of the stream's first op that failed (`u64::MAX`: none):
-    /// the ones after it fail without running.
+    /// The value of the stream's first op that failed when it was recorded
+    /// (`u64::MAX`: none): the ones after it fail without running, to the
+    /// end of its fault scope (`Timeline::start_scope`).
     pub(crate) faulted_at: AtomicU64,
+    /// Earlier such faults whose scope ended: (first, last value). Engine
+    /// thread only.
+    pub(crate) faulted_before: std::sync::Mutex<Vec<(u64, u64)>>,
     /// A host callback of the stream was taken and has not completed: the
     /// engine takes nothing more from it. Engine thread only.
     pub(crate) in_callback: AtomicBool,
@@ -46,9 +50,33 @@ pub(crate) struct VulkanStream {
 }
 
 impl VulkanStream {
-    /// Whether an op of the stream failed.
-    pub(crate) fn faulted(&self) -> bool {
-        self.faulted_at.load(Ordering::Relaxed) != u64::MAX
+    /// Whether the stream's op at `value`, not yet recorded, fails without
+    /// running (an op before it in its fault scope failed). Where a scope
+    /// starts at `value` the fault's ends before it (kept for
+    /// `faulted_here`). Engine thread only, in the stream's order.
+    pub(crate) fn faulted(&self, value: u64) -> bool {
+        let at = self.faulted_at.load(Ordering::Relaxed);
+        if at == u64::MAX || !self.timeline.starts_scope(value) {
+            return at != u64::MAX;
+        }
+        let mut before = self
+            .faulted_before
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        before.push((at, value - 1));
+        self.faulted_at.store(u64::MAX, Ordering::Relaxed);
+        false
+    }
+
+    /// Whether the op at `value` failed when it was recorded.
+    pub(crate) fn faulted_through(&self, value: u64) -> bool {
+        self.faulted_at.load(Ordering::Relaxed) <= value || {
+            let before = self
+                .faulted_before
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            before.iter().any(|&(a, b)| a <= value && value <= b)
+        }
     }
 }
 
