@@ -175,20 +175,27 @@ fn churn(p: &DevicePool, stream: StreamId) -> usize {
     peak
 }
 
+/// [`churn`] on `S`, checking the pool never reserved more than its largest
+/// buffer (one live at a time).
+fn churn_within_one_buffer(p: &DevicePool, what: &str) {
+    let peak_live = churn(p, S);
+    let reserved = p.stats().peak_reserved;
+    assert!(
+        reserved <= peak_live,
+        "{what}peak reserved {} MiB for one live buffer of at most {} MiB",
+        reserved >> 20,
+        peak_live >> 20
+    );
+}
+
 #[test]
 fn queued_frees_are_waited_for_before_the_pool_grows() {
     let dev = FakeDevice::with_helper();
     let p = pool(PoolConfig::default(), &dev);
-    let peak_live = churn(&p, S);
-    let st = p.stats();
     // Each request waits for the previous buffer's work, unmaps its chunk and
     // maps its own: never more than one buffer's chunk reserved.
-    assert!(
-        st.peak_reserved <= peak_live,
-        "peak reserved {} MiB for one live buffer of at most {} MiB",
-        st.peak_reserved >> 20,
-        peak_live >> 20
-    );
+    churn_within_one_buffer(&p, "");
+    let st = p.stats();
     assert!(st.grow_waits > 0 && dev.waits() > 0);
     p.trim();
 }
@@ -202,14 +209,7 @@ fn frees_whose_work_completes_meanwhile_are_reused_before_the_pool_grows() {
     for n in 1..=6 {
         let dev = FakeDevice::done_at_look(n);
         let p = pool(PoolConfig::default(), &dev);
-        let peak_live = churn(&p, S);
-        let st = p.stats();
-        assert!(
-            st.peak_reserved <= peak_live,
-            "work done at look {n}: peak reserved {} MiB for one live buffer of at most {} MiB",
-            st.peak_reserved >> 20,
-            peak_live >> 20
-        );
+        churn_within_one_buffer(&p, &format!("work done at look {n}: "));
     }
 }
 

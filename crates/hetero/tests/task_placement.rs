@@ -14,6 +14,15 @@ use hetero::{
 use proptest::prelude::*;
 
 /// Two devices of the backend under test, in one context.
+/// A context of one device with one compute unit (kept alive beside it): a
+/// placed graph's tasks all go on that unit's streams.
+fn one_unit_context() -> (Context, Device) {
+    let dev = common::device_with(|c| c.compute_units(1));
+    let ctx = Context::new(std::slice::from_ref(&dev)).expect("context of one device");
+    ctx.set_perfmodel_dir(None);
+    (ctx, dev)
+}
+
 fn context() -> (Context, Vec<Device>) {
     let devs: Vec<Device> = (0..2).map(|_| common::device()).collect();
     let ctx = Context::new(&devs).expect("context of two devices");
@@ -964,9 +973,7 @@ fn a_fault_fails_the_tasks_that_read_its_output_not_the_next_on_its_unit() {
         return;
     }
     common::within(60, "a fault among tasks on one compute unit", || {
-        let dev = Device::new(common::config().compute_units(1)).expect("device");
-        let ctx = Context::new(std::slice::from_ref(&dev)).expect("context");
-        ctx.set_perfmodel_dir(None);
+        let (ctx, _dev) = one_unit_context();
         let (boom, copy, inc) = (boom(), mix(1, false), mix(0, true));
         let (a, c) = (b2(&ctx), b2(&ctx));
         // More unrelated tasks than the unit has streams (`UNIT_STREAMS`):
@@ -1009,9 +1016,7 @@ fn a_launch_after_a_faulted_event_fails_all_its_tasks() {
         return;
     }
     common::within(60, "a launch after a faulted event", || {
-        let dev = Device::new(common::config().compute_units(1)).expect("device");
-        let ctx = Context::new(std::slice::from_ref(&dev)).expect("context");
-        ctx.set_perfmodel_dir(None);
+        let (ctx, _dev) = one_unit_context();
         let (boom, w) = (boom(), mix(0, false));
         let data: Vec<TaskData<u32>> = (0..3).map(|_| b2(&ctx)).collect();
         let mut g = TaskGraph::new();

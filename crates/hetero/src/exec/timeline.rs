@@ -85,9 +85,9 @@ pub(crate) struct Timeline {
     completed: CachePadded<AtomicU64>,
     /// The first failed value (`u64::MAX`: none): whether anything failed.
     fault_at: AtomicU64,
-    /// Where the fault now failing the stream's operations started
-    /// (`u64::MAX`: none).
-    failing: AtomicU64,
+    /// Whether a fault fails the stream's operations now (the last of
+    /// `faults` has no end yet).
+    failing: AtomicBool,
     /// Every fault: its first failed value, the last value of its scope
     /// (`u64::MAX` while it lasts) and its message, in order.
     faults: Mutex<Vec<(u64, u64, Arc<str>)>>,
@@ -132,7 +132,7 @@ impl Timeline {
         Timeline {
             completed: CachePadded::new(AtomicU64::new(0)),
             fault_at: AtomicU64::new(u64::MAX),
-            failing: AtomicU64::new(u64::MAX),
+            failing: AtomicBool::new(false),
             faults: Mutex::new(Vec::new()),
             scopes: Mutex::new(std::collections::VecDeque::new()),
             has_scopes: AtomicBool::new(false),
@@ -244,15 +244,15 @@ impl Timeline {
     /// the engine skips them (see the module invariants).
     #[inline]
     pub(crate) fn failing(&self) -> bool {
-        self.failing.load(Ordering::Acquire) != u64::MAX
+        self.failing.load(Ordering::Acquire)
     }
 
     /// Records that the operation at `value` failed with `message` (within a
     /// fault's scope, the first fault wins), then completes it.
     pub(crate) fn fail(&self, value: u64, message: Arc<str>) {
-        if self.failing.load(Ordering::Relaxed) == u64::MAX {
+        if !self.failing.load(Ordering::Relaxed) {
             lock(&self.faults).push((value, u64::MAX, message));
-            self.failing.store(value, Ordering::Release);
+            self.failing.store(true, Ordering::Release);
             if self.fault_at.load(Ordering::Relaxed) == u64::MAX {
                 self.fault_at.store(value, Ordering::Release);
             }
@@ -311,21 +311,30 @@ impl Timeline {
             if let Some(last) = lock(&self.faults).last_mut() {
                 last.1 = value - 1;
             }
-            self.failing.store(u64::MAX, Ordering::Release);
+            self.failing.store(false, Ordering::Release);
         }
         starts
     }
 
     /// The error for work at `value`: the fault whose scope holds it, if any.
+    #[inline]
     pub(crate) fn error_for(&self, value: u64) -> Option<Error> {
         self.error_in(value, value)
     }
 
-    /// The first fault of an operation in `from..=to`, if any.
+    /// The first fault of an operation in `from..=to`, if any. (Inlined up
+    /// to the look at `fault_at`: a wait's check on a stream that never
+    /// failed, a pool stream's look at its last task, costs one load.)
+    #[inline]
     pub(crate) fn error_in(&self, from: u64, to: u64) -> Option<Error> {
         if self.fault_at()? > to {
             return None;
         }
+        self.fault_in(from, to)
+    }
+
+    #[cold]
+    fn fault_in(&self, from: u64, to: u64) -> Option<Error> {
         let faults = lock(&self.faults);
         let (at, _, message) = faults.iter().find(|f| f.0 <= to && f.1 >= from)?;
         Some(Error::StreamFault {

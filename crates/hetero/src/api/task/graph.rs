@@ -563,8 +563,8 @@ struct Plan {
     live: Mutex<Live>,
     /// Each stream's (device, compute unit).
     lanes: Vec<(usize, usize)>,
-    /// Per stream: whether it has fault scopes (`make_plan`'s `scoped`:
-    /// each of its steps starts one). A copy lane has none.
+    /// Per stream: whether it has fault scopes (`make_plan`'s `scoped`: its
+    /// steps start them, `Step::scope`). A copy lane has none.
     scoped: Vec<bool>,
     /// Per stream: its first and last steps (indices into `steps`;
     /// `usize::MAX` on a copy lane).
@@ -1051,23 +1051,26 @@ fn make_plan(
         // plan (`UNIT_STREAMS`, named `unit × UNIT_STREAMS + k`), the one
         // whose last step it reads, else the one HEFT frees first; while
         // it has room, else a new one in its place.
+        // (name, its current stream if made)
         let unit = scoped[d].then(|| {
-            let mut best: Option<(bool, f64, usize)> = None;
+            let mut best: Option<(bool, f64, usize, Option<usize>)> = None;
             for name in (0..UNIT_STREAMS).map(|k| placed[t].lane * UNIT_STREAMS + k) {
-                let (chain, end) = match (0..lanes.len()).rev().find(|&q| lanes[q] == (d, name)) {
+                let q = (0..lanes.len()).rev().find(|&q| lanes[q] == (d, name));
+                let (chain, end) = match q {
                     Some(q) => (
                         reads.binary_search_by(|a| last_step[q].cmp(a)).is_ok(),
                         last_end_ns[q],
                     ),
                     None => (false, 0.0),
                 };
-                if best.is_none_or(|(c, e, _)| (chain && !c) || (chain == c && end < e)) {
-                    best = Some((chain, end, name));
+                if best.is_none_or(|(c, e, ..)| (chain && !c) || (chain == c && end < e)) {
+                    best = Some((chain, end, name, q));
                 }
             }
-            best.expect("a unit has streams").2
+            let (.., name, q) = best.expect("a unit has streams");
+            (name, q)
         });
-        let unit_stream = unit.and_then(|u| (0..lanes.len()).rev().find(|&q| lanes[q] == (d, u)));
+        let (unit, unit_stream) = (unit.map(|u| u.0), unit.and_then(|u| u.1));
         // A stream, or the name of a new one.
         let chosen = match (unit, unit_stream, implied, earliest) {
             (Some(_), Some(q), ..) if stream_ops[q] + ops <= OPS_PER_STREAM => Ok(q),
