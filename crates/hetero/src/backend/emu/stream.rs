@@ -10,6 +10,7 @@ use crate::exec::op::Op;
 use crate::exec::ring::Ring;
 use crate::exec::timeline::Timeline;
 use crate::{Error, Result};
+use crossbeam_utils::CachePadded;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -20,10 +21,11 @@ pub(crate) struct EmuStream {
     pub(crate) priority: AtomicU8,
     pub(crate) queue: usize,
     pub(crate) closed: AtomicBool,
-    /// An op of the stream is on an engine.
-    pub(crate) in_flight: AtomicBool,
-    /// The sim's completion count when the stream last completed an op.
-    pub(crate) last_served: AtomicU64,
+    /// What the sim writes as the stream's ops start and complete, on a line
+    /// of its own: beside the fields a submission reads (`closed`, the
+    /// ring's slots), each start and completion cost the next submission a
+    /// miss.
+    pub(crate) served: CachePadded<Served>,
     pub(crate) shared: Weak<Shared>,
     /// The device clock and the driver's doorbell: all a submission touches.
     pub(crate) bell: Arc<Doorbell>,
@@ -32,6 +34,15 @@ pub(crate) struct EmuStream {
     /// and the most copies in one chain.
     pub(crate) coalesce_max: AtomicU64,
     pub(crate) coalesce_window: AtomicU64,
+}
+
+/// The sim's per-stream state; written only by the holder of the sim lock.
+#[derive(Default)]
+pub(crate) struct Served {
+    /// An op of the stream is on an engine.
+    pub(crate) in_flight: AtomicBool,
+    /// The sim's completion count when the stream last completed an op.
+    pub(crate) last_served: AtomicU64,
 }
 
 impl EmuStream {

@@ -113,7 +113,7 @@ impl Sim {
                 other.set_copy_busy(k, i, false);
                 other.submitted();
             }
-            r.stream.in_flight.store(false, Ordering::Relaxed);
+            r.stream.served.in_flight.store(false, Ordering::Relaxed);
             self.complete(sh, r);
         }
         done.clear();

@@ -178,12 +178,15 @@ impl Sim {
             self.completed_at_start = false;
             self.order.clear();
             for (i, s) in streams.iter().enumerate() {
-                // A stream with an op in flight or nothing queued starts
+                // A stream with an op in flight or nothing published starts
                 // nothing (`try_start` would return at once): not ordered.
-                if s.in_flight.load(Ordering::Relaxed) || s.ring.is_empty() {
+                // (The look is at the oldest slot, not at the ring's tail:
+                // read here at every look, the tail's line would move to
+                // this core, and each submission's claim of it back.)
+                if s.served.in_flight.load(Ordering::Relaxed) || !s.ring.has_next() {
                     continue;
                 }
-                let served = s.last_served.load(Ordering::Relaxed);
+                let served = s.served.last_served.load(Ordering::Relaxed);
                 let prio = s.priority.load(Ordering::Relaxed);
                 self.order.push((prio, served, s.id, i));
             }
@@ -220,7 +223,7 @@ impl Sim {
 
     /// Takes the stream's oldest op if it can start now; true if it did.
     fn try_start(&mut self, sh: &Shared, stream: &Arc<EmuStream>) -> bool {
-        if stream.in_flight.load(Ordering::Relaxed) {
+        if stream.served.in_flight.load(Ordering::Relaxed) {
             return false;
         }
         enum Plan {
@@ -381,7 +384,7 @@ impl Sim {
             self.completed_at_start = true;
             self.complete(sh, run);
         } else {
-            stream.in_flight.store(true, Ordering::Relaxed);
+            stream.served.in_flight.store(true, Ordering::Relaxed);
             self.running.push(run);
         }
         true
@@ -584,7 +587,10 @@ impl Sim {
             stream.timeline.complete(v);
         }
         self.tick += 1;
-        stream.last_served.store(self.tick, Ordering::Relaxed);
+        stream
+            .served
+            .last_served
+            .store(self.tick, Ordering::Relaxed);
     }
 }
 
