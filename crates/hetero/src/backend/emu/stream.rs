@@ -1,7 +1,7 @@
 //! The emulated device's backend stream: an op ring the simulation consumes.
 //!
 //! Invariants: producers only push (any thread); only the holder of the sim lock
-//! pops; `in_flight` and `last_served` are written only by that holder.
+//! pops; `served` (`in_flight`, `last_served`) is written only by that holder.
 
 use super::{Doorbell, Shared};
 use crate::backend::BackendStream;
