@@ -28,7 +28,7 @@ use hetero_trace::Trace;
 pub use graphs::{GraphPlanSummary, GraphUsage, LaneUsage, NodeKindUsage};
 pub use report::{
     AllocatorReport, AllocatorStats, EngineGaps, EngineUsage, Gap, IotlbUsage, KindLatency,
-    MemorySummary, MigrationSum, OpSummary, Report, ReportOptions, StreamUsage,
+    LinkSum, MemorySummary, MigrationSum, OpSummary, Report, ReportOptions, StreamUsage, TaskSum,
 };
 pub use stats::Percentiles;
 pub use timeline::{lane_labels, timeline_svg};

@@ -248,6 +248,14 @@ impl Report {
                 )?;
             }
         }
+        if !self.links.is_empty() {
+            writeln!(md, "\n## Task data moved (per link)\n")?;
+            writeln!(md, "| from device | to device | bytes |")?;
+            writeln!(md, "| ---: | ---: | ---: |")?;
+            for l in &self.links {
+                writeln!(md, "| {} | {} | {} |", l.from, l.to, fmt_bytes(l.bytes))?;
+            }
+        }
         if !self.migrations.is_empty() {
             writeln!(md, "\n## Migrations (managed memory)\n")?;
             writeln!(md, "| reason | direction | runs | pages | bytes |")?;

@@ -130,6 +130,18 @@ pub struct Report {
     /// Tasks of a context's task layer, summed per kernel and device.
     #[serde(default)]
     pub tasks: Vec<TaskSum>,
+    /// Bytes the task layer copied for its tasks, per link.
+    #[serde(default)]
+    pub links: Vec<LinkSum>,
+}
+
+/// What the task layer copied over one link (between two memories of a
+/// context, by device index; see [`hetero_trace::LinkRecord`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LinkSum {
+    pub from: u32,
+    pub to: u32,
+    pub bytes: u64,
 }
 
 /// The tasks of one kernel that ran on one device of a context: how many, the
@@ -548,6 +560,18 @@ impl Report {
             })
             .collect();
 
+        let mut links: std::collections::BTreeMap<(u32, u32), LinkSum> =
+            std::collections::BTreeMap::new();
+        for l in &trace.links {
+            let e = links.entry((l.from, l.to)).or_insert(LinkSum {
+                from: l.from,
+                to: l.to,
+                bytes: 0,
+            });
+            e.bytes += l.bytes;
+        }
+        let links = links.into_values().collect();
+
         Report {
             device_name: trace.device_name.clone(),
             window_start_ns,
@@ -571,6 +595,7 @@ impl Report {
             iotlb,
             migrations,
             tasks,
+            links,
         }
     }
 

@@ -38,11 +38,11 @@ mod recorder;
 
 pub use chrome::write_chrome_trace;
 pub use record::{
-    EngineKind, GraphPlan, IotlbRecord, MemKind, MemRecord, MigrationReason, MigrationRecord,
-    NodeRef, OpKind, OpRecord, TaskRecord, Trace, TraceClock,
+    EngineKind, GraphPlan, IotlbRecord, LinkRecord, MemKind, MemRecord, MigrationReason,
+    MigrationRecord, NodeRef, OpKind, OpRecord, TaskRecord, Trace, TraceClock,
 };
 pub use recorder::{
-    enabled, now_ns, record_iotlb, record_mem, record_migration, record_op, record_task, set_clock,
-    set_device_name, set_enabled, set_graph_plan, set_max_records, set_stream_name, take,
-    DEFAULT_MAX_RECORDS,
+    enabled, now_ns, record_iotlb, record_link, record_mem, record_migration, record_op,
+    record_task, set_clock, set_device_name, set_enabled, set_graph_plan, set_max_records,
+    set_stream_name, take, DEFAULT_MAX_RECORDS,
 };

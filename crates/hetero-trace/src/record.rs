@@ -257,6 +257,9 @@ pub struct Trace {
     /// Tasks of a context's task layer seen complete while recording, from
     /// [`crate::record_task`], in the order they were seen.
     pub tasks: Vec<TaskRecord>,
+    /// Bytes a context's task layer copied between memories for its tasks
+    /// while recording, from [`crate::record_link`], in the order placed.
+    pub links: Vec<LinkRecord>,
     /// Records dropped because the recorder held its bound
     /// ([`crate::set_max_records`]); zero when the trace is whole.
     pub dropped: u64,
@@ -277,6 +280,27 @@ pub struct TaskRecord {
     pub predicted_ns: Option<u64>,
     /// The time observed (start to end, less a wait for a compute unit).
     pub measured_ns: u64,
+}
+
+/// Bytes the task layer copied over one link for one task (or for one
+/// launch of a placed graph): a replica brought to the device the task went
+/// to, or a managed buffer's pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinkRecord {
+    /// The task's kernel; a placed graph's launch records its plan's copies
+    /// under [`LinkRecord::GRAPH_LAUNCH`].
+    pub kernel: &'static str,
+    /// From and to which memory, by device index in the context; the
+    /// host's copy of a managed buffer, in a context whose devices all have
+    /// memory of their own, is one past the last device.
+    pub from: u32,
+    pub to: u32,
+    pub bytes: u64,
+}
+
+impl LinkRecord {
+    /// The kernel name of a placed graph launch's copies.
+    pub const GRAPH_LAUNCH: &'static str = "(placed graph launch)";
 }
 
 /// Why managed pages moved.

@@ -19,8 +19,8 @@ use std::time::Instant;
 use crate::log::{channel, Log, Writer};
 use crate::loom::Arc;
 use crate::record::{
-    EngineKind, GraphPlan, IotlbRecord, MemRecord, MigrationRecord, OpRecord, TaskRecord, Trace,
-    TraceClock,
+    EngineKind, GraphPlan, IotlbRecord, LinkRecord, MemRecord, MigrationRecord, OpRecord,
+    TaskRecord, Trace, TraceClock,
 };
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -52,6 +52,7 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     iotlb: BTreeMap::new(),
     migrations: Vec::new(),
     tasks: Vec::new(),
+    links: Vec::new(),
 });
 
 struct Registry {
@@ -65,6 +66,7 @@ struct Registry {
     iotlb: BTreeMap<(u8, u32), (EngineKind, u64, u64)>,
     migrations: Vec<MigrationRecord>,
     tasks: Vec<TaskRecord>,
+    links: Vec<LinkRecord>,
 }
 
 /// Adds one DMA's I/O TLB lookups on copy engine (`engine`, `index`): cheap
@@ -88,6 +90,14 @@ pub fn record_iotlb(engine: EngineKind, index: u32, hits: u64, misses: u64) {
 pub fn record_migration(r: MigrationRecord) {
     if enabled() && admitted() {
         registry().migrations.push(r);
+    }
+}
+
+/// Records bytes the task layer copied over a link for a task (one lock
+/// per copy, nothing when recording is off).
+pub fn record_link(r: LinkRecord) {
+    if enabled() && admitted() {
+        registry().links.push(r);
     }
 }
 
@@ -302,8 +312,9 @@ pub fn take() -> Trace {
             .collect();
         trace.migrations = std::mem::take(&mut reg.migrations);
         trace.tasks = std::mem::take(&mut reg.tasks);
+        trace.links = std::mem::take(&mut reg.links);
         let drained = trace.ops.len() + trace.mem.len();
-        release(drained + trace.migrations.len() + trace.tasks.len());
+        release(drained + trace.migrations.len() + trace.tasks.len() + trace.links.len());
         trace.dropped = DROPPED.swap(0, Ordering::Relaxed);
     }
     trace.sort();

@@ -2204,6 +2204,41 @@ fn tasks_are_recorded_in_the_trace_and_summed_in_the_report() {
         );
     }
     assert_eq!(x.to_vec().unwrap(), vec![5; LEN]);
+    // Bytes moved per link: a datum read and written on alternating
+    // devices moves at each task but the first; the report sums them as
+    // the layer's figures do.
+    let k = Kernel::new("traced-moves", |b| {
+        b.write::<u32>(0).iter_mut().for_each(|y| *y += 1)
+    })
+    .wgsl(common::wgsl::map("u32", 0, "y[i] + 1u"), "main");
+    let y = ctx.data_from(&vec![0u32; LEN]).unwrap();
+    ctx.wait_tasks().unwrap();
+    ctx.reset_task_stats();
+    let _ = hetero_trace::take();
+    for i in 0..9 {
+        ctx.task(&k)
+            .read_write(&y)
+            .on_device(1 - i % 2)
+            .submit()
+            .unwrap();
+    }
+    ctx.wait_tasks().unwrap();
+    assert_eq!(y.to_vec().unwrap(), vec![9; LEN]);
+    let mut trace = hetero_trace::take();
+    trace.links.retain(|l| l.kernel == "traced-moves");
+    let report = hetero_profile::Report::build(&trace, &Default::default());
+    let links: Vec<_> = report
+        .links
+        .iter()
+        .map(|l| (l.from as usize, l.to as usize, l.bytes))
+        .collect();
+    let want = ctx.task_stats().bytes_per_link;
+    assert_eq!(links, want);
+    // From the data's first device to device 1, then back and forth.
+    let bytes = (LEN * 4) as u64;
+    assert_eq!(want, vec![(0, 1, 5 * bytes), (1, 0, 4 * bytes)]);
+    let md = report.to_markdown();
+    assert!(md.contains("## Task data moved (per link)") && md.contains("| 1 | 0 |"));
 }
 
 /// A task's copy shows in the profiler's trace what it waited for: the

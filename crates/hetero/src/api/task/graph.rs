@@ -1915,6 +1915,12 @@ impl PlacedTaskGraph {
             *count += n;
         }
         for &(a, b, n) in plan.moved.iter().chain(fixes.iter()) {
+            hetero_trace::record_link(hetero_trace::LinkRecord {
+                kernel: hetero_trace::LinkRecord::GRAPH_LAUNCH,
+                from: a as u32,
+                to: b as u32,
+                bytes: n,
+            });
             stats.bytes_moved += n;
             match stats
                 .bytes_per_link

@@ -1632,6 +1632,7 @@ impl Runtime {
                 for (from, bytes) in data.copies_in()?.swap_remove(d) {
                     moved += bytes;
                     st.link_bytes.push((from.unwrap_or(n), d, bytes));
+                    record_link(spec, from.unwrap_or(n), d, bytes);
                 }
                 data.bring(stream)?;
                 continue;
@@ -1664,6 +1665,7 @@ impl Runtime {
                 };
                 moved += bytes;
                 st.link_bytes.push((src, d, bytes));
+                record_link(spec, src, d, bytes);
                 (src, after)
             };
             let copies_on = match (chained_at, &mut side) {
@@ -1831,6 +1833,17 @@ fn calibrate_bus(device: &Device) -> Result<crate::exec::sched::bus::BusFigure> 
 
 /// The tasks `spec` depends on, from the order of accesses to its data
 /// (RAW, WAR, WAW), each once.
+/// The profiler's record of `bytes` copied from memory `from` to `to` for
+/// `spec` (nothing when it is not recording).
+fn record_link(spec: &Spec, from: usize, to: usize, bytes: u64) {
+    hetero_trace::record_link(hetero_trace::LinkRecord {
+        kernel: spec.kernel.name(),
+        from: from as u32,
+        to: to as u32,
+        bytes,
+    });
+}
+
 fn dependencies(spec: &Spec) -> Vec<Dep> {
     let mut deps: Vec<Dep> = Vec::new();
     let mut add = |t: &TaskRef, data: bool| match deps.iter_mut().find(|d| d.id == t.id) {
