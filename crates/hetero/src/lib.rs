@@ -47,7 +47,8 @@ pub use api::task::{
 pub use backend::emu::{IommuStats, IotlbCounts};
 pub use backend::DeviceProperties;
 pub use config::emu::{
-    EmuConfig, TimeMode, DEFAULT_INLINE_COPY_MAX, DEFAULT_IOTLB_ENTRIES, DEFAULT_IOTLB_MISS_NS,
+    ComputeClass, EmuConfig, TimeMode, DEFAULT_INLINE_COPY_MAX, DEFAULT_IOTLB_ENTRIES,
+    DEFAULT_IOTLB_MISS_NS,
 };
 pub use config::link::LinkPreset;
 pub use config::peer::PeerLink;

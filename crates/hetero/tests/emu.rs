@@ -3,7 +3,8 @@
 //! (virtual) times, which are deterministic; no wall-clock time is asserted.
 
 use hetero::{
-    Arg, Device, DeviceConfig, EmuConfig, Error, Grid, Kernel, KernelCost, LinkPreset, TimeMode,
+    Arg, ComputeClass, Device, DeviceConfig, EmuConfig, Error, Grid, Kernel, KernelCost,
+    LinkPreset, TimeMode,
 };
 use std::sync::mpsc;
 use std::time::Duration;
@@ -271,6 +272,82 @@ fn a_kernel_cost_past_the_clock_faults_and_the_clock_goes_on() {
             other => panic!("{time:?}, graph: {other:?}"),
         }
     }
+}
+
+/// A kernel's cost declared per class of compute unit: a device of that
+/// class times a launch by it, one of another class by the kernel's one
+/// cost; alone or in a graph, and whichever order the costs were given.
+#[test]
+fn a_kernel_costs_what_it_declares_for_its_devices_class() {
+    let flops = |f: f64| {
+        move |_: Grid| KernelCost {
+            flops: f,
+            bytes: 0.0,
+        }
+    };
+    let touch = |b: &mut hetero::Block<'_>| b.write::<u32>(0).iter_mut().for_each(|x| *x += 1);
+    // 100 GFLOP/s per unit: 1e8 flops model 1 ms, 1e9 model 10 ms.
+    let panel =
+        Kernel::with_cost("panel", flops(1e8), touch).cost_on(ComputeClass::Cpu, flops(1e9));
+    let only_cpu = Kernel::new("only-cpu", touch).cost_on(ComputeClass::Cpu, flops(1e9));
+    // Declared for a class before a shared handle gets another: each keeps its own.
+    let shared = panel.clone().cost_on(ComputeClass::Accelerator, flops(2e8));
+    let time = |class: ComputeClass, k: &Kernel, graph: bool| {
+        let cfg = EmuConfig::new(LinkPreset::pcie4x16())
+            .time(TimeMode::Virtual)
+            .capacity(1 << 30)
+            .class(class);
+        assert_eq!(cfg.compute_class(), class);
+        let dev = Device::new(DeviceConfig::default().compute_units(1).emu(cfg)).expect("emu");
+        let x = dev.alloc::<u32>(4).expect("x");
+        let s = dev.create_stream().expect("stream");
+        s.fill(&x, 0u32).expect("fill");
+        s.synchronize().expect("fill");
+        let t0 = dev.now_ns();
+        if graph {
+            let c = dev.create_stream().expect("stream");
+            c.begin_capture().expect("capture");
+            c.launch(k, Grid::new(1), &[Arg::write(&x)])
+                .expect("launch");
+            let exec = c.end_capture().expect("graph").instantiate().expect("exec");
+            s.launch_graph(&exec).expect("launch graph");
+        } else {
+            s.launch(k, Grid::new(1), &[Arg::write(&x)])
+                .expect("launch");
+        }
+        s.synchronize().expect("kernel");
+        assert_eq!(s.read_to_vec(&x).expect("read"), vec![1; 4]);
+        (dev.now_ns() - t0) as f64 / 1e6
+    };
+    for graph in [false, true] {
+        let ms = |class, k: &Kernel| time(class, k, graph);
+        let (cpu, acc) = (ComputeClass::Cpu, ComputeClass::Accelerator);
+        let near = |got: f64, want: f64| (got - want).abs() < 0.05 * want + 0.1;
+        let got = [
+            ms(cpu, &panel),
+            ms(acc, &panel),
+            ms(acc, &shared),
+            ms(cpu, &shared),
+        ];
+        assert!(
+            near(got[0], 10.0) && near(got[1], 1.0),
+            "graph {graph}: {got:?}"
+        );
+        assert!(
+            near(got[2], 2.0) && near(got[3], 10.0),
+            "graph {graph}: {got:?}"
+        );
+        // Declared for one class only: elsewhere as a kernel without a cost
+        // (its buffers' bytes at memory bandwidth: far under a millisecond).
+        let (c, a) = (ms(cpu, &only_cpu), ms(acc, &only_cpu));
+        assert!(near(c, 10.0) && a < 0.1, "graph {graph}: {c} {a}");
+    }
+    assert_eq!(
+        EmuConfig::parse("emu:pcie4x16,class=cpu").map(|c| c.compute_class()),
+        Ok(ComputeClass::Cpu)
+    );
+    let e = EmuConfig::parse("emu,class=gpu").unwrap_err();
+    assert!(e.contains("class=accelerator|cpu"), "{e}");
 }
 
 /// A link whose figures the model cannot run (a rate of zero, NaN, negative

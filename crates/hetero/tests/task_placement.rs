@@ -1891,6 +1891,72 @@ fn placed_launches_interleave_with_online_tasks() {
     assert_eq!(got, want);
 }
 
+/// Kernels that cost differently per class of compute unit
+/// (`Kernel::cost_on`) go where they run best once their models are
+/// trusted: dmda sends a panel kernel (10× cheaper on a CPU's cores) to the
+/// CPU-class device and a product (10× cheaper on an accelerator) to the
+/// accelerator, from what each device's models learned.
+#[test]
+fn dmda_places_each_kernel_on_the_class_it_runs_best_on() {
+    if common::skipped("dmda_places_each_kernel_on_the_class_it_runs_best_on") {
+        return;
+    }
+    use hetero::{ComputeClass, DeviceConfig, EmuConfig, Grid, KernelCost, LinkPreset};
+    let devs: Vec<Device> = [ComputeClass::Cpu, ComputeClass::Accelerator]
+        .into_iter()
+        .map(|c| {
+            let emu = EmuConfig::new(LinkPreset::pcie4x16()).class(c);
+            Device::new(DeviceConfig::default().compute_units(2).emu(emu)).unwrap()
+        })
+        .collect();
+    let ctx = Context::new(&devs).unwrap();
+    ctx.set_perfmodel_dir(None);
+    ctx.set_scheduler(SchedPolicy::Dmda);
+    let flops = |f: f64| {
+        move |_: Grid| KernelCost {
+            flops: f,
+            bytes: 0.0,
+        }
+    };
+    let touch = |b: &mut hetero::Block<'_>| b.write::<u32>(0)[0] += 1;
+    let panel = Kernel::with_cost("class-panel", flops(1e6), touch)
+        .cost_on(ComputeClass::Accelerator, flops(1e7));
+    let product = Kernel::with_cost("class-product", flops(1e7), touch)
+        .cost_on(ComputeClass::Accelerator, flops(1e6));
+    let slots: Vec<TaskData<u32>> = (0..8).map(|_| ctx.data::<u32>(64).unwrap()).collect();
+    let waves = |k: &Kernel, n: usize| {
+        for _ in 0..n {
+            for d in &slots {
+                ctx.task(k).read_write(d).submit().unwrap();
+            }
+            ctx.wait_tasks().unwrap();
+        }
+    };
+    // Calibration: dmda places untrusted kernels where samples lack.
+    for _ in 0..6 {
+        waves(&panel, 1);
+        waves(&product, 1);
+    }
+    for (k, best) in [(&panel, 0), (&product, 1)] {
+        ctx.reset_task_stats();
+        waves(k, 10);
+        let st = ctx.task_stats();
+        assert_eq!(st.calibration_tasks, 0, "{}: models trusted", k.name());
+        assert_eq!(
+            st.per_device[best],
+            80,
+            "{}: per device {:?}",
+            k.name(),
+            st.per_device
+        );
+    }
+    let mut want = vec![0u32; 64];
+    want[0] = 32;
+    for d in &slots {
+        assert_eq!(d.to_vec().unwrap(), want);
+    }
+}
+
 /// 1 % of one device's calibration samples inflated 600× (starpu#50) are
 /// rejected as outliers, and dmda's share of work per device stays within
 /// 10 points of a clean calibration's.

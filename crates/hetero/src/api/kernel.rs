@@ -42,6 +42,7 @@ impl Kernel {
                 id: name_id(name),
                 f: Some(Arc::new(f)),
                 cost: None,
+                class_costs: Vec::new(),
                 code: None,
             }),
         }
@@ -70,6 +71,7 @@ impl Kernel {
                 id: name_id(name),
                 f: Some(Arc::new(f)),
                 cost: Some(Arc::new(cost)),
+                class_costs: Vec::new(),
                 code: None,
             }),
         }
@@ -85,6 +87,7 @@ impl Kernel {
                 id: name_id(name),
                 f: None,
                 cost: None,
+                class_costs: Vec::new(),
                 code: None,
             }),
         }
@@ -115,23 +118,44 @@ impl Kernel {
         })
     }
 
-    fn with_code(mut self, code: DeviceCode) -> Self {
-        let code = Some(Arc::new(code));
-        match Arc::get_mut(&mut self.inner) {
-            Some(k) => k.code = code,
-            // Shared already: a new kernel with the same host code.
-            None => {
-                let k = &self.inner;
-                self.inner = Arc::new(KernelInner {
-                    name: k.name,
-                    id: k.id,
-                    f: k.f.clone(),
-                    cost: k.cost.clone(),
-                    code,
-                })
-            }
-        }
+    /// The same kernel with its cost on modelled devices of `class`
+    /// ([`EmuConfig::class`](crate::EmuConfig::class)) declared apart: a
+    /// launch there costs `cost(grid)`, elsewhere the kernel's one cost
+    /// ([`Kernel::with_cost`]; none: as a kernel without a declared cost).
+    /// StarPU's codelets have a performance model per architecture; this
+    /// is the cost the emulated device times the launch with, which the
+    /// task layer's models then learn.
+    ///
+    /// ```
+    /// use hetero::{ComputeClass, Grid, Kernel, KernelCost};
+    /// let flops = |f: f64| move |_: Grid| KernelCost { flops: f, bytes: 0.0 };
+    /// // A panel factorization: near peak on a CPU's cores, a tenth of it
+    /// // on an accelerator's units.
+    /// let potrf = Kernel::with_cost("potrf", flops(1e9), |_| {})
+    ///     .cost_on(ComputeClass::Accelerator, flops(10e9));
+    /// assert_eq!(potrf.name(), "potrf");
+    /// ```
+    pub fn cost_on(
+        mut self,
+        class: crate::ComputeClass,
+        cost: impl Fn(Grid) -> KernelCost + Send + Sync + 'static,
+    ) -> Self {
+        let cost: Arc<crate::exec::kernel::CostFn> = Arc::new(cost);
+        let k = self.unique();
+        k.class_costs.retain(|(c, _)| *c != class);
+        k.class_costs.push((class, cost));
         self
+    }
+
+    fn with_code(mut self, code: DeviceCode) -> Self {
+        self.unique().code = Some(Arc::new(code));
+        self
+    }
+
+    /// Its description, to change: this handle's own, or (shared already)
+    /// a copy for this handle.
+    fn unique(&mut self) -> &mut KernelInner {
+        Arc::make_mut(&mut self.inner)
     }
 
     /// Whether the kernel has device code (WGSL or SPIR-V).

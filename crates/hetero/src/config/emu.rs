@@ -15,6 +15,30 @@ pub enum TimeMode {
     Virtual,
 }
 
+/// What an emulated device's compute units are like, for kernels that
+/// declare a cost per class ([`Kernel::cost_on`](crate::Kernel::cost_on)):
+/// the same launch may cost a CPU's cores and an accelerator's units
+/// differently (a panel factorization runs near a CPU's peak and far from
+/// a GPU's; a matrix product the other way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ComputeClass {
+    /// A discrete accelerator's units (the default).
+    #[default]
+    Accelerator,
+    /// A CPU's cores.
+    Cpu,
+}
+
+impl ComputeClass {
+    /// `"accelerator"` or `"cpu"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ComputeClass::Accelerator => "accelerator",
+            ComputeClass::Cpu => "cpu",
+        }
+    }
+}
+
 /// An emulated discrete accelerator: its own memory of fixed capacity, DMA copy
 /// engines over a modelled link, compute units with rates.
 ///
@@ -30,6 +54,7 @@ pub struct EmuConfig {
     pub(crate) time: TimeMode,
     pub(crate) capacity: usize,
     pub(crate) flops_per_unit: f64,
+    pub(crate) class: ComputeClass,
     pub(crate) inline_copy_max: usize,
     pub(crate) iotlb_entries: usize,
     pub(crate) iotlb_miss_ns: u64,
@@ -60,6 +85,7 @@ impl EmuConfig {
             time: TimeMode::Virtual,
             capacity: 16 << 30,
             flops_per_unit: 100e9,
+            class: ComputeClass::Accelerator,
             inline_copy_max: DEFAULT_INLINE_COPY_MAX,
             iotlb_entries: DEFAULT_IOTLB_ENTRIES,
             iotlb_miss_ns: DEFAULT_IOTLB_MISS_NS,
@@ -115,6 +141,20 @@ impl EmuConfig {
         self
     }
 
+    /// What its compute units are like (default
+    /// [`ComputeClass::Accelerator`]): a kernel's launch costs what the
+    /// kernel declares for this class ([`Kernel::cost_on`](crate::Kernel::cost_on)),
+    /// else its one cost.
+    pub fn class(mut self, class: ComputeClass) -> Self {
+        self.class = class;
+        self
+    }
+
+    /// The class of its compute units.
+    pub fn compute_class(&self) -> ComputeClass {
+        self.class
+    }
+
     /// The link.
     pub fn link(&self) -> &LinkPreset {
         &self.link
@@ -125,8 +165,9 @@ impl EmuConfig {
         self.time
     }
 
-    /// Parses `emu`, `emu:PRESET`, optionally followed by `,time=real|virtual`
-    /// and `,capacity=BYTES` (the `HETERO_BACKEND` syntax after `emu`).
+    /// Parses `emu`, `emu:PRESET`, optionally followed by `,time=real|virtual`,
+    /// `,capacity=BYTES` and `,class=accelerator|cpu` (the `HETERO_BACKEND`
+    /// syntax after `emu`).
     pub fn parse(spec: &str) -> Result<Self, String> {
         let mut parts = spec.split(',');
         let head = parts.next().unwrap_or("");
@@ -146,6 +187,8 @@ impl EmuConfig {
             match p.split_once('=') {
                 Some(("time", "real")) => cfg.time = TimeMode::Real,
                 Some(("time", "virtual")) => cfg.time = TimeMode::Virtual,
+                Some(("class", "accelerator")) => cfg.class = ComputeClass::Accelerator,
+                Some(("class", "cpu")) => cfg.class = ComputeClass::Cpu,
                 Some(("capacity", n)) => {
                     cfg.capacity = n
                         .parse()
@@ -153,7 +196,8 @@ impl EmuConfig {
                 }
                 _ => {
                     return Err(format!(
-                        "unknown emu option '{p}'; use time=real|virtual or capacity=BYTES"
+                        "unknown emu option '{p}'; use time=real|virtual, capacity=BYTES or \
+                         class=accelerator|cpu"
                     ))
                 }
             }

@@ -20,6 +20,7 @@ pub(crate) type KernelFn = dyn Fn(&mut Block<'_>) + Send + Sync;
 /// function, and sharing a line with the counts cost a miss per op (≈ 2× on
 /// `examples/op_loop.rs`).
 #[repr(align(128))]
+#[derive(Clone)]
 pub(crate) struct KernelInner {
     pub(crate) name: &'static str,
     /// Its name as a number (`KernelName`).
@@ -29,6 +30,9 @@ pub(crate) struct KernelInner {
     pub(crate) f: Option<Arc<KernelFn>>,
     /// What a launch costs on a modelled device, from its grid.
     pub(crate) cost: Option<Arc<CostFn>>,
+    /// What it costs on a modelled device of a class, where declared for
+    /// that class (`Kernel::cost_on`): before `cost`.
+    pub(crate) class_costs: Vec<(crate::ComputeClass, Arc<CostFn>)>,
     /// The device code (run by devices that run device code: Vulkan).
     pub(crate) code: Option<Arc<DeviceCode>>,
 }
@@ -74,6 +78,16 @@ pub(crate) fn name_id(name: &'static str) -> u32 {
 }
 
 impl KernelInner {
+    /// What a launch costs on a modelled device of `class`: the cost
+    /// declared for the class, else the kernel's one cost.
+    pub(crate) fn cost_for(&self, class: crate::ComputeClass) -> Option<&CostFn> {
+        self.class_costs
+            .iter()
+            .find(|(c, _)| *c == class)
+            .map(|(_, f)| &**f)
+            .or(self.cost.as_deref())
+    }
+
     /// Its name and the name's number.
     pub(crate) fn key(&self) -> KernelName {
         KernelName {

@@ -135,6 +135,12 @@ const VIRTUAL_TIME_SKIPS: &[(&str, &str)] = &[
          grid of two blocks), which only a device in virtual time takes as its time",
     ),
     (
+        "dmda_places_each_kernel_on_the_class_it_runs_best_on",
+        "virtual time only: its devices are emulated ones of two classes whose kernels' declared \
+         costs are their times (in real time dmda's models learn wall-clock times that vary \
+         from run to run)",
+    ),
+    (
         "placements_in_virtual_time_are_deterministic",
         "virtual time only: in real time the task layer's clock and the observed times that \
          train dmda's and the learning policy's models vary from run to run",

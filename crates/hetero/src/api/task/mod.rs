@@ -522,11 +522,17 @@ impl Runtime {
             let p = d.properties();
             let emu = crate::backend::emu::config_of(d.backend());
             keys.push(match &emu {
+                // (A CPU-class device's kernels cost what they declare for
+                // that class: a model of its own.)
                 Some(e) => format!(
-                    "emu:{}:{}u:{:e}flops",
+                    "emu:{}:{}u:{:e}flops{}",
                     e.link().name,
                     p.compute_units,
-                    e.flops_per_unit
+                    e.flops_per_unit,
+                    match e.compute_class() {
+                        crate::ComputeClass::Accelerator => "",
+                        crate::ComputeClass::Cpu => ":cpu",
+                    }
                 ),
                 None => format!("{}:{}:{}u", p.backend, p.name, p.compute_units)
                     .replace(char::is_whitespace, "_"),

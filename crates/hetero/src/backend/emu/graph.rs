@@ -54,7 +54,7 @@ pub(super) fn model_graph(
         let (resource, ns) = match &e.nodes[v] {
             NodeBody::Kernel { args: (a, n), .. } => {
                 let (kernel, blocks) = l.params.kernel(v);
-                let cost = match kernel.and_then(|k| k.cost.as_ref()) {
+                let cost = match kernel.and_then(|k| k.cost_for(sh.emu.class)) {
                     Some(cost) => cost(crate::Grid::new(blocks)),
                     None => KernelCost {
                         flops: 0.0,

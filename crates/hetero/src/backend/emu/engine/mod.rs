@@ -498,7 +498,7 @@ impl Sim {
                     }
                 }
                 let measured = started.elapsed().as_nanos() as u64;
-                let modelled = match &kernel.cost {
+                let modelled = match kernel.cost_for(sh.emu.class) {
                     Some(cost) => cost_ns(sh, cost(crate::Grid::new(*blocks)), units),
                     None if sh.real_time() => Ok(measured),
                     None => {
