@@ -1,9 +1,13 @@
 //! `hetero bench placement`: the task layer's schedulers on a modelled node,
-//! in virtual time — a CPU-like device (4 compute units of 25 GFLOP/s) and
-//! two accelerators (2 units of 400 and 2 of 150 GFLOP/s), every pair over
-//! the `pcie4-switch` peer link, each device's kernels timed from their
-//! declared flops at its rate — beside the offline HEFT plan on the same
-//! models and beside the lower bound max(critical path, work / speed):
+//! in virtual time — a CPU-like device (4 compute units of 25 GFLOP/s, of
+//! class `ComputeClass::Cpu`) and two accelerators (2 units of 400 and 2 of
+//! 150 GFLOP/s), every pair over the `pcie4-switch` peer link, each
+//! device's kernels timed from the cost they declare for its class at its
+//! rate (an accelerator reaches a kernel's share of its rate,
+//! [`ACCEL_EFFICIENCY`]: a panel factorization a twentieth, a product all
+//! of it; a CPU's cores all of theirs) — beside the offline HEFT plan on
+//! the same models and beside the lower bound max(critical path, work /
+//! speed):
 //! - `cholesky/…`: tiled Cholesky (16×16 tiles of 256×256 f64; `--quick`: 8×8):
 //!   makespan and bytes moved per policy, `makespan-over-heft-<sched>`,
 //!   `makespan-over-bound-<sched>`, `bytes-over-heft-dmda`;
@@ -38,8 +42,9 @@
 
 use super::BenchReport;
 use hetero::{
-    Advice, Context, DataArg, Device, DeviceConfig, EmuConfig, Grid, Kernel, KernelCost,
-    LinkPreset, Location, ManagedBuffer, SchedPolicy, TaskBuilder, TaskData, TaskGraph, TimeMode,
+    Advice, ComputeClass, Context, DataArg, Device, DeviceConfig, EmuConfig, Grid, Kernel,
+    KernelCost, LinkPreset, Location, ManagedBuffer, SchedPolicy, TaskBuilder, TaskData, TaskGraph,
+    TimeMode,
 };
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -53,8 +58,42 @@ fn err(e: hetero::Error) -> String {
 /// Tile side (f64): 512 KiB tiles.
 const NB: usize = 256;
 const NB3: f64 = (NB * NB * NB) as f64;
-/// The node's devices: (compute units, flops per unit).
-const NODE: [(usize, f64); 3] = [(4, 25e9), (2, 400e9), (2, 150e9)];
+/// The node's devices: (compute units, flops per unit, class).
+const NODE: [(usize, f64, ComputeClass); 3] = [
+    (4, 25e9, ComputeClass::Cpu),
+    (2, 400e9, ComputeClass::Accelerator),
+    (2, 150e9, ComputeClass::Accelerator),
+];
+
+/// The share of an accelerator unit's rate each kernel reaches (others: all
+/// of it); a CPU's cores run every kernel at their rate. As on GPUs with
+/// 256-wide tiles: a panel factorization is sequential and latency-bound, a
+/// triangular solve half parallel, the products dense. With these, potrf
+/// runs fastest on the CPU-like device (25 against 20 and 7.5 GFLOP/s per
+/// unit) and everything else on the fast accelerator.
+const ACCEL_EFFICIENCY: [(&str, f64); 5] = [
+    ("potrf", 0.05),
+    ("trsm", 0.4),
+    ("syrk", 0.8),
+    ("rand-small", 0.3),
+    ("rand-big", 1.0),
+];
+
+fn accel_efficiency(name: &str) -> f64 {
+    ACCEL_EFFICIENCY
+        .iter()
+        .find(|e| e.0 == name)
+        .map_or(1.0, |e| e.1)
+}
+
+/// A kernel's time on one unit of `node`'s device, ns.
+fn unit_ns(name: &str, flops: f64, (_, rate, class): (usize, f64, ComputeClass)) -> f64 {
+    let eff = match class {
+        ComputeClass::Cpu => 1.0,
+        ComputeClass::Accelerator => accel_efficiency(name),
+    };
+    flops / (rate * eff) * 1e9
+}
 /// The fast accelerator (the one that drifts).
 const FAST: usize = 1;
 /// Set in the child process of `models/second-run-calibration-tasks`: the
@@ -64,10 +103,11 @@ const CHILD_ENV: &str = "HETERO_BENCH_PLACEMENT_CHILD";
 fn node() -> Result<(Context, Vec<Device>)> {
     let devs = NODE
         .iter()
-        .map(|&(units, flops)| {
+        .map(|&(units, flops, class)| {
             let emu = EmuConfig::new(LinkPreset::pcie4x16())
                 .time(TimeMode::Virtual)
-                .flops_per_unit(flops);
+                .flops_per_unit(flops)
+                .class(class);
             Device::new(DeviceConfig::default().compute_units(units).emu(emu)).map_err(err)
         })
         .collect::<Result<Vec<_>>>()?;
@@ -76,19 +116,23 @@ fn node() -> Result<(Context, Vec<Device>)> {
 }
 
 /// A kernel of `flops` (×600 on a grid of two blocks: the outlier injection)
-/// whose host code touches its written tile.
+/// whose host code touches its written tile; on an accelerator it costs as
+/// many flops over its efficiency there ([`ACCEL_EFFICIENCY`]).
 fn kernel(name: &'static str, flops: f64) -> Kernel {
-    Kernel::with_cost(
-        name,
+    let cost = move |flops: f64| {
         move |g: Grid| KernelCost {
             flops: if g.blocks() > 1 { flops * 600.0 } else { flops },
             bytes: 0.0,
-        },
-        |b| {
-            if let Some(x) = b.write::<f64>(0).first_mut() {
-                *x += 1.0;
-            }
-        },
+        }
+    };
+    Kernel::with_cost(name, cost(flops), |b| {
+        if let Some(x) = b.write::<f64>(0).first_mut() {
+            *x += 1.0;
+        }
+    })
+    .cost_on(
+        ComputeClass::Accelerator,
+        cost(flops / accel_efficiency(name)),
     )
 }
 
@@ -233,9 +277,11 @@ fn random(k: &Kernels, layers: usize, width: usize) -> Workload<'_> {
     }
 }
 
-/// max(critical path on the fastest unit, total work over total speed), ns.
+/// max(critical path, each task on its fastest unit; total work over
+/// total speed), ns. (A device's units are busy at most the makespan, and
+/// a task costs a device at least its flops at the device's full rate: a
+/// CPU's cores run every kernel at theirs.)
 fn lower_bound(w: &Workload<'_>) -> f64 {
-    let fastest = NODE.iter().map(|n| n.1).fold(0.0, f64::max);
     let speed: f64 = NODE.iter().map(|n| n.0 as f64 * n.1).sum();
     let mut ready = vec![0.0f64; w.tiles];
     let mut path = 0.0f64;
@@ -246,7 +292,12 @@ fn lower_bound(w: &Workload<'_>) -> f64 {
             .chain([&t.write])
             .map(|&r| ready[r])
             .fold(0.0, f64::max);
-        let end = start + t.flops / fastest * 1e9;
+        let name = t.kernel.name();
+        let fastest = NODE
+            .iter()
+            .map(|&n| unit_ns(name, t.flops, n))
+            .fold(f64::INFINITY, f64::min);
+        let end = start + fastest;
         ready[t.write] = end;
         path = path.max(end);
     }
@@ -935,8 +986,10 @@ pub fn run_parts(quick: bool, only: &[String]) -> Result<BenchReport> {
         std::env::temp_dir().join(format!("hetero-bench-placement-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     rep.context.insert("node".into(), format!(
-        "emu in virtual time: cpu-like {}x{:.0} GFLOP/s, accelerators {}x{:.0} and {}x{:.0} GFLOP/s, pcie4-switch peer links",
-        NODE[0].0, NODE[0].1 / 1e9, NODE[1].0, NODE[1].1 / 1e9, NODE[2].0, NODE[2].1 / 1e9
+        "emu in virtual time: cpu-like {}x{:.0} GFLOP/s, accelerators {}x{:.0} and {}x{:.0} GFLOP/s \
+         (efficiency there {}), pcie4-switch peer links",
+        NODE[0].0, NODE[0].1 / 1e9, NODE[1].0, NODE[1].1 / 1e9, NODE[2].0, NODE[2].1 / 1e9,
+        ACCEL_EFFICIENCY.iter().map(|(k, e)| format!("{k} {e}")).collect::<Vec<_>>().join(", ")
     ));
     rep.context.insert("tile".into(), format!("{NB}x{NB} f64"));
     let k = kernels();
