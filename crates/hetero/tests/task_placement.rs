@@ -382,7 +382,7 @@ fn check_faulted_run(
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(8))]
     /// Random DAGs with one task that faults, on two devices, online under
-    /// eager, ws and dmda: exactly the tasks that read (through any chain)
+    /// every policy: exactly the tasks that read (through any chain)
     /// what the faulted task wrote fail; every other task runs and every
     /// buffer whose last writer ran holds its sequential bytes.
     #[test]
@@ -395,7 +395,7 @@ proptest! {
         }
         let (ctx, _devs) = context();
         let bad = bad.index(ops.len());
-        for policy in [SchedPolicy::Eager, SchedPolicy::WorkStealing, SchedPolicy::Dmda] {
+        for policy in SchedPolicy::ALL {
             check_faulted_run(&ctx, &ops, bad, Some(policy))?;
         }
     }
@@ -1759,8 +1759,14 @@ fn a_heft_placed_graph_replays_to_the_same_bytes() {
             e
         })
         .collect();
+    // A replay makes no scheduling decision: the layer's decision time
+    // stays where it was while its count of tasks grows by the graph's.
+    let st = ctx.task_stats();
     let second = placed.launch().unwrap();
     ctx.wait_tasks().unwrap();
+    let after = ctx.task_stats();
+    assert_eq!(after.decision_ns, st.decision_ns);
+    assert_eq!(after.tasks, st.tasks + ops.len() as u64);
     for end in second.events() {
         // Exactly one device's clock is the event's.
         let timed: Vec<f64> = before
@@ -1889,6 +1895,50 @@ fn placed_launches_interleave_with_online_tasks() {
     ctx.wait_tasks().unwrap();
     let got: Vec<Vec<u32>> = data.iter().map(|d| d.to_vec().unwrap()).collect();
     assert_eq!(got, want);
+}
+
+/// A kernel runs where it has code: in a context of the host and a device
+/// that runs device code, under every policy, a kernel with a host closure
+/// only goes to the host, one with WGSL only to the other device, and one
+/// with both to either.
+#[test]
+fn each_task_goes_to_a_device_its_kernel_has_code_for() {
+    if common::skipped("each_task_goes_to_a_device_its_kernel_has_code_for") {
+        return;
+    }
+    let devs = vec![Device::host().unwrap(), common::device()];
+    assert!(devs[1].properties().runs_device_code);
+    let ctx = Context::new(&devs).unwrap();
+    ctx.set_perfmodel_dir(None);
+    let host_only = Kernel::new("code-host", |b| b.write::<u32>(0).fill(1));
+    let device_only = Kernel::from_wgsl("code-device", common::wgsl::map("u32", 0, "2u"), "main");
+    let both = Kernel::new("code-both", |b| b.write::<u32>(0).fill(3))
+        .wgsl(common::wgsl::map("u32", 0, "3u"), "main");
+    let data: Vec<TaskData<u32>> = (0..8).map(|_| ctx.data::<u32>(LEN).unwrap()).collect();
+    for p in SchedPolicy::ALL {
+        ctx.set_scheduler(p);
+        for (k, value, on) in [
+            (&host_only, 1, Some(0)),
+            (&device_only, 2, Some(1)),
+            (&both, 3, None),
+        ] {
+            ctx.reset_task_stats();
+            for _ in 0..4 {
+                for d in &data {
+                    ctx.task(k).write(d).submit().unwrap();
+                }
+                ctx.wait_tasks().unwrap();
+            }
+            let per = ctx.task_stats().per_device;
+            match on {
+                Some(d) => assert_eq!(per[d], 32, "{} under {}: {per:?}", k.name(), p.name()),
+                None => assert_eq!(per.iter().sum::<u64>(), 32),
+            }
+            for d in &data {
+                assert_eq!(d.to_vec().unwrap(), vec![value; LEN]);
+            }
+        }
+    }
 }
 
 /// Kernels that cost differently per class of compute unit

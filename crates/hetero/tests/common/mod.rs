@@ -62,11 +62,22 @@ impl Backend {
             Backend::Host => &[
                 VIRTUAL_TIME_SKIPS,
                 NO_DRIVER_SKIPS,
+                HOST_CODE_SKIPS,
                 NO_CAPACITY_SKIPS,
                 NO_FAULT_SKIPS,
             ],
-            Backend::EmuVirtual => &[EMU_SKIPS, NO_DRIVER_SKIPS, VIRTUAL_CLOCK_SKIPS],
-            Backend::EmuReal => &[EMU_SKIPS, VIRTUAL_TIME_SKIPS, NO_DRIVER_SKIPS],
+            Backend::EmuVirtual => &[
+                EMU_SKIPS,
+                NO_DRIVER_SKIPS,
+                VIRTUAL_CLOCK_SKIPS,
+                HOST_CODE_SKIPS,
+            ],
+            Backend::EmuReal => &[
+                EMU_SKIPS,
+                VIRTUAL_TIME_SKIPS,
+                NO_DRIVER_SKIPS,
+                HOST_CODE_SKIPS,
+            ],
             Backend::Vulkan => &[VULKAN_SKIPS, VIRTUAL_TIME_SKIPS, VULKAN_MANAGED_SKIPS],
         }
     }
@@ -152,6 +163,14 @@ const NO_DRIVER_SKIPS: &[(&str, &str)] = &[(
     "a_lost_device_fails_its_pending_work_and_refuses_new_work",
     "device loss is injected at the driver's submission (DeviceConfig::lose_device_at_submission); \
      the host and the emulated device have no driver to lose and ignore the setting",
+)];
+
+/// What a backend whose devices run kernels' host closures (host, emu)
+/// cannot run, and why.
+const HOST_CODE_SKIPS: &[(&str, &str)] = &[(
+    "each_task_goes_to_a_device_its_kernel_has_code_for",
+    "a context of the host and this backend's device: both run host closures, so no kernel \
+     has code for one of them only (a device that runs device code, Vulkan, is the other half)",
 )];
 
 /// What a device whose memory is the host's cannot run, and why.
