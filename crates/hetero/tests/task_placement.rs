@@ -13,7 +13,6 @@ use hetero::{
 };
 use proptest::prelude::*;
 
-/// Two devices of the backend under test, in one context.
 /// A context of one device with one compute unit (kept alive beside it): a
 /// placed graph's tasks all go on that unit's streams.
 fn one_unit_context() -> (Context, Device) {
@@ -23,12 +22,41 @@ fn one_unit_context() -> (Context, Device) {
     (ctx, dev)
 }
 
+/// Two devices of the backend under test, in one context.
 fn context() -> (Context, Vec<Device>) {
     let devs: Vec<Device> = (0..2).map(|_| common::device()).collect();
+    context_of(devs)
+}
+
+fn context_of(devs: Vec<Device>) -> (Context, Vec<Device>) {
     let ctx = Context::new(&devs).expect("context of two devices");
     // Models in memory: a test never reads another run's.
     ctx.set_perfmodel_dir(None);
     (ctx, devs)
+}
+
+/// The contexts the correctness checks run on: two devices of the backend
+/// under test, and the pairs of different backends CI has beside it (the
+/// host and an emulated device in real time beside this one; an emulated
+/// device in virtual time joins contexts of such devices only).
+fn contexts() -> Vec<(Context, Vec<Device>)> {
+    use hetero::{DeviceConfig, EmuConfig, LinkPreset, TimeMode};
+    let mut all = vec![context()];
+    let emu_real = || {
+        let emu = EmuConfig::new(LinkPreset::pcie4x16()).time(TimeMode::Real);
+        Device::new(DeviceConfig::default().emu(emu)).unwrap()
+    };
+    match common::backend() {
+        common::Backend::Host | common::Backend::EmuVirtual => {}
+        common::Backend::EmuReal => {
+            all.push(context_of(vec![Device::host().unwrap(), common::device()]))
+        }
+        common::Backend::Vulkan => {
+            all.push(context_of(vec![Device::host().unwrap(), common::device()]));
+            all.push(context_of(vec![emu_real(), common::device()]));
+        }
+    }
+    all
 }
 
 /// `y = y·31 + x0 + 2·x1 (+ …) + 7` (`rw`), or `y = x0 + 2·x1 + … + 7`,
@@ -176,34 +204,48 @@ fn gemm_ops(t: usize) -> Vec<Op> {
 
 /// The benchmark's workloads (tiled Cholesky and GEMM, as tasks of the same
 /// accesses): every policy, and a HEFT-placed graph of them, give the bytes
-/// of submission order on one device.
+/// of submission order on one device, on two devices of the backend and on
+/// the mixed pairs (`contexts`).
 #[test]
 fn the_tiled_workloads_match_submission_order_under_every_policy() {
     if common::skipped("the_tiled_workloads_match_submission_order_under_every_policy") {
         return;
     }
-    let (ctx, _devs) = context();
     let ks = kernels();
-    for ops in [cholesky_ops(5), gemm_ops(3)] {
-        let want = run(&ctx, &ks, &ops, Some(0));
-        for p in SchedPolicy::ALL {
-            ctx.set_scheduler(p);
-            for _ in 0..2 {
-                assert_eq!(run(&ctx, &ks, &ops, None), want, "policy {}", p.name());
+    for (ctx, devs) in contexts() {
+        let on = pair(&devs);
+        for ops in [cholesky_ops(5), gemm_ops(3)] {
+            let want = run(&ctx, &ks, &ops, Some(0));
+            for p in SchedPolicy::ALL {
+                ctx.set_scheduler(p);
+                for _ in 0..2 {
+                    assert_eq!(
+                        run(&ctx, &ks, &ops, None),
+                        want,
+                        "policy {} on {on}",
+                        p.name()
+                    );
+                }
             }
+            let data = fresh_data(&ctx, &ops);
+            let mut g = TaskGraph::new();
+            tasks_of(&ctx, &ks, &data, &ops, None, Some(&mut g));
+            g.instantiate_on(&ctx)
+                .unwrap()
+                .launch()
+                .unwrap()
+                .wait()
+                .unwrap();
+            let got: Vec<Vec<u32>> = data.iter().map(|d| d.to_vec().unwrap()).collect();
+            assert_eq!(got, want, "HEFT-placed graph on {on}");
         }
-        let data = fresh_data(&ctx, &ops);
-        let mut g = TaskGraph::new();
-        tasks_of(&ctx, &ks, &data, &ops, None, Some(&mut g));
-        g.instantiate_on(&ctx)
-            .unwrap()
-            .launch()
-            .unwrap()
-            .wait()
-            .unwrap();
-        let got: Vec<Vec<u32>> = data.iter().map(|d| d.to_vec().unwrap()).collect();
-        assert_eq!(got, want, "HEFT-placed graph");
     }
+}
+
+/// The backends of a context's devices, for messages.
+fn pair(devs: &[Device]) -> String {
+    let names: Vec<&str> = devs.iter().map(|d| d.properties().backend).collect();
+    names.join(" + ")
 }
 
 fn kernels() -> Vec<Kernel> {
@@ -239,7 +281,8 @@ fn spread_kernels(ctx: &Context) -> Vec<Kernel> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(8))]
     /// Random DAGs: every policy's result is bit-identical to the same tasks
-    /// in submission order on one device.
+    /// in submission order on one device, on two devices of the backend
+    /// and on the mixed pairs (`contexts`).
     #[test]
     fn every_policy_matches_submission_order_on_one_device(
         ops in proptest::collection::vec(op(), 1..24)
@@ -247,15 +290,22 @@ proptest! {
         if common::skipped("every_policy_matches_submission_order_on_one_device") {
             return Ok(());
         }
-        let (ctx, _devs) = context();
-        let ks = spread_kernels(&ctx);
-        let want = run(&ctx, &ks, &ops, Some(0));
-        for p in SchedPolicy::ALL {
-            ctx.set_scheduler(p);
-            // Twice: the second run has calibrated models (dmda's and
-            // learned's placements differ from their calibration).
-            for _ in 0..2 {
-                prop_assert_eq!(&run(&ctx, &ks, &ops, None), &want, "policy {}", p.name());
+        for (ctx, devs) in contexts() {
+            let ks = spread_kernels(&ctx);
+            let want = run(&ctx, &ks, &ops, Some(0));
+            for p in SchedPolicy::ALL {
+                ctx.set_scheduler(p);
+                // Twice: the second run has calibrated models (dmda's and
+                // learned's placements differ from their calibration).
+                for _ in 0..2 {
+                    prop_assert_eq!(
+                        &run(&ctx, &ks, &ops, None),
+                        &want,
+                        "policy {} on {}",
+                        p.name(),
+                        pair(&devs)
+                    );
+                }
             }
         }
     }
@@ -381,10 +431,11 @@ fn check_faulted_run(
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(8))]
-    /// Random DAGs with one task that faults, on two devices, online under
-    /// every policy: exactly the tasks that read (through any chain)
-    /// what the faulted task wrote fail; every other task runs and every
-    /// buffer whose last writer ran holds its sequential bytes.
+    /// Random DAGs with one task that faults, on two devices (and the
+    /// mixed pairs, `contexts`), online under every policy: exactly the
+    /// tasks that read (through any chain) what the faulted task wrote
+    /// fail; every other task runs and every buffer whose last writer ran
+    /// holds its sequential bytes.
     #[test]
     fn a_fault_fails_exactly_the_tasks_that_read_its_output(
         ops in proptest::collection::vec(op(), 1..24),
@@ -393,10 +444,11 @@ proptest! {
         if common::skipped("a_fault_fails_exactly_the_tasks_that_read_its_output") {
             return Ok(());
         }
-        let (ctx, _devs) = context();
         let bad = bad.index(ops.len());
-        for policy in SchedPolicy::ALL {
-            check_faulted_run(&ctx, &ops, bad, Some(policy))?;
+        for (ctx, _devs) in contexts() {
+            for policy in SchedPolicy::ALL {
+                check_faulted_run(&ctx, &ops, bad, Some(policy))?;
+            }
         }
     }
 
