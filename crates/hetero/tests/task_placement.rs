@@ -1949,6 +1949,39 @@ fn placed_launches_interleave_with_online_tasks() {
     assert_eq!(got, want);
 }
 
+/// Once a kernel's data sizes vary enough, its model answers for a size it
+/// has not seen by regression (a·n^b + c over the footprints' means): the
+/// task's prediction is close to the time it takes (a kernel without a
+/// declared cost: its bytes at the emulated device's memory bandwidth, and
+/// its launch).
+#[test]
+fn a_size_never_seen_is_predicted_by_regression() {
+    if common::skipped("a_size_never_seen_is_predicted_by_regression") {
+        return;
+    }
+    let (ctx, _devs) = context_of(vec![common::device()]);
+    ctx.set_scheduler(SchedPolicy::Dmda);
+    let k = Kernel::new("sized", |b| b.write::<u32>(0)[0] += 1);
+    for len in [16 << 10, 32 << 10, 64 << 10, 128 << 10] {
+        let d = ctx.data::<u32>(len).unwrap();
+        for _ in 0..12 {
+            let t = ctx.task(&k).read_write(&d).submit().unwrap();
+            t.wait().unwrap();
+        }
+    }
+    let d = ctx.data::<u32>(1 << 20).unwrap();
+    let t = ctx.task(&k).read_write(&d).submit().unwrap();
+    ctx.wait_tasks().unwrap();
+    let predicted = t
+        .predicted_ns()
+        .expect("a prediction for 4 MiB from the regression");
+    let measured = t.measured_ns().unwrap();
+    assert!(
+        (predicted - measured).abs() <= 0.05 * measured,
+        "predicted {predicted} ns, took {measured} ns"
+    );
+}
+
 /// A kernel runs where it has code: in a context of the host and a device
 /// that runs device code, under every policy, a kernel with a host closure
 /// only goes to the host, one with WGSL only to the other device, and one
