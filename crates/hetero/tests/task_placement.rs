@@ -1750,6 +1750,18 @@ fn models_persist_and_a_damaged_file_is_recalibrated() {
     assert!(third.calibration_tasks > 0, "{third:?}");
     // It was saved afresh: a later run trusts it again.
     assert_eq!(trusted(&dir).calibration_tasks, 0);
+    // A file of another format version is not read as this one's: a
+    // warning, counted damaged, a fresh calibration, and the file written
+    // again in this version.
+    let text = std::fs::read_to_string(&file).unwrap();
+    let (version, rest) = text.split_once('\n').unwrap();
+    assert!(version.starts_with("hetero-perfmodel "), "{version}");
+    std::fs::write(&file, format!("hetero-perfmodel 0\n{rest}")).unwrap();
+    let fourth = session(&dir);
+    assert_eq!(fourth.models_damaged, 1, "{fourth:?}");
+    assert!(fourth.calibration_tasks > 0, "{fourth:?}");
+    let saved = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(saved.lines().next(), Some(version));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
