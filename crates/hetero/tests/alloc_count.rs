@@ -223,7 +223,12 @@ fn submitting_empty_tasks_allocates_less_than_once_per_task() {
 /// span per stream it ends: each stream's last launch stamps a span that
 /// the next launch reuses once nothing else holds it. (Where streams have
 /// fault scopes the plan ends a stream per compute unit, a few; else one
-/// per chain of tasks, one per task here.)
+/// per chain of tasks, one per task here.) Its tasks are bound to the data's
+/// device: HEFT spread them over both devices in about one run in three on
+/// two Vulkan devices, and a copy between devices with no direct path,
+/// staged through pinned host memory, allocates about nine times per
+/// launch (its staging buffers, events and callback), past this bound.
+/// The copies' own allocations are not what this test counts.
 #[test]
 fn relaunching_a_placed_graph_allocates_less_than_once_per_stream() {
     let devs = [device(), device()];
@@ -239,7 +244,11 @@ fn relaunching_a_placed_graph_allocates_less_than_once_per_stream() {
         .collect();
     let mut g = hetero::TaskGraph::new();
     for d in &data {
-        ctx.task(&k).read_write(d).record(&mut g).expect("record");
+        ctx.task(&k)
+            .read_write(d)
+            .on_device(0)
+            .record(&mut g)
+            .expect("record");
     }
     let placed = g.instantiate_on(&ctx).expect("instantiate");
     let streams = placed.launch().expect("launch").events().len() as u64;
