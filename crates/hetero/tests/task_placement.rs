@@ -2501,15 +2501,25 @@ fn a_tasks_copy_names_its_source_maker_in_the_trace() {
     // Its own dependency, or a wait among the markers just before it on
     // its stream, through another stream's markers where that wait names
     // them (a staged copy's second stream follows the first by an event).
-    // (Stream ids are per device: any op at a (stream, seq) will do.)
-    fn reaches(ops: &[OpRecord], (stream, seq): (u64, u64), point: (u64, u64)) -> bool {
+    // (Stream ids are per device: any op at a (stream, seq) will do. So
+    // other devices' ops, and other tests' recorded meanwhile, can lead
+    // the walk in a circle: each place is walked from once.)
+    fn reaches(
+        ops: &[OpRecord],
+        (stream, seq): (u64, u64),
+        point: (u64, u64),
+        seen: &mut std::collections::HashSet<(u64, u64)>,
+    ) -> bool {
+        if !seen.insert((stream, seq)) {
+            return false;
+        }
         for seq in (1..seq).rev() {
             let at = |o: &&OpRecord| (o.stream, o.seq) == (stream, seq);
             let mut marker = false;
             for o in ops.iter().filter(at) {
                 match (o.kind, o.dep) {
                     (K::Wait, Some(d)) if d == point => return true,
-                    (K::Wait, Some(d)) if reaches(ops, (d.0, d.1 + 1), point) => return true,
+                    (K::Wait, Some(d)) if reaches(ops, (d.0, d.1 + 1), point, seen) => return true,
                     (K::Wait | K::Record, _) => marker = true,
                     _ => {}
                 }
@@ -2521,8 +2531,15 @@ fn a_tasks_copy_names_its_source_maker_in_the_trace() {
         false
     }
     let point = (made.stream, made.seq);
-    let waited =
-        |c: &&OpRecord| c.dep == Some(point) || reaches(&trace.ops, (c.stream, c.seq), point);
+    let waited = |c: &&OpRecord| {
+        c.dep == Some(point)
+            || reaches(
+                &trace.ops,
+                (c.stream, c.seq),
+                point,
+                &mut Default::default(),
+            )
+    };
     assert!(
         copies.iter().any(waited),
         "no copy of y names the maker's point {point:?}: {:#?}",
