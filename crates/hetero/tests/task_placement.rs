@@ -2003,10 +2003,8 @@ fn each_task_goes_to_a_device_its_kernel_has_code_for() {
     if common::skipped("each_task_goes_to_a_device_its_kernel_has_code_for") {
         return;
     }
-    let devs = vec![Device::host().unwrap(), common::device()];
+    let (ctx, devs) = context_of(vec![Device::host().unwrap(), common::device()]);
     assert!(devs[1].properties().runs_device_code);
-    let ctx = Context::new(&devs).unwrap();
-    ctx.set_perfmodel_dir(None);
     let host_only = Kernel::new("code-host", |b| b.write::<u32>(0).fill(1));
     let device_only = Kernel::from_wgsl("code-device", common::wgsl::map("u32", 0, "2u"), "main");
     let both = Kernel::new("code-both", |b| b.write::<u32>(0).fill(3))
@@ -2178,9 +2176,7 @@ fn a_mixed_context_matches_submission_order() {
     if common::skipped("a_mixed_context_matches_submission_order") {
         return;
     }
-    let devs = vec![Device::host().unwrap(), common::device()];
-    let ctx = Context::new(&devs).unwrap();
-    ctx.set_perfmodel_dir(None);
+    let (ctx, _devs) = context_of(vec![Device::host().unwrap(), common::device()]);
     let ks = kernels();
     let ops: Vec<Op> = (0..40)
         .map(|i| Op {
