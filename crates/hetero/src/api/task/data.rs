@@ -88,11 +88,24 @@ impl DataState {
     /// copy made on a stream that failed before it: a wait for another
     /// datum's faulted writer), while another holds the current version:
     /// a reader then copies from that one instead of taking on the fault.
+    ///
+    /// One look at each replica's event: a copy still running may fail
+    /// between two looks, and a second look that saw the only whole replica
+    /// fail would leave none (a reader then found no source).
     pub(crate) fn drop_failed_replicas(&mut self) {
-        let failed = |e: &Event| e.failed();
-        if self.valid.iter().flatten().any(|e| !failed(e)) {
-            for v in &mut self.valid {
-                if v.as_ref().is_some_and(failed) {
+        // Bit i: replica i is known to have failed (past 128 devices a
+        // replica is kept whatever its copy did).
+        let (mut failed, mut whole) = (0u128, false);
+        for (i, v) in self.valid.iter().enumerate() {
+            match v {
+                Some(e) if i < 128 && e.failed() => failed |= 1 << i,
+                Some(_) => whole = true,
+                None => {}
+            }
+        }
+        if whole && failed != 0 {
+            for (i, v) in self.valid.iter_mut().enumerate().take(128) {
+                if failed & (1 << i) != 0 {
                     *v = None;
                 }
             }
@@ -565,5 +578,34 @@ mod tests {
         }
         assert_eq!(x.to_vec().unwrap(), vec![9; 4]);
         assert!(lock(x.cell.state()).readers.is_empty());
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::DataState;
+    use crate::api::event::Event;
+    use crate::config::CompletionMode;
+    use crate::exec::timeline::Timeline;
+    use std::sync::Arc;
+
+    /// A reader's look at a datum whose copy to another device fails
+    /// meanwhile still finds a replica to copy from: one replica failed
+    /// before the look, the other's copy fails during it.
+    #[test]
+    fn a_copy_failing_during_the_look_leaves_a_replica() {
+        loom::model(|| {
+            let before = Arc::new(Timeline::new(0, 1, CompletionMode::Spin));
+            before.fail(1, Arc::from("an earlier copy"));
+            let copy = Arc::new(Timeline::new(0, 2, CompletionMode::Spin));
+            let mut st = DataState {
+                valid: vec![Some(Event::at(before, 1)), Some(Event::at(copy.clone(), 1))],
+                ..DataState::default()
+            };
+            let engine = loom::thread::spawn(move || copy.fail(1, Arc::from("this copy")));
+            st.drop_failed_replicas();
+            assert!(st.valid.iter().any(Option::is_some), "no replica left");
+            engine.join().expect("engine");
+        });
     }
 }
