@@ -154,7 +154,7 @@ impl Timeline {
     /// published, then the value checked; a completion stores, then looks.
     pub(crate) fn watch(&self, value: u64, kick: Kick) {
         {
-            let mut w = self.watchers.lock().unwrap_or_else(|p| p.into_inner());
+            let mut w = lock(&self.watchers);
             w.push((value, Watcher(kick)));
             // `watch_at` is the least value in `watchers` (both change only
             // under this lock): no scan of the list, which grows with the
@@ -171,7 +171,7 @@ impl Timeline {
     #[cold]
     fn fire_watchers(&self, reached: u64) {
         let fired: Vec<Kick> = {
-            let mut w = self.watchers.lock().unwrap_or_else(|p| p.into_inner());
+            let mut w = lock(&self.watchers);
             let mut fired = Vec::new();
             w.retain(|(v, k)| {
                 if *v <= reached {

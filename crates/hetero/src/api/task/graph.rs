@@ -1915,21 +1915,9 @@ impl PlacedTaskGraph {
             *count += n;
         }
         for &(a, b, n) in plan.moved.iter().chain(fixes.iter()) {
-            hetero_trace::record_link(hetero_trace::LinkRecord {
-                kernel: hetero_trace::LinkRecord::GRAPH_LAUNCH,
-                from: a as u32,
-                to: b as u32,
-                bytes: n,
-            });
+            super::record_link(hetero_trace::LinkRecord::GRAPH_LAUNCH, a, b, n);
             stats.bytes_moved += n;
-            match stats
-                .bytes_per_link
-                .iter_mut()
-                .find(|l| (l.0, l.1) == (a, b))
-            {
-                Some(l) => l.2 += n,
-                None => stats.bytes_per_link.push((a, b, n)),
-            }
+            stats.add_link(a, b, n);
         }
         drop(sc);
         drop(books);
@@ -1984,13 +1972,7 @@ impl TaskBuilder<'_> {
             None => graph.rt = Some(rt.clone()),
         }
         if let Some(f) = self.spec.on {
-            let Some(dev) = rt.devices.get(f) else {
-                return Err(crate::Error::InvalidArgument(format!(
-                    "task '{kernel}': device index {f}, the context has {} devices",
-                    rt.devices.len()
-                )));
-            };
-            dev.check_code(&self.spec.kernel.inner)?;
+            rt.check_bound(&self.spec, f)?;
         }
         graph.specs.push(self.spec);
         Ok(graph.specs.len() - 1)

@@ -122,6 +122,20 @@ pub struct TaskStats {
     pub dispatch_ns: Vec<Option<f64>>,
 }
 
+impl TaskStats {
+    /// Counts `bytes` moved from memory `from` to `to` (`bytes_per_link`).
+    pub(crate) fn add_link(&mut self, from: usize, to: usize, bytes: u64) {
+        match self
+            .bytes_per_link
+            .iter_mut()
+            .find(|l| (l.0, l.1) == (from, to))
+        {
+            Some(l) => l.2 += bytes,
+            None => self.bytes_per_link.push((from, to, bytes)),
+        }
+    }
+}
+
 /// How far a kernel's predictions on one device were from what it took.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PredictionError {
@@ -1026,14 +1040,7 @@ impl Runtime {
             self.devices[0].check_code(&k.inner)?;
         }
         if let Some(f) = forced {
-            if f >= self.devices.len() {
-                return Err(Error::InvalidArgument(format!(
-                    "task '{}': device index {f}, the context has {} devices",
-                    k.name(),
-                    self.devices.len()
-                )));
-            }
-            self.devices[f].check_code(&k.inner)?;
+            self.check_bound(spec, f)?;
         }
         let policy = sc.policy;
         // A task over a managed buffer is never held back: the host reaches
@@ -1161,6 +1168,19 @@ impl Runtime {
             calibrating: choice.calibrating,
         };
         Ok(Decision::Go(go, deps))
+    }
+
+    /// A task bound to device `f` (`TaskBuilder::on_device`): a device of
+    /// the context with code for its kernel, else the typed error.
+    pub(crate) fn check_bound(&self, spec: &Spec, f: usize) -> Result<()> {
+        let Some(dev) = self.devices.get(f) else {
+            return Err(Error::InvalidArgument(format!(
+                "task '{}': device index {f}, the context has {} devices",
+                spec.kernel.name(),
+                self.devices.len()
+            )));
+        };
+        dev.check_code(&spec.kernel.inner)
     }
 
     /// The device holding most of `spec`'s data.
@@ -1477,10 +1497,7 @@ impl Runtime {
         s.stream_waits += std::mem::take(&mut st.stream_waits);
         s.stream_wait_ns += std::mem::take(&mut st.stream_wait_ns);
         for (a, b, n) in st.link_bytes.drain(..) {
-            match s.bytes_per_link.iter_mut().find(|l| (l.0, l.1) == (a, b)) {
-                Some(l) => l.2 += n,
-                None => s.bytes_per_link.push((a, b, n)),
-            }
+            s.add_link(a, b, n);
         }
         s.streams_made += std::mem::take(&mut st.streams_made);
         task
@@ -1638,7 +1655,7 @@ impl Runtime {
                 for (from, bytes) in data.copies_in()?.swap_remove(d) {
                     moved += bytes;
                     st.link_bytes.push((from.unwrap_or(n), d, bytes));
-                    record_link(spec, from.unwrap_or(n), d, bytes);
+                    record_link(spec.kernel.name(), from.unwrap_or(n), d, bytes);
                 }
                 data.bring(stream)?;
                 continue;
@@ -1671,7 +1688,7 @@ impl Runtime {
                 };
                 moved += bytes;
                 st.link_bytes.push((src, d, bytes));
-                record_link(spec, src, d, bytes);
+                record_link(spec.kernel.name(), src, d, bytes);
                 (src, after)
             };
             let copies_on = match (chained_at, &mut side) {
@@ -1837,19 +1854,19 @@ fn calibrate_bus(device: &Device) -> Result<crate::exec::sched::bus::BusFigure> 
     ))
 }
 
-/// The tasks `spec` depends on, from the order of accesses to its data
-/// (RAW, WAR, WAW), each once.
 /// The profiler's record of `bytes` copied from memory `from` to `to` for
-/// `spec` (nothing when it is not recording).
-fn record_link(spec: &Spec, from: usize, to: usize, bytes: u64) {
+/// a task of `kernel` (nothing when it is not recording).
+pub(crate) fn record_link(kernel: &'static str, from: usize, to: usize, bytes: u64) {
     hetero_trace::record_link(hetero_trace::LinkRecord {
-        kernel: spec.kernel.name(),
+        kernel,
         from: from as u32,
         to: to as u32,
         bytes,
     });
 }
 
+/// The tasks `spec` depends on, from the order of accesses to its data
+/// (RAW, WAR, WAW), each once.
 fn dependencies(spec: &Spec) -> Vec<Dep> {
     let mut deps: Vec<Dep> = Vec::new();
     let mut add = |t: &TaskRef, data: bool| match deps.iter_mut().find(|d| d.id == t.id) {
